@@ -1,0 +1,61 @@
+"""Timing and correctness helpers shared by the benchmark scripts (protocol: ../shared/BENCHMARKS.md).
+
+Correctness first, against a float64 reference on fresh random inputs; then median wall times of
+interleaved runs of every variant on the same inputs, after warm-up.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+
+def rel_error(out: Any, ref: Any) -> float:
+    """max over outputs of ||out - ref|| / ||ref|| (NaN where ref has none counts as inf)."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    worst = 0.0
+    for o, r in zip(outs, refs):
+        o, r = o.double(), r.double()
+        if torch.isnan(o).any() and not torch.isnan(r).any():
+            return float("inf")
+        denom = r.norm().item() or 1.0
+        worst = max(worst, (o - r).norm().item() / denom)
+    return worst
+
+
+def median_times(variants: dict[str, Callable[[], Any]], reps: int = 25, warmup: int = 3) -> dict[str, float]:
+    """Median seconds per call of each variant, runs interleaved so drift hits all alike."""
+    for fn in variants.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(reps):
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = lambda r: "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])

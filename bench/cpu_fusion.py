@@ -1,0 +1,88 @@
+"""eager vs Inductor vs ember on this machine's CPU (issue: foundation).
+
+    python bench/cpu_fusion.py [--reps 25] [--quick]
+
+Cases: relu(x)+y+1 (16M fp32), RMSNorm 4096x4096 fp32 and softmax 4096x4096 fp32 (both the
+manual formulas of ../shared/BENCHMARKS.md), and the padded GIoU loss (1024 x 256 boxes).
+Checks every variant against a float64 reference first, then prints median times and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, median_times, rel_error, table  # noqa: E402
+
+import ember  # noqa: E402
+from ember.workloads.giou import make_batch, padded_giou_loss  # noqa: E402
+
+
+def relu_add(x, y):
+    return torch.relu(x) + y + 1
+
+
+def rmsnorm(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def softmax(x):
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def cases(quick: bool):
+    n = 1 << 20 if quick else 16 << 20
+    rows = 1024 if quick else 4096
+    batch = 256 if quick else 1024
+    pred, _targets, padded = make_batch(batch)
+    return [
+        ("relu(x)+y+1 fp32 16M", relu_add, lambda: (torch.randn(n), torch.randn(n))),
+        ("RMSNorm fp32 4096x4096", rmsnorm, lambda: (torch.randn(rows, 4096), torch.randn(4096))),
+        ("softmax fp32 4096x4096", softmax, lambda: (torch.randn(rows, 4096),)),
+        ("padded GIoU loss 1024x256", padded_giou_loss, lambda: (pred, padded)),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=25)
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    args = parser.parse_args()
+    print(f"# {machine()}, {time.strftime('%Y-%m-%d')}")
+    rows, failed = [], False
+    for name, fn, make in cases(args.quick):
+        inputs = make()
+        inductor = torch.compile(fn)
+        fast = ember.compile(fn)
+        ref = fn(*(x.double() for x in inputs))
+        start = time.perf_counter()
+        out = fast(*inputs)
+        ember_compile = time.perf_counter() - start
+        start = time.perf_counter()
+        ind_out = inductor(*inputs)
+        inductor_compile = time.perf_counter() - start
+        errors = {"eager": rel_error(fn(*inputs), ref), "inductor": rel_error(ind_out, ref),
+                  "ember": rel_error(out, ref)}
+        if errors["ember"] > 1e-4:
+            failed = True
+        times = median_times({"eager": lambda: fn(*inputs), "inductor": lambda: inductor(*inputs),
+                              "ember": lambda: fast(*inputs)}, reps=args.reps)
+        rows.append([name, f"{times['eager'] * 1e3:.2f}", f"{times['inductor'] * 1e3:.2f}",
+                     f"{times['ember'] * 1e3:.2f}", f"{times['eager'] / times['ember']:.2f}x",
+                     f"{times['inductor'] / times['ember']:.2f}x", f"{errors['ember']:.1e}",
+                     f"{ember_compile:.1f} / {inductor_compile:.1f}"])
+        print(f"  {name}: done", file=sys.stderr)
+    print(table(rows, ["case", "eager ms", "Inductor ms", "ember ms", "vs eager", "vs Inductor",
+                       "ember rel err", "compile s (ember / Inductor)"]))
+    print(f"ember.stats(): {ember.stats()}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

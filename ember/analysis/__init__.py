@@ -1,0 +1,1 @@
+"""Read-only analyses over the IR: the torch reference semantics of every op."""

@@ -1,0 +1,120 @@
+"""ember's public API: compile, explain, stats, and the Dynamo backend behind them."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import config as config_module
+from .config import Config
+from .driver import compile_graph
+from .frontend.dynamo import make_backend
+from .report import GraphReport, Report
+from .runtime import stats as stats_module
+
+
+def _config(options: dict[str, Any] | None) -> Config:
+    return config_module.config.replace(**(options or {}))
+
+
+def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable[..., Any]:
+    """The Dynamo backend ``torch.compile(fn, backend="ember")`` uses.
+
+    Keyword options are ember settings (see ``ember.config.Config``), as in
+    ``torch.compile(fn, backend="ember", options={"debug": 2})``.
+    """
+    return _backend(_config(options), None)(gm, example_inputs)
+
+
+def _backend(cfg: Config, sink: list[GraphReport] | None) -> Callable[..., Any]:
+    def compile_one(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
+        return compile_graph(gm, example_inputs, kind, cfg, sink)
+    return make_backend(compile_one)
+
+
+def compile(model: Callable[..., Any] | None = None, *, options: dict[str, Any] | None = None,
+            dynamic: bool | None = None, fullgraph: bool = False) -> Any:
+    """Compile a function or ``nn.Module`` with ember (``torch.compile`` with ember's backend).
+
+    ``options`` override ember settings for this function, e.g. ``{"debug": 2}`` or
+    ``{"cache_dir": "/tmp/k"}``; ``dynamic`` and ``fullgraph`` are torch.compile's. Usable as a
+    decorator, with or without arguments.
+    """
+    cfg = _config(options)
+    if model is None:
+        return functools.partial(compile, options=options, dynamic=dynamic, fullgraph=fullgraph)
+    backend = _backend(cfg, None)
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
+    if isinstance(model, torch.nn.Module):
+        return compiled
+    return _unwrap_errors(compiled)
+
+
+def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """Dynamo reports an op's error (wrong shapes, dtypes, devices) as TorchRuntimeError while
+    tracing; re-raise the op's own exception, as eager would, with the op named."""
+
+    @functools.wraps(compiled)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return compiled(*args, **kwargs)
+        except torch._dynamo.exc.TorchRuntimeError as e:
+            original = e.__cause__
+            if isinstance(original, Exception):
+                raise _named(original, str(e)) from None
+            raise
+
+    return run
+
+
+def _named(error: Exception, dynamo_message: str) -> Exception:
+    op = _op_from_dynamo_message(dynamo_message)
+    if not op:
+        return error
+    try:
+        renamed = type(error)(f"{op}: {error}")
+    except Exception:  # noqa: BLE001 -- exotic exception signatures keep their own message
+        return error
+    return renamed.with_traceback(error.__traceback__)
+
+
+def _op_from_dynamo_message(message: str) -> str:
+    # "... Dynamo failed to run FX node with fake tensors: call_function <built-in function add>(..."
+    marker = "call_function "
+    if marker not in message:
+        return ""
+    rest = message.split(marker, 1)[1]
+    target = rest.split("(*", 1)[0].strip()
+    if target.startswith("<built-in function ") or target.startswith("<built-in method "):
+        target = target.split(" ", 2)[-1].rstrip(">").split(" of ")[0]
+    elif target.startswith("<function "):
+        target = target.split(" ")[1]
+    return target
+
+
+def explain(fn: Callable[..., Any], *args: Any, options: dict[str, Any] | None = None,
+            dynamic: bool | None = None, **kwargs: Any) -> Report:
+    """Compile ``fn`` for ``args`` and report what ember did: the IR after every pass, the kernels
+    (name, backend, source, fused ATen ops) and the ops that run through ATen. ``fn`` runs once."""
+    cfg = _config(options)
+    report = Report()
+    backend = _backend(cfg, report.graphs)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    try:
+        compiled(*args, **kwargs)
+    finally:
+        torch._dynamo.reset()
+    return report
+
+
+def stats() -> dict[str, float]:
+    """Counters since the process started (or since ``reset_stats()``)."""
+    return stats_module.snapshot()
+
+
+def reset_stats() -> None:
+    stats_module.reset()

@@ -1,0 +1,419 @@
+"""The C-style renderer shared by the CPU C++ and CUDA C++ backends.
+
+It turns kernel-IR values into typed C statements (``const float v3 = v1 + v2;``). What differs
+between languages (type names, math spellings, how 16-bit floats load and store) is a
+``Language`` table; the loop skeleton around the statements is the backend's (cpp.py, cuda.py).
+Arithmetic on 16-bit floats happens in float32, as eager does per op; explicit casts round.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+from torch.utils._sympy.functions import (
+    CleanDiv, FloorDiv, Mod, ModularIndexing, PythonMod,
+)
+
+from ..ir import dtypes as dt
+from ..ir.ops import Op
+from ..schedule.kernel_ir import Kernel, Value
+
+
+@dataclass
+class Language:
+    name: str
+    storage: dict[dt.DType, str]          # element type of buffers
+    math_prefix: str                      # 'std::' on the CPU, '' in CUDA device code
+    fast_f32: dict[Op, str] = field(default_factory=dict)  # float32 overrides, e.g. EXP
+    sum_acc_f32: str = "double"           # accumulator of float32 sums
+    restrict: str = "__restrict__"
+
+    def compute(self, dtype: dt.DType) -> str:
+        return "float" if dtype.is_low_precision else self.storage[dtype]
+
+    def load(self, dtype: dt.DType, ref: str) -> str:
+        if dtype == dt.bfloat16:
+            return f"ember_bf16_to_f32({ref})"
+        if dtype == dt.float16:
+            return f"ember_f16_to_f32({ref})"
+        return ref
+
+    def store(self, dtype: dt.DType, value: str) -> str:
+        if dtype == dt.bfloat16:
+            return f"ember_f32_to_bf16({value})"
+        if dtype == dt.float16:
+            return f"ember_f32_to_f16({value})"
+        return value
+
+
+# ---- literals and index expressions ---------------------------------------------------------
+
+def literal(value: Any, dtype: dt.DType, lang: Language) -> str:
+    ctype = lang.compute(dtype)
+    if isinstance(value, sympy.Basic):
+        return f"(({ctype})({index_expr(value)}))"
+    if dtype.is_bool:
+        return "true" if value else "false"
+    if dtype.is_int:
+        v = int(value)
+        if dtype == dt.int64:
+            return f"INT64_C({v})" if v >= 0 else f"(-INT64_C({-v}))" if v != -2**63 else "INT64_MIN"
+        return f"(({ctype}){v})"
+    v = float(value)
+    if math.isnan(v):
+        return f"(({ctype})NAN)"
+    if math.isinf(v):
+        return f"(({ctype})INFINITY)" if v > 0 else f"(-({ctype})INFINITY)"
+    if ctype == "float":
+        exact = struct.unpack("f", struct.pack("f", v))[0]  # the float32 eager would use
+        return f"{exact!r}f"
+    return repr(v)
+
+
+def index_expr(e: sympy.Expr) -> str:
+    """A non-negative integer index expression as C (int64 arithmetic)."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        v = int(e)
+        return str(v) if abs(v) < 2**31 else f"INT64_C({v})"
+    if e.is_Symbol:
+        return e.name
+    if isinstance(e, sympy.Add):
+        terms = sorted(e.args, key=lambda t: (t.is_Number, str(t)))
+        out = index_expr(terms[0])
+        for t in terms[1:]:
+            if t.could_extract_minus_sign():
+                out += f" - {index_expr(-t)}"
+            else:
+                out += f" + {index_expr(t)}"
+        return out
+    if isinstance(e, sympy.Mul):
+        if e.could_extract_minus_sign():
+            return f"-{_atom(-e)}"
+        return "*".join(_atom(a) for a in sorted(e.args, key=lambda t: (not t.is_Number, str(t))))
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+        return "*".join([_atom(e.base)] * int(e.exp))
+    if isinstance(e, (FloorDiv, CleanDiv)):
+        return f"{_atom(e.args[0])} / {_atom(e.args[1])}"
+    if isinstance(e, ModularIndexing):
+        base, div, mod = e.args
+        inner = _atom(base) if div == 1 else f"({_atom(base)} / {_atom(div)})"
+        return f"{inner} % {_atom(mod)}"
+    if isinstance(e, (Mod, PythonMod, sympy.Mod)):
+        return f"{_atom(e.args[0])} % {_atom(e.args[1])}"
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        fn = "ember_imax" if isinstance(e, sympy.Max) else "ember_imin"
+        args = [index_expr(a) for a in e.args]
+        out = args[0]
+        for a in args[1:]:
+            out = f"{fn}({out}, {a})"
+        return out
+    raise NotImplementedError(f"index expression {e!r} ({type(e).__name__}) has no C spelling")
+
+
+def _atom(e: sympy.Expr) -> str:
+    text = index_expr(e)
+    return text if (sympy.sympify(e).is_Atom or text.isidentifier()) else f"({text})"
+
+
+# ---- pointwise ops --------------------------------------------------------------------------
+
+_INFIX = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.DIV: "/", Op.EQ: "==", Op.NE: "!=",
+          Op.LT: "<", Op.LE: "<=", Op.GT: ">", Op.GE: ">=", Op.AND: "&&", Op.OR: "||",
+          Op.XOR: "!=", Op.BITAND: "&", Op.BITOR: "|", Op.BITXOR: "^"}
+_MATH = {Op.EXP: "exp", Op.EXP2: "exp2", Op.EXPM1: "expm1", Op.LOG: "log", Op.LOG2: "log2",
+         Op.LOG10: "log10", Op.LOG1P: "log1p", Op.SQRT: "sqrt", Op.SIN: "sin", Op.COS: "cos",
+         Op.TAN: "tan", Op.ASIN: "asin", Op.ACOS: "acos", Op.ATAN: "atan", Op.SINH: "sinh",
+         Op.COSH: "cosh", Op.TANH: "tanh", Op.ASINH: "asinh", Op.ACOSH: "acosh",
+         Op.ATANH: "atanh", Op.ERF: "erf", Op.ERFC: "erfc", Op.FLOOR: "floor", Op.CEIL: "ceil",
+         Op.TRUNC: "trunc", Op.ROUND: "nearbyint", Op.ATAN2: "atan2", Op.FMOD: "fmod",
+         Op.POW: "pow"}
+# Integer ops that can divide by zero: eager raises, so kernels report it through a flag.
+INT_DIVISION_OPS = frozenset({Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD})
+
+
+def alu(lang: Language, v: Value, args: list[str]) -> str:
+    """C expression for a pointwise value; ``args`` are the C spellings of its sources."""
+    op, dtype = v.arg, v.dtype
+    ctype = lang.compute(dtype)
+    src = v.srcs[0].dtype if v.srcs else dtype
+    a = args[0] if args else ""
+    if op is Op.CAST:
+        return cast(lang, src, dtype, a)
+    if op in _INFIX:
+        expr = f"({a} {_INFIX[op]} {args[1]})"
+        # C promotes narrow integers to int: bring results back to the element type
+        if dtype.is_int and dtype.itemsize < 4 or dtype.is_bool and op in (Op.ADD, Op.MUL, Op.SUB):
+            expr = f"(({ctype}){expr})"
+        return expr
+    if op is Op.WHERE:
+        return f"({a} ? {args[1]} : {args[2]})"
+    if op is Op.NEG:
+        return f"(({ctype})(-{a}))" if dtype.itemsize < 4 and not dtype.is_float else f"(-{a})"
+    if op is Op.NOT or (op is Op.BITNOT and dtype.is_bool):
+        return f"(!{a})"
+    if op is Op.BITNOT:
+        return f"(({ctype})~{a})"
+    if op is Op.ISNAN:
+        return f"({a} != {a})"
+    if op in (Op.ISINF, Op.ABS, Op.SIGN, Op.MAX, Op.MIN, Op.SHL, Op.SHR):
+        return f"ember_{op.name.lower()}({', '.join(args)})"
+    if op is Op.RECIPROCAL:
+        return f"(({ctype})1 / {a})"
+    if op is Op.SIGMOID:
+        return f"ember_sigmoid({a})"
+    if op is Op.RSQRT:
+        return lang.fast_f32.get(op, "ember_rsqrt({})").format(a) if ctype == "float" else f"ember_rsqrt({a})"
+    if op in (Op.FLOORDIV, Op.TRUNCDIV, Op.MOD) or (op is Op.FMOD and not dtype.is_float):
+        fn = {Op.FLOORDIV: "ember_floordiv", Op.TRUNCDIV: "ember_truncdiv", Op.MOD: "ember_mod",
+              Op.FMOD: "ember_fmod"}[op]
+        if dtype.is_float:
+            return f"{fn}({a}, {args[1]})"
+        return f"(({ctype}){fn}((int64_t){a}, (int64_t){args[1]}, ember_err))"
+    if op is Op.POW and not dtype.is_float:
+        return f"(({ctype})ember_ipow((int64_t){a}, (int64_t){args[1]}))"
+    if op in _MATH:
+        if dtype.is_int and op in (Op.FLOOR, Op.CEIL, Op.TRUNC, Op.ROUND):
+            return a
+        if ctype == "float" and op in lang.fast_f32:
+            return lang.fast_f32[op].format(*args)
+        return f"{lang.math_prefix}{_MATH[op]}({', '.join(args)})"
+    raise NotImplementedError(f"no C spelling for {op.value}")
+
+
+def cast(lang: Language, src: dt.DType, dst: dt.DType, a: str) -> str:
+    if dst.is_bool:
+        return f"({a} != 0)"
+    if src.is_bool:  # a select, not a conversion: GCC does not vectorize bool -> float converts
+        one, zero = ("1.0f", "0.0f") if lang.compute(dst) == "float" else (f"({lang.compute(dst)})1", f"({lang.compute(dst)})0")
+        return f"({a} ? {one} : {zero})" if dst not in (dt.bfloat16, dt.float16) else f"({a} ? 1.0f : 0.0f)"
+    if dst == dt.bfloat16:
+        return f"ember_round_bf16((float){a})"
+    if dst == dt.float16:
+        return f"ember_round_f16((float){a})"
+    if lang.compute(src) == lang.compute(dst):
+        return a
+    return f"(({lang.compute(dst)}){a})"
+
+
+# ---- reductions -----------------------------------------------------------------------------
+
+def acc_type(lang: Language, v: Value) -> str:
+    op, src = v.arg.op, v.srcs[0].dtype
+    ctype = lang.compute(src)
+    if op in (Op.ANY, Op.ALL):
+        return "bool"
+    if op is Op.SUM and ctype == "float":
+        return lang.sum_acc_f32
+    if op in (Op.ARGMAX, Op.ARGMIN):
+        return f"EmberArg<{ctype}>"
+    return ctype
+
+
+def acc_init(lang: Language, v: Value) -> str:
+    op, src = v.arg.op, v.srcs[0].dtype
+    ctype = lang.compute(src)
+    if op is Op.SUM:
+        return f"({acc_type(lang, v)})0"
+    if op is Op.PROD:
+        return f"({ctype})1"
+    if op is Op.ANY:
+        return "false"
+    if op is Op.ALL:
+        return "true"
+    lowest = op in (Op.AMAX, Op.ARGMAX)
+    if src.is_float:
+        bound = f"-({ctype})INFINITY" if lowest else f"({ctype})INFINITY"
+    elif src.is_bool:
+        bound = "false" if lowest else "true"
+    else:
+        bound = f"ember_lowest(({ctype})0)" if lowest else f"ember_highest(({ctype})0)"
+    if op in (Op.ARGMAX, Op.ARGMIN):
+        return f"EmberArg<{ctype}>{{{bound}, INT64_MAX}}"
+    return bound
+
+
+def acc_update(v: Value, acc: str, x: str, position: str) -> str:
+    """Statement folding value ``x`` (at flat reduce ``position``) into accumulator ``acc``."""
+    op = v.arg.op
+    if op is Op.SUM:
+        return f"{acc} += {x};"
+    if op is Op.PROD:
+        return f"{acc} *= {x};"
+    if op is Op.ANY:
+        return f"{acc} = {acc} || {x};"
+    if op is Op.ALL:
+        return f"{acc} = {acc} && {x};"
+    if op is Op.AMAX:
+        return f"{acc} = ember_max({acc}, {x});"
+    if op is Op.AMIN:
+        return f"{acc} = ember_min({acc}, {x});"
+    fn = "ember_argmax_step" if op is Op.ARGMAX else "ember_argmin_step"
+    return f"{fn}({acc}, {x}, {position});"
+
+
+def acc_result(lang: Language, v: Value, acc: str) -> str:
+    if v.arg.op in (Op.ARGMAX, Op.ARGMIN):
+        return f"{acc}.i"
+    return f"(({lang.compute(v.dtype)}){acc})"
+
+
+# ---- statements -----------------------------------------------------------------------------
+
+class BodyRenderer:
+    """Names values and renders them as statements; loads and stores index the kernel's params."""
+
+    def __init__(self, kernel: Kernel, lang: Language):
+        self.kernel = kernel
+        self.lang = lang
+        self.names = {id(v): f"v{i}" for i, v in enumerate(kernel.values)}
+        self.acc_names = {id(v): f"acc{i}" for i, v in enumerate(kernel.values) if v.kind == "reduce"}
+        self.buffer_dtype = {p.name: p.dtype for p in kernel.params}
+        self.uses_err = any(v.kind == "alu" and v.arg in INT_DIVISION_OPS and not v.dtype.is_float
+                            for v in kernel.values)
+
+    def name(self, v: Value) -> str:
+        return self.names[id(v)]
+
+    def statement(self, v: Value) -> str | None:
+        lang = self.lang
+        if v.kind == "store":
+            dtype = self.buffer_dtype[v.arg.buffer]
+            return f"{v.arg.buffer}[{index_expr(v.arg.index)}] = {lang.store(dtype, self.name(v.srcs[0]))};"
+        if v.kind == "reduce":
+            return None  # the backend places accumulators around its loops
+        ctype = lang.compute(v.dtype)
+        if v.kind == "load":
+            dtype = self.buffer_dtype[v.arg.buffer]
+            expr = lang.load(dtype, f"{v.arg.buffer}[{index_expr(v.arg.index)}]")
+        elif v.kind == "const":
+            expr = literal(v.arg, v.dtype, lang)
+        elif v.kind == "index":
+            expr = f"(({ctype})({index_expr(v.arg)}))"
+        else:
+            expr = alu(lang, v, [self.name(s) for s in v.srcs])
+        return f"const {ctype} {self.name(v)} = {expr};"
+
+    def reduce_update(self, v: Value) -> str:
+        return acc_update(v, self.acc_names[id(v)], self.name(v.srcs[0]), index_expr(v.arg.position))
+
+    def reduce_decl(self, v: Value) -> str:
+        return f"{acc_type(self.lang, v)} {self.acc_names[id(v)]} = {acc_init(self.lang, v)};"
+
+    def reduce_result(self, v: Value) -> str:
+        return f"const {self.lang.compute(v.dtype)} {self.name(v)} = {acc_result(self.lang, v, self.acc_names[id(v)])};"
+
+
+# Helpers every C-style backend includes. EMBER_FN is 'static inline' on the CPU and
+# '__device__ __forceinline__' in CUDA.
+COMMON_PRELUDE = r"""
+template <typename T> struct EmberArg { T v; int64_t i; };
+// Integer bounds, chosen by overload on a dummy argument (works in host and device code).
+#define EMBER_LIMITS(T, LO, HI) \
+  EMBER_FN T ember_lowest(T) { return LO; } \
+  EMBER_FN T ember_highest(T) { return HI; }
+EMBER_LIMITS(int8_t, INT8_MIN, INT8_MAX)
+EMBER_LIMITS(int16_t, INT16_MIN, INT16_MAX)
+EMBER_LIMITS(int32_t, INT32_MIN, INT32_MAX)
+EMBER_LIMITS(int64_t, INT64_MIN, INT64_MAX)
+EMBER_LIMITS(uint8_t, 0, UINT8_MAX)
+
+// torch.maximum / torch.minimum: NaN wins.
+// Bitwise | rather than ||: no branch, so loops using them still vectorize.
+EMBER_FN float ember_max(float a, float b) { return ((a > b) | (a != a)) ? a : b; }
+EMBER_FN float ember_min(float a, float b) { return ((a < b) | (a != a)) ? a : b; }
+EMBER_FN double ember_max(double a, double b) { return ((a > b) | (a != a)) ? a : b; }
+EMBER_FN double ember_min(double a, double b) { return ((a < b) | (a != a)) ? a : b; }
+template <typename T> EMBER_FN T ember_max(T a, T b) { return a > b ? a : b; }
+template <typename T> EMBER_FN T ember_min(T a, T b) { return a < b ? a : b; }
+EMBER_FN int64_t ember_imax(int64_t a, int64_t b) { return a > b ? a : b; }
+EMBER_FN int64_t ember_imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// argmax/argmin: NaN counts as the largest (and smallest) value; ties keep the first index.
+template <typename T> EMBER_FN void ember_argmax_step(EmberArg<T>& a, T v, int64_t i) {
+  bool take = (v > a.v) || (v != v && a.v == a.v) || ((v == a.v || (v != v && a.v != a.v)) && i < a.i);
+  if (take) { a.v = v; a.i = i; }
+}
+template <typename T> EMBER_FN void ember_argmin_step(EmberArg<T>& a, T v, int64_t i) {
+  bool take = (v < a.v) || (v != v && a.v == a.v) || ((v == a.v || (v != v && a.v != a.v)) && i < a.i);
+  if (take) { a.v = v; a.i = i; }
+}
+
+template <typename T> EMBER_FN T ember_abs(T a) { return a < 0 ? (T)(-a) : a; }
+EMBER_FN uint8_t ember_abs(uint8_t a) { return a; }
+EMBER_FN bool ember_abs(bool a) { return a; }
+EMBER_FN float ember_abs(float a) { return a < 0.0f ? -a : (a == 0.0f ? 0.0f : a); }
+EMBER_FN double ember_abs(double a) { return a < 0.0 ? -a : (a == 0.0 ? 0.0 : a); }
+template <typename T> EMBER_FN T ember_sign(T a) { return (T)((T(0) < a) - (a < T(0))); }
+EMBER_FN float ember_sign(float a) { return a != a ? a : (float)((0.0f < a) - (a < 0.0f)); }
+EMBER_FN double ember_sign(double a) { return a != a ? a : (double)((0.0 < a) - (a < 0.0)); }
+EMBER_FN bool ember_isinf(float a) { return a == INFINITY || a == -INFINITY; }
+EMBER_FN bool ember_isinf(double a) { return a == INFINITY || a == -INFINITY; }
+EMBER_FN float ember_rsqrt(float a) { return 1.0f / sqrtf(a); }
+EMBER_FN double ember_rsqrt(double a) { return 1.0 / sqrt(a); }
+
+// Python-style rounding division and remainder, as torch.div(rounding_mode=...) and
+// torch.remainder; integer division by zero sets *err (eager raises ZeroDivisionError).
+template <typename F> EMBER_FN F ember_floordiv_f(F a, F b) {
+  if (b == 0) return a / b;
+  F mod = fmod(a, b);
+  F div = (a - mod) / b;
+  if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1;
+  F fl;
+  if (div != 0) { fl = floor(div); if (div - fl > (F)0.5) fl += 1; }
+  else { fl = copysign((F)0, a / b); }
+  return fl;
+}
+EMBER_FN float ember_floordiv(float a, float b) { return ember_floordiv_f<float>(a, b); }
+EMBER_FN double ember_floordiv(double a, double b) { return ember_floordiv_f<double>(a, b); }
+EMBER_FN float ember_truncdiv(float a, float b) { return truncf(a / b); }
+EMBER_FN double ember_truncdiv(double a, double b) { return trunc(a / b); }
+template <typename F> EMBER_FN F ember_mod_f(F a, F b) {
+  F m = fmod(a, b);
+  if (m != 0 && ((b < 0) != (m < 0))) m += b;
+  return m;
+}
+EMBER_FN float ember_mod(float a, float b) { return ember_mod_f<float>(a, b); }
+EMBER_FN double ember_mod(double a, double b) { return ember_mod_f<double>(a, b); }
+EMBER_FN int64_t ember_truncdiv(int64_t a, int64_t b, int32_t* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return (int64_t)(0 - (uint64_t)a);
+  return a / b;
+}
+EMBER_FN int64_t ember_floordiv(int64_t a, int64_t b, int32_t* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return (int64_t)(0 - (uint64_t)a);
+  int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
+  return q;
+}
+EMBER_FN int64_t ember_fmod(int64_t a, int64_t b, int32_t* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return 0;
+  return a % b;
+}
+EMBER_FN int64_t ember_mod(int64_t a, int64_t b, int32_t* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return 0;
+  int64_t m = a % b;
+  if (m != 0 && ((b < 0) != (m < 0))) m += b;
+  return m;
+}
+EMBER_FN int64_t ember_ipow(int64_t base, int64_t exp) {
+  if (exp < 0) return base == 1 ? 1 : (base == -1 ? ((exp & 1) ? -1 : 1) : 0);
+  int64_t result = 1;
+  while (exp) { if (exp & 1) result = (int64_t)((uint64_t)result * (uint64_t)base);
+                base = (int64_t)((uint64_t)base * (uint64_t)base); exp >>= 1; }
+  return result;
+}
+template <typename T> EMBER_FN T ember_shl(T a, T b) {
+  return (b < 0 || b >= (T)(8 * sizeof(T))) ? (T)0 : (T)((uint64_t)a << b);
+}
+template <typename T> EMBER_FN T ember_shr(T a, T b) {
+  return (b < 0 || b >= (T)(8 * sizeof(T))) ? (T)(a < 0 ? -1 : 0) : (T)(a >> b);
+}
+"""

@@ -1,0 +1,299 @@
+"""The host-side program of a compiled graph, generated as readable Python.
+
+    def call(args):
+        arg0_1, arg1_1 = args
+        args.clear()
+        s0 = arg0_1.size(0)
+        buf0 = empty((s0, 4096), torch.float32, 'cpu')
+        fused_relu_add_0(arg0_1.data_ptr(), arg1_1.data_ptr(), buf0.data_ptr(), s0)
+        return (buf0,)
+
+It binds size symbols from the inputs, allocates each kernel's outputs just before the kernel,
+calls kernels and ATen ops in dependency order, and drops buffers after their last use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+from torch.utils._sympy.functions import CleanDiv, FloorDiv, Mod, ModularIndexing, PythonMod
+
+from ..ir import dtypes as dt
+from ..ir import shapes as sh
+from ..ir.node import ArgRef, Node
+from ..ir.ops import Op
+from ..schedule.fusion import ExternStep, KernelStep, Schedule, ViewStep
+
+
+class WrapperError(ValueError):
+    """The graph needs something the wrapper cannot express (e.g. a size it cannot bind)."""
+
+
+def pexpr(e: Any) -> str:
+    """A size expression as Python."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        return e.name
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(pexpr(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(pexpr(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) >= 0:
+        return f"({pexpr(e.base)} ** {int(e.exp)})"
+    if isinstance(e, (FloorDiv, CleanDiv)):
+        return f"({pexpr(e.args[0])} // {pexpr(e.args[1])})"
+    if isinstance(e, ModularIndexing):
+        return f"(({pexpr(e.args[0])} // {pexpr(e.args[1])}) % {pexpr(e.args[2])})"
+    if isinstance(e, (Mod, PythonMod, sympy.Mod)):
+        return f"({pexpr(e.args[0])} % {pexpr(e.args[1])})"
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        fn = "max" if isinstance(e, sympy.Max) else "min"
+        return f"{fn}({', '.join(pexpr(a) for a in e.args)})"
+    if e in (sympy.true, sympy.false):
+        return str(bool(e))
+    if e.is_Number:
+        return repr(float(e))
+    raise WrapperError(f"size expression {e} has no Python spelling here")
+
+
+def shape_tuple(shape: tuple[sympy.Expr, ...]) -> str:
+    items = [pexpr(s) for s in shape]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+@dataclass
+class KernelCall:
+    """How the program calls one kernel: its Python name and whether it reports errors."""
+    name: str
+    uses_error_flag: bool = False
+    fallback: bool = False  # run through ATen (its build failed)
+
+
+@dataclass
+class Wrapper:
+    source: str
+    constants: dict[str, Any] = field(default_factory=dict)
+
+
+class WrapperWriter:
+    def __init__(self, schedule: Schedule, calls: dict[str, KernelCall], timed: bool = False):
+        self.s = schedule
+        self.calls = calls
+        self.timed = timed
+        self.lines: list[str] = []
+        self.constants: dict[str, Any] = {}
+        self.var: dict[Node, str] = {}
+        for node, info in schedule.buffers.items():
+            self.var[node] = info.name if node.op is not Op.TENSOR else self._const(node.arg.value, info.name)
+        # buffers some kernel reads: ATen results among them must be dense
+        self.kernel_reads = {p.name for k in schedule.kernels for p in k.params if not p.is_output}
+
+    def _const(self, value: Any, hint: str = "c") -> str:
+        name = hint if hint not in self.constants else f"{hint}_{len(self.constants)}"
+        self.constants[name] = value
+        return name
+
+    def emit(self, line: str, depth: int = 1) -> None:
+        self.lines.append("    " * depth + line)
+
+    # ---- sizes ----------------------------------------------------------------------------
+    def bind_sizes(self) -> None:
+        needed = set()
+        for node in self.s.graph.nodes:
+            for e in (node.shape or ()):
+                needed |= sh.expr(e).free_symbols
+        for k in self.s.kernels:
+            needed |= set(k.sizes)
+        for o in self.s.graph.outputs:
+            if o is not None and o.op is Op.CONST and isinstance(o.arg, sympy.Basic):
+                needed |= o.arg.free_symbols
+        for node in self.s.graph.nodes:
+            if node.op is Op.EXTERN:
+                needed |= _template_symbols(node.arg.args) | _template_symbols(node.arg.kwargs)
+            if node.op is Op.CONST and isinstance(node.arg, sympy.Basic):
+                needed |= node.arg.free_symbols
+        bound: dict[sympy.Symbol, str] = {}
+        for node in self.s.graph.inputs:
+            spec = node.arg
+            if spec.kind == "symint" and spec.expr is not None and spec.expr.is_Symbol:
+                bound.setdefault(spec.expr, spec.name)
+        for node in self.s.graph.inputs:
+            spec = node.arg
+            if spec.kind != "tensor":
+                continue
+            for i, e in enumerate(node.shape):
+                if e.is_Symbol:
+                    bound.setdefault(e, f"{spec.name}.size({i})")
+            for i, e in enumerate(spec.strides or ()):
+                if e.is_Symbol:
+                    bound.setdefault(e, f"{spec.name}.stride({i})")
+        missing = sorted(str(s) for s in needed - set(bound))
+        if missing:
+            raise WrapperError(f"cannot bind size symbol(s) {missing} from the inputs")
+        self.symbols = sorted(needed, key=lambda s: s.name)
+        for sym in self.symbols:
+            self.emit(f"{sym.name} = {bound[sym]}")
+
+    # ---- steps ----------------------------------------------------------------------------
+    def write(self) -> Wrapper:
+        g = self.s.graph
+        self.lines = ["def call(args):"]
+        names = [n.arg.name for n in g.inputs]
+        if names:
+            self.emit(", ".join(names) + ("," if len(names) == 1 else "") + " = args")
+        self.emit("args.clear()  # inputs die as soon as nothing needs them")
+        self.bind_sizes()
+        last_use = self._last_uses()
+        outputs = {o for o in g.outputs if o is not None}
+        for i, step in enumerate(self.s.steps):
+            if isinstance(step, KernelStep):
+                self._kernel(step)
+            elif isinstance(step, ExternStep):
+                self._extern(step)
+            else:
+                self._view(step)
+            dead = [v for v, last in last_use.items() if last == i and v not in self._output_vars(outputs)]
+            if dead:
+                self.emit("del " + ", ".join(sorted(dead)))
+        self.emit("return (" + "".join(self._output(i, o) + ", " for i, o in enumerate(g.outputs)) + ")")
+        return Wrapper("\n".join(self.lines) + "\n", self.constants)
+
+    def _output_vars(self, outputs: set[Node]) -> set[str]:
+        return {self.var[o] for o in outputs if o in self.var}
+
+    def _output(self, i: int, node: Node | None) -> str:
+        if node is None:
+            return "None"
+        if i in self.s.graph.scalar_outputs:
+            value = node.arg
+            return pexpr(value) if isinstance(value, sympy.Basic) else repr(value)
+        return self.var[node]
+
+    def _reads(self, step: Any) -> list[str]:
+        if isinstance(step, KernelStep):
+            bufs = {p.name for p in step.kernel.params if not p.is_output}
+            return sorted(v for n, v in self.var.items() if v in bufs)
+        if isinstance(step, ExternStep):
+            return [self.var[x] for x in step.node.inputs if x in self.var]
+        return [self.var[step.base]]
+
+    def _last_uses(self) -> dict[str, int]:
+        last: dict[str, int] = {}
+        inputs = {n.arg.name for n in self.s.graph.inputs}
+        for i, step in enumerate(self.s.steps):
+            for v in self._reads(step):
+                if v not in inputs and not v.startswith("const_"):
+                    last[v] = i
+        return last
+
+    def _kernel(self, step: KernelStep) -> None:
+        k = step.kernel
+        call = self.calls[k.name]
+        for root in step.roots:
+            dtype = str(dt.to_torch(root.dtype))
+            self.emit(f"{self.var[root]} = empty({shape_tuple(root.shape)}, {dtype}, {root.device!r})")
+        if call.fallback:
+            reads = [p.name for p in k.params if not p.is_output]
+            outs = [p.name for p in k.params if p.is_output]
+            self.emit(f"# {k.name} failed to build: its ops run through ATen")
+            self.emit(f"{call.name}(({', '.join(reads)}{',' if len(reads) == 1 else ''}), "
+                      f"({', '.join(outs)}{',' if len(outs) == 1 else ''}), {{{', '.join(f'{s.name!r}: {s.name}' for s in self.symbols)}}})")
+            return
+        args = [f"{p.name}.data_ptr()" for p in k.params] + [s.name for s in k.sizes]
+        if call.uses_error_flag:
+            args.append("error_flag")
+        line = f"{call.name}({', '.join(args)})"
+        if self.timed:
+            line = f"timed({call.name!r}, lambda: {line})"
+        self.emit(line)
+        if call.uses_error_flag:
+            self.emit("check_error_flag()")
+
+    def _extern(self, step: ExternStep) -> None:
+        node = step.node
+        call = node.arg
+        target = self._const(call.target, _safe(call.name))
+        args = [self._template(a, node) for a in call.args]
+        args += [f"{k}={self._template(v, node)}" for k, v in call.kwargs.items()]
+        result = f"{target}({', '.join(args)})"
+        if node.shape is not None:
+            name = self.var[node]
+            self.emit(f"{name} = {result}")
+            if name in self.kernel_reads:
+                self.emit(f"{name} = {name}.contiguous()  # kernels read it densely")
+            return
+        tmp = f"res{len(self.lines)}"
+        self.emit(f"{tmp} = {result}")
+        for getitem in [n for n in self.s.buffers if n.op is Op.GETITEM and n.inputs[0] is node]:
+            name = self.var[getitem]
+            dense = ".contiguous()" if name in self.kernel_reads else ""
+            self.emit(f"{name} = {tmp}[{getitem.arg}]{dense}")
+
+    def _template(self, t: Any, node: Node) -> str:
+        if isinstance(t, ArgRef):
+            return self.var[node.inputs[t.index]]
+        if isinstance(t, list):
+            return "[" + ", ".join(self._template(x, node) for x in t) + "]"
+        if isinstance(t, tuple):
+            return "(" + "".join(self._template(x, node) + ", " for x in t) + ")"
+        if isinstance(t, dict):
+            return "{" + ", ".join(f"{k!r}: {self._template(v, node)}" for k, v in t.items()) + "}"
+        if isinstance(t, sympy.Basic):
+            return pexpr(t)
+        if isinstance(t, bool) or t is None or isinstance(t, (int, str)):
+            return repr(t)
+        if isinstance(t, float):
+            return repr(t) if math.isfinite(t) else f"float({str(t)!r})"
+        if isinstance(t, torch.dtype):
+            return str(t)
+        return self._const(t, "arg")
+
+    def _view(self, step: ViewStep) -> None:
+        chain: list[Node] = []
+        n = step.node
+        while n is not step.base:
+            chain.append(n)
+            n = n.inputs[0]
+        expr = self.var[step.base]
+        for v in reversed(chain):
+            if v.op is Op.RESHAPE:
+                expr = f"{expr}.reshape({shape_tuple(v.shape)})"
+            elif v.op is Op.PERMUTE:
+                expr = f"{expr}.permute({tuple(v.arg)})"
+            elif v.op is Op.EXPAND:
+                expr = f"{expr}.expand({shape_tuple(v.shape)})"
+            else:
+                dim, start, step_, length = v.arg
+                end = sympy.expand(start + (length - 1) * step_ + 1)
+                expr = f"{expr}[{', '.join([':'] * dim + [f'{pexpr(start)}:{pexpr(end)}:{pexpr(step_)}'])}]"
+        name = f"view{len(self.var)}"
+        self.var[step.node] = name
+        self.emit(f"{name} = {expr}")
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _template_symbols(t: Any) -> set[sympy.Symbol]:
+    if isinstance(t, sympy.Basic):
+        return set(t.free_symbols)
+    if isinstance(t, (list, tuple)):
+        out: set[sympy.Symbol] = set()
+        for x in t:
+            out |= _template_symbols(x)
+        return out
+    if isinstance(t, dict):
+        return _template_symbols(list(t.values()))
+    return set()
+
+
+def write_wrapper(schedule: Schedule, calls: dict[str, KernelCall], timed: bool = False) -> Wrapper:
+    return WrapperWriter(schedule, calls, timed).write()
+

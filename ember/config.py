@@ -1,0 +1,73 @@
+"""Every ember setting in one typed place.
+
+Environment variables set the defaults when ember is imported; ``ember.compile(fn, options={...})``
+overrides any field for one compiled function.
+
+  EMBER_DEBUG      0 quiet; 1 what compiled and how long it took; 2 + IR after each pass;
+                   3 + kernel and wrapper sources; 4 + time of every kernel call
+  EMBER_CACHE_DIR  where built kernels live (default ~/.cache/ember)
+  EMBER_CXX        the C++ compiler for CPU kernels (default g++, else c++, else clang++)
+  EMBER_GPU_BACKEND  'triton' or 'cuda'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        print(f"[ember] ignoring {name}={raw!r}: not an integer", file=sys.stderr)
+        return default
+
+
+@dataclass
+class Config:
+    debug: int = field(default_factory=lambda: _env_int("EMBER_DEBUG", 0))
+    cache_dir: Path = field(default_factory=lambda: Path(
+        os.environ.get("EMBER_CACHE_DIR") or Path.home() / ".cache" / "ember"))
+    cxx: str = field(default_factory=lambda: os.environ.get("EMBER_CXX", ""))
+    # Extra flags for CPU kernels; -march=native is part of the cache key through the host CPU.
+    cxx_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno",
+                                  "-fno-trapping-math", "-fwrapv", "-fPIC", "-shared", "-std=c++17")
+    gpu_backend: str = field(default_factory=lambda: os.environ.get("EMBER_GPU_BACKEND", "triton"))
+    # Fuse at all (False: every op its own kernel, useful to bisect a wrong result).
+    fusion: bool = True
+    # Pointwise subtrees larger than this are stored once rather than recomputed in each kernel
+    # that needs them.
+    max_recompute_ops: int = 8
+    # CPU outputs of at least this many bytes are advised onto transparent huge pages before the
+    # kernel writes them: a fresh 64 MB buffer takes 16k page faults otherwise.
+    huge_page_bytes: int = 4 << 20
+    # Check the IR after every pass (on whenever debug > 0).
+    verify: bool = False
+
+    def replace(self, **overrides: Any) -> Config:
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise TypeError(f"unknown ember option(s) {sorted(unknown)}; known: {sorted(known)}")
+        if "cache_dir" in overrides:
+            overrides["cache_dir"] = Path(overrides["cache_dir"])
+        return dataclasses.replace(self, **overrides)
+
+    @property
+    def verifying(self) -> bool:
+        return self.verify or self.debug > 0
+
+
+config = Config()
+
+
+def log(level: int, message: str, cfg: Config | None = None) -> None:
+    """Print ``message`` to stderr when the debug level is at least ``level``."""
+    if (cfg or config).debug >= level:
+        print(f"[ember] {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,106 @@
+"""One ATen graph through the whole pipeline:
+
+    frontend (lower) -> passes (pipeline) -> schedule (fusion, kernel IR) -> codegen (kernels,
+    host wrapper) -> runtime (build, load, run)
+
+Any failure in here is ember's, never the user's: the graph then runs through ATen, with one
+warning, and ``ember.stats()['graph_fallbacks']`` counts it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import report as rp
+from .codegen.cpp import render_kernel, uses_error_flag
+from .codegen.wrapper import KernelCall, write_wrapper
+from .config import Config, log
+from .frontend.lowering import lower_graph
+from .ir.ops import Op
+from .passes.pipeline import run_pipeline
+from .runtime import stats
+from .runtime.cpu import build_cpu_kernels
+from .runtime.program import CompiledProgram, group_fallback
+from .schedule.fusion import KernelStep, plan
+
+_graph_ids = itertools.count()
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str, cfg: Config,
+                  sink: list[rp.GraphReport] | None = None) -> Callable[..., Any]:
+    name = f"{kind}_{next(_graph_ids)}"
+    report = rp.GraphReport(name, kind)
+    start = time.perf_counter()
+    try:
+        program = _compile(gm, name, cfg, report)
+    except Exception as e:  # noqa: BLE001 -- any ember failure falls back, never the user's program
+        report.error = f"{type(e).__name__}: {e}"
+        stats.bump("graph_fallbacks")
+        log(1, f"{name}: falling back to ATen:\n{traceback.format_exc()}", cfg)
+        warn_once(f"{type(e).__name__}:{e}", f"ember could not compile graph {name} ({report.error}); "
+                  "it runs through ATen. Set EMBER_DEBUG=1 for details.")
+        program = gm
+    report.compile_ms = (time.perf_counter() - start) * 1e3
+    stats.add_time("compile_seconds", report.compile_ms / 1e3)
+    if sink is not None:
+        sink.append(report)
+    log(1, f"{name}: {len(report.kernels)} kernel(s), {len(report.fallbacks)} ATen call(s), "
+           f"{report.compile_ms:.0f} ms", cfg)
+    return program
+
+
+def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphReport) -> CompiledProgram:
+    graph = lower_graph(gm, name)
+    graph = run_pipeline(graph, cfg, report.passes)
+    devices = {n.device for n in graph.nodes if n.shape is not None and n.op is not Op.INPUT}
+    devices |= {n.device for n in graph.inputs if n.arg.kind == "tensor"}
+    if devices - {"cpu"}:
+        raise NotImplementedError(f"no kernel backend for device(s) {sorted(devices - {'cpu'})} in this build")
+    schedule = plan(graph, cfg)
+    stats.bump("graphs_compiled")
+    stats.bump("kernels_generated", len(schedule.kernels))
+    built = build_cpu_kernels(schedule.kernels, cfg)
+
+    calls: dict[str, KernelCall] = {}
+    namespace: dict[str, Any] = {}
+    for step in schedule.steps:
+        if not isinstance(step, KernelStep):
+            continue
+        k = step.kernel
+        ok = k.name in built.functions
+        source = render_kernel(k)
+        report.kernels.append(rp.KernelReport(k.name, "cpp", source, list(k.origins), str(k), built=ok))
+        if ok:
+            namespace[k.name] = built.functions[k.name]
+            calls[k.name] = KernelCall(k.name, uses_error_flag=uses_error_flag(k))
+        else:
+            fallback_name = f"aten_{k.name}"
+            namespace[fallback_name] = group_fallback(step, schedule)
+            calls[k.name] = KernelCall(fallback_name, fallback=True)
+            report.fallbacks.extend(k.origins)
+    namespace["__ember_lib__"] = built.functions.get("__lib__")
+    for node in graph.nodes:
+        if node.op is Op.EXTERN:
+            report.fallbacks.append(node.arg.name)
+    stats.bump("fallbacks", len(report.fallbacks))
+
+    wrapper = write_wrapper(schedule, calls, timed=cfg.debug >= 4)
+    report.wrapper = wrapper.source
+    namespace.update(wrapper.constants)
+    if cfg.debug >= 3:
+        log(3, f"{name} kernels:\n{built.module_source}\n{name} host program:\n{wrapper.source}", cfg)
+    return CompiledProgram(name, wrapper.source, namespace, cfg)

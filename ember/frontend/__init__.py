@@ -1,0 +1,1 @@
+"""PyTorch -> ember IR: the Dynamo backend, AOTAutograd wiring and the ATen lowering table."""

@@ -1,0 +1,500 @@
+"""The ATen ops ember generates code for, each lowered to ember IR.
+
+One block per family. A lowering gets the call's arguments with tensors replaced by IR nodes and
+returns IR node(s); ``Context`` (lowering.py) casts and broadcasts operands, and the result is
+cast to the dtype ATen would give. Raising ``Unsupported`` sends the call to ATen instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from ..ir import dtypes as dt
+from ..ir import shapes as sh
+from ..ir.node import Node
+from ..ir.ops import Op
+from .lowering import Context, Unsupported, register
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _dims(dim: Any, rank: int) -> tuple[int, ...]:
+    """Normalize a dim / dim list (None or [] meaning all) to sorted non-negative dims."""
+    if dim is None:
+        return tuple(range(rank))
+    if isinstance(dim, int):
+        dim = [dim]
+    if len(dim) == 0:
+        return tuple(range(rank))
+    out = sorted({d % rank if rank else 0 for d in dim})
+    return tuple(out) if rank else ()
+
+
+def _keepdim_or_squeeze(ctx: Context, node: Node, dims: Sequence[int], keepdim: bool) -> Node:
+    if keepdim:
+        return node
+    return ctx.reshape(node, [s for i, s in enumerate(node.shape) if i not in dims])
+
+
+def _float_of(dtype: dt.DType) -> dt.DType:
+    return dtype if dtype.is_float else dt.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# pointwise: one input
+# ---------------------------------------------------------------------------------------------
+
+_UNARY = {
+    aten.neg: Op.NEG, aten.abs: Op.ABS, aten.exp: Op.EXP, aten.exp2: Op.EXP2, aten.expm1: Op.EXPM1,
+    aten.log: Op.LOG, aten.log2: Op.LOG2, aten.log10: Op.LOG10, aten.log1p: Op.LOG1P,
+    aten.sqrt: Op.SQRT, aten.rsqrt: Op.RSQRT, aten.reciprocal: Op.RECIPROCAL, aten.sin: Op.SIN,
+    aten.cos: Op.COS, aten.tan: Op.TAN, aten.asin: Op.ASIN, aten.acos: Op.ACOS, aten.atan: Op.ATAN,
+    aten.sinh: Op.SINH, aten.cosh: Op.COSH, aten.tanh: Op.TANH, aten.asinh: Op.ASINH,
+    aten.acosh: Op.ACOSH, aten.atanh: Op.ATANH, aten.sigmoid: Op.SIGMOID, aten.erf: Op.ERF,
+    aten.erfc: Op.ERFC, aten.floor: Op.FLOOR, aten.ceil: Op.CEIL, aten.trunc: Op.TRUNC,
+    aten.sign: Op.SIGN, aten.bitwise_not: Op.BITNOT,
+}
+
+
+def _unary(op: Op):
+    def lower(ctx: Context, x: Node) -> Node:
+        if op in (Op.FLOOR, Op.CEIL, Op.TRUNC) and x.dtype.is_int:
+            return x  # identity on integers, as in ATen
+        return ctx.make(op, (ctx.cast(x, ctx.out_dtype),))
+    return lower
+
+
+for _target, _op in _UNARY.items():
+    register(_target.default)(_unary(_op))
+
+
+@register(aten.round.default)
+def _round(ctx: Context, x: Node) -> Node:
+    return x if x.dtype.is_int else ctx.make(Op.ROUND, (x,))
+
+
+@register(aten.logical_not.default)
+def _logical_not(ctx: Context, x: Node) -> Node:
+    return ctx.make(Op.NOT, (ctx.cast(x, dt.bool_),))
+
+
+@register(aten.isnan.default, aten.isinf.default)
+def _isnan_isinf(ctx: Context, x: Node) -> Node:
+    op = Op.ISNAN if "isnan" in (ctx.origin or "") else Op.ISINF
+    if not x.dtype.is_float:
+        return ctx.operand(False, dt.bool_, x.shape)
+    return ctx.make(op, (x,))
+
+
+@register(aten.relu.default)
+def _relu(ctx: Context, x: Node) -> Node:
+    return ctx.make(Op.MAX, (x, ctx.operand(0, x.dtype, x.shape)))
+
+
+@register(aten.gelu.default)
+def _gelu(ctx: Context, x: Node, approximate: str = "none") -> Node:
+    x = ctx.cast(x, dt.compute_dtype(x.dtype))
+    c = lambda v: ctx.operand(v, x.dtype, x.shape)  # noqa: E731
+    if approximate == "tanh":
+        inner = ctx.make(Op.MUL, (c(math.sqrt(2 / math.pi)), ctx.make(Op.ADD, (x, ctx.make(
+            Op.MUL, (c(0.044715), ctx.make(Op.MUL, (x, ctx.make(Op.MUL, (x, x))))))))))
+        t = ctx.make(Op.ADD, (c(1.0), ctx.make(Op.TANH, (inner,))))
+    else:
+        t = ctx.make(Op.ADD, (c(1.0), ctx.make(Op.ERF, (ctx.make(Op.MUL, (x, c(math.sqrt(0.5)))),))))
+    return ctx.make(Op.MUL, (ctx.make(Op.MUL, (x, c(0.5))), t))
+
+
+@register(aten.hardtanh.default)
+def _hardtanh(ctx: Context, x: Node, min_val: float = -1.0, max_val: float = 1.0) -> Node:
+    return _clamp(ctx, x, min_val, max_val)
+
+
+@register(aten.leaky_relu.default)
+def _leaky_relu(ctx: Context, x: Node, slope: float = 0.01) -> Node:
+    zero = ctx.operand(0, x.dtype, x.shape)
+    return ctx.make(Op.WHERE, (ctx.make(Op.GT, (x, zero)), x,
+                               ctx.make(Op.MUL, (x, ctx.operand(slope, x.dtype, x.shape)))))
+
+
+@register(aten.elu.default)
+def _elu(ctx: Context, x: Node, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Node:
+    c = lambda v: ctx.operand(v, x.dtype, x.shape)  # noqa: E731
+    neg = ctx.make(Op.MUL, (c(alpha), ctx.make(Op.EXPM1, (ctx.make(Op.MUL, (x, c(input_scale))),))))
+    pos = ctx.make(Op.GT, (x, c(0)))
+    return ctx.make(Op.MUL, (ctx.make(Op.WHERE, (pos, x, neg)), c(scale)))
+
+
+# ---------------------------------------------------------------------------------------------
+# pointwise: two inputs
+# ---------------------------------------------------------------------------------------------
+
+def _binary(op: Op, *, compute: str = "result"):
+    """compute='result': operate in the result dtype (arithmetic); 'promoted': in the promoted
+    dtype of the operands (comparisons, whose result is bool)."""
+    def lower(ctx: Context, a: Any, b: Any) -> Node:
+        dtype = ctx.out_dtype if compute == "result" else ctx.promoted(0, 1)
+        shape = ctx.out_shape
+        return ctx.make(op, (ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)))
+    return lower
+
+
+for _packet, _op in {
+    aten.mul: Op.MUL, aten.maximum: Op.MAX, aten.minimum: Op.MIN, aten.atan2: Op.ATAN2,
+    aten.fmod: Op.FMOD, aten.remainder: Op.MOD, aten.bitwise_and: Op.BITAND,
+    aten.bitwise_or: Op.BITOR, aten.bitwise_xor: Op.BITXOR, aten.bitwise_left_shift: Op.SHL,
+    aten.bitwise_right_shift: Op.SHR,
+}.items():
+    for _name in ("Tensor", "Scalar", "Scalar_Tensor", "Tensor_Scalar", "default"):
+        if hasattr(_packet, _name):
+            register(getattr(_packet, _name))(_binary(_op))
+
+for _packet, _op in {
+    aten.eq: Op.EQ, aten.ne: Op.NE, aten.lt: Op.LT, aten.le: Op.LE, aten.gt: Op.GT, aten.ge: Op.GE,
+}.items():
+    register(_packet.Tensor, _packet.Scalar)(_binary(_op, compute="promoted"))
+
+
+@register(aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default)
+def _logical(ctx: Context, a: Node, b: Node) -> Node:
+    op = {"aten.logical_and": Op.AND, "aten.logical_or": Op.OR, "aten.logical_xor": Op.XOR}[ctx.origin]
+    shape = ctx.out_shape
+    return ctx.make(op, (ctx.operand(a, dt.bool_, shape), ctx.operand(b, dt.bool_, shape)))
+
+
+@register(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
+def _add_sub(ctx: Context, a: Any, b: Any, alpha: Any = 1) -> Node:
+    dtype, shape = ctx.out_dtype, ctx.out_shape
+    lhs, rhs = ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)
+    if alpha != 1:
+        rhs = ctx.make(Op.MUL, (rhs, ctx.operand(alpha, dtype, shape)))
+    return ctx.make(Op.ADD if ctx.origin == "aten.add" else Op.SUB, (lhs, rhs))
+
+
+@register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div(ctx: Context, a: Any, b: Any, rounding_mode: str | None = None) -> Node:
+    dtype, shape = ctx.out_dtype, ctx.out_shape
+    if rounding_mode is None:
+        dtype = _float_of(dtype)
+        return ctx.make(Op.DIV, (ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)))
+    if dtype.is_bool:
+        raise Unsupported("rounding division of bools")
+    op = Op.FLOORDIV if rounding_mode == "floor" else Op.TRUNCDIV
+    return ctx.make(op, (ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)))
+
+
+@register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+def _pow(ctx: Context, base: Any, exponent: Any) -> Node:
+    dtype, shape = ctx.out_dtype, ctx.out_shape
+    if isinstance(base, Node) and not isinstance(exponent, Node):
+        x = ctx.operand(base, dtype, shape)
+        # ATen's own fast paths, so results match eager bit for bit.
+        if exponent == 1:
+            return x
+        if exponent == 2:
+            return ctx.make(Op.MUL, (x, x))
+        if exponent == 3:
+            return ctx.make(Op.MUL, (ctx.make(Op.MUL, (x, x)), x))
+        if dtype.is_float:
+            if exponent == 0.5:
+                return ctx.make(Op.SQRT, (x,))
+            if exponent == -0.5:
+                return ctx.make(Op.RSQRT, (x,))
+            if exponent == -1:
+                return ctx.make(Op.RECIPROCAL, (x,))
+            if exponent == -2:
+                return ctx.make(Op.RECIPROCAL, (ctx.make(Op.MUL, (x, x)),))
+        elif isinstance(exponent, (int, float)) and exponent < 0:
+            raise Unsupported("integer to a negative power raises in ATen")
+    return ctx.make(Op.POW, (ctx.operand(base, dtype, shape), ctx.operand(exponent, dtype, shape)))
+
+
+@register(aten.where.self)
+def _where(ctx: Context, cond: Any, a: Any, b: Any) -> Node:
+    dtype, shape = ctx.out_dtype, ctx.out_shape
+    return ctx.make(Op.WHERE, (ctx.operand(cond, dt.bool_, shape), ctx.operand(a, dtype, shape),
+                               ctx.operand(b, dtype, shape)))
+
+
+def _clamp(ctx: Context, x: Node, lo: Any = None, hi: Any = None) -> Node:
+    dtype, shape = ctx.out_dtype, ctx.out_shape
+    out = ctx.operand(x, dtype, shape)
+    if lo is not None:
+        out = ctx.make(Op.MAX, (out, ctx.operand(lo, dtype, shape)))
+    if hi is not None:
+        out = ctx.make(Op.MIN, (out, ctx.operand(hi, dtype, shape)))
+    return out
+
+
+register(aten.clamp.default, aten.clamp.Tensor)(_clamp)
+
+
+# ---------------------------------------------------------------------------------------------
+# casts, copies, constants
+# ---------------------------------------------------------------------------------------------
+
+@register(prims.convert_element_type.default)
+def _convert(ctx: Context, x: Node, dtype: torch.dtype) -> Node:
+    return ctx.cast(x, dt.from_torch(dtype) if dt.is_supported_torch(dtype) else _unsupported(dtype))
+
+
+def _unsupported(what: Any) -> Any:
+    raise Unsupported(str(what))
+
+
+@register(aten._to_copy.default)
+def _to_copy(ctx: Context, x: Node, *, dtype: Any = None, device: Any = None, layout: Any = None,
+             pin_memory: Any = None, non_blocking: bool = False, memory_format: Any = None) -> Node:
+    if device is not None and torch.device(device) != ctx.out.device:
+        raise Unsupported("device copy")
+    if str(ctx.out.device) != x.device or layout not in (None, torch.strided) or pin_memory:
+        raise Unsupported("layout or device change")
+    return ctx.cast(x, ctx.out_dtype)
+
+
+@register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default)
+def _identity(ctx: Context, x: Node, **_: Any) -> Node:
+    return x
+
+
+@register(aten.copy.default)
+def _copy(ctx: Context, dst: Node, src: Node, non_blocking: bool = False) -> Node:
+    return ctx.operand(src, ctx.out_dtype, ctx.out_shape)
+
+
+@register(aten.full.default)
+def _full(ctx: Context, size: Sequence[Any], value: Any, **_: Any) -> Node:
+    return ctx.operand(value, ctx.out_dtype, ctx.out_shape)
+
+
+@register(aten.full_like.default)
+def _full_like(ctx: Context, x: Node, value: Any, **_: Any) -> Node:
+    return ctx.operand(value, ctx.out_dtype, ctx.out_shape)
+
+
+@register(aten.scalar_tensor.default)
+def _scalar_tensor(ctx: Context, value: Any, **_: Any) -> Node:
+    return ctx.const(value, ctx.out_dtype)
+
+
+@register(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def _arange(ctx: Context, *args: Any, **_: Any) -> Node:
+    start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
+    if not all(isinstance(v, int) for v in (start, step)):
+        raise Unsupported("non-integer arange bounds")  # float ranges round like ATen only there
+    dtype = ctx.out_dtype
+    (length,) = ctx.out_shape
+    return ctx.make(Op.IOTA, (), (length, start, step), dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# views
+# ---------------------------------------------------------------------------------------------
+
+@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def _view(ctx: Context, x: Node, size: Sequence[Any]) -> Node:
+    return ctx.reshape(x, ctx.out_shape)  # the recorded shape has any -1 resolved
+
+
+@register(aten.permute.default)
+def _permute(ctx: Context, x: Node, dims: Sequence[int]) -> Node:
+    dims = tuple(d % x.rank for d in dims) if x.rank else ()
+    if dims == tuple(range(x.rank)):
+        return x
+    return ctx.make(Op.PERMUTE, (x,), dims)
+
+
+@register(aten.expand.default)
+def _expand(ctx: Context, x: Node, size: Sequence[Any], implicit: bool = False) -> Node:
+    return ctx.expand_to(x, ctx.out_shape)
+
+
+@register(aten.unsqueeze.default, aten.squeeze.dims, aten.squeeze.dim, aten.squeeze.default)
+def _squeeze_unsqueeze(ctx: Context, x: Node, *_: Any) -> Node:
+    return ctx.reshape(x, ctx.out_shape)
+
+
+def _slice_start(start: Any, size: sympy.Expr) -> sympy.Expr:
+    if start is None:
+        return sympy.Integer(0)
+    start = sh.expr(start)
+    if start.is_Integer and int(start) < 0:
+        start = size + start
+        if start.is_Integer and int(start) < 0:
+            start = sympy.Integer(0)
+    if start.is_Integer and size.is_Integer and int(start) > int(size):
+        start = size
+    return start
+
+
+@register(aten.slice.Tensor)
+def _slice(ctx: Context, x: Node, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Node:
+    dim = dim % x.rank
+    length = ctx.out_shape[dim]
+    first = _slice_start(start, x.shape[dim])
+    if sh.equal(first, 0) and step == 1 and sh.equal(length, x.shape[dim]):
+        return x
+    return ctx.make(Op.SLICE, (x,), (dim, first, sympy.Integer(step), length))
+
+
+@register(aten.select.int)
+def _select(ctx: Context, x: Node, dim: int, index: Any) -> Node:
+    dim = dim % x.rank
+    index = sh.expr(index)
+    if index.is_Integer and int(index) < 0:
+        index = x.shape[dim] + index
+    one = ctx.make(Op.SLICE, (x,), (dim, index, sympy.Integer(1), sympy.Integer(1)))
+    return ctx.reshape(one, ctx.out_shape)
+
+
+@register(aten.split_with_sizes.default, aten.split.Tensor)
+def _split(ctx: Context, x: Node, sizes: Any, dim: int = 0) -> tuple[Node, ...]:
+    dim = dim % x.rank
+    outs, start = [], sympy.Integer(0)
+    for meta in ctx.out:
+        length = sh.expr(meta.shape[dim])
+        outs.append(ctx.make(Op.SLICE, (x,), (dim, start, sympy.Integer(1), length)))
+        start = start + length
+    return tuple(outs)
+
+
+# ---------------------------------------------------------------------------------------------
+# reductions
+# ---------------------------------------------------------------------------------------------
+
+def _reduce(ctx: Context, op: Op, x: Node, dims: tuple[int, ...], keepdim: bool) -> Node:
+    if x.rank == 0:
+        dims = ()
+    node = ctx.make(op, (x,), dims) if dims else x
+    return _keepdim_or_squeeze(ctx, node, dims, keepdim)
+
+
+def _count(x: Node, dims: Sequence[int]) -> sympy.Expr:
+    return sh.numel([x.shape[d] for d in dims])
+
+
+@register(aten.sum.dim_IntList, aten.sum.default)
+def _sum(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Node:
+    x = ctx.cast(x, ctx.out_dtype)
+    if x.dtype.is_low_precision:
+        x = ctx.cast(x, dt.float32)  # accumulate wide; the result is cast back
+    return _reduce(ctx, Op.SUM, x, _dims(dim, x.rank), keepdim)
+
+
+@register(aten.prod.default, aten.prod.dim_int)
+def _prod(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Node:
+    x = ctx.cast(x, dt.compute_dtype(ctx.out_dtype))
+    return _reduce(ctx, Op.PROD, x, _dims(dim, x.rank), keepdim)
+
+
+@register(aten.mean.dim, aten.mean.default)
+def _mean(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Node:
+    x = ctx.cast(x, dt.compute_dtype(ctx.out_dtype))
+    dims = _dims(dim, x.rank)
+    total = _reduce(ctx, Op.SUM, x, dims, keepdim)
+    return ctx.make(Op.DIV, (total, ctx.operand(_count(x, dims), x.dtype, total.shape)))
+
+
+@register(aten.amax.default, aten.amin.default, aten.max.default, aten.min.default)
+def _amax_amin(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) -> Node:
+    if x.rank and any(sh.equal(s, 0) for s in x.shape):
+        raise Unsupported("max of an empty tensor raises in ATen")
+    op = Op.AMAX if ctx.origin in ("aten.amax", "aten.max") else Op.AMIN
+    return _reduce(ctx, op, x, _dims(dim, x.rank), keepdim)
+
+
+@register(aten.max.dim, aten.min.dim)
+def _max_dim(ctx: Context, x: Node, dim: int, keepdim: bool = False) -> tuple[Node, Node]:
+    is_max = ctx.origin == "aten.max"
+    dims = _dims(dim, x.rank)
+    if x.rank and sh.equal(x.shape[dims[0]] if dims else 1, 0):
+        raise Unsupported("max over an empty dim raises in ATen")
+    values = _reduce(ctx, Op.AMAX if is_max else Op.AMIN, x, dims, keepdim)
+    indices = _reduce(ctx, Op.ARGMAX if is_max else Op.ARGMIN, x, dims, keepdim)
+    return values, indices
+
+
+@register(aten.argmax.default, aten.argmin.default)
+def _argmax(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) -> Node:
+    op = Op.ARGMAX if ctx.origin == "aten.argmax" else Op.ARGMIN
+    if dim is None:
+        flat = ctx.reshape(x, [sh.numel(x.shape)])
+        out = _reduce(ctx, op, flat, (0,), True)
+        return ctx.reshape(out, ctx.out_shape)
+    return _reduce(ctx, op, x, _dims(dim, x.rank), keepdim)
+
+
+@register(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
+def _any_all(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) -> Node:
+    op = Op.ANY if ctx.origin == "aten.any" else Op.ALL
+    x = ctx.cast(x, dt.bool_)
+    return _reduce(ctx, op, x, _dims(dim, x.rank), keepdim)
+
+
+def _var(ctx: Context, x: Node, dims: tuple[int, ...], correction: Any, keepdim: bool) -> tuple[Node, Node]:
+    """Two-pass variance: mean first, then the sum of squared deviations (both fuse into one
+    kernel: the second loop reads what the first computed)."""
+    x = ctx.cast(x, dt.compute_dtype(x.dtype))
+    n = _count(x, dims)
+    total = ctx.make(Op.SUM, (x,), dims)
+    mean = ctx.make(Op.DIV, (total, ctx.operand(n, x.dtype, total.shape)))
+    dev = ctx.make(Op.SUB, (x, ctx.expand_to(mean, x.shape)))
+    sq = ctx.make(Op.SUM, (ctx.make(Op.MUL, (dev, dev)),), dims)
+    corr = 1 if correction is None else correction
+    corr = sympy.Integer(int(corr)) if float(corr).is_integer() else sympy.Float(float(corr))
+    denom = ctx.make(Op.MAX, (ctx.operand(n - corr, x.dtype, sq.shape), ctx.operand(0, x.dtype, sq.shape)))
+    var = ctx.make(Op.DIV, (sq, denom))
+    return _keepdim_or_squeeze(ctx, var, dims, keepdim), _keepdim_or_squeeze(ctx, mean, dims, keepdim)
+
+
+@register(aten.var.correction)
+def _var_correction(ctx: Context, x: Node, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Node:
+    return _var(ctx, x, _dims(dim, x.rank), correction, keepdim)[0]
+
+
+@register(aten.var_mean.correction)
+def _var_mean(ctx: Context, x: Node, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> tuple[Node, Node]:
+    return _var(ctx, x, _dims(dim, x.rank), correction, keepdim)
+
+
+# ---------------------------------------------------------------------------------------------
+# normalizations
+# ---------------------------------------------------------------------------------------------
+
+@register(aten._softmax.default, aten._log_softmax.default)
+def _softmax(ctx: Context, x: Node, dim: int, half_to_float: bool = False) -> Node:
+    log = ctx.origin == "aten._log_softmax"
+    x = ctx.cast(x, dt.compute_dtype(x.dtype))
+    if x.rank == 0:
+        return ctx.operand(0.0 if log else 1.0, x.dtype, ())
+    dims = (dim % x.rank,)
+    m = ctx.expand_to(ctx.make(Op.AMAX, (x,), dims), x.shape)
+    # A row of -inf has max -inf; ATen then gives NaN, and x - m does too.
+    shifted = ctx.make(Op.SUB, (x, m))
+    e = ctx.make(Op.EXP, (shifted,))
+    s = ctx.expand_to(ctx.make(Op.SUM, (e,), dims), x.shape)
+    if log:
+        return ctx.make(Op.SUB, (shifted, ctx.make(Op.LOG, (s,))))
+    return ctx.make(Op.DIV, (e, s))
+
+
+@register(aten.native_layer_norm.default)
+def _layer_norm(ctx: Context, x: Node, normalized_shape: Sequence[Any], weight: Node | None,
+                bias: Node | None, eps: float) -> tuple[Node, Node, Node]:
+    out_dtype = ctx.out[0].dtype
+    x = ctx.cast(x, dt.compute_dtype(x.dtype))
+    dims = tuple(range(x.rank - len(normalized_shape), x.rank))
+    var, mean = _var(ctx, x, dims, 0, True)
+    rstd = ctx.make(Op.RSQRT, (ctx.make(Op.ADD, (var, ctx.operand(eps, x.dtype, var.shape))),))
+    out = ctx.make(Op.MUL, (ctx.make(Op.SUB, (x, ctx.expand_to(mean, x.shape))), ctx.expand_to(rstd, x.shape)))
+    if weight is not None:
+        out = ctx.make(Op.MUL, (out, ctx.operand(weight, x.dtype, x.shape)))
+    if bias is not None:
+        out = ctx.make(Op.ADD, (out, ctx.operand(bias, x.dtype, x.shape)))
+    del out_dtype  # _finish casts each result to what ATen returns
+    return out, mean, rstd

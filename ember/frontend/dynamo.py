@@ -1,0 +1,58 @@
+"""The Dynamo backend: AOTAutograd with core-ATen decompositions, one ember compile per graph.
+
+Inference graphs, and the forward and backward graphs of training (partitioned by AOTAutograd's
+min-cut rematerialization, which recomputes cheap pointwise chains in the backward instead of
+saving them), all go through the same ``compile_graph`` callback.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+aten = torch.ops.aten
+
+GraphCompiler = Callable[[torch.fx.GraphModule, Sequence[Any], str], Callable[..., Any]]
+
+
+@functools.cache
+def decomposition_table() -> dict[Any, Callable[..., Any]]:
+    """Core-ATen decompositions, plus a few composite ops split so their parts fuse."""
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions([
+        aten._native_batch_norm_legit_no_training,
+        aten._native_batch_norm_legit_functional,
+        aten._native_batch_norm_legit,
+        aten.native_batch_norm,
+        aten.native_group_norm,
+        aten.std.correction,
+        aten.hardswish,
+        aten.hardsigmoid,
+    ]))
+    # ember lowers these itself, keeping the whole op visible to fusion and to kernel names.
+    for op in (aten._softmax.default, aten._log_softmax.default, aten.native_layer_norm.default,
+               aten.gelu.default, aten.var_mean.correction, aten.var.correction):
+        table.pop(op, None)
+    return table
+
+
+def make_backend(compile_graph: GraphCompiler) -> Callable[[torch.fx.GraphModule, list[Any]], Any]:
+    """A Dynamo backend that hands every ATen graph AOTAutograd produces to ``compile_graph``."""
+
+    def compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
+        return lambda gm, example_inputs: compile_graph(gm, example_inputs, kind)
+
+    return aot_autograd(
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=decomposition_table(),
+        partition_fn=min_cut_rematerialization_partition,
+        keep_inference_input_mutations=False,
+    )

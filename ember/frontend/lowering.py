@@ -1,0 +1,311 @@
+"""ATen FX graph (from AOTAutograd, core-ATen decomposed) -> ember IR.
+
+Each ATen op with an entry in ``aten_table.LOWERINGS`` becomes a few IR nodes; anything else (or
+a lowering that declines with ``Unsupported``) becomes an EXTERN node that calls the ATen op
+itself inside the compiled program. Nothing the user writes makes lowering fail.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+
+from ..ir import dtypes as dt
+from ..ir import shapes as sh
+from ..ir.node import ArgRef, ExternCall, Graph, InputSpec, Node, TensorConst, make, op_name
+from ..ir.ops import Op
+
+
+class Unsupported(Exception):
+    """A lowering declines this call: the op runs through ATen instead."""
+
+
+LoweringFn = Callable[..., Any]
+LOWERINGS: dict[Any, LoweringFn] = {}
+
+
+def register(*targets: Any) -> Callable[[LoweringFn], LoweringFn]:
+    """Register a lowering for ATen overloads (or whole packets: every overload of the op)."""
+    def wrap(fn: LoweringFn) -> LoweringFn:
+        for t in targets:
+            LOWERINGS[t] = fn
+        return fn
+    return wrap
+
+
+def lookup(target: Any) -> LoweringFn | None:
+    fn = LOWERINGS.get(target)
+    if fn is None and isinstance(target, torch._ops.OpOverload):
+        fn = LOWERINGS.get(target.overloadpacket)
+    return fn
+
+
+class Context:
+    """What a lowering function sees: helpers to build IR nodes for one ATen call, plus the fake
+    tensors (``out``, ``arg_metas``) Dynamo recorded for it."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.nodes: list[Node] = []
+        self.origin: str | None = None
+        self.out: Any = None                # meta value of the current FX node
+        self.arg_metas: list[Any] = []      # meta values of its positional args
+
+    # ---- building -------------------------------------------------------------------------
+    def make(self, op: Op, inputs: Sequence[Node] = (), arg: Any = None, **kw: Any) -> Node:
+        for x in inputs:
+            if x.dtype is None or x.shape is None:
+                raise Unsupported(f"input of unsupported type {x!r}")
+        kw.setdefault("device", self.device)
+        node = make(op, inputs, arg, origin=self.origin, **kw)
+        self.nodes.append(node)
+        return node
+
+    def const(self, value: Any, dtype: dt.DType) -> Node:
+        if isinstance(value, Node):
+            return self.cast(value, dtype)
+        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+            value = value.node.expr
+        if isinstance(value, complex):
+            raise Unsupported("complex scalar")
+        if isinstance(value, sympy.Basic):
+            if dtype.is_float and value.is_Integer:
+                value = float(value)
+            elif dtype.is_bool and value.is_Integer:
+                value = bool(value)
+        elif dtype.is_bool:
+            value = bool(value)
+        elif dtype.is_int:
+            if isinstance(value, float):
+                if value != value or value in (float("inf"), float("-inf")):
+                    raise Unsupported("non-finite value cast to an integer type")
+                value = int(value)
+            value = int(value)
+        else:
+            value = float(value)
+        return self.make(Op.CONST, (), value, dtype=dtype)
+
+    def cast(self, x: Node, dtype: dt.DType) -> Node:
+        if x.dtype == dtype:
+            return x
+        if x.op is Op.CONST and not isinstance(x.arg, sympy.Basic):
+            return self.const(x.arg, dtype)
+        return self.make(Op.CAST, (x,), dtype=dtype)
+
+    def expand_to(self, x: Node, shape: sh.Shape) -> Node:
+        if sh.shapes_equal(x.shape, shape):
+            return x
+        if 0 < x.rank < len(shape):
+            x = self.make(Op.RESHAPE, (x,), (sympy.Integer(1),) * (len(shape) - x.rank) + x.shape)
+        return self.make(Op.EXPAND, (x,), tuple(shape))
+
+    def operand(self, x: Any, dtype: dt.DType, shape: sh.Shape) -> Node:
+        """A tensor or Python scalar argument, cast to ``dtype`` and broadcast to ``shape``."""
+        node = x if isinstance(x, Node) else self.const(x, dtype)
+        return self.expand_to(self.cast(node, dtype), shape)
+
+    def reshape(self, x: Node, shape: Sequence[Any]) -> Node:
+        new = sh.shape(shape)
+        if sh.shapes_equal(new, x.shape):
+            return x
+        return self.make(Op.RESHAPE, (x,), new)
+
+    # ---- what Dynamo recorded -------------------------------------------------------------
+    @property
+    def out_dtype(self) -> dt.DType:
+        return meta_dtype(self.out)
+
+    @property
+    def out_shape(self) -> sh.Shape:
+        return sh.shape(self.out.shape)
+
+    def promoted(self, *positions: int) -> dt.DType:
+        """torch's type promotion over the given positional args (tensors and scalars)."""
+        vals = [self.arg_metas[i] for i in positions if i < len(self.arg_metas)]
+        vals = [v for v in vals if isinstance(v, torch.Tensor | int | float | bool)]
+        result = vals[0].dtype if isinstance(vals[0], torch.Tensor) else torch.result_type(
+            torch.tensor(vals[0]), vals[0])
+        if len(vals) > 1:
+            result = torch.result_type(*vals[:2])
+            for extra in vals[2:]:
+                result = torch.promote_types(result, torch.result_type(vals[0], extra))
+        return dt.from_torch(result)
+
+
+def meta_dtype(val: Any) -> dt.DType:
+    if not isinstance(val, torch.Tensor):
+        raise Unsupported("not a tensor")
+    if not dt.is_supported_torch(val.dtype):
+        raise Unsupported(f"dtype {val.dtype}")
+    return dt.from_torch(val.dtype)
+
+
+def _sym_dtype(val: Any) -> dt.DType:
+    if isinstance(val, torch.SymBool | bool):
+        return dt.bool_
+    if isinstance(val, torch.SymFloat | float):
+        return dt.float64
+    return dt.int64
+
+
+def _is_sym(val: Any) -> bool:
+    return isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool)
+
+
+def _device_of(gm: torch.fx.GraphModule) -> str:
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            return str(v.device)
+    return "cpu"
+
+
+def lower_graph(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
+    """Turn an ATen-level FX graph into an ember Graph (unsimplified; the pass pipeline follows)."""
+    from . import aten_table  # noqa: F401  (fills LOWERINGS)
+
+    ctx = Context(_device_of(gm))
+    env: dict[torch.fx.Node, Any] = {}
+    inputs: list[Node] = []
+    outputs: list[Node | None] = []
+    scalar_outputs: set[int] = set()
+
+    for fx_node in gm.graph.nodes:
+        val = fx_node.meta.get("val")
+        if fx_node.op == "placeholder":
+            node = _placeholder(fx_node, len(inputs), val)
+            inputs.append(node)
+            ctx.nodes.append(node)
+            env[fx_node] = ctx.const(val, _sym_dtype(val)) if _is_sym(val) else node
+        elif fx_node.op == "get_attr":
+            tensor = getattr(gm, fx_node.target)
+            dtype = dt.from_torch(tensor.dtype) if dt.is_supported_torch(tensor.dtype) else None
+            node = make(Op.TENSOR, (), TensorConst(fx_node.target, tensor), dtype=dtype,
+                        shape=sh.shape(tensor.shape), device=str(tensor.device))
+            ctx.nodes.append(node)
+            env[fx_node] = node
+        elif fx_node.op == "call_function":
+            env[fx_node] = _call(ctx, fx_node, env, val)
+        elif fx_node.op == "output":
+            for i, out in enumerate(_flat_outputs(fx_node.args[0])):
+                value = env[out] if isinstance(out, torch.fx.Node) else out
+                if value is None:
+                    outputs.append(None)
+                elif isinstance(value, Node):
+                    outputs.append(value)
+                    if value.op is Op.CONST and isinstance(out, torch.fx.Node) and _is_sym(out.meta.get("val")):
+                        scalar_outputs.add(i)
+                else:
+                    node = ctx.const(value, _sym_dtype(value))
+                    outputs.append(node)
+                    scalar_outputs.add(i)
+        else:
+            raise Unsupported(f"FX node kind {fx_node.op}")
+    return Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs))
+
+
+def _flat_outputs(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _placeholder(fx_node: torch.fx.Node, index: int, val: Any) -> Node:
+    name = fx_node.name
+    if isinstance(val, torch.Tensor):
+        dtype = dt.from_torch(val.dtype) if dt.is_supported_torch(val.dtype) else None
+        spec = InputSpec(index, name, "tensor", sh.shape(val.stride()))
+        return make(Op.INPUT, (), spec, dtype=dtype, shape=sh.shape(val.shape), device=str(val.device))
+    if _is_sym(val) or isinstance(val, int | float | bool):
+        spec = InputSpec(index, name, "symint", expr=sh.expr(val) if _is_sym(val) or isinstance(val, int) else None)
+        return make(Op.INPUT, (), spec, dtype=_sym_dtype(val), shape=())
+    return make(Op.INPUT, (), InputSpec(index, name, "opaque"), dtype=None, shape=None)
+
+
+def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], val: Any) -> Any:
+    target = fx_node.target
+    args = torch.fx.node.map_arg(fx_node.args, lambda n: env[n])
+    kwargs = torch.fx.node.map_arg(fx_node.kwargs, lambda n: env[n])
+    if target is operator.getitem and isinstance(args[0], (tuple, list)):
+        return args[0][args[1]]
+    if _is_sym(val):
+        # Size arithmetic (sym_size, operator.mul on SymInts, ...): known from its expression.
+        ctx.origin = op_name(target)
+        return ctx.const(val, _sym_dtype(val))
+    fn = lookup(target)
+    if fn is not None:
+        ctx.origin = op_name(target)
+        ctx.out = val
+        ctx.arg_metas = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in fx_node.args]
+        mark = len(ctx.nodes)
+        try:
+            result = fn(ctx, *args, **kwargs)
+            return _finish(ctx, result, val)
+        except Unsupported:
+            del ctx.nodes[mark:]  # drop what the declined lowering built
+    return _extern(ctx, target, args, kwargs, val)
+
+
+def _finish(ctx: Context, result: Any, val: Any) -> Any:
+    """Make the lowering's result match what ATen would return (dtype, shape)."""
+    if isinstance(result, tuple):
+        metas = val if isinstance(val, (tuple, list)) else [None] * len(result)
+        return tuple(_finish(ctx, r, m) for r, m in zip(result, metas))
+    if isinstance(result, Node) and isinstance(val, torch.Tensor):
+        result = ctx.cast(result, meta_dtype(val))
+        if not sh.shapes_equal(result.shape, sh.shape(val.shape)):
+            raise AssertionError(f"lowering of {ctx.origin} built {sh.fmt(result.shape)}, "
+                                 f"ATen gives {sh.fmt(sh.shape(val.shape))}")
+    return result
+
+
+def _extern(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any) -> Node | tuple[Node, ...]:
+    tensors: list[Node] = []
+
+    def template(x: Any) -> Any:
+        if isinstance(x, Node):
+            if x.op is Op.CONST and isinstance(x.arg, sympy.Basic) and x.shape == ():
+                return x.arg  # a size: evaluated when the program runs
+            tensors.append(x)
+            return ArgRef(len(tensors) - 1)
+        if isinstance(x, (list, tuple)):
+            items = [template(i) for i in x]
+            return items if isinstance(x, list) else tuple(items)
+        if isinstance(x, dict):
+            return {k: template(v) for k, v in x.items()}
+        if _is_sym(x):
+            return x.node.expr
+        return x
+
+    t_args = template(tuple(args))
+    t_kwargs = template(dict(kwargs))
+    impure = isinstance(target, torch._ops.OpOverload) and (
+        torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable)
+    call = ExternCall(target, t_args, t_kwargs, impure=impure)
+    origin = op_name(target)
+    device = str(val.device) if isinstance(val, torch.Tensor) else ctx.device
+    if isinstance(val, (tuple, list)):
+        node = make(Op.EXTERN, tensors, call, dtype=None, shape=None, device=device, origin=origin)
+        ctx.nodes.append(node)
+        outs = []
+        for i, v in enumerate(val):
+            if isinstance(v, torch.Tensor):
+                dtype = dt.from_torch(v.dtype) if dt.is_supported_torch(v.dtype) else None
+                item = make(Op.GETITEM, (node,), i, dtype=dtype, shape=sh.shape(v.shape),
+                            device=str(v.device), origin=origin)
+                ctx.nodes.append(item)
+                outs.append(item)
+            else:
+                outs.append(v)
+        return tuple(outs)
+    if isinstance(val, torch.Tensor):
+        dtype = dt.from_torch(val.dtype) if dt.is_supported_torch(val.dtype) else None
+        shape = sh.shape(val.shape)
+    else:
+        dtype, shape = None, None
+    node = make(Op.EXTERN, tensors, call, dtype=dtype, shape=shape, device=device, origin=origin)
+    ctx.nodes.append(node)
+    return node

@@ -1,0 +1,289 @@
+"""ember's one node type, the graph that holds nodes, and the shape/dtype rules of every op.
+
+Nodes are values: a pass never edits one, it builds new nodes (``rewrite`` below is the engine all
+passes share). Shapes are symbolic (see ``shapes.py``); broadcasting is explicit in the IR, so every
+pointwise node's inputs have exactly its shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+
+from . import dtypes as dt
+from . import shapes as sh
+from .ops import (
+    BINARY_OPS, LEAF_OPS, PREDICATE_OPS, REDUCE_OPS, TERNARY_OPS, UNARY_OPS, VIEW_OPS, Op,
+)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A graph input. ``kind`` is 'tensor', 'symint' (a size passed as a Python int) or 'opaque'
+    (anything else, passed through to ATen calls untouched)."""
+
+    index: int
+    name: str
+    kind: str = "tensor"
+    strides: tuple[sympy.Expr, ...] | None = None  # tensors: element strides, possibly symbolic
+    expr: sympy.Expr | None = None                 # symints: the size expression it carries
+
+
+@dataclass(frozen=True)
+class ArgRef:
+    """Placeholder for the i-th tensor input of an EXTERN node inside its argument template."""
+
+    index: int
+
+
+@dataclass(frozen=True, eq=False)
+class ExternCall:
+    """An ATen call run as-is inside the compiled program (matmul, convolution, unknown ops)."""
+
+    target: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    impure: bool = False  # random ops: never merged by CSE
+
+    @property
+    def name(self) -> str:
+        return op_name(self.target)
+
+
+@dataclass(frozen=True, eq=False)
+class TensorConst:
+    name: str
+    value: Any  # a torch.Tensor
+
+
+def op_name(target: Any) -> str:
+    """'aten.mm' for torch.ops.aten.mm.default, for reports and kernel names."""
+    name = getattr(target, "__name__", None) or str(target)
+    if hasattr(target, "_schema"):  # OpOverload
+        ns = getattr(target, "namespace", "aten")
+        base = target._schema.name.split("::")[-1]
+        return f"{ns}.{base}"
+    return name
+
+
+class Node:
+    """One IR value: ``op`` applied to ``inputs`` with an op-specific ``arg``.
+
+    ``origin`` names the ATen op the node came from, so kernels can say what they fused.
+    """
+
+    __slots__ = ("op", "inputs", "arg", "dtype", "shape", "device", "origin")
+
+    def __init__(self, op: Op, inputs: tuple[Node, ...], arg: Any, dtype: dt.DType | None,
+                 shape: sh.Shape | None, device: str, origin: str | None = None):
+        self.op = op
+        self.inputs = inputs
+        self.arg = arg
+        self.dtype = dtype
+        self.shape = shape
+        self.device = device
+        self.origin = origin
+
+    @property
+    def rank(self) -> int:
+        assert self.shape is not None
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        shape = sh.fmt(self.shape) if self.shape is not None else "?"
+        dtype = self.dtype.short if self.dtype else "?"
+        return f"<{self.op.value} {dtype}{shape} @{id(self) & 0xffff:04x}>"
+
+
+# ---------------------------------------------------------------------------------------------
+# shape and dtype rules
+# ---------------------------------------------------------------------------------------------
+
+class IRError(ValueError):
+    """An op built with inputs its rule rejects: a bug in whatever built it."""
+
+
+def infer(op: Op, inputs: Sequence[Node], arg: Any, dtype: dt.DType | None) -> tuple[dt.DType, sh.Shape]:
+    """The result dtype and shape of ``op`` over ``inputs``; ``dtype`` is required for CAST and
+    for leaves."""
+    if op in UNARY_OPS or op in BINARY_OPS or op in TERNARY_OPS:
+        arity = 1 if op in UNARY_OPS else 2 if op in BINARY_OPS else 3
+        if len(inputs) != arity:
+            raise IRError(f"{op.value} takes {arity} inputs, got {len(inputs)}")
+        first = inputs[0].shape
+        for x in inputs[1:]:
+            if not sh.shapes_equal(x.shape, first):
+                raise IRError(f"{op.value}: input shapes {sh.fmt(first)} and {sh.fmt(x.shape)} differ "
+                              "(broadcasts are explicit EXPAND nodes)")
+        if op is Op.CAST:
+            if dtype is None:
+                raise IRError("cast needs a target dtype")
+            return dtype, first
+        if op is Op.WHERE:
+            if not inputs[0].dtype.is_bool:
+                raise IRError("where: condition must be bool")
+            if inputs[1].dtype != inputs[2].dtype:
+                raise IRError(f"where: branches {inputs[1].dtype} and {inputs[2].dtype} differ")
+            return inputs[1].dtype, first
+        if op in BINARY_OPS and inputs[0].dtype != inputs[1].dtype:
+            raise IRError(f"{op.value}: input dtypes {inputs[0].dtype} and {inputs[1].dtype} differ")
+        if op in PREDICATE_OPS:
+            return dt.bool_, first
+        return inputs[0].dtype, first
+    if op in REDUCE_OPS:
+        (x,) = inputs
+        dims = tuple(arg)
+        if any(d < 0 or d >= x.rank for d in dims) or list(dims) != sorted(set(dims)):
+            raise IRError(f"{op.value}: bad reduce dims {dims} for rank {x.rank}")
+        out_shape = tuple(sympy.Integer(1) if i in dims else s for i, s in enumerate(x.shape))
+        if op in (Op.ARGMAX, Op.ARGMIN):
+            return dt.int64, out_shape
+        if op in (Op.ANY, Op.ALL):
+            return dt.bool_, out_shape
+        return x.dtype, out_shape
+    if op in VIEW_OPS:
+        (x,) = inputs
+        return x.dtype, _view_shape(op, x, arg)
+    if op is Op.CONST:
+        return dtype, ()
+    if op is Op.IOTA:
+        length, _start, _step = arg
+        return dtype, (sh.expr(length),)
+    raise IRError(f"no shape rule for {op.value}; pass dtype and shape explicitly")
+
+
+def _view_shape(op: Op, x: Node, arg: Any) -> sh.Shape:
+    if op is Op.RESHAPE:
+        new = sh.shape(arg)
+        if not sh.equal(sh.numel(new), sh.numel(x.shape)):
+            raise IRError(f"reshape {sh.fmt(x.shape)} -> {sh.fmt(new)} changes the element count")
+        return new
+    if op is Op.PERMUTE:
+        dims = tuple(arg)
+        if sorted(dims) != list(range(x.rank)):
+            raise IRError(f"permute: {dims} is not a permutation of rank {x.rank}")
+        return tuple(x.shape[d] for d in dims)
+    if op is Op.EXPAND:
+        new = sh.shape(arg)
+        if x.rank == 0:
+            return new  # a scalar broadcast to any shape
+        if len(new) != x.rank:
+            raise IRError("expand: rank must not change (reshape first)")
+        for old, size in zip(x.shape, new):
+            if not (sh.is_one(old) or sh.equal(old, size)):
+                raise IRError(f"expand {sh.fmt(x.shape)} -> {sh.fmt(new)}")
+        return new
+    if op is Op.SLICE:
+        dim, _start, _step, length = arg
+        if not 0 <= dim < x.rank:
+            raise IRError(f"slice: dim {dim} out of range for rank {x.rank}")
+        return x.shape[:dim] + (sh.expr(length),) + x.shape[dim + 1:]
+    raise AssertionError(op)
+
+
+def make(op: Op, inputs: Sequence[Node] = (), arg: Any = None, *, dtype: dt.DType | None = None,
+         shape: sh.Shape | None = None, device: str | None = None, origin: str | None = None) -> Node:
+    """Build a node, inferring dtype and shape from the op's rule unless given (EXTERN, INPUT)."""
+    inputs = tuple(inputs)
+    if shape is None and op not in (Op.EXTERN, Op.GETITEM, Op.INPUT, Op.TENSOR):
+        dtype, shape = infer(op, inputs, arg, dtype)
+    if device is None:
+        device = inputs[0].device if inputs else "cpu"
+    return Node(op, inputs, arg, dtype, shape, device, origin)
+
+
+# ---------------------------------------------------------------------------------------------
+# graphs
+# ---------------------------------------------------------------------------------------------
+
+class Graph:
+    """Inputs in calling order, outputs in return order, and every node in topological order.
+
+    ``outputs`` may hold None (e.g. gradients of inputs that need none); positions listed in
+    ``scalar_outputs`` are returned as Python numbers (sizes a forward graph hands to backward).
+    """
+
+    def __init__(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node],
+                 name: str = "graph", scalar_outputs: frozenset[int] = frozenset()):
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.nodes = list(nodes)
+        self.name = name
+        self.scalar_outputs = scalar_outputs
+
+    @classmethod
+    def from_outputs(cls, inputs: Sequence[Node], outputs: Sequence[Node | None], name: str = "graph",
+                     scalar_outputs: frozenset[int] = frozenset()) -> Graph:
+        """A graph holding exactly the nodes the outputs need (plus all inputs)."""
+        return cls(inputs, outputs, toposort(list(inputs) + [o for o in outputs if o is not None]),
+                   name, scalar_outputs)
+
+    def users(self) -> dict[Node, list[Node]]:
+        result: dict[Node, list[Node]] = {n: [] for n in self.nodes}
+        for n in self.nodes:
+            for i in n.inputs:
+                result[i].append(n)
+        return result
+
+    def with_nodes(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node]) -> Graph:
+        return Graph(inputs, outputs, nodes, self.name, self.scalar_outputs)
+
+    def __str__(self) -> str:
+        from .printer import format_graph
+        return format_graph(self)
+
+
+def toposort(roots: Sequence[Node], seen: set[Node] | None = None) -> list[Node]:
+    """Nodes reachable from ``roots``, inputs before users; nodes already in ``seen`` (which is
+    updated) are skipped."""
+    order: list[Node] = []
+    seen = set() if seen is None else seen
+    for root in roots:
+        if root in seen:
+            continue
+        stack: list[tuple[Node, int]] = [(root, 0)]
+        while stack:
+            node, i = stack.pop()
+            if i < len(node.inputs):
+                stack.append((node, i + 1))
+                child = node.inputs[i]
+                if child not in seen:
+                    stack.append((child, 0))
+            elif node not in seen:
+                seen.add(node)
+                order.append(node)
+    return order
+
+
+Rule = Callable[[Node, tuple[Node, ...]], Node | None]
+
+
+def rewrite(graph: Graph, rule: Rule) -> Graph:
+    """The rewrite engine every pass uses: visit nodes in order with their inputs already rewritten;
+    ``rule(old, new_inputs)`` returns the replacement, or None to keep the op with the new inputs.
+    Leaves (inputs, constants) are offered to the rule too."""
+    mapping: dict[Node, Node] = {}
+    new_nodes: list[Node] = []
+    seen: set[Node] = set()
+    for node in graph.nodes:
+        new_inputs = tuple(mapping[i] for i in node.inputs)
+        replacement = rule(node, new_inputs)
+        if replacement is None:
+            if new_inputs == node.inputs:
+                replacement = node
+            else:
+                replacement = Node(node.op, new_inputs, node.arg, node.dtype, node.shape,
+                                   node.device, node.origin)
+        mapping[node] = replacement
+        # A rule may return a small new subgraph: place any of its nodes not yet placed.
+        new_nodes.extend(toposort([replacement], seen))
+    inputs = [mapping[i] for i in graph.inputs]
+    outputs = [mapping[o] if o is not None else None for o in graph.outputs]
+    return graph.with_nodes(inputs, outputs, new_nodes)
+
+
+def is_leaf(node: Node) -> bool:
+    return node.op in LEAF_OPS

@@ -1,0 +1,98 @@
+"""Symbolic sizes: shapes are tuples of sympy expressions over the size symbols of Dynamo's shape
+environment (``s0``, ``s1``, ...). Static sizes are plain ``sympy.Integer``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from functools import reduce
+
+import sympy
+
+Expr = sympy.Expr
+Shape = tuple[sympy.Expr, ...]
+
+
+def expr(value: object) -> sympy.Expr:
+    """An int, a sympy expression, or a torch SymInt (via its ``node.expr``) as a sympy expr."""
+    if isinstance(value, sympy.Basic):
+        return value
+    if isinstance(value, bool):
+        return sympy.Integer(int(value))
+    if isinstance(value, int):
+        return sympy.Integer(value)
+    node = getattr(value, "node", None)  # torch.SymInt without importing torch here
+    if node is not None and hasattr(node, "expr"):
+        return node.expr
+    raise TypeError(f"not a size: {value!r}")
+
+
+def shape(values: Iterable[object]) -> Shape:
+    return tuple(expr(v) for v in values)
+
+
+def numel(s: Sequence[sympy.Expr]) -> sympy.Expr:
+    return reduce(lambda a, b: a * b, s, sympy.Integer(1))
+
+
+def equal(a: object, b: object) -> bool:
+    a, b = expr(a), expr(b)
+    if a == b:
+        return True
+    return sympy.expand(a - b) == 0
+
+
+def shapes_equal(a: Sequence[object], b: Sequence[object]) -> bool:
+    return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
+
+
+def is_one(e: object) -> bool:
+    return equal(e, 1)
+
+
+def static(e: object) -> int | None:
+    """The int value of a size when it is known at compile time, else None."""
+    e = expr(e)
+    return int(e) if e.is_Integer else None
+
+
+def contiguous_strides(s: Sequence[sympy.Expr]) -> Shape:
+    strides: list[sympy.Expr] = []
+    acc: sympy.Expr = sympy.Integer(1)
+    for size in reversed(s):
+        strides.append(acc)
+        acc = acc * size
+    return tuple(reversed(strides))
+
+
+def broadcast(*shapes: Sequence[sympy.Expr]) -> Shape:
+    """numpy/torch broadcasting of symbolic shapes; raises ValueError when sizes conflict."""
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[sympy.Expr] = []
+    for i in range(rank):
+        size: sympy.Expr = sympy.Integer(1)
+        for s in shapes:
+            j = i - (rank - len(s))
+            if j < 0:
+                continue
+            d = s[j]
+            if is_one(d):
+                continue
+            if is_one(size):
+                size = d
+            elif not equal(size, d):
+                raise ValueError(f"shapes {[tuple(x) for x in shapes]} do not broadcast")
+        out.append(size)
+    return tuple(out)
+
+
+def free_symbols(items: Iterable[object]) -> set[sympy.Symbol]:
+    syms: set[sympy.Symbol] = set()
+    for item in items:
+        if isinstance(item, sympy.Basic):
+            syms |= item.free_symbols
+    return syms
+
+
+def fmt(s: Sequence[sympy.Expr]) -> str:
+    return "[" + ", ".join(str(d) for d in s) + "]"

@@ -1,0 +1,120 @@
+"""Constant folding and exact algebraic identities.
+
+* pointwise ops on constants are evaluated (with torch's own semantics, so dtype rounding matches
+  eager) and become constants; arithmetic on symbolic sizes stays symbolic;
+* reductions over size-1 dims disappear;
+* identities that hold bit for bit, NaN and -0.0 included: x*1, x/1, x-0, x+(-0.0), integer x+0,
+  -(-x), where(constant, a, b), and casts that round-trip through a wider type (bf16->f32->bf16).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+from torch.utils._sympy.functions import FloorDiv
+
+from ..analysis.reference import eval_node
+from ..ir import dtypes as dt
+from ..ir import shapes as sh
+from ..ir.node import Graph, Node, make, rewrite
+from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, Op
+
+
+def scalar_value(node: Node) -> Any:
+    """The constant a node broadcasts everywhere (through views of a 0-d CONST), else None."""
+    while node.op in (Op.EXPAND, Op.RESHAPE, Op.PERMUTE, Op.SLICE):
+        node = node.inputs[0]
+    if node.op is Op.CONST:
+        return node.arg
+    return None
+
+
+def _is_literal(v: Any) -> bool:
+    return v is not None and not isinstance(v, sympy.Basic)
+
+
+def _exactly_holds(inner: dt.DType, wide: dt.DType) -> bool:
+    """Every value of ``inner`` survives a round trip through ``wide``."""
+    if inner == wide or inner.is_bool:
+        return True
+    if inner.is_float:
+        return wide.is_float and wide.itemsize > inner.itemsize
+    if wide.is_float:  # integers up to 16 bits fit float32's mantissa, 32 bits fit float64's
+        mantissa = {2: 11, 4: 24, 8: 53}[wide.itemsize]
+        return inner.itemsize * 8 <= mantissa
+    return wide.is_int and wide.itemsize > inner.itemsize and (inner.kind == wide.kind or wide.kind == "i")
+
+
+_SYMBOLIC = {Op.ADD: lambda a, b: a + b, Op.SUB: lambda a, b: a - b, Op.MUL: lambda a, b: a * b,
+             Op.FLOORDIV: FloorDiv, Op.MAX: sympy.Max, Op.MIN: sympy.Min}
+
+
+def _fold_reduce(node: Node, x: Node) -> Node | None:
+    """A reduction over dims of size 1 is the identity (argmax/argmin: zeros)."""
+    if not all(sh.is_one(x.shape[d]) for d in node.arg):
+        return None
+    if node.op in (Op.ARGMAX, Op.ARGMIN):
+        c = make(Op.CONST, (), 0, dtype=node.dtype, device=node.device, origin=node.origin)
+        return make(Op.EXPAND, (c,), node.shape, device=node.device) if node.shape else c
+    if x.dtype != node.dtype:
+        return None
+    return x
+
+
+def _fold(node: Node, inputs: tuple[Node, ...]) -> Node | None:
+    op = node.op
+    if op in REDUCE_OPS:
+        return _fold_reduce(node, inputs[0])
+    if op not in POINTWISE_OPS:
+        return None
+    values = [scalar_value(i) for i in inputs]
+    rebuilt_shape = node.shape
+
+    def const(value: Any, dtype: dt.DType = node.dtype) -> Node:
+        c = make(Op.CONST, (), value, dtype=dtype, device=node.device, origin=node.origin)
+        return make(Op.EXPAND, (c,), rebuilt_shape, device=node.device) if rebuilt_shape else c
+
+    if all(_is_literal(v) for v in values):
+        scalars = [make(Op.CONST, (), v, dtype=i.dtype, device=node.device) for v, i in zip(values, inputs)]
+        probe = make(op, scalars, node.arg, dtype=node.dtype, device="cpu")
+        return const(eval_node(probe, [eval_node(s, [], {}) for s in scalars], {}).item())
+    if all(v is not None for v in values) and node.dtype.is_int and op in _SYMBOLIC and all(
+            i.dtype.is_int for i in inputs):
+        return const(_SYMBOLIC[op](*(sh.expr(v) for v in values)))
+    if op is Op.CAST and values[0] is not None and isinstance(values[0], sympy.Basic) and (
+            node.dtype.is_float or node.dtype.is_int):
+        return const(values[0])
+
+    # identities
+    if op is Op.CAST:
+        (x,) = inputs
+        if x.dtype == node.dtype:
+            return x
+        if x.op is Op.CAST and x.inputs[0].dtype == node.dtype and _exactly_holds(node.dtype, x.dtype):
+            return x.inputs[0]
+    if op is Op.NEG and inputs[0].op is Op.NEG:
+        return inputs[0].inputs[0]
+    if op is Op.WHERE and _is_literal(values[0]):
+        return inputs[1] if values[0] else inputs[2]
+    if op is Op.MUL:
+        for x, v in ((inputs[0], values[1]), (inputs[1], values[0])):
+            if _is_literal(v) and v == 1 and not isinstance(v, bool):
+                return x
+    if op is Op.DIV and _is_literal(values[1]) and values[1] == 1:
+        return inputs[0]
+    if op is Op.SUB and _is_literal(values[1]) and values[1] == 0 and not _negative_zero(values[1]):
+        return inputs[0]
+    if op is Op.ADD:
+        for x, v in ((inputs[0], values[1]), (inputs[1], values[0])):
+            if _is_literal(v) and v == 0 and (node.dtype.is_int or _negative_zero(v)):
+                return x
+    return None
+
+
+def _negative_zero(v: Any) -> bool:
+    return isinstance(v, float) and v == 0.0 and str(v).startswith("-")
+
+
+def fold_constants(graph: Graph) -> Graph:
+    return rewrite(graph, _fold)

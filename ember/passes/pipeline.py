@@ -1,0 +1,55 @@
+"""The middle-end: a flat, named list of Graph -> Graph passes, run top to bottom.
+
+Each pass is a pure function. With EMBER_DEBUG set the verifier runs after every pass, and
+``run_pipeline`` can record the IR after each one (``ember.explain`` shows them in order).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..config import Config, config, log
+from ..ir.node import Graph
+from ..ir.verify import verify
+from .cse import cse
+from .dce import dce
+from .fold import fold_constants
+from .views import simplify_views
+
+Pass = Callable[[Graph], Graph]
+
+PIPELINE: list[tuple[str, Pass]] = [
+    ("dce", dce),
+    ("fold_constants", fold_constants),
+    ("simplify_views", simplify_views),
+    ("cse", cse),
+    ("dce_final", dce),
+]
+
+
+@dataclass
+class PassRecord:
+    name: str
+    ir: str
+    ms: float
+    nodes: int
+
+
+def run_pipeline(graph: Graph, cfg: Config | None = None, record: list[PassRecord] | None = None,
+                 passes: list[tuple[str, Pass]] | None = None) -> Graph:
+    cfg = cfg or config
+    if record is not None:
+        record.append(PassRecord("frontend", str(graph), 0.0, len(graph.nodes)))
+    for name, fn in passes or PIPELINE:
+        start = time.perf_counter()
+        graph = fn(graph)
+        ms = (time.perf_counter() - start) * 1e3
+        if cfg.verifying:
+            verify(graph, after=name)
+        if record is not None:
+            record.append(PassRecord(name, str(graph), ms, len(graph.nodes)))
+        if cfg.debug >= 2:
+            log(2, f"after {name} ({ms:.2f} ms, {len(graph.nodes)} nodes):\n{graph}", cfg)
+    return graph

@@ -1,0 +1,96 @@
+"""Build C++ kernel modules with the system compiler, cached on disk by source hash.
+
+The cache key covers the source, the compiler's identity, the flags and the host CPU (kernels
+are built with -march=native), so a second process with the same graphs builds nothing. Files
+are written to a temporary name and renamed, so concurrent processes never see half a library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..config import Config
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+@functools.cache
+def find_compiler(preferred: str = "") -> str:
+    for name in ([preferred] if preferred else []) + ["g++", "c++", "clang++"]:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise BuildError("no C++ compiler found (set EMBER_CXX, or install g++)")
+
+
+@functools.cache
+def _compiler_id(compiler: str) -> str:
+    try:
+        out = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
+        return out.stdout.splitlines()[0] if out.stdout else compiler
+    except (OSError, subprocess.SubprocessError):
+        return compiler
+
+
+@functools.cache
+def _host_cpu() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return os.uname().machine
+    model = flags = ""
+    for line in text.splitlines():
+        if line.startswith("model name") and not model:
+            model = line.split(":", 1)[1].strip()
+        if line.startswith("flags") and not flags:
+            flags = line.split(":", 1)[1].strip()
+    return f"{os.uname().machine}|{model}|{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+
+
+def cache_key(source: str, cfg: Config) -> str:
+    compiler = find_compiler(cfg.cxx)
+    h = hashlib.sha256()
+    for part in (source, _compiler_id(compiler), " ".join(cfg.cxx_flags), _host_cpu()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def library_path(source: str, cfg: Config) -> Path:
+    return Path(cfg.cache_dir) / "cpp" / f"{cache_key(source, cfg)}.so"
+
+
+def build(source: str, cfg: Config) -> tuple[Path, bool]:
+    """Compile ``source`` to a shared library; returns (path, came_from_cache)."""
+    target = library_path(source, cfg)
+    if target.exists():
+        return target, True
+    target.parent.mkdir(parents=True, exist_ok=True)
+    compiler = find_compiler(cfg.cxx)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
+        src = Path(tmp) / "kernels.cpp"
+        out = Path(tmp) / "kernels.so"
+        src.write_text(source)
+        cmd = [compiler, *cfg.cxx_flags, str(src), "-o", str(out)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired as e:
+            raise BuildError(f"{' '.join(cmd)} timed out") from e
+        if proc.returncode != 0:
+            raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+        shutil.copyfile(src, target.with_suffix(".cpp"))
+        os.replace(out, target)
+    return target, False
+
+
+def load(path: Path) -> ctypes.CDLL:
+    return ctypes.CDLL(str(path))

@@ -1,0 +1,128 @@
+"""A compiled graph at run time: the generated wrapper, bound to built kernels.
+
+Kernels are ctypes functions over raw pointers. A kernel group whose build failed runs through
+ATen instead (``group_fallback``), so a compiler problem never breaks the user's program.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import linecache
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..analysis.reference import eval_node
+from ..config import Config, log
+from ..ir.node import Node
+from ..schedule.fusion import KernelStep, Schedule
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MADV_HUGEPAGE = 14
+_HUGE = 2 << 20
+
+
+def make_empty(cfg: Config) -> Callable[..., torch.Tensor]:
+    threshold = cfg.huge_page_bytes
+
+    def empty(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+        t = torch.empty(shape, dtype=dtype, device=device)
+        if device == "cpu" and threshold and sys.platform == "linux":
+            nbytes = t.numel() * t.element_size()
+            if nbytes >= threshold:
+                # Fresh large buffers fault in page by page; ask for 2 MB pages instead.
+                start = (t.data_ptr() + _HUGE - 1) & ~(_HUGE - 1)
+                end = (t.data_ptr() + nbytes) & ~(_HUGE - 1)
+                if end > start:
+                    _libc.madvise(start, end - start, _MADV_HUGEPAGE)
+        return t
+
+    return empty
+
+
+def bind_kernel(lib: ctypes.CDLL, name: str, n_pointers: int, n_sizes: int, error_flag: bool) -> Callable[..., None]:
+    fn = lib[name]
+    fn.argtypes = [ctypes.c_void_p] * n_pointers + [ctypes.c_int64] * n_sizes + (
+        [ctypes.c_void_p] if error_flag else [])
+    fn.restype = None
+    return fn
+
+
+def group_fallback(step: KernelStep, schedule: Schedule) -> Callable[..., None]:
+    """Run a kernel group's IR nodes through ATen, writing its outputs in place."""
+    by_name = {info.name: node for node, info in schedule.buffers.items()}
+    reads = [p.name for p in step.kernel.params if not p.is_output]
+    roots = [by_name[p.name] for p in step.kernel.params if p.is_output]
+    symbols = _symbols(step.nodes)
+
+    def run(read_tensors: tuple[torch.Tensor, ...], out_tensors: tuple[torch.Tensor, ...],
+            sizes: dict[str, int]) -> None:
+        bound = {s: sizes[s.name] for s in symbols if s.name in sizes}
+        env: dict[Node, Any] = {by_name[n]: t for n, t in zip(reads, read_tensors)}
+
+        def value(node: Node) -> Any:
+            if node not in env:
+                env[node] = eval_node(node, [value(i) for i in node.inputs], bound)
+            return env[node]
+
+        for root, out in zip(roots, out_tensors):
+            out.copy_(value(root))
+
+    return run
+
+
+def _symbols(nodes: list[Node]) -> set[Any]:
+    found: set[Any] = set()
+
+    def visit(x: Any) -> None:
+        if hasattr(x, "free_symbols"):
+            found.update(x.free_symbols)
+        elif isinstance(x, (tuple, list)):
+            for item in x:
+                visit(item)
+
+    for n in nodes:
+        visit(n.shape or ())
+        visit(n.arg if isinstance(n.arg, (tuple, list)) or hasattr(n.arg, "free_symbols") else ())
+    return found
+
+
+class CompiledProgram:
+    """Callable with AOTAutograd's boxed convention: takes the argument list, may clear it."""
+
+    _boxed_call = True
+
+    def __init__(self, name: str, source: str, namespace: dict[str, Any], cfg: Config):
+        self.name = name
+        self.source = source
+        self.timings: dict[str, list[float]] = {}
+        flag = ctypes.c_int32(0)
+        self._flag = flag
+
+        def check_error_flag() -> None:
+            if flag.value:
+                flag.value = 0
+                raise RuntimeError("ZeroDivisionError")
+
+        def timed(kernel: str, fn: Callable[[], None]) -> None:
+            start = time.perf_counter()
+            fn()
+            ms = (time.perf_counter() - start) * 1e3
+            self.timings.setdefault(kernel, []).append(ms)
+            log(4, f"{name}: {kernel} {ms:.3f} ms", cfg)
+
+        ns = {"torch": torch, "empty": make_empty(cfg), "error_flag": ctypes.addressof(flag),
+              "check_error_flag": check_error_flag, "timed": timed, **namespace}
+        filename = f"<ember wrapper {name}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        exec(compile(source, filename, "exec"), ns)
+        self._call = ns["call"]
+
+    def __call__(self, args: list[Any]) -> tuple[Any, ...]:
+        if not isinstance(args, list):
+            args = list(args)
+        return self._call(args)

@@ -1,0 +1,247 @@
+"""Group of IR nodes -> one kernel (kernel_ir.Kernel).
+
+The builder evaluates each root of the group at its *home point* (loop variables placed on its
+dimensions) and recursively evaluates inputs at mapped points: pointwise ops at the same point,
+views at the point they map to, reductions once per outer iteration with the reduced dims bound to
+the inner loop variables. Nodes stored in a buffer (by another kernel, by ATen, or graph inputs)
+become loads. Values are hash-consed, so anything needed twice is computed once.
+
+When something cannot live in this kernel the builder raises, and the scheduler adjusts and
+retries: ``NeedsBuffer`` (a reduction whose loops don't match this kernel's) or ``Conflict``
+(a root read at a point other than the one this kernel computes it at).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+
+from ..ir import dtypes as dt
+from ..ir import shapes as sh
+from ..ir.node import Node
+from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
+from .indexing import Point, Strided, compose_strided, map_view, offset
+from .kernel_ir import Access, Kernel, Param, ReduceArg, Value, inner_var, is_index_var
+
+
+# Nodes that say nothing about what a kernel does (constants, index remapping).
+_UNNAMED = frozenset({Op.CONST, Op.IOTA}) | VIEW_OPS
+
+
+class NeedsBuffer(Exception):
+    def __init__(self, node: Node):
+        super().__init__(f"{node!r} must be stored in a buffer")
+        self.node = node
+
+
+class Conflict(Exception):
+    def __init__(self, root: Node, reader: Node):
+        super().__init__(f"{reader!r} reads {root!r} at another point")
+        self.root, self.reader = root, reader
+
+
+@dataclass
+class BufferInfo:
+    name: str
+    strides: tuple[sympy.Expr, ...]  # element strides of the tensor as a kernel reads it
+
+
+@dataclass
+class GroupSpec:
+    roots: list[Node]
+    homes: dict[Node, Point]
+    outer: tuple[sympy.Expr, ...]
+    inner: tuple[sympy.Expr, ...]
+    ref: tuple | None = None  # (full shape, reduce dims) of the reduction that set the domain
+
+
+class KernelBuilder:
+    def __init__(self, spec: GroupSpec, buffers: dict[Node, BufferInfo], name: str):
+        self.spec = spec
+        self.buffers = buffers
+        self.name = name
+        self.values: list[Value] = []
+        self._cse: dict[Any, Value] = {}
+        self._memo: dict[tuple[Node, Point], Value] = {}
+        self._strided: dict[Node, Strided | None] = {}
+        self._reads: dict[str, dt.DType] = {}
+        self._writes: dict[str, dt.DType] = {}
+        self.origins: list[str] = []
+        self._reader: Node | None = None
+
+    # ---- value construction (hash-consed) -------------------------------------------------
+    def _emit(self, kind: str, dtype: dt.DType, srcs: Sequence[Value] = (), arg: Any = None,
+              expr: sympy.Expr | None = None) -> Value:
+        key = (kind, dtype, tuple(id(s) for s in srcs), _key(arg))
+        found = self._cse.get(key)
+        if found is not None:
+            return found
+        inner = any(s.inner for s in srcs) or (expr is not None and _has_inner(expr))
+        if kind == "reduce":
+            inner = False
+        value = Value(kind, dtype, tuple(srcs), arg, inner=inner)
+        self._cse[key] = value
+        self.values.append(value)
+        return value
+
+    def load(self, node: Node, index: sympy.Expr) -> Value:
+        info = self.buffers[node]
+        self._reads[info.name] = node.dtype
+        return self._emit("load", node.dtype, (), Access(info.name, index), expr=index)
+
+    # ---- evaluation -----------------------------------------------------------------------
+    def value_of(self, node: Node, point: Point) -> Value:
+        if node in self.spec.homes:
+            if tuple(point) != tuple(self.spec.homes[node]):
+                raise Conflict(node, self._reader or node)
+            return self.compute(node, point)
+        if node in self.buffers:
+            return self.load(node, offset(point, self.buffers[node].strides))
+        return self.compute(node, point)
+
+    def compute(self, node: Node, point: Point) -> Value:
+        key = (node, tuple(point))
+        found = self._memo.get(key)
+        if found is not None:
+            return found
+        value = self._compute(node, tuple(point))
+        self._memo[key] = value
+        if node.origin and node.origin not in self.origins and node.op not in _UNNAMED:
+            self.origins.append(node.origin)
+        return value
+
+    def _compute(self, node: Node, point: Point) -> Value:
+        op = node.op
+        if op is Op.CONST:
+            return self._emit("const", node.dtype, (), node.arg)
+        if op is Op.IOTA:
+            _length, start, step = node.arg
+            expr = sympy.expand(start + point[0] * step)
+            return self._emit("index", node.dtype, (), expr, expr=expr)
+        if op in POINTWISE_OPS:
+            previous, self._reader = self._reader, node
+            srcs = [self.value_of(i, point) for i in node.inputs]
+            self._reader = previous
+            return self._emit("alu", node.dtype, srcs, op)
+        if op in VIEW_OPS:
+            strided = self.strided(node)
+            if strided is not None:
+                base, (strides, off) = strided
+                return self.load(base, offset(point, strides, off))
+            return self.value_of(node.inputs[0], map_view(node, point))
+        if op in REDUCE_OPS:
+            return self._reduce(node, point)
+        raise NeedsBuffer(node)  # EXTERN, INPUT, TENSOR: always buffers
+
+    def strided(self, node: Node) -> tuple[Node, Strided] | None:
+        """A view chain ending at a buffer of another kernel, as strides over that buffer."""
+        if node in self._strided:
+            return self._strided[node]
+        result = None
+        if node in self.buffers and node not in self.spec.homes:
+            result = (node, (self.buffers[node].strides, sympy.Integer(0)))
+        elif node.op in VIEW_OPS and node not in self.spec.homes:
+            below = self.strided(node.inputs[0])
+            if below is not None:
+                composed = compose_strided(node, below[1])
+                result = (below[0], composed) if composed is not None else None
+        self._strided[node] = result
+        return result
+
+    def _reduce(self, node: Node, point: Point) -> Value:
+        (x,) = node.inputs
+        dims = [d for d in node.arg if not sh.is_one(x.shape[d])]
+        extents = [x.shape[d] for d in dims]
+        fits = (len(extents) == len(self.spec.inner)
+                and all(sh.equal(a, b) for a, b in zip(extents, self.spec.inner))
+                and not any(_has_inner(p) for p in point)
+                and sh.equal(sh.numel(x.shape), sh.numel(self.spec.outer) * sh.numel(self.spec.inner)))
+        if not fits:
+            raise NeedsBuffer(node)
+        in_point = list(point)
+        for j, d in enumerate(dims):
+            in_point[d] = inner_var(j)
+        for d in node.arg:
+            if sh.is_one(x.shape[d]):
+                in_point[d] = sympy.Integer(0)
+        previous, self._reader = self._reader, node
+        src = self.value_of(x, tuple(in_point))
+        self._reader = previous
+        position = offset(tuple(inner_var(j) for j in range(len(dims))), sh.contiguous_strides(extents))
+        return self._emit("reduce", node.dtype, (src,), ReduceArg(node.op, position))
+
+    # ---- the kernel ------------------------------------------------------------------------
+    def build(self) -> Kernel:
+        for root in self.spec.roots:
+            home = self.spec.homes[root]
+            value = self.compute(root, home)
+            info = self.buffers[root]
+            self._writes[info.name] = root.dtype
+            index = offset(home, info.strides)
+            self._emit("store", root.dtype, (value,), Access(info.name, index), expr=index)
+        params = [Param(n, d, False) for n, d in self._reads.items() if n not in self._writes]
+        params += [Param(n, d, True) for n, d in self._writes.items()]
+        symbols: set[sympy.Symbol] = set()
+        for v in self.values:
+            for e in _exprs(v):
+                symbols |= {s for s in e.free_symbols if not is_index_var(s)}
+        for e in self.spec.outer + self.spec.inner:
+            symbols |= sh.expr(e).free_symbols
+        kernel = Kernel(self.name, params, sorted(symbols, key=lambda s: s.name), self.spec.outer,
+                        self.spec.inner, self.values, origins=self.origins)
+        assign_loops(kernel)
+        return kernel
+
+
+def _exprs(v: Value) -> list[sympy.Expr]:
+    if v.kind in ("load", "store"):
+        return [v.arg.index]
+    if v.kind in ("const", "index") and isinstance(v.arg, sympy.Basic):
+        return [v.arg]
+    return []
+
+
+def _has_inner(e: sympy.Expr) -> bool:
+    return isinstance(e, sympy.Basic) and any(s.name.startswith("r") and is_index_var(s) for s in e.free_symbols)
+
+
+def _key(arg: Any) -> Any:
+    if isinstance(arg, float):
+        return ("f", repr(arg))
+    return arg
+
+
+def assign_loops(kernel: Kernel) -> None:
+    """Place reductions and stores into inner loops, and outer values into stages.
+
+    An inner value can only use outer values computed before its loop, so a reduction whose input
+    needs the result of loop k runs in loop k+1 (softmax: max in loop 1, sum in 2, store in 3).
+    """
+    need: dict[int, int] = {}  # inner value -> the latest stage of any outer value it uses
+
+    def needs(v: Value) -> int:
+        if not v.inner:
+            return v.stage
+        if id(v) not in need:
+            need[id(v)] = max((needs(s) for s in v.srcs), default=0)
+        return need[id(v)]
+
+    n_loops = 0
+    for v in kernel.values:
+        if v.kind == "reduce":
+            v.loop = needs(v.srcs[0]) + 1
+            v.stage = v.loop
+            n_loops = max(n_loops, v.loop)
+        elif v.kind == "store":
+            if v.inner or v.srcs[0].inner:
+                v.inner = True
+                v.loop = needs(v.srcs[0]) + 1
+                n_loops = max(n_loops, v.loop)
+            else:
+                v.stage = v.srcs[0].stage
+        elif not v.inner:
+            v.stage = max((s.stage for s in v.srcs), default=0)
+    kernel.n_loops = n_loops

@@ -1,0 +1,360 @@
+"""Fusion: which nodes get a buffer, and which buffers one kernel computes together.
+
+1. Buffers are needed for graph outputs and ATen-call arguments (a view of a node that has a
+   buffer anyway is replayed as an ATen view instead, keeping eager's aliasing).
+2. Each buffered node is a *root*. A root's kernel domain is its reduction's (outer rows x inner
+   reduce extent) when its unbuffered inputs contain a reduction, else its own shape. Roots with
+   the same domain share a kernel (softmax = one kernel with three loops; the padded GIoU loss =
+   one kernel with two sums and its scalar epilogue), unless that would make a cycle.
+3. Everything between roots is inlined: pointwise producers are recomputed where used, unless
+   several kernels would recompute something costly, which then gets a buffer of its own.
+4. Building a kernel can reveal a reduction that does not fit its loops (``NeedsBuffer``) or a
+   root read at a shifted point (``Conflict``); the plan is adjusted and rebuilt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from ..config import Config
+from ..ir import shapes as sh
+from ..ir.node import Graph, Node
+from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
+from .build import BufferInfo, Conflict, GroupSpec, KernelBuilder, NeedsBuffer
+from .indexing import Point
+from .kernel_ir import Kernel, inner_var, outer_var
+from .loops import collapse_dims
+
+BUFFER_OPS = frozenset({Op.INPUT, Op.EXTERN, Op.GETITEM, Op.TENSOR})
+
+
+@dataclass
+class KernelStep:
+    kernel: Kernel
+    roots: list[Node]
+    nodes: list[Node]       # every IR node the kernel computes (for fallback and reports)
+
+
+@dataclass
+class ExternStep:
+    node: Node              # EXTERN (its GETITEMs are unpacked with it)
+
+
+@dataclass
+class ViewStep:
+    node: Node              # a view of a buffered node, replayed with ATen view ops
+    base: Node
+
+
+Step = KernelStep | ExternStep | ViewStep
+
+
+@dataclass
+class Schedule:
+    graph: Graph
+    steps: list[Step]
+    buffers: dict[Node, BufferInfo]
+    kernels: list[Kernel] = field(default_factory=list)
+
+
+def _is_compute(node: Node) -> bool:
+    return node.op in POINTWISE_OPS or node.op in REDUCE_OPS or node.op in VIEW_OPS or node.op in (
+        Op.CONST, Op.IOTA)
+
+
+def _view_base(node: Node) -> Node:
+    while node.op in VIEW_OPS:
+        node = node.inputs[0]
+    return node
+
+
+def _drop_ones(shape: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
+    return tuple(s for s in shape if not sh.is_one(s))
+
+
+class Planner:
+    def __init__(self, graph: Graph, cfg: Config):
+        self.graph = graph
+        self.cfg = cfg
+        self.users = graph.users()
+        self.order = {n: i for i, n in enumerate(graph.nodes)}
+        self.buffered: set[Node] = set()       # compute nodes that get a buffer
+        self.views: dict[Node, Node] = {}      # replayed views -> their buffered base
+        self.apart: set[frozenset[Node]] = set()  # root pairs that must not share a kernel
+        self._choose_initial_buffers()
+
+    # ---- 1. buffers the program needs ------------------------------------------------------
+    def _need_tensor(self, node: Node) -> None:
+        """``node`` must exist as a real tensor (an output or an ATen argument)."""
+        if node.op in BUFFER_OPS:
+            return
+        if node.op in VIEW_OPS:
+            base = _view_base(node)
+            if base.op in BUFFER_OPS or base in self.buffered or base in self._output_set:
+                self.views[node] = base
+                if base.op not in BUFFER_OPS:
+                    self.buffered.add(base)
+                return
+        self.buffered.add(node)
+
+    def _choose_initial_buffers(self) -> None:
+        self._output_set = {o for i, o in enumerate(self.graph.outputs)
+                            if o is not None and i not in self.graph.scalar_outputs}
+        for node in self._output_set:
+            if node.op not in VIEW_OPS and node.op not in BUFFER_OPS:
+                self.buffered.add(node)
+        for node in self._output_set:
+            self._need_tensor(node)
+        for node in self.graph.nodes:
+            if node.op is Op.EXTERN:
+                for x in node.inputs:
+                    self._need_tensor(x)
+            if not self.cfg.fusion and node.op in POINTWISE_OPS | REDUCE_OPS:
+                self.buffered.add(node)
+
+    # ---- 2. domains and groups ------------------------------------------------------------
+    def subtree(self, root: Node) -> list[Node]:
+        """Unbuffered compute nodes a root inlines (excluding the root), in graph order."""
+        seen: set[Node] = set()
+        stack = list(root.inputs)
+        while stack:
+            n = stack.pop()
+            if n in seen or n in self.buffered or not _is_compute(n) or n in self.views:
+                continue
+            seen.add(n)
+            stack.extend(n.inputs)
+        return sorted(seen, key=self.order.__getitem__)
+
+    def reads(self, root: Node) -> set[Node]:
+        """Buffered nodes (of any kind) a root's kernel reads."""
+        out: set[Node] = set()
+        for n in [root, *self.subtree(root)]:
+            for x in n.inputs:
+                if x in self.buffered or x.op in BUFFER_OPS or x in self.views:
+                    out.add(self.views.get(x, x))
+        return out
+
+    def domain(self, root: Node, groups: list[GroupSpec]) -> tuple[tuple, tuple, Point, tuple | None]:
+        """(outer extents, inner extents, home point, (F, reduce dims) or None)."""
+        reductions = [n for n in [root, *self.subtree(root)] if n.op in REDUCE_OPS]
+        if root.op in REDUCE_OPS:
+            reductions = [root]
+        if reductions:
+            red = reductions[0]
+            full, dims = red.inputs[0].shape, tuple(red.arg)
+            outer = tuple(s for d, s in enumerate(full) if d not in dims and not sh.is_one(s))
+            inner = tuple(s for d, s in enumerate(full) if d in dims and not sh.is_one(s))
+            if root is red or not sh.shapes_equal(root.shape, full):
+                if sh.shapes_equal(_drop_ones(root.shape), outer):
+                    return outer, inner, _place(root.shape, outer_var), (full, dims)
+            else:
+                return outer, inner, _inner_home(full, dims), (full, dims)
+        # pure pointwise: join a reduction group over the same full shape when there is one
+        for g in groups:
+            ref = g.ref
+            if ref is not None and sh.shapes_equal(root.shape, ref[0]) and not reductions:
+                return g.outer, g.inner, _inner_home(*ref), ref
+        return _drop_ones(root.shape), (), _place(root.shape, outer_var), None
+
+    def form_groups(self) -> list[GroupSpec]:
+        roots = sorted(self.buffered, key=self.order.__getitem__)
+        groups: list[GroupSpec] = []
+        owner: dict[Node, GroupSpec] = {}
+        # Reductions first, so pointwise roots can join the reduction groups they match.
+        roots.sort(key=lambda n: (not self._has_reduction(n), self.order[n]))
+        for root in roots:
+            outer, inner, home, ref = self.domain(root, groups)
+            target = None
+            for g in groups:
+                if (len(g.outer) == len(outer) and len(g.inner) == len(inner)
+                        and all(sh.equal(a, b) for a, b in zip(g.outer + g.inner, outer + inner))
+                        and self.cfg.fusion and not self._blocked(root, g, owner)):
+                    target = g
+                    break
+            if target is None:
+                target = GroupSpec([], {}, outer, inner, ref)
+                groups.append(target)
+            target.roots.append(root)
+            target.homes[root] = home
+            owner[root] = target
+        for g in groups:
+            g.roots.sort(key=self.order.__getitem__)
+        return groups
+
+    def _has_reduction(self, root: Node) -> bool:
+        return root.op in REDUCE_OPS or any(n.op in REDUCE_OPS for n in self.subtree(root))
+
+    def _blocked(self, root: Node, group: GroupSpec, owner: dict[Node, GroupSpec]) -> bool:
+        if any(frozenset((root, r)) in self.apart for r in group.roots):
+            return True
+        # A cycle appears if root needs, through another kernel or an ATen call, something
+        # this group computes, or the group needs root that way.
+        members = set(group.roots)
+        return self._depends(root, members, direct_ok=True) or any(
+            self._depends(r, {root}, direct_ok=True) for r in group.roots)
+
+    def _depends(self, node: Node, targets: set[Node], direct_ok: bool) -> bool:
+        """Does ``node`` need any of ``targets`` through a buffer boundary?"""
+        stack = [(x, False) for x in node.inputs]
+        seen: set[tuple[Node, bool]] = set()
+        while stack:
+            n, crossed = stack.pop()
+            if (n, crossed) in seen:
+                continue
+            seen.add((n, crossed))
+            boundary = n in self.buffered or n.op in BUFFER_OPS
+            if n in targets and (crossed or not direct_ok):
+                return True
+            if n in targets and not crossed:
+                continue  # read directly inside the kernel: fine
+            stack.extend((x, crossed or boundary) for x in n.inputs)
+        return False
+
+    # ---- 3. recomputation ------------------------------------------------------------------
+    def costly_shared(self, groups: list[GroupSpec]) -> set[Node]:
+        """Inlined nodes that several kernels would each recompute, and that cost too much."""
+        reached: dict[Node, set[int]] = {}
+        for gi, g in enumerate(groups):
+            for root in g.roots:
+                for n in self.subtree(root):
+                    reached.setdefault(n, set()).add(gi)
+        extra: set[Node] = set()
+        for n, gs in reached.items():
+            if len(gs) < 2 or n.op in VIEW_OPS or n.op is Op.CONST:
+                continue
+            if n.op in REDUCE_OPS or self._cost(n) > self.cfg.max_recompute_ops:
+                extra.add(n)
+        return extra
+
+    def _cost(self, node: Node) -> int:
+        total = 0
+        for n in [node, *self.subtree(node)]:
+            if n.op in POINTWISE_OPS:
+                total += 4 if n.op in TRANSCENDENTAL_OPS else 1
+        return total
+
+    # ---- 4. build --------------------------------------------------------------------------
+    def buffers(self) -> dict[Node, BufferInfo]:
+        infos: dict[Node, BufferInfo] = {}
+        count = 0
+        for node in self.graph.nodes:
+            if node.op is Op.INPUT and node.arg.kind == "tensor":
+                infos[node] = BufferInfo(node.arg.name, node.arg.strides)
+            elif node.op is Op.TENSOR:
+                infos[node] = BufferInfo(f"const_{node.arg.name}", sh.contiguous_strides(node.shape))
+            elif node.shape is not None and (node in self.buffered or node.op in (Op.EXTERN, Op.GETITEM)):
+                infos[node] = BufferInfo(f"buf{count}", sh.contiguous_strides(node.shape))
+                count += 1
+        return infos
+
+    def plan(self) -> Schedule:
+        for _attempt in range(10 * len(self.graph.nodes) + 10):
+            groups = self.form_groups()
+            extra = self.costly_shared(groups)
+            if extra:
+                self.buffered |= extra
+                continue
+            infos = self.buffers()
+            try:
+                kernels = [self._build(g, infos, i) for i, g in enumerate(groups)]
+            except NeedsBuffer as e:
+                self.buffered.add(e.node)
+                continue
+            except Conflict as e:
+                self._separate(e, groups)
+                continue
+            return self._schedule(groups, kernels, infos)
+        raise RuntimeError("ember: fusion did not converge")  # a scheduler bug, not user error
+
+    def _separate(self, e: Conflict, groups: list[GroupSpec]) -> None:
+        reader_roots = [r for g in groups if e.root in g.roots for r in g.roots
+                        if r is not e.root and (r is e.reader or e.reader in self.subtree(r))]
+        if not reader_roots:
+            self.buffered.add(e.reader)  # the root reads itself shifted: split at the reader
+            return
+        for r in reader_roots:
+            self.apart.add(frozenset((r, e.root)))
+
+    def _build(self, spec: GroupSpec, infos: dict[Node, BufferInfo], index: int) -> Kernel:
+        kernel = collapse_dims(KernelBuilder(spec, infos, "").build())
+        names: list[str] = []
+        for origin in kernel.origins:
+            short = origin.split(".")[-1].lstrip("_")
+            if short not in names:
+                names.append(short)
+        kernel.name = f"fused_{'_'.join(names[:6]) or 'copy'}_{index}"
+        return kernel
+
+    def _schedule(self, groups: list[GroupSpec], kernels: list[Kernel], infos: dict[Node, BufferInfo]) -> Schedule:
+        producer: dict[Node, Step] = {}
+        steps: list[Step] = []
+        for g, k in zip(groups, kernels):
+            nodes = sorted({n for r in g.roots for n in [r, *self.subtree(r)]}, key=self.order.__getitem__)
+            step = KernelStep(k, g.roots, nodes)
+            for r in g.roots:
+                producer[r] = step
+        for node in self.graph.nodes:
+            if node.op is Op.EXTERN:
+                step = ExternStep(node)
+                producer[node] = step
+                for u in self.users[node]:
+                    if u.op is Op.GETITEM:
+                        producer[u] = step
+        for view, base in self.views.items():
+            producer[view] = ViewStep(view, base)
+
+        # order steps so each runs after what it reads
+        placed: set[int] = set()
+
+        def place(step: Step) -> None:
+            if id(step) in placed:
+                return
+            placed.add(id(step))
+            for dep in self._step_reads(step):
+                if dep in producer:
+                    place(producer[dep])
+            steps.append(step)
+
+        for node in self.graph.nodes:
+            if node in producer:
+                place(producer[node])
+        return Schedule(self.graph, steps, infos, kernels)
+
+    def _step_reads(self, step: Step) -> list[Node]:
+        if isinstance(step, KernelStep):
+            return sorted({x for r in step.roots for x in self.reads(r)} - set(step.roots),
+                          key=self.order.__getitem__)
+        if isinstance(step, ExternStep):
+            return list(step.node.inputs)
+        return [step.base]
+
+
+def _place(shape: tuple[sympy.Expr, ...], var) -> Point:
+    point, k = [], 0
+    for s in shape:
+        if sh.is_one(s):
+            point.append(sympy.Integer(0))
+        else:
+            point.append(var(k))
+            k += 1
+    return tuple(point)
+
+
+def _inner_home(full: tuple[sympy.Expr, ...], dims: tuple[int, ...]) -> Point:
+    point, o, r = [], 0, 0
+    for d, s in enumerate(full):
+        if sh.is_one(s):
+            point.append(sympy.Integer(0))
+        elif d in dims:
+            point.append(inner_var(r))
+            r += 1
+        else:
+            point.append(outer_var(o))
+            o += 1
+    return tuple(point)
+
+
+def plan(graph: Graph, cfg: Config) -> Schedule:
+    return Planner(graph, cfg).plan()

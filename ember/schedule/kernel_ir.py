@@ -1,0 +1,134 @@
+"""The loop-level kernel IR every backend renders.
+
+A kernel iterates an *outer* domain (parallel: rows, or every element of a pointwise kernel) and,
+inside each outer iteration, zero or more *inner loops* over the reduction domain:
+
+    for o in outer:                      # o0, o1, ... (parallel)
+        <outer values of stage 0>
+        loop 1 over r: accumulate reductions of loop 1 (and inner stores of loop 1)
+        <outer values of stage 1>        # may use loop-1 results
+        loop 2 over r: ...
+        <outer stores>
+
+Values are SSA; each knows whether it varies with the inner index (``inner``) and, for outer
+values, after which loop it is available (``stage``). A softmax is three loops (max, sum, store)
+over each row; an RMSNorm two; a pointwise kernel none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+
+from ..ir import dtypes as dt
+from ..ir import shapes as sh
+from ..ir.ops import Op
+
+
+def outer_var(i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"o{i}", integer=True, nonnegative=True)
+
+
+def inner_var(i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"r{i}", integer=True, nonnegative=True)
+
+
+def is_index_var(s: sympy.Symbol) -> bool:
+    return s.name[0] in "or" and s.name[1:].isdigit()
+
+
+@dataclass(frozen=True)
+class Access:
+    buffer: str
+    index: sympy.Expr  # element offset, in outer/inner vars and size symbols
+
+
+@dataclass(frozen=True)
+class ReduceArg:
+    op: Op                     # SUM, PROD, AMAX, AMIN, ARGMAX, ARGMIN, ANY, ALL
+    position: sympy.Expr       # flat position in the reduction domain (ARGMAX/ARGMIN report it)
+
+
+@dataclass(eq=False)
+class Value:
+    """One SSA instruction.
+
+    kind: 'load' (arg Access), 'const' (number or size expression), 'index' (an index expression
+    as a value), 'alu' (arg: the pointwise Op; CAST converts to ``dtype``), 'reduce' (arg
+    ReduceArg; accumulates its single source over the inner domain), 'store' (arg Access).
+    """
+
+    kind: str
+    dtype: dt.DType
+    srcs: tuple[Value, ...] = ()
+    arg: Any = None
+    inner: bool = False   # varies with the inner (reduction) index
+    loop: int = 0         # reduce: the inner loop accumulating it; store: its loop (0 = outer)
+    stage: int = 0        # outer values: the loop after which it can be computed
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    dtype: dt.DType
+    is_output: bool
+
+
+@dataclass
+class Kernel:
+    name: str
+    params: list[Param]
+    sizes: list[sympy.Symbol]          # size symbols passed as int64 arguments
+    outer: tuple[sympy.Expr, ...]
+    inner: tuple[sympy.Expr, ...]
+    values: list[Value]                # topological order
+    n_loops: int = 0
+    origins: list[str] = field(default_factory=list)  # ATen ops fused, in order, deduplicated
+
+    @property
+    def stores(self) -> list[Value]:
+        return [v for v in self.values if v.kind == "store"]
+
+    @property
+    def reductions(self) -> list[Value]:
+        return [v for v in self.values if v.kind == "reduce"]
+
+    def loop_values(self, k: int) -> list[Value]:
+        """Inner values that loop ``k`` must compute: what its reductions and stores need."""
+        roots = [v for v in self.values if v.kind in ("reduce", "store") and v.loop == k]
+        needed: set[int] = set()
+        stack = [s for r in roots for s in r.srcs]
+        while stack:
+            v = stack.pop()
+            if id(v) in needed or not v.inner:
+                continue
+            needed.add(id(v))
+            stack.extend(v.srcs)
+        return [v for v in self.values if id(v) in needed]
+
+    def __str__(self) -> str:
+        return format_kernel(self)
+
+
+def format_kernel(k: Kernel) -> str:
+    names = {id(v): f"v{i}" for i, v in enumerate(k.values)}
+    params = ", ".join(f"{'out ' if p.is_output else ''}{p.name}: {p.dtype.short}" for p in k.params)
+    lines = [f"kernel {k.name}({params}; sizes {', '.join(map(str, k.sizes)) or '-'})",
+             f"  outer {sh.fmt(k.outer)}  inner {sh.fmt(k.inner)}  loops {k.n_loops}"]
+    for v in k.values:
+        where = f"loop {v.loop}" if v.kind in ("reduce", "store") and v.loop else (
+            "inner" if v.inner else f"stage {v.stage}")
+        srcs = ", ".join(names[id(s)] for s in v.srcs)
+        if v.kind in ("load", "store"):
+            detail = f"{v.arg.buffer}[{v.arg.index}]"
+        elif v.kind == "alu":
+            detail = v.arg.value
+        elif v.kind == "reduce":
+            detail = v.arg.op.value
+        else:
+            detail = str(v.arg)
+        lines.append(f"  {names[id(v)]}: {v.dtype.short} = {v.kind} {detail}"
+                     f"{' (' + srcs + ')' if srcs else ''}   [{where}]")
+    return "\n".join(lines)

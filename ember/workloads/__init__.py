@@ -1,0 +1,1 @@
+"""Reference workloads shared by the demo, the benchmarks and the tests."""
