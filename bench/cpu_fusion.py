@@ -71,8 +71,8 @@ def main() -> int:
                   "ember": rel_error(out, ref)}
         if errors["ember"] > 1e-4:
             failed = True
-        times = median_times({"eager": lambda: fn(*inputs), "inductor": lambda: inductor(*inputs),
-                              "ember": lambda: fast(*inputs)}, reps=args.reps)
+        variants = {"eager": fn, "inductor": inductor, "ember": fast}
+        times = median_times({k: (lambda f=f, xs=inputs: f(*xs)) for k, f in variants.items()}, reps=args.reps)
         rows.append([name, f"{times['eager'] * 1e3:.2f}", f"{times['inductor'] * 1e3:.2f}",
                      f"{times['ember'] * 1e3:.2f}", f"{times['eager'] / times['ember']:.2f}x",
                      f"{times['inductor'] / times['ember']:.2f}x", f"{errors['ember']:.1e}",

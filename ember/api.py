@@ -20,10 +20,11 @@ def _config(options: dict[str, Any] | None) -> Config:
     return config_module.config.replace(**(options or {}))
 
 
-def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable[..., Any]:
+def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
+                  options: dict[str, Any] | None = None) -> Callable[..., Any]:
     """The Dynamo backend ``torch.compile(fn, backend="ember")`` uses.
 
-    Keyword options are ember settings (see ``ember.config.Config``), as in
+    ``options`` are ember settings (see ``ember.config.Config``), as in
     ``torch.compile(fn, backend="ember", options={"debug": 2})``.
     """
     return _backend(_config(options), None)(gm, example_inputs)
@@ -36,17 +37,18 @@ def _backend(cfg: Config, sink: list[GraphReport] | None) -> Callable[..., Any]:
 
 
 def compile(model: Callable[..., Any] | None = None, *, options: dict[str, Any] | None = None,
-            dynamic: bool | None = None, fullgraph: bool = False) -> Any:
+            dynamic: bool | None = None, fullgraph: bool = False, report: Report | None = None) -> Any:
     """Compile a function or ``nn.Module`` with ember (``torch.compile`` with ember's backend).
 
     ``options`` override ember settings for this function, e.g. ``{"debug": 2}`` or
-    ``{"cache_dir": "/tmp/k"}``; ``dynamic`` and ``fullgraph`` are torch.compile's. Usable as a
-    decorator, with or without arguments.
+    ``{"cache_dir": "/tmp/k"}``; ``dynamic`` and ``fullgraph`` are torch.compile's. Pass a
+    ``Report()`` as ``report`` to collect what each graph compiled into, as it compiles. Usable
+    as a decorator, with or without arguments.
     """
     cfg = _config(options)
     if model is None:
-        return functools.partial(compile, options=options, dynamic=dynamic, fullgraph=fullgraph)
-    backend = _backend(cfg, None)
+        return functools.partial(compile, options=options, dynamic=dynamic, fullgraph=fullgraph, report=report)
+    backend = _backend(cfg, report.graphs if report is not None else None)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(model, torch.nn.Module):
         return compiled
@@ -62,12 +64,22 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return compiled(*args, **kwargs)
         except torch._dynamo.exc.TorchRuntimeError as e:
-            original = e.__cause__
-            if isinstance(original, Exception):
-                raise _named(original, str(e)) from None
-            raise
+            chain = _exception_chain(e)
+            original = chain[-1]
+            if original is e or isinstance(original, torch._dynamo.exc.TorchDynamoException):
+                raise
+            raise _named(original, "\n".join(str(c) for c in chain)) from None
 
     return run
+
+
+def _exception_chain(e: BaseException) -> list[BaseException]:
+    """Dynamo re-raises an op's error inside its own; the op's error is the innermost one."""
+    chain: list[BaseException] = []
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return chain
 
 
 def _named(error: Exception, dynamo_message: str) -> Exception:

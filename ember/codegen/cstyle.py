@@ -15,7 +15,11 @@ from typing import Any
 
 import sympy
 from torch.utils._sympy.functions import (
-    CleanDiv, FloorDiv, Mod, ModularIndexing, PythonMod,
+    CleanDiv,
+    FloorDiv,
+    Mod,
+    ModularIndexing,
+    PythonMod,
 )
 
 from ..ir import dtypes as dt
@@ -55,7 +59,10 @@ class Language:
 def literal(value: Any, dtype: dt.DType, lang: Language) -> str:
     ctype = lang.compute(dtype)
     if isinstance(value, sympy.Basic):
-        return f"(({ctype})({index_expr(value)}))"
+        if value.is_Number and not value.is_Integer:
+            value = float(value)
+        else:
+            return f"(({ctype})({index_expr(value)}))"
     if dtype.is_bool:
         return "true" if value else "false"
     if dtype.is_int:
@@ -168,6 +175,10 @@ def alu(lang: Language, v: Value, args: list[str]) -> str:
         return f"ember_sigmoid({a})"
     if op is Op.RSQRT:
         return lang.fast_f32.get(op, "ember_rsqrt({})").format(a) if ctype == "float" else f"ember_rsqrt({a})"
+    if dtype.is_low_precision and op in (Op.FLOORDIV, Op.TRUNCDIV, Op.MOD):
+        # eager runs these algorithms on 16-bit values, rounding every step: so do we
+        fn = {Op.FLOORDIV: "ember_floordiv", Op.TRUNCDIV: "ember_truncdiv", Op.MOD: "ember_mod"}[op]
+        return f"{fn}_{'bf16' if dtype == dt.bfloat16 else 'f16'}({a}, {args[1]})"
     if op in (Op.FLOORDIV, Op.TRUNCDIV, Op.MOD) or (op is Op.FMOD and not dtype.is_float):
         fn = {Op.FLOORDIV: "ember_floordiv", Op.TRUNCDIV: "ember_truncdiv", Op.MOD: "ember_mod",
               Op.FMOD: "ember_fmod"}[op]
@@ -189,8 +200,9 @@ def cast(lang: Language, src: dt.DType, dst: dt.DType, a: str) -> str:
     if dst.is_bool:
         return f"({a} != 0)"
     if src.is_bool:  # a select, not a conversion: GCC does not vectorize bool -> float converts
-        one, zero = ("1.0f", "0.0f") if lang.compute(dst) == "float" else (f"({lang.compute(dst)})1", f"({lang.compute(dst)})0")
-        return f"({a} ? {one} : {zero})" if dst not in (dt.bfloat16, dt.float16) else f"({a} ? 1.0f : 0.0f)"
+        ctype = lang.compute(dst)
+        one, zero = ("1.0f", "0.0f") if ctype == "float" else (f"({ctype})1", f"({ctype})0")
+        return f"({a} ? {one} : {zero})"
     if dst == dt.bfloat16:
         return f"ember_round_bf16((float){a})"
     if dst == dt.float16:
@@ -410,6 +422,26 @@ EMBER_FN int64_t ember_ipow(int64_t base, int64_t exp) {
                 base = (int64_t)((uint64_t)base * (uint64_t)base); exp >>= 1; }
   return result;
 }
+// The same algorithms with every intermediate rounded to a 16-bit float, as eager computes them
+// on BFloat16/Half values. R is the backend's round-trip (ember_round_bf16 / ember_round_f16).
+#define EMBER_ROUNDED_DIVISION(SUFFIX, R) \
+  EMBER_FN float ember_floordiv_##SUFFIX(float a, float b) { \
+    if (b == 0) return R(a / b); \
+    float mod = R(fmodf(a, b)); \
+    float div = R(R(a - mod) / b); \
+    if (mod != 0 && ((b < 0) != (mod < 0))) div = R(div - 1); \
+    float fl; \
+    if (div != 0) { fl = floorf(div); if (R(div - fl) > 0.5f) fl = R(fl + 1); } \
+    else { fl = copysignf(0.0f, R(a / b)); } \
+    return fl; \
+  } \
+  EMBER_FN float ember_truncdiv_##SUFFIX(float a, float b) { return truncf(R(a / b)); } \
+  EMBER_FN float ember_mod_##SUFFIX(float a, float b) { \
+    float m = R(fmodf(a, b)); \
+    if (m != 0 && ((b < 0) != (m < 0))) m = R(m + b); \
+    return m; \
+  }
+
 template <typename T> EMBER_FN T ember_shl(T a, T b) {
   return (b < 0 || b >= (T)(8 * sizeof(T))) ? (T)0 : (T)((uint64_t)a << b);
 }

@@ -202,8 +202,8 @@ class WrapperWriter:
             reads = [p.name for p in k.params if not p.is_output]
             outs = [p.name for p in k.params if p.is_output]
             self.emit(f"# {k.name} failed to build: its ops run through ATen")
-            self.emit(f"{call.name}(({', '.join(reads)}{',' if len(reads) == 1 else ''}), "
-                      f"({', '.join(outs)}{',' if len(outs) == 1 else ''}), {{{', '.join(f'{s.name!r}: {s.name}' for s in self.symbols)}}})")
+            sizes = ", ".join(f"{s.name!r}: {s.name}" for s in self.symbols)
+            self.emit(f"{call.name}({_tuple(reads)}, {_tuple(outs)}, {{{sizes}}})")
             return
         args = [f"{p.name}.data_ptr()" for p in k.params] + [s.name for s in k.sizes]
         if call.uses_error_flag:
@@ -275,6 +275,10 @@ class WrapperWriter:
         name = f"view{len(self.var)}"
         self.var[step.node] = name
         self.emit(f"{name} = {expr}")
+
+
+def _tuple(items: list[str]) -> str:
+    return "(" + "".join(f"{i}, " for i in items).rstrip(" ") + ")"
 
 
 def _safe(name: str) -> str:

@@ -370,7 +370,12 @@ def _split(ctx: Context, x: Node, sizes: Any, dim: int = 0) -> tuple[Node, ...]:
 def _reduce(ctx: Context, op: Op, x: Node, dims: tuple[int, ...], keepdim: bool) -> Node:
     if x.rank == 0:
         dims = ()
-    node = ctx.make(op, (x,), dims) if dims else x
+    if dims:
+        node = ctx.make(op, (x,), dims)
+    elif op in (Op.ARGMAX, Op.ARGMIN):
+        node = ctx.operand(0, dt.int64, x.shape)  # the only position of a 0-d tensor
+    else:
+        node = x
     return _keepdim_or_squeeze(ctx, node, dims, keepdim)
 
 
@@ -458,7 +463,8 @@ def _var_correction(ctx: Context, x: Node, dim: Any = None, *, correction: Any =
 
 
 @register(aten.var_mean.correction)
-def _var_mean(ctx: Context, x: Node, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> tuple[Node, Node]:
+def _var_mean(ctx: Context, x: Node, dim: Any = None, *, correction: Any = None,
+              keepdim: bool = False) -> tuple[Node, Node]:
     return _var(ctx, x, _dims(dim, x.rank), correction, keepdim)
 
 

@@ -16,7 +16,14 @@ import sympy
 from . import dtypes as dt
 from . import shapes as sh
 from .ops import (
-    BINARY_OPS, LEAF_OPS, PREDICATE_OPS, REDUCE_OPS, TERNARY_OPS, UNARY_OPS, VIEW_OPS, Op,
+    BINARY_OPS,
+    LEAF_OPS,
+    PREDICATE_OPS,
+    REDUCE_OPS,
+    TERNARY_OPS,
+    UNARY_OPS,
+    VIEW_OPS,
+    Op,
 )
 
 
@@ -158,7 +165,7 @@ def infer(op: Op, inputs: Sequence[Node], arg: Any, dtype: dt.DType | None) -> t
 def _view_shape(op: Op, x: Node, arg: Any) -> sh.Shape:
     if op is Op.RESHAPE:
         new = sh.shape(arg)
-        if not sh.equal(sh.numel(new), sh.numel(x.shape)):
+        if sh.provably_different(sh.numel(new), sh.numel(x.shape)):
             raise IRError(f"reshape {sh.fmt(x.shape)} -> {sh.fmt(new)} changes the element count")
         return new
     if op is Op.PERMUTE:

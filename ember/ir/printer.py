@@ -34,7 +34,8 @@ def _stem(node: Node) -> str:
 def type_str(node: Node) -> str:
     if node.shape is None:
         return "tuple"
-    return f"{node.dtype.short}{sh.fmt(node.shape)}"
+    dtype = node.dtype.short if node.dtype is not None else "opaque"
+    return f"{dtype}{sh.fmt(node.shape)}"
 
 
 def format_arg(node: Node, names: dict[Node, str] | None = None) -> str:

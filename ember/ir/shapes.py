@@ -42,6 +42,13 @@ def equal(a: object, b: object) -> bool:
     return sympy.expand(a - b) == 0
 
 
+def provably_different(a: object, b: object) -> bool:
+    """True only when ``a != b`` for every value of the size symbols we can tell about; sizes
+    from Dynamo are already validated by ATen, so "cannot tell" is not a mismatch."""
+    diff = sympy.expand(expr(a) - expr(b))
+    return diff.is_number and diff != 0
+
+
 def shapes_equal(a: Sequence[object], b: Sequence[object]) -> bool:
     return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
 

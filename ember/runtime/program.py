@@ -92,7 +92,7 @@ def _symbols(nodes: list[Node]) -> set[Any]:
 
 
 class CompiledProgram:
-    """Callable with AOTAutograd's boxed convention: takes the argument list, may clear it."""
+    """Callable with AOTAutograd's boxed convention (takes the argument list, may clear it)."""
 
     _boxed_call = True
 
@@ -122,7 +122,9 @@ class CompiledProgram:
         exec(compile(source, filename, "exec"), ns)
         self._call = ns["call"]
 
-    def __call__(self, args: list[Any]) -> tuple[Any, ...]:
-        if not isinstance(args, list):
-            args = list(args)
-        return self._call(args)
+    def __call__(self, *args: Any) -> tuple[Any, ...]:
+        # AOTAutograd calls boxed (one list it lets us clear) or, on some paths, with the
+        # arguments spread out; graph inputs are never lists, so the two cannot be confused.
+        if len(args) == 1 and isinstance(args[0], list):
+            return self._call(args[0])
+        return self._call(list(args))

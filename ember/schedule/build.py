@@ -26,7 +26,6 @@ from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
 from .indexing import Point, Strided, compose_strided, map_view, offset
 from .kernel_ir import Access, Kernel, Param, ReduceArg, Value, inner_var, is_index_var
 
-
 # Nodes that say nothing about what a kernel does (constants, index remapping).
 _UNNAMED = frozenset({Op.CONST, Op.IOTA}) | VIEW_OPS
 

@@ -138,11 +138,11 @@ class Planner:
 
     def domain(self, root: Node, groups: list[GroupSpec]) -> tuple[tuple, tuple, Point, tuple | None]:
         """(outer extents, inner extents, home point, (F, reduce dims) or None)."""
-        reductions = [n for n in [root, *self.subtree(root)] if n.op in REDUCE_OPS]
-        if root.op in REDUCE_OPS:
-            reductions = [root]
+        reductions = [n for n in [*self.subtree(root), root] if n.op in REDUCE_OPS]
         if reductions:
-            red = reductions[0]
+            # The reduction nearest the root sets the loops; earlier ones that do not fit them
+            # get buffers of their own (softmax statistics, then a sum over the result).
+            red = reductions[-1]
             full, dims = red.inputs[0].shape, tuple(red.arg)
             outer = tuple(s for d, s in enumerate(full) if d not in dims and not sh.is_one(s))
             inner = tuple(s for d, s in enumerate(full) if d in dims and not sh.is_one(s))

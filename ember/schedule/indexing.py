@@ -25,7 +25,10 @@ def offset(point: Point, strides: Sequence[sympy.Expr], base: sympy.Expr = sympy
     return sympy.expand(base + sum((p * s for p, s in zip(point, strides)), sympy.Integer(0)))
 
 
-def reshape_groups(out_shape: Sequence[sympy.Expr], in_shape: Sequence[sympy.Expr]) -> list[tuple[list[int], list[int]]] | None:
+Groups = list[tuple[list[int], list[int]]]
+
+
+def reshape_groups(out_shape: Sequence[sympy.Expr], in_shape: Sequence[sympy.Expr]) -> Groups | None:
     """Split a reshape into groups of output dims and input dims with equal element counts
     (e.g. [B*N, 4] <- [B, N, 4] is ([0], [0, 1]) and ([1], [2])). None when the products never
     line up symbolically."""

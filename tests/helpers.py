@@ -1,0 +1,64 @@
+"""Compare ember with eager PyTorch, and read what ember compiled."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import ember
+
+# Loose enough for fused float32 math (ember keeps intermediates in registers, eager rounds per
+# op), tight enough to catch a wrong formula. 16-bit floats compute in float32 inside kernels.
+TOLERANCES = {
+    torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float32: (2e-5, 1e-6), torch.float64: (1e-7, 1e-9),
+}
+
+
+def flatten(x: Any) -> list[Any]:
+    if isinstance(x, (tuple, list)):
+        return [y for item in x for y in flatten(item)]
+    return [x]
+
+
+def assert_same(out: Any, ref: Any, rtol: float | None = None, atol: float | None = None) -> None:
+    outs, refs = flatten(out), flatten(ref)
+    assert len(outs) == len(refs), f"{len(outs)} outputs, eager gives {len(refs)}"
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        if not isinstance(r, torch.Tensor):
+            assert o == r or (o != o and r != r), f"output {i}: {o!r} != {r!r}"
+            continue
+        assert isinstance(o, torch.Tensor), f"output {i}: got {type(o).__name__}, eager gives a tensor"
+        assert o.dtype == r.dtype, f"output {i}: dtype {o.dtype}, eager {r.dtype}"
+        assert o.shape == r.shape, f"output {i}: shape {tuple(o.shape)}, eager {tuple(r.shape)}"
+        if r.dtype.is_floating_point:
+            rt, at = TOLERANCES.get(r.dtype, (1e-5, 1e-6))
+            torch.testing.assert_close(o, r, rtol=rtol or rt, atol=atol if atol is not None else at,
+                                       equal_nan=True, msg=lambda m, i=i: f"output {i}: {m}")
+        else:
+            assert torch.equal(o, r), f"output {i}: values differ from eager:\n{o}\n{r}"
+
+
+def run(fn: Callable[..., Any], *args: Any, dynamic: bool | None = None, options: dict | None = None,
+        **kwargs: Any) -> tuple[Any, ember.Report]:
+    """Run ``fn`` compiled by ember; returns (result, report of what was compiled)."""
+    report = ember.Report()
+    compiled = ember.compile(fn, dynamic=dynamic, options=options, report=report)
+    return compiled(*args, **kwargs), report
+
+
+def check(fn: Callable[..., Any], *args: Any, dynamic: bool | None = None, options: dict | None = None,
+          rtol: float | None = None, atol: float | None = None) -> ember.Report:
+    """ember(fn)(*args) equals fn(*args); returns the report. Inputs are cloned for each side."""
+    ref = fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+    out, report = run(fn, *[a.clone() if isinstance(a, torch.Tensor) else a for a in args],
+                      dynamic=dynamic, options=options)
+    assert_same(out, ref, rtol, atol)
+    assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+    return report
+
+
+def kernel_count(report: ember.Report) -> int:
+    return len(report.kernels)

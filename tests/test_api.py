@@ -1,0 +1,77 @@
+"""The public API: torch.compile(backend="ember"), ember.compile, ember.explain, modules."""
+
+from __future__ import annotations
+
+import torch
+
+import ember
+
+from .helpers import assert_same
+
+
+def test_torch_compile_backend_by_name():
+    fn = torch.compile(lambda x: torch.relu(x) * 2, backend="ember")
+    x = torch.randn(16)
+    assert_same(fn(x), torch.relu(x) * 2)
+
+
+def test_backend_takes_options():
+    fn = torch.compile(lambda x: x.exp() + 1, backend="ember", options={"fusion": False})
+    x = torch.randn(16)
+    assert_same(fn(x), x.exp() + 1)
+
+
+def test_explain_reports_passes_kernels_and_aten_calls():
+    def f(x, w):
+        return torch.softmax(x @ w, -1).sum()
+
+    report = ember.explain(f, torch.randn(4, 8), torch.randn(8, 5))
+    assert report.fallbacks == ["aten.mm"]
+    # softmax over rows, then the sum over everything: two kernels
+    assert len(report.kernels) == 2
+    k = report.kernels[0]
+    assert k.backend == "cpp" and 'extern "C"' in k.source and "aten._softmax" in k.aten_ops
+    assert report.passes[0].startswith("# inference_") and "frontend" in report.passes[0]
+    assert [p.name for p in report.graphs[0].passes][-1] == "dce_final"
+    text = str(report)
+    assert "-- after cse" in text and "-- kernel" in text and "-- host program" in text
+    assert "2 kernel(s)" in report.summary()
+
+
+def test_modules_and_decorator_form():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16)).eval()
+    fast = ember.compile(model)
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        assert_same(fast(x), model(x))
+
+    @ember.compile(options={"debug": 0})
+    def g(x):
+        return x.sin() ** 2 + x.cos() ** 2
+
+    assert_same(g(x), torch.ones_like(x), rtol=1e-6, atol=1e-6)
+
+
+def test_outputs_alias_inputs_like_eager():
+    def f(x):
+        return x, x.t(), x[1:], x.view(-1)
+
+    x = torch.randn(4, 3)
+    out = ember.compile(f)(x)
+    assert out[0].data_ptr() == x.data_ptr()
+    assert out[1].data_ptr() == x.data_ptr() and out[1].stride() == (1, 3)
+    assert_same(out, f(x))
+
+
+def test_in_place_updates_of_inputs():
+    def f(x, y):
+        x.add_(1)
+        y.mul_(2)
+        return x + y
+
+    x, y = torch.randn(5), torch.randn(5)
+    x2, y2 = x.clone(), y.clone()
+    out = ember.compile(f)(x, y)
+    ref = f(x2, y2)
+    assert_same(out, ref)
+    assert_same((x, y), (x2, y2))

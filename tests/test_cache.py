@@ -1,0 +1,48 @@
+"""The on-disk kernel cache: a second process with the same programs builds nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import json, torch, ember
+    def f(x, y):
+        return torch.relu(x) + y + 1, torch.softmax(x, -1)
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    out = ember.compile(f)(x, y)
+    ref = f(x, y)
+    assert all(torch.allclose(a, b) for a, b in zip(out, ref))
+    print(json.dumps(ember.stats()))
+""")
+
+
+def _run(cache_dir) -> dict:
+    env = dict(os.environ, EMBER_CACHE_DIR=str(cache_dir))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_builds_nothing(tmp_path):
+    first = _run(tmp_path)
+    assert first["kernels_built"] >= 1 and first["cache_hits"] == 0
+    second = _run(tmp_path)
+    assert second["kernels_built"] == 0
+    assert second["cache_hits"] == first["kernels_built"]
+    libs = list((tmp_path / "cpp").glob("*.so"))
+    assert len(libs) == 1 and libs[0].with_suffix(".cpp").exists()
+
+
+def test_cache_key_covers_flags(tmp_path):
+    import ember
+    from ember.runtime import cpp_build
+
+    cfg = ember.config.replace(cache_dir=tmp_path)
+    source = 'extern "C" void k() {}\n'
+    other_flags = cfg.replace(cxx_flags=("-O1", "-shared", "-fPIC"))
+    assert cpp_build.cache_key(source, cfg) != cpp_build.cache_key(source, other_flags)
+    assert cpp_build.cache_key(source, cfg) != cpp_build.cache_key(source + " ", cfg)

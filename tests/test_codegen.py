@@ -1,0 +1,78 @@
+"""Generated code: readable kernels and host programs, exact literals, debug output."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import sympy
+import torch
+
+import ember
+from ember.codegen.cpp import CPP
+from ember.codegen.cstyle import index_expr, literal
+from ember.ir import dtypes
+
+from .helpers import run
+
+
+def test_literals_are_exact():
+    assert literal(0.1, dtypes.float32, CPP) == "0.10000000149011612f"  # the float32 eager uses
+    assert literal(0.1, dtypes.float64, CPP) == "0.1"
+    assert literal(math.inf, dtypes.float32, CPP) == "((float)INFINITY)"
+    assert "NAN" in literal(math.nan, dtypes.float64, CPP)
+    assert literal(-(2**63), dtypes.int64, CPP) == "INT64_MIN"
+    assert literal(True, dtypes.bool_, CPP) == "true"
+
+
+def test_index_expressions():
+    s0, o0, r0 = sympy.symbols("s0 o0 r0", integer=True, nonnegative=True)
+    assert index_expr(o0 * s0 + r0) == "o0*s0 + r0"
+    assert index_expr(sympy.Integer(2**40)) == "INT64_C(1099511627776)"
+    from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+    assert index_expr(FloorDiv(o0, 3)) == "o0 / 3"
+    assert index_expr(ModularIndexing(o0, 4, s0)) == "(o0 / 4) % s0"
+
+
+def test_kernel_source_is_readable():
+    _, report = run(lambda x, w: torch.relu(x) * w + 1, torch.randn(64, 32), torch.randn(32))
+    src = report.kernels[0].source
+    lines = src.splitlines()
+    assert lines[0].startswith("// fused_relu_mul_add_0: fuses aten.relu, aten.mul, aten.add")
+    assert any(line.startswith("  #pragma omp parallel for") for line in lines)
+    assert any(line.startswith("    #pragma omp simd") for line in lines)
+    assert 'extern "C" void fused_relu_mul_add_0(const float* __restrict__' in src
+    wrapper = report.graphs[0].wrapper
+    assert wrapper.startswith("def call(args):") and "fused_relu_mul_add_0(" in wrapper
+    compile(wrapper, "<wrapper>", "exec")
+
+
+def test_reduction_kernels_show_their_loops():
+    _, report = run(lambda x: torch.softmax(x, -1), torch.randn(8, 40))
+    src = report.kernels[0].source
+    assert "// loop 1: amax" in src and "// loop 2: sum" in src and "// loop 3: store" in src
+    assert "reduction(emax:" in src and "reduction(+:" in src
+
+
+def test_debug_levels(tmp_path):
+    script = (
+        "import torch, ember\n"
+        "f = ember.compile(lambda x: torch.relu(x) + 1)\n"
+        "f(torch.randn(8)); f(torch.randn(8))\n"
+    )
+    outputs = {}
+    for level in (1, 2, 3, 4):
+        env = {"EMBER_DEBUG": str(level), "EMBER_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outputs[level] = proc.stderr
+    assert "inference_0: 1 kernel(s)" in outputs[1] and "after cse" not in outputs[1]
+    assert "after cse" in outputs[2] and 'extern "C"' not in outputs[2]
+    assert 'extern "C"' in outputs[3] and "def call(args)" in outputs[3]
+    assert "fused_relu_add_0" in outputs[4] and " ms" in outputs[4].split("fused_relu_add_0")[-1]
+
+
+def test_stats_keys():
+    keys = set(ember.stats())
+    assert {"graphs_compiled", "kernels_built", "cache_hits", "fallbacks"} <= keys

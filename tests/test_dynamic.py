@@ -1,0 +1,95 @@
+"""Symbolic sizes: one compiled program serves every size, with no recompiles."""
+
+from __future__ import annotations
+
+import torch
+
+import ember
+
+from .helpers import assert_same, run
+
+
+def rmsnorm(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def test_one_compile_serves_many_sizes():
+    ember.reset_stats()
+    report = ember.Report()
+    fast = ember.compile(rmsnorm, dynamic=True, report=report)
+    for rows, cols in [(2, 8), (17, 33), (5, 8), (300, 129), (3, 2)]:
+        x, w = torch.randn(rows, cols), torch.randn(cols)
+        assert_same(fast(x, w), rmsnorm(x, w))
+    assert len(report.graphs) == 1, [g.name for g in report.graphs]
+    assert ember.stats()["graphs_compiled"] == 1
+    (k,) = report.kernels
+    # the sizes are kernel arguments, not constants baked into the source
+    assert "int64_t s" in k.source
+
+
+def test_sizes_change_without_dynamic_flag_recompile_once_then_stay_dynamic():
+    report = ember.Report()
+    fast = ember.compile(lambda x: torch.softmax(x, -1) * 2, report=report)
+    for n in [10, 11, 12, 13, 50]:
+        x = torch.randn(4, n)
+        assert_same(fast(x), torch.softmax(x, -1) * 2)
+    # Dynamo's automatic dynamic shapes: a static first compile, then one symbolic compile
+    assert len(report.graphs) == 2
+
+
+def test_symbolic_reshape_and_slices():
+    def fn(x):
+        b, n = x.shape[0], x.shape[1]
+        y = x.reshape(b * n // 4, 4)
+        return y[:, 1:3].sum(-1) * n, x[:, ::2].amax(-1), x.view(-1)[: n // 2] + 1
+
+    report = ember.Report()
+    fast = ember.compile(fn, dynamic=True, report=report)
+    for b, n in [(3, 8), (5, 16), (6, 8)]:  # (7, 4) would flip a Dynamo guard (reshape == identity)
+        x = torch.randn(b, n)
+        assert_same(fast(x), fn(x))
+    assert len(report.graphs) == 1
+
+
+def test_size_arithmetic_and_symbolic_scalars():
+    def fn(x):
+        return x * x.shape[0] + x.shape[1] / 2, x.sum() / x.numel()
+
+    fast = ember.compile(fn, dynamic=True)
+    for shape in [(2, 3), (9, 4)]:
+        x = torch.randn(shape)
+        assert_same(fast(x), fn(x))
+
+
+def test_size_zero_and_one_are_handled():
+    fast = ember.compile(lambda x: (x * 2).sum(0), dynamic=True)
+    for shape in [(0, 3), (1, 3), (4, 3), (4, 1)]:
+        x = torch.randn(shape)
+        assert_same(fast(x), (x * 2).sum(0))
+
+
+def test_training_graphs_are_symbolic_too():
+    w = torch.randn(16, requires_grad=True)
+    report = ember.Report()
+    fast = ember.compile(rmsnorm, dynamic=True, report=report)
+    for rows in [3, 8, 21]:
+        x = torch.randn(rows, 16, requires_grad=True)
+        out = fast(x, w)
+        out.sum().backward()
+        x2 = x.detach().clone().requires_grad_()
+        w2 = w.detach().clone().requires_grad_()
+        rmsnorm(x2, w2).sum().backward()
+        assert_same(x.grad, x2.grad)
+        w.grad = None
+    kinds = sorted(g.kind for g in report.graphs)
+    assert kinds == ["backward", "forward"]
+
+
+def test_kernel_source_is_shared_across_sizes():
+    # a second symbolic compile of the same program is a cache hit
+    _, r1 = run(rmsnorm, torch.randn(7, 5), torch.randn(5), dynamic=True)
+    torch._dynamo.reset()
+    ember.reset_stats()
+    _, r2 = run(rmsnorm, torch.randn(9, 11), torch.randn(11), dynamic=True)
+    assert r1.kernels[0].source == r2.kernels[0].source
+    assert ember.stats()["kernels_built"] == 0 and ember.stats()["cache_hits"] >= 1

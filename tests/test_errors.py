@@ -1,0 +1,53 @@
+"""Bad input raises what eager raises, naming the op and what was wrong."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ember
+
+
+def _eager_error(fn, *args):
+    with pytest.raises(Exception) as info:
+        fn(*args)
+    return info.type
+
+
+def test_shape_mismatch_raises_runtime_error_naming_the_op():
+    fn = lambda a, b: a + b  # noqa: E731
+    a, b = torch.randn(3, 4), torch.randn(5, 6)
+    assert _eager_error(fn, a, b) is RuntimeError
+    with pytest.raises(RuntimeError, match=r"^add: .*broadcast") as info:
+        ember.compile(fn)(a, b)
+    assert type(info.value) is RuntimeError  # eager's exact type, not a Dynamo wrapper
+    assert "add" in str(info.value)
+
+
+def test_matmul_shape_error():
+    fn = lambda a, b: a @ b  # noqa: E731
+    a, b = torch.randn(3, 4), torch.randn(5, 6)
+    eager = _eager_error(fn, a, b)
+    with pytest.raises(eager, match="matmul|mm|shapes"):
+        ember.compile(fn)(a, b)
+
+
+def test_dtype_error_matches_eager():
+    fn = lambda a, b: torch.bitwise_and(a, b)  # noqa: E731
+    a, b = torch.randn(4), torch.randn(4)
+    eager = _eager_error(fn, a, b)
+    with pytest.raises(eager, match="bitwise_and"):
+        ember.compile(fn)(a, b)
+
+
+def test_index_error_matches_eager():
+    fn = lambda a: a.select(0, 10)  # noqa: E731
+    a = torch.randn(4, 3)
+    eager = _eager_error(fn, a)
+    with pytest.raises(eager, match="select"):
+        ember.compile(fn)(a)
+
+
+def test_unknown_option_is_a_clear_type_error():
+    with pytest.raises(TypeError, match="unknown ember option"):
+        ember.compile(lambda x: x, options={"fuse_everything": True})

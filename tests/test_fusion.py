@@ -1,0 +1,102 @@
+"""Fusion is proved by counting kernels in what ember generated (and checked against eager)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ember.workloads.giou import make_batch, padded_giou_loss
+
+from .helpers import check, kernel_count
+
+
+def test_relu_add_is_one_kernel():
+    report = check(lambda x, y: torch.relu(x) + y + 1, torch.randn(256, 64), torch.randn(256, 64))
+    assert kernel_count(report) == 1
+    (k,) = report.kernels
+    assert k.backend == "cpp"
+    assert "aten.relu" in k.aten_ops and "aten.add" in k.aten_ops
+    assert "relu" in k.name and "add" in k.name  # the name says what it fused
+    assert report.fallbacks == []
+
+
+def test_broadcast_and_cast_fuse():
+    def fn(x, b):
+        return (x.to(torch.float64) * 2 + b).to(torch.float32)
+
+    report = check(fn, torch.randn(33, 7), torch.randn(7, dtype=torch.float64))
+    assert kernel_count(report) == 1
+
+
+def test_rmsnorm_is_one_kernel():
+    def rmsnorm(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    report = check(rmsnorm, torch.randn(64, 300), torch.randn(300))
+    assert kernel_count(report) == 1
+    assert "loop 2" in report.kernels[0].kernel_ir  # sum of squares, then the scaled store
+
+
+def test_softmax_is_one_kernel():
+    def manual(x):
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    for fn in (lambda x: torch.softmax(x, -1), manual):
+        report = check(fn, torch.randn(32, 100))
+        assert kernel_count(report) == 1
+
+
+def test_layer_norm_and_its_statistics_share_a_kernel():
+    def fn(x, w, b):
+        return F.layer_norm(x, (x.shape[-1],), w, b)
+
+    report = check(fn, torch.randn(17, 96), torch.randn(96), torch.randn(96))
+    assert kernel_count(report) == 1
+
+
+def test_padded_giou_loss_is_one_kernel():
+    pred, _, padded = make_batch(32)
+    report = check(padded_giou_loss, pred, padded)
+    assert kernel_count(report) == 1  # both sums and the division in one kernel
+
+
+def test_matmul_runs_in_aten_with_fused_epilogue():
+    def fn(x, w, b):
+        return F.gelu(x @ w + b)
+
+    report = check(fn, torch.randn(16, 32), torch.randn(32, 24), torch.randn(24))
+    assert report.fallbacks == ["aten.mm"]
+    assert kernel_count(report) == 1  # bias + gelu after the matmul
+
+
+def test_reductions_over_different_rows_split_kernels():
+    def fn(x):
+        return x.sum(0), x.sum(1)
+
+    report = check(fn, torch.randn(40, 30))
+    assert kernel_count(report) == 2
+
+
+def test_shared_expensive_value_is_computed_once():
+    # exp(x) feeds two different reductions' kernels; it is stored once rather than recomputed
+    def fn(x):
+        e = torch.exp(torch.sin(x) * torch.cos(x) + torch.tanh(x))
+        return e.sum(0), e.sum(1)
+
+    report = check(fn, torch.randn(20, 30))
+    assert kernel_count(report) == 3
+
+
+def test_fusion_off_gives_a_kernel_per_op():
+    report = check(lambda x, y: torch.relu(x) + y + 1, torch.randn(8, 8), torch.randn(8, 8),
+                   options={"fusion": False})
+    assert kernel_count(report) == 3
+
+
+def test_transposed_inputs_are_read_in_place():
+    x = torch.randn(30, 40)
+    report = check(lambda a: a.t() * 2 + 1, x)
+    assert kernel_count(report) == 1
+    report = check(lambda a: a * 3, x.t())  # a non-contiguous input
+    assert kernel_count(report) == 1

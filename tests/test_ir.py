@@ -1,0 +1,75 @@
+"""The IR: shape and dtype rules, the verifier, the printer, view index arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+
+from ember.ir import Graph, GraphBuilder, IRError, Op, VerifyError, dtypes, make, verify
+from ember.ir.node import Node
+from ember.schedule.indexing import map_reshape, reshape_groups
+
+s0 = sympy.Symbol("s0", integer=True, positive=True)
+
+
+def test_shape_rules():
+    b = GraphBuilder()
+    x = b.input((s0, 4))
+    assert b.sum(x, (1,)).shape == (s0, 1)
+    assert b.argmax(x, (0,)).dtype == dtypes.int64
+    assert b.lt(x, x).dtype == dtypes.bool_
+    assert b.permute(x, (1, 0)).shape == (4, s0)
+    assert b.slice(x, 1, 1, 2, 2).shape == (s0, 2)
+    assert b.expand(b.const(1.0), (3, 5)).shape == (3, 5)
+    with pytest.raises(IRError, match="differ"):
+        b.add(x, b.input((4,)))
+    with pytest.raises(IRError, match="dtypes"):
+        b.add(x, b.input((s0, 4), dtypes.float64))
+    with pytest.raises(IRError, match="element count"):
+        make(Op.RESHAPE, (b.input((3, 4)),), (5, 4))
+    with pytest.raises(IRError, match="permutation"):
+        b.permute(x, (0, 0))
+
+
+def test_verifier_catches_broken_graphs():
+    b = GraphBuilder()
+    x = b.input((4,))
+    y = b.exp(x)
+    good = b.build(y)
+    verify(good)
+    # a node whose recorded shape disagrees with its op's rule
+    bad = Node(Op.EXP, (x,), None, dtypes.float32, (5,), "cpu")
+    with pytest.raises(VerifyError, match="rule gives"):
+        verify(Graph([x], [bad], [x, bad]), after="my_pass")
+    # use before definition
+    with pytest.raises(VerifyError, match="before it is defined"):
+        verify(Graph([x], [y], [y, x]))
+
+
+def test_printer_reads_well():
+    b = GraphBuilder("demo")
+    x = b.input((s0, 8))
+    w = b.input((8,))
+    y = b.add(b.relu(x), b.expand(b.reshape(w, (1, 8)), (s0, 8)))
+    text = str(b.build(y))
+    assert text.splitlines()[0] == "graph demo(%arg0: f32[s0, 8], %arg1: f32[8]):"
+    assert "maximum(%arg0, " in text and "expand(" in text
+    assert text.splitlines()[-1].strip().startswith("return (%add_")
+
+
+@pytest.mark.parametrize("out_shape,in_shape,groups", [
+    ((6, 4), (2, 3, 4), [([0], [0, 1]), ([1], [2])]),
+    ((2, 3, 4), (24,), [([0, 1, 2], [0])]),
+    ((4, 1), (4,), [([0], [0]), ([1], [])]),
+])
+def test_reshape_groups(out_shape, in_shape, groups):
+    assert reshape_groups(out_shape, in_shape) == groups
+
+
+def test_reshape_point_mapping_round_trips():
+    i, j = sympy.symbols("i j", integer=True, nonnegative=True)
+    # (2, 3, 4) viewed as (6, 4): point (i, j) reads (i // 3, i % 3, j)
+    point = map_reshape((i, j), (6, 4), (2, 3, 4))
+    values = {(a, b): tuple(int(p.subs({i: a, j: b})) for p in point) for a in range(6) for b in range(4)}
+    assert values[(4, 2)] == (1, 1, 2)
+    assert len(set(values.values())) == 24

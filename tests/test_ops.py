@@ -1,0 +1,93 @@
+"""Every op ember generates, against eager, on PyTorch's own OpInfo samples.
+
+One compiled function per (op, dtype) runs all of that op's samples, so each case is one build.
+Samples cover scalars, size-0/size-1 dims, broadcasting and non-contiguous inputs where the
+OpInfo provides them; test_shapes.py adds the awkward cases OpInfo leaves out.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from .helpers import assert_same, run
+
+UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
+         "reciprocal", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
+         "acosh", "atanh", "sigmoid", "erf", "erfc", "floor", "ceil", "round", "trunc", "sign",
+         "logical_not", "bitwise_not", "isnan", "isinf", "square", "frac", "nan_to_num",
+         "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu", "nn.functional.hardtanh",
+         "nn.functional.leaky_relu", "nn.functional.elu", "nn.functional.softplus",
+         "nn.functional.hardswish", "nn.functional.hardsigmoid", "nn.functional.mish"]
+BINARY = ["add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow", "maximum",
+          "minimum", "atan2", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
+          "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift",
+          "bitwise_right_shift", "where", "clamp", "clamp_min", "clamp_max", "masked_fill", "lerp",
+          "addcmul", "rsub", "true_divide", "xlogy", "nn.functional.mse_loss"]
+REDUCTIONS = ["sum", "prod", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "any", "all",
+              "var", "std", "var_mean", "logsumexp", "softmax", "log_softmax",
+              "nn.functional.layer_norm", "nn.functional.normalize", "nn.functional.batch_norm",
+              "nn.functional.group_norm"]
+VIEWS = ["expand", "permute", "reshape", "view", "transpose", "t", "squeeze", "unsqueeze", "narrow",
+         "select", "split", "unbind", "flatten", "movedim"]
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+          torch.uint8, torch.bool]
+# Ops ember must turn into kernels (not only ATen calls) for float32.
+MUST_GENERATE = set(UNARY + BINARY + REDUCTIONS) - {"round", "nn.functional.batch_norm"}
+
+OPS = [op for op in op_db if op.name in set(UNARY + BINARY + REDUCTIONS + VIEWS)
+       and set(DTYPES) & set(op.supported_dtypes("cpu"))]
+
+
+def _id(op) -> str:
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+def _samples(op, dtype):
+    samples = []
+    for s in op.sample_inputs("cpu", dtype, requires_grad=False):
+        flat, spec = tree_flatten((s.input, s.args, s.kwargs))
+        tensors = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
+        samples.append((flat, spec, tensors, s.output_process_fn_grad))
+    return samples[:12]
+
+
+def _program(op, samples):
+    """f(*tensors) applying the op to every sample (non-tensor arguments baked in)."""
+    def fn(*tensors):
+        outs, k = [], 0
+        for flat, spec, positions, _ in samples:
+            leaves = list(flat)
+            for p in positions:
+                leaves[p] = tensors[k]
+                k += 1
+            inp, args, kwargs = tree_unflatten(leaves, spec)
+            outs.append(op.op(inp, *args, **kwargs))
+        return outs
+    return fn
+
+
+@pytest.mark.parametrize("op", OPS, ids=_id)
+def test_op_matches_eager(op):
+    dtypes = [d for d in DTYPES if d in op.supported_dtypes("cpu")]
+    for dtype in dtypes:
+        samples = _samples(op, dtype)
+        if not samples:
+            continue
+        tensors = [flat[p] for flat, _, positions, _ in samples for p in positions]
+        fn = _program(op, samples)
+        ref = fn(*[t.clone() for t in tensors])
+        out, report = run(fn, *[t.clone() for t in tensors])
+        errors = [g.error for g in report.graphs if g.error]
+        assert not errors, f"{_id(op)} [{dtype}]: graph not compiled: {errors}"
+        failed = [k.name for k in report.kernels if not k.built]
+        assert not failed, f"{_id(op)} [{dtype}]: kernels failed to build: {failed}"
+        try:
+            assert_same(out, ref)
+        except AssertionError as e:
+            raise AssertionError(f"{_id(op)} [{dtype}]: {e}") from None
+        if dtype == torch.float32 and op.name in MUST_GENERATE:
+            assert report.kernels, f"{_id(op)}: no kernel generated; ATen ran {report.fallbacks}"

@@ -1,0 +1,135 @@
+"""Each pass: an input graph, the pass, and the graph we expect (compared structurally)."""
+
+from __future__ import annotations
+
+import sympy
+
+from ember.ir import GraphBuilder, Op, dtypes, structurally_equal, verify
+from ember.passes import PIPELINE, cse, dce, fold_constants, run_pipeline, simplify_views
+
+
+def assert_pass(pass_fn, before, expected):
+    verify(before)
+    after = pass_fn(before)
+    verify(after)
+    assert structurally_equal(after, expected), f"got:\n{after}\n\nexpected:\n{expected}"
+    return after
+
+
+def test_dce_drops_unused_nodes():
+    b = GraphBuilder()
+    x = b.input((4,))
+    b.exp(x)  # dead
+    y = b.neg(x)
+    before = b.build(y)
+    after = assert_pass(dce, before, before)
+    assert [n.op for n in after.nodes] == [Op.INPUT, Op.NEG]
+
+
+def test_cse_merges_identical_nodes_and_commutative_operands():
+    b = GraphBuilder()
+    x, y = b.input((4,)), b.input((4,))
+    s1, s2 = b.add(x, y), b.add(y, x)
+    before = b.build(b.mul(b.exp(s1), b.exp(s2)))
+    e = GraphBuilder()
+    x, y = e.input((4,)), e.input((4,))
+    t = e.exp(e.add(x, y))
+    assert_pass(cse, before, e.build(e.mul(t, t)))
+
+
+def test_cse_keeps_distinct_constants_apart():
+    b = GraphBuilder()
+    x = b.input((2,))
+    before = b.build(b.add(b.mul(x, b.full(0.0, (2,))), b.mul(x, b.full(-0.0, (2,)))))
+    assert len(cse(before).nodes) == len(dce(before).nodes)
+
+
+def test_fold_evaluates_constant_arithmetic_with_dtype_rounding():
+    b = GraphBuilder()
+    x = b.input((3,))
+    c = b.add(b.full(0.1, (3,)), b.full(0.2, (3,)))  # in float32: 0.30000001192...
+    before = b.build(b.mul(x, c))
+    after = fold_constants(before)
+    consts = [n.arg for n in dce(after).nodes if n.op is Op.CONST]
+    assert consts == [0.30000001192092896]
+
+
+def test_fold_removes_exact_identities_only():
+    b = GraphBuilder()
+    x = b.input((3,))
+    one, zero, negzero = b.full(1.0, (3,)), b.full(0.0, (3,)), b.full(-0.0, (3,))
+    kept = b.add(x, zero)               # x + 0.0 turns -0.0 into 0.0: not an identity
+    gone = b.sub(b.add(b.mul(x, one), negzero), zero)
+    before = b.build(kept, gone)
+    e = GraphBuilder()
+    x2 = e.input((3,))
+    expected = e.build(e.add(x2, e.full(0.0, (3,))), x2)
+    assert_pass(fold_constants, before, expected)
+
+
+def test_fold_round_trip_casts():
+    b = GraphBuilder()
+    x = b.input((3,), dtypes.bfloat16)
+    there_and_back = b.cast(b.cast(x, dtypes.float32), dtypes.bfloat16)
+    lossy = b.cast(b.cast(b.input((3,), dtypes.float32), dtypes.bfloat16), dtypes.float32)
+    before = b.build(there_and_back, lossy)
+    after = fold_constants(before)
+    assert after.outputs[0] is after.inputs[0]
+    assert after.outputs[1].op is Op.CAST  # float32 -> bfloat16 rounds: must stay
+
+
+def test_fold_symbolic_sizes_stay_symbolic():
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    b = GraphBuilder()
+    x = b.input((s0,), dtypes.int64)
+    n = b.mul(b.const(s0, dtypes.int64), b.const(2, dtypes.int64))
+    before = b.build(b.add(x, b.expand(n, (s0,))))
+    after = dce(fold_constants(before))
+    consts = [n.arg for n in after.nodes if n.op is Op.CONST]
+    assert consts == [2 * s0]
+
+
+def test_reduction_over_size_one_dims_is_identity():
+    b = GraphBuilder()
+    x = b.input((4, 1))
+    before = b.build(b.sum(x, (1,)), b.argmax(x, (1,)))
+    after = dce(fold_constants(before))
+    assert after.outputs[0] is after.inputs[0]
+    assert after.outputs[1].op is Op.EXPAND and after.outputs[1].inputs[0].arg == 0
+
+
+def test_view_chains_collapse():
+    b = GraphBuilder()
+    x = b.input((2, 3, 4))
+    r = b.reshape(b.reshape(x, (6, 4)), (24,))
+    p = b.permute(b.permute(x, (1, 2, 0)), (2, 0, 1))   # back to identity
+    e = b.expand(b.expand(b.reshape(x, (2, 3, 4, 1)), (2, 3, 4, 5)), (2, 3, 4, 5))
+    before = b.build(r, p, e)
+    g = GraphBuilder()
+    x2 = g.input((2, 3, 4))
+    expected = g.build(g.reshape(x2, (24,)), x2, g.expand(g.reshape(x2, (2, 3, 4, 1)), (2, 3, 4, 5)))
+    assert_pass(simplify_views, before, expected)
+
+
+def test_views_of_constants_become_broadcast_constants():
+    b = GraphBuilder()
+    x = b.input((6, 4))
+    c = b.permute(b.reshape(b.full(2.0, (4, 6)), (4, 6)), (1, 0))
+    before = b.build(b.mul(x, c))
+    g = GraphBuilder()
+    x2 = g.input((6, 4))
+    expected = g.build(g.mul(x2, g.full(2.0, (6, 4))))
+    assert_pass(simplify_views, before, expected)
+
+
+def test_pipeline_is_a_flat_named_list_and_records_each_pass():
+    names = [name for name, _ in PIPELINE]
+    assert names[0] == "dce" and "cse" in names and "fold_constants" in names and "simplify_views" in names
+    b = GraphBuilder()
+    x = b.input((4,))
+    g = b.build(b.add(b.mul(x, b.full(1.0, (4,))), b.full(-0.0, (4,))))
+    record = []
+    out = run_pipeline(g, record=record)
+    assert [r.name for r in record] == ["frontend"] + names
+    assert out.outputs[0] is out.inputs[0]
+    assert "graph" in record[-1].ir

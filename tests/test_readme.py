@@ -1,0 +1,28 @@
+"""README.md stays true: its Python examples run, and CI runs its test block."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+import ember
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def test_what_you_can_do_example_runs():
+    block = README.split("## What you can do with it", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if "(fn" not in line]  # those need a user function
+    namespace = {"torch": torch, "ember": ember}
+    exec("\n".join(lines), namespace)
+    assert namespace["report"].kernels[0].name == "fused_relu_mul_add_0"
+    assert namespace["report"].fallbacks == []
+
+
+def test_ci_runs_the_readme_test_block():
+    block = re.search(r"<!-- ci:test -->\n```bash\n(.*?)```", README, re.S)
+    assert block and "pytest" in block.group(1)
+    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
+    assert "ci:test" in ci

@@ -1,0 +1,98 @@
+"""Awkward shapes and values against eager: sizes 0 and 1, scalars, broadcasting, non-contiguous
+and transposed inputs, large values, NaN and inf, across the dtypes ember generates code for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .helpers import check
+
+FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+ALL = FLOATS + [torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool]
+
+
+def make(shape, dtype, special=False):
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    if not dtype.is_floating_point:
+        lo = 0 if dtype == torch.uint8 else -50
+        return torch.randint(lo, 50, shape, dtype=dtype)
+    x = torch.randn(shape, dtype=torch.float64) * 3
+    if special and x.numel() >= 6:
+        flat = x.view(-1)
+        flat[0], flat[1], flat[2], flat[3], flat[4] = float("nan"), float("inf"), -float("inf"), 1e30, -0.0
+    return x.to(dtype)
+
+
+SHAPES = [(), (0,), (0, 5), (1,), (1, 1), (7,), (5, 9), (2, 3, 4), (3, 1, 5)]
+
+
+def pointwise(x, y):
+    return x * y + x
+
+
+def mixed(x, y):
+    return torch.where(x > y, x - y, y * 2) + torch.abs(x)
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=str)
+def test_pointwise_shapes(dtype):
+    fn = pointwise if dtype != torch.bool else (lambda x, y: x & ~y | (x ^ y))
+    for shape in SHAPES:
+        check(fn, make(shape, dtype), make(shape, dtype))
+
+
+@pytest.mark.parametrize("dtype", ALL[:-1], ids=str)
+def test_broadcasting(dtype):
+    check(mixed, make((3, 1, 5), dtype), make((4, 1), dtype))
+    check(mixed, make((6, 5), dtype), make((), dtype))
+    check(mixed, make((0, 5), dtype), make((5,), dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_special_values(dtype):
+    def fn(x, y):
+        return (torch.exp(torch.clamp(x, max=10)), torch.maximum(x, y), x.amax(-1), x.sum(-1),
+                torch.sigmoid(x), torch.tanh(x), torch.relu(x), x.argmax(-1), torch.sqrt(torch.abs(x)))
+
+    check(fn, make((6, 8), dtype, special=True), make((6, 8), dtype, special=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+def test_non_contiguous_inputs(dtype):
+    base = make((12, 10), dtype)
+    views = [base.t(), base[::2, 1::3], base[:, 3], base.unsqueeze(1).expand(12, 4, 10), base.t()[2:9]]
+    for v in views:
+        check(lambda x: x * 2 + 1, v)
+        check(lambda x: x.sum(-1), v)
+        check(lambda x: (x.t() + 1) if x.dim() == 2 else x - 1, v)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_reductions_over_awkward_shapes(dtype):
+    def fn(x):
+        return x.sum(-1), x.amax(0), x.mean(), torch.softmax(x, -1), x.var(-1)
+
+    for shape in [(1, 1), (1, 7), (7, 1), (5, 9), (3, 300)]:
+        check(fn, make(shape, dtype))
+    check(lambda x: x.sum(0), make((0, 4), dtype))
+
+
+def test_large_values_and_integer_wraparound():
+    x = torch.tensor([2**62, -2**62, 2**63 - 1, 5], dtype=torch.int64)
+    check(lambda a: a * 4 + 3, x)
+    check(lambda a: (a * 100).to(torch.int64), torch.tensor([120, -100, 7], dtype=torch.int8))
+    check(lambda a: a.sum(), torch.full((1000,), 2**40, dtype=torch.int64))
+
+
+def test_integer_division_by_zero_raises_like_eager():
+    import ember
+
+    a = torch.tensor([4, 5, 6])
+    b = torch.tensor([2, 0, 3])
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        a // b
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        ember.compile(lambda x, y: x // y + 1)(a, b)
+    check(lambda x, y: x // y + 1, a, b + 1)  # and the next call is fine
