@@ -27,7 +27,7 @@ from .ir.ops import Op
 from .passes.pipeline import run_pipeline
 from .runtime import stats
 from .runtime.cpu import build_cpu_kernels
-from .runtime.program import CompiledProgram, group_fallback
+from .runtime.program import CompiledProgram, boxed, group_fallback
 from .schedule.fusion import KernelStep, plan
 
 _graph_ids = itertools.count()
@@ -53,7 +53,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
         log(1, f"{name}: falling back to ATen:\n{traceback.format_exc()}", cfg)
         warn_once(f"{type(e).__name__}:{e}", f"ember could not compile graph {name} ({report.error}); "
                   "it runs through ATen. Set EMBER_DEBUG=1 for details.")
-        program = gm
+        program = boxed(gm)
     report.compile_ms = (time.perf_counter() - start) * 1e3
     stats.add_time("compile_seconds", report.compile_ms / 1e3)
     if sink is not None:

@@ -50,14 +50,30 @@ def run(fn: Callable[..., Any], *args: Any, dynamic: bool | None = None, options
 
 
 def check(fn: Callable[..., Any], *args: Any, dynamic: bool | None = None, options: dict | None = None,
-          rtol: float | None = None, atol: float | None = None) -> ember.Report:
-    """ember(fn)(*args) equals fn(*args); returns the report. Inputs are cloned for each side."""
+          rtol: float | None = None, atol: float | None = None, expect_built: bool = True) -> ember.Report:
+    """ember(fn)(*args) equals fn(*args), every graph compiled and (unless ``expect_built`` is
+    False) every kernel built; returns the report. Inputs are cloned for each side."""
     ref = fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
     out, report = run(fn, *[a.clone() if isinstance(a, torch.Tensor) else a for a in args],
                       dynamic=dynamic, options=options)
     assert_same(out, ref, rtol, atol)
     assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+    if expect_built:
+        assert all(k.built for k in report.kernels), [k.name for k in report.kernels if not k.built]
     return report
+
+
+def compile_checked(fn: Callable[..., Any], **kwargs: Any) -> tuple[Callable[..., Any], ember.Report]:
+    """ember.compile plus a report, for tests that call the compiled function several times;
+    ``assert_clean(report)`` afterwards checks nothing fell back silently."""
+    report = ember.Report()
+    return ember.compile(fn, report=report, **kwargs), report
+
+
+def assert_clean(report: ember.Report) -> None:
+    assert report.graphs, "nothing was compiled"
+    assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+    assert all(k.built for k in report.kernels), [k.name for k in report.kernels if not k.built]
 
 
 def kernel_count(report: ember.Report) -> int:

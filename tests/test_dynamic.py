@@ -6,7 +6,7 @@ import torch
 
 import ember
 
-from .helpers import assert_same, run
+from .helpers import assert_clean, assert_same, compile_checked, run
 
 
 def rmsnorm(x, w):
@@ -55,17 +55,19 @@ def test_size_arithmetic_and_symbolic_scalars():
     def fn(x):
         return x * x.shape[0] + x.shape[1] / 2, x.sum() / x.numel()
 
-    fast = ember.compile(fn, dynamic=True)
+    fast, report = compile_checked(fn, dynamic=True)
     for shape in [(2, 3), (9, 4)]:
         x = torch.randn(shape)
         assert_same(fast(x), fn(x))
+    assert_clean(report)
 
 
 def test_size_zero_and_one_are_handled():
-    fast = ember.compile(lambda x: (x * 2).sum(0), dynamic=True)
+    fast, report = compile_checked(lambda x: (x * 2).sum(0), dynamic=True)
     for shape in [(0, 3), (1, 3), (4, 3), (4, 1)]:
         x = torch.randn(shape)
         assert_same(fast(x), (x * 2).sum(0))
+    assert_clean(report)
 
 
 def test_training_graphs_are_symbolic_too():

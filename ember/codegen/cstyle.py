@@ -16,10 +16,13 @@ from typing import Any
 import sympy
 from torch.utils._sympy.functions import (
     CleanDiv,
+    FloatTrueDiv,
     FloorDiv,
+    IntTrueDiv,
     Mod,
     ModularIndexing,
     PythonMod,
+    ToFloat,
 )
 
 from ..ir import dtypes as dt
@@ -112,6 +115,10 @@ def index_expr(e: sympy.Expr) -> str:
         return f"{inner} % {_atom(mod)}"
     if isinstance(e, (Mod, PythonMod, sympy.Mod)):
         return f"{_atom(e.args[0])} % {_atom(e.args[1])}"
+    if isinstance(e, (IntTrueDiv, FloatTrueDiv)):  # sizes divided as floats (x.shape[1] / 2)
+        return f"((double){_atom(e.args[0])} / (double){_atom(e.args[1])})"
+    if isinstance(e, ToFloat):
+        return f"((double){_atom(e.args[0])})"
     if isinstance(e, (sympy.Max, sympy.Min)):
         fn = "ember_imax" if isinstance(e, sympy.Max) else "ember_imin"
         args = [index_expr(a) for a in e.args]

@@ -20,7 +20,16 @@ from typing import Any
 
 import sympy
 import torch
-from torch.utils._sympy.functions import CleanDiv, FloorDiv, Mod, ModularIndexing, PythonMod
+from torch.utils._sympy.functions import (
+    CleanDiv,
+    FloatTrueDiv,
+    FloorDiv,
+    IntTrueDiv,
+    Mod,
+    ModularIndexing,
+    PythonMod,
+    ToFloat,
+)
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
@@ -52,6 +61,10 @@ def pexpr(e: Any) -> str:
         return f"(({pexpr(e.args[0])} // {pexpr(e.args[1])}) % {pexpr(e.args[2])})"
     if isinstance(e, (Mod, PythonMod, sympy.Mod)):
         return f"({pexpr(e.args[0])} % {pexpr(e.args[1])})"
+    if isinstance(e, (IntTrueDiv, FloatTrueDiv)):
+        return f"({pexpr(e.args[0])} / {pexpr(e.args[1])})"
+    if isinstance(e, ToFloat):
+        return f"float({pexpr(e.args[0])})"
     if isinstance(e, (sympy.Max, sympy.Min)):
         fn = "max" if isinstance(e, sympy.Max) else "min"
         return f"{fn}({', '.join(pexpr(a) for a in e.args)})"

@@ -66,6 +66,7 @@ def _unary(op: Op):
     def lower(ctx: Context, x: Node) -> Node:
         if op in (Op.FLOOR, Op.CEIL, Op.TRUNC) and x.dtype.is_int:
             return x  # identity on integers, as in ATen
+        _check_dtype(op, ctx.out_dtype)
         return ctx.make(op, (ctx.cast(x, ctx.out_dtype),))
     return lower
 
@@ -134,11 +135,23 @@ def _elu(ctx: Context, x: Node, alpha: float = 1.0, scale: float = 1.0, input_sc
 # pointwise: two inputs
 # ---------------------------------------------------------------------------------------------
 
+# Ops whose ATen kernels reject some dtypes: such calls stay ATen calls, so the user gets eager's
+# own error (a meta kernel does not check dtypes, so Dynamo traces them happily).
+_INTEGER_ONLY = {Op.BITAND, Op.BITOR, Op.BITXOR, Op.SHL, Op.SHR, Op.BITNOT}
+_NO_BOOL = {Op.SUB, Op.NEG, Op.SHL, Op.SHR, Op.MOD, Op.FMOD, Op.ATAN2}
+
+
+def _check_dtype(op: Op, dtype: dt.DType) -> None:
+    if op in _INTEGER_ONLY and dtype.is_float or op in _NO_BOOL and dtype.is_bool:
+        raise Unsupported(f"ATen's {op.value} rejects {dtype}")
+
+
 def _binary(op: Op, *, compute: str = "result"):
     """compute='result': operate in the result dtype (arithmetic); 'promoted': in the promoted
     dtype of the operands (comparisons, whose result is bool)."""
     def lower(ctx: Context, a: Any, b: Any) -> Node:
         dtype = ctx.out_dtype if compute == "result" else ctx.promoted(0, 1)
+        _check_dtype(op, dtype)
         shape = ctx.out_shape
         return ctx.make(op, (ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)))
     return lower
@@ -170,6 +183,8 @@ def _logical(ctx: Context, a: Node, b: Node) -> Node:
 @register(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
 def _add_sub(ctx: Context, a: Any, b: Any, alpha: Any = 1) -> Node:
     dtype, shape = ctx.out_dtype, ctx.out_shape
+    if ctx.origin == "aten.sub":
+        _check_dtype(Op.SUB, dtype)
     lhs, rhs = ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)
     if alpha != 1:
         rhs = ctx.make(Op.MUL, (rhs, ctx.operand(alpha, dtype, shape)))

@@ -91,12 +91,23 @@ def _symbols(nodes: list[Node]) -> set[Any]:
     return found
 
 
+def boxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:
+    """``fn(*args)`` in AOTAutograd's boxed convention (for graphs that run through ATen)."""
+
+    def call(args: list[Any]) -> Any:
+        return fn(*args)
+
+    call._boxed_call = True
+    return call
+
+
 class CompiledProgram:
     """Callable with AOTAutograd's boxed convention (takes the argument list, may clear it)."""
 
-    _boxed_call = True
-
     def __init__(self, name: str, source: str, namespace: dict[str, Any], cfg: Config):
+        # An instance attribute, not a class one: Dynamo wraps backward programs with
+        # functools.wraps, which copies only the instance __dict__.
+        self._boxed_call = True
         self.name = name
         self.source = source
         self.timings: dict[str, list[float]] = {}
