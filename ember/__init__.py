@@ -5,6 +5,7 @@
     ember.stats()                                # graphs compiled, kernels built, cache hits, ...
 """
 
+from . import ragged
 from .api import compile, ember_backend, explain, reset_stats, stats
 from .config import Config, config
 from .report import GraphReport, KernelReport, Report
@@ -13,5 +14,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Config", "GraphReport", "KernelReport", "Report", "compile", "config", "ember_backend",
-    "explain", "reset_stats", "stats",
+    "explain", "ragged", "reset_stats", "stats",
 ]

@@ -108,10 +108,13 @@ def _op_from_dynamo_message(message: str) -> str:
 
 
 def explain(fn: Callable[..., Any], *args: Any, options: dict[str, Any] | None = None,
-            dynamic: bool | None = None, **kwargs: Any) -> Report:
+            dynamic: bool | None = None, target: str | None = None, **kwargs: Any) -> Report:
     """Compile ``fn`` for ``args`` and report what ember did: the IR after every pass, the kernels
-    (name, backend, source, fused ATen ops) and the ops that run through ATen. ``fn`` runs once."""
-    cfg = _config(options)
+    (name, backend, source, fused ATen ops) and the ops that run through ATen. ``fn`` runs once.
+
+    ``target`` ('cpp', 'cuda' or 'triton') renders kernels for that backend; GPU kernels render
+    on any machine (a CPU-only laptop too), built and run only where a GPU is present."""
+    cfg = _config({**(options or {}), **({"target": target} if target else {})})
     report = Report()
     backend = _backend(cfg, report.graphs)
     torch._dynamo.reset()

@@ -29,6 +29,10 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+GPU_BACKENDS = ("triton", "cuda")
+TARGETS = ("cpp", *GPU_BACKENDS)
+
+
 @dataclass
 class Config:
     debug: int = field(default_factory=lambda: _env_int("EMBER_DEBUG", 0))
@@ -39,6 +43,13 @@ class Config:
     cxx_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno",
                                   "-fno-trapping-math", "-fwrapv", "-fPIC", "-shared", "-std=c++17")
     gpu_backend: str = field(default_factory=lambda: os.environ.get("EMBER_GPU_BACKEND", "triton"))
+    # Render kernels for this backend ('cpp', 'cuda', 'triton') whatever the device; a target
+    # the device cannot run (CUDA kernels on a CPU-only machine) is rendered but not built, and
+    # the graph runs through ATen. ember.explain(fn, *args, target=...) sets it.
+    target: str | None = None
+    # Fix some Triton launch parameters instead of tuning them, e.g. {"PERSISTENT": False,
+    # "RBLOCK": 16} (tests use it to run every code path under the interpreter).
+    triton_launch: dict | None = None
     # Fuse at all (False: every op its own kernel, useful to bisect a wrong result).
     fusion: bool = True
     # Pointwise subtrees larger than this are stored once rather than recomputed in each kernel
@@ -57,6 +68,10 @@ class Config:
             raise TypeError(f"unknown ember option(s) {sorted(unknown)}; known: {sorted(known)}")
         if "cache_dir" in overrides:
             overrides["cache_dir"] = Path(overrides["cache_dir"])
+        if overrides.get("gpu_backend", "triton") not in GPU_BACKENDS:
+            raise ValueError(f"gpu_backend must be one of {GPU_BACKENDS}, got {overrides['gpu_backend']!r}")
+        if overrides.get("target") not in (None, *TARGETS):
+            raise ValueError(f"target must be one of {TARGETS}, got {overrides['target']!r}")
         return dataclasses.replace(self, **overrides)
 
     @property

@@ -10,6 +10,7 @@ warning, and ``ember.stats()['graph_fallbacks']`` counts it.
 from __future__ import annotations
 
 import itertools
+import os
 import time
 import traceback
 import warnings
@@ -19,14 +20,14 @@ from typing import Any
 import torch
 
 from . import report as rp
-from .codegen.cpp import render_kernel, uses_error_flag
 from .codegen.wrapper import KernelCall, write_wrapper
 from .config import Config, log
 from .frontend.lowering import lower_graph
+from .ir.node import Graph
 from .ir.ops import Op
 from .passes.pipeline import run_pipeline
 from .runtime import stats
-from .runtime.cpu import build_cpu_kernels
+from .runtime.backend import BuiltKernels, backend_name, get_backend
 from .runtime.program import CompiledProgram, boxed, group_fallback
 from .schedule.fusion import KernelStep, plan
 
@@ -63,17 +64,37 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     return program
 
 
-def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphReport) -> CompiledProgram:
-    graph = lower_graph(gm, name)
-    graph = run_pipeline(graph, cfg, report.passes)
+def _triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _graph_device(graph: Graph) -> str:
     devices = {n.device for n in graph.nodes if n.shape is not None and n.op is not Op.INPUT}
     devices |= {n.device for n in graph.inputs if n.arg.kind == "tensor"}
-    if devices - {"cpu"}:
-        raise NotImplementedError(f"no kernel backend for device(s) {sorted(devices - {'cpu'})} in this build")
+    if not devices:
+        return "cpu"
+    if len(devices) > 1:
+        raise NotImplementedError(f"graph spans devices {sorted(devices)}")
+    (device,) = devices
+    return "cuda" if device.startswith("cuda") else device
+
+
+def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphReport) -> Callable[..., Any]:
+    graph = lower_graph(gm, name)
+    graph = run_pipeline(graph, cfg, report.passes)
+    device = _graph_device(graph)
+    natural = backend_name(device, cfg)
+    target = cfg.target or natural
+    backend = get_backend(target)
+    # explain(fn, target="cuda") on a CPU-only machine: render the GPU kernels, run through ATen.
+    # Under TRITON_INTERPRET=1 Triton kernels run on CPU tensors (how the tests check them).
+    render_only = target != natural and not (target == "triton" and device == "cpu" and _triton_interpreting())
+    report.target = target
     schedule = plan(graph, cfg)
     stats.bump("graphs_compiled")
     stats.bump("kernels_generated", len(schedule.kernels))
-    built = build_cpu_kernels(schedule.kernels, cfg)
+    fallbacks = {s.kernel.name: group_fallback(s, schedule) for s in schedule.steps if isinstance(s, KernelStep)}
+    built = BuiltKernels() if render_only else backend.build(schedule.kernels, cfg, fallbacks)
 
     calls: dict[str, KernelCall] = {}
     namespace: dict[str, Any] = {}
@@ -82,17 +103,18 @@ def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphR
             continue
         k = step.kernel
         ok = k.name in built.functions
-        source = render_kernel(k)
-        report.kernels.append(rp.KernelReport(k.name, "cpp", source, list(k.origins), str(k), built=ok))
+        report.kernels.append(rp.KernelReport(k.name, backend.name, backend.render(k), list(k.origins), str(k),
+                                              built=ok))
         if ok:
             namespace[k.name] = built.functions[k.name]
-            calls[k.name] = KernelCall(k.name, uses_error_flag=uses_error_flag(k))
+            calls[k.name] = KernelCall(k.name, uses_error_flag=backend.uses_error_flag(k),
+                                       pass_tensors=backend.pass_tensors)
         else:
-            fallback_name = f"aten_{k.name}"
-            namespace[fallback_name] = group_fallback(step, schedule)
-            calls[k.name] = KernelCall(fallback_name, fallback=True)
-            report.fallbacks.extend(k.origins)
-    namespace["__ember_lib__"] = built.functions.get("__lib__")
+            namespace[f"aten_{k.name}"] = fallbacks[k.name]
+            calls[k.name] = KernelCall(f"aten_{k.name}", fallback=True)
+            if not render_only:
+                report.fallbacks.extend(k.origins)
+    namespace["__ember_keepalive__"] = built.keepalive
     for node in graph.nodes:
         if node.op is Op.EXTERN:
             report.fallbacks.append(node.arg.name)
@@ -100,6 +122,10 @@ def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphR
 
     wrapper = write_wrapper(schedule, calls, timed=cfg.debug >= 4)
     report.wrapper = wrapper.source
+    if render_only:
+        log(1, f"{name}: rendered {len(schedule.kernels)} {target} kernel(s) without building them; "
+               "the graph runs through ATen here", cfg)
+        return boxed(gm)
     namespace.update(wrapper.constants)
     if cfg.debug >= 3:
         log(3, f"{name} kernels:\n{built.module_source}\n{name} host program:\n{wrapper.source}", cfg)

@@ -27,6 +27,7 @@ class GraphReport:
     wrapper: str = ""
     compile_ms: float = 0.0
     error: str | None = None  # set when the whole graph ran through ATen
+    target: str = ""          # the backend its kernels were rendered for
 
     def __str__(self) -> str:
         head = f"== graph {self.name} ({self.kind}), compiled in {self.compile_ms:.0f} ms"

@@ -72,7 +72,11 @@ def _program(op, samples):
 
 @pytest.mark.parametrize("op", OPS, ids=_id)
 def test_op_matches_eager(op):
-    dtypes = [d for d in DTYPES if d in op.supported_dtypes("cpu")]
+    check_op(op, [d for d in DTYPES if d in op.supported_dtypes("cpu")])
+
+
+def check_op(op, dtypes, options=None):
+    """Run every OpInfo sample of ``op`` for each dtype through ember and compare with eager."""
     for dtype in dtypes:
         samples = _samples(op, dtype)
         if not samples:
@@ -80,7 +84,7 @@ def test_op_matches_eager(op):
         tensors = [flat[p] for flat, _, positions, _ in samples for p in positions]
         fn = _program(op, samples)
         ref = fn(*[t.clone() for t in tensors])
-        out, report = run(fn, *[t.clone() for t in tensors])
+        out, report = run(fn, *[t.clone() for t in tensors], options=options)
         errors = [g.error for g in report.graphs if g.error]
         assert not errors, f"{_id(op)} [{dtype}]: graph not compiled: {errors}"
         failed = [k.name for k in report.kernels if not k.built]

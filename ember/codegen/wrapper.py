@@ -82,10 +82,12 @@ def shape_tuple(shape: tuple[sympy.Expr, ...]) -> str:
 
 @dataclass
 class KernelCall:
-    """How the program calls one kernel: its Python name and whether it reports errors."""
+    """How the program calls one kernel: its Python name, whether it takes tensors or raw
+    pointers, and whether it reports errors through the error flag."""
     name: str
     uses_error_flag: bool = False
-    fallback: bool = False  # run through ATen (its build failed)
+    fallback: bool = False      # its build failed: an ATen implementation with the same arguments
+    pass_tensors: bool = False  # tensors (Triton, ATen fallbacks) rather than data_ptr() ints
 
 
 @dataclass
@@ -212,13 +214,9 @@ class WrapperWriter:
             dtype = str(dt.to_torch(root.dtype))
             self.emit(f"{self.var[root]} = empty({shape_tuple(root.shape)}, {dtype}, {root.device!r})")
         if call.fallback:
-            reads = [p.name for p in k.params if not p.is_output]
-            outs = [p.name for p in k.params if p.is_output]
             self.emit(f"# {k.name} failed to build: its ops run through ATen")
-            sizes = ", ".join(f"{s.name!r}: {s.name}" for s in self.symbols)
-            self.emit(f"{call.name}({_tuple(reads)}, {_tuple(outs)}, {{{sizes}}})")
-            return
-        args = [f"{p.name}.data_ptr()" for p in k.params] + [s.name for s in k.sizes]
+        tensors = call.pass_tensors or call.fallback
+        args = [p.name if tensors else f"{p.name}.data_ptr()" for p in k.params] + [s.name for s in k.sizes]
         if call.uses_error_flag:
             args.append("error_flag")
         line = f"{call.name}({', '.join(args)})"
@@ -288,10 +286,6 @@ class WrapperWriter:
         name = f"view{len(self.var)}"
         self.var[step.node] = name
         self.emit(f"{name} = {expr}")
-
-
-def _tuple(items: list[str]) -> str:
-    return "(" + "".join(f"{i}, " for i in items).rstrip(" ") + ")"
 
 
 def _safe(name: str) -> str:

@@ -53,42 +53,27 @@ def bind_kernel(lib: ctypes.CDLL, name: str, n_pointers: int, n_sizes: int, erro
 
 
 def group_fallback(step: KernelStep, schedule: Schedule) -> Callable[..., None]:
-    """Run a kernel group's IR nodes through ATen, writing its outputs in place."""
+    """Run a kernel group's IR nodes through ATen, with the kernel's own arguments (its parameter
+    tensors in order, then its size symbols), writing its outputs in place."""
     by_name = {info.name: node for node, info in schedule.buffers.items()}
-    reads = [p.name for p in step.kernel.params if not p.is_output]
-    roots = [by_name[p.name] for p in step.kernel.params if p.is_output]
-    symbols = _symbols(step.nodes)
+    kernel = step.kernel
+    n_params = len(kernel.params)
 
-    def run(read_tensors: tuple[torch.Tensor, ...], out_tensors: tuple[torch.Tensor, ...],
-            sizes: dict[str, int]) -> None:
-        bound = {s: sizes[s.name] for s in symbols if s.name in sizes}
-        env: dict[Node, Any] = {by_name[n]: t for n, t in zip(reads, read_tensors)}
+    def run(*args: Any) -> None:
+        tensors, sizes = args[:n_params], args[n_params:n_params + len(kernel.sizes)]
+        bound = dict(zip(kernel.sizes, sizes))
+        env: dict[Node, Any] = {by_name[p.name]: t for p, t in zip(kernel.params, tensors) if not p.is_output}
 
         def value(node: Node) -> Any:
             if node not in env:
                 env[node] = eval_node(node, [value(i) for i in node.inputs], bound)
             return env[node]
 
-        for root, out in zip(roots, out_tensors):
-            out.copy_(value(root))
+        for p, out in zip(kernel.params, tensors):
+            if p.is_output:
+                out.copy_(value(by_name[p.name]))
 
     return run
-
-
-def _symbols(nodes: list[Node]) -> set[Any]:
-    found: set[Any] = set()
-
-    def visit(x: Any) -> None:
-        if hasattr(x, "free_symbols"):
-            found.update(x.free_symbols)
-        elif isinstance(x, (tuple, list)):
-            for item in x:
-                visit(item)
-
-    for n in nodes:
-        visit(n.shape or ())
-        visit(n.arg if isinstance(n.arg, (tuple, list)) or hasattr(n.arg, "free_symbols") else ())
-    return found
 
 
 def boxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:

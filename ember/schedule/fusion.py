@@ -279,6 +279,10 @@ class Planner:
 
     def _build(self, spec: GroupSpec, infos: dict[Node, BufferInfo], index: int) -> Kernel:
         kernel = collapse_dims(KernelBuilder(spec, infos, "").build())
+        # Every size the group's nodes mention is an argument, so the group can also run
+        # through ATen (when its kernel fails to build) from the kernel's own arguments.
+        nodes = {n for r in spec.roots for n in [r, *self.subtree(r)]}
+        kernel.sizes = sorted(set(kernel.sizes) | _symbols(nodes), key=lambda s: s.name)
         names: list[str] = []
         for origin in kernel.origins:
             short = origin.split(".")[-1].lstrip("_")
@@ -354,6 +358,23 @@ def _inner_home(full: tuple[sympy.Expr, ...], dims: tuple[int, ...]) -> Point:
             point.append(outer_var(o))
             o += 1
     return tuple(point)
+
+
+def _symbols(nodes: set[Node]) -> set[sympy.Symbol]:
+    found: set[sympy.Symbol] = set()
+
+    def visit(x: object) -> None:
+        if isinstance(x, sympy.Basic):
+            found.update(x.free_symbols)
+        elif isinstance(x, (tuple, list)):
+            for item in x:
+                visit(item)
+
+    for n in nodes:
+        visit(n.shape or ())
+        if n.op is not Op.EXTERN:
+            visit(n.arg)
+    return found
 
 
 def plan(graph: Graph, cfg: Config) -> Schedule:

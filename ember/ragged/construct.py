@@ -1,0 +1,97 @@
+"""Building a ``Ragged`` from a list of tensors or from a padded batch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import accumulate
+
+import torch
+
+from .tensor import OFFSET_DTYPES, Ragged
+
+
+def from_list(tensors: Sequence[torch.Tensor], *, offsets_dtype: torch.dtype = torch.int64,
+              feature_shape: Sequence[int] | None = None, dtype: torch.dtype | None = None,
+              device: torch.device | str | None = None) -> Ragged:
+    """Pack tensors of shape (n_i, *feature) into one Ragged with a single ``torch.cat``.
+
+    Lengths are read from the shapes, so offsets and max_length are built on the host without a
+    sync. An empty list needs ``feature_shape`` and ``dtype`` (and optionally ``device``) to know
+    what it is a batch of; when given for a non-empty list they must match the tensors.
+    """
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"from_list expects a list or tuple of tensors, got {type(tensors).__name__}")
+    if offsets_dtype not in OFFSET_DTYPES:
+        raise ValueError(f"offsets_dtype must be int32 or int64, got {offsets_dtype}")
+    if not tensors:
+        if feature_shape is None or dtype is None:
+            raise ValueError("from_list of an empty list needs feature_shape= and dtype= to know the row shape")
+        values = torch.empty((0, *feature_shape), dtype=dtype, device=device)
+        return Ragged._make(values, torch.zeros(1, dtype=offsets_dtype, device=device), 0)
+
+    first = tensors[0]
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"from_list: item {i} is a {type(t).__name__}, not a torch.Tensor")
+        if t.dim() == 0:
+            raise ValueError(f"from_list: item {i} is a 0-d tensor; rows need shape (n_i, *feature)")
+        if t.shape[1:] != first.shape[1:]:
+            raise ValueError(f"from_list: item {i} has feature shape {tuple(t.shape[1:])}, item 0 has "
+                             f"{tuple(first.shape[1:])}")
+        if t.dtype != first.dtype:
+            raise ValueError(f"from_list: item {i} has dtype {t.dtype}, item 0 has {first.dtype}")
+        if t.device != first.device:
+            raise ValueError(f"from_list: item {i} is on {t.device}, item 0 on {first.device}")
+    if feature_shape is not None and tuple(feature_shape) != tuple(first.shape[1:]):
+        raise ValueError(f"from_list: feature_shape={tuple(feature_shape)} but the tensors have "
+                         f"{tuple(first.shape[1:])}")
+    if dtype is not None and dtype != first.dtype:
+        raise ValueError(f"from_list: dtype={dtype} but the tensors are {first.dtype}")
+    if device is not None and torch.device(device) != first.device:
+        raise ValueError(f"from_list: device={device} but the tensors are on {first.device}")
+
+    lengths = [t.shape[0] for t in tensors]
+    offsets = torch.tensor([0, *accumulate(lengths)], dtype=offsets_dtype, device=first.device)
+    return Ragged._make(torch.cat(list(tensors)), offsets, max(lengths))
+
+
+def from_padded(padded: torch.Tensor, lengths: torch.Tensor | Sequence[int], *,
+                offsets_dtype: torch.dtype = torch.int64) -> Ragged:
+    """Keep the first ``lengths[i]`` rows of each item of a padded (B, N, *feature) batch.
+
+    Vectorized: a (B, N) mask ``arange(N) < lengths[:, None]`` selects the rows in one indexing
+    op; a lengths tensor costs one host sync (to check it and learn max_length), a list none.
+    """
+    if not isinstance(padded, torch.Tensor):
+        raise TypeError(f"from_padded expects a tensor, got {type(padded).__name__}")
+    if padded.dim() < 2:
+        raise ValueError(f"from_padded expects a padded (B, N, *feature) tensor, got shape {tuple(padded.shape)}")
+    if offsets_dtype not in OFFSET_DTYPES:
+        raise ValueError(f"offsets_dtype must be int32 or int64, got {offsets_dtype}")
+    batch, width = padded.shape[0], padded.shape[1]
+
+    if isinstance(lengths, torch.Tensor):
+        if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+            raise TypeError(f"from_padded: lengths must be integers, got {lengths.dtype}")
+        if lengths.dim() != 1 or lengths.shape[0] != batch:
+            raise ValueError(f"from_padded: lengths must have shape ({batch},) for a batch of {batch}, "
+                             f"got {tuple(lengths.shape)}")
+        lengths = lengths.to(device=padded.device, dtype=torch.int64)
+        low, high = torch.stack([lengths.min(), lengths.max()]).tolist() if batch else (0, 0)
+    else:
+        if not isinstance(lengths, (list, tuple)) or not all(
+                isinstance(n, int) and not isinstance(n, bool) for n in lengths):
+            raise TypeError("from_padded: lengths must be a tensor or a list of ints")
+        if len(lengths) != batch:
+            raise ValueError(f"from_padded: {len(lengths)} lengths for a batch of {batch}")
+        low, high = (min(lengths), max(lengths)) if batch else (0, 0)
+        lengths = torch.tensor(lengths, dtype=torch.int64, device=padded.device)
+    if low < 0:
+        raise ValueError(f"from_padded: lengths must be >= 0, got {low}")
+    if high > width:
+        raise ValueError(f"from_padded: a length of {high} exceeds the padded size {width}")
+
+    mask = torch.arange(width, device=padded.device) < lengths[:, None]
+    offsets = torch.zeros(batch + 1, dtype=offsets_dtype, device=padded.device)
+    offsets[1:] = lengths.cumsum(0)
+    return Ragged._make(padded[mask], offsets, high)

@@ -1,0 +1,105 @@
+"""What every kernel backend provides, and which one a graph uses.
+
+A backend renders kernel IR to source (``render`` for one kernel, ``render_module`` for a graph's
+translation unit) and builds a module into callables. Each callable takes the kernel's parameters
+in order (tensors when ``pass_tensors``, else raw ``data_ptr()`` ints), then its size symbols.
+Backends: 'cpp' (CPU, C++/OpenMP), 'triton' and 'cuda' (NVIDIA GPUs).
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import GPU_BACKENDS, Config, log
+from ..schedule.kernel_ir import Kernel
+from . import stats
+
+
+class BuildError(RuntimeError):
+    """A kernel (or module) failed to build; its ops run through ATen instead."""
+
+
+@dataclass
+class BuiltKernels:
+    functions: dict[str, Callable[..., Any]] = field(default_factory=dict)  # kernel -> callable
+    failed: dict[str, str] = field(default_factory=dict)                    # kernel -> why
+    module_source: str = ""
+    keepalive: list[Any] = field(default_factory=list)  # libraries/modules the callables need
+
+
+class Backend(ABC):
+    name = "?"
+    pass_tensors = False
+
+    @abstractmethod
+    def render(self, kernel: Kernel) -> str:
+        """Source of one kernel, as a report shows it."""
+
+    @abstractmethod
+    def render_module(self, kernels: list[Kernel]) -> str:
+        """The translation unit holding a graph's kernels."""
+
+    @abstractmethod
+    def build_module(self, kernels: list[Kernel], cfg: Config,
+                     fallbacks: dict[str, Callable[..., None]] | None = None) -> BuiltKernels:
+        """Build all ``kernels`` as one module; raise BuildError if it does not build.
+        ``fallbacks`` run a kernel's group through ATen with the kernel's own arguments, for
+        backends that only find out at the first launch that a kernel does not compile."""
+
+    def uses_error_flag(self, kernel: Kernel) -> bool:
+        return False
+
+    def build(self, kernels: list[Kernel], cfg: Config,
+              fallbacks: dict[str, Callable[..., None]] | None = None) -> BuiltKernels:
+        """Build the module; if that fails, find the kernels at fault by building each alone,
+        warn once per failed kernel, and build the rest together."""
+        if not kernels:
+            return BuiltKernels()
+        try:
+            return self.build_module(kernels, cfg, fallbacks)
+        except BuildError as whole:
+            log(1, f"{self.name} module build failed, retrying kernel by kernel:\n{whole}", cfg)
+        good: list[Kernel] = []
+        failed: dict[str, str] = {}
+        for k in kernels:
+            try:
+                self.build_module([k], cfg, fallbacks)
+                good.append(k)
+            except BuildError as e:
+                failed[k.name] = str(e)
+                stats.bump("build_failures")
+                warnings.warn(f"ember: kernel {k.name} failed to build ({self.name}); its ops run "
+                              f"through ATen instead.\n{str(e)[-1500:]}", RuntimeWarning, stacklevel=3)
+        built = self.build_module(good, cfg, fallbacks) if good else BuiltKernels()
+        built.failed.update(failed)
+        return built
+
+
+_BACKENDS = {"cpp": "ember.runtime.cpu:CppBackend", "triton": "ember.runtime.triton_backend:TritonBackend",
+             "cuda": "ember.runtime.cuda_backend:CudaBackend"}
+_instances: dict[str, Backend] = {}
+
+
+def get_backend(name: str) -> Backend:
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown ember backend {name!r}; choose one of {sorted(_BACKENDS)}")
+    if name not in _instances:
+        module, cls = _BACKENDS[name].split(":")
+        _instances[name] = getattr(importlib.import_module(module), cls)()
+    return _instances[name]
+
+
+def backend_name(device: str, cfg: Config) -> str:
+    """The backend for a graph on ``device``: C++ on the CPU, ``cfg.gpu_backend`` on GPUs."""
+    if device.startswith("cuda"):
+        if cfg.gpu_backend not in GPU_BACKENDS:
+            raise ValueError(f"gpu_backend must be one of {GPU_BACKENDS}, got {cfg.gpu_backend!r}")
+        return cfg.gpu_backend
+    if device == "cpu":
+        return "cpp"
+    raise NotImplementedError(f"ember has no kernel backend for device {device!r}")
