@@ -11,8 +11,11 @@ import pytest
 # Before ember is imported anywhere: one cache for the whole run (shared by xdist workers).
 _CACHE = Path(os.environ.get("EMBER_TEST_CACHE") or Path(tempfile.gettempdir()) / "ember-test-cache")
 os.environ["EMBER_CACHE_DIR"] = str(_CACHE)
-# Triton kernels run on CPU tensors through Triton's interpreter (there is no GPU here).
-os.environ["TRITON_INTERPRET"] = "1"
+# Where the op suite runs (EMBER_TEST_DEVICE=cuda on a GPU machine runs it on the GPU). On the CPU,
+# Triton kernels run on CPU tensors through Triton's interpreter.
+DEVICE = os.environ.get("EMBER_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
 
 import torch  # noqa: E402

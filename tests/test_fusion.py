@@ -70,6 +70,30 @@ def test_matmul_runs_in_aten_with_fused_epilogue():
     assert kernel_count(report) == 1  # bias + gelu after the matmul
 
 
+def test_cross_entropy_gathers_inside_the_kernel():
+    def ce(logits, target):
+        return F.cross_entropy(logits, target)
+
+    target = torch.randint(0, 50, (16,))
+    target[3] = -100  # ignore_index
+    report = check(ce, torch.randn(16, 50), target)
+    assert report.fallbacks == []  # the gather of the target logit is generated, not an ATen call
+    assert kernel_count(report) == 2  # row statistics, then gather + mean over rows
+    assert any("aten.gather" in k.aten_ops for k in report.kernels)
+
+
+def test_gather_index_out_of_range_raises_like_eager():
+    import pytest
+
+    import ember
+
+    x, index = torch.randn(4, 5), torch.tensor([[1], [7], [0], [2]])
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        torch.gather(x, 1, index)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        ember.compile(lambda a, i: torch.gather(a, 1, i) * 2)(x, index)
+
+
 def test_reductions_over_different_rows_split_kernels():
     def fn(x):
         return x.sum(0), x.sum(1)

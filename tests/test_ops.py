@@ -12,6 +12,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .conftest import DEVICE
 from .helpers import assert_same, run
 
 UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
@@ -25,11 +26,11 @@ BINARY = ["add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow"
           "minimum", "atan2", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
           "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift",
           "bitwise_right_shift", "where", "clamp", "clamp_min", "clamp_max", "masked_fill", "lerp",
-          "addcmul", "rsub", "true_divide", "xlogy", "nn.functional.mse_loss"]
+          "addcmul", "rsub", "true_divide", "xlogy", "nn.functional.mse_loss", "gather", "take_along_dim"]
 REDUCTIONS = ["sum", "prod", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "any", "all",
               "var", "std", "var_mean", "logsumexp", "softmax", "log_softmax",
               "nn.functional.layer_norm", "nn.functional.normalize", "nn.functional.batch_norm",
-              "nn.functional.group_norm"]
+              "nn.functional.group_norm", "nn.functional.cross_entropy", "nn.functional.nll_loss"]
 VIEWS = ["expand", "permute", "reshape", "view", "transpose", "t", "squeeze", "unsqueeze", "narrow",
          "select", "split", "unbind", "flatten", "movedim"]
 
@@ -48,7 +49,7 @@ def _id(op) -> str:
 
 def _samples(op, dtype):
     samples = []
-    for s in op.sample_inputs("cpu", dtype, requires_grad=False):
+    for s in op.sample_inputs(DEVICE, dtype, requires_grad=False):
         flat, spec = tree_flatten((s.input, s.args, s.kwargs))
         tensors = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
         samples.append((flat, spec, tensors, s.output_process_fn_grad))
@@ -72,7 +73,7 @@ def _program(op, samples):
 
 @pytest.mark.parametrize("op", OPS, ids=_id)
 def test_op_matches_eager(op):
-    check_op(op, [d for d in DTYPES if d in op.supported_dtypes("cpu")])
+    check_op(op, [d for d in DTYPES if d in op.supported_dtypes(DEVICE)])
 
 
 def check_op(op, dtypes, options=None):

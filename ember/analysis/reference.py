@@ -105,6 +105,8 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
         return args[0][tuple(index)]
     if op in (Op.SUM, Op.PROD, Op.AMAX, Op.AMIN, Op.ANY, Op.ALL, Op.ARGMAX, Op.ARGMIN):
         return _reduce(op, args[0], tuple(node.arg))
+    if op is Op.GATHER:
+        return torch.gather(args[0], node.arg, args[1])
     if op is Op.EXTERN:
         call = node.arg
         return call.target(*fill_template(call.args, args, sizes), **fill_template(call.kwargs, args, sizes))

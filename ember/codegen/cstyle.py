@@ -26,6 +26,7 @@ from torch.utils._sympy.functions import (
 )
 
 from ..ir import dtypes as dt
+from ..ir import shapes as sh
 from ..ir.ops import Op
 from ..schedule.kernel_ir import Kernel, Value
 
@@ -38,6 +39,8 @@ class Language:
     fast_f32: dict[Op, str] = field(default_factory=dict)  # float32 overrides, e.g. EXP
     sum_acc_f32: str = "double"           # accumulator of float32 sums
     restrict: str = "__restrict__"
+    # out-of-range gather indices raise like eager (through the error flag); else they clamp
+    checks_indices: bool = True
 
     def compute(self, dtype: dt.DType) -> str:
         return "float" if dtype.is_low_precision else self.storage[dtype]
@@ -293,10 +296,18 @@ class BodyRenderer:
         self.acc_names = {id(v): f"acc{i}" for i, v in enumerate(kernel.values) if v.kind == "reduce"}
         self.buffer_dtype = {p.name: p.dtype for p in kernel.params}
         self.uses_err = any(v.kind == "alu" and v.arg in INT_DIVISION_OPS and not v.dtype.is_float
-                            for v in kernel.values)
+                            or v.kind == "checkindex" and lang.checks_indices for v in kernel.values)
 
     def name(self, v: Value) -> str:
         return self.names[id(v)]
+
+    def access(self, v: Value) -> str:
+        """``buffer[index]``, with a gather's indirect variables replaced by its index values."""
+        index = v.arg.index
+        if v.arg.bindings:
+            index = index.xreplace({sym: sympy.Symbol(self.name(src), integer=True)
+                                    for sym, src in zip(v.arg.bindings, v.srcs)})
+        return f"{v.arg.buffer}[{index_expr(index)}]"
 
     def statement(self, v: Value) -> str | None:
         lang = self.lang
@@ -308,7 +319,12 @@ class BodyRenderer:
         ctype = lang.compute(v.dtype)
         if v.kind == "load":
             dtype = self.buffer_dtype[v.arg.buffer]
-            expr = lang.load(dtype, f"{v.arg.buffer}[{index_expr(v.arg.index)}]")
+            expr = lang.load(dtype, self.access(v))
+        elif v.kind == "checkindex":
+            bound = index_expr(sh.expr(v.arg[0]))
+            index = self.name(v.srcs[0])
+            expr = (f"ember_check_index((int64_t){index}, {bound}, ember_err)" if lang.checks_indices
+                    else f"ember_clamp_index((int64_t){index}, {bound})")
         elif v.kind == "const":
             expr = literal(v.arg, v.dtype, lang)
         elif v.kind == "index":
@@ -422,6 +438,13 @@ EMBER_FN int64_t ember_mod(int64_t a, int64_t b, int32_t* err) {
   if (m != 0 && ((b < 0) != (m < 0))) m += b;
   return m;
 }
+// A gather's index: eager raises for one out of range; kernels flag it (2) and stay in bounds.
+EMBER_FN int64_t ember_check_index(int64_t i, int64_t n, int32_t* err) {
+  bool bad = (i < 0) | (i >= n);
+  if (bad) *err = 2;
+  return bad ? 0 : i;
+}
+EMBER_FN int64_t ember_clamp_index(int64_t i, int64_t n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
 EMBER_FN int64_t ember_ipow(int64_t base, int64_t exp) {
   if (exp < 0) return base == 1 ? 1 : (base == -1 ? ((exp & 1) ? -1 : 1) : 0);
   int64_t result = 1;

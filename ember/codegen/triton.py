@@ -178,12 +178,17 @@ class TritonKernelRenderer:
             dtype = self.buffer_dtype[v.arg.buffer]
             # a fixed element (a scalar input) is a scalar load: no mask to match
             mask = self.mask_for(v) if _varies(v.arg.index) else ""
-            load = f"tl.load({v.arg.buffer} + ({self.index(v.arg.index)})" + (f", {mask}, other=0)" if mask else ")")
+            index = v.arg.index.xreplace({sym: sympy.Symbol(self.name(src), integer=True)
+                                          for sym, src in zip(v.arg.bindings, v.srcs)})
+            load = f"tl.load({v.arg.buffer} + ({self.index(index)})" + (f", {mask}, other=0)" if mask else ")")
             if dtype.is_low_precision:
                 load += ".to(tl.float32)"
             return f"{self.name(v)} = {load}"
         if v.kind == "const":
             return f"{self.name(v)} = {literal(v.arg, v.dtype)}"
+        if v.kind == "checkindex":  # out-of-range gather indices clamp on the GPU
+            bound = pexpr(v.arg[0])
+            return f"{self.name(v)} = tl.minimum(tl.maximum({self.name(v.srcs[0])}.to(tl.int64), 0), {bound} - 1)"
         if v.kind == "index":
             return f"{self.name(v)} = ({self.index(v.arg)}).to({compute_type(v.dtype)})"
         return f"{self.name(v)} = {alu(v, [self.name(s) for s in v.srcs])}"

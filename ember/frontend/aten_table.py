@@ -378,6 +378,13 @@ def _split(ctx: Context, x: Node, sizes: Any, dim: int = 0) -> tuple[Node, ...]:
     return tuple(outs)
 
 
+@register(aten.gather.default)
+def _gather(ctx: Context, x: Node, dim: int, index: Node, sparse_grad: bool = False) -> Node:
+    if x.rank == 0 or index.rank != x.rank:
+        raise Unsupported("gather of a 0-d tensor")
+    return ctx.make(Op.GATHER, (x, ctx.cast(index, dt.int64)), dim % x.rank)
+
+
 # ---------------------------------------------------------------------------------------------
 # reductions
 # ---------------------------------------------------------------------------------------------

@@ -156,6 +156,14 @@ def infer(op: Op, inputs: Sequence[Node], arg: Any, dtype: dt.DType | None) -> t
         return x.dtype, _view_shape(op, x, arg)
     if op is Op.CONST:
         return dtype, ()
+    if op is Op.GATHER:
+        x, index = inputs
+        dim = arg
+        if x.rank != index.rank or not 0 <= dim < max(x.rank, 1) and x.rank:
+            raise IRError(f"gather: index rank {index.rank} must equal input rank {x.rank}")
+        if not index.dtype.is_int:
+            raise IRError(f"gather: index must be an integer tensor, got {index.dtype}")
+        return x.dtype, index.shape
     if op is Op.IOTA:
         length, _start, _step = arg
         return dtype, (sh.expr(length),)

@@ -103,6 +103,9 @@ class Op(Enum):
     ANY = "any"
     ALL = "all"
 
+    # --- data-dependent indexing ----------------------------------------------------------------
+    GATHER = "gather"          # (x, index), arg: dim. out[p] = x[p with p[dim] = index[p]]
+
     # --- computed by ATen inside the compiled program -------------------------------------------
     EXTERN = "extern"          # arg: ExternCall
     GETITEM = "getitem"        # arg: index into a multi-output EXTERN

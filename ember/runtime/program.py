@@ -100,9 +100,12 @@ class CompiledProgram:
         self._flag = flag
 
         def check_error_flag() -> None:
-            if flag.value:
-                flag.value = 0
+            code, flag.value = flag.value, 0
+            if code == 1:
                 raise RuntimeError("ZeroDivisionError")
+            if code == 2:
+                raise RuntimeError("gather: index out of bounds (an index is negative or not smaller "
+                                   "than the size of the dimension it indexes)")
 
         def timed(kernel: str, fn: Callable[[], None]) -> None:
             start = time.perf_counter()

@@ -24,7 +24,17 @@ from ..ir import shapes as sh
 from ..ir.node import Node
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
 from .indexing import Point, Strided, compose_strided, map_view, offset
-from .kernel_ir import Access, Kernel, Param, ReduceArg, Value, inner_var, is_index_var
+from .kernel_ir import (
+    Access,
+    Kernel,
+    Param,
+    ReduceArg,
+    Value,
+    indirect_var,
+    inner_var,
+    is_index_var,
+    is_indirect_var,
+)
 
 # Nodes that say nothing about what a kernel does (constants, index remapping).
 _UNNAMED = frozenset({Op.CONST, Op.IOTA}) | VIEW_OPS
@@ -70,6 +80,7 @@ class KernelBuilder:
         self._writes: dict[str, dt.DType] = {}
         self.origins: list[str] = []
         self._reader: Node | None = None
+        self._indirect: dict[sympy.Symbol, Value] = {}
 
     # ---- value construction (hash-consed) -------------------------------------------------
     def _emit(self, kind: str, dtype: dt.DType, srcs: Sequence[Value] = (), arg: Any = None,
@@ -89,7 +100,19 @@ class KernelBuilder:
     def load(self, node: Node, index: sympy.Expr) -> Value:
         info = self.buffers[node]
         self._reads[info.name] = node.dtype
-        return self._emit("load", node.dtype, (), Access(info.name, index), expr=index)
+        bound = tuple(sorted((s for s in index.free_symbols if is_indirect_var(s)), key=lambda s: s.name))
+        srcs = tuple(self._indirect[s] for s in bound)
+        return self._emit("load", node.dtype, srcs, Access(info.name, index, bound), expr=index)
+
+    def indirect(self, index: Value, bound: sympy.Expr, label: str) -> sympy.Symbol:
+        """An index variable holding ``index``, checked against [0, bound)."""
+        checked = self._emit("checkindex", dt.int64, (index,), (bound, label))
+        for sym, value in self._indirect.items():
+            if value is checked:
+                return sym
+        sym = indirect_var(len(self._indirect))
+        self._indirect[sym] = checked
+        return sym
 
     # ---- evaluation -----------------------------------------------------------------------
     def value_of(self, node: Node, point: Point) -> Value:
@@ -133,6 +156,15 @@ class KernelBuilder:
             return self.value_of(node.inputs[0], map_view(node, point))
         if op in REDUCE_OPS:
             return self._reduce(node, point)
+        if op is Op.GATHER:
+            x, index = node.inputs
+            dim = node.arg
+            previous, self._reader = self._reader, node
+            idx = self.value_of(index, point)
+            sym = self.indirect(idx, x.shape[dim], f"{node.origin or 'gather'} dim {dim}")
+            value = self.value_of(x, point[:dim] + (sym,) + point[dim + 1:])
+            self._reader = previous
+            return value
         raise NeedsBuffer(node)  # EXTERN, INPUT, TENSOR: always buffers
 
     def strided(self, node: Node) -> tuple[Node, Strided] | None:
@@ -156,7 +188,7 @@ class KernelBuilder:
         extents = [x.shape[d] for d in dims]
         fits = (len(extents) == len(self.spec.inner)
                 and all(sh.equal(a, b) for a, b in zip(extents, self.spec.inner))
-                and not any(_has_inner(p) for p in point)
+                and not any(_has_inner(p) or _has_indirect(p) for p in point)
                 and sh.equal(sh.numel(x.shape), sh.numel(self.spec.outer) * sh.numel(self.spec.inner)))
         if not fits:
             raise NeedsBuffer(node)
@@ -198,9 +230,15 @@ class KernelBuilder:
 def _exprs(v: Value) -> list[sympy.Expr]:
     if v.kind in ("load", "store"):
         return [v.arg.index]
+    if v.kind == "checkindex":
+        return [sh.expr(v.arg[0])]
     if v.kind in ("const", "index") and isinstance(v.arg, sympy.Basic):
         return [v.arg]
     return []
+
+
+def _has_indirect(e: sympy.Expr) -> bool:
+    return isinstance(e, sympy.Basic) and any(is_indirect_var(s) for s in e.free_symbols)
 
 
 def _has_inner(e: sympy.Expr) -> bool:

@@ -35,14 +35,27 @@ def inner_var(i: int) -> sympy.Symbol:
     return sympy.Symbol(f"r{i}", integer=True, nonnegative=True)
 
 
+def indirect_var(i: int) -> sympy.Symbol:
+    """An index position that holds a loaded value (a gather's index): the load that uses it lists
+    the index value among its sources, and renderers print the value's name in its place."""
+    return sympy.Symbol(f"ind{i}", integer=True)
+
+
 def is_index_var(s: sympy.Symbol) -> bool:
-    return s.name[0] in "or" and s.name[1:].isdigit()
+    name = s.name
+    return (name[0] in "or" and name[1:].isdigit()) or (name.startswith("ind") and name[3:].isdigit())
+
+
+def is_indirect_var(s: sympy.Symbol) -> bool:
+    return s.name.startswith("ind") and s.name[3:].isdigit()
 
 
 @dataclass(frozen=True)
 class Access:
     buffer: str
     index: sympy.Expr  # element offset, in outer/inner vars and size symbols
+    # indirect variables of ``index``: bindings[i] is the value of the load's srcs[i]
+    bindings: tuple[sympy.Symbol, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -55,9 +68,12 @@ class ReduceArg:
 class Value:
     """One SSA instruction.
 
-    kind: 'load' (arg Access), 'const' (number or size expression), 'index' (an index expression
-    as a value), 'alu' (arg: the pointwise Op; CAST converts to ``dtype``), 'reduce' (arg
-    ReduceArg; accumulates its single source over the inner domain), 'store' (arg Access).
+    kind: 'load' (arg Access; a gather's load lists its index values as sources, bound to the
+    ``ind<k>`` variables of its index), 'const' (number or size expression), 'index' (an index
+    expression as a value), 'alu' (arg: the pointwise Op; CAST converts to ``dtype``), 'reduce'
+    (arg ReduceArg; accumulates its single source over the inner domain), 'store' (arg Access),
+    'checkindex' (arg: (bound, dim label); its source clamped into [0, bound), flagging an error
+    on the CPU when it was not).
     """
 
     kind: str
@@ -123,6 +139,8 @@ def format_kernel(k: Kernel) -> str:
         srcs = ", ".join(names[id(s)] for s in v.srcs)
         if v.kind in ("load", "store"):
             detail = f"{v.arg.buffer}[{v.arg.index}]"
+        elif v.kind == "checkindex":
+            detail = f"< {v.arg[0]}"
         elif v.kind == "alu":
             detail = v.arg.value
         elif v.kind == "reduce":

@@ -47,7 +47,7 @@ def _rewrite(kernel: Kernel, mapping: dict[sympy.Symbol, sympy.Expr]) -> list[Va
     for v in kernel.values:
         arg = v.arg
         if v.kind in ("load", "store"):
-            arg = Access(arg.buffer, sympy.expand(arg.index.xreplace(mapping)))
+            arg = Access(arg.buffer, sympy.expand(arg.index.xreplace(mapping)), arg.bindings)
         elif v.kind == "index":
             arg = sympy.expand(arg.xreplace(mapping))
         elif v.kind == "reduce":
