@@ -134,6 +134,23 @@ def launches(fn, args) -> int:
                and not e.name.startswith("Memcpy") and not e.name.startswith("Memset"))
 
 
+def kernel_times(fn, args) -> str:
+    """Per-kernel device time of one call, and the launch configuration ember's tuner chose."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ember.runtime import triton_backend
+    fn(*args)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(*args)
+        torch.cuda.synchronize()
+    parts = [f"{e.name[:40]} {e.device_time:.1f}us" for e in prof.events()
+             if e.device_type == torch.autograd.DeviceType.CUDA]
+    chosen = [f"{k.rsplit(':', 2)[-2]}@{k.rsplit(':', 1)[-1]}={v}" for t in triton_backend._tuners.values()
+              for k, v in t.best.items()]
+    return "; ".join(parts) + (f"\n    tuned: {chosen[-3:]}" if chosen else "")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--cases", default="")
@@ -201,6 +218,8 @@ def main() -> int:
                          str(launches(f, inputs)),
                          f"{compile_ms.get(vname.removeprefix('ember-'), float('nan')):.0f}"])
             print("  " + " | ".join(rows[-1]), flush=True)
+            if vname.startswith("ember"):
+                print(f"    kernels: {kernel_times(f, inputs)}", flush=True)
         del inputs, ref, variants
         torch.cuda.empty_cache()
     print(table(rows, ["case", "variant", "us", "GB/s", "of copy", "rel err", "launches", "compile ms"]))

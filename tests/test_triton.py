@@ -14,7 +14,7 @@ import ember
 from ember.workloads.giou import make_batch, padded_giou_loss
 
 from .helpers import check
-from .test_ops import check_op
+from .test_ops import _program, _samples, check_op
 
 TRITON = {"target": "triton"}
 LOOPED = {"target": "triton", "triton_launch": {"PERSISTENT": False, "RBLOCK": 16}}
@@ -47,6 +47,22 @@ def test_fusion_patterns(name, options):
     assert all("@triton.jit" in k.source for k in report.kernels)
     if name in ("relu_add", "rmsnorm_bf16", "softmax", "layer_norm", "giou"):
         assert len(report.kernels) == 1
+
+
+def test_online_softmax_reads_rows_once():
+    def softmax(x):
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    x = torch.randn(6, 70)
+    x[2] = float("-inf")           # a row of -inf: NaN, as eager
+    x[3, 5] = float("nan")         # NaN propagates
+    x[4, :30] = float("-inf")      # a running max that starts at -inf
+    report = check(softmax, x, options=LOOPED)
+    src = report.kernels[0].source
+    assert "m_new" in src  # max and sum accumulate in one loop
+    assert src.split("else:")[1].count("for roffset") == 2  # (max+sum), then the store loop
+    check(lambda l, t: F.cross_entropy(l, t), torch.randn(6, 70) * 10, torch.randint(0, 70, (6,)), options=LOOPED)
 
 
 def test_full_reduction_combines_partials_from_many_programs():
@@ -97,3 +113,90 @@ def test_launch_failure_falls_back_once(monkeypatch):
         torch.testing.assert_close(fast(x), x.exp() * 2)
         torch.testing.assert_close(fast(x), x.exp() * 2)
     assert len([w for w in caught if "failed to compile or launch" in str(w.message)]) == 1
+
+
+# ---- every generated kernel must compile for the GPU, not only run in the interpreter -----------
+
+_SHORT = {"f32": "*fp32", "f64": "*fp64", "bf16": "*bf16", "f16": "*fp16", "i64": "*i64", "i32": "*i32",
+          "i16": "*i16", "i8": "*i8", "u8": "*u8", "b8": "*i1"}
+
+_COMPILER = """
+import importlib.util, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+jobs = json.load(open(sys.argv[1]))
+done = 0
+for job in jobs:
+    spec = importlib.util.spec_from_file_location(job["module"], job["path"])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[job["module"]] = module
+    spec.loader.exec_module(module)
+    for kernel in job["kernels"]:
+        fn = getattr(module, kernel["name"])
+        for constexprs in kernel["variants"]:
+            triton.compile(ASTSource(fn=fn, signature=kernel["signature"], constexprs=constexprs),
+                           target=GPUTarget("cuda", 90, 32))
+            done += 1
+print(done)
+"""
+
+
+def _compile_jobs(report, tmp_path, tag):
+    """Describe each kernel of ``report`` for the sm_90 compile: argument types and every launch
+    variant (persistent and looped rows, many-program full reductions)."""
+    source = "import triton\nimport triton.language as tl\nfrom ember.runtime import triton_helpers as eh\n\n"
+    source += "\n\n".join(k.source for k in report.kernels)
+    path = tmp_path / f"kernels_{tag}.py"
+    path.write_text(source)
+    kernels = []
+    for k in report.kernels:
+        header = k.kernel_ir.splitlines()[0]
+        params = dict(p.replace("out ", "").split(": ") for p in header.split("(", 1)[1].split(";")[0].split(", ") if p)
+        signature = {name: _SHORT[dtype] for name, dtype in params.items()}
+        for size in header.split("; sizes ", 1)[1].rstrip(")").split(", "):
+            if size != "-":
+                signature[size] = "i32"
+        signature.update(OUTER="i32", INNER="i32", WORKSPACE="*fp64", COUNTER="*i32", BIG="constexpr",
+                         XBLOCK="constexpr", RBLOCK="constexpr", PERSISTENT="constexpr", NPROG_BLOCK="constexpr")
+        kind = k.source.splitlines()[1].rsplit(", ", 1)[-1]
+        if kind == "rows":
+            variants = [dict(BIG=False, XBLOCK=2, RBLOCK=128, PERSISTENT=p, NPROG_BLOCK=1) for p in (True, False)]
+        elif kind == "full":
+            variants = [dict(BIG=True, XBLOCK=1, RBLOCK=1024, PERSISTENT=False, NPROG_BLOCK=64)]
+        else:
+            variants = [dict(BIG=False, XBLOCK=1024, RBLOCK=1, PERSISTENT=False, NPROG_BLOCK=1)]
+        kernels.append({"name": k.name, "signature": signature, "variants": variants})
+    return {"module": f"ember_sm90_{tag}", "path": str(path), "kernels": kernels}
+
+
+def test_every_kernel_compiles_for_sm90(tmp_path):
+    """The interpreter runs kernels on the CPU; this compiles the same sources for Hopper with
+    Triton's compiler (in a process without TRITON_INTERPRET, so libdevice math is used)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    jobs = []
+    for i, (name, (fn, make)) in enumerate(CASES.items()):
+        report = ember.explain(fn, *make(), target="triton")
+        jobs.append(_compile_jobs(report, tmp_path, f"{i}_{name}"))
+    # and the kernels of the OpInfo sweep above, in every dtype it runs
+    for i, op in enumerate(o for o in op_db if o.name in OPS and not o.variant_test_name):
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.bool):
+            if dtype not in op.supported_dtypes("cpu"):
+                continue
+            samples = _samples(op, dtype)[:4]
+            tensors = [flat[p] for flat, _, positions, _ in samples for p in positions]
+            report = ember.explain(_program(op, samples), *tensors, target="triton")
+            if report.kernels:
+                jobs.append(_compile_jobs(report, tmp_path, f"op{i}_{dtype}".replace("torch.", "")))
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    script = tmp_path / "compile.py"
+    script.write_text(_COMPILER)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "jobs.json")], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert int(proc.stdout.strip().splitlines()[-1]) >= sum(len(j["kernels"]) for j in jobs)

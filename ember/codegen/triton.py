@@ -94,6 +94,14 @@ def neutral(op: Op, dtype: dt.DType) -> str:
     return str(lo if lowest else hi)
 
 
+def typed_neutral(op: Op, dtype: dt.DType) -> str:
+    """The neutral element as a tensor of the accumulator's type (a bare 0 would promote a bool
+    or int8 accumulator to int32 and break the loop-carried type)."""
+    if dtype.is_float:
+        return neutral(op, dtype)
+    return f"tl.full([1], {neutral(op, dtype)}, {compute_type(dtype)})"
+
+
 _COMBINE = {Op.SUM: "eh.add", Op.PROD: "eh.mul", Op.ANY: "eh.logical_or", Op.ALL: "eh.logical_and"}
 
 
@@ -203,7 +211,7 @@ class TritonKernelRenderer:
     def _masked(self, v: Value) -> str:
         x = self.name(v.srcs[0])
         mask = "xmask & rmask" if self.kind == "rows" else "rmask"
-        return f"tl.where({mask}, {x}, {neutral(v.arg.op, v.srcs[0].dtype)})"
+        return f"tl.where({mask}, {x}, {typed_neutral(v.arg.op, v.srcs[0].dtype)})"
 
     def _position(self, v: Value) -> str:
         return f"tl.broadcast_to(({self.index(v.arg.position)}).to(tl.int64), {self.name(v.srcs[0])}.shape)"
@@ -258,12 +266,19 @@ class TritonKernelRenderer:
         k = self.k
         outer_values = [v for v in k.values if not v.inner and v.kind != "reduce"]
         multi = full and multi_program(k)  # partials from many programs, combined by the last
+        online = {} if multi else online_softmax_pairs(k)  # sum -> the max it rescales against
         for stage in range(k.n_loops + 1):
             self.statements([v for v in outer_values if v.stage == stage and not (multi and stage > 0)])
             if stage == k.n_loops:
                 break
             loop = stage + 1
-            reductions = [v for v in k.reductions if v.loop == loop]
+            reductions = [v for v in k.reductions if v.loop == loop and v not in online]
+            stores = [v for v in k.values if v.kind == "store" and v.inner and v.loop == loop]
+            if not reductions and not stores:
+                continue  # its only work moved into the previous loop (online softmax)
+            partners = [s for s, m in online.items() if m in reductions]
+            for v in partners:
+                self.emit(f"acc{self.name(v)} = tl.full([XBLOCK, RBLOCK], 0, {self.acc_dtype(v)})")
             for v in reductions:
                 acc = f"acc{self.name(v)}"
                 shape = "[XBLOCK, RBLOCK]"
@@ -280,16 +295,28 @@ class TritonKernelRenderer:
             for v in reductions:
                 acc = f"acc{self.name(v)}"
                 fn = combine_fn(v.arg.op, v.srcs[0].dtype)
-                if v.arg.op in (Op.ARGMAX, Op.ARGMIN):
+                partner = next((s for s in partners if online[s] is v), None)
+                if partner is not None:
+                    # running max and a sum rescaled whenever the max grows: one pass, not two
+                    s_acc = f"acc{self.name(partner)}"
+                    self.emit(f"m_new = {fn}({acc}, {self._masked(v)})")
+                    self.emit(f"{s_acc} = {s_acc} * tl.where(m_new == float('-inf'), 0.0, tl.exp({acc} - m_new)) "
+                              f"+ tl.where(m_new == float('-inf'), 0.0, tl.exp({self._masked(v)} - m_new))")
+                    self.emit(f"{acc} = m_new")
+                elif v.arg.op in (Op.ARGMAX, Op.ARGMIN):
                     self.emit(f"{acc}, {acc}_i = {fn}({acc}, {acc}_i, {self._masked(v)}, {self._position(v)})")
                 else:
                     self.emit(f"{acc} = {fn}({acc}, {self._masked(v)})")
-            self.statements([v for v in k.values if v.kind == "store" and v.inner and v.loop == loop])
+            self.statements(stores)
             self.depth -= 1
             for v in reductions:
                 acc = f"acc{self.name(v)}"
                 position = f"{acc}_i" if v.arg.op in (Op.ARGMAX, Op.ARGMIN) else None
                 self.emit(f"{self.name(v)} = {self.reduce_block(v, acc, position)}")
+            for v in partners:  # the lanes' sums, each rescaled to the row's maximum
+                m = self.name(online[v])
+                self.emit(f"{self.name(v)} = tl.sum(tl.where(acc{m} == float('-inf'), 0.0, "
+                          f"acc{self.name(v)} * tl.exp(acc{m} - {m})), 1)[:, None]")
             if multi:
                 self._combine_partials(reductions, outer_values)
 
@@ -318,6 +345,25 @@ class TritonKernelRenderer:
         self.statements([v for v in outer_values if v.stage >= 1])
         self.emit("tl.store(COUNTER, 0)")
         self.depth -= 1
+
+
+def online_softmax_pairs(kernel: Kernel) -> dict[Value, Value]:
+    """sum(exp(x - m)) reductions whose m is an amax of the same x in the loop before: the two
+    can accumulate together in one pass over x (online softmax)."""
+    pairs: dict[Value, Value] = {}
+    for s in kernel.reductions:
+        if s.arg.op is not Op.SUM or not s.srcs[0].dtype.is_float:
+            continue
+        e = s.srcs[0]
+        if e.kind == "alu" and e.arg is Op.CAST and e.srcs[0].dtype.is_float:
+            e = e.srcs[0]
+        if not (e.kind == "alu" and e.arg is Op.EXP and e.srcs[0].kind == "alu" and e.srcs[0].arg is Op.SUB):
+            continue
+        x, m = e.srcs[0].srcs
+        is_max_of_x = m.kind == "reduce" and m.arg.op is Op.AMAX and m.srcs[0] is x
+        if is_max_of_x and m.loop == s.loop - 1 and dt.compute_dtype(x.dtype) == dt.float32:
+            pairs[s] = m
+    return pairs
 
 
 def _varies(index: sympy.Expr) -> bool:
@@ -357,6 +403,12 @@ def alu(v: Value, args: list[str]) -> str:
         if dt.compute_dtype(src) == dt.compute_dtype(dtype):
             return a
         return f"{a}.to({TL_TYPES[dtype]})"
+    if op is Op.DIV and dtype.is_low_precision:
+        # IEEE float32 division is a long instruction sequence; the approximate one (2 ulp of
+        # float32) cannot show once the result is rounded to 16 bits
+        return f"tl.math.fdiv({a}, {args[1]}, ieee_rounding=False)"
+    if dtype.is_bool and op in (Op.ADD, Op.MUL):  # int1 arithmetic would wrap: True + True = True
+        return f"({a} {'|' if op is Op.ADD else '&'} {args[1]})"
     if op in _INFIX:
         return f"({a} {_INFIX[op]} {args[1]})"
     if op is Op.WHERE:
@@ -385,6 +437,8 @@ def alu(v: Value, args: list[str]) -> str:
         return f"eh.{op.name.lower()}_{kind}({a}, {args[1]})"
     if op is Op.POW:
         return f"eh.pow({a}, {args[1]})" if dtype.is_float else f"eh.ipow({a}, {args[1]})"
+    if op is Op.SQRT and dtype == dt.float64:
+        return f"tl.sqrt({a})"  # sqrt_rn is float32 only; float64 sqrt is IEEE already
     if op in _TL:
         return f"{_TL[op]}({a})"
     if op in _HELPER:

@@ -163,6 +163,10 @@ class WrapperWriter:
         if names:
             self.emit(", ".join(names) + ("," if len(names) == 1 else "") + " = args")
         self.emit("args.clear()  # inputs die as soon as nothing needs them")
+        for node in g.inputs:
+            if node.arg.kind == "tensor" and node.arg.to_device:
+                self.emit(f"{node.arg.name} = {node.arg.name}.to({node.arg.to_device!r}, non_blocking=True)"
+                          "  # a 0-d CPU tensor used as a scalar")
         self.bind_sizes()
         last_use = self._last_uses()
         outputs = {o for o in g.outputs if o is not None}

@@ -158,11 +158,10 @@ def _is_sym(val: Any) -> bool:
 
 
 def _device_of(gm: torch.fx.GraphModule) -> str:
-    for n in gm.graph.nodes:
-        v = n.meta.get("val")
-        if isinstance(v, torch.Tensor):
-            return str(v.device)
-    return "cpu"
+    """The graph's device: an accelerator if any tensor lives on one (0-d CPU tensors mix with
+    GPU tensors as scalars), else the CPU."""
+    devices = [str(n.meta["val"].device) for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    return next((d for d in devices if d != "cpu"), "cpu")
 
 
 def lower_graph(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
@@ -178,7 +177,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
     for fx_node in gm.graph.nodes:
         val = fx_node.meta.get("val")
         if fx_node.op == "placeholder":
-            node = _placeholder(fx_node, len(inputs), val)
+            node = _placeholder(fx_node, len(inputs), val, ctx.device)
             inputs.append(node)
             ctx.nodes.append(node)
             env[fx_node] = ctx.const(val, _sym_dtype(val)) if _is_sym(val) else node
@@ -213,12 +212,13 @@ def _flat_outputs(out: Any) -> list[Any]:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def _placeholder(fx_node: torch.fx.Node, index: int, val: Any) -> Node:
+def _placeholder(fx_node: torch.fx.Node, index: int, val: Any, device: str) -> Node:
     name = fx_node.name
     if isinstance(val, torch.Tensor):
         dtype = dt.from_torch(val.dtype) if dt.is_supported_torch(val.dtype) else None
-        spec = InputSpec(index, name, "tensor", sh.shape(val.stride()))
-        return make(Op.INPUT, (), spec, dtype=dtype, shape=sh.shape(val.shape), device=str(val.device))
+        moved = device if val.dim() == 0 and str(val.device) == "cpu" and device != "cpu" else None
+        spec = InputSpec(index, name, "tensor", sh.shape(val.stride()), to_device=moved)
+        return make(Op.INPUT, (), spec, dtype=dtype, shape=sh.shape(val.shape), device=moved or str(val.device))
     if _is_sym(val) or isinstance(val, int | float | bool):
         spec = InputSpec(index, name, "symint", expr=sh.expr(val) if _is_sym(val) or isinstance(val, int) else None)
         return make(Op.INPUT, (), spec, dtype=_sym_dtype(val), shape=())

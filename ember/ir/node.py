@@ -37,6 +37,8 @@ class InputSpec:
     kind: str = "tensor"
     strides: tuple[sympy.Expr, ...] | None = None  # tensors: element strides, possibly symbolic
     expr: sympy.Expr | None = None                 # symints: the size expression it carries
+    # a 0-d CPU tensor in a GPU graph (eager allows those as scalars): moved to this device first
+    to_device: str | None = None
 
 
 @dataclass(frozen=True)

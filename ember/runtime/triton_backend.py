@@ -27,7 +27,7 @@ from ..schedule.kernel_ir import Kernel
 from . import stats
 from .backend import Backend, BuildError, BuiltKernels
 
-MAX_PERSISTENT = 16384   # widest row kept whole in registers (elements)
+MAX_PERSISTENT = 32768   # widest row kept whole in registers (elements)
 _tuning_lock = threading.Lock()
 
 
@@ -59,13 +59,14 @@ class Tuner:
         else:
             from triton.testing import do_bench
             timings = []
+            error: Exception | None = None
             for c in candidates:
                 try:
                     timings.append((do_bench(lambda c=c: run(c), warmup=3, rep=10, return_mode="median"), c))
-                except Exception:  # noqa: BLE001 -- a config that does not compile (too many registers) is skipped
-                    continue
+                except Exception as e:  # noqa: BLE001 -- a config that does not compile (too many registers) is skipped
+                    error = e
             if not timings:
-                raise RuntimeError("no launch configuration compiled")
+                raise RuntimeError(f"no launch configuration compiled; the last error: {error}") from error
             choice = min(timings, key=lambda t: t[0])[1]
         with _tuning_lock:
             self.best[key] = choice
@@ -117,11 +118,12 @@ class Launcher:
         if inner <= MAX_PERSISTENT:
             rblock = _next_pow2(max(inner, 1))
             for x in (1, 2, 4, 8, 16, 32, 64):
-                if x * rblock > 16384 or x > _next_pow2(outer):
+                tile = x * rblock
+                if tile > MAX_PERSISTENT or x > _next_pow2(outer):
                     continue
-                warps = 4 if x * rblock <= 2048 else 8 if x * rblock <= 8192 else 16
+                warps = 4 if tile <= 2048 else 8 if tile <= 8192 else 16 if tile <= 16384 else 32
                 out.append(dict(XBLOCK=x, RBLOCK=rblock, num_warps=warps, PERSISTENT=True))
-                if warps < 16 and x * rblock >= 4096:
+                if warps < 32 and tile >= 4096:
                     out.append(dict(XBLOCK=x, RBLOCK=rblock, num_warps=warps * 2, PERSISTENT=True))
         for rblock, warps in ((2048, 8), (4096, 16), (1024, 4)):
             if rblock < 2 * _next_pow2(max(inner, 1)):
@@ -172,7 +174,7 @@ class Launcher:
             self.failed = True
             stats.bump("build_failures")
             warnings.warn(f"ember: Triton kernel {self.name} failed to compile or launch ({type(e).__name__}: "
-                          f"{str(e)[:500]}); its ops run through ATen instead.", RuntimeWarning, stacklevel=2)
+                          f"{str(e)[-1500:]}); its ops run through ATen instead.", RuntimeWarning, stacklevel=2)
             self.fallback(*args)
 
 
