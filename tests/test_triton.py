@@ -62,7 +62,8 @@ def test_online_softmax_reads_rows_once():
     src = report.kernels[0].source
     assert "m_new" in src  # max and sum accumulate in one loop
     assert src.split("else:")[1].count("for roffset") == 2  # (max+sum), then the store loop
-    check(lambda logits, t: F.cross_entropy(logits, t), torch.randn(6, 70) * 10, torch.randint(0, 70, (6,)), options=LOOPED)
+    logits, target = torch.randn(6, 70) * 10, torch.randint(0, 70, (6,))
+    check(lambda a, t: F.cross_entropy(a, t), logits, target, options=LOOPED)
 
 
 def test_full_reduction_combines_partials_from_many_programs():
