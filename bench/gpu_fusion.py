@@ -151,6 +151,25 @@ def kernel_times(fn, args) -> str:
     return "; ".join(parts) + (f"\n    tuned: {chosen[-3:]}" if chosen else "")
 
 
+def host_overhead(backends: list[str]) -> None:
+    """CPU time per call on a tiny input (the GPU idles): what a small step costs in launches."""
+    x, w = torch.randn(64, 256, device="cuda"), torch.randn(256, device="cuda")
+    variants = {"eager": rmsnorm, "inductor": torch.compile(rmsnorm)}
+    for b in backends:
+        variants[f"ember-{b}"] = ember.compile(rmsnorm, options={"gpu_backend": b})
+    out = []
+    for name, f in variants.items():
+        for _ in range(20):
+            f(x, w)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(2000):
+            f(x, w)
+        torch.cuda.synchronize()
+        out.append(f"{name} {(time.perf_counter() - start) / 2000 * 1e6:.1f} us")
+    print("host time per call, RMSNorm 64x256 fp32: " + ", ".join(out))
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--cases", default="")
@@ -223,6 +242,7 @@ def main() -> int:
         del inputs, ref, variants
         torch.cuda.empty_cache()
     print(table(rows, ["case", "variant", "us", "GB/s", "of copy", "rel err", "launches", "compile ms"]))
+    host_overhead(backends)
     print(f"ember.stats() = {ember.stats()}")
     return 1 if failed else 0
 

@@ -277,9 +277,12 @@ class TritonKernelRenderer:
             if not reductions and not stores:
                 continue  # its only work moved into the previous loop (online softmax)
             partners = [s for s, m in online.items() if m in reductions]
-            for v in partners:
-                self.emit(f"acc{self.name(v)} = tl.full([XBLOCK, RBLOCK], 0, {self.acc_dtype(v)})")
+            for v in partners:  # a running (max, sum) per row, not per lane
+                self.emit(f"row_max{self.name(online[v])} = tl.full([XBLOCK, 1], float('-inf'), tl.float32)")
+                self.emit(f"row_sum{self.name(v)} = tl.full([XBLOCK, 1], 0, tl.float32)")
             for v in reductions:
+                if any(online[p] is v for p in partners):
+                    continue
                 acc = f"acc{self.name(v)}"
                 shape = "[XBLOCK, RBLOCK]"
                 self.emit(f"{acc} = tl.full({shape}, {neutral(v.arg.op, v.srcs[0].dtype)}, {self.acc_dtype(v)})")
@@ -297,12 +300,15 @@ class TritonKernelRenderer:
                 fn = combine_fn(v.arg.op, v.srcs[0].dtype)
                 partner = next((s for s in partners if online[s] is v), None)
                 if partner is not None:
-                    # running max and a sum rescaled whenever the max grows: one pass, not two
-                    s_acc = f"acc{self.name(partner)}"
-                    self.emit(f"m_new = {fn}({acc}, {self._masked(v)})")
-                    self.emit(f"{s_acc} = {s_acc} * tl.where(m_new == float('-inf'), 0.0, tl.exp({acc} - m_new)) "
-                              f"+ tl.where(m_new == float('-inf'), 0.0, tl.exp({self._masked(v)} - m_new))")
-                    self.emit(f"{acc} = m_new")
+                    # the row's max so far, and its sum of exp rescaled whenever the max grows:
+                    # one pass over the row instead of two, one exp per element
+                    m, s_ = f"row_max{self.name(v)}", f"row_sum{self.name(partner)}"
+                    x = self._masked(v)
+                    self.emit(f"chunk = {x}")
+                    self.emit(f"m_new = eh.maximum({m}, tl.reduce(chunk, 1, eh.maximum)[:, None])")
+                    self.emit(f"{s_} = {s_} * tl.where(m_new == float('-inf'), 0.0, tl.exp({m} - m_new)) + "
+                              "tl.sum(tl.where(m_new == float('-inf'), 0.0, tl.exp(chunk - m_new)), 1)[:, None]")
+                    self.emit(f"{m} = m_new")
                 elif v.arg.op in (Op.ARGMAX, Op.ARGMIN):
                     self.emit(f"{acc}, {acc}_i = {fn}({acc}, {acc}_i, {self._masked(v)}, {self._position(v)})")
                 else:
@@ -312,11 +318,12 @@ class TritonKernelRenderer:
             for v in reductions:
                 acc = f"acc{self.name(v)}"
                 position = f"{acc}_i" if v.arg.op in (Op.ARGMAX, Op.ARGMIN) else None
-                self.emit(f"{self.name(v)} = {self.reduce_block(v, acc, position)}")
-            for v in partners:  # the lanes' sums, each rescaled to the row's maximum
-                m = self.name(online[v])
-                self.emit(f"{self.name(v)} = tl.sum(tl.where(acc{m} == float('-inf'), 0.0, "
-                          f"acc{self.name(v)} * tl.exp(acc{m} - {m})), 1)[:, None]")
+                if any(online[p] is v for p in partners):
+                    self.emit(f"{self.name(v)} = row_max{self.name(v)}")
+                else:
+                    self.emit(f"{self.name(v)} = {self.reduce_block(v, acc, position)}")
+            for v in partners:
+                self.emit(f"{self.name(v)} = row_sum{self.name(v)}")
             if multi:
                 self._combine_partials(reductions, outer_values)
 
@@ -437,6 +444,8 @@ def alu(v: Value, args: list[str]) -> str:
         return f"eh.{op.name.lower()}_{kind}({a}, {args[1]})"
     if op is Op.POW:
         return f"eh.pow({a}, {args[1]})" if dtype.is_float else f"eh.ipow({a}, {args[1]})"
+    if op is Op.ERF and dtype.is_low_precision:
+        return f"eh.erf_lowp({a})"  # 1.5e-7 absolute error: exact once rounded to 16 bits
     if op is Op.SQRT and dtype == dt.float64:
         return f"tl.sqrt({a})"  # sqrt_rn is float32 only; float64 sqrt is IEEE already
     if op in _TL:

@@ -67,7 +67,9 @@ class Tuner:
                     error = e
             if not timings:
                 raise RuntimeError(f"no launch configuration compiled; the last error: {error}") from error
-            choice = min(timings, key=lambda t: t[0])[1]
+            timings.sort(key=lambda t: t[0])
+            choice = timings[0][1]
+            log(1, f"tuned {key}: " + "; ".join(f"{ms * 1e3:.1f}us {c}" for ms, c in timings[:6]))
         with _tuning_lock:
             self.best[key] = choice
             try:
@@ -98,6 +100,7 @@ class Launcher:
         self.fallback = fallback
         self.failed = False
         self.forced = forced or {}
+        self._launches: dict[tuple[int, int, bool], Callable[..., None]] = {}
         self._workspace: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def candidates(self, outer: int, inner: int) -> list[dict[str, Any]]:
@@ -141,33 +144,18 @@ class Launcher:
         if self.failed:
             self.fallback(*args)
             return
-        tensors, sizes = args[:self.n_params], args[self.n_params:]
+        sizes = args[self.n_params:]
         outer, inner = int(self.outer(*sizes)), int(self.inner(*sizes))
         if outer == 0 or (self.kind == "pointwise" and inner == 0):
             return
-        device = tensors[0].device if tensors else torch.device("cuda")
-        ws, counter = self.workspace(device)
-        big = outer * inner >= 2**31 or any(t.numel() >= 2**31 for t in tensors)
-
-        def run(c: dict[str, Any]) -> None:
-            if self.kind == "pointwise":
-                grid = (triton_cdiv(outer, c["XBLOCK"]),)
-                nprog = 1
-            elif self.kind == "rows":
-                grid = (triton_cdiv(outer, c["XBLOCK"]),)
-                nprog = 1
-            else:
-                nprog = min(triton_cdiv(inner, c["RBLOCK"]), 1024) if self.meta["multi_program"] else 1
-                grid = (max(nprog, 1),)
-            self.fn[grid](*tensors, *sizes, outer, inner, ws, counter, BIG=big, XBLOCK=c["XBLOCK"],
-                          RBLOCK=c["RBLOCK"], PERSISTENT=c["PERSISTENT"], NPROG_BLOCK=_next_pow2(nprog),
-                          num_warps=c["num_warps"], num_stages=1)
-
-        bucket = f"{self.key}:{_next_pow2(outer)}x{_next_pow2(inner)}"
-        if self.forced:
-            bucket += f":{sorted(self.forced.items())}"
+        # The steady state is one dict lookup: the shape bucket's launch (config, grid, workspace)
+        # is prepared, and tuned, the first time the bucket is seen.
+        key = (outer.bit_length(), inner.bit_length(), outer * inner >= 2**31)
+        launch = self._launches.get(key)
         try:
-            run(self.tuner.pick(bucket, self.candidates(outer, inner), run))
+            if launch is None:
+                launch = self._launches[key] = self._prepare(args, outer, inner)
+            launch(args, outer, inner)
         except Exception as e:  # noqa: BLE001 -- a kernel Triton cannot compile falls back, once
             if self.fallback is None:
                 raise
@@ -176,6 +164,35 @@ class Launcher:
             warnings.warn(f"ember: Triton kernel {self.name} failed to compile or launch ({type(e).__name__}: "
                           f"{str(e)[-1500:]}); its ops run through ATen instead.", RuntimeWarning, stacklevel=2)
             self.fallback(*args)
+
+    def _prepare(self, args: tuple[Any, ...], outer: int, inner: int) -> Callable[..., None]:
+        tensors = args[:self.n_params]
+        device = tensors[0].device if tensors else torch.device("cuda")
+        ws, counter = self.workspace(device)
+        fn, kind, multi, n = self.fn, self.kind, self.meta["multi_program"], self.n_params
+
+        def launch_with(c: dict[str, Any]) -> Callable[..., None]:
+            xblock, rblock, warps, persistent = c["XBLOCK"], c["RBLOCK"], c["num_warps"], c["PERSISTENT"]
+
+            def launch(args: tuple[Any, ...], outer: int, inner: int) -> None:
+                # int32 offsets unless some tensor is too large for them
+                big = outer * inner >= 2**31 or any(t.numel() >= 2**31 for t in args[:n])
+                if kind == "full":
+                    nprog = min(triton_cdiv(inner, rblock), 1024) if multi else 1
+                    grid = (max(nprog, 1),)
+                else:
+                    nprog, grid = 1, (triton_cdiv(outer, xblock),)
+                fn[grid](*args, outer, inner, ws, counter, BIG=big, XBLOCK=xblock, RBLOCK=rblock,
+                         PERSISTENT=persistent, NPROG_BLOCK=_next_pow2(nprog), num_warps=warps, num_stages=1)
+
+            return launch
+
+        bucket = f"{self.key}:{_next_pow2(outer)}x{_next_pow2(inner)}"
+        if self.forced:
+            bucket += f":{sorted(self.forced.items())}"
+        chosen = self.tuner.pick(bucket, self.candidates(outer, inner),
+                                 lambda c: launch_with(c)(args, outer, inner))
+        return launch_with(chosen)
 
 
 def triton_cdiv(a: int, b: int) -> int:
