@@ -46,6 +46,7 @@ def run(fn: Callable[..., Any], *args: Any, dynamic: bool | None = None, options
     """Run ``fn`` compiled by ember; returns (result, report of what was compiled)."""
     report = ember.Report()
     compiled = ember.compile(fn, dynamic=dynamic, options=options, report=report)
+    run.last_compiled = compiled
     return compiled(*args, **kwargs), report
 
 
