@@ -166,7 +166,25 @@ class TritonKernelRenderer:
         return "rmask" if v.inner else ""
 
     def index(self, e: sympy.Expr) -> str:
-        return pexpr(e)
+        return pexpr(self.flat(e))
+
+    def flat(self, e: sympy.Expr) -> sympy.Expr:
+        """Rewrite c * (row-major index over the outer or inner dims) + rest as c * xindex + rest
+        (or rindex): o1 + 4096*o0 is just xindex, and Triton only sees contiguity it can read."""
+        e = sympy.expand(e)
+        for extents, var, flat_name in ((self.k.outer, outer_var, "xindex"), (self.k.inner, inner_var, "rindex")):
+            n = len(extents)
+            if n < 2:
+                continue
+            strides = sh.contiguous_strides(extents)
+            c = e.coeff(var(n - 1))
+            if c == 0 or c.has(*[var(i) for i in range(n)]):
+                continue
+            if all(sh.equal(e.coeff(var(i)), c * strides[i]) for i in range(n)):
+                rest = e - sum((c * strides[i] * var(i) for i in range(n)), sympy.Integer(0))
+                if not rest.has(*[var(i) for i in range(n)]):
+                    e = sympy.expand(rest + c * sympy.Symbol(flat_name, integer=True, nonnegative=True))
+        return e
 
     def statement(self, v: Value) -> str | None:
         if v.kind == "reduce":

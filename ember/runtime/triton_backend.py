@@ -128,8 +128,10 @@ class Launcher:
                 out.append(dict(XBLOCK=x, RBLOCK=rblock, num_warps=warps, PERSISTENT=True))
                 if warps < 32 and tile >= 4096:
                     out.append(dict(XBLOCK=x, RBLOCK=rblock, num_warps=warps * 2, PERSISTENT=True))
+        # one-warp programs reduce with shuffles only, no barriers: long rows are latency-bound
         for x, rblock, warps, stages in ((1, 2048, 8, 1), (1, 4096, 16, 1), (1, 1024, 4, 1), (1, 2048, 8, 3),
-                                         (1, 1024, 4, 3), (2, 1024, 8, 2), (4, 512, 8, 2)):
+                                         (1, 1024, 4, 3), (2, 1024, 8, 2), (4, 512, 8, 2), (1, 1024, 1, 3),
+                                         (1, 2048, 2, 3), (1, 512, 1, 2), (2, 512, 2, 3)):
             if rblock < 2 * _next_pow2(max(inner, 1)) and x <= _next_pow2(outer):
                 out.append(dict(XBLOCK=x, RBLOCK=rblock, num_warps=warps, PERSISTENT=False, num_stages=stages))
         return out or [dict(XBLOCK=1, RBLOCK=1024, num_warps=4, PERSISTENT=False)]
@@ -179,7 +181,12 @@ class Launcher:
 
             def launch(args: tuple[Any, ...], outer: int, inner: int) -> None:
                 # int32 offsets unless some tensor is too large for them
-                big = outer * inner >= 2**31 or any(t.numel() >= 2**31 for t in args[:n])
+                big = outer * inner >= 2**31
+                if not big:
+                    for t in args[:n]:
+                        if t.numel() >= 2**31:
+                            big = True
+                            break
                 if kind == "full":
                     nprog = min(triton_cdiv(inner, rblock), 1024) if multi else 1
                     grid = (max(nprog, 1),)
@@ -212,13 +219,17 @@ class Launcher:
 
 def _specialization(args: tuple[Any, ...], n_tensors: int, outer: int, inner: int) -> tuple[Any, ...]:
     """What Triton specializes a compiled kernel on: pointer alignment and small-int facts."""
-    ptrs = tuple(t.data_ptr() % 16 == 0 for t in args[:n_tensors])
-    ints = tuple((v == 1, v % 16 == 0) for v in (*args[n_tensors:], outer, inner))
-    return ptrs + ints
+    key = [t.data_ptr() & 15 for t in args[:n_tensors]]
+    for v in args[n_tensors:]:
+        key.append(1 if v == 1 else 16 if v & 15 == 0 else 0)
+    key.append(1 if outer == 1 else 16 if outer & 15 == 0 else 0)
+    key.append(1 if inner == 1 else 16 if inner & 15 == 0 else 0)
+    return tuple(key)
 
 
 def _stream(device_index: int | None) -> int:
-    return torch.cuda.current_stream(device_index).cuda_stream
+    # the raw handle of PyTorch's current stream, without building a Stream object per launch
+    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if device_index is None else device_index)
 
 
 def triton_cdiv(a: int, b: int) -> int:
