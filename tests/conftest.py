@@ -29,6 +29,7 @@ torch._dynamo.config.accumulated_cache_size_limit = 4096
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
+    torch.manual_seed(0)  # reproducible inputs
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

@@ -12,7 +12,9 @@ import ember
 # Loose enough for fused float32 math (ember keeps intermediates in registers, eager rounds per
 # op), tight enough to catch a wrong formula. 16-bit floats compute in float32 inside kernels.
 TOLERANCES = {
-    torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2),
+    # float16: eager rounds every intermediate, fused kernels do not; with cancellation (x*y + x)
+    # the results differ by up to an ulp of the operands, ~1e-3 at magnitude 1
+    torch.float16: (5e-3, 2e-3), torch.bfloat16: (1.6e-2, 1e-2),
     torch.float32: (2e-5, 1e-6), torch.float64: (1e-7, 1e-9),
 }
 

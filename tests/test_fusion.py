@@ -94,6 +94,13 @@ def test_gather_index_out_of_range_raises_like_eager():
         ember.compile(lambda a, i: torch.gather(a, 1, i) * 2)(x, index)
 
 
+def test_cat_and_pad_fuse():
+    report = check(lambda x, y: torch.cat([x.sin(), y * 2, x + 1], 1), torch.randn(5, 3), torch.randn(5, 4))
+    assert report.fallbacks == [] and kernel_count(report) == 1
+    report = check(lambda x: F.pad(x.exp(), (1, 2, 0, 3), value=-1.5), torch.randn(4, 6))
+    assert report.fallbacks == [] and kernel_count(report) == 1
+
+
 def test_reductions_over_different_rows_split_kernels():
     def fn(x):
         return x.sum(0), x.sum(1)

@@ -105,6 +105,11 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
         return args[0][tuple(index)]
     if op in (Op.SUM, Op.PROD, Op.AMAX, Op.AMIN, Op.ANY, Op.ALL, Op.ARGMAX, Op.ARGMIN):
         return _reduce(op, args[0], tuple(node.arg))
+    if op is Op.CAT:
+        return torch.cat(args, node.arg)
+    if op is Op.PAD:
+        pads = [evaluate(v, sizes) for lo_hi in reversed(node.arg) for v in lo_hi]
+        return torch.nn.functional.pad(args[0], pads, value=args[1].item())
     if op is Op.GATHER:
         return torch.gather(args[0], node.arg, args[1])
     if op is Op.EXTERN:

@@ -166,7 +166,7 @@ class TritonKernelRenderer:
         return "rmask" if v.inner else ""
 
     def index(self, e: sympy.Expr) -> str:
-        return pexpr(self.flat(e))
+        return pexpr(self.flat(e), ("tl.maximum", "tl.minimum"))
 
     def flat(self, e: sympy.Expr) -> sympy.Expr:
         """Rewrite c * (row-major index over the outer or inner dims) + rest as c * xindex + rest

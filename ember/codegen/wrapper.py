@@ -42,9 +42,19 @@ class WrapperError(ValueError):
     """The graph needs something the wrapper cannot express (e.g. a size it cannot bind)."""
 
 
-def pexpr(e: Any) -> str:
-    """A size expression as Python."""
+def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min")) -> str:
+    """A size expression as Python (``minmax``: how to spell max/min, e.g. for Triton tensors)."""
     e = sympy.sympify(e)
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        fn = minmax[0] if isinstance(e, sympy.Max) else minmax[1]
+        out = pexpr(e.args[0], minmax)
+        for a in e.args[1:]:
+            out = f"{fn}({out}, {pexpr(a, minmax)})"
+        return out
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(pexpr(a, minmax) for a in e.args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(pexpr(a, minmax) for a in e.args) + ")"
     if e.is_Integer:
         return str(int(e))
     if e.is_Symbol:

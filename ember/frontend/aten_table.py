@@ -385,6 +385,26 @@ def _gather(ctx: Context, x: Node, dim: int, index: Node, sparse_grad: bool = Fa
     return ctx.make(Op.GATHER, (x, ctx.cast(index, dt.int64)), dim % x.rank)
 
 
+@register(aten.cat.default)
+def _cat(ctx: Context, tensors: Sequence[Any], dim: int = 0) -> Node:
+    shape = ctx.out_shape
+    dim = dim % len(shape)
+    parts = [ctx.cast(t, ctx.out_dtype) for t in tensors
+             if not (t.rank == 1 and sh.equal(t.shape[0], 0) and len(shape) > 1)]  # legacy empty inputs
+    if any(t.rank != len(shape) for t in parts):
+        raise Unsupported("cat of tensors of different ranks")
+    parts = [t for t in parts if not sh.equal(t.shape[dim], 0)] or parts[:1]
+    return parts[0] if len(parts) == 1 else ctx.make(Op.CAT, parts, dim)
+
+
+@register(aten.constant_pad_nd.default)
+def _constant_pad(ctx: Context, x: Node, pad: Sequence[Any], value: Any = 0) -> Node:
+    pairs = [(sympy.Integer(0), sympy.Integer(0))] * x.rank
+    for i in range(len(pad) // 2):  # pad lists the last dim first, (lo, hi) each
+        pairs[x.rank - 1 - i] = (sh.expr(pad[2 * i]), sh.expr(pad[2 * i + 1]))
+    return ctx.make(Op.PAD, (x, ctx.const(value, x.dtype)), tuple(pairs))
+
+
 # ---------------------------------------------------------------------------------------------
 # reductions
 # ---------------------------------------------------------------------------------------------

@@ -158,6 +158,20 @@ def infer(op: Op, inputs: Sequence[Node], arg: Any, dtype: dt.DType | None) -> t
         return x.dtype, _view_shape(op, x, arg)
     if op is Op.CONST:
         return dtype, ()
+    if op is Op.CAT:
+        dim = arg
+        first = inputs[0]
+        for x in inputs[1:]:
+            if x.rank != first.rank or x.dtype != first.dtype or any(
+                    i != dim and sh.provably_different(a, b) for i, (a, b) in enumerate(zip(x.shape, first.shape))):
+                raise IRError(f"cat: inputs {[sh.fmt(i.shape) for i in inputs]} do not concatenate on dim {dim}")
+        total = sum((x.shape[dim] for x in inputs), sympy.Integer(0))
+        return first.dtype, first.shape[:dim] + (total,) + first.shape[dim + 1:]
+    if op is Op.PAD:
+        x, value = inputs
+        if value.rank != 0 or value.dtype != x.dtype or len(arg) != x.rank:
+            raise IRError("pad: a 0-d value of the input's dtype and a (lo, hi) pair per dim")
+        return x.dtype, tuple(sympy.expand(s + lo + hi) for s, (lo, hi) in zip(x.shape, arg))
     if op is Op.GATHER:
         x, index = inputs
         dim = arg

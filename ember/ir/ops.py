@@ -105,6 +105,8 @@ class Op(Enum):
 
     # --- data-dependent indexing ----------------------------------------------------------------
     GATHER = "gather"          # (x, index), arg: dim. out[p] = x[p with p[dim] = index[p]]
+    CAT = "cat"                # (x0, x1, ...), arg: dim
+    PAD = "pad"                # (x, value), arg: ((lo, hi) per dim); value is 0-d
 
     # --- computed by ATen inside the compiled program -------------------------------------------
     EXTERN = "extern"          # arg: ExternCall

@@ -156,6 +156,10 @@ class KernelBuilder:
             return self.value_of(node.inputs[0], map_view(node, point))
         if op in REDUCE_OPS:
             return self._reduce(node, point)
+        if op is Op.CAT:
+            return self._cat(node, point)
+        if op is Op.PAD:
+            return self._pad(node, point)
         if op is Op.GATHER:
             x, index = node.inputs
             dim = node.arg
@@ -166,6 +170,59 @@ class KernelBuilder:
             self._reader = previous
             return value
         raise NeedsBuffer(node)  # EXTERN, INPUT, TENSOR: always buffers
+
+    def _select(self, cond: Value, a: Value, b: Value, dtype: dt.DType) -> Value:
+        return self._emit("alu", dtype, (cond, a, b), Op.WHERE)
+
+    def _cat(self, node: Node, point: Point) -> Value:
+        """Each input evaluated where its segment holds the point; indices clamped into each input
+        so no read leaves it, and a where chain picks the segment."""
+        dim = node.arg
+        starts, start = [], sympy.Integer(0)
+        for x in node.inputs:
+            starts.append(start)
+            start = start + x.shape[dim]
+        p = point[dim]
+        if p.is_Integer and all(s.is_Integer for s in starts):  # a fixed position: segment known now
+            for x, s in zip(reversed(node.inputs), reversed(starts)):
+                if int(p) >= int(s):
+                    return self.value_of(x, point[:dim] + (p - s,) + point[dim + 1:])
+        position = self._emit("index", dt.int64, (), p, expr=p)
+        previous, self._reader = self._reader, node
+        value = None
+        for x, s in zip(reversed(node.inputs), reversed(starts)):
+            local = sympy.Max(0, sympy.Min(p - s, x.shape[dim] - 1))
+            here = self.value_of(x, point[:dim] + (local,) + point[dim + 1:])
+            if value is None:
+                value = here
+            else:  # here wins below the next segment's start
+                end = self._emit("const", dt.int64, (), sympy.expand(s + x.shape[dim]))
+                value = self._select(self._emit("alu", dt.bool_, (position, end), Op.LT), here, value, node.dtype)
+        self._reader = previous
+        return value
+
+    def _pad(self, node: Node, point: Point) -> Value:
+        x, fill = node.inputs
+        previous, self._reader = self._reader, node
+        inside: Value | None = None
+        in_point = []
+        for p, size, (lo, _hi) in zip(point, x.shape, node.arg):
+            q = sympy.expand(p - lo)
+            if sh.equal(lo, 0) and sh.equal(_hi, 0):
+                in_point.append(q)
+                continue
+            in_point.append(sympy.Max(0, sympy.Min(q, size - 1)))
+            pos = self._emit("index", dt.int64, (), q, expr=q)
+            zero = self._emit("const", dt.int64, (), 0)
+            bound = self._emit("const", dt.int64, (), size)
+            ok = self._emit("alu", dt.bool_, (self._emit("alu", dt.bool_, (pos, zero), Op.GE),
+                                              self._emit("alu", dt.bool_, (pos, bound), Op.LT)), Op.AND)
+            inside = ok if inside is None else self._emit("alu", dt.bool_, (inside, ok), Op.AND)
+        value = self.value_of(x, tuple(in_point))
+        if inside is not None:
+            value = self._select(inside, value, self.value_of(fill, ()), node.dtype)
+        self._reader = previous
+        return value
 
     def strided(self, node: Node) -> tuple[Node, Strided] | None:
         """A view chain ending at a buffer of another kernel, as strides over that buffer."""

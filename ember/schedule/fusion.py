@@ -61,7 +61,7 @@ class Schedule:
 
 def _is_compute(node: Node) -> bool:
     return node.op in POINTWISE_OPS or node.op in REDUCE_OPS or node.op in VIEW_OPS or node.op in (
-        Op.CONST, Op.IOTA, Op.GATHER)
+        Op.CONST, Op.IOTA, Op.GATHER, Op.CAT, Op.PAD)
 
 
 def _view_base(node: Node) -> Node:
