@@ -31,7 +31,8 @@ REDUCTIONS = ["sum", "prod", "mean", "amax", "amin", "max", "min", "argmax", "ar
               "var", "std", "var_mean", "logsumexp", "softmax", "log_softmax",
               "nn.functional.layer_norm", "nn.functional.normalize", "nn.functional.batch_norm",
               "nn.functional.group_norm", "nn.functional.cross_entropy", "nn.functional.nll_loss"]
-VIEWS = ["cat", "constant_pad_nd", "nn.functional.pad", "expand", "permute", "reshape", "view", "transpose", "t", "squeeze", "unsqueeze", "narrow",
+VIEWS = ["cat", "constant_pad_nd", "nn.functional.pad",
+         "expand", "permute", "reshape", "view", "transpose", "t", "squeeze", "unsqueeze", "narrow",
          "select", "split", "unbind", "flatten", "movedim"]
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
