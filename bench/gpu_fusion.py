@@ -151,6 +151,52 @@ def kernel_times(fn, args) -> str:
     return "; ".join(parts) + (f"\n    tuned: {chosen[-3:]}" if chosen else "")
 
 
+TRAIN_CASES = ("rmsnorm", "softmax", "cross_entropy", "layernorm")
+
+
+def train_step(fn, inputs, grad):
+    """One forward + backward; float inputs get gradients (targets do not)."""
+    def step():
+        for x in inputs:
+            x.grad = None
+        out = fn(*inputs)
+        out.backward(grad if out.dim() else None)
+    return step
+
+
+def training(backends: list[str], scale: float) -> list[list[str]]:
+    from triton.testing import do_bench
+    rows = []
+    for name in TRAIN_CASES:
+        fn, make, _ = cases(scale)[name]
+        torch.manual_seed(0)
+        inputs = [x.requires_grad_() if x.is_floating_point() else x for x in make()]
+        out = fn(*inputs)
+        grad = torch.randn_like(out) if out.dim() else None
+        variants = {"eager": fn, "inductor": torch.compile(fn)}
+        for b in backends:
+            variants[f"ember-{b}"] = ember.compile(fn, options={"gpu_backend": b})
+        reference = None
+        for vname, f in variants.items():
+            step = train_step(f, inputs, grad)
+            step()
+            grads = [x.grad.double() for x in inputs if x.is_floating_point()]
+            reference = reference or grads
+            err = max(rel_error(g, r) for g, r in zip(grads, reference))
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            step()
+            torch.cuda.synchronize()
+            peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+            ms = do_bench(step, warmup=25, rep=100, return_mode="median")
+            rows.append([name, vname, f"{ms * 1e3:.0f}", f"{peak:.0f}", f"{err:.1e}", str(launches(step, []))])
+            print("  train " + " | ".join(rows[-1]), flush=True)
+        del inputs, variants
+        torch.cuda.empty_cache()
+    return rows
+
+
 def host_overhead(backends: list[str]) -> None:
     """CPU time per call on a tiny input (the GPU idles): what a small step costs in launches."""
     x, w = torch.randn(64, 256, device="cuda"), torch.randn(256, device="cuda")
@@ -175,6 +221,8 @@ def main() -> int:
     p.add_argument("--cases", default="")
     p.add_argument("--backends", default="triton")
     p.add_argument("--scale", type=float, default=1.0, help="shrink the problem sizes (smoke runs)")
+    p.add_argument("--train", action="store_true", help="forward + backward of the memory-bound cases")
+    p.add_argument("--no-forward", action="store_true", help="skip the forward-only table")
     args = p.parse_args()
     import triton
     from triton.testing import do_bench
@@ -184,7 +232,7 @@ def main() -> int:
           f"{time.strftime('%Y-%m-%d')}")
     bw = copy_bandwidth()
     print(f"# copy bandwidth {bw / 1e9:.0f} GB/s (read + write)")
-    selected = [c for c in args.cases.split(",") if c] or list(cases(args.scale))
+    selected = [] if args.no_forward else ([c for c in args.cases.split(",") if c] or list(cases(args.scale)))
     backends = [b for b in args.backends.split(",") if b]
     rows, failed = [], False
     for name in selected:
@@ -241,7 +289,11 @@ def main() -> int:
                 print(f"    kernels: {kernel_times(f, inputs)}", flush=True)
         del inputs, ref, variants
         torch.cuda.empty_cache()
-    print(table(rows, ["case", "variant", "us", "GB/s", "of copy", "rel err", "launches", "compile ms"]))
+    if rows:
+        print(table(rows, ["case", "variant", "us", "GB/s", "of copy", "rel err", "launches", "compile ms"]))
+    if args.train:
+        train_rows = training(backends, args.scale)
+        print(table(train_rows, ["case (fwd+bwd)", "variant", "us", "peak MiB", "grad rel err vs eager", "launches"]))
     host_overhead(backends)
     print(f"ember.stats() = {ember.stats()}")
     return 1 if failed else 0

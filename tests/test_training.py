@@ -126,7 +126,7 @@ def test_optimizer_step_compiled(optimizer):
             for m in models]
     report = ember.Report()
     step = ember.compile(opts[0].step, report=report)
-    for i in range(5):
+    for _ in range(5):
         x = torch.randn(8, 16)
         for m, o in zip(models, opts):
             o.zero_grad()
