@@ -192,6 +192,8 @@ def training(backends: list[str], scale: float) -> list[list[str]]:
             ms = do_bench(step, warmup=25, rep=100, return_mode="median")
             rows.append([name, vname, f"{ms * 1e3:.0f}", f"{peak:.0f}", f"{err:.1e}", str(launches(step, []))])
             print("  train " + " | ".join(rows[-1]), flush=True)
+            if vname.startswith("ember"):
+                print(f"    kernels: {kernel_times(lambda *a, step=step: step(), [])}", flush=True)
         del inputs, variants
         torch.cuda.empty_cache()
     return rows

@@ -26,7 +26,7 @@ BINARY = ["add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow"
           "minimum", "atan2", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
           "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift",
           "bitwise_right_shift", "where", "clamp", "clamp_min", "clamp_max", "masked_fill", "lerp",
-          "addcmul", "rsub", "true_divide", "xlogy", "nn.functional.mse_loss", "gather", "take_along_dim"]
+          "addcmul", "rsub", "true_divide", "xlogy", "nn.functional.mse_loss", "gather", "take_along_dim", "scatter"]
 REDUCTIONS = ["sum", "prod", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "any", "all",
               "var", "std", "var_mean", "logsumexp", "softmax", "log_softmax",
               "nn.functional.layer_norm", "nn.functional.normalize", "nn.functional.batch_norm",

@@ -128,6 +128,11 @@ class Launcher:
                 out.append(dict(XBLOCK=x, RBLOCK=rblock, num_warps=warps, PERSISTENT=True))
                 if warps < 32 and tile >= 4096:
                     out.append(dict(XBLOCK=x, RBLOCK=rblock, num_warps=warps * 2, PERSISTENT=True))
+        # column reductions (the reduced dim is not the contiguous one, e.g. a bias gradient):
+        # many columns per program, a short run of rows per step, so loads coalesce across columns
+        for x, rblock, warps in ((64, 32, 4), (128, 16, 4), (32, 64, 4), (128, 32, 8)):
+            if outer >= x:
+                out.append(dict(XBLOCK=x, RBLOCK=rblock, num_warps=warps, PERSISTENT=False, num_stages=2))
         # one-warp programs reduce with shuffles only, no barriers: long rows are latency-bound
         for x, rblock, warps, stages in ((1, 2048, 8, 1), (1, 4096, 16, 1), (1, 1024, 4, 1), (1, 2048, 8, 3),
                                          (1, 1024, 4, 3), (2, 1024, 8, 2), (4, 512, 8, 2), (1, 1024, 1, 3),
