@@ -164,10 +164,10 @@ def train_step(fn, inputs, grad):
     return step
 
 
-def training(backends: list[str], scale: float) -> list[list[str]]:
+def training(backends: list[str], scale: float, only: list[str]) -> list[list[str]]:
     from triton.testing import do_bench
     rows = []
-    for name in TRAIN_CASES:
+    for name in [c for c in TRAIN_CASES if not only or c in only]:
         fn, make, _ = cases(scale)[name]
         torch.manual_seed(0)
         inputs = [x.requires_grad_() if x.is_floating_point() else x for x in make()]
@@ -294,7 +294,7 @@ def main() -> int:
     if rows:
         print(table(rows, ["case", "variant", "us", "GB/s", "of copy", "rel err", "launches", "compile ms"]))
     if args.train:
-        train_rows = training(backends, args.scale)
+        train_rows = training(backends, args.scale, [c for c in args.cases.split(",") if c])
         print(table(train_rows, ["case (fwd+bwd)", "variant", "us", "peak MiB", "grad rel err vs eager", "launches"]))
     host_overhead(backends)
     print(f"ember.stats() = {ember.stats()}")

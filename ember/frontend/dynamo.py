@@ -35,9 +35,13 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
         aten.hardswish,
         aten.hardsigmoid,
     ]))
+    # Softmax and log-softmax are split into their reductions and pointwise parts: then the
+    # training partitioner sees that only the row statistics need saving (it cannot look inside
+    # a whole _log_softmax, and would save the full output for the backward).
+    table.update(get_decompositions([aten._softmax, aten._log_softmax]))
     # ember lowers these itself, keeping the whole op visible to fusion and to kernel names.
-    for op in (aten._softmax.default, aten._log_softmax.default, aten.native_layer_norm.default,
-               aten.gelu.default, aten.var_mean.correction, aten.var.correction):
+    for op in (aten.native_layer_norm.default, aten.gelu.default, aten.var_mean.correction,
+               aten.var.correction):
         table.pop(op, None)
     return table
 
