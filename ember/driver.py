@@ -120,7 +120,7 @@ def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphR
             report.fallbacks.append(node.arg.name)
     stats.bump("fallbacks", len(report.fallbacks))
 
-    wrapper = write_wrapper(schedule, calls, timed=cfg.debug >= 4)
+    wrapper = write_wrapper(schedule, calls, timed=cfg.debug >= 4, huge_page_bytes=cfg.huge_page_bytes)
     report.wrapper = wrapper.source
     if render_only:
         log(1, f"{name}: rendered {len(schedule.kernels)} {target} kernel(s) without building them; "

@@ -41,6 +41,9 @@ class Language:
     restrict: str = "__restrict__"
     # out-of-range gather indices raise like eager (through the error flag); else they clamp
     checks_indices: bool = True
+    # integer division by zero raises like eager (through the error flag); else the division
+    # helpers take no flag argument and return 0 (CUDA: eager does not raise on the GPU either)
+    flags_int_division: bool = True
 
     def compute(self, dtype: dt.DType) -> str:
         return "float" if dtype.is_low_precision else self.storage[dtype]
@@ -194,7 +197,8 @@ def alu(lang: Language, v: Value, args: list[str]) -> str:
               Op.FMOD: "ember_fmod"}[op]
         if dtype.is_float:
             return f"{fn}({a}, {args[1]})"
-        return f"(({ctype}){fn}((int64_t){a}, (int64_t){args[1]}, ember_err))"
+        err = ", ember_err" if lang.flags_int_division else ""
+        return f"(({ctype}){fn}((int64_t){a}, (int64_t){args[1]}{err}))"
     if op is Op.POW and not dtype.is_float:
         return f"(({ctype})ember_ipow((int64_t){a}, (int64_t){args[1]}))"
     if op in _MATH:
@@ -296,6 +300,7 @@ class BodyRenderer:
         self.acc_names = {id(v): f"acc{i}" for i, v in enumerate(kernel.values) if v.kind == "reduce"}
         self.buffer_dtype = {p.name: p.dtype for p in kernel.params}
         self.uses_err = any(v.kind == "alu" and v.arg in INT_DIVISION_OPS and not v.dtype.is_float
+                            and lang.flags_int_division
                             or v.kind == "checkindex" and lang.checks_indices for v in kernel.values)
 
     def name(self, v: Value) -> str:

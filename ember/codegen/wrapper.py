@@ -4,7 +4,7 @@
         arg0_1, arg1_1 = args
         args.clear()
         s0 = arg0_1.size(0)
-        buf0 = empty((s0, 4096), torch.float32, 'cpu')
+        buf0 = advise_huge(empty_cpu((s0, 4096), (4096, 1), torch.float32))
         fused_relu_add_0(arg0_1.data_ptr(), arg1_1.data_ptr(), buf0.data_ptr(), s0)
         return (buf0,)
 
@@ -107,10 +107,12 @@ class Wrapper:
 
 
 class WrapperWriter:
-    def __init__(self, schedule: Schedule, calls: dict[str, KernelCall], timed: bool = False):
+    def __init__(self, schedule: Schedule, calls: dict[str, KernelCall], timed: bool = False,
+                 huge_page_bytes: int = 0):
         self.s = schedule
         self.calls = calls
         self.timed = timed
+        self.huge_page_bytes = huge_page_bytes
         self.lines: list[str] = []
         self.constants: dict[str, Any] = {}
         self.var: dict[Node, str] = {}
@@ -225,8 +227,7 @@ class WrapperWriter:
         k = step.kernel
         call = self.calls[k.name]
         for root in step.roots:
-            dtype = str(dt.to_torch(root.dtype))
-            self.emit(f"{self.var[root]} = empty({shape_tuple(root.shape)}, {dtype}, {root.device!r})")
+            self.emit(self._allocate(root))
         if call.fallback:
             self.emit(f"# {k.name} failed to build: its ops run through ATen")
         tensors = call.pass_tensors or call.fallback
@@ -239,6 +240,19 @@ class WrapperWriter:
         self.emit(line)
         if call.uses_error_flag:
             self.emit("check_error_flag()")
+
+    def _allocate(self, node: Node) -> str:
+        """A kernel's output buffer: dense, through the fast allocator of its device; CPU buffers
+        that can reach the huge-page threshold are advised onto 2 MB pages."""
+        dtype = str(dt.to_torch(node.dtype))
+        strides = shape_tuple(sh.contiguous_strides(node.shape))
+        device = "cuda" if node.device.startswith("cuda") else "cpu"
+        text = f"{self.var[node]} = empty_{device}({shape_tuple(node.shape)}, {strides}, {dtype})"
+        if device == "cpu":
+            nbytes = sh.static(sh.numel(node.shape) * node.dtype.itemsize)
+            if nbytes is None or nbytes >= self.huge_page_bytes > 0:
+                text = f"{self.var[node]} = advise_huge(empty_cpu({shape_tuple(node.shape)}, {strides}, {dtype}))"
+        return text
 
     def _extern(self, step: ExternStep) -> None:
         node = step.node
@@ -319,6 +333,7 @@ def _template_symbols(t: Any) -> set[sympy.Symbol]:
     return set()
 
 
-def write_wrapper(schedule: Schedule, calls: dict[str, KernelCall], timed: bool = False) -> Wrapper:
-    return WrapperWriter(schedule, calls, timed).write()
+def write_wrapper(schedule: Schedule, calls: dict[str, KernelCall], timed: bool = False,
+                  huge_page_bytes: int = 0) -> Wrapper:
+    return WrapperWriter(schedule, calls, timed, huge_page_bytes).write()
 

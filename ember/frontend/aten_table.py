@@ -87,7 +87,7 @@ def _logical_not(ctx: Context, x: Node) -> Node:
 
 @register(aten.isnan.default, aten.isinf.default)
 def _isnan_isinf(ctx: Context, x: Node) -> Node:
-    op = Op.ISNAN if "isnan" in (ctx.origin or "") else Op.ISINF
+    op = Op.ISNAN if "isnan" in (ctx.aten or "") else Op.ISINF
     if not x.dtype.is_float:
         return ctx.operand(False, dt.bool_, x.shape)
     return ctx.make(op, (x,))
@@ -175,7 +175,7 @@ for _packet, _op in {
 
 @register(aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default)
 def _logical(ctx: Context, a: Node, b: Node) -> Node:
-    op = {"aten.logical_and": Op.AND, "aten.logical_or": Op.OR, "aten.logical_xor": Op.XOR}[ctx.origin]
+    op = {"aten.logical_and": Op.AND, "aten.logical_or": Op.OR, "aten.logical_xor": Op.XOR}[ctx.aten]
     shape = ctx.out_shape
     return ctx.make(op, (ctx.operand(a, dt.bool_, shape), ctx.operand(b, dt.bool_, shape)))
 
@@ -183,12 +183,12 @@ def _logical(ctx: Context, a: Node, b: Node) -> Node:
 @register(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
 def _add_sub(ctx: Context, a: Any, b: Any, alpha: Any = 1) -> Node:
     dtype, shape = ctx.out_dtype, ctx.out_shape
-    if ctx.origin == "aten.sub":
+    if ctx.aten == "aten.sub":
         _check_dtype(Op.SUB, dtype)
     lhs, rhs = ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)
     if alpha != 1:
         rhs = ctx.make(Op.MUL, (rhs, ctx.operand(alpha, dtype, shape)))
-    return ctx.make(Op.ADD if ctx.origin == "aten.add" else Op.SUB, (lhs, rhs))
+    return ctx.make(Op.ADD if ctx.aten == "aten.add" else Op.SUB, (lhs, rhs))
 
 
 @register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
@@ -477,13 +477,13 @@ def _mean(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False, *, dtyp
 def _amax_amin(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) -> Node:
     if x.rank and any(sh.equal(s, 0) for s in x.shape):
         raise Unsupported("max of an empty tensor raises in ATen")
-    op = Op.AMAX if ctx.origin in ("aten.amax", "aten.max") else Op.AMIN
+    op = Op.AMAX if ctx.aten in ("aten.amax", "aten.max") else Op.AMIN
     return _reduce(ctx, op, x, _dims(dim, x.rank), keepdim)
 
 
 @register(aten.max.dim, aten.min.dim)
 def _max_dim(ctx: Context, x: Node, dim: int, keepdim: bool = False) -> tuple[Node, Node]:
-    is_max = ctx.origin == "aten.max"
+    is_max = ctx.aten == "aten.max"
     dims = _dims(dim, x.rank)
     if x.rank and sh.equal(x.shape[dims[0]] if dims else 1, 0):
         raise Unsupported("max over an empty dim raises in ATen")
@@ -494,7 +494,7 @@ def _max_dim(ctx: Context, x: Node, dim: int, keepdim: bool = False) -> tuple[No
 
 @register(aten.argmax.default, aten.argmin.default)
 def _argmax(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) -> Node:
-    op = Op.ARGMAX if ctx.origin == "aten.argmax" else Op.ARGMIN
+    op = Op.ARGMAX if ctx.aten == "aten.argmax" else Op.ARGMIN
     if dim is None:
         flat = ctx.reshape(x, [sh.numel(x.shape)])
         out = _reduce(ctx, op, flat, (0,), True)
@@ -504,7 +504,7 @@ def _argmax(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) -> No
 
 @register(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
 def _any_all(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) -> Node:
-    op = Op.ANY if ctx.origin == "aten.any" else Op.ALL
+    op = Op.ANY if ctx.aten == "aten.any" else Op.ALL
     x = ctx.cast(x, dt.bool_)
     return _reduce(ctx, op, x, _dims(dim, x.rank), keepdim)
 
@@ -542,7 +542,7 @@ def _var_mean(ctx: Context, x: Node, dim: Any = None, *, correction: Any = None,
 
 @register(aten._softmax.default, aten._log_softmax.default)
 def _softmax(ctx: Context, x: Node, dim: int, half_to_float: bool = False) -> Node:
-    log = ctx.origin == "aten._log_softmax"
+    log = ctx.aten == "aten._log_softmax"
     x = ctx.cast(x, dt.compute_dtype(x.dtype))
     if x.rank == 0:
         return ctx.operand(0.0 if log else 1.0, x.dtype, ())

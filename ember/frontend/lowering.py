@@ -52,7 +52,8 @@ class Context:
     def __init__(self, device: str):
         self.device = device
         self.nodes: list[Node] = []
-        self.origin: str | None = None
+        self.aten: str | None = None        # the ATen op being lowered: lowerings dispatch on it
+        self.origin: str | None = None      # the op the user wrote, recorded on nodes for names
         self.out: Any = None                # meta value of the current FX node
         self.arg_metas: list[Any] = []      # meta values of its positional args
 
@@ -233,11 +234,14 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
         return args[0][args[1]]
     if _is_sym(val):
         # Size arithmetic (sym_size, operator.mul on SymInts, ...): known from its expression.
-        ctx.origin = op_name(target)
+        ctx.aten = ctx.origin = op_name(target)
         return ctx.const(val, _sym_dtype(val))
     fn = lookup(target)
     if fn is not None:
-        ctx.origin = op_name(target)
+        # a decomposed op's parts carry the op the user wrote (softmax, not amax/sub/exp/sum)
+        original = fx_node.meta.get("original_aten")
+        ctx.aten = op_name(target)
+        ctx.origin = op_name(original) if isinstance(original, torch._ops.OpOverload) else ctx.aten
         ctx.out = val
         ctx.arg_metas = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in fx_node.args]
         mark = len(ctx.nodes)
@@ -257,7 +261,7 @@ def _finish(ctx: Context, result: Any, val: Any) -> Any:
     if isinstance(result, Node) and isinstance(val, torch.Tensor):
         result = ctx.cast(result, meta_dtype(val))
         if not sh.shapes_equal(result.shape, sh.shape(val.shape)):
-            raise AssertionError(f"lowering of {ctx.origin} built {sh.fmt(result.shape)}, "
+            raise AssertionError(f"lowering of {ctx.aten} built {sh.fmt(result.shape)}, "
                                  f"ATen gives {sh.fmt(sh.shape(val.shape))}")
     return result
 

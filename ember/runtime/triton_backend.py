@@ -129,8 +129,9 @@ class Launcher:
                 if warps < 32 and tile >= 4096:
                     out.append(dict(XBLOCK=x, RBLOCK=rblock, num_warps=warps * 2, PERSISTENT=True))
         # column reductions (the reduced dim is not the contiguous one, e.g. a bias gradient):
-        # many columns per program, a short run of rows per step, so loads coalesce across columns
-        for x, rblock, warps in ((64, 32, 4), (128, 16, 4), (32, 64, 4), (128, 32, 8)):
+        # several columns per program so each row's loads fill whole 32-byte sectors, and enough
+        # programs left to fill the GPU
+        for x, rblock, warps in ((16, 256, 4), (16, 512, 8), (32, 256, 8), (64, 64, 4), (128, 32, 8)):
             if outer >= x:
                 out.append(dict(XBLOCK=x, RBLOCK=rblock, num_warps=warps, PERSISTENT=False, num_stages=2))
         # one-warp programs reduce with shuffles only, no barriers: long rows are latency-bound

@@ -1,0 +1,394 @@
+"""The CUDA backend: a graph's kernels as one CUDA C++ module, compiled with NVRTC for the device's
+architecture, loaded and launched through the CUDA driver API (NVIDIA's cuda-python).
+
+Build: the module's source (codegen/cuda.py) is compiled to a cubin by NVRTC (``nvcc -cubin`` when
+NVRTC's Python bindings are missing), cached on disk as ``<key>.cu`` and ``<key>.cubin`` under
+``cache_dir/cuda``, the key a hash of source, architecture, compiler version and options.
+Load: ``cuModuleLoadData`` in the device's primary context, the one PyTorch's runtime uses.
+Launch: each kernel's callable takes the wrapper's ``(data_ptr()..., sizes...)``, computes its grid
+from the sizes and the device's SM count, and calls ``cuLaunchKernel`` on PyTorch's current stream:
+no host synchronisation, no allocation (a full reduction's workspace and counter are allocated
+once per device).
+
+cuda-python API assumptions (cuda-bindings 12.x/13.x): every call returns a tuple whose first item
+is the CUresult / nvrtcResult; ``cuLaunchKernel``'s ``kernelParams`` may be an int, the address of
+a ``void*[]`` of argument addresses (as in cuda-python's own examples); ``cuModuleLoadData`` takes
+the image's address as an int; ``hStream`` may be a plain int (a ``cudaStream_t``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..codegen import cuda
+from ..config import Config, log
+from ..schedule.kernel_ir import Kernel
+from . import stats
+from .backend import Backend, BuildError, BuiltKernels
+
+NEEDS_CUDA_PYTHON = "the CUDA backend needs NVIDIA's cuda-python (cuda-bindings): pip install cuda-python"
+NVRTC_OPTIONS = ("-std=c++17",)  # IEEE division/sqrt and accurate math: no --use_fast_math
+BLOCKS_PER_SM = 32               # resident blocks per SM on Hopper/Ampere (bounds the grids below)
+THREADS_PER_SM = 2048
+
+
+# ---- cuda-python ----------------------------------------------------------------------------
+
+@functools.cache
+def _driver() -> Any:
+    """``cuda.bindings.driver`` (cuda-python >= 12.6), or the older ``cuda.cuda``, initialised."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        try:
+            from cuda import cuda as driver  # cuda-python < 12.6
+        except ImportError as e:
+            raise BuildError(f"{NEEDS_CUDA_PYTHON} ({e})") from None
+    try:
+        _check(driver, driver.cuInit(0)[0], "cuInit")
+    except RuntimeError as e:
+        raise BuildError(f"the CUDA driver is not usable: {e}") from None
+    return driver
+
+
+def _nvrtc() -> Any | None:
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:
+        try:
+            from cuda import nvrtc  # cuda-python < 12.6
+        except ImportError:
+            return None
+    return nvrtc
+
+
+def _check(driver: Any, err: Any, what: str) -> None:
+    if err != driver.CUresult.CUDA_SUCCESS:
+        name = driver.cuGetErrorName(err)[1]
+        raise RuntimeError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
+
+
+# ---- compiling ------------------------------------------------------------------------------
+
+@functools.cache
+def _nvcc() -> str | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    found = shutil.which("nvcc") or str(Path(home) / "bin" / "nvcc")
+    return found if Path(found).exists() else None
+
+
+@functools.cache
+def compiler_id() -> str:
+    """The compiler that builds cubins, with its version: part of the cache key."""
+    nvrtc = _nvrtc()
+    if nvrtc is not None:
+        err, major, minor = nvrtc.nvrtcVersion()
+        if err == nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return f"nvrtc {major}.{minor}"
+    nvcc = _nvcc()
+    if nvcc is None:
+        raise BuildError("no CUDA compiler: install NVRTC (pip install nvidia-cuda-nvrtc) or put nvcc on the PATH")
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+    return f"nvcc {out.splitlines()[-1] if out else nvcc}"
+
+
+def cache_key(source: str, arch: str, compiler: str) -> str:
+    h = hashlib.sha256()
+    for part in (source, arch, compiler, " ".join(NVRTC_OPTIONS)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def compile_module(source: str, arch: str, cache_dir: Path) -> tuple[bytes, bool, Path]:
+    """The cubin of ``source`` for ``arch`` (e.g. 'sm_90'): (image, came_from_cache, path)."""
+    compiler = compiler_id()
+    path = Path(cache_dir) / "cuda" / f"{cache_key(source, arch, compiler)}.cubin"
+    if path.exists():
+        return path.read_bytes(), True, path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = _compile_nvrtc(source, arch) if compiler.startswith("nvrtc") else _compile_nvcc(source, arch)
+    _write_atomic(path.with_suffix(".cu"), source.encode())
+    _write_atomic(path, image)
+    return image, False, path
+
+
+def _compile_nvrtc(source: str, arch: str) -> bytes:
+    nvrtc = _nvrtc()
+    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"ember_kernels.cu", 0, [], [])
+    if err != ok:
+        raise BuildError(f"nvrtcCreateProgram failed: {err}")
+    try:
+        options = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
+        if err != ok:
+            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+            text = b" " * size
+            nvrtc.nvrtcGetProgramLog(prog, text)
+            raise BuildError(f"NVRTC failed to compile for {arch}:\n{text.decode(errors='replace')[-4000:]}")
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        image = b" " * size
+        (err2,) = nvrtc.nvrtcGetCUBIN(prog, image)
+        if err != ok or err2 != ok:
+            raise BuildError(f"NVRTC produced no cubin for {arch}: {err}, {err2}")
+        return image
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _compile_nvcc(source: str, arch: str) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="ember-cuda-") as tmp:
+        src, out = Path(tmp) / "kernels.cu", Path(tmp) / "kernels.cubin"
+        src.write_text(source)
+        cmd = [_nvcc(), "-cubin", f"-arch={arch}", *NVRTC_OPTIONS, "-o", str(out), str(src)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired as e:
+            raise BuildError(f"{' '.join(cmd)} timed out") from e
+        if proc.returncode != 0:
+            raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+        return out.read_bytes()
+
+
+# ---- loading --------------------------------------------------------------------------------
+
+_contexts: dict[int, Any] = {}
+_context_lock = threading.Lock()
+
+
+def make_context_current(device: int) -> None:
+    """Make ``device``'s primary context (the one PyTorch's runtime uses) current on this thread."""
+    driver = _driver()
+    err, current = driver.cuCtxGetCurrent()
+    if err == driver.CUresult.CUDA_SUCCESS and int(current) != 0:
+        err, ordinal = driver.cuCtxGetDevice()
+        if err == driver.CUresult.CUDA_SUCCESS and int(ordinal) == device:
+            return
+    with _context_lock:
+        if device not in _contexts:
+            err, dev = driver.cuDeviceGet(device)
+            _check(driver, err, "cuDeviceGet")
+            err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
+            _check(driver, err, "cuDevicePrimaryCtxRetain")
+            _contexts[device] = ctx
+    _check(driver, driver.cuCtxSetCurrent(_contexts[device])[0], "cuCtxSetCurrent")
+
+
+class CudaModule:
+    """A cubin, loaded lazily into each device that launches its kernels."""
+
+    def __init__(self, image: bytes, names: list[str]):
+        self.image = image
+        self.names = names
+        self._loaded: dict[int, tuple[Any, dict[str, tuple[Any, int]]]] = {}
+        self._lock = threading.Lock()
+
+    def functions(self, device: int) -> dict[str, tuple[Any, int]]:
+        """name -> (CUfunction, the most threads a block of it can have) on ``device``."""
+        loaded = self._loaded.get(device)
+        if loaded is None:
+            with self._lock:
+                if device not in self._loaded:
+                    self._loaded[device] = self._load(device)
+                loaded = self._loaded[device]
+        return loaded[1]
+
+    def _load(self, device: int) -> tuple[Any, dict[str, tuple[Any, int]]]:
+        driver = _driver()
+        with torch.cuda.device(device):
+            torch.cuda.current_stream(device)  # the runtime's primary context exists from here on
+            make_context_current(device)
+            buf = ctypes.create_string_buffer(self.image, len(self.image))
+            err, module = driver.cuModuleLoadData(ctypes.addressof(buf))
+            _check(driver, err, "cuModuleLoadData")
+            out = {}
+            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+            for name in self.names:
+                err, fn = driver.cuModuleGetFunction(module, name.encode())
+                _check(driver, err, f"cuModuleGetFunction({name})")
+                err, max_threads = driver.cuFuncGetAttribute(attr, fn)
+                _check(driver, err, f"cuFuncGetAttribute({name})")
+                out[name] = (fn, int(max_threads))
+        return module, out
+
+
+# ---- launching ------------------------------------------------------------------------------
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (int(n) - 1).bit_length() if n > 1 else 1
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: int) -> tuple[bool, int, int]:
+    """(64-bit indices?, grid, block) of one launch. Blocks are powers of two from 32 threads up to
+    the kernel's limit, sized so that each thread has a few unrolled steps of work; grids stride,
+    so they stop at what the device holds at once."""
+    big = outer * inner >= 2**31
+    limit = max(32, min(_pow2_floor(max_threads), cuda.REDUCTION_THREADS))
+
+    def threads(elements: int, most: int = limit) -> int:
+        return min(max(32, _pow2_ceil(elements)), most)
+
+    def resident(block: int) -> int:  # blocks of this size the whole device holds at once
+        return sms * min(BLOCKS_PER_SM, THREADS_PER_SM // block)
+
+    if strategy == "pointwise":
+        block = threads(cuda.POINTWISE_THREADS, min(limit, cuda.POINTWISE_THREADS))
+        return big, max(1, min(_cdiv(outer, block * cuda.UNROLL), resident(block))), block
+    if strategy == "rows":  # one row per block: at least two unrolled steps per thread
+        block = threads(_cdiv(inner, 2 * cuda.UNROLL))
+        return big, max(1, min(outer, resident(block))), block
+    if strategy == "columns":  # 32 rows per block, warps split the inner domain
+        block = 32 * min(max(1, _pow2_ceil(_cdiv(inner, 4 * cuda.UNROLL))), limit // 32)
+        return big, max(1, min(_cdiv(outer, 32), resident(block))), block
+    block = threads(_cdiv(inner, cuda.UNROLL))
+    if strategy == "full":  # a full device of blocks, at most MAX_BLOCKS partials to combine
+        return big, max(1, min(_cdiv(inner, block * cuda.UNROLL), resident(block), cuda.MAX_BLOCKS)), block
+    return big, 1, block  # 'single': one block runs every loop
+
+
+# What Inductor's generated code calls per launch: PyTorch's current device and raw cudaStream_t,
+# without building Python Device/Stream objects (public APIs as the fallback).
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+if hasattr(torch._C, "_cuda_getCurrentRawStream"):
+    _current_stream = torch._C._cuda_getCurrentRawStream
+else:
+    def _current_stream(device: int) -> int:
+        return torch.cuda.current_stream(device).cuda_stream
+
+
+_streams: dict[int, Any] = {}
+
+
+class CudaKernel:
+    """Launches one generated kernel from the wrapper's (pointers..., sizes...) call.
+
+    A many-block full reduction has one workspace and counter per device: launches of the same
+    kernel on two streams at once would share them (the program launches on one stream)."""
+
+    def __init__(self, name: str, meta: dict[str, Any], module: CudaModule):
+        self.name = name
+        self.meta = meta
+        self.strategy = meta["strategy"]
+        self.module = module
+        self.n_params = meta["n_params"]
+        args = ", ".join(meta["sizes"])
+        self.outer = eval(f"lambda {args}: {meta['outer']}")  # noqa: S307 -- our own generated expression
+        self.inner = eval(f"lambda {args}: {meta['inner']}")  # noqa: S307
+        # Arguments live in ctypes slots whose addresses form the void*[] cuLaunchKernel reads; a
+        # launch writes the values in place (the driver copies them before cuLaunchKernel returns).
+        self._slots: list[Any] = [ctypes.c_void_p() for _ in range(self.n_params)]
+        self._slots += [ctypes.c_int64() for _ in meta["sizes"]]
+        if meta["workspace"]:
+            self._slots += [ctypes.c_void_p(), ctypes.c_void_p()]
+        self._argv = (ctypes.c_void_p * max(1, len(self._slots)))(*[ctypes.addressof(s) for s in self._slots])
+        self._argv_address = ctypes.addressof(self._argv)
+        self._devices: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def _device_state(self, device: int) -> dict[str, Any]:
+        functions = self.module.functions(device)
+        i32, i64 = functions[self.meta["kernels"]["i32"]], functions[self.meta["kernels"]["i64"]]
+        state = {"functions": (i32[0], i64[0]), "max_threads": min(i32[1], i64[1]),
+                 "sms": torch.cuda.get_device_properties(device).multi_processor_count,
+                 "geometry": {}, "workspace": None}
+        if self.meta["workspace"]:
+            # one partial per block and reduction; the counter starts at 0 and the last block resets it
+            n = max(1, self.meta["n_reductions"]) * cuda.MAX_BLOCKS
+            ws = torch.empty(n, dtype=torch.float64, device=f"cuda:{device}")
+            counter = torch.zeros(1, dtype=torch.int32, device=f"cuda:{device}")
+            state["workspace"] = (ws, counter, ws.data_ptr(), counter.data_ptr())
+        self._devices[device] = state
+        return state
+
+    def __call__(self, *args: Any) -> None:
+        n = self.n_params
+        sizes = args[n:]
+        outer, inner = int(self.outer(*sizes)), int(self.inner(*sizes))
+        if outer == 0:
+            return
+        device = _current_device()
+        state = self._devices.get(device) or self._device_state(device)
+        geometry = state["geometry"].get((outer, inner))
+        if geometry is None:
+            if len(state["geometry"]) > 4096:  # many distinct dynamic sizes: start over
+                state["geometry"].clear()
+            big, grid, block = plan_launch(self.strategy, outer, inner, state["sms"], state["max_threads"])
+            geometry = state["geometry"][(outer, inner)] = (state["functions"][big], grid, block)
+        fn, grid, block = geometry
+        driver = _driver()
+        raw = _current_stream(device)
+        stream = _streams.get(raw)
+        if stream is None:  # a CUstream handle per cudaStream_t: no conversion in cuLaunchKernel
+            stream = _streams[raw] = driver.CUstream(raw)
+        with self._lock:
+            slots = self._slots
+            for slot, value in zip(slots, args):
+                slot.value = value
+            if state["workspace"] is not None:
+                slots[-2].value, slots[-1].value = state["workspace"][2], state["workspace"][3]
+            (err,) = driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, self._argv_address, 0)
+            if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread without a current context
+                make_context_current(device)
+                (err,) = driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, self._argv_address, 0)
+        _check(driver, err, f"launching {self.name} (grid {grid}, block {block})")
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    pass_tensors = False
+
+    def render(self, kernel: Kernel) -> str:
+        return cuda.render_kernel(kernel)
+
+    def render_module(self, kernels: list[Kernel]) -> str:
+        return cuda.render_module(kernels)
+
+    def build_module(self, kernels: list[Kernel], cfg: Config,
+                     fallbacks: dict[str, Callable[..., None]] | None = None) -> BuiltKernels:
+        """Compile (or load from the cache) and load the module; compile and load errors are
+        BuildErrors, so ``fallbacks`` are not needed: a kernel that builds also launches."""
+        _driver()  # a clear BuildError without cuda-python, before any work
+        if not torch.cuda.is_available():
+            raise BuildError("the CUDA backend needs a CUDA device (torch.cuda.is_available() is False)")
+        device = torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(device)
+        arch = f"sm_{major}{minor}"
+        source = self.render_module(kernels)
+        image, cached, path = compile_module(source, arch, Path(cfg.cache_dir))
+        stats.bump("cache_hits" if cached else "kernels_built", len(kernels))
+        log(1, f"{'loaded' if cached else 'built'} {len(kernels)} CUDA kernel(s) for {arch} from {path}", cfg)
+        metas = {k.name: cuda.launch_meta(k) for k in kernels}
+        module = CudaModule(image, [name for m in metas.values() for name in m["kernels"].values()])
+        try:
+            module.functions(device)  # load now: a cubin the driver refuses is a build failure
+        except RuntimeError as e:
+            raise BuildError(str(e)) from None
+        functions = {k.name: CudaKernel(k.name, metas[k.name], module) for k in kernels}
+        return BuiltKernels(functions, module_source=source, keepalive=[module])

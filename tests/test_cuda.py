@@ -1,0 +1,295 @@
+"""The CUDA backend, without a GPU: kernels rendered on the CPU (``ember.explain(..., target="cuda")``)
+and compiled for Hopper with nvcc (sm_90 cubins), the structure of each launch strategy, launch
+geometry, the on-disk cubin cache and the build errors. Running the kernels needs a GPU:
+``EMBER_TEST_DEVICE=cuda EMBER_GPU_BACKEND=cuda pytest tests/test_ops.py`` on a GPU machine."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing._internal.common_methods_invocations import op_db
+
+import ember
+from ember.codegen import cuda
+from ember.ir import shapes as sh
+from ember.runtime import cuda_backend
+from ember.runtime.backend import BuildError, get_backend
+from ember.workloads.giou import make_batch, padded_giou_loss
+
+from .test_ops import _program, _samples
+from .test_triton import CASES, OPS
+
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA toolkit) is not installed")
+SWEEP_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.bool)
+
+
+def explain(fn, *args, dynamic=None) -> ember.Report:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = ember.explain(fn, *args, target="cuda", dynamic=dynamic)
+    assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+    assert all(k.backend == "cuda" for k in report.kernels)
+    return report
+
+
+def sources(report: ember.Report, tag: str) -> list[str]:
+    """The report's kernels, renamed apart (one .cu file holds the kernels of many reports)."""
+    out = []
+    for k in report.kernels:
+        assert 'extern "C" __global__' in k.source and "ember_err" not in k.source, k.source
+        out.append(re.sub(rf"\b{re.escape(k.name)}(?=(_body|_i64)?\b)", f"{k.name}_{tag}", k.source))
+    return out
+
+
+def nvcc(kernels: list[str], path) -> str | None:
+    """Compile kernels with the CUDA prelude to an sm_90 cubin; the error text if that fails."""
+    path.write_text(cuda.PRELUDE + "\n" + "\n\n".join(kernels) + "\n")
+    cmd = [NVCC, "-cubin", "-arch=sm_90", "-std=c++17", "-o", str(path.with_suffix(".cubin")), str(path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return None if proc.returncode == 0 else f"{path}:\n{proc.stderr[-4000:]}"
+
+
+def compile_batches(kernels: list[str], tmp_path, per_file: int) -> None:
+    batches = [kernels[i:i + per_file] for i in range(0, len(kernels), per_file)]
+    with ThreadPoolExecutor(2) as pool:
+        errors = list(pool.map(lambda ib: nvcc(ib[1], tmp_path / f"batch{ib[0]}.cu"), enumerate(batches)))
+    failed = [e for e in errors if e]
+    assert not failed, "\n\n".join(failed)
+
+
+# ---- every generated kernel compiles for sm_90 --------------------------------------------------
+
+@needs_nvcc
+def test_fusion_patterns_compile_for_sm90(tmp_path):
+    kernels = []
+    for i, (fn, make) in enumerate(CASES.values()):
+        kernels += sources(explain(fn, *make()), f"c{i}")
+    assert len(kernels) >= len(CASES)
+    compile_batches(kernels, tmp_path, per_file=len(kernels))
+
+
+@needs_nvcc
+def test_opinfo_kernels_compile_for_sm90(tmp_path):
+    """The kernels of tests/test_triton.py's OpInfo sweep, in every dtype it covers."""
+    kernels = []
+    for i, op in enumerate(o for o in op_db if o.name in OPS and not o.variant_test_name):
+        for dtype in SWEEP_DTYPES:
+            if dtype not in op.supported_dtypes("cpu"):
+                continue
+            samples = _samples(op, dtype)[:4]
+            tensors = [flat[p] for flat, _, positions, _ in samples for p in positions]
+            kernels += sources(explain(_program(op, samples), *tensors), f"op{i}_{str(dtype)[6:]}")
+    assert len(kernels) > 50
+    compile_batches(kernels, tmp_path, per_file=-(-len(kernels) // 2))  # one file per nvcc worker
+
+
+# ---- what each strategy looks like ----------------------------------------------------------
+
+def test_pointwise_kernel_is_a_grid_stride_loop():
+    report = explain(lambda x, y: torch.relu(x) * y + 1, torch.randn(64, 33), torch.randn(33))
+    (k,) = report.kernels
+    src = k.source
+    assert "// strategy: pointwise" in src
+    assert "ember_i_tile += (I)gridDim.x * blockDim.x * EMBER_UNROLL)" in src
+    assert "#pragma unroll\n" in src and "for (int ember_u = 0; ember_u < EMBER_UNROLL; ++ember_u)" in src
+    assert "const I ember_i = ember_i_tile + (I)ember_u * blockDim.x;" in src and "if (ember_i < ember_n)" in src
+    assert "const int64_t o0 = (int64_t)(ember_i / (I)33);" in src
+    assert f'extern "C" __global__ void __launch_bounds__(256) {k.name}(const float* __restrict__' in src
+    assert f"{k.name}_body<uint32_t>(" in src and f"{k.name}_body<int64_t>(" in src
+
+
+def test_softmax_rows_reduce_max_and_sum_across_the_block():
+    (k,) = explain(lambda x: torch.softmax(x, -1), torch.randn(9, 70)).kernels
+    src = k.source
+    assert "// strategy: rows" in src
+    assert "for (I ember_row = blockIdx.x; ember_row < ember_rows; ember_row += gridDim.x)" in src
+    assert "// loop 1: amax" in src and "// loop 2: sum" in src and "// loop 3: store" in src
+    loop = ("for (I ember_r_tile = (I)threadIdx.x; ember_r_tile < ember_inner; "
+            "ember_r_tile += (I)blockDim.x * EMBER_UNROLL)")
+    assert src.count(loop) == 3
+    assert "ember_block_reduce(acc1, EmberMaxOp(), -(float)INFINITY, ember_smem)" in src
+    assert "ember_block_reduce(acc4, EmberSumOp(), (float)0, ember_smem)" in src
+    assert "expf(" in src and "__expf" not in src
+
+
+def test_giou_loss_combines_block_partials_in_the_last_block():
+    pred, _, padded = make_batch(64)
+    report = explain(padded_giou_loss, pred, padded)
+    (k,) = report.kernels
+    src = k.source
+    assert "// strategy: full reduction, many blocks" in src
+    assert "double* __restrict__ workspace, int* __restrict__ counter" in src
+    assert "workspace[0 * EMBER_MAX_BLOCKS + blockIdx.x] = (double)" in src
+    assert "__threadfence();" in src and "ember_last = atomicAdd(counter, 1) == (int)gridDim.x - 1;" in src
+    assert "if (ember_last) {" in src and "*counter = 0;" in src
+    assert src.index("if (ember_last) {") < src.index("buf0[0] = ")  # the epilogue runs in the last block
+
+
+def test_reductions_over_a_leading_dim_give_lanes_adjacent_rows():
+    """x.sum(0): a row's elements are far apart, adjacent rows' are adjacent: lanes take rows."""
+    (k,) = explain(lambda x: x.sum(0), torch.randn(64, 48)).kernels
+    src = k.source
+    assert "// strategy: columns" in src and "ember_column_reduce(acc1, EmberSumOp(), ember_smem)" in src
+    assert "const I ember_row = ember_active ? ember_rows0 + ember_lane : ember_rows - 1;" in src
+    assert "if (ember_active && ember_warp == 0) {" in src and "ember_r_tile += (I)ember_warps * EMBER_UNROLL" in src
+    (k,) = explain(lambda x: x.sum(1), torch.randn(64, 48)).kernels
+    assert "// strategy: rows" in k.source
+
+
+def test_arg_reductions_and_single_block_full_reductions():
+    report = explain(lambda x: (x.argmax(-1), x.argmin()), torch.randn(7, 13))
+    rows, full = report.kernels
+    assert "ember_block_reduce(acc1, EmberArgMaxOp(), EmberArg<float>{-(float)INFINITY, INT64_MAX}" in rows.source
+    assert "if (threadIdx.x == 0) {  // outer results" in rows.source
+    assert "// strategy: full reduction, one block" in full.source and "EmberArgMinOp()" in full.source
+    assert "workspace" not in full.source
+
+
+def test_16_bit_floats_are_bits_converted_by_intrinsics():
+    def rmsnorm(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    (k,) = explain(rmsnorm, torch.randn(20, 50).bfloat16(), torch.randn(50).bfloat16()).kernels
+    assert "const unsigned short* __restrict__ arg0_1" in k.source
+    assert "ember_bf16_to_f32(arg0_1[" in k.source and "ember_f32_to_bf16(" in k.source
+    assert "rsqrtf(" in k.source
+    for helper in ("__uint_as_float((unsigned int)h << 16)", 'asm("cvt.f32.f16 %0, %1;"',
+                   'asm("cvt.rn.f16.f32 %0, %1;"', "EMBER_ROUNDED_DIVISION(bf16, ember_round_bf16)",
+                   "EMBER_ROUNDED_DIVISION(f16, ember_round_f16)", "__shfl_xor_sync"):
+        assert helper in cuda.PRELUDE
+    assert "#include" not in cuda.PRELUDE.split("#else")[0]  # nothing to include under NVRTC
+
+
+def test_no_error_flag_on_the_gpu():
+    """Integer division by zero and out-of-range gathers do not raise on the GPU (nor in eager)."""
+    a, b = torch.randint(-50, 50, (8, 9)), torch.randint(1, 7, (8, 9))
+    idx = torch.randint(0, 9, (8, 3))
+    report = explain(lambda a, b, i: (a // b, a % b, torch.fmod(a, b), torch.gather(a, 1, i)), a, b, idx)
+    backend = get_backend("cuda")
+    for k in report.kernels:
+        assert "ember_err" not in k.source and not backend.uses_error_flag(k)
+    text = "\n".join(k.source for k in report.kernels)
+    assert "ember_floordiv((int64_t)" in text and "ember_clamp_index(" in text
+    assert "error_flag" not in report.graphs[0].wrapper
+    assert "ember_err" not in cuda.PRELUDE.split("ember_truncdiv(int64_t a, int64_t b) {")[1].split("\n")[0]
+
+
+# ---- launching --------------------------------------------------------------------------------
+
+def test_launch_geometry():
+    sms, plan = 132, cuda_backend.plan_launch
+    # pointwise: 256 threads, 4 elements each per iteration, at most what the device holds at once
+    assert plan("pointwise", 3300, 1, sms, 1024) == (False, 4, 256)
+    assert plan("pointwise", 10**9, 1, sms, 1024) == (False, sms * 8, 256)
+    assert plan("pointwise", 2**31, 1, sms, 1024)[0] is True  # 64-bit indices
+    # rows: a block per row, each thread at least 2 x 4 elements of it, 32 to 512 threads
+    assert plan("rows", 9, 70, sms, 1024) == (False, 9, 32)
+    assert plan("rows", 16384, 1024, sms, 1024) == (False, sms * 16, 128)
+    assert plan("rows", 10**5, 8192, sms, 1024) == (False, sms * 4, 512)
+    assert plan("rows", 10**5, 8192, sms, 384) == (False, sms * 8, 256)  # register-bound kernel
+    assert plan("rows", 10**6, 4096, sms, 1024)[0] is True
+    assert plan("rows", 5, 0, sms, 1024) == (False, 5, 32)  # empty rows still store their results
+    # columns: 32 rows per block, warps split the inner domain
+    assert plan("columns", 8192, 8192, sms, 1024) == (False, 256, 512)
+    assert plan("columns", 13, 7, sms, 1024) == (False, 1, 32)
+    # full reductions: up to MAX_BLOCKS blocks combined by the last, or one block
+    assert plan("full", 1, 4096, sms, 1024) == (False, 2, 512)
+    assert plan("full", 1, 2**26, sms, 1024) == (False, sms * 4, 512)
+    assert plan("single", 1, 91, sms, 1024) == (False, 1, 32)
+    assert plan("single", 1, 10**7, sms, 1024) == (False, 1, 512)
+
+
+@pytest.fixture
+def kernels_of(monkeypatch):
+    """fn, *args -> the kernel IR objects the CUDA backend rendered for them."""
+    seen = []
+    original = cuda_backend.CudaBackend.render
+
+    def render(self, kernel):
+        seen.append(kernel)
+        return original(self, kernel)
+
+    monkeypatch.setattr(cuda_backend.CudaBackend, "render", render)
+
+    def kernels(fn, *args, dynamic=None):
+        seen.clear()
+        report = explain(fn, *args, dynamic=dynamic)
+        return list(seen), report
+
+    return kernels
+
+
+def test_launch_meta(kernels_of):
+    (k,), _ = kernels_of(lambda x: torch.softmax(x, -1), torch.randn(9, 70), dynamic=True)
+    meta = cuda.launch_meta(k)
+    assert meta["strategy"] == "rows" and not meta["workspace"] and meta["max_threads"] == 512
+    assert meta["n_params"] == 2 and meta["kernels"] == {"i32": k.name, "i64": f"{k.name}_i64"}
+    # element counts are Python expressions of the size symbols, as the kernel IR's extents
+    assert meta["sizes"] == [s.name for s in k.sizes] and len(k.sizes) == 2
+    values = dict(zip(k.sizes, (9, 70)))
+    count = lambda e: eval(f"lambda {', '.join(meta['sizes'])}: {e}")(*values.values())
+    assert count(meta["outer"]) == int(sh.numel(k.outer).subs(values))
+    assert count(meta["inner"]) == int(sh.numel(k.inner).subs(values))
+    assert count(meta["outer"]) * count(meta["inner"]) == 9 * 70
+    (giou,), _ = kernels_of(padded_giou_loss, *make_batch(16)[::2])
+    meta = cuda.launch_meta(giou)
+    assert meta["strategy"] == "full" and meta["workspace"] and meta["n_reductions"] == 2
+    assert cuda.render_module([k, giou]).startswith(cuda.PRELUDE)
+
+
+def test_explain_renders_cuda_kernels_on_a_cpu_machine():
+    report = explain(F.gelu, torch.randn(8, 32))
+    (k,) = report.kernels
+    assert k.backend == "cuda" and not k.built and "erff(" in k.source
+
+
+def test_build_without_cuda_python_is_a_build_error(monkeypatch):
+    for name in ("cuda", "cuda.bindings", "cuda.bindings.driver"):  # importing them raises ImportError
+        monkeypatch.setitem(sys.modules, name, None)
+    cuda_backend._driver.cache_clear()
+    try:
+        with pytest.raises(BuildError, match="needs NVIDIA's cuda-python"):
+            get_backend("cuda").build_module([], ember.config)
+    finally:
+        cuda_backend._driver.cache_clear()
+
+
+# ---- compiling and caching ------------------------------------------------------------------------
+
+@needs_nvcc
+def test_cubins_are_cached_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setattr(cuda_backend, "_nvrtc", lambda: None)  # the nvcc path, wherever NVRTC exists
+    cuda_backend.compiler_id.cache_clear()
+    try:
+        (k,) = explain(lambda x: x.exp() + 1, torch.randn(4, 5)).kernels
+        source = cuda.PRELUDE + "\n" + k.source + "\n"
+        image, cached, path = cuda_backend.compile_module(source, "sm_90", tmp_path)
+        assert not cached and image[:4] == b"\x7fELF" and path.read_bytes() == image
+        assert path.with_suffix(".cu").read_text() == source and path.parent == tmp_path / "cuda"
+        again, cached, path2 = cuda_backend.compile_module(source, "sm_90", tmp_path)
+        assert cached and again == image and path2 == path
+        assert cuda_backend.compile_module(source, "sm_80", tmp_path)[2] != path  # the key covers the arch
+        with pytest.raises(BuildError, match="error"):
+            cuda_backend.compile_module(source + "this is not C++;\n", "sm_90", tmp_path)
+    finally:
+        cuda_backend.compiler_id.cache_clear()
+
+
+def test_nvrtc_compiles_a_module():
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401
+    except ImportError:
+        pytest.skip("NVRTC's Python bindings (cuda-bindings, nvidia-cuda-nvrtc) are not installed here")
+    report = explain(lambda x: torch.softmax(x, -1), torch.randn(9, 70))
+    source = get_backend("cuda").render_module([]) + "\n".join(k.source for k in report.kernels)
+    image = cuda_backend._compile_nvrtc(source, "sm_90")
+    assert image[:4] == b"\x7fELF"
