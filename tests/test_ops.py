@@ -31,6 +31,9 @@ REDUCTIONS = ["sum", "prod", "mean", "amax", "amin", "max", "min", "argmax", "ar
               "var", "std", "var_mean", "logsumexp", "softmax", "log_softmax",
               "nn.functional.layer_norm", "nn.functional.normalize", "nn.functional.batch_norm",
               "nn.functional.group_norm", "nn.functional.cross_entropy", "nn.functional.nll_loss"]
+# Indexing ops: generated where ember can (searchsorted over 1-d sequences, index_select on dim 0),
+# through ATen elsewhere; either way equal to eager.
+INDEXING = ["index_select", "searchsorted", "bucketize", "take"]
 VIEWS = ["cat", "constant_pad_nd", "nn.functional.pad",
          "expand", "permute", "reshape", "view", "transpose", "t", "squeeze", "unsqueeze", "narrow",
          "select", "split", "unbind", "flatten", "movedim"]
@@ -40,7 +43,7 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int
 # Ops ember must turn into kernels (not only ATen calls) for float32.
 MUST_GENERATE = set(UNARY + BINARY + REDUCTIONS) - {"round", "nn.functional.batch_norm"}
 
-OPS = [op for op in op_db if op.name in set(UNARY + BINARY + REDUCTIONS + VIEWS)
+OPS = [op for op in op_db if op.name in set(UNARY + BINARY + REDUCTIONS + VIEWS + INDEXING)
        and set(DTYPES) & set(op.supported_dtypes("cpu"))]
 
 

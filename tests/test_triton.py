@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch.testing._internal.common_methods_invocations import op_db
 
 import ember
-from ember.workloads.giou import make_batch, padded_giou_loss
+from ember import ragged
+from ember.workloads.giou import make_batch, padded_giou_loss, ragged_giou_loss
 
 from .helpers import check
 from .test_ops import _program, _samples, check_op
@@ -33,6 +34,9 @@ CASES = {
     "giou": (padded_giou_loss, lambda: make_batch(16)[::2]),
     "argmax_max": (lambda x: (x.argmax(-1), x.max(0), x.argmin()), lambda: (torch.randn(7, 13),)),
     "var_sum_any": (lambda x: (x.var(), x.sum(), (x > 1).any(), x.prod(-1)), lambda: (torch.randn(7, 13),)),
+    "ragged_giou": (ragged_giou_loss, lambda: (lambda p, t, _: (p, ragged.from_list(t)))(*make_batch(24))),
+    "search_index": (lambda s, q, x: x[torch.searchsorted(s, q, right=True) - 1, 1:] * 2,
+                     lambda: (torch.tensor([0, 2, 2, 7]), torch.arange(9), torch.randn(4, 3))),
     "int_ops": (lambda a, b: (a // b, a % b, (a * 3).sum(-1)),
                 lambda: (torch.randint(-50, 50, (8, 9)), torch.randint(1, 7, (8, 9)))),
 }
@@ -45,7 +49,7 @@ def test_fusion_patterns(name, options):
     report = check(fn, *make(), options=options)
     assert report.kernels and all(k.backend == "triton" for k in report.kernels)
     assert all("@triton.jit" in k.source for k in report.kernels)
-    if name in ("relu_add", "rmsnorm_bf16", "softmax", "layer_norm", "giou"):
+    if name in ("relu_add", "rmsnorm_bf16", "softmax", "layer_norm", "giou", "ragged_giou"):
         assert len(report.kernels) == 1
 
 

@@ -112,6 +112,10 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
         return torch.nn.functional.pad(args[0], pads, value=args[1].item())
     if op is Op.GATHER:
         return torch.gather(args[0], node.arg, args[1])
+    if op is Op.INDEX:
+        return args[0][(slice(None),) * node.arg + tuple(args[1:])]
+    if op is Op.SEARCH:
+        return torch.searchsorted(args[0], args[1], right=node.arg, out_int32=node.dtype == dt.int32)
     if op is Op.EXTERN:
         call = node.arg
         return call.target(*fill_template(call.args, args, sizes), **fill_template(call.kwargs, args, sizes))

@@ -157,8 +157,17 @@ class CppKernelRenderer:
         self.body = BodyRenderer(kernel, CPP)
         self.lines: list[str] = []
         self.depth = 0
+        self.hints = [f"{self.body.name(v)}_hint" for v in kernel.values if v.kind == "search"]
 
     def emit(self, line: str) -> None:
+        if line.startswith("#pragma omp") and self.hints:
+            # a search's hint is carried from element to element: each thread keeps its own,
+            # and the loop stays scalar (the search does not vectorize anyway)
+            if line.startswith("#pragma omp simd"):
+                return
+            line = line.replace(" simd", "")
+            if " parallel" in line:
+                line = line.replace(" schedule(", f" firstprivate({', '.join(self.hints)}) schedule(", 1)
         self.lines.append("  " * self.depth + line)
 
     def signature(self) -> str:
@@ -178,6 +187,8 @@ class CppKernelRenderer:
         self.emit(f"// outer {sh.fmt(k.outer)}, inner {sh.fmt(k.inner)}, {k.n_loops} inner loop(s)")
         self.emit(self.signature() + " {")
         self.depth += 1
+        for hint in self.hints:
+            self.emit(f"int64_t {hint} = 0;")
         if k.n_loops == 0:
             self._pointwise()
         elif not k.outer:

@@ -44,6 +44,9 @@ class Language:
     # integer division by zero raises like eager (through the error flag); else the division
     # helpers take no flag argument and return 0 (CUDA: eager does not raise on the GPU either)
     flags_int_division: bool = True
+    # searchsorted starts from the answer of the thread's previous element (a ``<name>_hint``
+    # variable the loop keeps): sorted queries, like ragged row ids, then cost O(1) each
+    search_hints: bool = True
 
     def compute(self, dtype: dt.DType) -> str:
         return "float" if dtype.is_low_precision else self.storage[dtype]
@@ -328,8 +331,14 @@ class BodyRenderer:
         elif v.kind == "checkindex":
             bound = index_expr(sh.expr(v.arg[0]))
             index = self.name(v.srcs[0])
-            expr = (f"ember_check_index((int64_t){index}, {bound}, ember_err)" if lang.checks_indices
+            expr = (f"ember_check_index((int64_t){index}, {bound}, {v.arg[2]}, ember_err)" if lang.checks_indices
                     else f"ember_clamp_index((int64_t){index}, {bound})")
+        elif v.kind == "search":
+            a = v.arg
+            args = (f"{a.buffer} + ({index_expr(a.start)}), {index_expr(a.length)}, {index_expr(a.stride)}, "
+                    f"{self.name(v.srcs[0])}, {'true' if a.right else 'false'}")
+            expr = (f"ember_search_from({args}, &{self.name(v)}_hint)" if lang.search_hints
+                    else f"ember_search({args})")
         elif v.kind == "const":
             expr = literal(v.arg, v.dtype, lang)
         elif v.kind == "index":
@@ -443,11 +452,46 @@ EMBER_FN int64_t ember_mod(int64_t a, int64_t b, int32_t* err) {
   if (m != 0 && ((b < 0) != (m < 0))) m += b;
   return m;
 }
-// A gather's index: eager raises for one out of range; kernels flag it (2) and stay in bounds.
-EMBER_FN int64_t ember_check_index(int64_t i, int64_t n, int32_t* err) {
+// A gather's or an indexing's index: eager raises for one out of range; kernels flag it (code 2
+// or 3, which the host turns into eager's exception) and stay in bounds.
+EMBER_FN int64_t ember_check_index(int64_t i, int64_t n, int32_t code, int32_t* err) {
   bool bad = (i < 0) | (i >= n);
-  if (bad) *err = 2;
+  if (bad) *err = code;
   return bad ? 0 : i;
+}
+// searchsorted in a sorted sequence of n elements, stride apart: how many are < v (<= v when
+// right). The search halves a size every lane shares, so all lanes take the same steps.
+template <typename T, typename V>
+EMBER_FN int64_t ember_search(const T* seq, int64_t n, int64_t stride, V v, bool right) {
+  if (n <= 0) return 0;
+  int64_t lo = 0, size = n;
+  while (size > 1) {
+    int64_t half = size / 2;
+    T x = seq[(lo + half) * stride];
+    if (right ? !(v < x) : (x < v)) lo += half;
+    size -= half;
+  }
+  T x = seq[lo * stride];
+  return lo + ((right ? !(v < x) : (x < v)) ? 1 : 0);
+}
+// The same answer, starting from a hint (the previous answer of this thread). Any hint is safe:
+// it is used only when every element before it is below v; a few linear steps find the answer
+// for sorted queries, else a binary search of the rest does.
+template <typename T, typename V>
+EMBER_FN int64_t ember_search_from(const T* seq, int64_t n, int64_t stride, V v, bool right, int64_t* hint) {
+  int64_t lo = *hint;
+  if (lo < 0 || lo > n) lo = 0;
+  if (lo > 0) {
+    T x = seq[(lo - 1) * stride];
+    if (!(right ? !(v < x) : (x < v))) lo = 0;
+  }
+  for (int step = 0; lo < n; ++step, ++lo) {
+    T x = seq[lo * stride];
+    if (!(right ? !(v < x) : (x < v))) break;
+    if (step == 8) { lo += ember_search(seq + lo * stride, n - lo, stride, v, right); break; }
+  }
+  *hint = lo;
+  return lo;
 }
 EMBER_FN int64_t ember_clamp_index(int64_t i, int64_t n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
 EMBER_FN int64_t ember_ipow(int64_t base, int64_t exp) {

@@ -61,6 +61,7 @@ CUDA = Language(
     sum_acc_f32="float",       # partial sums per thread, then a tree across the block
     checks_indices=False,      # gather indices clamp, as Triton kernels and eager CUDA do not raise
     flags_int_division=False,  # no error flag on the GPU: integer division by zero gives 0
+    search_hints=False,        # a thread handles too few elements for a hint to help
 )
 
 UNROLL = 4                # elements per thread per iteration of every strided loop

@@ -217,7 +217,27 @@ class TritonKernelRenderer:
             return f"{self.name(v)} = tl.minimum(tl.maximum({self.name(v.srcs[0])}.to(tl.int64), 0), {bound} - 1)"
         if v.kind == "index":
             return f"{self.name(v)} = ({self.index(v.arg)}).to({compute_type(v.dtype)})"
+        if v.kind == "search":
+            self._search(v)
+            return None
         return f"{self.name(v)} = {alu(v, [self.name(s) for s in v.srcs])}"
+
+    def _search(self, v: Value) -> None:
+        """searchsorted as the C helper does it: a size every lane shares halves each step, so
+        the loop is uniform and each lane keeps only its lower bound."""
+        a, name, x = v.arg, self.name(v), self.name(v.srcs[0])
+        seq, n = f"{a.buffer} + ({pexpr(a.start)})", pexpr(a.length)  # size ends at min(n, 1)
+        hit = "<=" if a.right else "<"
+        self.emit(f"{name}_lo = tl.zeros({x}.shape, tl.int64)")
+        self.emit(f"{name}_size = tl.full([], {n}, tl.int64)")
+        self.emit(f"while {name}_size > 1:")
+        self.emit(f"    {name}_half = {name}_size // 2")
+        self.emit(f"    {name}_at = tl.load({seq} + ({name}_lo + {name}_half) * ({pexpr(a.stride)}))")
+        self.emit(f"    {name}_lo = tl.where({name}_at {hit} {x}, {name}_lo + {name}_half, {name}_lo)")
+        self.emit(f"    {name}_size -= {name}_half")
+        self.emit(f"{name}_at = tl.load({seq} + {name}_lo * ({pexpr(a.stride)}), mask={name}_size > 0, other=0)")
+        self.emit(f"{name} = ({name}_lo + (({name}_size > 0) & ({name}_at {hit} {x})).to(tl.int64))"
+                  f".to({compute_type(v.dtype)})")
 
     def statements(self, values: list[Value]) -> None:
         for v in values:

@@ -242,10 +242,11 @@ class WrapperWriter:
             self.emit("check_error_flag()")
 
     def _allocate(self, node: Node) -> str:
-        """A kernel's output buffer: dense, through the fast allocator of its device; CPU buffers
-        that can reach the huge-page threshold are advised onto 2 MB pages."""
+        """A kernel's output buffer, through the fast allocator of its device: dense, or with the
+        strides eager gives an output; CPU buffers that can reach the huge-page threshold are
+        advised onto 2 MB pages."""
         dtype = str(dt.to_torch(node.dtype))
-        strides = shape_tuple(sh.contiguous_strides(node.shape))
+        strides = shape_tuple(self.s.buffers[node].strides)
         device = "cuda" if node.device.startswith("cuda") else "cpu"
         text = f"{self.var[node]} = empty_{device}({shape_tuple(node.shape)}, {strides}, {dtype})"
         if device == "cpu":

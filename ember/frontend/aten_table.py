@@ -378,39 +378,6 @@ def _split(ctx: Context, x: Node, sizes: Any, dim: int = 0) -> tuple[Node, ...]:
     return tuple(outs)
 
 
-@register(aten.gather.default)
-def _gather(ctx: Context, x: Node, dim: int, index: Node, sparse_grad: bool = False) -> Node:
-    if x.rank == 0 or index.rank != x.rank:
-        raise Unsupported("gather of a 0-d tensor")
-    return ctx.make(Op.GATHER, (x, ctx.cast(index, dt.int64)), dim % x.rank)
-
-
-@register(aten.scatter.value, aten.scatter.src)
-def _scatter(ctx: Context, x: Node, dim: int, index: Node, src: Any) -> Node:
-    """scatter with a few entries per row along ``dim`` (a one-hot, the backward of a gather)
-    is a select per element: out[p] = src[q] where index[q] == p[dim], else x[p]."""
-    dim = dim % max(x.rank, 1)
-    m = sh.static(index.shape[dim]) if index.rank == x.rank else None
-    if x.rank == 0 or m is None or m > 8 or not all(
-            sh.equal(a, b) for d, (a, b) in enumerate(zip(index.shape, x.shape)) if d != dim):
-        raise Unsupported("scatter of many entries per row (or into a larger tensor)")
-    dtype, shape = ctx.out_dtype, ctx.out_shape
-    positions = ctx.make(Op.IOTA, (), (shape[dim], 0, 1), dtype=dt.int64)
-    positions = ctx.expand_to(ctx.reshape(positions, [s if d == dim else 1 for d, s in enumerate(shape)]), shape)
-    out = ctx.operand(x, dtype, shape)
-    index = ctx.cast(index, dt.int64)
-    for j in range(m):  # later entries win, as a sequential scatter writes them last
-        one = sympy.Integer(1)
-        idx_j = ctx.make(Op.SLICE, (index,), (dim, sympy.Integer(j), one, one))
-        hit = ctx.make(Op.EQ, (positions, ctx.expand_to(idx_j, shape)))
-        if isinstance(src, Node):
-            val = ctx.expand_to(ctx.cast(ctx.make(Op.SLICE, (src,), (dim, sympy.Integer(j), one, one)), dtype), shape)
-        else:
-            val = ctx.operand(src, dtype, shape)
-        out = ctx.make(Op.WHERE, (hit, val, out))
-    return out
-
-
 @register(aten.cat.default)
 def _cat(ctx: Context, tensors: Sequence[Any], dim: int = 0) -> Node:
     shape = ctx.out_shape

@@ -167,13 +167,14 @@ def _device_of(gm: torch.fx.GraphModule) -> str:
 
 def lower_graph(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
     """Turn an ATen-level FX graph into an ember Graph (unsimplified; the pass pipeline follows)."""
-    from . import aten_table  # noqa: F401  (fills LOWERINGS)
+    from . import aten_indexing, aten_table  # noqa: F401  (fill LOWERINGS)
 
     ctx = Context(_device_of(gm))
     env: dict[torch.fx.Node, Any] = {}
     inputs: list[Node] = []
     outputs: list[Node | None] = []
     scalar_outputs: set[int] = set()
+    output_strides: list[sh.Shape | None] = []
 
     for fx_node in gm.graph.nodes:
         val = fx_node.meta.get("val")
@@ -193,6 +194,8 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
             env[fx_node] = _call(ctx, fx_node, env, val)
         elif fx_node.op == "output":
             for i, out in enumerate(_flat_outputs(fx_node.args[0])):
+                meta = out.meta.get("val") if isinstance(out, torch.fx.Node) else None
+                output_strides.append(sh.shape(meta.stride()) if isinstance(meta, torch.Tensor) else None)
                 value = env[out] if isinstance(out, torch.fx.Node) else out
                 if value is None:
                     outputs.append(None)
@@ -206,7 +209,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
                     scalar_outputs.add(i)
         else:
             raise Unsupported(f"FX node kind {fx_node.op}")
-    return Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs))
+    return Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs), output_strides)
 
 
 def _flat_outputs(out: Any) -> list[Any]:

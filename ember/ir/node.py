@@ -180,6 +180,19 @@ def infer(op: Op, inputs: Sequence[Node], arg: Any, dtype: dt.DType | None) -> t
         if not index.dtype.is_int:
             raise IRError(f"gather: index must be an integer tensor, got {index.dtype}")
         return x.dtype, index.shape
+    if op is Op.INDEX:
+        x, *indices = inputs
+        start = arg
+        if not indices or any(i.shape != indices[0].shape or not i.dtype.is_int for i in indices):
+            raise IRError("index: integer index tensors of one shape")
+        if not 0 <= start <= x.rank - len(indices):
+            raise IRError(f"index: {len(indices)} indices from dim {start} of a rank-{x.rank} input")
+        return x.dtype, x.shape[:start] + indices[0].shape + x.shape[start + len(indices):]
+    if op is Op.SEARCH:
+        seq, values = inputs
+        if seq.rank != 1 or seq.dtype != values.dtype:
+            raise IRError("search: a 1-d sorted sequence of the values' dtype")
+        return dtype or dt.int64, values.shape
     if op is Op.IOTA:
         length, _start, _step = arg
         return dtype, (sh.expr(length),)
@@ -235,22 +248,27 @@ class Graph:
 
     ``outputs`` may hold None (e.g. gradients of inputs that need none); positions listed in
     ``scalar_outputs`` are returned as Python numbers (sizes a forward graph hands to backward).
+    ``output_strides[i]``: the strides eager gives output i (None: any). A forward graph's outputs
+    saved for backward must have them: the backward graph was traced assuming them.
     """
 
     def __init__(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node],
-                 name: str = "graph", scalar_outputs: frozenset[int] = frozenset()):
+                 name: str = "graph", scalar_outputs: frozenset[int] = frozenset(),
+                 output_strides: Sequence[sh.Shape | None] = ()):
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes = list(nodes)
         self.name = name
         self.scalar_outputs = scalar_outputs
+        self.output_strides = tuple(output_strides)
 
     @classmethod
     def from_outputs(cls, inputs: Sequence[Node], outputs: Sequence[Node | None], name: str = "graph",
-                     scalar_outputs: frozenset[int] = frozenset()) -> Graph:
+                     scalar_outputs: frozenset[int] = frozenset(),
+                     output_strides: Sequence[sh.Shape | None] = ()) -> Graph:
         """A graph holding exactly the nodes the outputs need (plus all inputs)."""
         return cls(inputs, outputs, toposort(list(inputs) + [o for o in outputs if o is not None]),
-                   name, scalar_outputs)
+                   name, scalar_outputs, output_strides)
 
     def users(self) -> dict[Node, list[Node]]:
         result: dict[Node, list[Node]] = {n: [] for n in self.nodes}
@@ -260,7 +278,7 @@ class Graph:
         return result
 
     def with_nodes(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node]) -> Graph:
-        return Graph(inputs, outputs, nodes, self.name, self.scalar_outputs)
+        return Graph(inputs, outputs, nodes, self.name, self.scalar_outputs, self.output_strides)
 
     def __str__(self) -> str:
         from .printer import format_graph

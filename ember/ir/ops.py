@@ -105,6 +105,10 @@ class Op(Enum):
 
     # --- data-dependent indexing ----------------------------------------------------------------
     GATHER = "gather"          # (x, index), arg: dim. out[p] = x[p with p[dim] = index[p]]
+    INDEX = "index"            # (x, i0, .., ik-1), arg: first indexed dim d; indices of one shape I,
+    #                            in range: out[a, j, b] = x[a, i0[j], .., ik-1[j], b], len(a) = d
+    SEARCH = "search"          # (seq, values), arg: right. seq 1-d, sorted: out[p] = how many
+    #                            elements of seq are < values[p] (<= when right): searchsorted
     CAT = "cat"                # (x0, x1, ...), arg: dim
     PAD = "pad"                # (x, value), arg: ((lo, hi) per dim); value is 0-d
 

@@ -57,6 +57,7 @@ class Ragged:
         self.values = values
         self.offsets = offsets
         self._max_length = int(max_length)
+        _total_length_varies(values)
         self._values_buffer = None
         self._offsets_buffer = None
 
@@ -67,6 +68,7 @@ class Ragged:
         in a tree_map) and internal paths whose layout is correct by construction."""
         r = cls.__new__(cls)
         r.values, r.offsets, r._max_length = values, offsets, max_length
+        _total_length_varies(values)
         r._values_buffer, r._offsets_buffer = values_buffer, offsets_buffer
         return r
 
@@ -135,9 +137,11 @@ class Ragged:
         return list(self.values.split(self.lengths().tolist()))
 
     def row_ids(self) -> torch.Tensor:
-        """(T,) int64: the sequence each packed row belongs to. No host sync."""
-        ids = torch.arange(self.batch_size, device=self.offsets.device)
-        return torch.repeat_interleave(ids, self.lengths(), output_size=self.total_length)
+        """(T,) int64: the sequence each packed row belongs to. No host sync: a binary search of
+        each row's index in the offsets, which ember compiles into the kernel that uses it."""
+        offsets = self.offsets
+        index = torch.arange(self.values.shape[0], device=offsets.device, dtype=offsets.dtype)
+        return torch.searchsorted(offsets[1:], index, right=True)
 
     def positions(self) -> torch.Tensor:
         """(T,) int64: each packed row's position inside its sequence. With ``row_ids()`` it
@@ -146,9 +150,8 @@ class Ragged:
 
     def _row_ids_and_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
         row_ids = self.row_ids()
-        starts = self.offsets[:-1].to(torch.int64)
-        positions = torch.arange(self.total_length, device=self.offsets.device) - starts[row_ids]
-        return row_ids, positions
+        index = torch.arange(self.values.shape[0], device=self.offsets.device)
+        return row_ids, index - self.offsets[:-1][row_ids].to(torch.int64)
 
     def to_padded(self, padding_value: float | int | bool = 0, max_length: int | None = None) -> torch.Tensor:
         """A dense (B, N, *feature) copy, N = ``max_length`` or ``self.max_length``, rows past a
@@ -213,6 +216,13 @@ class Ragged:
     def clone(self) -> Ragged:
         """Copies of both tensors, owning their memory (no longer views of a collate buffer)."""
         return Ragged._make(self.values.clone(), self.offsets.clone(), self.max_length)
+
+
+def _total_length_varies(values: Any) -> None:
+    """The packed length T changes every batch: tell torch.compile so up front, so the first
+    compiled graph already has a symbolic T and later batches reuse it (no recompile)."""
+    if isinstance(values, torch.Tensor) and values.dim() > 0 and not torch.compiler.is_compiling():
+        torch._dynamo.maybe_mark_dynamic(values, 0)
 
 
 def _check_structure(values: Any, offsets: Any, max_length: Any) -> None:

@@ -117,6 +117,9 @@ class CompiledProgram:
             if code == 2:
                 raise RuntimeError("gather: index out of bounds (an index is negative or not smaller "
                                    "than the size of the dimension it indexes)")
+            if code == 3:
+                raise IndexError("index: index out of bounds (an index is below minus the size of the "
+                                 "dimension it indexes, or not smaller than that size)")
 
         def timed(kernel: str, fn: Callable[[], None]) -> None:
             start = time.perf_counter()

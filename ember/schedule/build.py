@@ -29,6 +29,7 @@ from .kernel_ir import (
     Kernel,
     Param,
     ReduceArg,
+    SearchArg,
     Value,
     indirect_var,
     inner_var,
@@ -104,9 +105,10 @@ class KernelBuilder:
         srcs = tuple(self._indirect[s] for s in bound)
         return self._emit("load", node.dtype, srcs, Access(info.name, index, bound), expr=index)
 
-    def indirect(self, index: Value, bound: sympy.Expr, label: str) -> sympy.Symbol:
-        """An index variable holding ``index``, checked against [0, bound)."""
-        checked = self._emit("checkindex", dt.int64, (index,), (bound, label))
+    def indirect(self, index: Value, bound: sympy.Expr, label: str, error: int = 2) -> sympy.Symbol:
+        """An index variable holding ``index``, checked against [0, bound); ``error`` is the code
+        flagged when it is not (2: gather's RuntimeError, 3: indexing's IndexError)."""
+        checked = self._emit("checkindex", dt.int64, (index,), (bound, label, error))
         for sym, value in self._indirect.items():
             if value is checked:
                 return sym
@@ -169,7 +171,36 @@ class KernelBuilder:
             value = self.value_of(x, point[:dim] + (sym,) + point[dim + 1:])
             self._reader = previous
             return value
+        if op is Op.INDEX:
+            return self._index(node, point)
+        if op is Op.SEARCH:
+            return self._search(node, point)
         raise NeedsBuffer(node)  # EXTERN, INPUT, TENSOR: always buffers
+
+    def _index(self, node: Node, point: Point) -> Value:
+        x, *indices = node.inputs
+        start, m = node.arg, indices[0].rank
+        at = point[start:start + m]
+        previous, self._reader = self._reader, node
+        syms = tuple(self.indirect(self.value_of(i, at), x.shape[start + j], f"index dim {start + j}", 3)
+                     for j, i in enumerate(indices))
+        value = self.value_of(x, point[:start] + syms + point[start + m:])
+        self._reader = previous
+        return value
+
+    def _search(self, node: Node, point: Point) -> Value:
+        seq, values = node.inputs
+        strided = self.strided(seq)
+        if strided is None:
+            raise NeedsBuffer(seq)
+        base, (strides, start) = strided
+        info = self.buffers[base]
+        self._reads[info.name] = base.dtype
+        previous, self._reader = self._reader, node
+        value = self.value_of(values, point)
+        self._reader = previous
+        arg = SearchArg(info.name, sympy.expand(start), sympy.expand(strides[0]), seq.shape[0], bool(node.arg))
+        return self._emit("search", node.dtype, (value,), arg)
 
     def _select(self, cond: Value, a: Value, b: Value, dtype: dt.DType) -> Value:
         return self._emit("alu", dtype, (cond, a, b), Op.WHERE)
@@ -289,6 +320,8 @@ def _exprs(v: Value) -> list[sympy.Expr]:
         return [v.arg.index]
     if v.kind == "checkindex":
         return [sh.expr(v.arg[0])]
+    if v.kind == "search":
+        return [sh.expr(e) for e in (v.arg.start, v.arg.stride, v.arg.length)]
     if v.kind in ("const", "index") and isinstance(v.arg, sympy.Basic):
         return [v.arg]
     return []

@@ -61,7 +61,7 @@ class Schedule:
 
 def _is_compute(node: Node) -> bool:
     return node.op in POINTWISE_OPS or node.op in REDUCE_OPS or node.op in VIEW_OPS or node.op in (
-        Op.CONST, Op.IOTA, Op.GATHER, Op.CAT, Op.PAD)
+        Op.CONST, Op.IOTA, Op.GATHER, Op.INDEX, Op.SEARCH, Op.CAT, Op.PAD)
 
 
 def _view_base(node: Node) -> Node:
@@ -239,15 +239,32 @@ class Planner:
     def buffers(self) -> dict[Node, BufferInfo]:
         infos: dict[Node, BufferInfo] = {}
         count = 0
+        wanted = self._output_layouts()
         for node in self.graph.nodes:
             if node.op is Op.INPUT and node.arg.kind == "tensor":
                 infos[node] = BufferInfo(node.arg.name, node.arg.strides)
             elif node.op is Op.TENSOR:
                 infos[node] = BufferInfo(f"const_{node.arg.name}", sh.contiguous_strides(node.shape))
             elif node.shape is not None and (node in self.buffered or node.op in (Op.EXTERN, Op.GETITEM)):
-                infos[node] = BufferInfo(f"buf{count}", sh.contiguous_strides(node.shape))
+                layout = wanted.get(node) if node.op not in (Op.EXTERN, Op.GETITEM) else None
+                infos[node] = BufferInfo(f"buf{count}", layout or sh.contiguous_strides(node.shape))
                 count += 1
         return infos
+
+    def _output_layouts(self) -> dict[Node, sh.Shape]:
+        """Strides eager gives outputs, where they are not contiguous (a column of a matrix saved
+        for backward): the graph reading the output was traced with them. Overlapping layouts
+        (stride 0 on a dim longer than 1) are left contiguous: a kernel cannot store into them."""
+        wanted: dict[Node, sh.Shape] = {}
+        for node, strides in zip(self.graph.outputs, self.graph.output_strides):
+            if node is None or strides is None or node in wanted or len(strides) != node.rank:
+                continue
+            if any(sh.equal(st, 0) and not sh.is_one(size) for st, size in zip(strides, node.shape)):
+                continue
+            if any(not sh.equal(a, b) for a, b, size in zip(strides, sh.contiguous_strides(node.shape), node.shape)
+                   if not sh.is_one(size)):
+                wanted[node] = tuple(strides)
+        return wanted
 
     def plan(self) -> Schedule:
         for _attempt in range(10 * len(self.graph.nodes) + 10):

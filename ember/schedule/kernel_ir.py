@@ -59,6 +59,17 @@ class Access:
 
 
 @dataclass(frozen=True)
+class SearchArg:
+    """A binary search over a sorted 1-d sequence held in ``buffer``: elements at
+    ``start + i * stride`` for i < ``length``; ``right`` counts elements <= the value, else <."""
+    buffer: str
+    start: sympy.Expr
+    stride: sympy.Expr
+    length: sympy.Expr
+    right: bool
+
+
+@dataclass(frozen=True)
 class ReduceArg:
     op: Op                     # SUM, PROD, AMAX, AMIN, ARGMAX, ARGMIN, ANY, ALL
     position: sympy.Expr       # flat position in the reduction domain (ARGMAX/ARGMIN report it)
@@ -72,8 +83,9 @@ class Value:
     ``ind<k>`` variables of its index), 'const' (number or size expression), 'index' (an index
     expression as a value), 'alu' (arg: the pointwise Op; CAST converts to ``dtype``), 'reduce'
     (arg ReduceArg; accumulates its single source over the inner domain), 'store' (arg Access),
-    'checkindex' (arg: (bound, dim label); its source clamped into [0, bound), flagging an error
-    on the CPU when it was not).
+    'checkindex' (arg: (bound, dim label, error code); its source clamped into [0, bound),
+    flagging the error code on the CPU when it was not), 'search' (arg SearchArg: the position of
+    its source in a sorted sequence, searchsorted's answer).
     """
 
     kind: str
@@ -141,6 +153,9 @@ def format_kernel(k: Kernel) -> str:
             detail = f"{v.arg.buffer}[{v.arg.index}]"
         elif v.kind == "checkindex":
             detail = f"< {v.arg[0]}"
+        elif v.kind == "search":
+            a = v.arg
+            detail = f"{a.buffer}[{a.start} + i*{a.stride}, i < {a.length}] {'<=' if a.right else '<'}"
         elif v.kind == "alu":
             detail = v.arg.value
         elif v.kind == "reduce":

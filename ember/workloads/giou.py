@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from ..ragged import Ragged
+
 MAX_BOXES = 256
 
 
@@ -35,6 +37,13 @@ def padded_giou_loss(pred: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     mask = (targets[..., 3] > 0).to(pred.dtype)
     loss = generalized_box_iou_loss(pred, targets) * mask
     return loss.sum() / torch.clamp(mask.sum(), min=1)
+
+
+def ragged_giou_loss(pred: torch.Tensor, targets: Ragged) -> torch.Tensor:
+    """Mean GIoU loss over the real boxes only: target box ``t`` of image ``b`` at position ``p``
+    is matched with ``pred[b, p]``. No padding, no mask: the work is proportional to the boxes."""
+    matched = pred[targets.row_ids(), targets.positions()]
+    return generalized_box_iou_loss(matched, targets.values).mean()
 
 
 def random_boxes(n: int, generator: torch.Generator | None = None) -> torch.Tensor:

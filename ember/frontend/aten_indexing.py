@@ -1,0 +1,117 @@
+"""Lowerings of ATen's data-dependent indexing: gather, scatter (as selects), advanced indexing
+``x[i, j]``, index_select, and searchsorted/bucketize (how ragged row ids are found).
+
+Indices become kernel values: the reading kernel loads an index, checks it against the size it
+indexes (eager's error on the CPU; clamped on GPUs, as eager's device asserts cannot be caught)
+and loads the element there, so a gather fuses into the kernel that consumes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from ..ir import dtypes as dt
+from ..ir import shapes as sh
+from ..ir.node import Node
+from ..ir.ops import Op
+from .lowering import Context, Unsupported, register
+
+aten = torch.ops.aten
+
+
+@register(aten.gather.default)
+def _gather(ctx: Context, x: Node, dim: int, index: Node, sparse_grad: bool = False) -> Node:
+    if x.rank == 0 or index.rank != x.rank:
+        raise Unsupported("gather of a 0-d tensor")
+    return ctx.make(Op.GATHER, (x, ctx.cast(index, dt.int64)), dim % x.rank)
+
+
+@register(aten.scatter.value, aten.scatter.src)
+def _scatter(ctx: Context, x: Node, dim: int, index: Node, src: Any) -> Node:
+    """scatter with a few entries per row along ``dim`` (a one-hot, the backward of a gather)
+    is a select per element: out[p] = src[q] where index[q] == p[dim], else x[p]."""
+    dim = dim % max(x.rank, 1)
+    m = sh.static(index.shape[dim]) if index.rank == x.rank else None
+    if x.rank == 0 or m is None or m > 8 or not all(
+            sh.equal(a, b) for d, (a, b) in enumerate(zip(index.shape, x.shape)) if d != dim):
+        raise Unsupported("scatter of many entries per row (or into a larger tensor)")
+    dtype, shape = ctx.out_dtype, ctx.out_shape
+    positions = ctx.make(Op.IOTA, (), (shape[dim], 0, 1), dtype=dt.int64)
+    positions = ctx.expand_to(ctx.reshape(positions, [s if d == dim else 1 for d, s in enumerate(shape)]), shape)
+    out = ctx.operand(x, dtype, shape)
+    index = ctx.cast(index, dt.int64)
+    for j in range(m):  # later entries win, as a sequential scatter writes them last
+        one = sympy.Integer(1)
+        idx_j = ctx.make(Op.SLICE, (index,), (dim, sympy.Integer(j), one, one))
+        hit = ctx.make(Op.EQ, (positions, ctx.expand_to(idx_j, shape)))
+        if isinstance(src, Node):
+            val = ctx.expand_to(ctx.cast(ctx.make(Op.SLICE, (src,), (dim, sympy.Integer(j), one, one)), dtype), shape)
+        else:
+            val = ctx.operand(src, dtype, shape)
+        out = ctx.make(Op.WHERE, (hit, val, out))
+    return out
+
+
+def _wrapped(ctx: Context, index: Node, size: sympy.Expr) -> Node:
+    """Negative indices count from the end, as in eager: i < 0 -> i + size."""
+    if index.op is Op.SEARCH:
+        return ctx.cast(index, dt.int64)  # a count: never negative
+    index = ctx.cast(index, dt.int64)
+    shape = index.shape
+    negative = ctx.make(Op.LT, (index, ctx.operand(0, dt.int64, shape)))
+    shifted = ctx.make(Op.ADD, (index, ctx.operand(size, dt.int64, shape)))
+    return ctx.make(Op.WHERE, (negative, shifted, index))
+
+
+@register(aten.index.Tensor)
+def _index(ctx: Context, x: Node, indices: Sequence[Any]) -> Node:
+    """``x[i0, i1, ...]`` with integer index tensors on adjacent dims (None skips a dim)."""
+    present = [d for d, i in enumerate(indices) if i is not None]
+    if x.rank == 0 or not present:
+        raise Unsupported("index of a 0-d tensor or with no index tensor")
+    if any(not isinstance(indices[d], Node) or not indices[d].dtype.is_int or indices[d].dtype == dt.uint8
+           for d in present):
+        raise Unsupported("index with a boolean mask (its result's size depends on the data)")
+    start, k = present[0], len(present)
+    if present != list(range(start, start + k)):
+        raise Unsupported("index tensors on dims that are not adjacent (the result's dims move)")
+    out = ctx.out_shape
+    shape = out[start:len(out) - (x.rank - start - k)]
+    wrapped = [ctx.expand_to(_wrapped(ctx, indices[d], x.shape[d]), shape) for d in present]
+    return ctx.make(Op.INDEX, (x, *wrapped), start)
+
+
+@register(aten.index_select.default)
+def _index_select(ctx: Context, x: Node, dim: int, index: Node) -> Node:
+    if x.rank == 0 or index.rank != 1 or dim % x.rank != 0:
+        # eager raises IndexError for a bad index into dim 0, a RuntimeError for other dims
+        raise Unsupported("index_select of a 0-d tensor or along a dim other than 0")
+    # no wrapping: index_select raises for negative indices, and so does the kernel
+    return ctx.make(Op.INDEX, (x, ctx.cast(index, dt.int64)), 0)
+
+
+def _search(ctx: Context, seq: Node, values: Any, out_int32: bool, right: bool) -> Node:
+    if not isinstance(values, Node):
+        raise Unsupported("searchsorted of a Python scalar")
+    if seq.rank != 1 or seq.dtype.is_low_precision or seq.dtype.is_bool or seq.dtype != values.dtype:
+        raise Unsupported("searchsorted over a sequence that is not 1-d, or of another dtype")
+    dtype = dt.int32 if out_int32 else dt.int64
+    return ctx.make(Op.SEARCH, (seq, values), bool(right), dtype=dtype)
+
+
+@register(aten.searchsorted.Tensor)
+def _searchsorted(ctx: Context, seq: Node, values: Any, *, out_int32: bool = False, right: bool = False,
+                  side: str | None = None, sorter: Any = None) -> Node:
+    if sorter is not None:
+        raise Unsupported("searchsorted with a sorter")
+    return _search(ctx, seq, values, out_int32, right or side == "right")
+
+
+@register(aten.bucketize.Tensor)
+def _bucketize(ctx: Context, values: Node, boundaries: Node, *, out_int32: bool = False,
+               right: bool = False) -> Node:
+    return _search(ctx, boundaries, values, out_int32, right)

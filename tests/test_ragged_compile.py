@@ -1,0 +1,165 @@
+"""Ragged code compiled: searchsorted row ids, advanced-indexing gathers of the dense partner, the
+ragged GIoU loss as one kernel with no recompiles as the box counts change, and its gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ember
+from ember import ragged
+from ember.workloads.giou import make_batch, padded_giou_loss, ragged_giou_loss
+
+from .helpers import assert_same, check, kernel_count
+
+# ---- advanced indexing ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool])
+def test_two_index_gather_fuses_into_its_consumer(dtype):
+    x = torch.randn(6, 7, 3).to(dtype)
+    rows = torch.tensor([0, 5, 5, 2, -1, 3])       # a negative index counts from the end
+    cols = torch.tensor([6, 0, -7, 3, 2, 1])
+
+    def fn(x, rows, cols):
+        return (x[rows, cols] * 2).to(torch.float32).sum(-1)
+
+    report = check(fn, x, rows, cols)
+    assert report.fallbacks == []
+    assert kernel_count(report) == 1
+
+
+@pytest.mark.parametrize("case", ["broadcast", "skip_first_dim", "one_index", "int32", "empty", "strided"])
+def test_index_shapes_like_eager(case):
+    x = torch.randn(5, 6, 4)
+    i = torch.tensor([[0, 4], [2, 1]])
+    if case == "broadcast":
+        args, fn = (x, i, torch.tensor([3, 5])), lambda x, i, j: x[i, j] + 1
+    elif case == "skip_first_dim":
+        args, fn = (x, i), lambda x, i: x[:, i] * 3
+    elif case == "one_index":
+        args, fn = (x, torch.tensor([4, 0, 0])), lambda x, i: x[i].sum(0)
+    elif case == "int32":
+        args, fn = (x, i.int(), i.int()), lambda x, i, j: x[i, j] - 1
+    elif case == "empty":
+        args, fn = (x, torch.zeros(0, dtype=torch.long)), lambda x, i: x[i] * 2
+    else:  # a transposed input: the gather reads through its strides
+        args, fn = (x.transpose(0, 1), torch.tensor([1, 5])), lambda x, i: x[i] + 0.5
+    report = check(fn, *args)
+    assert report.fallbacks == []
+
+
+def test_index_select_fuses():
+    x, idx = torch.randn(8, 5), torch.tensor([7, 0, 3, 3])
+    report = check(lambda x, i: x.index_select(0, i) * 2, x, idx)
+    assert report.fallbacks == []
+    with pytest.raises(IndexError):
+        ember.compile(lambda x, i: x.index_select(0, i) * 2)(x, torch.tensor([8]))
+
+
+def test_out_of_range_index_raises_index_error_like_eager():
+    x = torch.randn(4, 5)
+    bad = torch.tensor([1, 4])
+    with pytest.raises(IndexError):
+        x[bad]
+    fast = ember.compile(lambda x, i: x[i] * 2)
+    with pytest.raises(IndexError, match="index"):
+        fast(x, bad)
+    with pytest.raises(IndexError):
+        fast(x, torch.tensor([-5]))
+    assert_same(fast(x, torch.tensor([-4, 3])), x[torch.tensor([-4, 3])] * 2)  # still usable
+
+
+def test_boolean_mask_index_runs_through_aten():
+    x = torch.randn(6)
+    out = ember.compile(lambda x: x[x > 0] * 2)(x)
+    assert_same(out, x[x > 0] * 2)
+
+
+# ---- searchsorted / bucketize ----------------------------------------------------------------
+
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.float64])
+def test_searchsorted_matches_eager(right, dtype):
+    seq = torch.tensor([0, 0, 2, 2, 2, 5, 9, 9, 12]).to(dtype)
+    sorted_queries = torch.arange(-1, 14).to(dtype)
+    random_queries = torch.randint(-3, 15, (40,)).to(dtype)  # unsorted: the hint must not matter
+
+    def fn(seq, a, b):
+        return (torch.searchsorted(seq, a, right=right), torch.searchsorted(seq, b, right=right) * 2,
+                torch.searchsorted(seq, a, right=right, out_int32=True))
+
+    report = check(fn, seq, sorted_queries, random_queries)
+    assert report.fallbacks == []
+
+
+def test_searchsorted_edge_sequences():
+    for seq in [torch.zeros(0, dtype=torch.long), torch.tensor([3]), torch.arange(1000) * 2]:
+        q = torch.randint(-2, 2010, (300,)).sort().values
+        check(lambda s, q: torch.searchsorted(s, q) + torch.searchsorted(s, q, right=True), seq, q)
+
+
+def test_bucketize_matches_eager():
+    boundaries = torch.tensor([0.5, 1.0, 2.5])
+    x = torch.tensor([[0.0, 0.5, 0.7], [1.0, 3.0, -1.0]])
+    check(lambda x, b: torch.bucketize(x, b) + torch.bucketize(x, b, right=True), x, boundaries)
+
+
+# ---- ragged programs -------------------------------------------------------------------------
+
+def _ragged_batch(batch: int, seed: int, offsets_dtype=torch.int64):
+    pred, targets, padded = make_batch(batch, seed=seed)
+    return pred, ragged.from_list(targets, offsets_dtype=offsets_dtype), padded
+
+
+def test_row_ids_and_positions_compile_to_one_kernel():
+    r = ragged.from_list([torch.randn(n, 2) for n in [3, 0, 1, 0, 0, 4]])
+
+    def fn(rr):
+        return rr.row_ids(), rr.positions()
+
+    report = check(fn, r)
+    assert report.fallbacks == []
+    assert kernel_count(report) == 1
+    ids, pos = fn(r)
+    assert ids.tolist() == [0, 0, 0, 2, 5, 5, 5, 5] and pos.tolist() == [0, 1, 2, 0, 0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("offsets_dtype", [torch.int64, torch.int32])
+def test_ragged_giou_loss_is_one_kernel_without_recompiles(offsets_dtype):
+    report = ember.Report()
+    fast = ember.compile(ragged_giou_loss, report=report)
+    for seed in range(6):  # a different number of boxes per image every batch
+        pred, targets, padded = _ragged_batch(32, seed, offsets_dtype)
+        out = fast(pred, targets)
+        assert_same(out, ragged_giou_loss(pred, targets))
+        torch.testing.assert_close(out, padded_giou_loss(pred, padded), rtol=1e-5, atol=1e-6)
+    assert len(report.graphs) == 1, "the box count is symbolic from the first call"
+    assert report.fallbacks == []
+    assert kernel_count(report) == 1
+    assert "ember_search" in report.kernels[0].source
+
+
+def test_ragged_giou_loss_gradient_matches_eager():
+    pred, targets, _ = _ragged_batch(48, 3)
+    fast = ember.compile(ragged_giou_loss)
+    for seed in (3, 4):
+        pred, targets, _ = _ragged_batch(48, seed)
+        mine, ref = pred.clone().requires_grad_(), pred.clone().requires_grad_()
+        fast(mine, targets).backward()
+        ragged_giou_loss(ref, targets).backward()
+        torch.testing.assert_close(mine.grad, ref.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_saved_column_views_keep_eager_strides_for_backward():
+    """A forward output that eager gives as a strided view (a column of a fresh matrix) is
+    saved for backward; the backward graph was traced with those strides."""
+    def fn(x, i):
+        y = x[i]  # a fresh (n, 4) tensor; its columns are saved by the partition
+        a, b, c, d = y.unbind(-1)
+        return (torch.maximum(a, c) * torch.minimum(b, d)).sum()
+
+    x, i = torch.randn(10, 4), torch.tensor([3, 1, 1, 9, 0])
+    mine, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ember.compile(fn)(mine, i).backward()
+    fn(ref, i).backward()
+    torch.testing.assert_close(mine.grad, ref.grad)
