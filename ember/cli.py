@@ -1,8 +1,9 @@
-"""Command line: ``ember demo``, ``ember explain FILE.py:FUNCTION``, ``ember cache``.
+"""Command line: ``ember demo``, ``ember explain FILE.py:FUNCTION``, ``ember cache``, ``ember bench``.
 
     ember demo                                   # a small model and the padded GIoU loss
     ember explain model.py:loss --shapes 64x128,128 [--dtype float32] [--full]
     ember cache info | clear
+    ember bench giou [--device cuda] [--batch 1024] [--dtype bf16] [--json out.json] [--plot giou.png]
 """
 
 from __future__ import annotations
@@ -131,6 +132,14 @@ def cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_giou(args: argparse.Namespace) -> int:
+    from .workloads import giou_bench
+
+    return giou_bench.main(device=args.device, batch=args.batch, dtype=args.dtype, reps=args.reps,
+                           recompile_batches=args.batches_for_recompiles, variants=args.variants,
+                           json_path=args.json, plot_path=args.plot, from_json=args.from_json)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ember", description="ember: a compiler for PyTorch programs")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -151,6 +160,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("cache", help="inspect or clear the kernel cache")
     p.add_argument("action", choices=["info", "clear"])
     p.set_defaults(func=cache)
+
+    p = sub.add_parser("bench", help="benchmarks: ember bench giou")
+    bench = p.add_subparsers(dest="bench", required=True)
+    p = bench.add_parser("giou", help="the seed article's GIoU study on this machine (tables, JSON, bar chart)")
+    p.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda if present, else cpu")
+    p.add_argument("--batch", type=int, default=1024, help="images per batch (default 1024)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default: bf16 on cuda, fp32 on cpu")
+    p.add_argument("--reps", type=int, help="timed runs per variant (default 50 on cuda, 20 on cpu; "
+                                            "the per-sample loop runs at most 3)")
+    p.add_argument("--batches-for-recompiles", type=int, default=100,
+                   help="batches with different box counts run through ember(ragged) to count recompiles")
+    p.add_argument("--variants", help="comma-separated subset of: loop,concat,pad,inductor,ember-pad,ember-ragged")
+    p.add_argument("--json", help="save the results to this JSON file")
+    p.add_argument("--plot", help="bar chart (PNG, log scale) of the results; needs matplotlib")
+    p.add_argument("--from-json", help="print and plot saved results instead of measuring")
+    p.set_defaults(func=bench_giou)
 
     args = parser.parse_args(argv)
     return args.func(args)

@@ -26,3 +26,13 @@ def test_ci_runs_the_readme_test_block():
     assert block and "pytest" in block.group(1)
     ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
     assert "ci:test" in ci
+
+
+def test_ragged_example_runs():
+    block = README.split("### Ragged batches", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    from ember.workloads.giou import make_batch, padded_giou_loss
+
+    pred, boxes, padded = make_batch(16)
+    namespace = {"torch": torch, "ember": ember, "boxes_per_image": boxes}
+    exec(block, namespace)
+    torch.testing.assert_close(namespace["fast"](pred, namespace["targets"]), padded_giou_loss(pred, padded))

@@ -6,6 +6,11 @@
     dense[r.row_ids(), r.positions()]                               # the rows of r, gathered
     loader = DataLoader(ds, collate_fn=ragged.collate)              # ragged fields in one buffer
     batch = ragged.to_device(batch, "cuda")                         # one copy per buffer
+    ragged.segment_mean(r)                                          # (B, 4): per-row reductions
+    ragged.jagged_softmax(r)                                        # softmax within each row
+
+The segment functions (``segment_sum``, ``segment_mean``, ``segment_max``, ``jagged_softmax``)
+are plain torch ops without host syncs (see ``segment.py``).
 
 The layout (values + offsets + host-side max_length) is torch.nested's jagged layout, so
 ``Ragged.from_nested`` and ``Ragged.to_nested`` convert without copying.
@@ -13,6 +18,8 @@ The layout (values + offsets + host-side max_length) is torch.nested's jagged la
 
 from .collate import collate, to_device
 from .construct import from_list, from_padded
+from .segment import jagged_softmax, segment_max, segment_mean, segment_sum
 from .tensor import Ragged
 
-__all__ = ["Ragged", "collate", "from_list", "from_padded", "to_device"]
+__all__ = ["Ragged", "collate", "from_list", "from_padded", "jagged_softmax", "segment_max", "segment_mean",
+           "segment_sum", "to_device"]
