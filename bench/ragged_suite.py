@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
-import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,6 +48,7 @@ from ember.workloads.timing import (  # noqa: E402
     median_times,
     poison_cuda,
     rel_error,
+    save_json,
     synchronize,
     table,
 )
@@ -355,17 +354,6 @@ def format_results(results: dict[str, Any]) -> str:
         summary.append([name, *ratio])
     lines += ["", table(summary, ["case", "ember ragged / padded Inductor, fwd", "fwd+bwd"])]
     return "\n".join(lines)
-
-
-def save_json(results: dict[str, Any], path: str | Path) -> None:
-    """Strict JSON: non-finite numbers (an error of inf or NaN) as the strings 'inf'/'nan'."""
-    def clean(x: Any) -> Any:
-        if isinstance(x, float) and not math.isfinite(x):
-            return str(x)
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        return [clean(v) for v in x] if isinstance(x, (list, tuple)) else x
-    Path(path).write_text(json.dumps(clean(results), indent=1, allow_nan=False) + "\n")
 
 
 def _parse_sizes(text: str | None, base: Sizes) -> Sizes:

@@ -45,39 +45,36 @@ class WrapperError(ValueError):
 def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min")) -> str:
     """A size expression as Python (``minmax``: how to spell max/min, e.g. for Triton tensors)."""
     e = sympy.sympify(e)
+
+    def p(x: Any) -> str:
+        return pexpr(x, minmax)
+
     if isinstance(e, (sympy.Max, sympy.Min)):
         fn = minmax[0] if isinstance(e, sympy.Max) else minmax[1]
-        out = pexpr(e.args[0], minmax)
+        out = p(e.args[0])
         for a in e.args[1:]:
-            out = f"{fn}({out}, {pexpr(a, minmax)})"
+            out = f"{fn}({out}, {p(a)})"
         return out
     if isinstance(e, sympy.Add):
-        return "(" + " + ".join(pexpr(a, minmax) for a in e.args) + ")"
+        return "(" + " + ".join(p(a) for a in e.args) + ")"
     if isinstance(e, sympy.Mul):
-        return "(" + " * ".join(pexpr(a, minmax) for a in e.args) + ")"
+        return "(" + " * ".join(p(a) for a in e.args) + ")"
     if e.is_Integer:
         return str(int(e))
     if e.is_Symbol:
         return e.name
-    if isinstance(e, sympy.Add):
-        return "(" + " + ".join(pexpr(a) for a in e.args) + ")"
-    if isinstance(e, sympy.Mul):
-        return "(" + " * ".join(pexpr(a) for a in e.args) + ")"
     if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) >= 0:
-        return f"({pexpr(e.base)} ** {int(e.exp)})"
+        return f"({p(e.base)} ** {int(e.exp)})"
     if isinstance(e, (FloorDiv, CleanDiv)):
-        return f"({pexpr(e.args[0])} // {pexpr(e.args[1])})"
+        return f"({p(e.args[0])} // {p(e.args[1])})"
     if isinstance(e, ModularIndexing):
-        return f"(({pexpr(e.args[0])} // {pexpr(e.args[1])}) % {pexpr(e.args[2])})"
+        return f"(({p(e.args[0])} // {p(e.args[1])}) % {p(e.args[2])})"
     if isinstance(e, (Mod, PythonMod, sympy.Mod)):
-        return f"({pexpr(e.args[0])} % {pexpr(e.args[1])})"
+        return f"({p(e.args[0])} % {p(e.args[1])})"
     if isinstance(e, (IntTrueDiv, FloatTrueDiv)):
-        return f"({pexpr(e.args[0])} / {pexpr(e.args[1])})"
+        return f"({p(e.args[0])} / {p(e.args[1])})"
     if isinstance(e, ToFloat):
-        return f"float({pexpr(e.args[0])})"
-    if isinstance(e, (sympy.Max, sympy.Min)):
-        fn = "max" if isinstance(e, sympy.Max) else "min"
-        return f"{fn}({', '.join(pexpr(a) for a in e.args)})"
+        return f"float({p(e.args[0])})"
     if e in (sympy.true, sympy.false):
         return str(bool(e))
     if e.is_Number:

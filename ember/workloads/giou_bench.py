@@ -56,6 +56,7 @@ from .timing import (
     median_times,
     poison_cuda,
     rel_error,
+    save_json,
     synchronize,
     table,
     wall_time,
@@ -391,19 +392,6 @@ def format_results(results: dict[str, Any]) -> str:
         lines.append("")
         lines.extend(f"  {n}" for n in results["notes"])
     return "\n".join(lines)
-
-
-def save_json(results: dict[str, Any], path: str | Path) -> None:
-    """Strict JSON (non-finite numbers as the strings 'inf'/'nan'), readable anywhere."""
-    def clean(x: Any) -> Any:
-        if isinstance(x, float) and not math.isfinite(x):
-            return str(x)
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
-        return x
-    Path(path).write_text(json.dumps(clean(results), indent=1, allow_nan=False) + "\n")
 
 
 def load_json(path: str | Path) -> dict[str, Any]:

@@ -10,12 +10,14 @@ GIoU loss that overhead is most of the cost, and what users pay).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -235,3 +237,16 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     line = lambda r: "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths)) + " |"
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def save_json(results: dict[str, Any], path: str | Path) -> None:
+    """Strict JSON (non-finite numbers as the strings 'inf'/'nan'), readable anywhere."""
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return str(x)
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+    Path(path).write_text(json.dumps(clean(results), indent=1, allow_nan=False) + "\n")
