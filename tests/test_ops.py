@@ -31,9 +31,10 @@ REDUCTIONS = ["sum", "prod", "mean", "amax", "amin", "max", "min", "argmax", "ar
               "var", "std", "var_mean", "logsumexp", "softmax", "log_softmax",
               "nn.functional.layer_norm", "nn.functional.normalize", "nn.functional.batch_norm",
               "nn.functional.group_norm", "nn.functional.cross_entropy", "nn.functional.nll_loss"]
-# Indexing ops: generated where ember can (searchsorted over 1-d sequences, index_select on dim 0),
-# through ATen elsewhere; either way equal to eager.
-INDEXING = ["index_select", "searchsorted", "bucketize", "take"]
+# Indexing ops: generated where ember can (searchsorted over 1-d sequences, index_select on dim 0,
+# writes at indices in the dtypes atomics take), through ATen elsewhere; either way equal to eager.
+INDEXING = ["index_select", "searchsorted", "bucketize", "take", "index_put", "index_add", "scatter_add",
+            "scatter_reduce"]
 VIEWS = ["cat", "constant_pad_nd", "nn.functional.pad",
          "expand", "permute", "reshape", "view", "transpose", "t", "squeeze", "unsqueeze", "narrow",
          "select", "split", "unbind", "flatten", "movedim"]

@@ -37,6 +37,10 @@ CASES = {
     "ragged_giou": (ragged_giou_loss, lambda: (lambda p, t, _: (p, ragged.from_list(t)))(*make_batch(24))),
     "search_index": (lambda s, q, x: x[torch.searchsorted(s, q, right=True) - 1, 1:] * 2,
                      lambda: (torch.tensor([0, 2, 2, 7]), torch.arange(9), torch.randn(4, 3))),
+    "index_put": (lambda x, i, j, v: (x.index_put((i, j), v * 2, accumulate=True), x.index_add(0, j, x[i] * 3)),
+                  lambda: (torch.randn(6, 6), torch.tensor([5, 0, 0, -2]), torch.tensor([1, 1, 1, 3]), torch.randn(4))),
+    "stack_scatter": (lambda x, i: torch.zeros(5, 2).index_put((i,), torch.stack([x.sin(), x.cos()], -1), True),
+                      lambda: (torch.randn(7), torch.tensor([0, 4, 4, 1, 0, 2, 2]))),
     "int_ops": (lambda a, b: (a // b, a % b, (a * 3).sum(-1)),
                 lambda: (torch.randint(-50, 50, (8, 9)), torch.randint(1, 7, (8, 9)))),
 }
@@ -88,7 +92,8 @@ def test_symbolic_sizes():
 
 OPS = ["abs", "exp", "log1p", "tanh", "sigmoid", "erf", "round", "trunc", "sign", "nn.functional.gelu",
        "add", "mul", "div", "floor_divide", "remainder", "pow", "maximum", "where", "clamp", "bitwise_xor",
-       "sum", "amax", "argmin", "var", "softmax", "log_softmax", "nn.functional.layer_norm", "any"]
+       "sum", "amax", "argmin", "var", "softmax", "log_softmax", "nn.functional.layer_norm", "any",
+       "index_put", "index_add", "scatter_add"]
 
 
 @pytest.mark.parametrize("op", [o for o in op_db if o.name in OPS and not o.variant_test_name],

@@ -114,6 +114,10 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
         return torch.gather(args[0], node.arg, args[1])
     if op is Op.INDEX:
         return args[0][(slice(None),) * node.arg + tuple(args[1:])]
+    if op is Op.INDEX_PUT:
+        start, accumulate, _error = node.arg
+        index = (None,) * start + tuple(args[2:])  # None: the whole dim
+        return torch.ops.aten.index_put.default(args[0], list(index), args[1], accumulate)
     if op is Op.SEARCH:
         return torch.searchsorted(args[0], args[1], right=node.arg, out_int32=node.dtype == dt.int32)
     if op is Op.EXTERN:

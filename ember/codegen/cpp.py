@@ -50,6 +50,11 @@ EMBER_FN _Float16 ember_f32_to_f16(float f) { return (_Float16)f; }
 EMBER_FN float ember_round_f16(float f) { return (float)(_Float16)f; }
 EMBER_ROUNDED_DIVISION(bf16, ember_round_bf16)
 EMBER_ROUNDED_DIVISION(f16, ember_round_f16)
+// index_put(accumulate=True): threads may add to one element
+template <typename T> EMBER_FN void ember_atomic_add(T* p, T v) {
+  #pragma omp atomic
+  *p += v;
+}
 
 // exp for float32 without libm calls, so loops that use it vectorize: Cody-Waite reduction and
 // a degree-6 polynomial (max error ~1 ulp), 2^k applied in two halves to reach subnormals.
@@ -158,15 +163,17 @@ class CppKernelRenderer:
         self.lines: list[str] = []
         self.depth = 0
         self.hints = [f"{self.body.name(v)}_hint" for v in kernel.values if v.kind == "search"]
+        # writes at indices scatter: no vector stores (and atomics stay out of simd loops)
+        self.scalar = bool(self.hints) or any(v.kind == "store" and v.arg.bindings for v in kernel.values)
 
     def emit(self, line: str) -> None:
-        if line.startswith("#pragma omp") and self.hints:
+        if line.startswith("#pragma omp") and self.scalar:
             # a search's hint is carried from element to element: each thread keeps its own,
             # and the loop stays scalar (the search does not vectorize anyway)
             if line.startswith("#pragma omp simd"):
                 return
             line = line.replace(" simd", "")
-            if " parallel" in line:
+            if " parallel" in line and self.hints:
                 line = line.replace(" schedule(", f" firstprivate({', '.join(self.hints)}) schedule(", 1)
         self.lines.append("  " * self.depth + line)
 

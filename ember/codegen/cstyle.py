@@ -310,18 +310,23 @@ class BodyRenderer:
         return self.names[id(v)]
 
     def access(self, v: Value) -> str:
-        """``buffer[index]``, with a gather's indirect variables replaced by its index values."""
+        """``buffer[index]``, with a gather's (or a write at indices') indirect variables replaced
+        by its index values."""
         index = v.arg.index
         if v.arg.bindings:
+            srcs = v.srcs[1:] if v.kind == "store" else v.srcs
             index = index.xreplace({sym: sympy.Symbol(self.name(src), integer=True)
-                                    for sym, src in zip(v.arg.bindings, v.srcs)})
+                                    for sym, src in zip(v.arg.bindings, srcs)})
         return f"{v.arg.buffer}[{index_expr(index)}]"
 
     def statement(self, v: Value) -> str | None:
         lang = self.lang
         if v.kind == "store":
             dtype = self.buffer_dtype[v.arg.buffer]
-            return f"{v.arg.buffer}[{index_expr(v.arg.index)}] = {lang.store(dtype, self.name(v.srcs[0]))};"
+            value = lang.store(dtype, self.name(v.srcs[0]))
+            if v.arg.accumulate:  # threads may add to one element: atomically
+                return f"ember_atomic_add(&{self.access(v)}, ({lang.storage[dtype]}){value});"
+            return f"{self.access(v)} = {value};"
         if v.kind == "reduce":
             return None  # the backend places accumulators around its loops
         ctype = lang.compute(v.dtype)

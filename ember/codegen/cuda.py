@@ -100,6 +100,13 @@ typedef unsigned long long uint64_t;
 // an empty domain (extent 0) compares an unsigned index with zero: not worth a warning
 #pragma nv_diag_suppress 186
 """ + COMMON_PRELUDE + r"""
+// index_put(accumulate=True): threads may add to one element
+EMBER_FN void ember_atomic_add(float* p, float v) { atomicAdd(p, v); }
+EMBER_FN void ember_atomic_add(double* p, double v) { atomicAdd(p, v); }
+EMBER_FN void ember_atomic_add(int32_t* p, int32_t v) { atomicAdd((int*)p, (int)v); }
+EMBER_FN void ember_atomic_add(int64_t* p, int64_t v) {
+  atomicAdd((unsigned long long*)p, (unsigned long long)v);  // two's complement: the same bits
+}
 // 16-bit floats are stored as their bits (unsigned short) and computed in float32.
 EMBER_FN float ember_bf16_to_f32(unsigned short h) { return __uint_as_float((unsigned int)h << 16); }
 EMBER_FN unsigned short ember_f32_to_bf16(float f) {

@@ -194,11 +194,16 @@ class TritonKernelRenderer:
             value = self.name(v.srcs[0])
             mask = self.mask_for(v)
             stored = f"{value}.to({TL_TYPES[dtype]})"
-            pointer = f"{v.arg.buffer} + ({self.index(v.arg.index)})"
-            if not _varies(v.arg.index):
-                # a store to a fixed element (a reduction's result): give the pointer the block
-                # shape of the value it receives
+            index = v.arg.index.xreplace({sym: sympy.Symbol(self.name(src), integer=True)
+                                          for sym, src in zip(v.arg.bindings, v.srcs[1:])})
+            pointer = f"{v.arg.buffer} + ({self.index(index)})"
+            if not _varies(v.arg.index) or v.arg.bindings:
+                # a store to a fixed element (a reduction's result), or at loaded indices that
+                # may be scalars (an index_put of one element): give the pointer the block shape
+                # of the value it receives
                 pointer += " + tl.zeros([1, 1], tl.int32)" if self.kind == "full" else " + 0 * xindex"
+            if v.arg.accumulate:  # programs may add to one element: atomically, in no order
+                return f"tl.atomic_add({pointer}, {stored}{', ' + mask if mask else ''}, sem='relaxed')"
             return f"tl.store({pointer}, {stored}{', ' + mask if mask else ''})"
         if v.kind == "load":
             dtype = self.buffer_dtype[v.arg.buffer]

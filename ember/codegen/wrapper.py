@@ -206,7 +206,8 @@ class WrapperWriter:
     def _reads(self, step: Any) -> list[str]:
         if isinstance(step, KernelStep):
             bufs = {p.name for p in step.kernel.params if not p.is_output}
-            return sorted(v for n, v in self.var.items() if v in bufs)
+            copied = {self.var[x] for x in step.fills.values() if isinstance(x, Node)}
+            return sorted({v for n, v in self.var.items() if v in bufs} | copied)
         if isinstance(step, ExternStep):
             return [self.var[x] for x in step.node.inputs if x in self.var]
         return [self.var[step.base]]
@@ -225,6 +226,14 @@ class WrapperWriter:
         call = self.calls[k.name]
         for root in step.roots:
             self.emit(self._allocate(root))
+            if root in step.fills:  # a write at indices starts from the tensor written into
+                source = step.fills[root]
+                if not isinstance(source, Node):
+                    value = repr(source) if not isinstance(source, float) or math.isfinite(source) else (
+                        f"float({str(source)!r})")
+                    self.emit(f"{self.var[root]}.zero_()" if source == 0 else f"{self.var[root]}.fill_({value})")
+                else:
+                    self.emit(f"{self.var[root]}.copy_({self.var[source]})")
         if call.fallback:
             self.emit(f"# {k.name} failed to build: its ops run through ATen")
         tensors = call.pass_tensors or call.fallback

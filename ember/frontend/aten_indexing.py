@@ -1,9 +1,13 @@
 """Lowerings of ATen's data-dependent indexing: gather, scatter (as selects), advanced indexing
-``x[i, j]``, index_select, and searchsorted/bucketize (how ragged row ids are found).
+``x[i, j]``, index_select, searchsorted/bucketize (how ragged row ids are found), and the writes
+at indices: index_put (accumulating or not), index_add and scatter_add.
 
 Indices become kernel values: the reading kernel loads an index, checks it against the size it
 indexes (eager's error on the CPU; clamped on GPUs, as eager's device asserts cannot be caught)
-and loads the element there, so a gather fuses into the kernel that consumes it.
+and loads the element there, so a gather fuses into the kernel that consumes it. A write at
+indices is a kernel over the written values that stores (or atomically adds) each one where its
+indices point, so whatever computes the values fuses into it: the backward of a gather is one
+kernel.
 """
 
 from __future__ import annotations
@@ -115,3 +119,95 @@ def _searchsorted(ctx: Context, seq: Node, values: Any, *, out_int32: bool = Fal
 def _bucketize(ctx: Context, values: Node, boundaries: Node, *, out_int32: bool = False,
                right: bool = False) -> Node:
     return _search(ctx, boundaries, values, out_int32, right)
+
+
+# ---- writes at indices: index_put, index_add (decomposed to index_put), scatter_add -----------
+
+# Dtypes every backend can add atomically; 16-bit floats accumulate in float32 (as eager's CUDA
+# index_put does over duplicate indices), other types run through ATen.
+_ATOMIC = frozenset({dt.float32, dt.float64, dt.int32, dt.int64})
+
+
+def _put(ctx: Context, x: Node, start: int, indices: list[Node], src: Any, accumulate: bool, error: int) -> Node:
+    """``x`` with ``src`` written (added, when accumulating) at ``x[a, i0, .., ik-1, b]``; indices
+    already wrapped and int64, broadcast here. ``error``: the code a bad index flags on the CPU."""
+    if torch.are_deterministic_algorithms_enabled():
+        raise Unsupported("writes at indices under torch.use_deterministic_algorithms (ATen's are)")
+    dtype = x.dtype
+    if accumulate and dtype not in _ATOMIC and not dtype.is_low_precision:
+        raise Unsupported(f"accumulating {dtype} at indices")
+    shape_i = sh.broadcast(*(i.shape for i in indices))
+    shape = x.shape[:start] + shape_i + x.shape[start + len(indices):]
+    indices = [ctx.expand_to(i, shape_i) for i in indices]
+    values = ctx.operand(src, dtype, shape)
+    wide = dt.float32 if accumulate and dtype.is_low_precision else dtype
+    out = ctx.make(Op.INDEX_PUT, (ctx.cast(x, wide), ctx.cast(values, wide), *indices), (start, accumulate, error))
+    return ctx.cast(out, dtype)
+
+
+@register(aten.index_put.default)
+def _index_put(ctx: Context, x: Node, indices: Sequence[Any], values: Any, accumulate: bool = False) -> Node:
+    """``x[i0, i1, ...] = values`` (``+=`` when accumulating), integer index tensors on adjacent
+    dims; ``index_add`` reaches here through its decomposition."""
+    present = [d for d, i in enumerate(indices) if i is not None]
+    if x.rank == 0 or not present:
+        raise Unsupported("index_put into a 0-d tensor or with no index tensor")
+    if any(not isinstance(indices[d], Node) or not indices[d].dtype.is_int or indices[d].dtype == dt.uint8
+           for d in present):
+        raise Unsupported("index_put with a boolean mask")
+    start, k = present[0], len(present)
+    if present != list(range(start, start + k)):
+        raise Unsupported("index_put with index tensors on dims that are not adjacent")
+    wrapped = [_wrapped(ctx, indices[d], x.shape[d]) for d in present]
+    return _put(ctx, x, start, wrapped, values, bool(accumulate), 3)
+
+
+@register(aten.index_add.default)
+def _index_add(ctx: Context, x: Node, dim: int, index: Node, source: Any, *, alpha: Any = 1) -> Node:
+    """out[.., index[j], ..] += alpha * source[.., j, ..] along ``dim``; no negative indices, as
+    in eager (a RuntimeError)."""
+    if x.rank == 0 or index.rank != 1 or not isinstance(source, Node) or source.rank != x.rank:
+        raise Unsupported("index_add into a 0-d tensor, or with a 0-d source")
+    dim = dim % x.rank
+    if alpha != 1:
+        source = ctx.make(Op.MUL, (source, ctx.operand(alpha, source.dtype, source.shape)))
+    return _put(ctx, x, dim, [ctx.cast(index, dt.int64)], source, True, 4)
+
+
+def _at_most(a: sympy.Expr, b: sympy.Expr) -> bool:
+    if sh.equal(a, b):
+        return True
+    sa, sb = sh.static(a), sh.static(b)
+    return sa is not None and sb is not None and sa <= sb
+
+
+@register(aten.scatter_add.default)
+def _scatter_add(ctx: Context, x: Node, dim: int, index: Node, src: Node) -> Node:
+    """out[.., index[p], ..] += src[p] over index's elements p: an index_put whose other indices
+    are the positions themselves."""
+    if x.rank == 0 or index.rank != x.rank or src.rank != x.rank or not index.dtype.is_int:
+        raise Unsupported("scatter_add of a 0-d tensor or with an index of another rank")
+    dim = dim % x.rank
+    if not all(_at_most(i, s) for i, s in zip(index.shape, src.shape)) or not all(
+            _at_most(i, s) for d, (i, s) in enumerate(zip(index.shape, x.shape)) if d != dim):
+        raise Unsupported("scatter_add whose index is not provably within src and self")
+    for d, (i, s) in enumerate(zip(index.shape, src.shape)):
+        if not sh.equal(i, s):  # only the part of src the index covers is added
+            src = ctx.make(Op.SLICE, (src,), (d, sympy.Integer(0), sympy.Integer(1), i))
+    shape = index.shape
+    indices = []
+    for d in range(x.rank):
+        if d == dim:
+            indices.append(ctx.cast(index, dt.int64))
+            continue
+        positions = ctx.make(Op.IOTA, (), (shape[d], 0, 1), dtype=dt.int64)
+        indices.append(ctx.reshape(positions, [s if e == d else 1 for e, s in enumerate(shape)]))
+    return _put(ctx, x, 0, indices, src, True, 4)
+
+
+@register(aten.scatter_reduce.two)
+def _scatter_reduce(ctx: Context, x: Node, dim: int, index: Node, src: Node, reduce: str,
+                    *, include_self: bool = True) -> Node:
+    if reduce != "sum" or not include_self:
+        raise Unsupported(f"scatter_reduce {reduce!r} (include_self={include_self})")
+    return _scatter_add(ctx, x, dim, index, src)

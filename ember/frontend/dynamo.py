@@ -39,9 +39,10 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # training partitioner sees that only the row statistics need saving (it cannot look inside
     # a whole _log_softmax, and would save the full output for the backward).
     table.update(get_decompositions([aten._softmax, aten._log_softmax]))
-    # ember lowers these itself, keeping the whole op visible to fusion and to kernel names.
+    # ember lowers these itself, keeping the whole op visible to fusion and to kernel names
+    # (index_add also keeps eager's errors: its decomposition wraps negative indices).
     for op in (aten.native_layer_norm.default, aten.gelu.default, aten.var_mean.correction,
-               aten.var.correction):
+               aten.var.correction, aten.index_add.default):
         table.pop(op, None)
     return table
 

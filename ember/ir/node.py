@@ -188,6 +188,18 @@ def infer(op: Op, inputs: Sequence[Node], arg: Any, dtype: dt.DType | None) -> t
         if not 0 <= start <= x.rank - len(indices):
             raise IRError(f"index: {len(indices)} indices from dim {start} of a rank-{x.rank} input")
         return x.dtype, x.shape[:start] + indices[0].shape + x.shape[start + len(indices):]
+    if op is Op.INDEX_PUT:
+        x, src, *indices = inputs
+        start = arg[0]
+        if not indices or any(i.shape != indices[0].shape or not i.dtype.is_int for i in indices):
+            raise IRError("index_put: integer index tensors of one shape")
+        if not 0 <= start <= x.rank - len(indices):
+            raise IRError(f"index_put: {len(indices)} indices from dim {start} of a rank-{x.rank} input")
+        want = x.shape[:start] + indices[0].shape + x.shape[start + len(indices):]
+        if src.dtype != x.dtype or not sh.shapes_equal(src.shape, want):
+            raise IRError(f"index_put: values must be {x.dtype} of shape {sh.fmt(want)}, got "
+                          f"{src.dtype} of shape {sh.fmt(src.shape)}")
+        return x.dtype, x.shape
     if op is Op.SEARCH:
         seq, values = inputs
         if seq.rank != 1 or seq.dtype != values.dtype:

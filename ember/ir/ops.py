@@ -109,6 +109,9 @@ class Op(Enum):
     #                            in range: out[a, j, b] = x[a, i0[j], .., ik-1[j], b], len(a) = d
     SEARCH = "search"          # (seq, values), arg: right. seq 1-d, sorted: out[p] = how many
     #                            elements of seq are < values[p] (<= when right): searchsorted
+    INDEX_PUT = "index_put"    # (x, src, i0, .., ik-1), arg: (first indexed dim d, accumulate, error
+    #                            code of a bad index). The inverse of INDEX: out = x, then
+    #                            out[a, i0[j], .., b] = src[a, j, b] (+= when accumulating: atomic adds)
     CAT = "cat"                # (x0, x1, ...), arg: dim
     PAD = "pad"                # (x, value), arg: ((lo, hi) per dim); value is 0-d
 

@@ -11,8 +11,9 @@ and memory for the longest row times B). These functions scatter the packed rows
 with ``index_add`` / ``scatter_reduce`` over ``row_ids()``, so they run in a fixed number of ATen
 ops whatever B and the lengths are, never read a tensor's data on the host (they are safe inside
 CUDA graphs and trace into one graph under ``torch.compile(fullgraph=True)``), and support
-autograd. They are also the eager reference for ember's fused segment kernels, which recognize the
-same patterns.
+autograd. Compiled by ember, the ``index_add`` sums become one kernel each that computes the rows
+and adds them into their segment atomically (``segment_max`` and ``jagged_softmax``'s maximum
+still run ``scatter_reduce`` through ATen).
 
 Precision: sums of 16-bit floats accumulate in float32 and round once at the end (like
 ``Tensor.sum`` does), since adding a few hundred bfloat16 rows one by one in bfloat16 loses most

@@ -18,6 +18,7 @@ import torch
 from ..analysis.reference import eval_node
 from ..config import Config, log
 from ..ir.node import Node
+from ..ir.ops import Op
 from ..schedule.fusion import KernelStep, Schedule
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -74,6 +75,10 @@ def group_fallback(step: KernelStep, schedule: Schedule) -> Callable[..., None]:
         tensors, sizes = args[:n_params], args[n_params:n_params + len(kernel.sizes)]
         bound = dict(zip(kernel.sizes, sizes))
         env: dict[Node, Any] = {by_name[p.name]: t for p, t in zip(kernel.params, tensors) if not p.is_output}
+        for p, out in zip(kernel.params, tensors):
+            node = by_name[p.name]
+            if p.is_output and node.op is Op.INDEX_PUT:
+                env[node.inputs[0]] = out.clone()  # the wrapper filled it with the tensor written into
 
         def value(node: Node) -> Any:
             if node not in env:
@@ -120,6 +125,9 @@ class CompiledProgram:
             if code == 3:
                 raise IndexError("index: index out of bounds (an index is below minus the size of the "
                                  "dimension it indexes, or not smaller than that size)")
+            if code == 4:
+                raise RuntimeError("index_add/scatter_add: index out of bounds (an index is negative or not "
+                                   "smaller than the size of the dimension it indexes)")
 
         def timed(kernel: str, fn: Callable[[], None]) -> None:
             start = time.perf_counter()

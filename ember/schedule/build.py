@@ -14,7 +14,7 @@ retries: ``NeedsBuffer`` (a reduction whose loops don't match this kernel's) or 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
@@ -66,6 +66,9 @@ class GroupSpec:
     outer: tuple[sympy.Expr, ...]
     inner: tuple[sympy.Expr, ...]
     ref: tuple | None = None  # (full shape, reduce dims) of the reduction that set the domain
+    # roots whose small static dim is unrolled into one store per position (a stack of 4 box
+    # coordinates): root -> that dim, which its home point holds at 0
+    unrolled: dict[Node, int] = field(default_factory=dict)
 
 
 class KernelBuilder:
@@ -119,7 +122,7 @@ class KernelBuilder:
     # ---- evaluation -----------------------------------------------------------------------
     def value_of(self, node: Node, point: Point) -> Value:
         if node in self.spec.homes:
-            if tuple(point) != tuple(self.spec.homes[node]):
+            if node in self.spec.unrolled or tuple(point) != tuple(self.spec.homes[node]):
                 raise Conflict(node, self._reader or node)
             return self.compute(node, point)
         if node in self.buffers:
@@ -293,14 +296,50 @@ class KernelBuilder:
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.op, position))
 
     # ---- the kernel ------------------------------------------------------------------------
+    def _homes(self, root: Node) -> list[Point]:
+        """Where the kernel evaluates a root: its home point, or one point per position of its
+        unrolled dim (the values of all positions share what they have in common)."""
+        home = tuple(self.spec.homes[root])
+        d = self.spec.unrolled.get(root)
+        if d is None:
+            return [home]
+        shape = root.inputs[1].shape if root.op is Op.INDEX_PUT else root.shape
+        return [home[:d] + (sympy.Integer(j),) + home[d + 1:] for j in range(int(shape[d]))]
+
+    def _put(self, root: Node, home: Point) -> None:
+        """A write at indices: the kernel runs over the written values (``home`` is a point of
+        ``src``) and stores (or adds) each where its indices point; the wrapper has filled the
+        buffer with the tensor written into."""
+        x, src, *indices = root.inputs
+        start, accumulate, error = root.arg
+        m = indices[0].rank
+        previous, self._reader = self._reader, root
+        value = self.value_of(src, home)
+        at = home[start:start + m]
+        syms = tuple(self.indirect(self.value_of(i, at), x.shape[start + j],
+                                   f"{root.origin or 'index_put'} dim {start + j}", error)
+                     for j, i in enumerate(indices))
+        self._reader = previous
+        if root.origin and root.origin not in self.origins:
+            self.origins.append(root.origin)
+        info = self.buffers[root]
+        self._writes[info.name] = root.dtype
+        index = offset(home[:start] + syms + home[start + m:], info.strides)
+        bound = tuple(sorted((s for s in index.free_symbols if is_indirect_var(s)), key=lambda s: s.name))
+        self._emit("store", root.dtype, (value, *(self._indirect[s] for s in bound)),
+                   Access(info.name, index, bound, bool(accumulate)), expr=index)
+
     def build(self) -> Kernel:
         for root in self.spec.roots:
-            home = self.spec.homes[root]
-            value = self.compute(root, home)
-            info = self.buffers[root]
-            self._writes[info.name] = root.dtype
-            index = offset(home, info.strides)
-            self._emit("store", root.dtype, (value,), Access(info.name, index), expr=index)
+            for home in self._homes(root):
+                if root.op is Op.INDEX_PUT:
+                    self._put(root, home)
+                    continue
+                value = self.compute(root, home)
+                info = self.buffers[root]
+                self._writes[info.name] = root.dtype
+                index = offset(home, info.strides)
+                self._emit("store", root.dtype, (value,), Access(info.name, index), expr=index)
         params = [Param(n, d, False) for n, d in self._reads.items() if n not in self._writes]
         params += [Param(n, d, True) for n, d in self._writes.items()]
         symbols: set[sympy.Symbol] = set()

@@ -28,6 +28,7 @@ from .kernel_ir import Kernel, inner_var, outer_var
 from .loops import collapse_dims
 
 BUFFER_OPS = frozenset({Op.INPUT, Op.EXTERN, Op.GETITEM, Op.TENSOR})
+MAX_UNROLL = 8  # widest stacked dim stored position by position
 
 
 @dataclass
@@ -35,6 +36,9 @@ class KernelStep:
     kernel: Kernel
     roots: list[Node]
     nodes: list[Node]       # every IR node the kernel computes (for fallback and reports)
+    # writes at indices (INDEX_PUT roots): what their buffers hold before the kernel runs, a
+    # tensor to copy (graph input, buffer or view) or a number to fill with
+    fills: dict[Node, Node | float | int | bool] = field(default_factory=dict)
 
 
 @dataclass
@@ -70,6 +74,25 @@ def _view_base(node: Node) -> Node:
     return node
 
 
+def fill_value(node: Node) -> float | int | bool | None:
+    """The number a tensor is filled with, when it is a broadcast constant (``zeros``)."""
+    while node.op in (Op.EXPAND, Op.RESHAPE, Op.CAST):
+        node = node.inputs[0]
+    if node.op is Op.CONST and isinstance(node.arg, (int, float, bool)):
+        return node.arg
+    return None
+
+
+def copied_base(put: Node) -> Node:
+    """The tensor a write at indices copies into its buffer first: casts are left to the copy
+    (``copy_`` converts as a cast does), so a bfloat16 tensor accumulated in float32 needs no
+    kernel of its own."""
+    base = put.inputs[0]
+    while base.op is Op.CAST:
+        base = base.inputs[0]
+    return base
+
+
 def _drop_ones(shape: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
     return tuple(s for s in shape if not sh.is_one(s))
 
@@ -83,6 +106,10 @@ class Planner:
         self.buffered: set[Node] = set()       # compute nodes that get a buffer
         self.views: dict[Node, Node] = {}      # replayed views -> their buffered base
         self.apart: set[frozenset[Node]] = set()  # root pairs that must not share a kernel
+        self.unrolled: dict[Node, int] = {}    # roots storing a small dim position by position
+        self._optimistic = False
+        self.shared: set[Node] = set()         # buffered so several kernels need not recompute them
+        self.released: set[Node] = set()       # ... then found to be read by their own kernel only
         self._choose_initial_buffers()
 
     # ---- 1. buffers the program needs ------------------------------------------------------
@@ -111,6 +138,11 @@ class Planner:
             if node.op is Op.EXTERN:
                 for x in node.inputs:
                     self._need_tensor(x)
+            if node.op is Op.INDEX_PUT:
+                # its kernel adds into a buffer that already holds the tensor written into
+                self.buffered.add(node)
+                if fill_value(node.inputs[0]) is None:
+                    self._need_tensor(copied_base(node))
             if not self.cfg.fusion and node.op in POINTWISE_OPS | REDUCE_OPS:
                 self.buffered.add(node)
 
@@ -118,7 +150,8 @@ class Planner:
     def subtree(self, root: Node) -> list[Node]:
         """Unbuffered compute nodes a root inlines (excluding the root), in graph order."""
         seen: set[Node] = set()
-        stack = list(root.inputs)
+        # a write at indices computes its values and indices; the tensor written into is copied
+        stack = list(root.inputs[1:] if root.op is Op.INDEX_PUT else root.inputs)
         while stack:
             n = stack.pop()
             if n in seen or n in self.buffered or not _is_compute(n) or n in self.views:
@@ -138,6 +171,9 @@ class Planner:
 
     def domain(self, root: Node, groups: list[GroupSpec]) -> tuple[tuple, tuple, Point, tuple | None]:
         """(outer extents, inner extents, home point, (F, reduce dims) or None)."""
+        self.unrolled.pop(root, None)
+        if root.op is Op.INDEX_PUT:  # a pointwise kernel over the values written
+            return self._pointwise_domain(root, root.inputs[1].shape)
         reductions = [n for n in [*self.subtree(root), root] if n.op in REDUCE_OPS]
         if reductions:
             # The reduction nearest the root sets the loops; earlier ones that do not fit them
@@ -156,9 +192,63 @@ class Planner:
             ref = g.ref
             if ref is not None and sh.shapes_equal(root.shape, ref[0]) and not reductions:
                 return g.outer, g.inner, _inner_home(*ref), ref
-        return _drop_ones(root.shape), (), _place(root.shape, outer_var), None
+        return self._pointwise_domain(root, root.shape)
+
+    def _pointwise_domain(self, root: Node, shape: sh.Shape) -> tuple[tuple, tuple, Point, None]:
+        """A pointwise root's domain: its shape, less a dim it unrolls."""
+        d = self._unroll_dim(root, shape)
+        if d is not None:
+            self.unrolled[root] = d
+            shape = shape[:d] + (sympy.Integer(1),) + shape[d + 1:]
+        return _drop_ones(shape), (), _place(shape, outer_var), None
+
+    def _unroll_dim(self, root: Node, shape: sh.Shape) -> int | None:
+        """The last dim, when it is small, static and stacked from parts (``torch.stack`` of box
+        coordinates): one store per part lets the parts share what they compute in common,
+        where a loop over the dim would recompute all of it for every part."""
+        dims = [d for d, s in enumerate(shape) if not sh.is_one(s)]
+        if len(dims) < 2 or not self.cfg.fusion:  # a lone dim of 4 is not worth a kernel shape
+            return None
+        d = dims[-1]
+        n = sh.static(shape[d])
+        if n is None or n > MAX_UNROLL:
+            return None
+        stacked = any(x.op is Op.CAT and x.arg == d and sh.shapes_equal(x.shape, shape)
+                      for x in [root, *self.subtree(root)])
+        return d if stacked else None
 
     def form_groups(self) -> list[GroupSpec]:
+        """Group roots by domain. First optimistically: a root not grouped yet is assumed to join
+        the kernel that reads it (the saved columns of a loss kernel join it, so a root they read
+        can too); if some root did not, and kernels now need each other, group again without."""
+        groups = self._form_groups(optimistic=True)
+        if self._acyclic(groups):
+            return groups
+        return self._form_groups(optimistic=False)
+
+    def _acyclic(self, groups: list[GroupSpec]) -> bool:
+        index = {r: i for i, g in enumerate(groups) for r in g.roots}
+        needs: list[set[int]] = []
+        for i, g in enumerate(groups):
+            read = {x for r in g.roots for x in self.reads(r)}
+            read |= {copied_base(r) for r in g.roots if r.op is Op.INDEX_PUT}
+            needs.append({index[x] for x in read if x in index} - {i})
+        state = [0] * len(groups)  # 0 new, 1 on the path, 2 done
+
+        def visit(i: int) -> bool:
+            if state[i] == 1:
+                return False
+            if state[i] == 2:
+                return True
+            state[i] = 1
+            ok = all(visit(j) for j in needs[i])
+            state[i] = 2
+            return ok
+
+        return all(visit(i) for i in range(len(groups)))
+
+    def _form_groups(self, optimistic: bool) -> list[GroupSpec]:
+        self._optimistic = optimistic
         roots = sorted(self.buffered, key=self.order.__getitem__)
         groups: list[GroupSpec] = []
         owner: dict[Node, GroupSpec] = {}
@@ -178,6 +268,8 @@ class Planner:
                 groups.append(target)
             target.roots.append(root)
             target.homes[root] = home
+            if root in self.unrolled:
+                target.unrolled[root] = self.unrolled[root]
             owner[root] = target
         for g in groups:
             g.roots.sort(key=self.order.__getitem__)
@@ -189,14 +281,33 @@ class Planner:
     def _blocked(self, root: Node, group: GroupSpec, owner: dict[Node, GroupSpec]) -> bool:
         if any(frozenset((root, r)) in self.apart for r in group.roots):
             return True
+        if self._put_blocked(root, group.roots):
+            return True
         # A cycle appears if root needs, through another kernel or an ATen call, something
         # this group computes, or the group needs root that way.
+        # Roots of this kernel are computed in it, so a path through one stays inside.
         members = set(group.roots)
-        return self._depends(root, members, direct_ok=True) or any(
-            self._depends(r, {root}, direct_ok=True) for r in group.roots)
+        ungrouped = {n for n in self.buffered if n not in owner} if self._optimistic else set()
+        inside = frozenset(members | {root} | ungrouped)
+        return self._depends(root, members, direct_ok=True, inside=inside) or any(
+            self._depends(r, {root}, direct_ok=True, inside=inside) for r in group.roots)
 
-    def _depends(self, node: Node, targets: set[Node], direct_ok: bool) -> bool:
-        """Does ``node`` need any of ``targets`` through a buffer boundary?"""
+    def _put_blocked(self, root: Node, members: list[Node]) -> bool:
+        """A write at indices is complete only when its kernel ends, and its buffer is filled
+        before the kernel starts: nothing in its kernel may read its result, and the tensor it
+        copies may not come from its kernel."""
+        for put, others in [(r, [root]) for r in members if r.op is Op.INDEX_PUT] + (
+                [(root, members)] if root.op is Op.INDEX_PUT else []):
+            base = copied_base(put)
+            for other in others:
+                if (other is base or self._depends(other, {put}, direct_ok=False)
+                        or self._depends(base, {other}, direct_ok=False)):
+                    return True
+        return False
+
+    def _depends(self, node: Node, targets: set[Node], direct_ok: bool, inside: frozenset[Node] = frozenset()) -> bool:
+        """Does ``node`` need any of ``targets`` through a buffer boundary? Buffered nodes in
+        ``inside`` (computed by the same kernel) are no boundary, except writes at indices."""
         stack = [(x, False) for x in node.inputs]
         seen: set[tuple[Node, bool]] = set()
         while stack:
@@ -204,7 +315,7 @@ class Planner:
             if (n, crossed) in seen:
                 continue
             seen.add((n, crossed))
-            boundary = n in self.buffered or n.op in BUFFER_OPS
+            boundary = (n in self.buffered and (n not in inside or n.op is Op.INDEX_PUT)) or n.op in BUFFER_OPS
             if n in targets and (crossed or not direct_ok):
                 return True
             if n in targets and not crossed:
@@ -269,9 +380,10 @@ class Planner:
     def plan(self) -> Schedule:
         for _attempt in range(10 * len(self.graph.nodes) + 10):
             groups = self.form_groups()
-            extra = self.costly_shared(groups)
+            extra = self.costly_shared(groups) - self.released
             if extra:
                 self.buffered |= extra
+                self.shared |= extra
                 continue
             infos = self.buffers()
             try:
@@ -282,8 +394,24 @@ class Planner:
             except Conflict as e:
                 self._separate(e, groups)
                 continue
+            local = self._local_shared(groups)
+            if local:
+                self.buffered -= local
+                self.released |= local
+                continue
             return self._schedule(groups, kernels, infos)
         raise RuntimeError("ember: fusion did not converge")  # a scheduler bug, not user error
+
+    def _local_shared(self, groups: list[GroupSpec]) -> set[Node]:
+        """Values buffered for sharing whose readers all ended up in their own kernel (the
+        kernel computes them once anyway): their stores would be written and never read."""
+        local: set[Node] = set()
+        for g in groups:
+            computed = {n for r in g.roots for n in [r, *self.subtree(r)]}
+            for n in g.roots:
+                if n in self.shared and all(u in computed for u in self.users[n]):
+                    local.add(n)
+        return local
 
     def _separate(self, e: Conflict, groups: list[GroupSpec]) -> None:
         reader_roots = [r for g in groups if e.root in g.roots for r in g.roots
@@ -313,7 +441,8 @@ class Planner:
         steps: list[Step] = []
         for g, k in zip(groups, kernels):
             nodes = sorted({n for r in g.roots for n in [r, *self.subtree(r)]}, key=self.order.__getitem__)
-            step = KernelStep(k, g.roots, nodes)
+            fills = {r: self._fill_source(r) for r in g.roots if r.op is Op.INDEX_PUT}
+            step = KernelStep(k, g.roots, nodes, fills)
             for r in g.roots:
                 producer[r] = step
         for node in self.graph.nodes:
@@ -343,9 +472,14 @@ class Planner:
                 place(producer[node])
         return Schedule(self.graph, steps, infos, kernels)
 
+    def _fill_source(self, put: Node) -> Node | float | int | bool:
+        value = fill_value(put.inputs[0])
+        return value if value is not None else copied_base(put)
+
     def _step_reads(self, step: Step) -> list[Node]:
         if isinstance(step, KernelStep):
-            return sorted({x for r in step.roots for x in self.reads(r)} - set(step.roots),
+            copied = {x for x in step.fills.values() if isinstance(x, Node)}
+            return sorted(({x for r in step.roots for x in self.reads(r)} | copied) - set(step.roots),
                           key=self.order.__getitem__)
         if isinstance(step, ExternStep):
             return list(step.node.inputs)

@@ -54,8 +54,10 @@ def is_indirect_var(s: sympy.Symbol) -> bool:
 class Access:
     buffer: str
     index: sympy.Expr  # element offset, in outer/inner vars and size symbols
-    # indirect variables of ``index``: bindings[i] is the value of the load's srcs[i]
+    # indirect variables of ``index``: bindings[i] is the value of the load's srcs[i] (of a
+    # store's srcs[i + 1]: its first source is the value stored)
     bindings: tuple[sympy.Symbol, ...] = ()
+    accumulate: bool = False   # a store that adds into the buffer, atomically (index_put's +=)
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,8 @@ class Value:
     kind: 'load' (arg Access; a gather's load lists its index values as sources, bound to the
     ``ind<k>`` variables of its index), 'const' (number or size expression), 'index' (an index
     expression as a value), 'alu' (arg: the pointwise Op; CAST converts to ``dtype``), 'reduce'
-    (arg ReduceArg; accumulates its single source over the inner domain), 'store' (arg Access),
+    (arg ReduceArg; accumulates its single source over the inner domain), 'store' (arg Access;
+    a write at indices lists the index values after the value, and may add instead of write),
     'checkindex' (arg: (bound, dim label, error code); its source clamped into [0, bound),
     flagging the error code on the CPU when it was not), 'search' (arg SearchArg: the position of
     its source in a sorted sequence, searchsorted's answer).
@@ -150,7 +153,7 @@ def format_kernel(k: Kernel) -> str:
             "inner" if v.inner else f"stage {v.stage}")
         srcs = ", ".join(names[id(s)] for s in v.srcs)
         if v.kind in ("load", "store"):
-            detail = f"{v.arg.buffer}[{v.arg.index}]"
+            detail = f"{v.arg.buffer}[{v.arg.index}]{' +=' if v.arg.accumulate else ''}"
         elif v.kind == "checkindex":
             detail = f"< {v.arg[0]}"
         elif v.kind == "search":

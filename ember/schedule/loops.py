@@ -13,7 +13,7 @@ import dataclasses
 import sympy
 
 from ..ir import shapes as sh
-from .kernel_ir import Access, Kernel, ReduceArg, Value, inner_var, outer_var
+from .kernel_ir import Kernel, ReduceArg, Value, inner_var, outer_var
 
 
 def _exprs(kernel: Kernel) -> list[sympy.Expr]:
@@ -47,7 +47,7 @@ def _rewrite(kernel: Kernel, mapping: dict[sympy.Symbol, sympy.Expr]) -> list[Va
     for v in kernel.values:
         arg = v.arg
         if v.kind in ("load", "store"):
-            arg = Access(arg.buffer, sympy.expand(arg.index.xreplace(mapping)), arg.bindings)
+            arg = dataclasses.replace(arg, index=sympy.expand(arg.index.xreplace(mapping)))
         elif v.kind == "index":
             arg = sympy.expand(arg.xreplace(mapping))
         elif v.kind == "reduce":

@@ -1,0 +1,179 @@
+"""Writes at indices: index_put (accumulating or not), index_add and scatter_add become one kernel
+over the written values that stores, or atomically adds, each where its indices point; what
+computes the values fuses into it, so the backward of a gather is one kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ember
+from ember import ragged
+from ember.ragged.segment import segment_mean, segment_sum
+from ember.workloads.giou import make_batch, ragged_giou_loss
+
+from .helpers import assert_same, check, kernel_count
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32]
+
+
+def _values(shape, dtype):
+    return torch.randn(shape).to(dtype) if dtype.is_floating_point else torch.randint(-9, 9, shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_accumulating_index_put_is_one_kernel_with_its_values(dtype):
+    x = _values((5, 7), dtype)
+    rows = torch.tensor([0, 2, 2, 4, -1, 2])     # duplicates add up; -1 counts from the end
+    cols = torch.tensor([1, 3, 3, 6, 0, 3])
+    v = _values((6,), dtype)
+
+    def fn(x, rows, cols, v):
+        return x.index_put((rows, cols), v * 3 + 1, accumulate=True)
+
+    report = check(fn, x, rows, cols, v)
+    assert report.fallbacks == []
+    # 16-bit floats accumulate in a float32 buffer, rounded by a second kernel
+    assert kernel_count(report) == (2 if dtype in (torch.bfloat16, torch.float16) else 1)
+    assert "ember_atomic_add" in report.kernels[0].source
+
+
+@pytest.mark.parametrize("case", ["leading_slice", "broadcast_values", "trailing_dims", "empty_index", "scalar_value"])
+def test_index_put_shapes_like_eager(case):
+    x = torch.randn(4, 6, 3)
+    if case == "leading_slice":     # x[:, i] += v
+        fn = lambda x, i, v: torch.ops.aten.index_put(x, [None, i], v, True)  # noqa: E731
+        args = (torch.tensor([5, 0, 5]), torch.randn(4, 3, 3))
+    elif case == "broadcast_values":
+        fn = lambda x, i, v: x.index_put((i,), v, accumulate=True)  # noqa: E731
+        args = (torch.tensor([[1, 1], [3, 0]]), torch.randn(3))
+    elif case == "trailing_dims":
+        fn = lambda x, i, j, v: x.index_put((i, j), v.exp(), accumulate=True)  # noqa: E731
+        args = (torch.tensor([0, 3, 3]), torch.tensor([2, 5, 5]), torch.randn(3, 3))
+    elif case == "empty_index":
+        fn = lambda x, i, v: x.index_put((i,), v, accumulate=True) * 2  # noqa: E731
+        args = (torch.zeros(0, dtype=torch.int64), torch.randn(0, 6, 3))
+    else:
+        fn = lambda x, i, v: x.index_put((i,), v, accumulate=True)  # noqa: E731
+        args = (torch.tensor([2, 2, 0]), torch.tensor(1.5))
+    report = check(fn, x, *args)
+    assert report.fallbacks == []
+
+
+def test_index_put_without_accumulate_stores_at_unique_indices():
+    def fn(x, i, v):
+        return x.index_put((i,), torch.sigmoid(v))
+
+    report = check(fn, torch.randn(6, 2), torch.tensor([4, 0, -1]), torch.randn(3, 2))
+    assert report.fallbacks == [] and kernel_count(report) == 1
+    assert "ember_atomic_add" not in report.kernels[0].source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_index_add_matches_eager(dtype, dim):
+    x = _values((4, 5), dtype)
+    index = torch.tensor([3, 0, 3]) if dim == 0 else torch.tensor([4, 4, 1])
+    source = _values((3, 5) if dim == 0 else (4, 3), dtype)
+    report = check(lambda x, i, s: x.index_add(dim, i, s, alpha=2), x, index, source)
+    assert report.fallbacks == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_scatter_add_and_scatter_reduce_sum(dtype):
+    x = torch.randn(4, 6).to(dtype)
+    index = torch.randint(0, 6, (3, 4))              # smaller than src and self: only part is added
+    src = torch.randn(4, 5).to(dtype)
+    report = check(lambda x, i, s: x.scatter_add(1, i, s * 2), x, index, src)
+    assert report.fallbacks == [] and kernel_count(report) == (2 if dtype == torch.bfloat16 else 1)
+    rows = torch.randint(0, 4, (3, 4))
+    report = check(lambda x, i, s: x.scatter_reduce(0, i, s, "sum"), x, rows, src)
+    assert report.fallbacks == []
+    check(lambda x, i, s: x.scatter_reduce(0, i, s, "amax"), x, rows, src)  # through ATen
+
+
+def test_bad_indices_raise_like_eager():
+    x = torch.zeros(4, 3)
+    with pytest.raises(IndexError):
+        ember.compile(lambda x, i: x.index_put((i,), torch.ones(3), accumulate=True))(x, torch.tensor([4]))
+    with pytest.raises(RuntimeError, match="out of bounds"):  # index_add takes no negative index
+        ember.compile(lambda x, i: x.index_add(0, i, torch.ones(1, 3)))(x, torch.tensor([-1]))
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        ember.compile(lambda x, i: x.scatter_add(0, i, torch.ones(1, 1)))(x, torch.tensor([[7]]))
+
+
+def test_unsupported_writes_run_through_aten():
+    report = check(lambda x, i: x.index_put((i,), torch.tensor(True), accumulate=True),
+                   torch.zeros(4, dtype=torch.bool), torch.tensor([1, 1]))
+    assert any("index_put" in f for f in report.fallbacks)
+    torch.use_deterministic_algorithms(True)
+    try:  # ATen's deterministic kernels, not atomics
+        report = check(lambda x, i, v: x.index_put((i,), v, accumulate=True),
+                       torch.zeros(4), torch.tensor([1, 1]), torch.ones(2))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert any("index_put" in f for f in report.fallbacks)
+
+
+def test_dynamic_sizes_do_not_recompile():
+    report = ember.Report()
+    fn = ember.compile(lambda x, i, v: x.index_put((i,), v * 2, accumulate=True), report=report, dynamic=True)
+    for n in (5, 9, 3, 40):
+        x, i, v = torch.randn(7, 2), torch.randint(0, 7, (n,)), torch.randn(n, 2)
+        assert_same(fn(x, i, v), x.index_put((i,), v * 2, accumulate=True))
+    assert len(report.graphs) == 1
+
+
+def test_gather_backward_is_one_kernel():
+    """The gradient of x[i, j] is an index_put(accumulate=True) of the incoming gradient:
+    computed and scattered by one kernel, after the buffer is zeroed."""
+    def fn(x, i, j):
+        return (x[i, j].sin() * 3).sum()
+
+    x, i, j = torch.randn(5, 6), torch.tensor([0, 4, 4, 2]), torch.tensor([1, 5, 5, 0])
+    report = ember.Report()
+    mine, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ember.compile(fn, report=report)(mine, i, j).backward()
+    fn(ref, i, j).backward()
+    torch.testing.assert_close(mine.grad, ref.grad)
+    backward = [g for g in report.graphs if g.kind == "backward"]
+    assert backward and len(backward[0].kernels) == 1 and report.fallbacks == []
+    assert ".zero_()" in backward[0].wrapper
+
+
+def test_ragged_giou_backward_is_one_kernel_storing_each_coordinate():
+    """The ragged GIoU loss's gradient (a stack of 4 coordinate gradients scattered into the
+    padded predictions) is one kernel that computes the shared terms once per box and adds the
+    4 coordinates with 4 stores, not a loop over coordinates recomputing everything."""
+    report = ember.Report()
+    fast = ember.compile(ragged_giou_loss, report=report)
+    for seed in (1, 2):
+        pred, targets, _ = make_batch(24, seed=seed)
+        targets = ragged.from_list(targets)
+        mine, ref = pred.clone().requires_grad_(), pred.clone().requires_grad_()
+        fast(mine, targets).backward()
+        ragged_giou_loss(ref, targets).backward()
+        torch.testing.assert_close(mine.grad, ref.grad, rtol=1e-5, atol=1e-7)
+    (backward,) = [g for g in report.graphs if g.kind == "backward"]
+    assert len(backward.kernels) == 1 and report.fallbacks == []
+    source = backward.kernels[0].source
+    assert source.count("ember_atomic_add(") == 4 and "for (int64_t o1" not in source
+
+
+def test_stack_of_coordinates_stores_each_position():
+    def fn(a, b):
+        s, d = a + b, a * b
+        return torch.stack([s - d, s + d, s * d, s / (d.abs() + 1)], -1)
+
+    report = check(fn, torch.randn(9, 5), torch.randn(9, 5))
+    assert kernel_count(report) == 1
+    assert "? " not in report.kernels[0].source, "positions are known: no select chain"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_segment_sums_compile_to_kernels(dtype):
+    r = ragged.from_list([torch.randn(n, 8).to(dtype) for n in (3, 0, 5, 1)])
+    for fn in (segment_sum, segment_mean):
+        report = check(fn, r, rtol=2e-2 if dtype == torch.bfloat16 else None,
+                       atol=2e-2 if dtype == torch.bfloat16 else None)
+        assert report.fallbacks == []
