@@ -14,7 +14,7 @@ part() {  # name, seconds, command...
   timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
   echo "$name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/parts.txt"
 }
-part fusion 260 python bench/gpu_fusion.py --backends triton,cuda --train
+part fusion 280 python bench/gpu_fusion.py --backends triton,cuda --train
 part giou 150 python -m ember.cli bench giou --device cuda --json "$OUT/giou.json"
 part ragged_suite 120 python bench/ragged_suite.py --device cuda --json "$OUT/ragged_suite.json"
 rm -rf "$OUT/cache-ignored"

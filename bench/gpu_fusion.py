@@ -1,19 +1,24 @@
 """GPU: eager vs Inductor vs ember (Triton, and CUDA C++ when built) on one device, one run.
 
     python bench/gpu_fusion.py [--cases relu_add,rmsnorm,...] [--backends triton,cuda] [--train]
+                               [--tuning heuristic,full] [--warm-process]
 
 Protocol (../shared/BENCHMARKS.md): correctness of every variant against a float64 reference on
 fresh random inputs, with the allocator's free memory poisoned with NaN first so unwritten output
 shows; then CUDA-event medians (triton.testing.do_bench), achieved GB/s over the minimum bytes
 against the copy bandwidth measured in the same run, kernel launches per call (torch.profiler),
-and compile latency (cold: empty caches; warm: a fresh compile that hits the caches).
+and compile latency (cold: empty caches; warm: a fresh compile that hits the caches, in this
+process after ``torch._dynamo.reset()`` and, with --warm-process, in a new process whose one-time
+costs (imports, CUDA context, Dynamo) were paid on another function first).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -134,8 +139,9 @@ def launches(fn, args) -> int:
                and not e.name.startswith("Memcpy") and not e.name.startswith("Memset"))
 
 
-def kernel_times(fn, args) -> str:
-    """Per-kernel device time of one call, and the launch configuration ember's tuner chose."""
+def kernel_times(fn, args, cache_dir: str | None = None) -> str:
+    """Per-kernel device time of one call, and the launch configuration ember chose for each (its
+    Triton tuner in ``cache_dir``, EMBER_CACHE_DIR by default)."""
     from torch.profiler import ProfilerActivity, profile
 
     from ember.runtime import triton_backend
@@ -144,11 +150,13 @@ def kernel_times(fn, args) -> str:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn(*args)
         torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     parts = [f"{e.name[:40]} {e.device_time:.1f}us" for e in prof.events()
              if e.device_type == torch.autograd.DeviceType.CUDA]
-    chosen = [f"{k.rsplit(':', 2)[-2]}@{k.rsplit(':', 1)[-1]}={v}" for t in triton_backend._tuners.values()
-              for k, v in t.best.items()]
-    return "; ".join(parts) + (f"\n    tuned: {chosen[-3:]}" if chosen else "")
+    tuner = triton_backend._tuners.get(Path(cache_dir or os.environ["EMBER_CACHE_DIR"]) / "triton" / "tuning.json")
+    chosen = [f"{k.rsplit(':', 2)[-2]}@{k.rsplit(':', 1)[-1]}={v}" for k, v in (tuner.chosen if tuner else {}).items()
+              if k.rsplit(":", 2)[-2] in names]
+    return "; ".join(parts) + (f"\n    configs: {chosen}" if chosen else "")
 
 
 TRAIN_CASES = ("rmsnorm", "softmax", "cross_entropy", "layernorm")
@@ -164,7 +172,8 @@ def train_step(fn, inputs, grad):
     return step
 
 
-def training(backends: list[str], scale: float, only: list[str]) -> list[list[str]]:
+def training(backends: list[str], scale: float, only: list[str], tunings: tuple[str, ...] = ("heuristic",),
+             log_tuning: bool = False) -> list[list[str]]:
     from triton.testing import do_bench
     rows = []
     for name in [c for c in TRAIN_CASES if not only or c in only]:
@@ -174,8 +183,10 @@ def training(backends: list[str], scale: float, only: list[str]) -> list[list[st
         out = fn(*inputs)
         grad = torch.randn_like(out) if out.dim() else None
         variants = {"eager": fn, "inductor": torch.compile(fn)}
-        for b in backends:
-            variants[f"ember-{b}"] = ember.compile(fn, options={"gpu_backend": b})
+        cache_dirs = {}
+        for vname, options in ember_variants(backends, list(tunings), log_tuning):
+            variants[vname] = ember.compile(fn, options=options)
+            cache_dirs[vname] = options.get("cache_dir")
         reference = None
         for vname, f in variants.items():
             step = train_step(f, inputs, grad)
@@ -193,7 +204,7 @@ def training(backends: list[str], scale: float, only: list[str]) -> list[list[st
             rows.append([name, vname, f"{ms * 1e3:.0f}", f"{peak:.0f}", f"{err:.1e}", str(launches(step, []))])
             print("  train " + " | ".join(rows[-1]), flush=True)
             if vname.startswith("ember"):
-                print(f"    kernels: {kernel_times(lambda *a, step=step: step(), [])}", flush=True)
+                print(f"    kernels: {kernel_times(lambda *a, step=step: step(), [], cache_dirs[vname])}", flush=True)
         del inputs, variants
         torch.cuda.empty_cache()
     return rows
@@ -218,6 +229,90 @@ def host_overhead(backends: list[str]) -> None:
     print("host time per call, RMSNorm 64x256 fp32: " + ", ".join(out))
 
 
+def ember_variants(backends: list[str], tunings: list[str], log_tuning: bool = False) -> list[tuple[str, dict]]:
+    """(variant name, ember options): Triton once per tuning mode; full tuning gets its own kernel
+    cache, so the heuristic runs never find its choices (``log_tuning``: it prints every timing)."""
+    out = []
+    for b in backends:
+        if b != "triton":
+            out.append((f"ember-{b}", {"gpu_backend": b}))
+            continue
+        for t in tunings:
+            options = {"gpu_backend": b, "triton_tuning": t}
+            if t != "heuristic":
+                options["cache_dir"] = f"{os.environ['EMBER_CACHE_DIR']}-{t}"
+                if log_tuning:
+                    options["debug"] = 1
+            out.append(("ember-triton" if t == "heuristic" else f"ember-triton-{t}", options))
+    return out
+
+
+def warm_child(name: str, scale: float) -> int:
+    """In a fresh process: pay the one-time costs (imports, CUDA context, Dynamo's first trace of
+    these ops) on the same function at half the size, then time the first call of ``name`` through
+    ember (Triton) and Inductor, with their caches warm on disk, and say where ember's time went.
+    Prints one JSON line."""
+    import torch._dynamo.backends.common as common
+    import torch._dynamo.guards as guards
+
+    from ember import api
+    from ember.runtime import triton_backend
+    spent = {"aot": 0.0, "ember": 0.0, "first_launch": 0.0, "guard_profile": 0.0}
+
+    def timed(key: str, fn):
+        def run(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[key] += (time.perf_counter() - t0) * 1e3
+        return run
+
+    common.aot_module_simplified = timed("aot", common.aot_module_simplified)
+    api.compile_graph = timed("ember", api.compile_graph)
+    triton_backend.Launcher._prepare = timed("first_launch", triton_backend.Launcher._prepare)
+    # Dynamo times each new guard set once, after flushing the CPU caches (any backend pays it)
+    if hasattr(guards, "profile_guard_manager"):
+        guards.profile_guard_manager = timed("guard_profile", guards.profile_guard_manager)
+    fn, make, _ = cases(scale)[name]
+    inputs, small = make(), cases(scale / 2)[name][1]()
+    out: dict[str, float] = {}
+    for label, compiler in (("ember", lambda f: ember.compile(f, options={"gpu_backend": "triton"})),
+                            ("inductor", torch.compile)):
+        compiler(fn)(*small)
+        torch.cuda.synchronize()
+        torch._dynamo.reset()
+        spent.update(aot=0.0, ember=0.0, first_launch=0.0, guard_profile=0.0)
+        t0 = time.perf_counter()
+        compiler(fn)(*inputs)
+        torch.cuda.synchronize()
+        out[label] = (time.perf_counter() - t0) * 1e3
+        out.update({f"{label}_{k}": v for k, v in spent.items()})
+    print(json.dumps(out))
+    return 0
+
+
+def warm_in_new_processes(selected: list[str], scale: float) -> None:
+    rows = []
+    for name in selected:
+        proc = subprocess.run([sys.executable, __file__, "--warm-child", name, "--scale", str(scale)],
+                              capture_output=True, text=True, timeout=300)
+        try:
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            print(f"  {name}: warm child failed: {proc.stderr[-800:]}")
+            continue
+        # ember's compile (its pipeline, module import, launchers) runs inside AOTAutograd's call
+        rest = r["ember"] - r["ember_aot"] - r["ember_first_launch"] - r["ember_guard_profile"]
+        rows.append([name, f"{r['ember']:.1f}", f"{rest:.1f}", f"{r['ember_guard_profile']:.1f}",
+                     f"{r['ember_aot'] - r['ember_ember']:.1f}", f"{r['ember_ember']:.1f}",
+                     f"{r['ember_first_launch']:.1f}", f"{r['inductor']:.1f}", f"{r['inductor_aot']:.1f}",
+                     f"{r['inductor_guard_profile']:.1f}"])
+        print("  warm process " + " | ".join(rows[-1]), flush=True)
+    print(table(rows, ["case", "ember ms", "Dynamo trace", "guard timing", "AOTAutograd", "ember compile",
+                       "first launch", "Inductor ms", "Ind. AOT+compile", "Ind. guard timing"]))
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--cases", default="")
@@ -225,7 +320,17 @@ def main() -> int:
     p.add_argument("--scale", type=float, default=1.0, help="shrink the problem sizes (smoke runs)")
     p.add_argument("--train", action="store_true", help="forward + backward of the memory-bound cases")
     p.add_argument("--no-forward", action="store_true", help="skip the forward-only table")
+    p.add_argument("--tuning", default="heuristic",
+                   help="Triton launch tuning(s) to compare: heuristic (the default, 'ember-triton') and/or "
+                        "full ('ember-triton-full', its own kernel cache)")
+    p.add_argument("--warm-process", action="store_true",
+                   help="also time each case's warm start in a new process (disk caches), with where it goes")
+    p.add_argument("--log-tuning", action="store_true", help="full tuning prints every candidate's time")
+    p.add_argument("--warm-child", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.warm_child:
+        return warm_child(args.warm_child, args.scale)
+    tunings = [t for t in args.tuning.split(",") if t]
     import triton
     from triton.testing import do_bench
 
@@ -242,38 +347,46 @@ def main() -> int:
         torch.manual_seed(0)
         inputs = make()
         ref = fn(*[x.double() if x.is_floating_point() else x for x in inputs])
-        variants = {"eager": fn}
+        variants, cache_dirs = {"eager": fn}, {}
         t0 = time.perf_counter()
         inductor = torch.compile(fn)
         inductor(*inputs)
         torch.cuda.synchronize()
         compile_ms = {"inductor": (time.perf_counter() - t0) * 1e3}
         variants["inductor"] = inductor
-        for backend in backends:
+        # Inductor's warm start, as ember's below: a fresh compile after a Dynamo reset
+        torch._dynamo.reset()
+        t0 = time.perf_counter()
+        torch.compile(fn)(*inputs)
+        torch.cuda.synchronize()
+        compile_ms["inductor warm"] = (time.perf_counter() - t0) * 1e3
+        for vname, options in ember_variants(backends, tunings, args.log_tuning):
             report = ember.Report()
             t0 = time.perf_counter()
-            fast = ember.compile(fn, options={"gpu_backend": backend}, report=report)
+            fast = ember.compile(fn, options=options, report=report)
             try:
                 fast(*inputs)
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001 -- report and go on with the other variants
-                print(f"  {name} ember-{backend}: FAILED {type(e).__name__}: {str(e)[:300]}")
+                print(f"  {name} {vname}: FAILED {type(e).__name__}: {str(e)[:300]}")
                 failed = True
                 continue
-            compile_ms[backend] = (time.perf_counter() - t0) * 1e3
+            compile_ms[vname] = (time.perf_counter() - t0) * 1e3
             errors = [g.error for g in report.graphs if g.error] + [k.name for k in report.kernels if not k.built]
             if errors:
-                print(f"  {name} ember-{backend}: fell back: {errors}")
-            variants[f"ember-{backend}"] = fast
+                print(f"  {name} {vname}: fell back: {errors}")
+            variants[vname] = fast
+            cache_dirs[vname] = options.get("cache_dir")
             # warm start: a fresh compile of the same program hits ember's and Triton's caches
             torch._dynamo.reset()
-            again = ember.compile(fn, options={"gpu_backend": backend})
+            again = ember.compile(fn, options=options)
             t0 = time.perf_counter()
             again(*inputs)
             torch.cuda.synchronize()
-            compile_ms[f"{backend} warm"] = (time.perf_counter() - t0) * 1e3
-            print(f"  {name} ember-{backend}: cold compile {compile_ms[backend]:.0f} ms, warm start "
-                  f"{compile_ms[backend + ' warm']:.0f} ms, Inductor cold {compile_ms['inductor']:.0f} ms", flush=True)
+            compile_ms[f"{vname} warm"] = (time.perf_counter() - t0) * 1e3
+            print(f"  {name} {vname}: cold compile {compile_ms[vname]:.0f} ms, warm start "
+                  f"{compile_ms[vname + ' warm']:.0f} ms; Inductor cold {compile_ms['inductor']:.0f} ms, "
+                  f"warm {compile_ms['inductor warm']:.0f} ms", flush=True)
         for vname, f in variants.items():
             poison()
             err = rel_error(f(*inputs), ref)
@@ -284,17 +397,21 @@ def main() -> int:
             gbs = nbytes(inputs) / (ms * 1e-3) / 1e9 if nbytes else float("nan")
             rows.append([name, vname, f"{ms * 1e3:.1f}", f"{gbs:.0f}" if nbytes else "-",
                          f"{100 * gbs * 1e9 / bw:.0f}%" if nbytes else "-", f"{err:.1e}",
-                         str(launches(f, inputs)),
-                         f"{compile_ms.get(vname.removeprefix('ember-'), float('nan')):.0f}"])
+                         str(launches(f, inputs)), f"{compile_ms.get(vname, float('nan')):.0f}",
+                         f"{compile_ms.get(vname + ' warm', float('nan')):.0f}"])
             print("  " + " | ".join(rows[-1]), flush=True)
             if vname.startswith("ember"):
-                print(f"    kernels: {kernel_times(f, inputs)}", flush=True)
+                print(f"    kernels: {kernel_times(f, inputs, cache_dirs.get(vname))}", flush=True)
         del inputs, ref, variants
         torch.cuda.empty_cache()
     if rows:
-        print(table(rows, ["case", "variant", "us", "GB/s", "of copy", "rel err", "launches", "compile ms"]))
+        print(table(rows, ["case", "variant", "us", "GB/s", "of copy", "rel err", "launches", "compile ms",
+                           "warm ms"]))
+    if args.warm_process:
+        warm_in_new_processes(selected, args.scale)
     if args.train:
-        train_rows = training(backends, args.scale, [c for c in args.cases.split(",") if c])
+        train_rows = training(backends, args.scale, [c for c in args.cases.split(",") if c], tuple(tunings),
+                              args.log_tuning)
         print(table(train_rows, ["case (fwd+bwd)", "variant", "us", "peak MiB", "grad rel err vs eager", "launches"]))
     host_overhead(backends)
     print(f"ember.stats() = {ember.stats()}")

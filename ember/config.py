@@ -8,6 +8,8 @@ overrides any field for one compiled function.
   EMBER_CACHE_DIR  where built kernels live (default ~/.cache/ember)
   EMBER_CXX        the C++ compiler for CPU kernels (default g++, else c++, else clang++)
   EMBER_GPU_BACKEND  'triton' or 'cuda'
+  EMBER_TRITON_TUNING  'heuristic' (one launch configuration per kernel and shape, from the
+                   shape) or 'full' (compile and time every candidate; slower first call)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 GPU_BACKENDS = ("triton", "cuda")
+TRITON_TUNINGS = ("heuristic", "full")
 TARGETS = ("cpp", *GPU_BACKENDS)
 
 
@@ -50,6 +53,11 @@ class Config:
     # Fix some Triton launch parameters instead of tuning them, e.g. {"PERSISTENT": False,
     # "RBLOCK": 16} (tests use it to run every code path under the interpreter).
     triton_launch: dict | None = None
+    # How Triton launch configurations are chosen: 'heuristic' compiles one per kernel and shape
+    # bucket, picked from the shape, the dtype and the SM count (cold compile ~0.2 s per kernel);
+    # 'full' compiles and times 4-25 candidates once (seconds per kernel) and remembers the
+    # fastest in the cache directory, where later 'heuristic' runs find and use it too.
+    triton_tuning: str = field(default_factory=lambda: os.environ.get("EMBER_TRITON_TUNING", "heuristic"))
     # Fuse at all (False: every op its own kernel, useful to bisect a wrong result).
     fusion: bool = True
     # Pointwise subtrees larger than this are stored once rather than recomputed in each kernel
@@ -70,6 +78,8 @@ class Config:
             overrides["cache_dir"] = Path(overrides["cache_dir"])
         if overrides.get("gpu_backend", "triton") not in GPU_BACKENDS:
             raise ValueError(f"gpu_backend must be one of {GPU_BACKENDS}, got {overrides['gpu_backend']!r}")
+        if overrides.get("triton_tuning", "heuristic") not in TRITON_TUNINGS:
+            raise ValueError(f"triton_tuning must be one of {TRITON_TUNINGS}, got {overrides['triton_tuning']!r}")
         if overrides.get("target") not in (None, *TARGETS):
             raise ValueError(f"target must be one of {TARGETS}, got {overrides['target']!r}")
         return dataclasses.replace(self, **overrides)

@@ -9,11 +9,13 @@ warning, and ``ember.stats()['graph_fallbacks']`` counts it.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import time
 import traceback
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,10 +31,12 @@ from .passes.pipeline import run_pipeline
 from .runtime import stats
 from .runtime.backend import BuiltKernels, backend_name, get_backend
 from .runtime.program import CompiledProgram, boxed, group_fallback
-from .schedule.fusion import KernelStep, plan
+from .schedule.fusion import KernelStep, Schedule, plan
 
 _graph_ids = itertools.count()
 _warned: set[str] = set()
+_planned: OrderedDict[str, tuple[Graph, Schedule, dict[str, Callable[..., None]]]] = OrderedDict()
+_PLANNED_MAX = 256
 
 
 def warn_once(key: str, message: str) -> None:
@@ -47,7 +51,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     report = rp.GraphReport(name, kind)
     start = time.perf_counter()
     try:
-        program = _compile(gm, name, cfg, report)
+        # what only a report shows (the IR after each pass, each kernel's source) is skipped
+        # when nobody asked for one: it is most of ember's own time on a warm start
+        program = _compile(gm, name, cfg, report, detail=sink is not None or cfg.debug > 0)
     except Exception as e:  # noqa: BLE001 -- any ember failure falls back, never the user's program
         report.error = f"{type(e).__name__}: {e}"
         stats.bump("graph_fallbacks")
@@ -62,6 +68,29 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     log(1, f"{name}: {len(report.kernels)} kernel(s), {len(report.fallbacks)} ATen call(s), "
            f"{report.compile_ms:.0f} ms", cfg)
     return program
+
+
+def _fingerprint(gm: torch.fx.GraphModule, kind: str, cfg: Config) -> str | None:
+    """What lowering, the passes and planning read: every FX node (op, target, arguments) with
+    its shape, stride, dtype and device, and the settings. None for graphs with tensor constants
+    (their values are not hashed)."""
+    # lowerings also read torch's deterministic-algorithms flag (no atomics under it)
+    parts = [kind, repr(cfg), str(_triton_interpreting()), str(torch.are_deterministic_algorithms_enabled())]
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            return None
+        parts.append(f"{node.op}|{node.name}|{node.target}|{node.args!r}|{node.kwargs!r}|"
+                     f"{_meta(node.meta.get('val'))}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _meta(val: Any) -> str:
+    if isinstance(val, torch.Tensor):
+        return (f"{tuple(val.shape)}/{val.stride()}/{val.storage_offset()}/{val.dtype}/{val.device}/"
+                f"{val.requires_grad}")
+    if isinstance(val, (list, tuple)):
+        return "(" + ",".join(_meta(v) for v in val) + ")"
+    return repr(val)
 
 
 def _triton_interpreting() -> bool:
@@ -79,9 +108,19 @@ def _graph_device(graph: Graph) -> str:
     return "cuda" if device.startswith("cuda") else device
 
 
-def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphReport) -> Callable[..., Any]:
-    graph = lower_graph(gm, name)
-    graph = run_pipeline(graph, cfg, report.passes)
+def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphReport,
+             detail: bool = True) -> Callable[..., Any]:
+    # A graph planned before in this process (the same FX code over the same shapes, strides
+    # and dtypes, e.g. after torch._dynamo.reset()) skips lowering, passes and planning. Kernels
+    # are still built afresh (from the disk cache), so launch state is never shared.
+    key = _fingerprint(gm, name.rsplit("_", 1)[0], cfg)
+    hit = _planned.get(key) if key is not None and not detail else None
+    if hit is not None:
+        _planned.move_to_end(key)
+        graph, schedule, fallbacks = hit
+    else:
+        graph = lower_graph(gm, name)
+        graph = run_pipeline(graph, cfg, report.passes if detail else None)
     device = _graph_device(graph)
     natural = backend_name(device, cfg)
     target = cfg.target or natural
@@ -90,10 +129,16 @@ def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphR
     # Under TRITON_INTERPRET=1 Triton kernels run on CPU tensors (how the tests check them).
     render_only = target != natural and not (target == "triton" and device == "cpu" and _triton_interpreting())
     report.target = target
-    schedule = plan(graph, cfg)
+    if hit is None:
+        schedule = plan(graph, cfg)
+        fallbacks = {s.kernel.name: group_fallback(s, schedule) for s in schedule.steps
+                     if isinstance(s, KernelStep)}
+        if key is not None:
+            _planned[key] = (graph, schedule, fallbacks)
+            while len(_planned) > _PLANNED_MAX:
+                _planned.popitem(last=False)
     stats.bump("graphs_compiled")
     stats.bump("kernels_generated", len(schedule.kernels))
-    fallbacks = {s.kernel.name: group_fallback(s, schedule) for s in schedule.steps if isinstance(s, KernelStep)}
     built = BuiltKernels() if render_only else backend.build(schedule.kernels, cfg, fallbacks)
 
     calls: dict[str, KernelCall] = {}
@@ -103,8 +148,8 @@ def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphR
             continue
         k = step.kernel
         ok = k.name in built.functions
-        report.kernels.append(rp.KernelReport(k.name, backend.name, backend.render(k), list(k.origins), str(k),
-                                              built=ok))
+        report.kernels.append(rp.KernelReport(k.name, backend.name, backend.render(k) if detail else "",
+                                              list(k.origins), str(k) if detail else "", built=ok))
         if ok:
             namespace[k.name] = built.functions[k.name]
             calls[k.name] = KernelCall(k.name, uses_error_flag=backend.uses_error_flag(k),

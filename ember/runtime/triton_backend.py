@@ -2,9 +2,11 @@
 
 Each kernel gets a ``Launcher``: it evaluates the kernel's extents from its size arguments, picks
 a launch configuration (block sizes, warps) for that shape bucket, and launches on PyTorch's current
-stream. Configurations are tuned once per (kernel, power-of-two shape bucket) by timing a few
-candidates, and remembered on disk next to the kernel cache. Triton compiles a kernel at its first
-launch; if that fails, the launcher warns once and runs the group through ATen from then on.
+stream. Configurations come from ``triton_configs``: by default one per (kernel, power-of-two shape
+bucket), chosen from the shape (``triton_tuning="heuristic"``); with ``triton_tuning="full"`` every
+candidate is compiled and timed once and the fastest remembered on disk next to the kernel cache.
+Triton compiles a kernel at its first launch; if no configuration compiles, the launcher warns once
+and runs the group through ATen from then on.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import sys
 import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,14 +28,10 @@ from ..codegen import triton as tr
 from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
 from . import stats
+from . import triton_configs as tc
 from .backend import Backend, BuildError, BuiltKernels
 
-MAX_PERSISTENT = 32768   # widest row kept whole in registers (elements)
 _tuning_lock = threading.Lock()
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 def _interpreting() -> bool:
@@ -45,14 +44,18 @@ class Tuner:
 
     def __init__(self, path: Path):
         self.path = path
-        self.best: dict[str, dict[str, Any]] = {}
+        self.best: dict[str, dict[str, Any]] = {}     # timed choices, saved in ``path``
+        self.chosen: dict[str, dict[str, Any]] = {}   # every bucket's configuration in this process
         try:
             self.best = json.loads(path.read_text())
         except (OSError, ValueError):
             self.best = {}
 
-    def pick(self, key: str, candidates: list[dict[str, Any]], run: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    def pick(self, key: str, candidates: list[dict[str, Any]], run: Callable[[dict[str, Any]], None],
+             cfg: Config | None = None) -> dict[str, Any]:
+        """The fastest of ``candidates`` (each timed by running it), remembered under ``key``."""
         if key in self.best:
+            self.chosen[key] = self.best[key]
             return self.best[key]
         if len(candidates) == 1 or _interpreting() or not torch.cuda.is_available():
             choice = candidates[0]
@@ -69,9 +72,9 @@ class Tuner:
                 raise RuntimeError(f"no launch configuration compiled; the last error: {error}") from error
             timings.sort(key=lambda t: t[0])
             choice = timings[0][1]
-            log(1, f"tuned {key}: " + "; ".join(f"{ms * 1e3:.1f}us {c}" for ms, c in timings[:6]))
+            log(1, f"tuned {key}: " + "; ".join(f"{ms * 1e3:.1f}us {c}" for ms, c in timings), cfg)
         with _tuning_lock:
-            self.best[key] = choice
+            self.best[key] = self.chosen[key] = choice
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = self.path.with_suffix(".tmp")
@@ -86,7 +89,8 @@ class Launcher:
     """Launches one generated Triton kernel from the wrapper's (tensors..., sizes...) call."""
 
     def __init__(self, name: str, fn: Any, meta: dict[str, Any], source_hash: str, tuner: Tuner,
-                 fallback: Callable[..., None] | None, forced: dict[str, Any] | None = None):
+                 fallback: Callable[..., None] | None, forced: dict[str, Any] | None = None,
+                 hints: tc.KernelHints | None = None, tuning: str = "heuristic", cfg: Config | None = None):
         self.name = name
         self.fn = fn
         self.meta = meta
@@ -100,47 +104,16 @@ class Launcher:
         self.fallback = fallback
         self.failed = False
         self.forced = forced or {}
+        self.hints = hints or tc.KernelHints()
+        self.tuning = tuning
+        self.cfg = cfg
+        self.device_index: int | None = None
         self._launches: dict[tuple[int, int, bool], Callable[..., None]] = {}
         self._workspace: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def candidates(self, outer: int, inner: int) -> list[dict[str, Any]]:
-        found = self._candidates(outer, inner)
-        if not self.forced:
-            return found
-        matching = [c for c in found if all(c.get(k) == v for k, v in self.forced.items())]
-        return matching or [{**found[0], **self.forced}]
-
-    def _candidates(self, outer: int, inner: int) -> list[dict[str, Any]]:
-        if self.kind == "pointwise":
-            return [dict(XBLOCK=b, RBLOCK=1, num_warps=w, PERSISTENT=False)
-                    for b, w in ((1024, 4), (2048, 8), (4096, 8), (512, 4))]
-        if self.kind == "full":
-            return [dict(XBLOCK=1, RBLOCK=b, num_warps=w, PERSISTENT=False)
-                    for b, w in ((2048, 8), (1024, 4), (4096, 8), (512, 4))]
-        out = []
-        if inner <= MAX_PERSISTENT:
-            rblock = _next_pow2(max(inner, 1))
-            for x in (1, 2, 4, 8, 16, 32, 64):
-                tile = x * rblock
-                if tile > MAX_PERSISTENT or x > _next_pow2(outer):
-                    continue
-                warps = 4 if tile <= 2048 else 8 if tile <= 8192 else 16 if tile <= 16384 else 32
-                out.append(dict(XBLOCK=x, RBLOCK=rblock, num_warps=warps, PERSISTENT=True))
-                if warps < 32 and tile >= 4096:
-                    out.append(dict(XBLOCK=x, RBLOCK=rblock, num_warps=warps * 2, PERSISTENT=True))
-        # column reductions (the reduced dim is not the contiguous one, e.g. a bias gradient):
-        # several columns per program so each row's loads fill whole 32-byte sectors, and enough
-        # programs left to fill the GPU
-        for x, rblock, warps in ((16, 256, 4), (16, 512, 8), (32, 256, 8), (64, 64, 4), (128, 32, 8)):
-            if outer >= x:
-                out.append(dict(XBLOCK=x, RBLOCK=rblock, num_warps=warps, PERSISTENT=False, num_stages=2))
-        # one-warp programs reduce with shuffles only, no barriers: long rows are latency-bound
-        for x, rblock, warps, stages in ((1, 2048, 8, 1), (1, 4096, 16, 1), (1, 1024, 4, 1), (1, 2048, 8, 3),
-                                         (1, 1024, 4, 3), (2, 1024, 8, 2), (4, 512, 8, 2), (1, 1024, 1, 3),
-                                         (1, 2048, 2, 3), (1, 512, 1, 2), (2, 512, 2, 3)):
-            if rblock < 2 * _next_pow2(max(inner, 1)) and x <= _next_pow2(outer):
-                out.append(dict(XBLOCK=x, RBLOCK=rblock, num_warps=warps, PERSISTENT=False, num_stages=stages))
-        return out or [dict(XBLOCK=1, RBLOCK=1024, num_warps=4, PERSISTENT=False)]
+        return tc.candidates(self.kind, outer, inner, self.hints, self.tuning, tc.sm_count(self.device_index),
+                             self.forced)
 
     def workspace(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if device not in self._workspace:
@@ -163,7 +136,10 @@ class Launcher:
         launch = self._launches.get(key)
         try:
             if launch is None:
-                launch = self._launches[key] = self._prepare(args, outer, inner)
+                launch, ran = self._prepare(args, outer, inner)
+                self._launches[key] = launch
+                if ran:
+                    return
             launch(args, outer, inner)
         except Exception as e:  # noqa: BLE001 -- a kernel Triton cannot compile falls back, once
             if self.fallback is None:
@@ -174,9 +150,11 @@ class Launcher:
                           f"{str(e)[-1500:]}); its ops run through ATen instead.", RuntimeWarning, stacklevel=2)
             self.fallback(*args)
 
-    def _prepare(self, args: tuple[Any, ...], outer: int, inner: int) -> Callable[..., None]:
+    def _prepare(self, args: tuple[Any, ...], outer: int, inner: int) -> tuple[Callable[..., None], bool]:
+        """The launch for this shape bucket, and whether preparing it already ran this call."""
         tensors = args[:self.n_params]
         device = tensors[0].device if tensors else torch.device("cuda")
+        self.device_index = device.index if device.type == "cuda" else None
         ws, counter = self.workspace(device)
         fn, kind, multi, n = self.fn, self.kind, self.meta["multi_program"], self.n_params
 
@@ -198,7 +176,7 @@ class Launcher:
                     grid = (max(nprog, 1),)
                 else:
                     nprog, grid = 1, (triton_cdiv(outer, xblock),)
-                nblock = _next_pow2(nprog)
+                nblock = tc.next_pow2(nprog)
                 # Triton compiles per specialization (16-byte aligned pointers, ints that are 1 or
                 # multiples of 16); once a specialization is compiled, launch it directly and skip
                 # Triton's per-call argument binding.
@@ -215,12 +193,31 @@ class Launcher:
 
             return launch
 
-        bucket = f"{self.key}:{_next_pow2(outer)}x{_next_pow2(inner)}"
+        bucket = f"{self.key}:{tc.next_pow2(outer)}x{tc.next_pow2(inner)}"
         if self.forced:
             bucket += f":{sorted(self.forced.items())}"
-        chosen = self.tuner.pick(bucket, self.candidates(outer, inner),
-                                 lambda c: launch_with(c)(args, outer, inner))
-        return launch_with(chosen)
+        configs = self.candidates(outer, inner)
+        if self.tuning == "full" and not self.hints.accumulates:
+            chosen = self.tuner.pick(bucket, configs, lambda c: launch_with(c)(args, outer, inner), self.cfg)
+            return launch_with(chosen), False
+        # One configuration, no timing runs: this call's launch compiles it. A configuration
+        # tuned earlier (triton_tuning="full", same cache) wins; the next one is tried only if
+        # one does not compile (a compile error is raised before anything runs).
+        stored = self.tuner.best.get(bucket)
+        error: Exception | None = None
+        for c in ([stored] if stored else []) + configs:
+            launch = launch_with(c)
+            try:
+                launch(args, outer, inner)
+            except Exception as e:  # noqa: BLE001 -- too many registers or too much shared memory
+                log(1, f"{self.name}: launch configuration {c} failed ({type(e).__name__}); trying the next",
+                    self.cfg)
+                error = e
+                continue
+            log(2, f"{self.name} {bucket.rsplit(':', 1)[-1]}: {c}", self.cfg)
+            self.tuner.chosen[bucket] = c
+            return launch, True
+        raise error if error is not None else RuntimeError(f"no launch configuration for {self.name}")
 
 
 def _specialization(args: tuple[Any, ...], n_tensors: int, outer: int, inner: int) -> tuple[Any, ...]:
@@ -257,10 +254,19 @@ class TritonBackend(Backend):
 
     def build_module(self, kernels: list[Kernel], cfg: Config, fallbacks: dict[str, Callable[..., None]] | None = None
                      ) -> BuiltKernels:
-        try:
-            source = self.render_module(kernels)
-        except tr.RenderError as e:
-            raise BuildError(str(e)) from None
+        # the same kernel objects again (a graph the driver planned before): reuse the source
+        ident = tuple(id(k) for k in kernels)
+        rendered = _rendered.get(ident)
+        if rendered is None:
+            try:
+                source = self.render_module(kernels)
+            except tr.RenderError as e:
+                raise BuildError(str(e)) from None
+            # the kernels ride along so that their ids stay theirs while the entry lives
+            rendered = _rendered[ident] = (list(kernels), source, [tc.hints_of(k) for k in kernels])
+            while len(_rendered) > 256:
+                _rendered.popitem(last=False)
+        _, source, hints = rendered
         digest = hashlib.sha256(source.encode()).hexdigest()[:32]
         path = Path(cfg.cache_dir) / "triton" / f"k{digest}.py"
         cached = path.exists()
@@ -277,11 +283,13 @@ class TritonBackend(Backend):
         log(1, f"{'loaded' if cached else 'wrote'} {len(kernels)} Triton kernel(s): {path}", cfg)
         tuner = _tuner(cfg)
         functions = {k.name: Launcher(k.name, getattr(module, k.name), module.LAUNCH[k.name], digest, tuner,
-                                      (fallbacks or {}).get(k.name), cfg.triton_launch) for k in kernels}
+                                      (fallbacks or {}).get(k.name), cfg.triton_launch, h, cfg.triton_tuning, cfg)
+                     for k, h in zip(kernels, hints)}
         return BuiltKernels(functions, module_source=source, keepalive=[module])
 
 
 _tuners: dict[Path, Tuner] = {}
+_rendered: OrderedDict[tuple[int, ...], tuple[list[Kernel], str, list[tc.KernelHints]]] = OrderedDict()
 
 
 def _tuner(cfg: Config) -> Tuner:

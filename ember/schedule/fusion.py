@@ -395,8 +395,9 @@ class Planner:
                 self._separate(e, groups)
                 continue
             local = self._local_shared(groups)
-            if local:
+            if local:  # each at most once: a later NeedsBuffer or Conflict may buffer it again
                 self.buffered -= local
+                self.shared -= local
                 self.released |= local
                 continue
             return self._schedule(groups, kernels, infos)
@@ -409,7 +410,7 @@ class Planner:
         for g in groups:
             computed = {n for r in g.roots for n in [r, *self.subtree(r)]}
             for n in g.roots:
-                if n in self.shared and all(u in computed for u in self.users[n]):
+                if n in self.shared and n not in self.released and all(u in computed for u in self.users[n]):
                     local.add(n)
         return local
 

@@ -1,0 +1,208 @@
+"""Launch configurations for ember's Triton kernels: picked from the shape, or tuned exhaustively.
+
+A configuration is ``dict(XBLOCK, RBLOCK, num_warps, PERSISTENT, num_stages)``. Compiling one costs
+~100-200 ms of Triton and ptxas time, so by default (``triton_tuning="heuristic"``) a kernel gets
+one configuration per shape bucket, chosen from what it reads (``KernelHints``), the shape and the
+GPU's SM count, with no timing runs. ``triton_tuning="full"`` compiles and times every candidate of
+``exhaustive`` (15-25 for a row kernel) and remembers the fastest on disk.
+
+The heuristic follows what full tuning chose on an H200 (bench/RESULTS.md): pointwise kernels
+move 16 bytes per thread and load; rows up to 16384 wide stay whole in registers (one pass over
+memory), packing narrow rows into tiles of 4096 elements, 16 per thread; wider rows that are only
+reduced loop over 1024-wide chunks with one warp per row (shuffle-only reductions, pipelined
+loads), wider rows that are also written take 4 rows per program; column sums take 16 columns
+per program so each row's read fills whole 32-byte sectors. Compile time grows with the elements
+each thread holds, so among equally fast choices the heuristic takes fewer.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+
+from ..schedule.kernel_ir import Kernel, inner_var, is_indirect_var
+
+MAX_PERSISTENT = 32768    # widest row any candidate keeps whole in registers (elements)
+HEURISTIC_PERSISTENT = 16384  # widest row the heuristic keeps whole (wider rows looped faster)
+DEFAULT_SMS = 132         # H100/H200, for interpreter runs and machines without CUDA
+
+Config = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class KernelHints:
+    """What a kernel's accesses say about its best launch, read from its kernel IR."""
+
+    itemsize: int = 4                 # narrowest element the kernel streams (bytes)
+    columns: bool = False             # the reduced dim is strided in memory (a column sum)
+    writes_rows: bool = False         # stores inside its inner loops (writes whole rows)
+    accumulates: bool = False         # adds into an output: one run per call, never timed
+
+
+def hints_of(kernel: Kernel) -> KernelHints:
+    """Hints from the loads and stores of ``kernel``; any surprise gives the defaults."""
+    try:
+        return _hints_of(kernel)
+    except Exception:  # noqa: BLE001 -- a hint is an optimization, never a reason to fail
+        return KernelHints()
+
+
+def _hints_of(kernel: Kernel) -> KernelHints:
+    last = inner_var(len(kernel.inner) - 1) if kernel.inner else None
+    sizes, contiguous, strided = [], 0, 0
+    for v in kernel.values:
+        if v.kind not in ("load", "store"):
+            continue
+        index = sympy.sympify(v.arg.index)
+        if any(is_indirect_var(s) for s in index.free_symbols):
+            continue  # gathers and scatters: their layout says nothing about the tile
+        names = {s.name for s in index.free_symbols}
+        varying = any(n[0] == "o" and n[1:].isdigit() for n in names)
+        if v.kind == "load" and v.inner and last is not None:
+            # loads the same for every outer index (a norm's weight, the row statistics a column
+            # sum reads) say nothing about the layout of the tile
+            step = sympy.diff(index, last)
+            if varying and step == 1:
+                contiguous += 1
+            elif varying and step != 0:
+                strided += 1
+        if varying or v.inner:
+            sizes.append(v.dtype.itemsize)
+    stores = [v for v in kernel.values if v.kind == "store"]
+    return KernelHints(itemsize=min(sizes, default=4), columns=strided > contiguous,
+                       writes_rows=any(v.inner for v in stores),
+                       accumulates=any(getattr(v.arg, "accumulate", False) for v in stores))
+
+
+@functools.cache
+def sm_count(device_index: int | None) -> int:
+    try:
+        import torch
+        if torch.cuda.is_available():
+            index = torch.cuda.current_device() if device_index is None else device_index
+            return int(torch.cuda.get_device_properties(index).multi_processor_count)
+    except Exception:  # noqa: BLE001 -- no driver: the default is as good as any
+        pass
+    return DEFAULT_SMS
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _prev_pow2(n: int) -> int:
+    return 1 << max(0, int(n).bit_length() - 1)
+
+
+def _config(x: int, r: int, warps: int, persistent: bool = False, stages: int = 1) -> Config:
+    return dict(XBLOCK=x, RBLOCK=r, num_warps=warps, PERSISTENT=persistent, num_stages=stages)
+
+
+def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = DEFAULT_SMS) -> list[Config]:
+    """The configuration for this shape first, then safer ones to fall back on if it does not
+    compile (too many registers, too much shared memory). Only the first normally compiles."""
+    # elements per thread so that each thread moves 16 bytes per load (4 fp32, 8 bf16)
+    per_thread = 16 // min(max(hints.itemsize, 2), 4)
+    if kind == "pointwise":
+        xblock = min(128 * per_thread, max(64, next_pow2(outer)))
+        warps = max(1, min(4, xblock // (32 * per_thread)))
+        return [_config(xblock, 1, warps), _config(1024, 1, 4)]
+    if kind == "full":
+        # one program strides over the whole reduction, or many programs write partials; 8
+        # elements per thread (more unroll more code: 16 per thread compile ~1.5x longer)
+        rblock = min(2048, max(128, next_pow2(inner)))
+        return [_config(1, rblock, max(1, rblock // 256)), _config(1, 1024, 4)]
+    safe = _config(1, min(1024, max(16, next_pow2(inner))), 4)
+    rows = next_pow2(outer)
+    if hints.columns:
+        # 16 adjacent columns per program: each row of the tile is 32+ contiguous bytes
+        xblock = min(16, rows)
+        rblock = min(next_pow2(inner), max(16, 8192 // xblock), 4096)
+        return [_config(xblock, rblock, 8, stages=2), safe]
+    width = next_pow2(max(inner, 1))
+    if width <= HEURISTIC_PERSISTENT:
+        # narrow rows share a program: tiles of 4096 elements, 16 per thread (at 4096 wide,
+        # one row and 8 warps was fastest or within 1% for every norm, softmax and backward;
+        # 32 per thread compile ~1.6x longer)
+        xblock = _fill(outer, max(1, min(4096 // width, rows)), sms)
+        warps = max(4, min(32, xblock * width // 512))
+        return [_config(xblock, width, warps, persistent=True), safe]
+    if hints.writes_rows:
+        # wide rows read twice and written (a log-softmax backward): 4 rows per program in
+        # 512-wide chunks, 8 warps (300 us against 357 for one warp per row, 8192 x 32000 bf16)
+        return [_config(_fill(outer, min(4, rows), sms), min(width, 512), 8, stages=2), safe]
+    # wide rows only reduced (a cross-entropy's statistics): warps per row so that about 16
+    # warps per SM are busy; one-warp programs reduce with shuffles alone (no barriers) and
+    # pipeline their loads
+    warps = max(1, min(16, _prev_pow2(max(1, sms * 16 // max(outer, 1)))))
+    rblock = min(width, max(1024, warps * 256))
+    stages = 3 if warps <= 4 else 1
+    return [_config(1, rblock, warps, stages=stages), safe]
+
+
+def _fill(outer: int, xblock: int, sms: int) -> int:
+    """Fewer rows per program while that leaves fewer than two programs per SM."""
+    while xblock > 1 and -(-outer // xblock) < 2 * sms:
+        xblock //= 2
+    return xblock
+
+
+def exhaustive(kind: str, outer: int, inner: int) -> list[Config]:
+    """Every candidate ``triton_tuning="full"`` compiles and times."""
+    if kind == "pointwise":
+        return [_config(b, 1, w) for b, w in ((1024, 4), (2048, 8), (4096, 8), (512, 4))]
+    if kind == "full":
+        return [_config(1, b, w) for b, w in ((2048, 8), (1024, 4), (4096, 8), (512, 4))]
+    out = []
+    if inner <= MAX_PERSISTENT:
+        rblock = next_pow2(max(inner, 1))
+        for x in (1, 2, 4, 8, 16, 32, 64):
+            tile = x * rblock
+            if tile > MAX_PERSISTENT or x > next_pow2(outer):
+                continue
+            warps = 4 if tile <= 2048 else 8 if tile <= 8192 else 16 if tile <= 16384 else 32
+            out.append(_config(x, rblock, warps, persistent=True))
+            if warps < 32 and tile >= 4096:
+                out.append(_config(x, rblock, warps * 2, persistent=True))
+    # column reductions (the reduced dim is not the contiguous one, e.g. a bias gradient):
+    # several columns per program so each row's loads fill whole 32-byte sectors, and enough
+    # programs left to fill the GPU
+    for x, rblock, warps in ((16, 256, 4), (16, 512, 8), (32, 256, 8), (64, 64, 4), (128, 32, 8)):
+        if outer >= x:
+            out.append(_config(x, rblock, warps, stages=2))
+    # one-warp programs reduce with shuffles only, no barriers: long rows are latency-bound
+    for x, rblock, warps, stages in ((1, 2048, 8, 1), (1, 4096, 16, 1), (1, 1024, 4, 1), (1, 2048, 8, 3),
+                                     (1, 1024, 4, 3), (2, 1024, 8, 2), (4, 512, 8, 2), (1, 1024, 1, 3),
+                                     (1, 2048, 2, 3), (1, 512, 1, 2), (2, 512, 2, 3)):
+        if rblock < 2 * next_pow2(max(inner, 1)) and x <= next_pow2(outer):
+            out.append(_config(x, rblock, warps, stages=stages))
+    return out or [_config(1, 1024, 4)]
+
+
+def candidates(kind: str, outer: int, inner: int, hints: KernelHints, tuning: str, sms: int = DEFAULT_SMS,
+               forced: Config | None = None) -> list[Config]:
+    """What to try, in order: with ``tuning="heuristic"`` the first that compiles is used; with
+    ``"full"`` all are timed, the heuristic's choice first among them."""
+    picked = heuristic(kind, outer, inner, hints, sms)
+    if tuning == "full" and not hints.accumulates:
+        found = _dedupe(picked[:1] + exhaustive(kind, outer, inner))
+    else:
+        found = picked
+    if not forced:
+        return found
+    pool = found + ([] if tuning == "full" else exhaustive(kind, outer, inner))
+    matching = [c for c in pool if all(c.get(k) == v for k, v in forced.items())]
+    return _dedupe(matching) or [{**found[0], **forced}]
+
+
+def _dedupe(configs: list[Config]) -> list[Config]:
+    seen, out = set(), []
+    for c in configs:
+        key = tuple(sorted({"num_stages": 1, **c}.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out

@@ -1,0 +1,205 @@
+"""Triton launch configurations: the shape heuristic (one compile per kernel and shape bucket),
+full tuning behind ``triton_tuning="full"``, and the launcher's fallback to a safer configuration.
+CPU-only: the heuristic is plain arithmetic, kernels come from ``explain``, and launches go to a
+fake kernel."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+from ember.config import Config
+from ember.runtime import triton_backend
+from ember.runtime import triton_configs as tc
+
+ROWS = tc.KernelHints(itemsize=2)                        # norms, softmax, cross-entropy: reduce
+ROWS_WRITTEN = tc.KernelHints(itemsize=2, writes_rows=True)  # and write the row
+SMS = 132
+
+
+def first(kind, outer, inner, hints, sms=SMS):
+    return tc.heuristic(kind, outer, inner, hints, sms)[0]
+
+
+def test_heuristic_matches_what_full_tuning_chose_on_an_h200():
+    # bench/gpu_fusion.py shapes; full tuning's winners (or within 1%) on an H200, 2026-11-22
+    assert first("pointwise", 64 << 20, 1, tc.KernelHints(itemsize=4)) == dict(
+        XBLOCK=512, RBLOCK=1, num_warps=4, PERSISTENT=False, num_stages=1)
+    assert first("pointwise", 128 << 20, 1, tc.KernelHints(itemsize=2))["XBLOCK"] == 1024
+    # RMSNorm, LayerNorm, softmax 16384 x 4096 bf16 and their backward: whole rows in registers
+    for hints in (ROWS, ROWS_WRITTEN):
+        assert first("rows", 16384, 4096, hints) == dict(XBLOCK=1, RBLOCK=4096, num_warps=8, PERSISTENT=True,
+                                                         num_stages=1)
+    # cross-entropy 8192 x 32000: one warp per row looping over 1024-wide chunks, pipelined
+    assert first("rows", 8192, 32000, ROWS) == dict(XBLOCK=1, RBLOCK=1024, num_warps=1, PERSISTENT=False,
+                                                    num_stages=3)
+    # its backward reads the rows twice and writes them: four rows per program
+    assert first("rows", 8192, 32000, ROWS_WRITTEN) == dict(XBLOCK=4, RBLOCK=512, num_warps=8, PERSISTENT=False,
+                                                            num_stages=2)
+    # its loss: one full reduction over 8192 rows
+    assert first("full", 1, 8192, tc.KernelHints()) == dict(XBLOCK=1, RBLOCK=2048, num_warps=8,
+                                                            PERSISTENT=False, num_stages=1)
+    # a bias gradient (sum over 16384 rows of 4096 columns): 16 columns per program
+    assert first("rows", 4096, 16384, tc.KernelHints(itemsize=2, columns=True)) == dict(
+        XBLOCK=16, RBLOCK=512, num_warps=8, PERSISTENT=False, num_stages=2)
+
+
+def test_heuristic_keeps_the_gpu_busy_and_rows_whole():
+    # narrow rows are packed into one program, unless that leaves SMs idle
+    assert first("rows", 1 << 20, 64, ROWS)["XBLOCK"] == 64
+    assert first("rows", 300, 64, ROWS)["XBLOCK"] == 1
+    assert first("rows", 16384, 1024, ROWS)["XBLOCK"] == 4
+    assert first("rows", 16384, 1024, ROWS, sms=4096)["XBLOCK"] == 2
+    assert first("rows", 300, 32000, ROWS_WRITTEN)["XBLOCK"] == 1
+    # rows up to 16384 wide stay whole; wider rows loop
+    assert first("rows", 4096, 16384, ROWS)["PERSISTENT"] and first("rows", 4096, 16384, ROWS)["num_warps"] == 32
+    assert not first("rows", 4096, 16385, ROWS)["PERSISTENT"]
+    # few wide rows: more warps per row, wider chunks
+    few = first("rows", 64, 1 << 20, ROWS)
+    assert few["num_warps"] == 16 and few["RBLOCK"] == 4096 and few["XBLOCK"] == 1
+    # tiny pointwise kernels get a tiny block
+    assert first("pointwise", 10, 1, tc.KernelHints(itemsize=4)) == dict(XBLOCK=64, RBLOCK=1, num_warps=1,
+                                                                         PERSISTENT=False, num_stages=1)
+
+
+@pytest.mark.parametrize("kind", ["pointwise", "rows", "full"])
+def test_heuristic_configs_are_valid_for_any_shape(kind):
+    sizes = [1, 2, 3, 7, 16, 100, 129, 1000, 4096, 5000, 16384, 32000, 65536, 1 << 20, 3 << 24]
+    hints = [tc.KernelHints(itemsize=b, columns=c, writes_rows=s)
+             for b, c, s in itertools.product((1, 2, 4, 8), (False, True), (False, True))]
+    for outer, inner, h in itertools.product(sizes, sizes, hints):
+        if kind == "full":
+            outer = 1
+        configs = tc.heuristic(kind, outer, inner, h, SMS)
+        assert 1 <= len(configs) <= 2
+        for c in configs:
+            for k in ("XBLOCK", "RBLOCK", "num_warps"):
+                assert c[k] >= 1 and c[k] & (c[k] - 1) == 0, (kind, outer, inner, h, c)
+            # at most 16 elements per thread (compile time grows with them), except one-warp rows
+            # and column sums (32, as full tuning chose)
+            per_thread = 32 if c["num_warps"] == 1 or (h.columns and kind == "rows") else 16
+            assert c["XBLOCK"] * c["RBLOCK"] <= 32 * c["num_warps"] * per_thread, (kind, outer, inner, h, c)
+            assert c["num_warps"] <= 32 and c["XBLOCK"] * c["RBLOCK"] <= tc.MAX_PERSISTENT * 4
+            if c["PERSISTENT"]:  # the whole row must fit the block
+                assert c["RBLOCK"] >= inner and c["XBLOCK"] * c["RBLOCK"] <= tc.MAX_PERSISTENT
+            if kind == "rows":
+                assert c["XBLOCK"] <= tc.next_pow2(outer)
+        assert not configs[-1]["PERSISTENT"]  # the fallback never needs a whole row in registers
+
+
+def test_full_tuning_offers_every_candidate_heuristic_one():
+    h = ROWS
+    heuristic = tc.candidates("rows", 16384, 4096, h, "heuristic", SMS)
+    full = tc.candidates("rows", 16384, 4096, h, "full", SMS)
+    assert heuristic == tc.heuristic("rows", 16384, 4096, h, SMS)
+    assert full[0] == heuristic[0] and len(full) >= 15
+    assert len({tuple(sorted({"num_stages": 1, **c}.items())) for c in full}) == len(full)  # no duplicates
+    # a kernel that adds into its output must run once per call: never timed, even with "full"
+    adds = tc.KernelHints(accumulates=True)
+    assert tc.candidates("pointwise", 1 << 20, 1, adds, "full", SMS) == tc.heuristic("pointwise", 1 << 20, 1, adds)
+    # forced parameters (tests use them to reach every code path) filter or override
+    forced = tc.candidates("rows", 64, 256, ROWS, "heuristic", SMS, {"PERSISTENT": False, "RBLOCK": 16})
+    assert forced[0]["PERSISTENT"] is False and forced[0]["RBLOCK"] == 16
+
+
+def test_triton_tuning_option():
+    assert Config().triton_tuning in ("heuristic", "full")
+    assert Config().replace(triton_tuning="full").triton_tuning == "full"
+    with pytest.raises(ValueError, match="triton_tuning"):
+        Config().replace(triton_tuning="exhaustive")
+
+
+@pytest.fixture
+def kernels_of(monkeypatch):
+    """fn, *args -> the kernel IR objects the Triton backend rendered for them."""
+    seen = []
+    original = triton_backend.TritonBackend.render
+
+    def render(self, kernel):
+        seen.append(kernel)
+        return original(self, kernel)
+
+    monkeypatch.setattr(triton_backend.TritonBackend, "render", render)
+
+    def kernels(fn, *args):
+        seen.clear()
+        ember.explain(fn, *args, target="triton")
+        return list(seen)
+
+    return kernels
+
+
+def test_hints_read_from_the_kernel_ir(kernels_of):
+    def rmsnorm(x, w):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * w
+
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    (k,) = kernels_of(rmsnorm, x, torch.randn(64, dtype=torch.bfloat16))
+    assert tc.hints_of(k) == tc.KernelHints(itemsize=2, columns=False, writes_rows=True)
+    (k,) = kernels_of(lambda a: torch.logsumexp(a, -1), torch.randn(8, 64))
+    assert tc.hints_of(k) == tc.KernelHints(itemsize=4)
+    (k,) = kernels_of(lambda g, a: (g * a).sum(0), torch.randn(64, 8), torch.randn(64, 8))
+    assert tc.hints_of(k).columns
+    # a weight gradient reads per-row statistics too (contiguous in the reduced dim, the same for
+    # every column): still a column sum
+    (k,) = kernels_of(lambda g, a, m: ((a - m[:, None]) * g).sum(0), torch.randn(64, 8), torch.randn(64, 8),
+                      torch.randn(64))
+    assert tc.hints_of(k).columns
+    (k,) = kernels_of(lambda a, b: F.relu(a) + b, torch.randn(4, 4, dtype=torch.float16),
+                      torch.randn(4, 4, dtype=torch.float16))
+    assert tc.hints_of(k).itemsize == 2 and not tc.hints_of(k).columns
+
+
+class FakeKernel:
+    """Stands for a Triton JITFunction: records launches; persistent configurations fail to
+    compile, as a kernel with too many live values would."""
+
+    def __init__(self):
+        self.launched: list[dict] = []
+
+    def __getitem__(self, grid):
+        def launch(*args, XBLOCK, RBLOCK, PERSISTENT, num_warps, num_stages, **_):
+            if PERSISTENT:
+                raise RuntimeError("out of resource: shared memory")
+            self.launched.append(dict(XBLOCK=XBLOCK, RBLOCK=RBLOCK, num_warps=num_warps, grid=grid))
+            return object()
+        return launch
+
+
+META = {"kind": "rows", "params": ["x", "out"], "sizes": [], "outer": "64", "inner": "256",
+        "multi_program": False, "n_reductions": 1}
+
+
+def test_launcher_falls_back_to_a_safer_configuration(tmp_path):
+    fn = FakeKernel()
+    tuner = triton_backend.Tuner(tmp_path / "tuning.json")
+    launcher = triton_backend.Launcher("k", fn, META, "h", tuner, None, hints=ROWS, tuning="heuristic")
+    x, out = torch.randn(64, 256), torch.empty(64)
+    launcher(x, out)
+    # the persistent choice failed to compile; the looped fallback ran, once, with nothing timed
+    assert fn.launched == [dict(XBLOCK=1, RBLOCK=256, num_warps=4, grid=(64,))]
+    assert not (tmp_path / "tuning.json").exists()
+
+
+def test_launcher_prefers_a_configuration_tuned_earlier(tmp_path):
+    (tmp_path / "tuning.json").write_text(
+        '{"h:k:64x256": {"XBLOCK": 8, "RBLOCK": 64, "num_warps": 2, "PERSISTENT": false, "num_stages": 2}}')
+    fn = FakeKernel()
+    tuner = triton_backend.Tuner(tmp_path / "tuning.json")
+    launcher = triton_backend.Launcher("k", fn, META, "h", tuner, None, hints=ROWS, tuning="heuristic")
+    launcher(torch.randn(64, 256), torch.empty(64))
+    assert fn.launched == [dict(XBLOCK=8, RBLOCK=64, num_warps=2, grid=(8,))]
+
+
+@pytest.mark.parametrize("tuning", ["heuristic", "full"])
+def test_both_tunings_compile_and_run(tuning):
+    def rmsnorm(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    x, w = torch.randn(33, 70), torch.randn(70)
+    fast = ember.compile(rmsnorm, options={"target": "triton", "triton_tuning": tuning})
+    torch.testing.assert_close(fast(x, w), rmsnorm(x, w))
