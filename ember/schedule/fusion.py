@@ -231,7 +231,7 @@ class Planner:
         needs: list[set[int]] = []
         for i, g in enumerate(groups):
             read = {x for r in g.roots for x in self.reads(r)}
-            read |= {copied_base(r) for r in g.roots if r.op is Op.INDEX_PUT}
+            read |= {self.views.get(b, b) for b in (copied_base(r) for r in g.roots if r.op is Op.INDEX_PUT)}
             needs.append({index[x] for x in read if x in index} - {i})
         state = [0] * len(groups)  # 0 new, 1 on the path, 2 done
 
