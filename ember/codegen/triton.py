@@ -186,6 +186,13 @@ class TritonKernelRenderer:
                     e = sympy.expand(rest + c * sympy.Symbol(flat_name, integer=True, nonnegative=True))
         return e
 
+    def bound_index(self, v: Value) -> sympy.Expr:
+        """A load's or store's index with its indirect variables replaced by the index values
+        (a store's first source is the value it stores)."""
+        srcs = v.srcs[1:] if v.kind == "store" else v.srcs
+        return v.arg.index.xreplace({sym: sympy.Symbol(self.name(src), integer=True)
+                                     for sym, src in zip(v.arg.bindings, srcs)})
+
     def statement(self, v: Value) -> str | None:
         if v.kind == "reduce":
             return None
@@ -194,9 +201,7 @@ class TritonKernelRenderer:
             value = self.name(v.srcs[0])
             mask = self.mask_for(v)
             stored = f"{value}.to({TL_TYPES[dtype]})"
-            index = v.arg.index.xreplace({sym: sympy.Symbol(self.name(src), integer=True)
-                                          for sym, src in zip(v.arg.bindings, v.srcs[1:])})
-            pointer = f"{v.arg.buffer} + ({self.index(index)})"
+            pointer = f"{v.arg.buffer} + ({self.index(self.bound_index(v))})"
             if not _varies(v.arg.index) or v.arg.bindings:
                 # a store to a fixed element (a reduction's result), or at loaded indices that
                 # may be scalars (an index_put of one element): give the pointer the block shape
@@ -209,9 +214,8 @@ class TritonKernelRenderer:
             dtype = self.buffer_dtype[v.arg.buffer]
             # a fixed element (a scalar input) is a scalar load: no mask to match
             mask = self.mask_for(v) if _varies(v.arg.index) else ""
-            index = v.arg.index.xreplace({sym: sympy.Symbol(self.name(src), integer=True)
-                                          for sym, src in zip(v.arg.bindings, v.srcs)})
-            load = f"tl.load({v.arg.buffer} + ({self.index(index)})" + (f", {mask}, other=0)" if mask else ")")
+            pointer = f"{v.arg.buffer} + ({self.index(self.bound_index(v))})"
+            load = f"tl.load({pointer}" + (f", {mask}, other=0)" if mask else ")")
             if dtype.is_low_precision:
                 load += ".to(tl.float32)"
             return f"{self.name(v)} = {load}"

@@ -71,18 +71,25 @@ def _wrapped(ctx: Context, index: Node, size: sympy.Expr) -> Node:
     return ctx.make(Op.WHERE, (negative, shifted, index))
 
 
+def _adjacent_indices(x: Node, indices: Sequence[Any], op: str) -> list[int]:
+    """The dims ``indices`` index (None skips a dim): integer index tensors on adjacent dims of a
+    tensor of rank >= 1, else the op runs through ATen."""
+    present = [d for d, i in enumerate(indices) if i is not None]
+    if x.rank == 0 or not present:
+        raise Unsupported(f"{op} of a 0-d tensor or with no index tensor")
+    if any(not isinstance(indices[d], Node) or not indices[d].dtype.is_int or indices[d].dtype == dt.uint8
+           for d in present):
+        raise Unsupported(f"{op} with a boolean mask (its result's size depends on the data)")
+    if present != list(range(present[0], present[0] + len(present))):
+        raise Unsupported(f"{op} with index tensors on dims that are not adjacent (the result's dims move)")
+    return present
+
+
 @register(aten.index.Tensor)
 def _index(ctx: Context, x: Node, indices: Sequence[Any]) -> Node:
     """``x[i0, i1, ...]`` with integer index tensors on adjacent dims (None skips a dim)."""
-    present = [d for d, i in enumerate(indices) if i is not None]
-    if x.rank == 0 or not present:
-        raise Unsupported("index of a 0-d tensor or with no index tensor")
-    if any(not isinstance(indices[d], Node) or not indices[d].dtype.is_int or indices[d].dtype == dt.uint8
-           for d in present):
-        raise Unsupported("index with a boolean mask (its result's size depends on the data)")
+    present = _adjacent_indices(x, indices, "index")
     start, k = present[0], len(present)
-    if present != list(range(start, start + k)):
-        raise Unsupported("index tensors on dims that are not adjacent (the result's dims move)")
     out = ctx.out_shape
     shape = out[start:len(out) - (x.rank - start - k)]
     wrapped = [ctx.expand_to(_wrapped(ctx, indices[d], x.shape[d]), shape) for d in present]
@@ -148,18 +155,10 @@ def _put(ctx: Context, x: Node, start: int, indices: list[Node], src: Any, accum
 @register(aten.index_put.default)
 def _index_put(ctx: Context, x: Node, indices: Sequence[Any], values: Any, accumulate: bool = False) -> Node:
     """``x[i0, i1, ...] = values`` (``+=`` when accumulating), integer index tensors on adjacent
-    dims; ``index_add`` reaches here through its decomposition."""
-    present = [d for d, i in enumerate(indices) if i is not None]
-    if x.rank == 0 or not present:
-        raise Unsupported("index_put into a 0-d tensor or with no index tensor")
-    if any(not isinstance(indices[d], Node) or not indices[d].dtype.is_int or indices[d].dtype == dt.uint8
-           for d in present):
-        raise Unsupported("index_put with a boolean mask")
-    start, k = present[0], len(present)
-    if present != list(range(start, start + k)):
-        raise Unsupported("index_put with index tensors on dims that are not adjacent")
+    dims (``x.index_put_``, and in-place ``x[i] += v`` after functionalization)."""
+    present = _adjacent_indices(x, indices, "index_put")
     wrapped = [_wrapped(ctx, indices[d], x.shape[d]) for d in present]
-    return _put(ctx, x, start, wrapped, values, bool(accumulate), 3)
+    return _put(ctx, x, present[0], wrapped, values, bool(accumulate), 3)
 
 
 @register(aten.index_add.default)
