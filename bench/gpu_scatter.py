@@ -1,6 +1,7 @@
-"""GPU check of writes at indices (index_put / index_add / scatter_add, atomics) on both GPU
-backends: results and gradients against eager, the kernels each case compiles to, and the ragged
-GIoU loss's training step timed against padded Inductor. One device call:
+"""GPU check of writes at indices (index_put / index_add / scatter_add, atomics) and of segment
+kernels (ember.ragged's per-row reductions, jagged softmax) on both GPU backends: results and
+gradients against eager, the kernels each case compiles to, and the ragged GIoU loss's training
+step timed against padded Inductor. One device call:
 
     python bench/gpu_scatter.py [--backends triton,cuda]
 """
@@ -48,7 +49,44 @@ def _cases(device: str) -> dict[str, tuple]:
                                                              for n in torch.randint(0, 40, (64,), generator=g)]),)),
         "segment_mean": (segment_mean, (ragged.from_list([rand(int(n), 96) for n in torch.randint(1, 40, (64,),
                                                                                                     generator=g)]),)),
+        # rows far longer than a block's tile, and empty ones; features and none
+        "segment_max long": (ragged.segment_max, (_long_rows(rand, g, (768,), torch.bfloat16),)),
+        "segment_sum long f32": (segment_sum, (_long_rows(rand, g, (), torch.float32),)),
+        "jagged_softmax long": (lambda r: ragged.jagged_softmax(r).values, (_long_rows(rand, g, (), torch.bfloat16),)),
     }
+
+
+def _long_rows(rand, g, feature, dtype) -> ragged.Ragged:
+    lengths = [0, 1, 5000, 0, 3, 700, 129, 64] + torch.randint(0, 300, (56,), generator=g).tolist()
+    return ragged.from_list([rand(int(n), *feature, dtype=dtype) for n in lengths])
+
+
+def check_gradients(backend: str, device: str) -> list[tuple[str, bool, int, str]]:
+    """Training through segment kernels: gradients against eager's, kernels forward / backward."""
+    g = torch.Generator(device="cpu").manual_seed(1)
+
+    def rand(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    cases = {"grad segment_mean": (segment_mean, (96,)), "grad segment_max": (ragged.segment_max, (96,)),
+             "grad jagged_softmax": (lambda r: ragged.jagged_softmax(r).values, ())}
+    rows = []
+    for name, (fn, feature) in cases.items():
+        r = _long_rows(rand, g, feature, torch.float32)
+        try:
+            report = ember.Report()
+            compiled = ember.compile(fn, options={"gpu_backend": backend}, report=report)
+            grads = []
+            for f in (compiled, fn):
+                leaf = r.values.clone().requires_grad_()
+                out = f(ragged.Ragged(leaf, r.offsets, r.max_length))
+                out.backward(torch.ones_like(out).normal_(generator=torch.Generator(device).manual_seed(2)))
+                grads.append(leaf.grad)
+            kernels = "/".join(str(len(gr.kernels)) for gr in report.graphs)
+            rows.append((name, _close(*grads), kernels, ", ".join(report.fallbacks) or "-"))
+        except Exception as e:  # noqa: BLE001 -- a broken case is a row of the table
+            rows.append((name, False, 0, f"{type(e).__name__}: {str(e)[:120]}"))
+    return rows
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -123,7 +161,7 @@ def main() -> int:
     for backend in args.backends.split(","):
         print(f"\n== {backend}")
         print(f"{'case':22} {'ok':4} {'kernels':8} ATen")
-        for name, ok, n, fallbacks in check_cases(backend, device):
+        for name, ok, n, fallbacks in check_cases(backend, device) + check_gradients(backend, device):
             failed += not ok
             print(f"{name:22} {'yes' if ok else 'NO':4} {n:<8} {fallbacks}")
         try:

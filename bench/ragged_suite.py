@@ -41,12 +41,12 @@ from ember.workloads.timing import (  # noqa: E402
     DTYPES,
     TOLERANCE,
     busy_warning,
-    count_cuda_kernels,
     describe,
     format_time,
     machine,
     median_times,
     poison_cuda,
+    profile_cuda_kernels,
     rel_error,
     save_json,
     synchronize,
@@ -280,8 +280,9 @@ def run_case(case: Case, device: torch.device, dtype: torch.dtype, reps: int, va
         row.update(fwd_s=fwd_times.get(key), train_s=train_times.get(key), error=errors.get(key))
         if device.type == "cuda" and key in steps_fwd and key not in errors:
             try:
-                row["launches_fwd"] = count_cuda_kernels(steps_fwd[key])
-                row["launches_train"] = count_cuda_kernels(steps_train[key]) if key in steps_train else None
+                row["launches_fwd"], row["kernels_fwd_s"] = profile_cuda_kernels(steps_fwd[key])
+                if key in steps_train:
+                    row["launches_train"], row["kernels_train_s"] = profile_cuda_kernels(steps_train[key])
             except Exception as e:  # noqa: BLE001
                 row["launches_error"] = describe(e)
     return list(rows.values())
@@ -330,18 +331,20 @@ def format_results(results: dict[str, Any]) -> str:
     detail = []
     for r in results["rows"]:
         if r.get("error") and r.get("fwd_s") is None:
-            detail.append([r["case"], r["variant"], f"failed: {r['error']}", "", "", ""])
+            detail.append([r["case"], r["variant"], f"failed: {r['error']}", "", "", "", ""])
             continue
         errs = [e for e in (r.get("out_err"), r.get("grad_err")) if e is not None]
         within = all(float(e) <= tol for e in errs)  # False for NaN too
         err_text = " / ".join(f"{float(e):.1e}" for e in errs) + ("" if within else f" (over {tol:.0e})")
         lf, lt = r.get("launches_fwd"), r.get("launches_train")
         launches = "n/a" if lf is None else f"{lf} / {'n/a' if lt is None else lt}"
+        kf, kt = r.get("kernels_fwd_s"), r.get("kernels_train_s")
+        kernel_time = "n/a" if kf is None else f"{format_time(kf)} / {format_time(kt)}"
         note = f" [{r['error']}]" if r.get("error") else ""
         detail.append([r["case"], r["variant"] + note, format_time(r.get("fwd_s")), format_time(r.get("train_s")),
-                       launches, err_text])
+                       launches, kernel_time, err_text])
     lines += ["", table(detail, ["case", "variant", "forward", "forward + backward", "launches (fwd / fwd+bwd)",
-                                 "rel err (out / grad)"])]
+                                 "kernel time (fwd / fwd+bwd)", "rel err (out / grad)"])]
     summary = []
     for name in meta["titles"]:
         by_key = {r["key"]: r for r in results["rows"] if r["case"] == name}

@@ -136,3 +136,14 @@ def test_transposed_inputs_are_read_in_place():
     assert kernel_count(report) == 1
     report = check(lambda a: a * 3, x.t())  # a non-contiguous input
     assert kernel_count(report) == 1
+
+
+def test_kernels_never_need_each_other():
+    # logsumexp's kernel stores w * exp(x - o) and reads w; w's kernel (with the sum over o * w)
+    # reads o: grouping w with the sum and the store with logsumexp would need each other
+    def fn(x):
+        o = torch.logsumexp(x, -2)
+        w = torch.linspace(-1, 2, 5, dtype=o.dtype)
+        return (o * w).sum(), w * torch.exp(x - o)
+
+    check(fn, torch.randn(5, 5, dtype=torch.float64))

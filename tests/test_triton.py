@@ -41,6 +41,13 @@ CASES = {
                   lambda: (torch.randn(6, 6), torch.tensor([5, 0, 0, -2]), torch.tensor([1, 1, 1, 3]), torch.randn(4))),
     "stack_scatter": (lambda x, i: torch.zeros(5, 2).index_put((i,), torch.stack([x.sin(), x.cos()], -1), True),
                       lambda: (torch.randn(7), torch.tensor([0, 4, 4, 1, 0, 2, 2]))),
+    "segment_mean": (ragged.segment_mean,
+                     lambda: (ragged.from_list([torch.randn(n, 6) for n in (3, 0, 5, 1)]),)),
+    "segment_max_bf16": (ragged.segment_max,
+                         lambda: (ragged.from_list([torch.randn(n, 3).bfloat16() for n in (2, 9, 0)]),)),
+    "jagged_softmax": (lambda r: ragged.jagged_softmax(r).values,
+                       lambda: (ragged.from_list([torch.randn(n) for n in (3, 0, 40, 1, 2)],
+                                                 offsets_dtype=torch.int32),)),
     "int_ops": (lambda a, b: (a // b, a % b, (a * 3).sum(-1)),
                 lambda: (torch.randint(-50, 50, (8, 9)), torch.randint(1, 7, (8, 9)))),
 }
@@ -53,7 +60,8 @@ def test_fusion_patterns(name, options):
     report = check(fn, *make(), options=options)
     assert report.kernels and all(k.backend == "triton" for k in report.kernels)
     assert all("@triton.jit" in k.source for k in report.kernels)
-    if name in ("relu_add", "rmsnorm_bf16", "softmax", "layer_norm", "giou", "ragged_giou"):
+    if name in ("relu_add", "rmsnorm_bf16", "softmax", "layer_norm", "giou", "ragged_giou", "segment_mean",
+                "jagged_softmax"):
         assert len(report.kernels) == 1
 
 

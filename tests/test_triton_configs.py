@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
+from ember import ragged
 from ember.config import Config
 from ember.runtime import triton_backend
 from ember.runtime import triton_configs as tc
@@ -46,6 +47,8 @@ def test_heuristic_matches_what_full_tuning_chose_on_an_h200():
     # a bias gradient (sum over 16384 rows of 4096 columns): 16 columns per program
     assert first("rows", 4096, 16384, tc.KernelHints(itemsize=2, columns=True)) == dict(
         XBLOCK=16, RBLOCK=512, num_warps=8, PERSISTENT=False, num_stages=2)
+    # pooling 256 documents of 768 features: columns to spare, so 128 per program
+    assert first("rows", 256 * 768, 256, tc.KernelHints(itemsize=2, columns=True))["XBLOCK"] == 128
 
 
 def test_heuristic_keeps_the_gpu_busy_and_rows_whole():
@@ -152,6 +155,13 @@ def test_hints_read_from_the_kernel_ir(kernels_of):
     (k,) = kernels_of(lambda a, b: F.relu(a) + b, torch.randn(4, 4, dtype=torch.float16),
                       torch.randn(4, 4, dtype=torch.float16))
     assert tc.hints_of(k).itemsize == 2 and not tc.hints_of(k).columns
+    # segment kernels read rows from a loaded start: pooling (T, 16) rows is a column sum, a
+    # jagged softmax over (T,) walks its rows contiguously
+    pooled = ragged.from_list([torch.randn(n, 16, dtype=torch.bfloat16) for n in (3, 9, 2)])
+    (k,) = kernels_of(ragged.segment_mean, pooled)
+    assert tc.hints_of(k) == tc.KernelHints(itemsize=2, columns=True)
+    (k,) = kernels_of(lambda r: ragged.jagged_softmax(r).values, ragged.from_list([torch.randn(n) for n in (3, 9)]))
+    assert not tc.hints_of(k).columns and tc.hints_of(k).writes_rows
 
 
 class FakeKernel:

@@ -16,6 +16,7 @@ import torch
 from ..ir import dtypes as dt
 from ..ir.node import ArgRef, Graph, Node
 from ..ir.ops import Op
+from ..ragged.ops import segment_reduce
 
 Sizes = Mapping[sympy.Symbol, int]
 
@@ -118,6 +119,8 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
         start, accumulate, _error = node.arg
         index = (None,) * start + tuple(args[2:])  # None: the whole dim
         return torch.ops.aten.index_put.default(args[0], list(index), args[1], accumulate)
+    if op is Op.SEGMENT_REDUCE:
+        return segment_reduce(args[0], args[1], {Op.SUM: "sum", Op.AMAX: "amax", Op.AMIN: "amin"}[node.arg])
     if op is Op.SEARCH:
         return torch.searchsorted(args[0], args[1], right=node.arg, out_int32=node.dtype == dt.int32)
     if op is Op.EXTERN:

@@ -388,7 +388,8 @@ class CudaKernelRenderer:
         smem = "EMBER_SMEM_BYTES" if self.strategy == "rows" else "EMBER_COLUMN_SMEM_BYTES"
         self.emit(f"__shared__ __align__(16) unsigned char ember_smem[{smem}];")
         self._count("ember_rows", self.k.outer, "rows: the outer domain")
-        self._count("ember_inner", self.k.inner, "elements of a row: the inner domain")
+        if self.k.segment_length is None:  # a segment kernel's rows each load their own
+            self._count("ember_inner", self.k.inner, "elements of a row: the inner domain")
         if self.strategy == "rows":
             self.emit("// one block per row; blocks stride over the rows")
             self.open("for (I ember_row = blockIdx.x; ember_row < ember_rows; ember_row += gridDim.x) {")
@@ -424,6 +425,8 @@ class CudaKernelRenderer:
                 else:
                     self._block_reduce(reductions)
             self._outer(stage, [v for v in outer_values if v.stage == stage])
+            if stage == 0 and k.segment_length is not None:
+                self.emit(f"const I ember_inner = (I){self.body.name(k.segment_length)};  // this row's length")
             if stage < k.n_loops:
                 self._inner_loop(stage + 1)
         if self.strategy == "full":
@@ -535,7 +538,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
     return {
         "strategy": kind,
         "outer": pexpr(sh.numel(kernel.outer)),
-        "inner": pexpr(sh.numel(kernel.inner)),
+        "inner": pexpr(kernel.inner_hint),
         "sizes": [s.name for s in kernel.sizes],
         "n_params": len(kernel.params),
         "n_reductions": len(kernel.reductions),

@@ -25,7 +25,7 @@ import sympy
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.ops import Op
-from ..schedule.kernel_ir import Kernel, Value, inner_var, is_index_var, outer_var
+from ..schedule.kernel_ir import SEGMENT_LENGTH, Kernel, Value, inner_var, is_index_var, outer_var
 from .wrapper import pexpr
 
 
@@ -154,7 +154,7 @@ class TritonKernelRenderer:
 
     def _r_setup(self, start: str) -> None:
         self.emit(f"rindex = {start} + tl.arange(0, RBLOCK)[None, :]")
-        self.emit("rmask = rindex < INNER")
+        self.emit(f"rmask = rindex < {SEGMENT_LENGTH.name if self.k.segment_length is not None else 'INNER'}")
         self._decompose("rindex", self.k.inner, inner_var)
 
     # ---- values ---------------------------------------------------------------------------
@@ -284,6 +284,9 @@ class TritonKernelRenderer:
         if self.kind == "pointwise":
             self._x_setup("")
             self.statements(k.values)
+        elif self.kind == "rows" and k.segment_length is not None:
+            self._x_setup("[:, None]")
+            self._looped(full=False)  # rows of any length: never whole in registers
         elif self.kind == "rows":
             self._x_setup("[:, None]")
             self.emit("if PERSISTENT:")
@@ -316,6 +319,9 @@ class TritonKernelRenderer:
         online = {} if multi else online_softmax_pairs(k)  # sum -> the max it rescales against
         for stage in range(k.n_loops + 1):
             self.statements([v for v in outer_values if v.stage == stage and not (multi and stage > 0)])
+            if stage == 0 and k.segment_length is not None:
+                self.emit(f"{SEGMENT_LENGTH.name} = {self.name(k.segment_length)}  # each row's length")
+                self.emit(f"longest = tl.max({SEGMENT_LENGTH.name})  # the block's rows loop as long as its longest")
             if stage == k.n_loops:
                 break
             loop = stage + 1
@@ -338,7 +344,8 @@ class TritonKernelRenderer:
             if multi:
                 self.emit("for roffset in range(tl.program_id(0) * RBLOCK, INNER, tl.num_programs(0) * RBLOCK):")
             else:
-                self.emit("for roffset in range(0, INNER, RBLOCK):")
+                bound = "longest" if k.segment_length is not None else "INNER"
+                self.emit(f"for roffset in range(0, {bound}, RBLOCK):")
             self.depth += 1
             self._r_setup("roffset")
             self.statements(k.loop_values(loop))
@@ -507,7 +514,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
     return {
         "kind": kind_of(kernel),
         "outer": pexpr(sh.numel(kernel.outer)),
-        "inner": pexpr(sh.numel(kernel.inner)),
+        "inner": pexpr(kernel.inner_hint),
         "sizes": [s.name for s in kernel.sizes],
         "params": [p.name for p in kernel.params],
         "multi_program": multi_program(kernel),

@@ -20,8 +20,9 @@ import torch
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import Node
+from ..ir.node import Node, row_ids_offsets
 from ..ir.ops import Op
+from ..ragged import ops as _ragged_ops  # noqa: F401 -- registers torch.ops.ember.segment_reduce
 from .lowering import Context, Unsupported, register
 
 aten = torch.ops.aten
@@ -138,6 +139,9 @@ _ATOMIC = frozenset({dt.float32, dt.float64, dt.int32, dt.int64})
 def _put(ctx: Context, x: Node, start: int, indices: list[Node], src: Any, accumulate: bool, error: int) -> Node:
     """``x`` with ``src`` written (added, when accumulating) at ``x[a, i0, .., ik-1, b]``; indices
     already wrapped and int64, broadcast here. ``error``: the code a bad index flags on the CPU."""
+    summed = _sum_by_row_ids(ctx, x, start, indices, src, accumulate)
+    if summed is not None:
+        return summed
     if torch.are_deterministic_algorithms_enabled():
         raise Unsupported("writes at indices under torch.use_deterministic_algorithms (ATen's are)")
     dtype = x.dtype
@@ -150,6 +154,28 @@ def _put(ctx: Context, x: Node, start: int, indices: list[Node], src: Any, accum
     wide = dt.float32 if accumulate and dtype.is_low_precision else dtype
     out = ctx.make(Op.INDEX_PUT, (ctx.cast(x, wide), ctx.cast(values, wide), *indices), (start, accumulate, error))
     return ctx.cast(out, dtype)
+
+
+def _sum_by_row_ids(ctx: Context, x: Node, start: int, indices: list[Node], src: Any,
+                    accumulate: bool) -> Node | None:
+    """x + (src added up by ``ragged.row_ids()``) is x + a segment sum of src: each row reduced
+    by one program, with no atomics (the backward of gathering a per-row value, ``s[row_ids]``)."""
+    if not accumulate or start != 0 or len(indices) != 1 or not isinstance(src, Node):
+        return None
+    offsets = row_ids_offsets(indices[0])
+    if offsets is None or not sh.equal(x.shape[0], offsets.shape[0] - 1) or sh.is_one(x.shape[0]):
+        return None
+    if x.dtype.is_bool or x.dtype == dt.uint8 or indices[0].rank != 1:
+        return None
+    wide = dt.float32 if x.dtype.is_low_precision else x.dtype
+    values = ctx.cast(ctx.operand(src, x.dtype, (indices[0].shape[0], *x.shape[1:])), wide)
+    total = ctx.make(Op.SEGMENT_REDUCE, (values, offsets), Op.SUM)
+    base = x
+    while base.op in (Op.EXPAND, Op.RESHAPE, Op.CAST):
+        base = base.inputs[0]
+    if not (base.op is Op.CONST and base.arg == 0):  # adding into zeros (a backward) adds nothing
+        total = ctx.make(Op.ADD, (ctx.cast(x, wide), total))
+    return ctx.cast(total, x.dtype)
 
 
 @register(aten.index_put.default)
@@ -210,3 +236,17 @@ def _scatter_reduce(ctx: Context, x: Node, dim: int, index: Node, src: Node, red
     if reduce != "sum" or not include_self:
         raise Unsupported(f"scatter_reduce {reduce!r} (include_self={include_self})")
     return _scatter_add(ctx, x, dim, index, src)
+
+
+@register(torch.ops.ember.segment_reduce.default)
+def _segment_reduce(ctx: Context, values: Node, offsets: Node, reduce: str) -> Node:
+    """ember.ragged's per-row reductions: a kernel whose programs each read their row's offsets
+    and reduce its values (no scatter, no row ids)."""
+    op = {"sum": Op.SUM, "amax": Op.AMAX, "amin": Op.AMIN}.get(reduce)
+    if op is None or values.rank < 1 or offsets.rank != 1 or not offsets.dtype.is_int:
+        raise Unsupported("segment_reduce with arguments eager rejects")  # eager raises its error
+    if values.dtype.is_bool or (op is Op.SUM and values.dtype.is_low_precision):
+        raise Unsupported("segment_reduce of bools, or a 16-bit sum (ember.ragged sums in float32)")
+    if sh.is_one(offsets.shape[0] - 1):
+        raise Unsupported("segment_reduce of a single row (the kernel's rows are the segments)")
+    return ctx.make(Op.SEGMENT_REDUCE, (values, offsets), op)

@@ -200,6 +200,11 @@ def infer(op: Op, inputs: Sequence[Node], arg: Any, dtype: dt.DType | None) -> t
             raise IRError(f"index_put: values must be {x.dtype} of shape {sh.fmt(want)}, got "
                           f"{src.dtype} of shape {sh.fmt(src.shape)}")
         return x.dtype, x.shape
+    if op is Op.SEGMENT_REDUCE:
+        x, offsets = inputs
+        if arg not in (Op.SUM, Op.AMAX, Op.AMIN) or x.rank < 1 or offsets.rank != 1 or not offsets.dtype.is_int:
+            raise IRError("segment_reduce: sum/amax/amin of packed rows (rank >= 1) by 1-d integer offsets")
+        return x.dtype, (sympy.expand(offsets.shape[0] - 1), *x.shape[1:])
     if op is Op.SEARCH:
         seq, values = inputs
         if seq.rank != 1 or seq.dtype != values.dtype:
@@ -348,3 +353,23 @@ def rewrite(graph: Graph, rule: Rule) -> Graph:
 
 def is_leaf(node: Node) -> bool:
     return node.op in LEAF_OPS
+
+
+def row_ids_offsets(index: Node) -> Node | None:
+    """The offsets ``index`` is the row ids of, when it is ``ragged.row_ids()``:
+    searchsorted(offsets[1:], arange(T), right=True), through casts. Inside a segment kernel over
+    those offsets the row id of a position of the row is the row itself, and a sum by row ids is
+    a segment sum."""
+    while index.op is Op.CAST:
+        index = index.inputs[0]
+    if index.op is not Op.SEARCH or not index.arg:
+        return None
+    seq, values = index.inputs
+    while values.op is Op.CAST:
+        values = values.inputs[0]
+    if seq.op is not Op.SLICE or tuple(seq.arg[:3]) != (0, 1, 1) or values.op is not Op.IOTA:
+        return None
+    offsets = seq.inputs[0]
+    if offsets.rank != 1 or not sh.equal(seq.shape[0], offsets.shape[0] - 1) or tuple(values.arg[1:]) != (0, 1):
+        return None
+    return offsets

@@ -112,6 +112,9 @@ class Op(Enum):
     INDEX_PUT = "index_put"    # (x, src, i0, .., ik-1), arg: (first indexed dim d, accumulate, error
     #                            code of a bad index). The inverse of INDEX: out = x, then
     #                            out[a, i0[j], .., b] = src[a, j, b] (+= when accumulating: atomic adds)
+    SEGMENT_REDUCE = "segment_reduce"  # (x, offsets), arg: SUM, AMAX or AMIN. x (T, ...) packed rows,
+    #                            offsets (B+1,) sorted: out[b] = reduce(x[offsets[b]:offsets[b+1]],
+    #                            dim 0), the identity for an empty row
     CAT = "cat"                # (x0, x1, ...), arg: dim
     PAD = "pad"                # (x, value), arg: ((lo, hi) per dim); value is 0-d
 

@@ -58,6 +58,8 @@ def format_arg(node: Node, names: dict[Node, str] | None = None) -> str:
         return node.dtype.name
     if node.op is Op.GETITEM:
         return str(arg)
+    if node.op is Op.SEGMENT_REDUCE:
+        return arg.value
     if isinstance(arg, ExternCall):
         return _template(arg.args, node, names) + (
             ", " + ", ".join(f"{k}={_template(v, node, names)}" for k, v in arg.kwargs.items())

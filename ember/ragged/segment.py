@@ -7,13 +7,15 @@
 
 Why these exist: written by hand, a per-row reduction is either a Python loop over the batch (B
 small kernels and a host sync per row to read the offsets) or a padded tensor with a mask (work
-and memory for the longest row times B). These functions scatter the packed rows into their row
-with ``index_add`` / ``scatter_reduce`` over ``row_ids()``, so they run in a fixed number of ATen
-ops whatever B and the lengths are, never read a tensor's data on the host (they are safe inside
-CUDA graphs and trace into one graph under ``torch.compile(fullgraph=True)``), and support
-autograd. Compiled by ember, the ``index_add`` sums become one kernel each that computes the rows
-and adds them into their segment atomically (``segment_max`` and ``jagged_softmax``'s maximum
-still run ``scatter_reduce`` through ATen).
+and memory for the longest row times B). These functions are ``torch.ops.ember.segment_reduce``
+(see ``ops.py``) plus pointwise work, so they run in a fixed number of ops whatever B and the
+lengths are, never read a tensor's data on the host (they are safe inside CUDA graphs and trace
+into one graph under ``torch.compile(fullgraph=True)``), and support autograd. Eager PyTorch runs
+the reduction as a scatter by ``row_ids()``. Compiled by ember, each becomes a segment kernel: one
+program per row (and feature block) reads the row's start and length from the offsets and
+reduces it in registers, with no atomics, and a launch grid that does not depend on T. Work on
+the packed values that reads per-row results by ``row_ids()`` joins that kernel: a jagged
+softmax is one kernel (max, sum, and the normalized values stored as it walks the row).
 
 Precision: sums of 16-bit floats accumulate in float32 and round once at the end (like
 ``Tensor.sum`` does), since adding a few hundred bfloat16 rows one by one in bfloat16 loses most
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from .ops import segment_reduce
 from .tensor import Ragged
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -39,17 +42,15 @@ def _check(r: object, name: str) -> Ragged:
     return r
 
 
-def _sum_rows(values: torch.Tensor, row_ids: torch.Tensor, batch: int) -> torch.Tensor:
+def _sum_rows(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """(B, *feature) row sums of ``values`` in its accumulation dtype."""
-    acc = _accumulate_dtype(values.dtype)
-    out = torch.zeros((batch, *values.shape[1:]), dtype=acc, device=values.device)
-    return out.index_add(0, row_ids, values.to(acc))
+    return segment_reduce(values.to(_accumulate_dtype(values.dtype)), offsets, "sum")
 
 
 def segment_sum(r: Ragged) -> torch.Tensor:
     """(B, *feature): the sum of each row's values (0 for an empty row), in ``r.dtype``."""
     r = _check(r, "segment_sum")
-    return _sum_rows(r.values, r.row_ids(), r.batch_size).to(r.dtype)
+    return _sum_rows(r.values, r.offsets).to(r.dtype)
 
 
 def segment_mean(r: Ragged) -> torch.Tensor:
@@ -59,7 +60,7 @@ def segment_mean(r: Ragged) -> torch.Tensor:
     r = _check(r, "segment_mean")
     if not r.dtype.is_floating_point:
         raise TypeError(f"segment_mean needs floating-point values, got {r.dtype}")
-    sums = _sum_rows(r.values, r.row_ids(), r.batch_size)
+    sums = _sum_rows(r.values, r.offsets)
     lengths = r.lengths().clamp(min=1).to(sums.dtype)
     return (sums / lengths.view(-1, *([1] * (sums.dim() - 1)))).to(r.dtype)
 
@@ -69,19 +70,9 @@ def segment_max(r: Ragged) -> torch.Tensor:
     identity of max (-inf for floats, the dtype's minimum for integers). The gradient goes to the
     row's maxima (split evenly between ties, as ``amax``)."""
     r = _check(r, "segment_max")
-    return _max_rows(r.values, r.row_ids(), r.batch_size)
-
-
-def _max_rows(values: torch.Tensor, row_ids: torch.Tensor, batch: int) -> torch.Tensor:
-    if values.dtype.is_floating_point:
-        lowest = float("-inf")
-    elif values.dtype == torch.bool:
-        lowest = False
-    else:
-        lowest = torch.iinfo(values.dtype).min
-    out = torch.full((batch, *values.shape[1:]), lowest, dtype=values.dtype, device=values.device)
-    index = row_ids.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
-    return out.scatter_reduce(0, index, values, reduce="amax", include_self=True)
+    if r.dtype == torch.bool:  # the op takes numbers; max over bools is any
+        return segment_reduce(r.values.to(torch.uint8), r.offsets, "amax").to(torch.bool)
+    return segment_reduce(r.values, r.offsets, "amax")
 
 
 def jagged_softmax(r: Ragged) -> Ragged:
@@ -97,7 +88,7 @@ def jagged_softmax(r: Ragged) -> Ragged:
     x = r.values.to(_accumulate_dtype(r.dtype))
     # The row maximum only shifts the exponent for stability; softmax does not depend on it, so
     # it carries no gradient (and needs no scatter_reduce backward).
-    shift = _max_rows(x.detach(), row_ids, r.batch_size)
+    shift = segment_reduce(x.detach(), r.offsets, "amax")
     e = torch.exp(x - shift[row_ids])
-    out = e / _sum_rows(e, row_ids, r.batch_size)[row_ids]
+    out = e / _sum_rows(e, r.offsets)[row_ids]
     return Ragged._make(out.to(r.dtype), r.offsets, r.max_length)

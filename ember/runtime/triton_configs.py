@@ -11,7 +11,8 @@ move 16 bytes per thread and load; rows up to 16384 wide stay whole in registers
 memory), packing narrow rows into tiles of 4096 elements, 16 per thread; wider rows that are only
 reduced loop over 1024-wide chunks with one warp per row (shuffle-only reductions, pipelined
 loads), wider rows that are also written take 4 rows per program; column sums take 16 columns
-per program so each row's read fills whole 32-byte sectors. Compile time grows with the elements
+per program so each row's read fills whole 32-byte sectors (up to 128 when there are columns
+to spare). Compile time grows with the elements
 each thread holds, so among equally fast choices the heuristic takes fewer.
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 
 import sympy
 
-from ..schedule.kernel_ir import Kernel, inner_var, is_indirect_var
+from ..schedule.kernel_ir import Kernel, indirect_var, inner_var, is_indirect_var
 
 MAX_PERSISTENT = 32768    # widest row any candidate keeps whole in registers (elements)
 HEURISTIC_PERSISTENT = 16384  # widest row the heuristic keeps whole (wider rows looped faster)
@@ -57,8 +58,12 @@ def _hints_of(kernel: Kernel) -> KernelHints:
         if v.kind not in ("load", "store"):
             continue
         index = sympy.sympify(v.arg.index)
-        if any(is_indirect_var(s) for s in index.free_symbols):
-            continue  # gathers and scatters: their layout says nothing about the tile
+        # gathers and scatters: their layout says nothing about the tile; but a segment kernel
+        # reads its rows from a loaded start (its first indirect variable) + r0
+        row_start = kernel.segment_length is not None and v.arg.bindings[:1] == (indirect_var(0),)
+        if any(is_indirect_var(s) for s in index.free_symbols) and not (
+                row_start and len(v.arg.bindings) == 1):
+            continue
         names = {s.name for s in index.free_symbols}
         varying = any(n[0] == "o" and n[1:].isdigit() for n in names)
         if v.kind == "load" and v.inner and last is not None:
@@ -118,8 +123,13 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
     safe = _config(1, min(1024, max(16, next_pow2(inner))), 4)
     rows = next_pow2(outer)
     if hints.columns:
-        # 16 adjacent columns per program: each row of the tile is 32+ contiguous bytes
-        xblock = min(16, rows)
+        # 16 adjacent columns per program: each row of the tile is 32+ contiguous bytes; with
+        # columns to spare (pooling 256 documents x 768 features), up to 128, so that each row
+        # of the tile is one long contiguous read, while every SM keeps 4+ programs
+        xblock = 16
+        while xblock < 128 and outer // (2 * xblock) >= 4 * sms:
+            xblock *= 2
+        xblock = min(xblock, rows)
         rblock = min(next_pow2(inner), max(16, 8192 // xblock), 4096)
         return [_config(xblock, rblock, 8, stages=2), safe]
     width = next_pow2(max(inner, 1))

@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
+from torch.utils._sympy.functions import FloorDiv
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import Node
+from ..ir.node import Node, row_ids_offsets
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
 from .indexing import Point, Strided, compose_strided, map_view, offset
 from .kernel_ir import (
+    SEGMENT_LENGTH,
     Access,
     Kernel,
     Param,
@@ -35,6 +37,7 @@ from .kernel_ir import (
     inner_var,
     is_index_var,
     is_indirect_var,
+    outer_var,
 )
 
 # Nodes that say nothing about what a kernel does (constants, index remapping).
@@ -69,6 +72,10 @@ class GroupSpec:
     # roots whose small static dim is unrolled into one store per position (a stack of 4 box
     # coordinates): root -> that dim, which its home point holds at 0
     unrolled: dict[Node, int] = field(default_factory=dict)
+    # a segment kernel: the offsets its rows (outer dim 0) take their extent from, and the
+    # packed length T they index into
+    segment: Node | None = None
+    segment_total: sympy.Expr | None = None
 
 
 class KernelBuilder:
@@ -85,6 +92,7 @@ class KernelBuilder:
         self.origins: list[str] = []
         self._reader: Node | None = None
         self._indirect: dict[sympy.Symbol, Value] = {}
+        self._segment: tuple[sympy.Expr, sympy.Symbol, Value] | None = None  # (row, start var, length)
 
     # ---- value construction (hash-consed) -------------------------------------------------
     def _emit(self, kind: str, dtype: dt.DType, srcs: Sequence[Value] = (), arg: Any = None,
@@ -107,6 +115,25 @@ class KernelBuilder:
         bound = tuple(sorted((s for s in index.free_symbols if is_indirect_var(s)), key=lambda s: s.name))
         srcs = tuple(self._indirect[s] for s in bound)
         return self._emit("load", node.dtype, srcs, Access(info.name, index, bound), expr=index)
+
+    def index_value(self, expr: sympy.Expr, dtype: dt.DType) -> Value:
+        """An index expression as a value. Indirect variables in it (a position inside a ragged
+        row: its loaded start + r0) are loaded values, added as such."""
+        expr = sympy.expand(expr)
+        bound = sorted((s for s in expr.free_symbols if is_indirect_var(s)), key=lambda s: s.name)
+        rest = expr.subs({s: 0 for s in bound}) if bound else expr
+        value = self._emit("index", dtype, (), rest, expr=rest)
+        for s in bound:
+            coeff = expr.coeff(s)
+            if coeff.has(*bound):  # iota, cat and pad points are linear in them
+                raise RuntimeError(f"index {expr} is not linear in its loaded values")
+            term = self._indirect[s]
+            if term.dtype != dtype:
+                term = self._emit("alu", dtype, (term,), Op.CAST)
+            if coeff != 1:
+                term = self._emit("alu", dtype, (term, self._emit("const", dtype, (), coeff)), Op.MUL)
+            value = self._emit("alu", dtype, (value, term), Op.ADD)
+        return value
 
     def indirect(self, index: Value, bound: sympy.Expr, label: str, error: int = 2) -> sympy.Symbol:
         """An index variable holding ``index``, checked against [0, bound); ``error`` is the code
@@ -146,8 +173,7 @@ class KernelBuilder:
             return self._emit("const", node.dtype, (), node.arg)
         if op is Op.IOTA:
             _length, start, step = node.arg
-            expr = sympy.expand(start + point[0] * step)
-            return self._emit("index", node.dtype, (), expr, expr=expr)
+            return self.index_value(sympy.expand(start + point[0] * step), node.dtype)
         if op in POINTWISE_OPS:
             previous, self._reader = self._reader, node
             srcs = [self.value_of(i, point) for i in node.inputs]
@@ -178,6 +204,8 @@ class KernelBuilder:
             return self._index(node, point)
         if op is Op.SEARCH:
             return self._search(node, point)
+        if op is Op.SEGMENT_REDUCE:
+            return self._segment_reduce(node, point)
         raise NeedsBuffer(node)  # EXTERN, INPUT, TENSOR: always buffers
 
     def _index(self, node: Node, point: Point) -> Value:
@@ -185,13 +213,17 @@ class KernelBuilder:
         start, m = node.arg, indices[0].rank
         at = point[start:start + m]
         previous, self._reader = self._reader, node
-        syms = tuple(self.indirect(self.value_of(i, at), x.shape[start + j], f"index dim {start + j}", 3)
+        syms = tuple(self._known_row(i, at, x.shape[start + j])
+                     or self.indirect(self.value_of(i, at), x.shape[start + j], f"index dim {start + j}", 3)
                      for j, i in enumerate(indices))
         value = self.value_of(x, point[:start] + syms + point[start + m:])
         self._reader = previous
         return value
 
     def _search(self, node: Node, point: Point) -> Value:
+        row = self._row_of(node, point)
+        if row is not None:
+            return self.index_value(row, node.dtype)
         seq, values = node.inputs
         strided = self.strided(seq)
         if strided is None:
@@ -204,6 +236,24 @@ class KernelBuilder:
         self._reader = previous
         arg = SearchArg(info.name, sympy.expand(start), sympy.expand(strides[0]), seq.shape[0], bool(node.arg))
         return self._emit("search", node.dtype, (value,), arg)
+
+    def _known_row(self, index: Node, point: Point, size: sympy.Expr) -> sympy.Expr | None:
+        """A row id used as an index into a (B, ...) tensor inside that row's segment kernel:
+        the row itself, so the value indexed is the row's own (computed here, not gathered)."""
+        if self.spec.segment is None or not sh.equal(size, self.spec.segment.shape[0] - 1):
+            return None
+        return self._row_of(index, point)
+
+    def _row_of(self, node: Node, point: Point) -> sympy.Expr | None:
+        """``ragged.row_ids()`` at a position of the row this segment kernel is reducing: that row,
+        with no search."""
+        if self._segment is None or row_ids_offsets(node) is not self.spec.segment:
+            return None
+        row, start, _length = self._segment
+        within = sympy.expand(point[0] - start)
+        if all(_has_inner(s) for s in within.free_symbols):
+            return row
+        return None
 
     def _select(self, cond: Value, a: Value, b: Value, dtype: dt.DType) -> Value:
         return self._emit("alu", dtype, (cond, a, b), Op.WHERE)
@@ -295,6 +345,38 @@ class KernelBuilder:
         position = offset(tuple(inner_var(j) for j in range(len(dims))), sh.contiguous_strides(extents))
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.op, position))
 
+    def _segment_reduce(self, node: Node, point: Point) -> Value:
+        """A reduction over one row of packed values: the row (outer dim 0) reads its start and
+        length from the offsets, and the inner loop walks the row from its start."""
+        x, offsets = node.inputs
+        fits = (self._segment is not None and self.spec.segment is offsets
+                and sh.equal(x.shape[0], self.spec.segment_total) and sh.equal(point[0], self._segment[0])
+                and sh.shapes_equal(_drop_ones(node.shape), self.spec.outer)
+                and not any(_has_inner(p) or _has_indirect(p) for p in point))
+        if not fits:
+            raise NeedsBuffer(node)
+        start = self._segment[1]
+        previous, self._reader = self._reader, node
+        src = self.value_of(x, (start + inner_var(0), *point[1:]))
+        self._reader = previous
+        return self._emit("reduce", node.dtype, (src,), ReduceArg(node.arg, inner_var(0)))
+
+    def _segment_row(self, row: sympy.Expr, offsets: Node, total: sympy.Expr) -> None:
+        """Load the start and length of ``row``: the start becomes an indirect variable (ind0, the
+        kernel's first), the length the kernel's inner extent. Offsets are clamped into [0, total]
+        so that malformed ones (``Ragged`` validates them) never read out of bounds."""
+        previous, self._reader = self._reader, offsets
+        lo, hi = (self._emit("alu", dt.int64, (self.value_of(offsets, (p,)),), Op.CAST) if offsets.dtype != dt.int64
+                  else self.value_of(offsets, (p,)) for p in (row, sympy.expand(row + 1)))
+        self._reader = previous
+        zero, end = self._emit("const", dt.int64, (), 0), self._emit("const", dt.int64, (), total)
+        start = self._emit("alu", dt.int64, (self._emit("alu", dt.int64, (lo, zero), Op.MAX), end), Op.MIN)
+        stop = self._emit("alu", dt.int64, (self._emit("alu", dt.int64, (hi, start), Op.MAX), end), Op.MIN)
+        length = self._emit("alu", dt.int64, (stop, start), Op.SUB)
+        sym = indirect_var(len(self._indirect))
+        self._indirect[sym] = start
+        self._segment = (row, sym, length)
+
     # ---- the kernel ------------------------------------------------------------------------
     def _homes(self, root: Node) -> list[Point]:
         """Where the kernel evaluates a root: its home point, or one point per position of its
@@ -330,6 +412,8 @@ class KernelBuilder:
                    Access(info.name, index, bound, bool(accumulate)), expr=index)
 
     def build(self) -> Kernel:
+        if self.spec.segment is not None:  # first: the row's start is ind0, as homes expect
+            self._segment_row(outer_var(0), self.spec.segment, self.spec.segment_total)
         for root in self.spec.roots:
             for home in self._homes(root):
                 if root.op is Op.INDEX_PUT:
@@ -339,7 +423,9 @@ class KernelBuilder:
                 info = self.buffers[root]
                 self._writes[info.name] = root.dtype
                 index = offset(home, info.strides)
-                self._emit("store", root.dtype, (value,), Access(info.name, index), expr=index)
+                bound = tuple(sorted((s for s in index.free_symbols if is_indirect_var(s)), key=lambda s: s.name))
+                self._emit("store", root.dtype, (value, *(self._indirect[s] for s in bound)),
+                           Access(info.name, index, bound), expr=index)
         params = [Param(n, d, False) for n, d in self._reads.items() if n not in self._writes]
         params += [Param(n, d, True) for n, d in self._writes.items()]
         symbols: set[sympy.Symbol] = set()
@@ -348,8 +434,14 @@ class KernelBuilder:
                 symbols |= {s for s in e.free_symbols if not is_index_var(s)}
         for e in self.spec.outer + self.spec.inner:
             symbols |= sh.expr(e).free_symbols
+        symbols.discard(SEGMENT_LENGTH)
         kernel = Kernel(self.name, params, sorted(symbols, key=lambda s: s.name), self.spec.outer,
                         self.spec.inner, self.values, origins=self.origins)
+        if self.spec.segment is not None:
+            offsets = self.spec.segment
+            kernel.segment_length = self._segment[2]
+            rows = sympy.Max(offsets.shape[0] - 1, 1)
+            kernel.segment_hint = FloorDiv(sympy.expand(self.spec.segment_total + rows - 1), rows)
         assign_loops(kernel)
         return kernel
 
@@ -364,6 +456,10 @@ def _exprs(v: Value) -> list[sympy.Expr]:
     if v.kind in ("const", "index") and isinstance(v.arg, sympy.Basic):
         return [v.arg]
     return []
+
+
+def _drop_ones(shape: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
+    return tuple(s for s in shape if not sh.is_one(s))
 
 
 def _has_indirect(e: sympy.Expr) -> bool:

@@ -20,11 +20,11 @@ import sympy
 
 from ..config import Config
 from ..ir import shapes as sh
-from ..ir.node import Graph, Node
+from ..ir.node import Graph, Node, row_ids_offsets
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
 from .build import BufferInfo, Conflict, GroupSpec, KernelBuilder, NeedsBuffer
 from .indexing import Point
-from .kernel_ir import Kernel, inner_var, outer_var
+from .kernel_ir import SEGMENT_LENGTH, Kernel, indirect_var, inner_var, outer_var
 from .loops import collapse_dims
 
 BUFFER_OPS = frozenset({Op.INPUT, Op.EXTERN, Op.GETITEM, Op.TENSOR})
@@ -65,7 +65,7 @@ class Schedule:
 
 def _is_compute(node: Node) -> bool:
     return node.op in POINTWISE_OPS or node.op in REDUCE_OPS or node.op in VIEW_OPS or node.op in (
-        Op.CONST, Op.IOTA, Op.GATHER, Op.INDEX, Op.SEARCH, Op.CAT, Op.PAD)
+        Op.CONST, Op.IOTA, Op.GATHER, Op.INDEX, Op.SEARCH, Op.CAT, Op.PAD, Op.SEGMENT_REDUCE)
 
 
 def _view_base(node: Node) -> Node:
@@ -107,6 +107,7 @@ class Planner:
         self.views: dict[Node, Node] = {}      # replayed views -> their buffered base
         self.apart: set[frozenset[Node]] = set()  # root pairs that must not share a kernel
         self.unrolled: dict[Node, int] = {}    # roots storing a small dim position by position
+        self.segment_of: dict[Node, tuple[Node, sympy.Expr]] = {}  # segment roots -> (offsets, T)
         self._optimistic = False
         self.shared: set[Node] = set()         # buffered so several kernels need not recompute them
         self.released: set[Node] = set()       # ... then found to be read by their own kernel only
@@ -143,7 +144,7 @@ class Planner:
                 self.buffered.add(node)
                 if fill_value(node.inputs[0]) is None:
                     self._need_tensor(copied_base(node))
-            if not self.cfg.fusion and node.op in POINTWISE_OPS | REDUCE_OPS:
+            if not self.cfg.fusion and node.op in POINTWISE_OPS | REDUCE_OPS | {Op.SEGMENT_REDUCE}:
                 self.buffered.add(node)
 
     # ---- 2. domains and groups ------------------------------------------------------------
@@ -172,8 +173,27 @@ class Planner:
     def domain(self, root: Node, groups: list[GroupSpec]) -> tuple[tuple, tuple, Point, tuple | None]:
         """(outer extents, inner extents, home point, (F, reduce dims) or None)."""
         self.unrolled.pop(root, None)
+        self.segment_of.pop(root, None)
         if root.op is Op.INDEX_PUT:  # a pointwise kernel over the values written
             return self._pointwise_domain(root, root.inputs[1].shape)
+        segments = [n for n in [*self.subtree(root), root] if n.op is Op.SEGMENT_REDUCE]
+        # rows of a ragged tensor: one outer iteration per (row, feature), inner loops over the
+        # row, whose extent the kernel reads from the offsets
+        inner = (SEGMENT_LENGTH,)
+        if segments:
+            (x, offsets), outer = segments[-1].inputs, _drop_ones(segments[-1].shape)
+            if sh.shapes_equal(_drop_ones(root.shape), outer):
+                self.segment_of[root] = (offsets, x.shape[0])
+                return outer, inner, _place(root.shape, outer_var), None
+            if self._row_wise(root, offsets, x.shape[0], outer):
+                self.segment_of[root] = (offsets, x.shape[0])
+                return outer, inner, _row_home(root.shape), None
+        for g in groups:
+            if g.segment is not None and self._row_wise(root, g.segment, g.segment_total, g.outer):
+                # packed values computed per row (softmax's e / sum[row]): stored by the row's
+                # kernel as it walks the row, at the row's start + r0
+                self.segment_of[root] = (g.segment, g.segment_total)
+                return g.outer, g.inner, _row_home(root.shape), None
         reductions = [n for n in [*self.subtree(root), root] if n.op in REDUCE_OPS]
         if reductions:
             # The reduction nearest the root sets the loops; earlier ones that do not fit them
@@ -193,6 +213,15 @@ class Planner:
             if ref is not None and sh.shapes_equal(root.shape, ref[0]) and not reductions:
                 return g.outer, g.inner, _inner_home(*ref), ref
         return self._pointwise_domain(root, root.shape)
+
+    def _row_wise(self, root: Node, offsets: Node, total: sympy.Expr, outer: tuple) -> bool:
+        """Is ``root`` a (T, *feature) value that reads the row ids of ``offsets`` (so it can be
+        computed row by row, by the kernel reducing those rows)?"""
+        shape = root.shape
+        if not shape or not sh.equal(shape[0], total) or not sh.shapes_equal(_drop_ones(shape[1:]), outer[1:]):
+            return False
+        return any(n.op is Op.SEARCH and row_ids_offsets(n) is offsets
+                   for n in [root, *self.subtree(root), *self.reads(root)])
 
     def _pointwise_domain(self, root: Node, shape: sh.Shape) -> tuple[tuple, tuple, Point, None]:
         """A pointwise root's domain: its shape, less a dim it unrolls."""
@@ -224,7 +253,16 @@ class Planner:
         groups = self._form_groups(optimistic=True)
         if self._acyclic(groups):
             return groups
-        return self._form_groups(optimistic=False)
+        groups = self._form_groups(optimistic=False)
+        if self._acyclic(groups):
+            return groups
+        # Root-level checks miss cycles through a third kernel (a kernel that needs A joins B,
+        # which another root of A reads): check whole kernels at every join, and as a last
+        # resort give every root a kernel of its own (buffers follow the graph, a DAG).
+        groups = self._form_groups(optimistic=False, checked=True)
+        if self._acyclic(groups):
+            return groups
+        return self._form_groups(optimistic=False, alone=True)
 
     def _acyclic(self, groups: list[GroupSpec]) -> bool:
         index = {r: i for i, g in enumerate(groups) for r in g.roots}
@@ -247,7 +285,7 @@ class Planner:
 
         return all(visit(i) for i in range(len(groups)))
 
-    def _form_groups(self, optimistic: bool) -> list[GroupSpec]:
+    def _form_groups(self, optimistic: bool, checked: bool = False, alone: bool = False) -> list[GroupSpec]:
         self._optimistic = optimistic
         roots = sorted(self.buffered, key=self.order.__getitem__)
         groups: list[GroupSpec] = []
@@ -260,11 +298,14 @@ class Planner:
             for g in groups:
                 if (len(g.outer) == len(outer) and len(g.inner) == len(inner)
                         and all(sh.equal(a, b) for a, b in zip(g.outer + g.inner, outer + inner))
-                        and self.cfg.fusion and not self._blocked(root, g, owner)):
+                        and (g.segment, g.segment_total) == self.segment_of.get(root, (None, None))
+                        and self.cfg.fusion and not alone and not self._blocked(root, g, owner)
+                        and not (checked and self._closes_cycle(root, g, groups))):
                     target = g
                     break
             if target is None:
-                target = GroupSpec([], {}, outer, inner, ref)
+                segment, total = self.segment_of.get(root, (None, None))
+                target = GroupSpec([], {}, outer, inner, ref, segment=segment, segment_total=total)
                 groups.append(target)
             target.roots.append(root)
             target.homes[root] = home
@@ -275,8 +316,16 @@ class Planner:
             g.roots.sort(key=self.order.__getitem__)
         return groups
 
+    def _closes_cycle(self, root: Node, group: GroupSpec, groups: list[GroupSpec]) -> bool:
+        group.roots.append(root)
+        try:
+            return not self._acyclic(groups)
+        finally:
+            group.roots.pop()
+
     def _has_reduction(self, root: Node) -> bool:
-        return root.op in REDUCE_OPS or any(n.op in REDUCE_OPS for n in self.subtree(root))
+        reducing = REDUCE_OPS | {Op.SEGMENT_REDUCE}
+        return root.op in reducing or any(n.op in reducing for n in self.subtree(root))
 
     def _blocked(self, root: Node, group: GroupSpec, owner: dict[Node, GroupSpec]) -> bool:
         if any(frozenset((root, r)) in self.apart for r in group.roots):
@@ -335,7 +384,7 @@ class Planner:
         for n, gs in reached.items():
             if len(gs) < 2 or n.op in VIEW_OPS or n.op is Op.CONST:
                 continue
-            if n.op in REDUCE_OPS or self._cost(n) > self.cfg.max_recompute_ops:
+            if n.op in REDUCE_OPS or n.op is Op.SEGMENT_REDUCE or self._cost(n) > self.cfg.max_recompute_ops:
                 extra.add(n)
         return extra
 
@@ -458,15 +507,19 @@ class Planner:
 
         # order steps so each runs after what it reads
         placed: set[int] = set()
+        done: set[int] = set()
 
         def place(step: Step) -> None:
             if id(step) in placed:
+                if id(step) not in done:  # a kernel would read a buffer before it is written
+                    raise RuntimeError("ember: kernels that need each other's results")
                 return
             placed.add(id(step))
             for dep in self._step_reads(step):
                 if dep in producer:
                     place(producer[dep])
             steps.append(step)
+            done.add(id(step))
 
         for node in self.graph.nodes:
             if node in producer:
@@ -496,6 +549,12 @@ def _place(shape: tuple[sympy.Expr, ...], var) -> Point:
             point.append(var(k))
             k += 1
     return tuple(point)
+
+
+def _row_home(shape: tuple[sympy.Expr, ...]) -> Point:
+    """Where a segment kernel computes a packed (T, *feature) value: at its row's start (the
+    kernel's first indirect variable) + r0, its features on the outer dims after the row."""
+    return (indirect_var(0) + inner_var(0), *_place(shape[1:], lambda i: outer_var(i + 1)))
 
 
 def _inner_home(full: tuple[sympy.Expr, ...], dims: tuple[int, ...]) -> Point:

@@ -41,6 +41,11 @@ def indirect_var(i: int) -> sympy.Symbol:
     return sympy.Symbol(f"ind{i}", integer=True)
 
 
+# The inner extent of a segment kernel (a row of a ragged tensor): a value each outer iteration
+# loads from the offsets (``Kernel.segment_length``), not a size the host knows.
+SEGMENT_LENGTH = sympy.Symbol("ember_seglen", integer=True, nonnegative=True)
+
+
 def is_index_var(s: sympy.Symbol) -> bool:
     name = s.name
     return (name[0] in "or" and name[1:].isdigit()) or (name.startswith("ind") and name[3:].isdigit())
@@ -117,6 +122,15 @@ class Kernel:
     values: list[Value]                # topological order
     n_loops: int = 0
     origins: list[str] = field(default_factory=list)  # ATen ops fused, in order, deduplicated
+    # a segment kernel (inner == (SEGMENT_LENGTH,)): the outer value holding its row's length;
+    # the inner loops run r0 over [0, length) and read the row at its start offset + r0
+    segment_length: Value | None = None
+    segment_hint: sympy.Expr | None = None  # the mean row length, for launch heuristics
+
+    @property
+    def inner_hint(self) -> sympy.Expr:
+        """The inner extent as a size expression (the mean row length for a segment kernel)."""
+        return self.segment_hint if self.segment_length is not None else sh.numel(self.inner)
 
     @property
     def stores(self) -> list[Value]:

@@ -59,6 +59,8 @@ def _rewrite(kernel: Kernel, mapping: dict[sympy.Symbol, sympy.Expr]) -> list[Va
 
 
 def collapse_dims(kernel: Kernel) -> Kernel:
+    if kernel.segment_length is not None:  # its row index (outer dim 0) addresses the offsets
+        return kernel
     for which in ("outer", "inner"):
         var = outer_var if which == "outer" else inner_var
         changed = True

@@ -122,6 +122,12 @@ def wall_time(fn: Callable[[], Any], device: torch.device | str, reps: int, warm
 def count_cuda_kernels(fn: Callable[[], Any]) -> int:
     """Kernels one call of ``fn`` launches on the GPU (torch.profiler; copies and memsets not
     counted, as in bench/gpu_fusion.py)."""
+    return profile_cuda_kernels(fn)[0]
+
+
+def profile_cuda_kernels(fn: Callable[[], Any]) -> tuple[int, float]:
+    """(kernels launched, their total GPU time in seconds) for one call of ``fn``. When the
+    call's wall time is far above its kernels' time, the host is the bottleneck."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -134,10 +140,12 @@ def count_cuda_kernels(fn: Callable[[], Any]) -> int:
     try:
         # The raw Kineto events: ``prof.events()`` builds Python objects and a tree first, which
         # for the per-sample loop's ~90,000 kernels takes tens of seconds.
-        raw = prof.profiler.kineto_results.events()
-        return sum(1 for e in raw if e.device_type() == cuda and not e.name().startswith(skip))
+        raw = [e for e in prof.profiler.kineto_results.events()
+               if e.device_type() == cuda and not e.name().startswith(skip)]
+        return len(raw), sum(e.duration_ns() for e in raw) * 1e-9
     except AttributeError:  # a torch whose private profiler API moved
-        return sum(1 for e in prof.events() if e.device_type == cuda and not e.name.startswith(skip))
+        events = [e for e in prof.events() if e.device_type == cuda and not e.name.startswith(skip)]
+        return len(events), sum(e.device_time for e in events) * 1e-6
 
 
 class _CountAten(TorchDispatchMode):
@@ -221,10 +229,13 @@ def busy_warning(device: torch.device | str) -> str | None:
 
 def poison_cuda(limit_bytes: int = 4 << 30) -> None:
     """Fill up to ``limit_bytes`` of free GPU memory with NaN and hand it back to the caching
-    allocator, so an output a kernel forgets to write reads NaN instead of an old right answer."""
+    allocator, so an output a kernel forgets to write reads NaN instead of an old right answer.
+    The allocator's cached blocks go back to the driver first: they are what later outputs would
+    reuse, and asking for them as one block on top of the limit once asked for 77 GiB."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info()
-    cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-    n = max(0, min(free // 2, limit_bytes) + cached) // 4
+    n = max(0, min(free // 2, limit_bytes)) // 4
     if n:
         block = torch.empty(n, dtype=torch.float32, device="cuda")
         block.fill_(float("nan"))
