@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from . import config as config_module
+from .aot_cache import cached_backend
 from .config import Config
 from .driver import compile_graph
 from .frontend.dynamo import make_backend
@@ -33,7 +34,8 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
 def _backend(cfg: Config, sink: list[GraphReport] | None) -> Callable[..., Any]:
     def compile_one(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
         return compile_graph(gm, example_inputs, kind, cfg, sink)
-    return make_backend(compile_one)
+    # a report shows every graph going through the whole pipeline: no cached graphs there
+    return cached_backend(compile_one, cfg) if sink is None else make_backend(compile_one, cfg)
 
 
 def compile(model: Callable[..., Any] | None = None, *, options: dict[str, Any] | None = None,

@@ -10,6 +10,8 @@ overrides any field for one compiled function.
   EMBER_GPU_BACKEND  'triton' or 'cuda'
   EMBER_TRITON_TUNING  'heuristic' (one launch configuration per kernel and shape, from the
                    shape) or 'full' (compile and time every candidate; slower first call)
+  EMBER_GRAD_IN_FORWARD  0 turns off computing a scalar loss's gradient in the forward graph
+  EMBER_AOT_CACHE  0 turns off keeping compiled graphs in torch's AOTAutograd cache
 """
 
 from __future__ import annotations
@@ -66,6 +68,16 @@ class Config:
     # CPU outputs of at least this many bytes are advised onto transparent huge pages before the
     # kernel writes them: a fresh 64 MB buffer takes 16k page faults otherwise.
     huge_page_bytes: int = 4 << 20
+    # Training: where a scalar loss's gradient can be computed in the forward graph (saved, and
+    # scaled by the incoming gradient in a one-kernel backward), do so when it moves no more
+    # bytes than min-cut rematerialization (frontend/partition.py). False: always min-cut.
+    grad_in_forward: bool = field(default_factory=lambda: _env_int("EMBER_GRAD_IN_FORWARD", 1) != 0)
+    # Keep compiled graphs in torch's AOTAutograd cache (under torch's cache directory,
+    # TORCHINDUCTOR_CACHE_DIR): a warm start, after torch._dynamo.reset() or in a new process,
+    # then skips AOTAutograd's tracing and partitioning and ember's planning, and only loads the
+    # kernels from cache_dir (aot_cache.py). Off while a report or debug >= 2 asks to see
+    # the pipeline run.
+    aot_cache: bool = field(default_factory=lambda: _env_int("EMBER_AOT_CACHE", 1) != 0)
     # Check the IR after every pass (on whenever debug > 0).
     verify: bool = False
 

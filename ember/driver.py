@@ -121,6 +121,44 @@ def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphR
     else:
         graph = lower_graph(gm, name)
         graph = run_pipeline(graph, cfg, report.passes if detail else None)
+        schedule = plan(graph, cfg)
+        fallbacks = _fallbacks(schedule)
+        if key is not None:
+            _planned[key] = (graph, schedule, fallbacks)
+            while len(_planned) > _PLANNED_MAX:
+                _planned.popitem(last=False)
+    program = _build(graph, schedule, fallbacks, name, cfg, report, detail)
+    # the plan goes to torch's AOTAutograd cache (aot_cache.py); only graphs without tensor
+    # constants carry it: a constant's values are not part of any cache key (see _fingerprint)
+    if program is not None and key is not None and cfg.aot_cache:
+        program.plan = (graph, schedule)
+    return program if program is not None else boxed(gm)
+
+
+def rebuild_graph(graph: Graph, schedule: Schedule, kind: str, cfg: Config) -> CompiledProgram:
+    """A graph planned by an earlier compile (kept in torch's AOTAutograd cache), built again: its
+    kernels load from the disk cache. Raises on any failure; the caller then compiles afresh."""
+    name = f"{kind}_{next(_graph_ids)}"
+    start = time.perf_counter()
+    report = rp.GraphReport(name, kind)
+    program = _build(graph, schedule, _fallbacks(schedule), name, cfg, report, detail=False)
+    if program is None:
+        raise RuntimeError(f"{name}: the cached plan is for a target this machine does not build")
+    ms = (time.perf_counter() - start) * 1e3
+    stats.add_time("compile_seconds", ms / 1e3)
+    log(1, f"{name}: rebuilt from torch's AOTAutograd cache, {len(report.kernels)} kernel(s), "
+           f"{len(report.fallbacks)} ATen call(s), {ms:.0f} ms", cfg)
+    return program
+
+
+def _fallbacks(schedule: Schedule) -> dict[str, Callable[..., None]]:
+    return {s.kernel.name: group_fallback(s, schedule) for s in schedule.steps if isinstance(s, KernelStep)}
+
+
+def _build(graph: Graph, schedule: Schedule, fallbacks: dict[str, Callable[..., None]], name: str,
+           cfg: Config, report: rp.GraphReport, detail: bool) -> CompiledProgram | None:
+    """Build a planned graph's kernels and its host program; None when the target is only
+    rendered here (the graph then runs through ATen)."""
     device = _graph_device(graph)
     natural = backend_name(device, cfg)
     target = cfg.target or natural
@@ -129,14 +167,6 @@ def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphR
     # Under TRITON_INTERPRET=1 Triton kernels run on CPU tensors (how the tests check them).
     render_only = target != natural and not (target == "triton" and device == "cpu" and _triton_interpreting())
     report.target = target
-    if hit is None:
-        schedule = plan(graph, cfg)
-        fallbacks = {s.kernel.name: group_fallback(s, schedule) for s in schedule.steps
-                     if isinstance(s, KernelStep)}
-        if key is not None:
-            _planned[key] = (graph, schedule, fallbacks)
-            while len(_planned) > _PLANNED_MAX:
-                _planned.popitem(last=False)
     stats.bump("graphs_compiled")
     stats.bump("kernels_generated", len(schedule.kernels))
     built = BuiltKernels() if render_only else backend.build(schedule.kernels, cfg, fallbacks)
@@ -170,7 +200,7 @@ def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphR
     if render_only:
         log(1, f"{name}: rendered {len(schedule.kernels)} {target} kernel(s) without building them; "
                "the graph runs through ATen here", cfg)
-        return boxed(gm)
+        return None
     namespace.update(wrapper.constants)
     if cfg.debug >= 3:
         log(3, f"{name} kernels:\n{built.module_source}\n{name} host program:\n{wrapper.source}", cfg)

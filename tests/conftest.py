@@ -1,8 +1,12 @@
-"""Test setup: a kernel cache private to the test run, IR verification after every pass."""
+"""Test setup: a kernel cache private to the test run, torch's caches private to each test, IR
+verification after every pass."""
 
 from __future__ import annotations
 
+import atexit
+import itertools
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -11,6 +15,13 @@ import pytest
 # Before ember is imported anywhere: one cache for the whole run (shared by xdist workers).
 _CACHE = Path(os.environ.get("EMBER_TEST_CACHE") or Path(tempfile.gettempdir()) / "ember-test-cache")
 os.environ["EMBER_CACHE_DIR"] = str(_CACHE)
+# torch's caches (its AOTAutograd cache holds ember's compiled graphs) live in a directory of this
+# process, a fresh one for each test (_fresh_dynamo): no test sees what another one compiled, or
+# what an earlier run left, and nothing is written to the user's cache.
+_TORCH_CACHE = Path(tempfile.mkdtemp(prefix="ember-test-torch-"))
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(_TORCH_CACHE)
+atexit.register(shutil.rmtree, _TORCH_CACHE, ignore_errors=True)
+_test_ids = itertools.count()
 # Where the op suite runs (EMBER_TEST_DEVICE=cuda on a GPU machine runs it on the GPU). On the CPU,
 # Triton kernels run on CPU tensors through Triton's interpreter.
 DEVICE = os.environ.get("EMBER_TEST_DEVICE", "cpu")
@@ -28,8 +39,9 @@ torch._dynamo.config.accumulated_cache_size_limit = 4096
 
 
 @pytest.fixture(autouse=True)
-def _fresh_dynamo():
+def _fresh_dynamo(monkeypatch):
     torch.manual_seed(0)  # reproducible inputs
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(_TORCH_CACHE / f"test{next(_test_ids)}"))
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

@@ -1,8 +1,9 @@
 """The Dynamo backend: AOTAutograd with core-ATen decompositions, one ember compile per graph.
 
-Inference graphs, and the forward and backward graphs of training (partitioned by AOTAutograd's
-min-cut rematerialization, which recomputes cheap pointwise chains in the backward instead of
-saving them), all go through the same ``compile_graph`` callback.
+Inference graphs, and the forward and backward graphs of training (partitioned by
+``partition.py``: a scalar loss's gradient computed in the forward where that moves fewer bytes,
+else AOTAutograd's min-cut rematerialization, which recomputes cheap pointwise chains in the
+backward instead of saving them), all go through the same ``compile_graph`` callback.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+from ..config import Config
+from .partition import partition
 
 aten = torch.ops.aten
 
@@ -47,17 +50,21 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     return table
 
 
-def make_backend(compile_graph: GraphCompiler) -> Callable[[torch.fx.GraphModule, list[Any]], Any]:
-    """A Dynamo backend that hands every ATen graph AOTAutograd produces to ``compile_graph``."""
+def make_backend(compile_graph: GraphCompiler, cfg: Config | None = None, wrap: Callable[..., Any] | None = None
+                 ) -> Callable[[torch.fx.GraphModule, list[Any]], Any]:
+    """A Dynamo backend that hands every ATen graph AOTAutograd produces to ``compile_graph``;
+    ``cfg`` holds the settings the training partitioner reads. ``wrap(kind, compiler)`` may
+    replace each compiler (``aot_cache.py`` makes them cacheable)."""
 
     def compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
-        return lambda gm, example_inputs: compile_graph(gm, example_inputs, kind)
+        fn = lambda gm, example_inputs: compile_graph(gm, example_inputs, kind)
+        return wrap(kind, fn) if wrap is not None else fn
 
     return aot_autograd(
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=decomposition_table(),
-        partition_fn=min_cut_rematerialization_partition,
+        partition_fn=functools.partial(partition, cfg=cfg),
         keep_inference_input_mutations=False,
     )

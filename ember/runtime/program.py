@@ -17,7 +17,7 @@ import torch
 
 from ..analysis.reference import eval_node
 from ..config import Config, log
-from ..ir.node import Node
+from ..ir.node import Graph, Node
 from ..ir.ops import Op
 from ..schedule.fusion import KernelStep, Schedule
 
@@ -112,6 +112,9 @@ class CompiledProgram:
         self.name = name
         self.source = source
         self.timings: dict[str, list[float]] = {}
+        # (IR graph, schedule) this program was built from, set by the driver where the plan may
+        # be cached (torch's AOTAutograd cache stores it, frontend/aot_cache.py)
+        self.plan: tuple[Graph, Schedule] | None = None
         flag = ctypes.c_int32(0)
         self._flag = flag
 

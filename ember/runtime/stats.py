@@ -16,6 +16,7 @@ KEYS = (
     "fallbacks",          # ops run as ATen calls inside compiled programs
     "build_failures",     # kernel groups that failed to build and ran through ATen instead
     "graph_fallbacks",    # whole graphs ember could not compile (they ran through ATen)
+    "grads_in_forward",   # training graphs whose loss gradient is computed in the forward
 )
 
 

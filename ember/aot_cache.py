@@ -1,0 +1,273 @@
+"""Compiled graphs in torch's AOTAutograd cache, so that a warm start skips AOTAutograd.
+
+Without this, a fresh compile of a program ember compiled before (after ``torch._dynamo.reset()``
+or in a new process) traces and partitions it with AOTAutograd again, which costs more than
+ember's own work. Torch caches AOTAutograd's result on disk for backends whose compilers return
+an ``OutputCode`` that pickles ("bundled" entries, the mechanism of ``aot_eager`` and regional
+Inductor); on a hit it rebuilds the runtime wrappers around the unpickled forward and backward.
+
+ember's ``OutputCode`` pickles the graph's *plan*: its IR graph and schedule, the input to
+kernel building. A hit rebuilds the program from the plan (kernels load from ember's disk cache)
+without lowering, passes or planning. What never enters the cache: graphs ember could not compile,
+graphs with tensor constants (their values are in no cache key), plans that do not pickle; these
+are compiled as before (torch counts a bypass), never an error. A cached entry that fails to load
+is a miss.
+
+Cache keys are torch's (the Dynamo graph, input metadata, torch and AOTAutograd settings, the
+deterministic-algorithms flag) plus a tag of ember's own: its source, the ``Config`` repr (the
+target backend included) and whether Triton is interpreted. Entries never mix with Inductor's:
+the tag and the bundled flag are part of every ember key and of no Inductor key. The tag, the
+bundled flag and an eager backward compile are torch settings patched for the duration of one
+AOTAutograd call: the backward is compiled with the forward (as torch does for dynamic shapes)
+because torch saves the entry when the backward is compiled, and only inside that call are the
+settings ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import os
+import pickle
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import driver
+from .config import Config
+from .frontend.dynamo import GraphCompiler, make_backend
+from .runtime.program import CompiledProgram
+
+try:  # private torch API: without it (or any piece below), ember compiles as it did before
+    from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+    from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler
+    from torch._inductor.output_code import OutputCode
+except ImportError:  # pragma: no cover - depends on the torch version
+    BypassAOTAutogradCache = SerializableAOTDispatchCompiler = None
+    OutputCode = object
+
+Backend = Callable[[torch.fx.GraphModule, list[Any]], Any]
+
+
+def _supported() -> bool:
+    """Whether this torch has every piece the cache needs (bundled entries, eager backward
+    lowering, a cache-key tag)."""
+    return (SerializableAOTDispatchCompiler is not None
+            and all(hasattr(torch._functorch.config, name) for name in
+                    ("bundled_autograd_cache", "force_non_lazy_backward_lowering", "enable_autograd_cache"))
+            and hasattr(torch.compiler.config, "cache_key_tag"))
+
+
+SUPPORTED = _supported()
+
+
+def cached_backend(compile_graph: GraphCompiler, cfg: Config) -> Backend:
+    """The Dynamo backend of ``make_backend``, with compiled graphs kept in torch's AOTAutograd
+    cache where this torch supports it and nothing turns it off."""
+    plain = make_backend(compile_graph, cfg)
+    if not (SUPPORTED and cfg.aot_cache and cfg.debug < 2):
+        return plain
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        if not _torch_caches_on():
+            return plain(gm, example_inputs)
+        # a fresh AOTAutograd per graph: it wraps the backward compiler it is given in place
+        made: list[EmberOutputCode] = []
+        aot = make_backend(compile_graph, cfg, wrap=functools.partial(_serializable, cfg=cfg, made=made))
+        with _settings(cache_tag(cfg)):
+            compiled = aot(gm, example_inputs)
+        # the entry is saved by now (the backward was compiled with the forward), or never will
+        # be: the IR need not stay alive with the program
+        for code in made:
+            code._plan = None
+        return compiled
+
+    return backend
+
+
+def _torch_caches_on() -> bool:
+    # where torch would bypass its cache anyway, keep the lazy backward compile of today
+    return bool(torch._functorch.config.enable_autograd_cache
+                and not getattr(torch.compiler.config, "force_disable_caches", False)
+                and getattr(torch._inductor.config, "fx_graph_cache", True))
+
+
+@contextlib.contextmanager
+def _settings(tag: str) -> Iterator[None]:
+    user_tag = torch.compiler.config.cache_key_tag
+    with torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True), \
+            torch.compiler.config.patch(cache_key_tag=f"{user_tag}|{tag}" if user_tag else tag):
+        yield
+
+
+def cache_tag(cfg: Config) -> str:
+    """What of ember decides a compiled graph, beyond what torch's key holds already."""
+    parts = (_SOURCE_DIGEST, repr(cfg), os.environ.get("TRITON_INTERPRET", "0"),
+             str(torch.are_deterministic_algorithms_enabled()),
+             str(torch.is_deterministic_algorithms_warn_only_enabled()))
+    return "ember-" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _source_digest() -> str:
+    """A hash of every ember source file: a changed ember never loads another's entries."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+# at import, so that the digest describes the code this process runs
+_SOURCE_DIGEST = _source_digest()
+
+
+def _serializable(kind: str, compile_fn: Callable[[torch.fx.GraphModule, Sequence[Any]], Any],
+                  cfg: Config, made: list[EmberOutputCode]) -> Any:
+    def compile_and_wrap(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> EmberOutputCode:
+        start = time.perf_counter_ns()
+        program = compile_fn(gm, example_inputs)
+        if kind == "backward":
+            _no_donated_buffers()
+        plan = None
+        if isinstance(program, CompiledProgram):
+            plan, program.plan = program.plan, None
+        made.append(EmberOutputCode(program, kind, cfg, plan, time.perf_counter_ns() - start))
+        return made[-1]
+    return SerializableAOTDispatchCompiler(EmberOutputCode, compile_and_wrap)
+
+
+def _no_donated_buffers() -> None:
+    """Tell AOTAutograd that ember's backward takes over none of the forward's saved buffers
+    (it never writes into its inputs). AOTAutograd forbids ``backward(retain_graph=True)`` for a
+    backward compiled with donated buffers; compiled lazily it drops them itself, but a backward
+    compiled with the forward (as here) would keep them, in the cache entry too. Backends read
+    the list at the same place (Inductor's ``get_donated_idxs``)."""
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    if getattr(meta, "bw_donated_idxs", None):
+        meta.bw_donated_idxs = []
+
+
+class EmberOutputCode(OutputCode):
+    """A compiled graph as torch's AOTAutograd cache holds it: at run time the ember program, on
+    disk the plan it was built from. Called in AOTAutograd's boxed convention."""
+
+    def __init__(self, program: Callable[..., Any], kind: str, cfg: Config,
+                 plan: tuple[Any, Any] | None, time_taken_ns: int):
+        self._boxed_call = True
+        self._kind = kind
+        self._cfg = cfg
+        self._plan = plan            # (IR graph, schedule); None: this graph is not cached
+        self._plan_bytes: bytes | None = None
+        # torch adds these up on a cache hit (the compile time the hit saved)
+        self._time_taken_ns = time_taken_ns
+        self._set_program(program)
+
+    def _set_program(self, program: Callable[..., Any] | None) -> None:
+        self._program = program
+        # AOTAutograd calls with the argument list; a CompiledProgram's own __call__ also takes
+        # the arguments spread out, one frame more
+        self._run = program._call if isinstance(program, CompiledProgram) else program
+
+    def __call__(self, *args: Any) -> Any:
+        if len(args) == 1 and type(args[0]) is list:
+            return self._run(args[0])
+        return self._program(*args)
+
+    # --- torch's OutputCode protocol -------------------------------------------------------
+
+    def prepare_for_serialization(self) -> None:
+        """Runs on a copy, right before torch pickles the entry."""
+        self._plan_bytes = self._pickled_plan()
+        self._plan = None
+        self._set_program(None)
+
+    def _pickled_plan(self) -> bytes:
+        if self._plan_bytes is not None:
+            return self._plan_bytes
+        if self._plan is None:
+            raise BypassAOTAutogradCache("ember: this graph is not cached (it runs through ATen, "
+                                         "or holds tensor constants)")
+        try:
+            return _dump_plan(self._plan)
+        except Exception as e:  # noqa: BLE001 -- whatever does not pickle is simply not cached
+            raise BypassAOTAutogradCache(f"ember: the plan does not pickle ({type(e).__name__}: {e})") from e
+
+    def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
+        """On a cache hit: build the program from the plan. Any failure propagates, and torch
+        then compiles the graph afresh."""
+        if self._program is None:
+            graph, schedule = _load_plan(self._plan_bytes)
+            self._set_program(driver.rebuild_graph(graph, schedule, self._kind, self._cfg))
+
+    def set_triton_bundle(self, triton_bundle: Any) -> None:
+        pass  # ember's Triton kernels live in its own cache directory
+
+    # --- pickling: the plan, never the built program --------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"kind": self._kind, "cfg": self._cfg, "plan": self._pickled_plan(), "ns": self._time_taken_ns}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._boxed_call = True
+        self._kind, self._cfg, self._plan_bytes = state["kind"], state["cfg"], state["plan"]
+        self._time_taken_ns = state["ns"]
+        self._plan = None
+        self._set_program(None)
+
+    def __copy__(self) -> EmberOutputCode:
+        # torch copies the entry before prepare_for_serialization: a shallow copy that keeps
+        # the plan (the default copy would go through __getstate__)
+        other = EmberOutputCode.__new__(EmberOutputCode)
+        other.__dict__.update(self.__dict__)
+        return other
+
+    # OutputCode is a dataclass: identity, not field-wise equality (the fields hold programs)
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"<EmberOutputCode {self._kind} {'built' if self._program is not None else 'not built'}>"
+
+    @property
+    def _fx_graph_cache_key(self) -> str:
+        # An Inductor (FX graph cache) entry has this key; ember's never does. Torch saves
+        # un-bundled entries for compiled graphs that carry one, so hiding the attribute keeps
+        # ember's graphs out of that path, whatever the torch version checks (hasattr or None).
+        raise AttributeError("_fx_graph_cache_key")
+
+
+class _PlanPickler(pickle.Pickler):
+    """Pickles ATen operators (the targets of ATen calls in a plan) by name."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch._ops.OpOverload):
+            namespace, name = obj._schema.name.split("::")
+            return _operator, (namespace, name, obj._overloadname)
+        if isinstance(obj, torch._ops.OpOverloadPacket):
+            namespace, name = obj._qualified_op_name.split("::")
+            return _operator, (namespace, name, None)
+        return NotImplemented
+
+
+def _operator(namespace: str, name: str, overload: str | None) -> Any:
+    packet = getattr(getattr(torch.ops, namespace), name)
+    return packet if overload is None else getattr(packet, overload)
+
+
+def _dump_plan(plan: tuple[Any, Any]) -> bytes:
+    with io.BytesIO() as stream:
+        _PlanPickler(stream, protocol=pickle.HIGHEST_PROTOCOL).dump(plan)
+        return stream.getvalue()
+
+
+def _load_plan(data: bytes | None) -> tuple[Any, Any]:
+    if data is None:
+        raise RuntimeError("ember: cache entry without a plan")
+    return pickle.loads(data)

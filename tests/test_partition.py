@@ -1,0 +1,239 @@
+"""The training partitioner (frontend/partition.py): a scalar loss's gradient computed in the
+forward graph and scaled in a one-kernel backward, chosen by bytes against min-cut; gradients equal
+to eager's either way."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+from ember import ragged
+from ember.config import config
+from ember.driver import compile_graph
+from ember.frontend import partition as partition_module
+from ember.frontend.dynamo import make_backend
+from ember.workloads.giou import make_batch, padded_giou_loss, ragged_giou_loss
+
+from .helpers import assert_same
+
+
+def _grads(fn, args, grad_output=None):
+    """[loss, gradients of the inputs that require grad] of one step of fn on copies of args."""
+    leaves = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+    loss = fn(*leaves)
+    loss.backward(grad_output)
+    return [loss.detach()] + [a.grad for a in leaves if a.requires_grad]
+
+
+def _chosen(fn, args, options=None) -> bool:
+    """Whether compiling fn for a training step took the gradient-in-forward plan; checks the
+    loss and gradients against eager on the way."""
+    ember.reset_stats()
+    assert_same(_grads(ember.compile(fn, options=options), args), _grads(fn, args))
+    return ember.stats()["grads_in_forward"] == 1
+
+
+def _giou_batch(batch=8, dtype=torch.float32):
+    pred, _, padded = make_batch(batch, dtype)
+    return pred.requires_grad_(), padded
+
+
+@pytest.fixture
+def always_in_forward(monkeypatch):
+    """Take the gradient-in-forward plan wherever it applies, whatever the bytes (tests the
+    plan's mechanics apart from the cost model)."""
+    planned, build, cost = [], partition_module.gradient_in_forward, partition_module.plan_cost
+
+    def build_and_remember(*args, **kwargs):
+        modules = build(*args, **kwargs)
+        planned.append(modules)
+        return modules
+
+    def free_if_planned(fw, bw, n):
+        return partition_module.PlanCost(0, 0, 0, 0) if (fw, bw) in planned else cost(fw, bw, n)
+
+    monkeypatch.setattr(partition_module, "gradient_in_forward", build_and_remember)
+    monkeypatch.setattr(partition_module, "plan_cost", free_if_planned)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_padded_giou_gradient_in_forward(dtype):
+    assert _chosen(padded_giou_loss, _giou_batch(dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_padded_giou_16_bit_within_eager_error(dtype):
+    pred, padded = _giou_batch(16, dtype)
+    reference = _grads(padded_giou_loss, [pred.double(), padded.double()])
+    ember.reset_stats()
+    mine = _grads(ember.compile(padded_giou_loss), [pred, padded])
+    assert ember.stats()["grads_in_forward"] == 1
+    eager = _grads(padded_giou_loss, [pred, padded])
+    for m, e, r in zip(mine, eager, reference):
+        assert m.dtype == dtype
+        mine_error = (m.double() - r).norm() / r.norm()
+        eager_error = (e.double() - r).norm() / r.norm()
+        assert mine_error <= max(eager_error, 4e-3), (mine_error, eager_error)
+
+
+def test_graphs_forward_one_kernel_backward_reads_no_input():
+    pred, padded = _giou_batch()
+    graphs, sink = {}, []
+
+    def record(gm, example_inputs, kind):
+        graphs[kind] = gm
+        return compile_graph(gm, example_inputs, kind, config, sink)
+
+    compiled = torch.compile(padded_giou_loss, backend=make_backend(record, config))
+    compiled(pred, padded).backward()
+    reports = {r.kind: r for r in sink}
+    placeholders = graphs["backward"].graph.find_nodes(op="placeholder")
+    inputs = [p.meta["val"] for p in placeholders]
+    names = [p.name for p in placeholders]
+    assert not [n for n in names if n.startswith("primals")], names  # no input, no size either
+    # K as four (B, 256) columns of the loss's loop, one scalar (the mask count), the tangent
+    assert sum(v.numel() for v in inputs) == pred.numel() + 2, names
+    assert len(reports["forward"].kernels) == 1 and not reports["forward"].fallbacks
+    assert len(reports["backward"].kernels) == 1 and not reports["backward"].fallbacks
+
+
+def test_mse_loss():
+    x, y = torch.randn(64, 32, requires_grad=True), torch.randn(64, 32)
+    assert _chosen(F.mse_loss, [x, y])
+
+
+def test_several_and_mixed_requires_grad():
+    # the scale w and the predictions need gradients, the targets between them do not
+    def weighted(w, targets, pred):
+        return padded_giou_loss(pred, targets) * w
+
+    pred, padded = _giou_batch()
+    assert _chosen(weighted, [torch.tensor(1.5, requires_grad=True), padded, pred])
+
+
+def test_several_inputs_mechanics(always_in_forward):
+    def loss(a, b, c):
+        return (a.sigmoid() * b + (c * a).exp()).mean()
+
+    a, b, c = torch.randn(32, 8, requires_grad=True), torch.randn(32, 8), torch.randn(8, requires_grad=True)
+    assert _chosen(loss, [a, b, c])
+
+
+@pytest.mark.parametrize("grad_output", [None, torch.tensor(-2.5)])
+@pytest.mark.parametrize("path", ["aot_cache", "plain"])
+def test_retain_graph_twice(grad_output, path):
+    # "aot_cache": ember.compile's default path (backward compiled with the forward, through
+    # torch's AOTAutograd cache); "plain": a report attached, the backward compiled lazily
+    pred, padded = _giou_batch()
+    ember.reset_stats()
+    loss = ember.compile(padded_giou_loss, report=ember.Report() if path == "plain" else None)(pred, padded)
+    loss.backward(grad_output, retain_graph=True)
+    first = pred.grad.clone()
+    loss.backward(grad_output)
+    assert ember.stats()["grads_in_forward"] == 1
+    expected = _grads(padded_giou_loss, [pred, padded], grad_output)[1]
+    assert_same(first, expected)
+    assert_same(pred.grad, 2 * expected)
+
+
+def test_dynamic_sizes_one_compile():
+    ember.reset_stats()
+    fn = ember.compile(padded_giou_loss, dynamic=True)
+    for batch in (8, 5, 11):
+        pred, padded = _giou_batch(batch)
+        assert_same(_grads(fn, [pred, padded]), _grads(padded_giou_loss, [pred, padded]))
+    assert ember.stats()["graphs_compiled"] == 2  # one forward, one backward, all batch sizes
+    assert ember.stats()["grads_in_forward"] == 1
+
+
+def test_marked_dynamic_with_symbolic_scale(always_in_forward):
+    # a sum divided by a symbolic count: the scale u = t / n reads a saved size
+    def loss(x, y):
+        return ((x - y).abs() * x.sigmoid()).sum() / x.shape[0]
+
+    ember.reset_stats()
+    fn = ember.compile(loss)
+    for n in (6, 9, 13):
+        x, y = torch.randn(n, 4), torch.randn(n, 4)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(y, 0)
+        x.requires_grad_()
+        out = fn(x, y)
+        out.backward()
+        assert_same([out.detach(), x.grad], _grads(loss, [x, y]))
+    assert ember.stats()["graphs_compiled"] == 2
+    assert ember.stats()["grads_in_forward"] == 1
+
+
+def test_non_scalar_output_uses_min_cut():
+    x = torch.randn(16, 4, requires_grad=True)
+    ember.reset_stats()
+    assert_same(_nonscalar_grads(ember.compile(lambda a: a.sin() * a), x),
+                _nonscalar_grads(lambda a: a.sin() * a, x))
+    assert ember.stats()["grads_in_forward"] == 0
+
+
+def _nonscalar_grads(fn, x):
+    leaf = x.detach().clone().requires_grad_()
+    out = fn(leaf)
+    out.backward(torch.ones_like(out) * 0.5)
+    return leaf.grad
+
+
+def test_two_outputs_use_min_cut():
+    def two(a):
+        return (a.sin() * a).sum(), a.exp().mean()
+
+    a = torch.randn(16, requires_grad=True)
+    ember.reset_stats()
+    leaf = a.detach().clone().requires_grad_()
+    out = ember.compile(two)(leaf)
+    (out[0] + 2 * out[1]).backward()
+    ref = a.detach().clone().requires_grad_()
+    expected = two(ref)
+    (expected[0] + 2 * expected[1]).backward()
+    assert_same(leaf.grad, ref.grad)
+    assert ember.stats()["grads_in_forward"] == 0
+
+
+def test_cost_model_rejects_dense_gradient_of_sparse_use():
+    # the gradient is a scatter into zeros of a 64k-element input: min-cut writes it once, the
+    # plan would write it, read it and write it again
+    x, idx = torch.randn(4096, 16, requires_grad=True), torch.tensor([3, 100, 7])
+    assert not _chosen(lambda a, i: a[i].square().sum(), [x, idx])
+
+
+def test_cost_model_rejects_ragged_giou():
+    # the ragged loss gathers a few real boxes of the padded predictions: its gradient is a
+    # dense (B, 256, 4) scatter that min-cut's one backward kernel writes once
+    pred, targets, _ = make_batch(16)
+    ember.reset_stats()
+    mine, ref = pred.clone().requires_grad_(), pred.clone().requires_grad_()
+    ember.compile(ragged_giou_loss)(mine, ragged.from_list(targets)).backward()
+    ragged_giou_loss(ref, ragged.from_list(targets)).backward()
+    assert_same(mine.grad, ref.grad)
+    assert ember.stats()["grads_in_forward"] == 0
+
+
+def test_cost_model_rejects_copy_of_a_saved_input():
+    # min-cut saves w itself (an input, free); K would be a copy of it
+    x, w = torch.randn(256, requires_grad=True), torch.randn(256)
+    assert not _chosen(lambda a, b: (a * b).sum(), [x, w])
+
+
+def test_option_off():
+    assert not _chosen(padded_giou_loss, _giou_batch(), options={"grad_in_forward": False})
+
+
+@pytest.mark.parametrize("launch", [None, {"RBLOCK": 64}, {"PERSISTENT": False, "RBLOCK": 16}])
+def test_triton_forward_and_backward_one_kernel_each(launch):
+    # Triton kernels run on CPU tensors under Triton's interpreter (conftest.py)
+    report = ember.Report()
+    fn = ember.compile(padded_giou_loss, options={"target": "triton", "triton_launch": launch}, report=report)
+    ember.reset_stats()
+    pred, padded = _giou_batch(4)
+    assert_same(_grads(fn, [pred, padded]), _grads(padded_giou_loss, [pred, padded]))
+    assert ember.stats()["grads_in_forward"] == 1
+    assert [(g.kind, len(g.kernels), g.fallbacks) for g in report.graphs] == [("forward", 1, []), ("backward", 1, [])]
