@@ -73,6 +73,19 @@ def compile_checked(fn: Callable[..., Any], **kwargs: Any) -> tuple[Callable[...
     return ember.compile(fn, report=report, **kwargs), report
 
 
+def record_rendered(monkeypatch: Any, backend: type) -> list[Any]:
+    """The kernel IR objects ``backend`` renders from now on (the list fills as it renders)."""
+    seen: list[Any] = []
+    original = backend.render
+
+    def render(self: Any, kernel: Any) -> str:
+        seen.append(kernel)
+        return original(self, kernel)
+
+    monkeypatch.setattr(backend, "render", render)
+    return seen
+
+
 def assert_clean(report: ember.Report) -> None:
     assert report.graphs, "nothing was compiled"
     assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]

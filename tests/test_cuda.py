@@ -24,6 +24,7 @@ from ember.runtime import cuda_backend
 from ember.runtime.backend import BuildError, get_backend
 from ember.workloads.giou import make_batch, padded_giou_loss
 
+from .helpers import record_rendered
 from .test_ops import _program, _samples
 from .test_triton import CASES, OPS
 
@@ -211,14 +212,7 @@ def test_launch_geometry():
 @pytest.fixture
 def kernels_of(monkeypatch):
     """fn, *args -> the kernel IR objects the CUDA backend rendered for them."""
-    seen = []
-    original = cuda_backend.CudaBackend.render
-
-    def render(self, kernel):
-        seen.append(kernel)
-        return original(self, kernel)
-
-    monkeypatch.setattr(cuda_backend.CudaBackend, "render", render)
+    seen = record_rendered(monkeypatch, cuda_backend.CudaBackend)
 
     def kernels(fn, *args, dynamic=None):
         seen.clear()

@@ -17,6 +17,8 @@ from ember.config import Config
 from ember.runtime import triton_backend
 from ember.runtime import triton_configs as tc
 
+from .helpers import record_rendered
+
 ROWS = tc.KernelHints(itemsize=2)                        # norms, softmax, cross-entropy: reduce
 ROWS_WRITTEN = tc.KernelHints(itemsize=2, writes_rows=True)  # and write the row
 SMS = 132
@@ -119,14 +121,7 @@ def test_triton_tuning_option():
 @pytest.fixture
 def kernels_of(monkeypatch):
     """fn, *args -> the kernel IR objects the Triton backend rendered for them."""
-    seen = []
-    original = triton_backend.TritonBackend.render
-
-    def render(self, kernel):
-        seen.append(kernel)
-        return original(self, kernel)
-
-    monkeypatch.setattr(triton_backend.TritonBackend, "render", render)
+    seen = record_rendered(monkeypatch, triton_backend.TritonBackend)
 
     def kernels(fn, *args):
         seen.clear()

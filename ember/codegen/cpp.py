@@ -160,6 +160,7 @@ def _clause(v: Value) -> str:
 class CppKernelRenderer:
     def __init__(self, kernel: Kernel):
         self.k = kernel
+        self.cost = cost_per_element(kernel)
         self.body = BodyRenderer(kernel, CPP)
         self.lines: list[str] = []
         self.depth = 0
@@ -203,7 +204,7 @@ class CppKernelRenderer:
             self._stages(parallel_inner=True)
         else:
             n = len(k.outer)
-            work = index_expr(sh.numel(k.outer) * k.inner_hint * cost_per_element(k))
+            work = index_expr(sh.numel(k.outer) * k.inner_hint * self.cost)
             collapse = f" collapse({n})" if n > 1 else ""
             self.emit(f"#pragma omp parallel for{collapse} schedule(static) if({work} >= {PARALLEL_THRESHOLD})")
             self._open_loops(outer_var, k.outer)
@@ -236,7 +237,7 @@ class CppKernelRenderer:
         if n == 0:
             self._statements(values)
             return
-        work = index_expr(sh.numel(k.outer) * cost_per_element(k))
+        work = index_expr(sh.numel(k.outer) * self.cost)
         if n == 1:
             self.emit(f"#pragma omp parallel for simd schedule(static) if({work} >= {PARALLEL_THRESHOLD})")
             self._open_loops(outer_var, k.outer)
@@ -274,7 +275,7 @@ class CppKernelRenderer:
         clauses = " ".join(f"reduction({_clause(v)}:{self.body.acc_names[id(v)]})" for v in reductions)
         has_arg = any(v.arg.op in (Op.ARGMAX, Op.ARGMIN) for v in reductions)
         n = len(k.inner)
-        work = index_expr(sh.numel(k.inner) * cost_per_element(k))
+        work = index_expr(sh.numel(k.inner) * self.cost)
         self.emit(f"// loop {loop}: {', '.join(v.arg.op.value for v in reductions) or 'store'}")
         if parallel:
             collapse = f" collapse({n - 1})" if n > 2 else ""

@@ -20,7 +20,7 @@ import torch
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import Node, row_ids_offsets
+from ..ir.node import Node, fill_value, row_ids_offsets
 from ..ir.ops import Op
 from ..ragged import ops as _ragged_ops  # noqa: F401 -- registers torch.ops.ember.segment_reduce
 from .lowering import Context, Unsupported, register
@@ -170,10 +170,7 @@ def _sum_by_row_ids(ctx: Context, x: Node, start: int, indices: list[Node], src:
     wide = dt.float32 if x.dtype.is_low_precision else x.dtype
     values = ctx.cast(ctx.operand(src, x.dtype, (indices[0].shape[0], *x.shape[1:])), wide)
     total = ctx.make(Op.SEGMENT_REDUCE, (values, offsets), Op.SUM)
-    base = x
-    while base.op in (Op.EXPAND, Op.RESHAPE, Op.CAST):
-        base = base.inputs[0]
-    if not (base.op is Op.CONST and base.arg == 0):  # adding into zeros (a backward) adds nothing
+    if fill_value(x) != 0:  # adding into zeros (a backward) adds nothing
         total = ctx.make(Op.ADD, (ctx.cast(x, wide), total))
     return ctx.cast(total, x.dtype)
 

@@ -355,6 +355,15 @@ def is_leaf(node: Node) -> bool:
     return node.op in LEAF_OPS
 
 
+def fill_value(node: Node) -> float | int | bool | None:
+    """The number a tensor is filled with, when it is a broadcast constant (``zeros``)."""
+    while node.op in (Op.EXPAND, Op.RESHAPE, Op.CAST):
+        node = node.inputs[0]
+    if node.op is Op.CONST and isinstance(node.arg, (int, float, bool)):
+        return node.arg
+    return None
+
+
 def row_ids_offsets(index: Node) -> Node | None:
     """The offsets ``index`` is the row ids of, when it is ``ragged.row_ids()``:
     searchsorted(offsets[1:], arange(T), right=True), through casts. Inside a segment kernel over

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from .ops import row_ids as _row_ids
+
 OFFSET_DTYPES = (torch.int32, torch.int64)
 
 
@@ -139,9 +141,7 @@ class Ragged:
     def row_ids(self) -> torch.Tensor:
         """(T,) int64: the sequence each packed row belongs to. No host sync: a binary search of
         each row's index in the offsets, which ember compiles into the kernel that uses it."""
-        offsets = self.offsets
-        index = torch.arange(self.values.shape[0], device=offsets.device, dtype=offsets.dtype)
-        return torch.searchsorted(offsets[1:], index, right=True)
+        return _row_ids(self.offsets, self.values.shape[0])
 
     def positions(self) -> torch.Tensor:
         """(T,) int64: each packed row's position inside its sequence. With ``row_ids()`` it

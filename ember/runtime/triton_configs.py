@@ -60,9 +60,8 @@ def _hints_of(kernel: Kernel) -> KernelHints:
         index = sympy.sympify(v.arg.index)
         # gathers and scatters: their layout says nothing about the tile; but a segment kernel
         # reads its rows from a loaded start (its first indirect variable) + r0
-        row_start = kernel.segment_length is not None and v.arg.bindings[:1] == (indirect_var(0),)
-        if any(is_indirect_var(s) for s in index.free_symbols) and not (
-                row_start and len(v.arg.bindings) == 1):
+        row_start = kernel.segment_length is not None and v.arg.bindings == (indirect_var(0),)
+        if any(is_indirect_var(s) for s in index.free_symbols) and not row_start:
             continue
         names = {s.name for s in index.free_symbols}
         varying = any(n[0] == "o" and n[1:].isdigit() for n in names)

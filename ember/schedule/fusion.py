@@ -20,7 +20,7 @@ import sympy
 
 from ..config import Config
 from ..ir import shapes as sh
-from ..ir.node import Graph, Node, row_ids_offsets
+from ..ir.node import Graph, Node, fill_value, row_ids_offsets
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
 from .build import BufferInfo, Conflict, GroupSpec, KernelBuilder, NeedsBuffer
 from .indexing import Point
@@ -72,15 +72,6 @@ def _view_base(node: Node) -> Node:
     while node.op in VIEW_OPS:
         node = node.inputs[0]
     return node
-
-
-def fill_value(node: Node) -> float | int | bool | None:
-    """The number a tensor is filled with, when it is a broadcast constant (``zeros``)."""
-    while node.op in (Op.EXPAND, Op.RESHAPE, Op.CAST):
-        node = node.inputs[0]
-    if node.op is Op.CONST and isinstance(node.arg, (int, float, bool)):
-        return node.arg
-    return None
 
 
 def copied_base(put: Node) -> Node:
