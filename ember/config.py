@@ -53,7 +53,9 @@ class Config:
     # the graph runs through ATen. ember.explain(fn, *args, target=...) sets it.
     target: str | None = None
     # Fix some Triton launch parameters instead of tuning them, e.g. {"PERSISTENT": False,
-    # "RBLOCK": 16} (tests use it to run every code path under the interpreter).
+    # "RBLOCK": 16} (tests use it to run every code path under the interpreter); "SPLIT": n
+    # splits the rows of a reduction over n programs; "only": "name" fixes them only for the
+    # kernels whose name contains it.
     triton_launch: dict | None = None
     # How Triton launch configurations are chosen: 'heuristic' compiles one per kernel and shape
     # bucket, picked from the shape, the dtype and the SM count (cold compile ~0.2 s per kernel);

@@ -77,6 +77,7 @@ def test_online_softmax_reads_rows_once():
     report = check(softmax, x, options=LOOPED)
     src = report.kernels[0].source
     assert "m_new" in src  # max and sum accumulate in one loop
+    assert "eh.exp_ftz(chunk - m_use)" in src  # one exp instruction per element on the GPU
     assert src.split("else:")[1].count("for roffset") == 2  # (max+sum), then the store loop
     logits, target = torch.randn(6, 70) * 10, torch.randint(0, 70, (6,))
     check(lambda a, t: F.cross_entropy(a, t), logits, target, options=LOOPED)
@@ -87,6 +88,71 @@ def test_full_reduction_combines_partials_from_many_programs():
     report = check(padded_giou_loss, pred, padded, options={"target": "triton", "triton_launch": {"RBLOCK": 64}})
     src = report.kernels[0].source
     assert "atomic_add(COUNTER" in src and "if done == nprog - 1:" in src
+    # integer partials travel as int64, every bit kept (a float64 slot would round these sums)
+    big = torch.randint(2**53, 2**54, (300,))  # sums to ~2**62
+    report = check(lambda a: (a.sum(), (a % 7).amax()), big,
+                   options={"target": "triton", "triton_launch": {"RBLOCK": 16}})
+    assert "tl.pointer_type(tl.int64)" in report.kernels[0].source
+
+
+def _recording_grids(monkeypatch) -> list[tuple[str, tuple[int, ...]]]:
+    """The (kernel, grid) of every first launch of a Triton kernel under the interpreter."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    grids: list[tuple[str, tuple[int, ...]]] = []
+    original = InterpretedFunction.__getitem__
+
+    def record(self, grid):
+        grids.append((self.fn.__name__, tuple(grid)))
+        return original(self, grid)
+
+    monkeypatch.setattr(InterpretedFunction, "__getitem__", record)
+    return grids
+
+
+def layer_norm_with_grads(x, w, b, g):
+    y = F.layer_norm(x, (x.shape[-1],), w, b)
+    return torch.autograd.grad(y, (x, w, b), g)
+
+
+@pytest.mark.parametrize("split", [2, 3, 8])
+@pytest.mark.parametrize("case", ["column_sums", "int_columns", "bf16_max_nan", "few_long_rows", "layer_norm_grads"])
+def test_rows_split_over_programs(case, split, monkeypatch):
+    """Reductions split over several programs per row block (a weight gradient's column sums):
+    partials, then the last program of the block combines them; counters reset for the next call."""
+    grids = _recording_grids(monkeypatch)
+    options = {"target": "triton", "triton_launch": {"SPLIT": split, "RBLOCK": 8, "XBLOCK": 4, "PERSISTENT": False}}
+    if case == "column_sums":
+        fn, args = (lambda x: (x.sum(0), (x * x).mean(0))), (torch.randn(203, 9),)
+    elif case == "int_columns":
+        fn, args = (lambda x: (x.sum(0), x.amin(0))), (torch.randint(-2**40, 2**40, (150, 6)),)
+    elif case == "bf16_max_nan":
+        x = torch.randn(77, 5).bfloat16()
+        x[40, 2] = float("nan")
+        fn, args = (lambda x: x.amax(0)), (x,)
+    elif case == "few_long_rows":
+        fn, args = (lambda x: x.sum(-1) * 2), (torch.randn(3, 500),)
+    else:
+        x, w, b = torch.randn(64, 12), torch.randn(12), torch.randn(12)
+        fn, args = layer_norm_with_grads, (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(),
+                                           torch.randn(64, 12))
+        options["triton_launch"]["only"] = "backward"
+    fast = ember.compile(fn, options=options)
+    for _ in range(2):  # the second call finds the counters the first one left
+        torch.testing.assert_close(fast(*args), fn(*args), equal_nan=True, rtol=1e-5, atol=1e-5)
+    assert any(grid[1:] == (split,) for _, grid in grids), grids
+
+
+def test_split_is_the_heuristics_choice_for_few_long_column_sums():
+    from ember.runtime import triton_configs as tc
+
+    hints = tc.KernelHints(itemsize=2, columns=True, splittable=True)
+    (first, _) = tc.heuristic("rows", 4096, 16384, hints, sms=132)  # a (16384, 4096) weight gradient
+    assert first["SPLIT"] >= 4 and -(-4096 // first["XBLOCK"]) * first["SPLIT"] >= 4 * 132
+    (unsplit, _) = tc.heuristic("rows", 4096, 16384, tc.KernelHints(itemsize=2, columns=True), sms=132)
+    assert "SPLIT" not in unsplit
+    (many, _) = tc.heuristic("rows", 65536, 256, hints, sms=132)  # enough row blocks already
+    assert "SPLIT" not in many
 
 
 def test_symbolic_sizes():
@@ -180,6 +246,8 @@ def _compile_jobs(report, tmp_path, tag):
         kind = k.source.splitlines()[1].rsplit(", ", 1)[-1]
         if kind == "rows":
             variants = [dict(BIG=False, XBLOCK=2, RBLOCK=128, PERSISTENT=p, NPROG_BLOCK=1) for p in (True, False)]
+            if "elif NPROG_BLOCK > 1:" in k.source:  # rows split over programs
+                variants.append(dict(BIG=False, XBLOCK=2, RBLOCK=128, PERSISTENT=False, NPROG_BLOCK=4))
         elif kind == "full":
             variants = [dict(BIG=True, XBLOCK=1, RBLOCK=1024, PERSISTENT=False, NPROG_BLOCK=64)]
         else:

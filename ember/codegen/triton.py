@@ -293,6 +293,11 @@ class TritonKernelRenderer:
             self.depth += 1
             self._persistent()
             self.depth -= 1
+            if split_rows(k):
+                self.emit("elif NPROG_BLOCK > 1:  # the rows split over tl.num_programs(1) programs")
+                self.depth += 1
+                self._split()
+                self.depth -= 1
             self.emit("else:")
             self.depth += 1
             self._looped(full=False)
@@ -360,8 +365,10 @@ class TritonKernelRenderer:
                     x = self._masked(v)
                     self.emit(f"chunk = {x}")
                     self.emit(f"m_new = eh.maximum({m}, tl.reduce(chunk, 1, eh.maximum)[:, None])")
-                    self.emit(f"{s_} = {s_} * tl.where(m_new == float('-inf'), 0.0, tl.exp({m} - m_new)) + "
-                              "tl.sum(tl.where(m_new == float('-inf'), 0.0, tl.exp(chunk - m_new)), 1)[:, None]")
+                    # exp(x - max) with the max taken as 0 while the row is all -inf so far (then
+                    # every term is exp(-inf) = 0): a select per row, not per element
+                    self.emit("m_use = tl.where(m_new == float('-inf'), 0.0, m_new)")
+                    self.emit(f"{s_} = {s_} * tl.exp({m} - m_use) + tl.sum(eh.exp_ftz(chunk - m_use), 1)[:, None]")
                     self.emit(f"{m} = m_new")
                 elif v.arg.op in (Op.ARGMAX, Op.ARGMIN):
                     self.emit(f"{acc}, {acc}_i = {fn}({acc}, {acc}_i, {self._masked(v)}, {self._position(v)})")
@@ -381,6 +388,55 @@ class TritonKernelRenderer:
             if multi:
                 self._combine_partials(reductions, outer_values)
 
+    def _split(self) -> None:
+        """Few rows of long reductions (a weight's gradient, 4096 column sums over 16384 rows):
+        each program reduces one slice of every row in the block, writes partials, and the last
+        of the row block's programs to finish combines them and runs the epilogue."""
+        k = self.k
+        outer_values = [v for v in k.values if not v.inner and v.kind != "reduce"]
+        self.emit("nsplit = tl.num_programs(1)")
+        self.emit("chunk = tl.cdiv(tl.cdiv(INNER, nsplit), RBLOCK) * RBLOCK  # whole blocks per slice")
+        self.emit("rstart = tl.program_id(1) * chunk")
+        self.statements([v for v in outer_values if v.stage == 0])
+        for v in k.reductions:
+            self.emit(f"acc{self.name(v)} = tl.full([XBLOCK, RBLOCK], {neutral(v.arg.op, v.srcs[0].dtype)}, "
+                      f"{self.acc_dtype(v)})")
+        self.emit("for roffset in range(rstart, tl.minimum(rstart + chunk, INNER), RBLOCK):")
+        self.depth += 1
+        self._r_setup("roffset")
+        self.statements(k.loop_values(1))
+        for v in k.reductions:
+            acc = f"acc{self.name(v)}"
+            self.emit(f"{acc} = {combine_fn(v.arg.op, v.srcs[0].dtype)}({acc}, {self._masked(v)})")
+        self.depth -= 1
+        slots = []
+        for i, v in enumerate(k.reductions):
+            slot, kind = self._slot(v, f"WORKSPACE + {i} * nsplit * OUTER")
+            slots.append(slot)
+            self.emit(f"tl.store({slot} + tl.program_id(1) * OUTER + xindex, "
+                      f"{self.reduce_block(v, f'acc{self.name(v)}')}.to({kind}), xmask)")
+        # every thread's partials are written before the count says so
+        self.emit("tl.debug_barrier()")
+        self.emit("done = tl.atomic_add(COUNTER + tl.program_id(0), 1, sem='acq_rel')")
+        self.emit("if done == nsplit - 1:")
+        self.depth += 1
+        self.emit("p = tl.arange(0, NPROG_BLOCK)[None, :]")
+        self.emit("pmask = p < nsplit")
+        for v, slot in zip(k.reductions, slots):
+            part = (f"tl.load({slot} + p * OUTER + xindex, xmask & pmask, "
+                    f"other={neutral(v.arg.op, v.srcs[0].dtype)}, volatile=True).to({self.acc_dtype(v)})")
+            self.emit(f"{self.name(v)} = {self.reduce_block(v, part)}")
+        self.statements([v for v in outer_values if v.stage >= 1])
+        self.emit("tl.store(COUNTER + tl.program_id(0), 0)  # ready for the next launch")
+        self.depth -= 1
+
+    def _slot(self, v: Value, slot: str) -> tuple[str, str]:
+        """A reduction's partials in the float64 workspace; integer partials keep all 64 bits
+        (the same slots, seen as int64)."""
+        if _integer_partial(v):
+            return f"({slot}).to(tl.pointer_type(tl.int64), bitcast=True)", "tl.int64"
+        return slot, "tl.float64"
+
     def _combine_partials(self, reductions: list[Value], outer_values: list[Value]) -> None:
         """Write this program's partials; the last program to finish combines them and runs the
         epilogue (everything after the loop)."""
@@ -388,12 +444,9 @@ class TritonKernelRenderer:
         self.emit("nprog = tl.num_programs(0)")
         slots = []
         for i, v in enumerate(reductions):
-            slot = f"WORKSPACE + {2 * i} * NPROG_BLOCK"
+            slot, kind = self._slot(v, f"WORKSPACE + {2 * i} * NPROG_BLOCK")
             slots.append(slot)
-            self.emit(f"tl.store({slot} + pid + tl.arange(0, 1)[:, None], {self.name(v)}.to(tl.float64))")
-            if v.arg.op in (Op.ARGMAX, Op.ARGMIN):
-                self.emit(f"tl.store({slot} + NPROG_BLOCK + pid + tl.arange(0, 1)[:, None], "
-                          f"{self.name(v)}.to(tl.float64))")
+            self.emit(f"tl.store({slot} + pid + tl.arange(0, 1)[:, None], {self.name(v)}.to({kind}))")
         self.emit("done = tl.atomic_add(COUNTER, 1, sem='acq_rel')")
         self.emit("if done == nprog - 1:")
         self.depth += 1
@@ -433,10 +486,24 @@ def _varies(index: sympy.Expr) -> bool:
 
 def multi_program(kernel: Kernel) -> bool:
     """Does a full reduction combine partials from many programs (else it runs as one)? Partials
-    travel through a float64 workspace: float and bool reductions only, no arg-reductions."""
+    travel through a 64-bit workspace (float64, or int64 for integer reductions); arg-reductions
+    run as one program."""
     return (kind_of(kernel) == "full" and kernel.n_loops == 1
-            and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) and (v.srcs[0].dtype.is_float or v.srcs[0].dtype.is_bool)
-                    for v in kernel.reductions))
+            and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) for v in kernel.reductions))
+
+
+def split_rows(kernel: Kernel) -> bool:
+    """Can a row kernel split its rows over several programs (``_split``)? One loop of
+    reductions and nothing written inside it, so partials combine in any order."""
+    return (kind_of(kernel) == "rows" and kernel.segment_length is None and kernel.n_loops == 1
+            and bool(kernel.reductions) and not online_softmax_pairs(kernel)
+            and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) for v in kernel.reductions)
+            and not any(v.kind == "store" and v.inner for v in kernel.values))
+
+
+def _integer_partial(v: Value) -> bool:
+    dtype = v.srcs[0].dtype
+    return not dtype.is_float and not dtype.is_bool
 
 
 _INFIX = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.DIV: "/", Op.EQ: "==", Op.NE: "!=", Op.LT: "<",
@@ -518,6 +585,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "sizes": [s.name for s in kernel.sizes],
         "params": [p.name for p in kernel.params],
         "multi_program": multi_program(kernel),
+        "split_rows": split_rows(kernel),
         "n_reductions": len(kernel.reductions),
     }
 

@@ -11,6 +11,7 @@ and runs the group through ATen from then on.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -103,8 +104,11 @@ class Launcher:
         self.tuner = tuner
         self.fallback = fallback
         self.failed = False
-        self.forced = forced or {}
-        self.hints = hints or tc.KernelHints()
+        forced = dict(forced or {})
+        if "only" in forced and forced.pop("only") not in name:
+            forced = {}  # forced on the kernels whose name contains forced["only"] alone
+        self.forced = forced
+        self.hints = dataclasses.replace(hints or tc.KernelHints(), splittable=bool(meta.get("split_rows")))
         self.tuning = tuning
         self.cfg = cfg
         self.device_index: int | None = None
@@ -161,7 +165,16 @@ class Launcher:
         def launch_with(c: dict[str, Any]) -> Callable[..., None]:
             xblock, rblock, warps, persistent = c["XBLOCK"], c["RBLOCK"], c["num_warps"], c["PERSISTENT"]
             stages = c.get("num_stages", 1)
+            split = c.get("SPLIT", 1) if kind == "rows" and self.meta.get("split_rows") and not persistent else 1
             compiled: dict[tuple[Any, ...], Any] = {}
+            ws_, counter_ = ws, counter
+            if split > 1:
+                # partials of every row of this shape bucket, and a count per row block (each
+                # launch leaves its counts at zero for the next)
+                most = 1 << outer.bit_length()
+                ws_ = torch.empty(max(1, self.meta["n_reductions"]) * split * most, dtype=torch.float64,
+                                  device=device)
+                counter_ = torch.zeros(triton_cdiv(most, xblock), dtype=torch.int32, device=device)
 
             def launch(args: tuple[Any, ...], outer: int, inner: int) -> None:
                 # int32 offsets unless some tensor is too large for them
@@ -175,7 +188,8 @@ class Launcher:
                     nprog = min(triton_cdiv(inner, rblock), 1024) if multi else 1
                     grid = (max(nprog, 1),)
                 else:
-                    nprog, grid = 1, (triton_cdiv(outer, xblock),)
+                    nprog = split
+                    grid = (triton_cdiv(outer, xblock), split) if split > 1 else (triton_cdiv(outer, xblock),)
                 nblock = tc.next_pow2(nprog)
                 # Triton compiles per specialization (16-byte aligned pointers, ints that are 1 or
                 # multiples of 16); once a specialization is compiled, launch it directly and skip
@@ -183,12 +197,12 @@ class Launcher:
                 spec = _specialization(args, n, outer, inner) + (big, nblock)
                 kernel = compiled.get(spec)
                 if kernel is None:
-                    compiled[spec] = fn[grid](*args, outer, inner, ws, counter, BIG=big, XBLOCK=xblock,
+                    compiled[spec] = fn[grid](*args, outer, inner, ws_, counter_, BIG=big, XBLOCK=xblock,
                                               RBLOCK=rblock, PERSISTENT=persistent, NPROG_BLOCK=nblock,
                                               num_warps=warps, num_stages=stages)
                     return
-                kernel.run(grid[0], 1, 1, _stream(args[0].device.index if n else None), kernel.function,
-                           kernel.packed_metadata, None, None, None, *args, outer, inner, ws, counter, big,
+                kernel.run(grid[0], split, 1, _stream(args[0].device.index if n else None), kernel.function,
+                           kernel.packed_metadata, None, None, None, *args, outer, inner, ws_, counter_, big,
                            xblock, rblock, persistent, nblock)
 
             return launch

@@ -1,6 +1,6 @@
 """Launch configurations for ember's Triton kernels: picked from the shape, or tuned exhaustively.
 
-A configuration is ``dict(XBLOCK, RBLOCK, num_warps, PERSISTENT, num_stages)``. Compiling one costs
+A configuration is ``dict(XBLOCK, RBLOCK, num_warps, PERSISTENT, num_stages[, SPLIT])``. Compiling one costs
 ~100-200 ms of Triton and ptxas time, so by default (``triton_tuning="heuristic"``) a kernel gets
 one configuration per shape bucket, chosen from what it reads (``KernelHints``), the shape and the
 GPU's SM count, with no timing runs. ``triton_tuning="full"`` compiles and times every candidate of
@@ -12,8 +12,9 @@ memory), packing narrow rows into tiles of 4096 elements, 16 per thread; wider r
 reduced loop over 1024-wide chunks with one warp per row (shuffle-only reductions, pipelined
 loads), wider rows that are also written take 4 rows per program; column sums take 16 columns
 per program so each row's read fills whole 32-byte sectors (up to 128 when there are columns
-to spare). Compile time grows with the elements
-each thread holds, so among equally fast choices the heuristic takes fewer.
+to spare), and few long column sums (a weight gradient) 64 columns per program with each
+column's rows split over programs (``SPLIT``) until every SM has about four. Compile time grows
+with the elements each thread holds, so among equally fast choices the heuristic takes fewer.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class KernelHints:
     columns: bool = False             # the reduced dim is strided in memory (a column sum)
     writes_rows: bool = False         # stores inside its inner loops (writes whole rows)
     accumulates: bool = False         # adds into an output: one run per call, never timed
+    splittable: bool = False          # its rows may split over programs (codegen's split_rows)
 
 
 def hints_of(kernel: Kernel) -> KernelHints:
@@ -101,8 +103,23 @@ def _prev_pow2(n: int) -> int:
     return 1 << max(0, int(n).bit_length() - 1)
 
 
-def _config(x: int, r: int, warps: int, persistent: bool = False, stages: int = 1) -> Config:
-    return dict(XBLOCK=x, RBLOCK=r, num_warps=warps, PERSISTENT=persistent, num_stages=stages)
+def _config(x: int, r: int, warps: int, persistent: bool = False, stages: int = 1, split: int = 1) -> Config:
+    c = dict(XBLOCK=x, RBLOCK=r, num_warps=warps, PERSISTENT=persistent, num_stages=stages)
+    if split > 1:
+        c["SPLIT"] = split
+    return c
+
+
+def _split(outer: int, xblock: int, inner: int, rblock: int, hints: KernelHints, sms: int) -> int:
+    """Programs per row block: with fewer row blocks than two per SM, each row's reduction is
+    split over programs until every SM has about four, each slice at least four blocks long."""
+    blocks = -(-outer // xblock)
+    if not hints.splittable or blocks >= 2 * sms:
+        return 1
+    split = next_pow2(-(-4 * sms // max(blocks, 1)))
+    while split > 1 and inner < split * 4 * rblock:
+        split //= 2
+    return min(split, 64)
 
 
 def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = DEFAULT_SMS) -> list[Config]:
@@ -121,6 +138,13 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         return [_config(1, rblock, max(1, rblock // 256)), _config(1, 1024, 4)]
     safe = _config(1, min(1024, max(16, next_pow2(inner))), 4)
     rows = next_pow2(outer)
+    if hints.columns and hints.splittable and -(-outer // 64) < 2 * sms:
+        # few columns, long sums (a weight's gradient, 4096 columns over 16384 rows): tiles of 64
+        # columns x 64 rows, each column's rows split over programs (H200: LayerNorm's weight and
+        # bias gradients 208 -> 120 us, RMSNorm's 120 -> 90 us)
+        split = _split(outer, 64, inner, 64, hints, sms)
+        if split > 1:
+            return [_config(min(64, rows), 64, 4, stages=2, split=split), safe]
     if hints.columns:
         # 16 adjacent columns per program: each row of the tile is 32+ contiguous bytes; with
         # columns to spare (pooling 256 documents x 768 features), up to 128, so that each row
@@ -149,7 +173,8 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
     warps = max(1, min(16, _prev_pow2(max(1, sms * 16 // max(outer, 1)))))
     rblock = min(width, max(1024, warps * 256))
     stages = 3 if warps <= 4 else 1
-    return [_config(1, rblock, warps, stages=stages), safe]
+    split = _split(outer, 1, inner, rblock, hints, sms)
+    return [_config(1, rblock, warps, stages=stages, split=split), safe]
 
 
 def _fill(outer: int, xblock: int, sms: int) -> int:
@@ -182,6 +207,9 @@ def exhaustive(kind: str, outer: int, inner: int) -> list[Config]:
     for x, rblock, warps in ((16, 256, 4), (16, 512, 8), (32, 256, 8), (64, 64, 4), (128, 32, 8)):
         if outer >= x:
             out.append(_config(x, rblock, warps, stages=2))
+            for split in (4, 16):  # (tried only by kernels whose rows may split)
+                if inner >= split * 4 * rblock:
+                    out.append(_config(x, rblock, warps, stages=2, split=split))
     # one-warp programs reduce with shuffles only, no barriers: long rows are latency-bound
     for x, rblock, warps, stages in ((1, 2048, 8, 1), (1, 4096, 16, 1), (1, 1024, 4, 1), (1, 2048, 8, 3),
                                      (1, 1024, 4, 3), (2, 1024, 8, 2), (4, 512, 8, 2), (1, 1024, 1, 3),
@@ -197,7 +225,8 @@ def candidates(kind: str, outer: int, inner: int, hints: KernelHints, tuning: st
     ``"full"`` all are timed, the heuristic's choice first among them."""
     picked = heuristic(kind, outer, inner, hints, sms)
     if tuning == "full" and not hints.accumulates:
-        found = _dedupe(picked[:1] + exhaustive(kind, outer, inner))
+        found = _dedupe(picked[:1] + [c for c in exhaustive(kind, outer, inner)
+                                      if hints.splittable or c.get("SPLIT", 1) == 1])
     else:
         found = picked
     if not forced:

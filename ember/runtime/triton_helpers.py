@@ -40,13 +40,14 @@ def logical_and(a, b):
 
 @triton.jit
 def maximum(a, b):
-    # torch.maximum: NaN wins
-    return tl.where((a > b) | (a != a), a, b)
+    # torch.maximum: NaN wins. One max.NaN instruction: a compare-and-select chain is three
+    # dependent instructions, and a row reduction's running max is a chain as long as the row
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
 def minimum(a, b):
-    return tl.where((a < b) | (a != a), a, b)
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -232,6 +233,10 @@ if INTERPRET:
         return tl.where(b == 0, 1.0, tl.where(a == 0, tl.where(b > 0, 0.0, float("inf")), r))
 
     @triton.jit
+    def exp_ftz(x):
+        return tl.exp(x)
+
+    @triton.jit
     def fmod_float(a, b):
         return a - trunc(a / b) * b
 else:
@@ -316,6 +321,14 @@ else:
     @triton.jit
     def pow(a, b):
         return libdevice.pow(a, b)
+
+    @triton.jit
+    def exp_ftz(x):
+        # exp(x) as one ex2.approx.ftz: results below 2^-126 flush to zero, no subnormal
+        # fix-up (three extra instructions per element in tl.exp). Only for sums of exp(x - max)
+        # (online softmax), where every term below 2^-126 is lost next to the max's term of 1
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
+                                         dtype=tl.float32, is_pure=True, pack=1)
 
     @triton.jit
     def fmod_float(a, b):

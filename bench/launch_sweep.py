@@ -1,0 +1,81 @@
+"""Time one case of the GPU fusion suite under forced Triton launch configurations, one device call.
+
+    python bench/launch_sweep.py --case cross_entropy --configs "1,1024,1,3;1,2048,4,1;2,1024,8,2"
+
+Each configuration is ``XBLOCK,RBLOCK,num_warps[,num_stages[,persistent[,split]]]`` and is forced on
+every kernel of the case, or on those named by ``--only`` (``options={"triton_launch": ...}``, which
+a kernel kind that cannot use it adapts). Prints the median µs of a call (CUDA events), the
+device time of each kernel and the error against float64, next to Inductor and ember's heuristic
+choice. A tool for choosing the heuristic's defaults; the numbers that count go through
+gpu_fusion.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_fusion import cases, copy_bandwidth, kernel_times, rel_error, train_step  # noqa: E402
+
+import ember  # noqa: E402
+
+
+def parse(spec: str, only: str) -> dict:
+    parts = [int(p) for p in spec.split(",")]
+    x, r, w = parts[:3]
+    config = dict(XBLOCK=x, RBLOCK=r, num_warps=w, num_stages=parts[3] if len(parts) > 3 else 1,
+                  PERSISTENT=bool(parts[4]) if len(parts) > 4 else False)
+    if len(parts) > 5:
+        config["SPLIT"] = parts[5]
+    if only:
+        config["only"] = only
+    return config
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--case", required=True)
+    p.add_argument("--configs", default="",
+                   help="';'-separated XBLOCK,RBLOCK,warps[,stages[,persistent[,split]]]")
+    p.add_argument("--only", default="", help="force the configurations on kernels whose name contains this")
+    p.add_argument("--train", action="store_true", help="time forward + backward instead (errors are not checked)")
+    args = p.parse_args()
+    from triton.testing import do_bench
+    os.environ.setdefault("EMBER_CACHE_DIR", "/tmp/ember-sweep")
+    fn, make, nbytes = cases(1.0)[args.case]
+    torch.manual_seed(0)
+    inputs = make()
+    ref = fn(*[x.double() if x.is_floating_point() else x for x in inputs])
+    variants = {"inductor": torch.compile(fn), "ember heuristic": ember.compile(fn)}
+    for spec in [s for s in args.configs.split(";") if s]:
+        variants[spec] = ember.compile(fn, options={"triton_launch": parse(spec, args.only)})
+    bw = copy_bandwidth()
+    print(f"# {torch.cuda.get_device_name()}, copy {bw / 1e9:.0f} GB/s, case {args.case}")
+    if args.train:
+        inputs = [x.requires_grad_() if x.is_floating_point() else x for x in inputs]
+        grad = torch.randn_like(ref, dtype=inputs[0].dtype) if ref.dim() else None
+    for name, f in variants.items():
+        call = train_step(f, inputs, grad) if args.train else (lambda f=f: f(*inputs))
+        try:
+            if args.train:
+                call()
+                err = float("nan")  # gradients are checked by gpu_fusion.py --train
+            else:
+                err = rel_error(call(), ref)
+        except Exception as e:  # noqa: BLE001 -- a configuration that does not compile is a result
+            print(f"{name:>20}: FAILED {type(e).__name__}: {str(e)[:200]}")
+            continue
+        ms = do_bench(call, warmup=25, rep=100, return_mode="median")
+        share = f"{100 * nbytes(inputs) / (ms * 1e-3) / bw:.0f}% of copy" if nbytes and not args.train else ""
+        print(f"{name:>20}: {ms * 1e3:7.1f} us {share:>12} err {err:.1e}  "
+              f"{kernel_times(call, []) if name != 'inductor' else ''}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
