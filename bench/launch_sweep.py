@@ -24,14 +24,27 @@ from gpu_fusion import cases, copy_bandwidth, kernel_times, rel_error, train_ste
 
 import ember  # noqa: E402
 
+LONG_ROWS = {
+    # few long rows: the heuristic splits each row over programs (compare with "SPLIT=1")
+    "row_sums_bf16": (lambda x: x.sum(-1), lambda: (torch.randn(8, 4 << 20, device="cuda", dtype=torch.bfloat16),),
+                      lambda a: a[0].numel() * 2),
+    "row_amax_f32": (lambda x: x.amax(-1), lambda: (torch.randn(4, 16 << 20, device="cuda"),),
+                     lambda a: a[0].numel() * 4),
+    "row_sums_64": (lambda x: x.sum(-1), lambda: (torch.randn(64, 1 << 20, device="cuda", dtype=torch.bfloat16),),
+                    lambda a: a[0].numel() * 2),
+}
+
 
 def parse(spec: str, only: str) -> dict:
-    parts = [int(p) for p in spec.split(",")]
-    x, r, w = parts[:3]
-    config = dict(XBLOCK=x, RBLOCK=r, num_warps=w, num_stages=parts[3] if len(parts) > 3 else 1,
-                  PERSISTENT=bool(parts[4]) if len(parts) > 4 else False)
-    if len(parts) > 5:
-        config["SPLIT"] = parts[5]
+    if "=" in spec:  # some parameters only, e.g. SPLIT=1
+        config = {k: int(v) for k, v in (kv.split("=") for kv in spec.split(","))}
+    else:
+        parts = [int(p) for p in spec.split(",")]
+        x, r, w = parts[:3]
+        config = dict(XBLOCK=x, RBLOCK=r, num_warps=w, num_stages=parts[3] if len(parts) > 3 else 1,
+                      PERSISTENT=bool(parts[4]) if len(parts) > 4 else False)
+        if len(parts) > 5:
+            config["SPLIT"] = parts[5]
     if only:
         config["only"] = only
     return config
@@ -41,17 +54,17 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--case", required=True)
     p.add_argument("--configs", default="",
-                   help="';'-separated XBLOCK,RBLOCK,warps[,stages[,persistent[,split]]]")
+                   help="';'-separated XBLOCK,RBLOCK,warps[,stages[,persistent[,split]]] or KEY=value,...")
     p.add_argument("--only", default="", help="force the configurations on kernels whose name contains this")
     p.add_argument("--train", action="store_true", help="time forward + backward instead (errors are not checked)")
     args = p.parse_args()
     from triton.testing import do_bench
     os.environ.setdefault("EMBER_CACHE_DIR", "/tmp/ember-sweep")
-    fn, make, nbytes = cases(1.0)[args.case]
+    fn, make, nbytes = {**cases(1.0), **LONG_ROWS}[args.case]
     torch.manual_seed(0)
     inputs = make()
     ref = fn(*[x.double() if x.is_floating_point() else x for x in inputs])
-    variants = {"inductor": torch.compile(fn), "ember heuristic": ember.compile(fn)}
+    variants = {"eager": fn, "inductor": torch.compile(fn), "ember heuristic": ember.compile(fn)}
     for spec in [s for s in args.configs.split(";") if s]:
         variants[spec] = ember.compile(fn, options={"triton_launch": parse(spec, args.only)})
     bw = copy_bandwidth()
@@ -73,7 +86,7 @@ def main() -> int:
         ms = do_bench(call, warmup=25, rep=100, return_mode="median")
         share = f"{100 * nbytes(inputs) / (ms * 1e-3) / bw:.0f}% of copy" if nbytes and not args.train else ""
         print(f"{name:>20}: {ms * 1e3:7.1f} us {share:>12} err {err:.1e}  "
-              f"{kernel_times(call, []) if name != 'inductor' else ''}", flush=True)
+              f"{kernel_times(call, []) if name not in ('eager', 'inductor') else ''}", flush=True)
     return 0
 
 

@@ -296,7 +296,7 @@ class TritonKernelRenderer:
             if split_rows(k):
                 self.emit("elif NPROG_BLOCK > 1:  # the rows split over tl.num_programs(1) programs")
                 self.depth += 1
-                self._split()
+                self._looped(full=False, split=True)
                 self.depth -= 1
             self.emit("else:")
             self.depth += 1
@@ -317,13 +317,21 @@ class TritonKernelRenderer:
             else:
                 self.statements([v])
 
-    def _looped(self, full: bool) -> None:
+    def _looped(self, full: bool, split: bool = False) -> None:
+        """Rows (or the whole reduction, ``full``) in RBLOCK chunks. Partials from many programs
+        are combined by the last to finish: a full reduction's (``multi_program``), or each row
+        block's when its rows are split over programs (``split``, see ``split_rows``)."""
         k = self.k
         outer_values = [v for v in k.values if not v.inner and v.kind != "reduce"]
-        multi = full and multi_program(k)  # partials from many programs, combined by the last
-        online = {} if multi else online_softmax_pairs(k)  # sum -> the max it rescales against
+        multi = full and multi_program(k)
+        partials = multi or split
+        online = {} if partials else online_softmax_pairs(k)  # sum -> the max it rescales against
+        if split:
+            self.emit("nsplit = tl.num_programs(1)")
+            self.emit("chunk = tl.cdiv(tl.cdiv(INNER, nsplit), RBLOCK) * RBLOCK  # whole blocks per slice")
+            self.emit("rstart = tl.program_id(1) * chunk")
         for stage in range(k.n_loops + 1):
-            self.statements([v for v in outer_values if v.stage == stage and not (multi and stage > 0)])
+            self.statements([v for v in outer_values if v.stage == stage and not (partials and stage > 0)])
             if stage == 0 and k.segment_length is not None:
                 self.emit(f"{SEGMENT_LENGTH.name} = {self.name(k.segment_length)}  # each row's length")
                 self.emit(f"longest = tl.max({SEGMENT_LENGTH.name})  # the block's rows loop as long as its longest")
@@ -348,6 +356,8 @@ class TritonKernelRenderer:
                     self.emit(f"{acc}_i = tl.full({shape}, 2**62, tl.int64)")
             if multi:
                 self.emit("for roffset in range(tl.program_id(0) * RBLOCK, INNER, tl.num_programs(0) * RBLOCK):")
+            elif split:
+                self.emit("for roffset in range(rstart, tl.minimum(rstart + chunk, INNER), RBLOCK):")
             else:
                 bound = "longest" if k.segment_length is not None else "INNER"
                 self.emit(f"for roffset in range(0, {bound}, RBLOCK):")
@@ -385,50 +395,8 @@ class TritonKernelRenderer:
                     self.emit(f"{self.name(v)} = {self.reduce_block(v, acc, position)}")
             for v in partners:
                 self.emit(f"{self.name(v)} = row_sum{self.name(v)}")
-            if multi:
-                self._combine_partials(reductions, outer_values)
-
-    def _split(self) -> None:
-        """Few rows of long reductions (a weight's gradient, 4096 column sums over 16384 rows):
-        each program reduces one slice of every row in the block, writes partials, and the last
-        of the row block's programs to finish combines them and runs the epilogue."""
-        k = self.k
-        outer_values = [v for v in k.values if not v.inner and v.kind != "reduce"]
-        self.emit("nsplit = tl.num_programs(1)")
-        self.emit("chunk = tl.cdiv(tl.cdiv(INNER, nsplit), RBLOCK) * RBLOCK  # whole blocks per slice")
-        self.emit("rstart = tl.program_id(1) * chunk")
-        self.statements([v for v in outer_values if v.stage == 0])
-        for v in k.reductions:
-            self.emit(f"acc{self.name(v)} = tl.full([XBLOCK, RBLOCK], {neutral(v.arg.op, v.srcs[0].dtype)}, "
-                      f"{self.acc_dtype(v)})")
-        self.emit("for roffset in range(rstart, tl.minimum(rstart + chunk, INNER), RBLOCK):")
-        self.depth += 1
-        self._r_setup("roffset")
-        self.statements(k.loop_values(1))
-        for v in k.reductions:
-            acc = f"acc{self.name(v)}"
-            self.emit(f"{acc} = {combine_fn(v.arg.op, v.srcs[0].dtype)}({acc}, {self._masked(v)})")
-        self.depth -= 1
-        slots = []
-        for i, v in enumerate(k.reductions):
-            slot, kind = self._slot(v, f"WORKSPACE + {i} * nsplit * OUTER")
-            slots.append(slot)
-            self.emit(f"tl.store({slot} + tl.program_id(1) * OUTER + xindex, "
-                      f"{self.reduce_block(v, f'acc{self.name(v)}')}.to({kind}), xmask)")
-        # every thread's partials are written before the count says so
-        self.emit("tl.debug_barrier()")
-        self.emit("done = tl.atomic_add(COUNTER + tl.program_id(0), 1, sem='acq_rel')")
-        self.emit("if done == nsplit - 1:")
-        self.depth += 1
-        self.emit("p = tl.arange(0, NPROG_BLOCK)[None, :]")
-        self.emit("pmask = p < nsplit")
-        for v, slot in zip(k.reductions, slots):
-            part = (f"tl.load({slot} + p * OUTER + xindex, xmask & pmask, "
-                    f"other={neutral(v.arg.op, v.srcs[0].dtype)}, volatile=True).to({self.acc_dtype(v)})")
-            self.emit(f"{self.name(v)} = {self.reduce_block(v, part)}")
-        self.statements([v for v in outer_values if v.stage >= 1])
-        self.emit("tl.store(COUNTER + tl.program_id(0), 0)  # ready for the next launch")
-        self.depth -= 1
+            if partials:
+                self._combine_partials(reductions, outer_values, split)
 
     def _slot(self, v: Value, slot: str) -> tuple[str, str]:
         """A reduction's partials in the float64 workspace; integer partials keep all 64 bits
@@ -437,27 +405,39 @@ class TritonKernelRenderer:
             return f"({slot}).to(tl.pointer_type(tl.int64), bitcast=True)", "tl.int64"
         return slot, "tl.float64"
 
-    def _combine_partials(self, reductions: list[Value], outer_values: list[Value]) -> None:
-        """Write this program's partials; the last program to finish combines them and runs the
-        epilogue (everything after the loop)."""
-        self.emit("pid = tl.program_id(0)")
-        self.emit("nprog = tl.num_programs(0)")
+    def _combine_partials(self, reductions: list[Value], outer_values: list[Value], split: bool) -> None:
+        """Write this program's partials; the last program to finish (of its row block, when the
+        rows are split) combines them and runs the epilogue (everything after the loop)."""
+        if split:  # a partial per row of the block from each slice, a count per row block
+            self.emit("nprog = nsplit")
+            base, mask, counter = "nprog * OUTER", "xmask & ", "COUNTER + tl.program_id(0)"
+
+            def at(part: str) -> str:
+                return f"{part} * OUTER + xindex"
+            mine = at("tl.program_id(1)")
+        else:  # one partial per program
+            self.emit("nprog = tl.num_programs(0)")
+            base, mask, counter = "nprog", "", "COUNTER"
+
+            def at(part: str) -> str:
+                return f"{part} + tl.arange(0, 1)[:, None]"
+            mine = at("tl.program_id(0)")
         slots = []
         for i, v in enumerate(reductions):
-            slot, kind = self._slot(v, f"WORKSPACE + {2 * i} * NPROG_BLOCK")
+            slot, kind = self._slot(v, f"WORKSPACE + {i} * {base}")
             slots.append(slot)
-            self.emit(f"tl.store({slot} + pid + tl.arange(0, 1)[:, None], {self.name(v)}.to({kind}))")
-        self.emit("done = tl.atomic_add(COUNTER, 1, sem='acq_rel')")
+            self.emit(f"tl.store({slot} + {mine}, {self.name(v)}.to({kind}){', xmask' if split else ''})")
+        self.emit("tl.debug_barrier()  # every thread's partials are written before the count says so")
+        self.emit(f"done = tl.atomic_add({counter}, 1, sem='acq_rel')")
         self.emit("if done == nprog - 1:")
         self.depth += 1
         self.emit("p = tl.arange(0, NPROG_BLOCK)[None, :]")
-        self.emit("pmask = p < nprog")
         for v, slot in zip(reductions, slots):
-            dtype = self.acc_dtype(v)
-            part = f"tl.load({slot} + p, pmask, other={neutral(v.arg.op, v.srcs[0].dtype)}, volatile=True).to({dtype})"
-            self.emit(f"{self.name(v)} = tl.reduce({part}, 1, {combine_fn(v.arg.op, v.srcs[0].dtype)})[:, None]")
+            part = (f"tl.load({slot} + {at('p')}, {mask}(p < nprog), other={neutral(v.arg.op, v.srcs[0].dtype)}, "
+                    f"volatile=True).to({self.acc_dtype(v)})")
+            self.emit(f"{self.name(v)} = {self.reduce_block(v, part)}")
         self.statements([v for v in outer_values if v.stage >= 1])
-        self.emit("tl.store(COUNTER, 0)")
+        self.emit(f"tl.store({counter}, 0)  # ready for the next launch")
         self.depth -= 1
 
 
@@ -493,7 +473,7 @@ def multi_program(kernel: Kernel) -> bool:
 
 
 def split_rows(kernel: Kernel) -> bool:
-    """Can a row kernel split its rows over several programs (``_split``)? One loop of
+    """Can a row kernel split its rows over several programs (``_looped(split=True)``)? One loop of
     reductions and nothing written inside it, so partials combine in any order."""
     return (kind_of(kernel) == "rows" and kernel.segment_length is None and kernel.n_loops == 1
             and bool(kernel.reductions) and not online_softmax_pairs(kernel)

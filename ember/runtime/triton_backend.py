@@ -121,7 +121,7 @@ class Launcher:
 
     def workspace(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if device not in self._workspace:
-            n = max(1, self.meta["n_reductions"]) * 2 * 1024
+            n = max(1, self.meta["n_reductions"]) * 1024  # a partial per reduction and program
             self._workspace[device] = (torch.empty(n, dtype=torch.float64, device=device),
                                        torch.zeros(1, dtype=torch.int32, device=device))
         return self._workspace[device]
@@ -165,7 +165,7 @@ class Launcher:
         def launch_with(c: dict[str, Any]) -> Callable[..., None]:
             xblock, rblock, warps, persistent = c["XBLOCK"], c["RBLOCK"], c["num_warps"], c["PERSISTENT"]
             stages = c.get("num_stages", 1)
-            split = c.get("SPLIT", 1) if kind == "rows" and self.meta.get("split_rows") and not persistent else 1
+            split = c.get("SPLIT", 1) if kind == "rows" and self.hints.splittable and not persistent else 1
             compiled: dict[tuple[Any, ...], Any] = {}
             ws_, counter_ = ws, counter
             if split > 1:
