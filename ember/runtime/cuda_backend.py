@@ -8,7 +8,7 @@ Load: ``cuModuleLoadData`` in the device's primary context, the one PyTorch's ru
 Launch: each kernel's callable takes the wrapper's ``(data_ptr()..., sizes...)``, computes its grid
 from the sizes and the device's SM count, and calls ``cuLaunchKernel`` on PyTorch's current stream:
 no host synchronisation, no allocation (a full reduction's workspace and counter are allocated
-once per device).
+once per device and stream).
 
 cuda-python API assumptions (cuda-bindings 12.x/13.x): every call returns a tuple whose first item
 is the CUresult / nvrtcResult; ``cuLaunchKernel``'s ``kernelParams`` may be an int, the address of
@@ -289,8 +289,8 @@ _streams: dict[int, Any] = {}
 class CudaKernel:
     """Launches one generated kernel from the wrapper's (pointers..., sizes...) call.
 
-    A many-block full reduction has one workspace and counter per device: launches of the same
-    kernel on two streams at once would share them (the program launches on one stream)."""
+    A many-block full reduction has a workspace and counter per device and stream, so launches
+    of the same kernel on two streams at once do not count each other's blocks."""
 
     def __init__(self, name: str, meta: dict[str, Any], module: CudaModule):
         self.name = name
@@ -317,15 +317,17 @@ class CudaKernel:
         i32, i64 = functions[self.meta["kernels"]["i32"]], functions[self.meta["kernels"]["i64"]]
         state = {"functions": (i32[0], i64[0]), "max_threads": min(i32[1], i64[1]),
                  "sms": torch.cuda.get_device_properties(device).multi_processor_count,
-                 "geometry": {}, "workspace": None}
-        if self.meta["workspace"]:
-            # one partial per block and reduction; the counter starts at 0 and the last block resets it
-            n = max(1, self.meta["n_reductions"]) * cuda.MAX_BLOCKS
-            ws = torch.empty(n, dtype=torch.float64, device=f"cuda:{device}")
-            counter = torch.zeros(1, dtype=torch.int32, device=f"cuda:{device}")
-            state["workspace"] = (ws, counter, ws.data_ptr(), counter.data_ptr())
+                 "geometry": {}, "workspaces": {}}
         self._devices[device] = state
         return state
+
+    def _workspace(self, state: dict[str, Any], device: int, stream: int) -> tuple[Any, ...]:
+        # one partial per block and reduction; the counter starts at 0 and the last block resets it
+        n = max(1, self.meta["n_reductions"]) * cuda.MAX_BLOCKS
+        ws = torch.empty(n, dtype=torch.float64, device=f"cuda:{device}")
+        counter = torch.zeros(1, dtype=torch.int32, device=f"cuda:{device}")
+        state["workspaces"][stream] = (ws, counter, ws.data_ptr(), counter.data_ptr())
+        return state["workspaces"][stream]
 
     def __call__(self, *args: Any) -> None:
         n = self.n_params
@@ -351,8 +353,9 @@ class CudaKernel:
             slots = self._slots
             for slot, value in zip(slots, args):
                 slot.value = value
-            if state["workspace"] is not None:
-                slots[-2].value, slots[-1].value = state["workspace"][2], state["workspace"][3]
+            if self.meta["workspace"]:
+                ws = state["workspaces"].get(raw) or self._workspace(state, device, raw)
+                slots[-2].value, slots[-1].value = ws[2], ws[3]
             (err,) = driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, self._argv_address, 0)
             if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread without a current context
                 make_context_current(device)

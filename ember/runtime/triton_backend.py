@@ -113,18 +113,21 @@ class Launcher:
         self.cfg = cfg
         self.device_index: int | None = None
         self._launches: dict[tuple[int, int, bool], Callable[..., None]] = {}
-        self._workspace: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._workspace: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def candidates(self, outer: int, inner: int) -> list[dict[str, Any]]:
         return tc.candidates(self.kind, outer, inner, self.hints, self.tuning, tc.sm_count(self.device_index),
                              self.forced)
 
-    def workspace(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if device not in self._workspace:
+    def workspace(self, device: torch.device, stream: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Partials and the finished-programs counter of many-program reductions. One per stream:
+        launches on two streams at once must not count each other's programs."""
+        key = (device, stream)
+        if key not in self._workspace:
             n = max(1, self.meta["n_reductions"]) * 1024  # a partial per reduction and program
-            self._workspace[device] = (torch.empty(n, dtype=torch.float64, device=device),
-                                       torch.zeros(1, dtype=torch.int32, device=device))
-        return self._workspace[device]
+            self._workspace[key] = (torch.empty(n, dtype=torch.float64, device=device),
+                                    torch.zeros(1, dtype=torch.int32, device=device))
+        return self._workspace[key]
 
     def __call__(self, *args: Any) -> None:
         if self.failed:
@@ -159,22 +162,28 @@ class Launcher:
         tensors = args[:self.n_params]
         device = tensors[0].device if tensors else torch.device("cuda")
         self.device_index = device.index if device.type == "cuda" else None
-        ws, counter = self.workspace(device)
         fn, kind, multi, n = self.fn, self.kind, self.meta["multi_program"], self.n_params
+        interpreting = _interpreting()
 
         def launch_with(c: dict[str, Any]) -> Callable[..., None]:
             xblock, rblock, warps, persistent = c["XBLOCK"], c["RBLOCK"], c["num_warps"], c["PERSISTENT"]
             stages = c.get("num_stages", 1)
             split = c.get("SPLIT", 1) if kind == "rows" and self.hints.splittable and not persistent else 1
             compiled: dict[tuple[Any, ...], Any] = {}
-            ws_, counter_ = ws, counter
-            if split > 1:
-                # partials of every row of this shape bucket, and a count per row block (each
-                # launch leaves its counts at zero for the next)
-                most = 1 << outer.bit_length()
-                ws_ = torch.empty(max(1, self.meta["n_reductions"]) * split * most, dtype=torch.float64,
-                                  device=device)
-                counter_ = torch.zeros(triton_cdiv(most, xblock), dtype=torch.int32, device=device)
+            buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per stream
+
+            def scratch(stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+                if split == 1:
+                    buffers[stream] = self.workspace(device, stream)
+                else:
+                    # partials of every row of this shape bucket, and a count per row block (each
+                    # launch leaves its counts at zero for the next)
+                    most = 1 << outer.bit_length()
+                    buffers[stream] = (
+                        torch.empty(max(1, self.meta["n_reductions"]) * split * most, dtype=torch.float64,
+                                    device=device),
+                        torch.zeros(triton_cdiv(most, xblock), dtype=torch.int32, device=device))
+                return buffers[stream]
 
             def launch(args: tuple[Any, ...], outer: int, inner: int) -> None:
                 # int32 offsets unless some tensor is too large for them
@@ -196,12 +205,14 @@ class Launcher:
                 # Triton's per-call argument binding.
                 spec = _specialization(args, n, outer, inner) + (big, nblock)
                 kernel = compiled.get(spec)
+                stream = 0 if interpreting else _stream(device.index)
+                ws_, counter_ = buffers.get(stream) or scratch(stream)
                 if kernel is None:
                     compiled[spec] = fn[grid](*args, outer, inner, ws_, counter_, BIG=big, XBLOCK=xblock,
                                               RBLOCK=rblock, PERSISTENT=persistent, NPROG_BLOCK=nblock,
                                               num_warps=warps, num_stages=stages)
                     return
-                kernel.run(grid[0], split, 1, _stream(args[0].device.index if n else None), kernel.function,
+                kernel.run(grid[0], split, 1, stream, kernel.function,
                            kernel.packed_metadata, None, None, None, *args, outer, inner, ws_, counter_, big,
                            xblock, rblock, persistent, nblock)
 
