@@ -171,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                             "the per-sample loop runs at most 3)")
     p.add_argument("--batches-for-recompiles", type=int, default=100,
                    help="batches with different box counts run through ember(ragged) to count recompiles")
-    p.add_argument("--variants", help="comma-separated subset of: loop,concat,pad,inductor,ember-pad,ember-ragged")
+    p.add_argument("--variants", help="comma-separated subset of: loop,concat,pad,inductor,ember-pad,"
+                                      "ember-pad-skip,ember-ragged")
     p.add_argument("--json", help="save the results to this JSON file")
     p.add_argument("--plot", help="bar chart (PNG, log scale) of the results; needs matplotlib")
     p.add_argument("--from-json", help="print and plot saved results instead of measuring")

@@ -11,6 +11,7 @@ overrides any field for one compiled function.
   EMBER_TRITON_TUNING  'heuristic' (one launch configuration per kernel and shape, from the
                    shape) or 'full' (compile and time every candidate; slower first call)
   EMBER_GRAD_IN_FORWARD  0 turns off computing a scalar loss's gradient in the forward graph
+  EMBER_SKIP_MASKED  1 skips the masked-out elements of x * mask (see skip_masked below)
   EMBER_AOT_CACHE  0 turns off keeping compiled graphs in torch's AOTAutograd cache
 """
 
@@ -74,6 +75,12 @@ class Config:
     # scaled by the incoming gradient in a one-kernel backward), do so when it moves no more
     # bytes than min-cut rematerialization (frontend/partition.py). False: always min-cut.
     grad_in_forward: bool = field(default_factory=lambda: _env_int("EMBER_GRAD_IN_FORWARD", 1) != 0)
+    # Treat x * mask, where mask is a 0/1 tensor made from a comparison (padded code's
+    # (targets[..., 3] > 0).to(dtype)), as torch.where(mask, x, 0): kernels then neither load nor
+    # compute x where the mask is 0 (passes/masks.py). Differs from eager only where a masked-out
+    # x is inf or NaN: eager's product is NaN there, ember's 0. Selects (torch.where) skip their
+    # untaken branch always; that is exact.
+    skip_masked: bool = field(default_factory=lambda: _env_int("EMBER_SKIP_MASKED", 0) != 0)
     # Keep compiled graphs in torch's AOTAutograd cache (under torch's cache directory,
     # TORCHINDUCTOR_CACHE_DIR): a warm start, after torch._dynamo.reset() or in a new process,
     # then skips AOTAutograd's tracing and partitioning and ember's planning, and only loads the

@@ -225,10 +225,8 @@ class CppKernelRenderer:
             self.emit("}")
 
     def _statements(self, values: list[Value]) -> None:
-        for v in values:
-            text = self.body.statement(v)
-            if text:
-                self.emit(text)
+        for line in self.body.statements(values):
+            self.emit(line)
 
     def _pointwise(self) -> None:
         k = self.k

@@ -302,6 +302,10 @@ class BodyRenderer:
         self.names = {id(v): f"v{i}" for i, v in enumerate(kernel.values)}
         self.acc_names = {id(v): f"acc{i}" for i, v in enumerate(kernel.values) if v.kind == "reduce"}
         self.buffer_dtype = {p.name: p.dtype for p in kernel.params}
+        self.users: dict[int, list[Value]] = {id(v): [] for v in kernel.values}
+        for v in kernel.values:
+            for s in (*v.srcs, *((v.guard,) if v.guard is not None else ())):
+                self.users[id(s)].append(v)
         self.uses_err = any(v.kind == "alu" and v.arg in INT_DIVISION_OPS and not v.dtype.is_float
                             and lang.flags_int_division
                             or v.kind == "checkindex" and lang.checks_indices for v in kernel.values)
@@ -329,6 +333,11 @@ class BodyRenderer:
             return f"{self.access(v)} = {value};"
         if v.kind == "reduce":
             return None  # the backend places accumulators around its loops
+        return f"const {lang.compute(v.dtype)} {self.name(v)} = {self.expression(v)};"
+
+    def expression(self, v: Value) -> str:
+        """The C expression computing a value (not a store or a reduction)."""
+        lang = self.lang
         ctype = lang.compute(v.dtype)
         if v.kind == "load":
             dtype = self.buffer_dtype[v.arg.buffer]
@@ -350,7 +359,52 @@ class BodyRenderer:
             expr = f"(({ctype})({index_expr(v.arg)}))"
         else:
             expr = alu(lang, v, [self.name(s) for s in v.srcs])
-        return f"const {ctype} {self.name(v)} = {expr};"
+        return expr
+
+    def statements(self, values: list[Value]) -> list[str]:
+        """Statements for ``values`` in order. Guarded values (schedule/guards.py) are computed
+        in ``if (guard) { ... }`` blocks, one per guard, placed just before the first statement
+        that needs one of them; those read after their block are declared (zero) before it."""
+        lines: list[str] = []
+        pending: dict[int, list[Value]] = {}  # id(guard) -> its values not yet written
+        block_of: dict[int, int] = {}         # id(pending value) -> id(its guard)
+
+        def ready(deps: list[Value]) -> None:
+            for d in deps:
+                if id(d) in block_of:
+                    flush(block_of[id(d)])
+
+        def flush(gid: int) -> None:
+            block = pending.pop(gid)
+            for v in block:
+                del block_of[id(v)]
+            guard = block[0].guard
+            ready([s for v in block for s in v.srcs] + [guard])
+            inside = {id(v) for v in block}
+            exported = {id(v) for v in block if any(id(u) not in inside for u in self.users[id(v)])}
+            for v in block:
+                if id(v) in exported:
+                    ctype = self.lang.compute(v.dtype)
+                    lines.append(f"{ctype} {self.name(v)} = {'false' if ctype == 'bool' else f'({ctype})0'};")
+            lines.append(f"if ({self.name(guard)}) {{")
+            for v in block:
+                ctype = self.lang.compute(v.dtype)
+                const = "" if id(v) in exported else f"const {ctype} "
+                lines.append(f"  {const}{self.name(v)} = {self.expression(v)};")
+            lines.append("}")
+
+        for v in values:
+            if v.guard is not None and v.kind not in ("store", "reduce"):
+                pending.setdefault(id(v.guard), []).append(v)
+                block_of[id(v)] = id(v.guard)
+                continue
+            ready(list(v.srcs))
+            text = self.statement(v)
+            if text:
+                lines.append(text)
+        while pending:
+            flush(next(iter(pending)))
+        return lines
 
     def reduce_update(self, v: Value) -> str:
         return acc_update(v, self.acc_names[id(v)], self.name(v.srcs[0]), index_expr(v.arg.position))

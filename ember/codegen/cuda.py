@@ -359,10 +359,8 @@ class CudaKernelRenderer:
             self.emit(f"const int64_t {var(i).name} = (int64_t){expr if expr.isidentifier() else f'({expr})'};")
 
     def _statements(self, values: list[Value]) -> None:
-        for v in values:
-            text = self.body.statement(v)
-            if text:
-                self.emit(text)
+        for line in self.body.statements(values):
+            self.emit(line)
 
     def _unrolled(self, flat: str, count: str, start: str, spacing: str, stride: str, what: str) -> None:
         """Open a loop giving each thread EMBER_UNROLL elements ``spacing`` apart per iteration, each

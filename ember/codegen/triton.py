@@ -214,6 +214,8 @@ class TritonKernelRenderer:
             dtype = self.buffer_dtype[v.arg.buffer]
             # a fixed element (a scalar input) is a scalar load: no mask to match
             mask = self.mask_for(v) if _varies(v.arg.index) else ""
+            if mask and self._skips(v):
+                mask = f"{mask} & {self.name(v.guard)}"
             pointer = f"{v.arg.buffer} + ({self.index(self.bound_index(v))})"
             load = f"tl.load({pointer}" + (f", {mask}, other=0)" if mask else ")")
             if dtype.is_low_precision:
@@ -230,6 +232,21 @@ class TritonKernelRenderer:
             self._search(v)
             return None
         return f"{self.name(v)} = {alu(v, [self.name(s) for s in v.srcs])}"
+
+    def _skips(self, v: Value) -> bool:
+        """Does a guarded load take its guard into its mask? Only where that keeps its vector
+        loads: a per-element mask on contiguous elements would split 16-byte loads into single
+        elements, costing more than the bytes skipped. A row's guard is constant along the row;
+        strided and gathered loads are single elements anyway."""
+        g = v.guard
+        if g is None:
+            return False
+        if v.inner and not g.inner:
+            return True
+        extents, var = (self.k.inner, inner_var) if v.inner else (self.k.outer, outer_var)
+        if not extents or v.arg.bindings:
+            return True
+        return not sympy.expand(v.arg.index).coeff(var(len(extents) - 1)) == 1
 
     def _search(self, v: Value) -> None:
         """searchsorted as the C helper does it: a size every lane shares halves each step, so

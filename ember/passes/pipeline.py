@@ -16,6 +16,7 @@ from ..ir.verify import verify
 from .cse import cse
 from .dce import dce
 from .fold import fold_constants
+from .masks import mask_multiplies
 from .views import simplify_views
 
 Pass = Callable[[Graph], Graph]
@@ -27,6 +28,19 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("cse", cse),
     ("dce_final", dce),
 ]
+
+# With the ``skip_masked`` option: products with 0/1 masks become selects, so kernels skip the
+# masked-out elements (masks.py); CSE again, as the rewrite derives conditions afresh.
+MASKED_PIPELINE: list[tuple[str, Pass]] = [
+    *PIPELINE[:-1],
+    ("mask_multiplies", mask_multiplies),
+    ("cse_masks", cse),
+    PIPELINE[-1],
+]
+
+
+def pipeline_for(cfg: Config) -> list[tuple[str, Pass]]:
+    return MASKED_PIPELINE if cfg.skip_masked else PIPELINE
 
 
 @dataclass
@@ -42,7 +56,7 @@ def run_pipeline(graph: Graph, cfg: Config | None = None, record: list[PassRecor
     cfg = cfg or config
     if record is not None:
         record.append(PassRecord("frontend", str(graph), 0.0, len(graph.nodes)))
-    for name, fn in passes or PIPELINE:
+    for name, fn in passes or pipeline_for(cfg):
         start = time.perf_counter()
         graph = fn(graph)
         ms = (time.perf_counter() - start) * 1e3

@@ -23,6 +23,7 @@ from ..ir import shapes as sh
 from ..ir.node import Graph, Node, fill_value, row_ids_offsets
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
 from .build import BufferInfo, Conflict, GroupSpec, KernelBuilder, NeedsBuffer
+from .guards import guard_branches
 from .indexing import Point
 from .kernel_ir import SEGMENT_LENGTH, Kernel, indirect_var, inner_var, outer_var
 from .loops import collapse_dims
@@ -464,7 +465,7 @@ class Planner:
             self.apart.add(frozenset((r, e.root)))
 
     def _build(self, spec: GroupSpec, infos: dict[Node, BufferInfo], index: int) -> Kernel:
-        kernel = collapse_dims(KernelBuilder(spec, infos, "").build())
+        kernel = guard_branches(collapse_dims(KernelBuilder(spec, infos, "").build()))
         # Every size the group's nodes mention is an argument, so the group can also run
         # through ATen (when its kernel fails to build) from the kernel's own arguments.
         nodes = {n for r in spec.roots for n in [r, *self.subtree(r)]}

@@ -94,6 +94,10 @@ class Value:
     'checkindex' (arg: (bound, dim label, error code); its source clamped into [0, bound),
     flagging the error code on the CPU when it was not), 'search' (arg SearchArg: the position of
     its source in a sorted sequence, searchsorted's answer).
+
+    ``guard``: a bool value; where it is false nothing uses this value (it feeds only the branch
+    of a ``where`` that is not taken there), so renderers may skip loading and computing it
+    (schedule/guards.py).
     """
 
     kind: str
@@ -103,6 +107,7 @@ class Value:
     inner: bool = False   # varies with the inner (reduction) index
     loop: int = 0         # reduce: the inner loop accumulating it; store: its loop (0 = outer)
     stage: int = 0        # outer values: the loop after which it can be computed
+    guard: Value | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,8 @@ class Kernel:
                 continue
             needed.add(id(v))
             stack.extend(v.srcs)
+            if v.guard is not None:
+                stack.append(v.guard)
         return [v for v in self.values if id(v) in needed]
 
     def __str__(self) -> str:
@@ -179,6 +186,8 @@ def format_kernel(k: Kernel) -> str:
             detail = v.arg.op.value
         else:
             detail = str(v.arg)
+        if v.guard is not None:
+            where += f", if {names[id(v.guard)]}"
         lines.append(f"  {names[id(v)]}: {v.dtype.short} = {v.kind} {detail}"
                      f"{' (' + srcs + ')' if srcs else ''}   [{where}]")
     return "\n".join(lines)

@@ -6,8 +6,9 @@ over a different number of boxes per image. ember's claim is that the plain ragg
 beats all of them, with its backward, for any dtype and box count, without recompiles. This
 module measures exactly that, side by side on the same inputs and in one process:
 
-* six variants: per-sample loop, concatenation, padding + mask (eager), torch.compile on the
-  padded code (Inductor), ember on the padded code, ember on the ragged code;
+* seven variants: per-sample loop, concatenation, padding + mask (eager), torch.compile on the
+  padded code (Inductor), ember on the padded code (as written, and with the ``skip_masked``
+  option: padded boxes neither loaded nor computed), ember on the ragged code;
 * forward (under ``no_grad``) and forward + backward (gradient to the predictions) times, medians
   of interleaved runs after warm-up (CUDA events on a GPU);
 * every variant's loss and gradient against a float64 eager reference;
@@ -69,6 +70,7 @@ VARIANTS = {
     "pad": "pad + mask",
     "inductor": "torch.compile(pad)",
     "ember-pad": "ember(pad)",
+    "ember-pad-skip": "ember(pad, skip_masked)",
     "ember-ragged": "ember(ragged)",
 }
 BASELINE = "inductor"
@@ -253,8 +255,10 @@ def _variant(key: str, targets: list[torch.Tensor], padded: torch.Tensor, ragged
         compiled = compile_with_inductor(padded_giou_loss)
         return lambda p: compiled(p, padded)
     reports[key] = report = ember.Report()
-    if key == "ember-pad":
-        compiled = ember.compile(padded_giou_loss, report=report)
+    if key in ("ember-pad", "ember-pad-skip"):
+        # skip_masked: the padded boxes are neither loaded nor computed (passes/masks.py)
+        options = {"skip_masked": key == "ember-pad-skip"}
+        compiled = ember.compile(padded_giou_loss, report=report, options=options)
         return lambda p: compiled(p, padded)
     compiled = ember.compile(ragged_giou_loss, report=report)
     return lambda p, r=ragged: compiled(p, r)  # the recompile run passes other batches as r
