@@ -155,6 +155,18 @@ def test_split_is_the_heuristics_choice_for_few_long_column_sums():
     assert "SPLIT" not in many
 
 
+def test_few_long_rows_split_into_about_eight_programs_per_sm():
+    from ember.runtime import triton_configs as tc
+    hints = tc.KernelHints(itemsize=2, splittable=True)
+    for rows, width in ((8, 4 << 20), (4, 16 << 20), (64, 1 << 20)):
+        (first, _) = tc.heuristic("rows", rows, width, hints, sms=132)
+        assert first["num_warps"] == 4 and first["num_stages"] == 3, first
+        assert 4 * 132 <= rows * first["SPLIT"] <= 16 * 132, first
+        assert width // first["SPLIT"] >= 4 * first["RBLOCK"], first  # every slice 4+ chunks long
+    (many, _) = tc.heuristic("rows", 8192, 32000, hints, sms=132)  # a cross-entropy: rows enough
+    assert "SPLIT" not in many
+
+
 def test_symbolic_sizes():
     report = ember.Report()
     fast = ember.compile(rmsnorm, dynamic=True, options=TRITON, report=report)

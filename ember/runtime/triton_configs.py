@@ -110,16 +110,18 @@ def _config(x: int, r: int, warps: int, persistent: bool = False, stages: int = 
     return c
 
 
-def _split(outer: int, xblock: int, inner: int, rblock: int, hints: KernelHints, sms: int) -> int:
+def _split(outer: int, xblock: int, inner: int, rblock: int, hints: KernelHints, sms: int,
+           per_sm: int = 4, most: int = 64) -> int:
     """Programs per row block: with fewer row blocks than two per SM, each row's reduction is
-    split over programs until every SM has about four, each slice at least four blocks long."""
+    split over programs until every SM has about ``per_sm``, each slice at least four blocks
+    long, at most ``most`` slices."""
     blocks = -(-outer // xblock)
     if not hints.splittable or blocks >= 2 * sms:
         return 1
-    split = next_pow2(-(-4 * sms // max(blocks, 1)))
+    split = min(next_pow2(-(-per_sm * sms // max(blocks, 1))), most)
     while split > 1 and inner < split * 4 * rblock:
         split //= 2
-    return min(split, 64)
+    return split
 
 
 def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = DEFAULT_SMS) -> list[Config]:
@@ -167,13 +169,19 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         # wide rows read twice and written (a log-softmax backward): 4 rows per program in
         # 512-wide chunks, 8 warps (300 us against 357 for one warp per row, 8192 x 32000 bf16)
         return [_config(_fill(outer, min(4, rows), sms), min(width, 512), 8, stages=2), safe]
+    # few long rows (sums of 8 x 4M): each row split over 4-warp programs, about 8 per SM, in
+    # 4096-wide chunks with 3 stages of loads in flight (H200, bf16 8 x 4M 36 -> 19 us, fp32
+    # 4 x 16M maxima 84 -> 78 us, bf16 64 x 1M 41 -> 38 us: bench/launch_sweep.py LONG_ROWS)
+    split = _split(outer, 1, inner, min(width, 4096), hints, sms, per_sm=8, most=512)
+    if split > 1 and outer * split >= 2 * sms:
+        return [_config(1, min(width, 4096), 4, stages=3, split=split), safe]
     # wide rows only reduced (a cross-entropy's statistics): warps per row so that about 16
     # warps per SM are busy; one-warp programs reduce with shuffles alone (no barriers) and
     # pipeline their loads
     warps = max(1, min(16, _prev_pow2(max(1, sms * 16 // max(outer, 1)))))
     rblock = min(width, max(1024, warps * 256))
     stages = 3 if warps <= 4 else 1
-    split = _split(outer, 1, inner, rblock, hints, sms)
+    split = _split(outer, 1, inner, rblock, hints, sms)  # rows too short for the above
     return [_config(1, rblock, warps, stages=stages, split=split), safe]
 
 
