@@ -77,8 +77,9 @@ class Config:
     grad_in_forward: bool = field(default_factory=lambda: _env_int("EMBER_GRAD_IN_FORWARD", 1) != 0)
     # Treat x * mask, where mask is a 0/1 tensor made from a comparison (padded code's
     # (targets[..., 3] > 0).to(dtype)), as torch.where(mask, x, 0): kernels then neither load nor
-    # compute x where the mask is 0 (passes/masks.py). Differs from eager only where a masked-out
-    # x is inf or NaN: eager's product is NaN there, ember's 0. Selects (torch.where) skip their
+    # compute x where the mask is 0 (passes/masks.py). What is computed from the product is 0
+    # there too: ember differs from eager only where eager's masked-out value is NaN (an inf or
+    # NaN in x, or a 0/0 downstream) and in the sign of zeros. Selects (torch.where) skip their
     # untaken branch always; that is exact.
     skip_masked: bool = field(default_factory=lambda: _env_int("EMBER_SKIP_MASKED", 0) != 0)
     # Keep compiled graphs in torch's AOTAutograd cache (under torch's cache directory,

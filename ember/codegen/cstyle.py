@@ -8,6 +8,7 @@ Arithmetic on 16-bit floats happens in float32, as eager does per op; explicit c
 
 from __future__ import annotations
 
+import heapq
 import math
 import struct
 from dataclasses import dataclass, field
@@ -362,48 +363,39 @@ class BodyRenderer:
         return expr
 
     def statements(self, values: list[Value]) -> list[str]:
-        """Statements for ``values`` in order. Guarded values (schedule/guards.py) are computed
-        in ``if (guard) { ... }`` blocks, one per guard, placed just before the first statement
-        that needs one of them; those read after their block are declared (zero) before it."""
+        """Statements for ``values``. Guarded values (schedule/guards.py) are computed in
+        ``if (guard) { ... }`` blocks: the values are put in an order that keeps each guard's
+        values together (a topological order that continues the current guard's block while it
+        can, and writes unguarded values before starting another), and each run of one guard is a
+        block. Values read outside their block are declared (zero) before it."""
+        order = _grouped_order(values)
         lines: list[str] = []
-        pending: dict[int, list[Value]] = {}  # id(guard) -> its values not yet written
-        block_of: dict[int, int] = {}         # id(pending value) -> id(its guard)
-
-        def ready(deps: list[Value]) -> None:
-            for d in deps:
-                if id(d) in block_of:
-                    flush(block_of[id(d)])
-
-        def flush(gid: int) -> None:
-            block = pending.pop(gid)
-            for v in block:
-                del block_of[id(v)]
-            guard = block[0].guard
-            ready([s for v in block for s in v.srcs] + [guard])
-            inside = {id(v) for v in block}
-            exported = {id(v) for v in block if any(id(u) not in inside for u in self.users[id(v)])}
-            for v in block:
+        runs: list[list[Value]] = []
+        for v in order:
+            guarded = v.guard is not None and v.kind not in ("store", "reduce")
+            if guarded and runs and runs[-1][0].guard is v.guard:
+                runs[-1].append(v)
+            else:
+                runs.append([v])
+        for run in runs:
+            head = run[0]
+            if head.guard is None or head.kind in ("store", "reduce"):
+                text = self.statement(head)
+                if text:
+                    lines.append(text)
+                continue
+            inside = {id(v) for v in run}
+            exported = {id(v) for v in run if any(id(u) not in inside for u in self.users[id(v)])}
+            for v in run:
                 if id(v) in exported:
                     ctype = self.lang.compute(v.dtype)
                     lines.append(f"{ctype} {self.name(v)} = {'false' if ctype == 'bool' else f'({ctype})0'};")
-            lines.append(f"if ({self.name(guard)}) {{")
-            for v in block:
+            lines.append(f"if ({self.name(head.guard)}) {{")
+            for v in run:
                 ctype = self.lang.compute(v.dtype)
                 const = "" if id(v) in exported else f"const {ctype} "
                 lines.append(f"  {const}{self.name(v)} = {self.expression(v)};")
             lines.append("}")
-
-        for v in values:
-            if v.guard is not None and v.kind not in ("store", "reduce"):
-                pending.setdefault(id(v.guard), []).append(v)
-                block_of[id(v)] = id(v.guard)
-                continue
-            ready(list(v.srcs))
-            text = self.statement(v)
-            if text:
-                lines.append(text)
-        while pending:
-            flush(next(iter(pending)))
         return lines
 
     def reduce_update(self, v: Value) -> str:
@@ -414,6 +406,48 @@ class BodyRenderer:
 
     def reduce_result(self, v: Value) -> str:
         return f"const {self.lang.compute(v.dtype)} {self.name(v)} = {acc_result(self.lang, v, self.acc_names[id(v)])};"
+
+
+def _grouped_order(values: list[Value]) -> list[Value]:
+    """``values`` in a dependency order (sources and guards first) that writes unguarded values
+    as soon as they can be, and each guard's values one after another while they can be."""
+    index = {id(v): i for i, v in enumerate(values)}
+    deps = {id(v): [d for d in (*v.srcs, *((v.guard,) if v.guard is not None else ())) if id(d) in index]
+            for v in values}
+    missing = {id(v): len(deps[id(v)]) for v in values}
+    users: dict[int, list[Value]] = {id(v): [] for v in values}
+    for v in values:
+        for d in deps[id(v)]:
+            users[id(d)].append(v)
+    ready_free: list[int] = []                 # unguarded, by position
+    ready_guarded: dict[int, list[int]] = {}   # id(guard) -> positions
+
+    def add(v: Value) -> None:
+        if v.guard is None or v.kind in ("store", "reduce"):
+            heapq.heappush(ready_free, index[id(v)])
+        else:
+            heapq.heappush(ready_guarded.setdefault(id(v.guard), []), index[id(v)])
+
+    for v in values:
+        if missing[id(v)] == 0:
+            add(v)
+    out: list[Value] = []
+    current: int | None = None  # id of the guard whose block is open
+    while len(out) < len(values):
+        if current is not None and ready_guarded.get(current):
+            i = heapq.heappop(ready_guarded[current])
+        elif ready_free:
+            i = heapq.heappop(ready_free)
+        else:
+            current = min((g for g, q in ready_guarded.items() if q), key=lambda g: ready_guarded[g][0])
+            i = heapq.heappop(ready_guarded[current])
+        v = values[i]
+        out.append(v)
+        for u in users[id(v)]:
+            missing[id(u)] -= 1
+            if missing[id(u)] == 0:
+                add(u)
+    return out
 
 
 # Helpers every C-style backend includes. EMBER_FN is 'static inline' on the CPU and

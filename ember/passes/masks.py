@@ -8,8 +8,9 @@ quotients, negation, casts, views, concatenation, padding, sums of two values ma
 Kernel generation then computes the masked value only where the mask is 1
 (schedule/guards.py): padded boxes are neither loaded nor computed, forward and backward.
 
-It is an option, not a default, because it is exact only for finite values: where the mask is 0
-and the masked value is inf or NaN, eager's product is NaN and ember's is 0.
+It is an option, not a default, because it is not exact: where the mask is 0, everything this
+pass moves the select through is 0 in ember, while eager's value is NaN when an inf or NaN met
+the zero (or a quotient became 0/0), and -0 where a negation or a negative factor flipped it.
 """
 
 from __future__ import annotations
