@@ -196,6 +196,16 @@ def test_padded_giou_skips_padding_forward_and_backward(target):
     torch.testing.assert_close(p1.grad, p2.grad)
 
 
+def test_one_block_per_guard_in_the_gradient_kernel():
+    # the forward kernel of training writes the loss and its gradient: under skip_masked the
+    # whole GIoU chain and its derivative sit in one block behind the mask
+    pred, _, padded = make_batch(8)
+    pred.requires_grad_()
+    (k,) = explain(padded_giou_loss, pred, padded, options=SKIP).graphs[0].kernels
+    assert k.source.count("if (") == 1, k.source
+    assert len(re.findall(r"\w+_\d+\[4\*r0(?: \+ \d)?\]", k.source.split("if (")[1])) == 7, k.source
+
+
 def test_skip_masked_trades_nan_propagation_for_skipping_as_documented():
     pred, _, padded = make_batch(8)
     pred[0, -1] = float("nan")  # a padded box (box counts are small): masked out
