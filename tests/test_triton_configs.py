@@ -208,3 +208,28 @@ def test_both_tunings_compile_and_run(tuning):
     x, w = torch.randn(33, 70), torch.randn(70)
     fast = ember.compile(rmsnorm, options={"target": "triton", "triton_tuning": tuning})
     torch.testing.assert_close(fast(x, w), rmsnorm(x, w))
+
+
+# ---- launching compiled kernels through the driver (runtime/triton_direct.py) -----------------
+
+def test_direct_launch_argument_layout_follows_tritons_abi():
+    import ctypes
+
+    from ember.runtime.triton_direct import argument_layout
+    signature = {"x": "*bf16", "out": "*fp32", "n": "i32", "one": "constexpr", "big": "i64", "BLOCK": "constexpr"}
+    assert argument_layout(signature) == [(0, ctypes.c_void_p), (1, ctypes.c_void_p), (2, ctypes.c_int32),
+                                          (4, ctypes.c_int64)]
+    assert argument_layout({"d": "tensordesc<fp32[16, 16]>"}) is None  # not ours to pass: Triton's launcher
+
+
+def test_kernels_with_scratch_or_clusters_keep_tritons_launcher():
+    from collections import namedtuple
+    from types import SimpleNamespace
+
+    from ember.runtime.triton_direct import direct_launcher
+    Meta = namedtuple("Meta", "global_scratch_size profile_scratch_size num_ctas launch_cooperative_grid "
+                              "launch_pdl shared num_warps")
+    src = SimpleNamespace(signature={"x": "*fp32"})
+    for meta in (Meta(64, 0, 1, False, False, 0, 4), Meta(0, 0, 2, False, False, 0, 4),
+                 Meta(0, 0, 1, False, True, 0, 4)):
+        assert direct_launcher(SimpleNamespace(metadata=meta, src=src, name="k"), 0) is None

@@ -6,7 +6,8 @@ stream. Configurations come from ``triton_configs``: by default one per (kernel,
 bucket), chosen from the shape (``triton_tuning="heuristic"``); with ``triton_tuning="full"`` every
 candidate is compiled and timed once and the fastest remembered on disk next to the kernel cache.
 Triton compiles a kernel at its first launch; if no configuration compiles, the launcher warns once
-and runs the group through ATen from then on.
+and runs the group through ATen from then on. Compiled kernels are launched through the CUDA driver
+(``triton_direct``), not through the C launcher Triton would build for each new signature.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..schedule.kernel_ir import Kernel
 from . import stats
 from . import triton_configs as tc
 from .backend import Backend, BuildError, BuiltKernels
+from .triton_direct import direct_launcher
 
 _tuning_lock = threading.Lock()
 
@@ -207,14 +209,15 @@ class Launcher:
                 kernel = compiled.get(spec)
                 stream = 0 if interpreting else _stream(device.index)
                 ws_, counter_ = buffers.get(stream) or scratch(stream)
-                if kernel is None:
-                    compiled[spec] = fn[grid](*args, outer, inner, ws_, counter_, BIG=big, XBLOCK=xblock,
-                                              RBLOCK=rblock, PERSISTENT=persistent, NPROG_BLOCK=nblock,
-                                              num_warps=warps, num_stages=stages)
+                constexprs = dict(BIG=big, XBLOCK=xblock, RBLOCK=rblock, PERSISTENT=persistent, NPROG_BLOCK=nblock,
+                                  num_warps=warps, num_stages=stages)
+                if interpreting:  # the interpreter runs the Python function itself
+                    fn[grid](*args, outer, inner, ws_, counter_, **constexprs)
                     return
-                kernel.run(grid[0], split, 1, stream, kernel.function,
-                           kernel.packed_metadata, None, None, None, *args, outer, inner, ws_, counter_, big,
-                           xblock, rblock, persistent, nblock)
+                if kernel is None:
+                    binary = fn.run(*args, outer, inner, ws_, counter_, grid=grid, warmup=True, **constexprs)
+                    kernel = compiled[spec] = _runner(binary, device, (big, xblock, rblock, persistent, nblock))
+                kernel(grid[0], split, stream, (*args, outer, inner, ws_, counter_))
 
             return launch
 
@@ -243,6 +246,25 @@ class Launcher:
             self.tuner.chosen[bucket] = c
             return launch, True
         raise error if error is not None else RuntimeError(f"no launch configuration for {self.name}")
+
+
+def _runner(binary: Any, device: torch.device, constexprs: tuple[Any, ...]) -> Callable[..., None]:
+    """``launch(grid_x, grid_y, stream, args)`` of a compiled kernel: through the CUDA driver
+    (triton_direct.py: no launcher to build), else through Triton's launcher."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        direct = direct_launcher(binary, index)
+    except Exception as e:  # noqa: BLE001 -- Triton's launcher still works
+        log(1, f"{binary.name}: launching through Triton's launcher ({type(e).__name__}: {e})")
+        direct = None
+    if direct is not None:
+        return direct
+
+    def through_triton(grid_x: int, grid_y: int, stream: int, args: tuple[Any, ...]) -> None:
+        binary.run(grid_x, grid_y, 1, stream, binary.function, binary.packed_metadata, None, None, None, *args,
+                   *constexprs)
+
+    return through_triton
 
 
 def _specialization(args: tuple[Any, ...], n_tensors: int, outer: int, inner: int) -> tuple[Any, ...]:
