@@ -209,12 +209,12 @@ class Launcher:
                 kernel = compiled.get(spec)
                 stream = 0 if interpreting else _stream(device.index)
                 ws_, counter_ = buffers.get(stream) or scratch(stream)
-                constexprs = dict(BIG=big, XBLOCK=xblock, RBLOCK=rblock, PERSISTENT=persistent, NPROG_BLOCK=nblock,
-                                  num_warps=warps, num_stages=stages)
-                if interpreting:  # the interpreter runs the Python function itself
-                    fn[grid](*args, outer, inner, ws_, counter_, **constexprs)
-                    return
                 if kernel is None:
+                    constexprs = dict(BIG=big, XBLOCK=xblock, RBLOCK=rblock, PERSISTENT=persistent,
+                                      NPROG_BLOCK=nblock, num_warps=warps, num_stages=stages)
+                    if interpreting:  # the interpreter runs the Python function itself
+                        fn[grid](*args, outer, inner, ws_, counter_, **constexprs)
+                        return
                     binary = fn.run(*args, outer, inner, ws_, counter_, grid=grid, warmup=True, **constexprs)
                     kernel = compiled[spec] = _runner(binary, device, (big, xblock, rblock, persistent, nblock))
                 kernel(grid[0], split, stream, (*args, outer, inner, ws_, counter_))
