@@ -173,7 +173,7 @@ class EmberOutputCode(OutputCode):
         self._program = program
         # AOTAutograd calls with the argument list; a CompiledProgram's own __call__ also takes
         # the arguments spread out, one frame more
-        self._run = program._call if isinstance(program, CompiledProgram) else program
+        self._run = program.run if isinstance(program, CompiledProgram) else program
 
     def __call__(self, *args: Any) -> Any:
         if len(args) == 1 and type(args[0]) is list:

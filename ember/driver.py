@@ -97,6 +97,14 @@ def _triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def cuda_index(graph: Graph) -> int | None:
+    """The CUDA device a graph runs on, where its tensors name one (``cuda:1``)."""
+    devices = {n.device for n in graph.nodes if n.shape is not None and n.op is not Op.INPUT}
+    devices |= {n.device for n in graph.inputs if n.arg.kind == "tensor"}
+    indices = {int(d.split(":", 1)[1]) for d in devices if d.startswith("cuda:")}
+    return indices.pop() if len(indices) == 1 else None
+
+
 def _graph_device(graph: Graph) -> str:
     devices = {n.device for n in graph.nodes if n.shape is not None and n.op is not Op.INPUT}
     devices |= {n.device for n in graph.inputs if n.arg.kind == "tensor"}
@@ -204,4 +212,4 @@ def _build(graph: Graph, schedule: Schedule, fallbacks: dict[str, Callable[..., 
     namespace.update(wrapper.constants)
     if cfg.debug >= 3:
         log(3, f"{name} kernels:\n{built.module_source}\n{name} host program:\n{wrapper.source}", cfg)
-    return CompiledProgram(name, wrapper.source, namespace, cfg)
+    return CompiledProgram(name, wrapper.source, namespace, cfg, cuda_index(graph))

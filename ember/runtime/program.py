@@ -105,7 +105,8 @@ def boxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:
 class CompiledProgram:
     """Callable with AOTAutograd's boxed convention (takes the argument list, may clear it)."""
 
-    def __init__(self, name: str, source: str, namespace: dict[str, Any], cfg: Config):
+    def __init__(self, name: str, source: str, namespace: dict[str, Any], cfg: Config,
+                 cuda_device: int | None = None):
         # An instance attribute, not a class one: Dynamo wraps backward programs with
         # functools.wraps, which copies only the instance __dict__.
         self._boxed_call = True
@@ -146,10 +147,24 @@ class CompiledProgram:
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         exec(compile(source, filename, "exec"), ns)
         self._call = ns["call"]
+        # The program allocates and launches on the current device, as Inductor's does: a graph
+        # on another GPU than the current one runs with that GPU made current.
+        self.cuda_device = cuda_device
+        self.run: Callable[[list[Any]], tuple[Any, ...]] = self._call if cuda_device is None else self._on_device
+
+    def _on_device(self, args: list[Any]) -> tuple[Any, ...]:
+        if _current_cuda_device() != self.cuda_device:
+            with torch.cuda.device(self.cuda_device):
+                return self._call(args)
+        return self._call(args)
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
         # AOTAutograd calls boxed (one list it lets us clear) or, on some paths, with the
         # arguments spread out; graph inputs are never lists, so the two cannot be confused.
         if len(args) == 1 and isinstance(args[0], list):
-            return self._call(args[0])
-        return self._call(list(args))
+            return self.run(args[0])
+        return self.run(list(args))
+
+
+# the current CUDA device without building a torch.device (what Inductor's generated code reads)
+_current_cuda_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)

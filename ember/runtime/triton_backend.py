@@ -140,7 +140,8 @@ class Launcher:
         if outer == 0 or (self.kind == "pointwise" and inner == 0):
             return
         # The steady state is one dict lookup: the shape bucket's launch (config, grid, workspace)
-        # is prepared, and tuned, the first time the bucket is seen.
+        # is prepared, and tuned, the first time the bucket is seen. (A program runs on one
+        # device: Dynamo compiles another for tensors on another.)
         key = (outer.bit_length(), inner.bit_length(), outer * inner >= 2**31)
         launch = self._launches.get(key)
         try:
