@@ -329,22 +329,26 @@ def test_collate_tuples():
     assert all(torch.equal(a, s[1]) for a, s in zip(ids.to_list(), batch))
     assert torch.equal(dense, torch.stack([s[2] for s in batch]))
     assert torch.equal(count, torch.tensor([2, 0, 5])) and names == ["s2", "s0", "s5"]
-    # ids (int64 values) and both offsets share one int64 buffer; feats has the float32 one
-    assert storage_ptr(ids.values) == storage_ptr(ids.offsets) == storage_ptr(feats.offsets)
-    assert feats._values_buffer.numel() == 7 * 4
+    # one buffer for all: ids (int64 values) and both offsets share its int64 region, feats has
+    # the float32 one
+    assert storage_ptr(ids.values) == storage_ptr(ids.offsets) == storage_ptr(feats.offsets) == storage_ptr(
+        feats.values)
+    assert ids._values_buffer is ids._offsets_buffer is feats._offsets_buffer
+    assert feats._values_buffer.numel() == 7 * 4 and feats._values_buffer.dtype == torch.float32
     assert ids._values_buffer.numel() == 10 + 2 * 4
     assert not feats.values.is_pinned()  # no accelerator here: nothing pinned
     assert feats.max_length == 5 and ids.max_length == 6
 
 
-def test_collate_dicts_share_one_buffer_per_dtype():
+def test_collate_dicts_share_one_buffer():
     batch = [{"a": torch.randn(n, 2), "b": torch.randn(2 * n), "mask": torch.ones(n, dtype=torch.bool),
               "label": torch.tensor(n % 2), "w": 0.5} for n in (1, 4, 3)]
     out = ragged.collate(batch)
     assert list(out) == ["a", "b", "mask", "label", "w"]
     a, b, mask = out["a"], out["b"], out["mask"]
-    assert storage_ptr(a.values) == storage_ptr(b.values) != storage_ptr(a.offsets)
-    assert storage_ptr(a.offsets) == storage_ptr(b.offsets) == storage_ptr(mask.offsets)
+    assert storage_ptr(a.values) == storage_ptr(b.values) == storage_ptr(a.offsets) == storage_ptr(mask.values)
+    assert a._values_buffer is b._values_buffer and a._offsets_buffer is mask._offsets_buffer
+    assert a._values_buffer.data_ptr() % 16 == 0 and mask._values_buffer.data_ptr() % 16 == 0  # aligned regions
     assert mask.dtype == torch.bool and mask.values.all()
     assert torch.equal(b.to_padded(), torch.nn.utils.rnn.pad_sequence([s["b"] for s in batch], batch_first=True))
     assert out["label"].tolist() == [1, 0, 1] and out["w"].dtype == torch.float64
@@ -393,9 +397,14 @@ def test_collate_pin_memory_without_accelerator_warns():
         ragged.collate(tuple_batch())  # pin_memory=None: no attempt, no warning
 
 
-def test_to_device_copies_each_buffer_once():
+def test_to_device_copies_the_buffer_once(monkeypatch):
     batch = ragged.collate(tuple_batch())
+    copies = []
+    to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: copies.append(self.dtype) or to(self, *a, **k))
     moved = ragged.to_device(batch, "cpu", copy=True)
+    monkeypatch.undo()
+    assert copies == [torch.uint8, torch.float32, torch.int64]  # the ragged buffer, then the dense fields
     feats, ids, dense = moved[0], moved[1], moved[2]
     assert storage_ptr(feats.values) != storage_ptr(batch[0].values)  # a real copy ...
     assert storage_ptr(ids.values) == storage_ptr(ids.offsets) == storage_ptr(feats.offsets)  # ... still shared

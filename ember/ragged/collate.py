@@ -2,16 +2,16 @@
 
 Why one buffer: a batch of many small variable-length fields would otherwise reach the GPU as
 one small host-to-device copy per field (plus one per offsets tensor), each with its own launch
-latency and, unless pinned, its own staging copy. ``collate`` instead allocates ONE flat buffer
-per dtype (pinned when pinning), copies every ragged field's values into a slice of it, writes
-all offsets (int64) into a slice of the int64 buffer, and builds each ``Ragged`` as views of
-those buffers. Each ``Ragged`` keeps a reference to the buffers it views, so ``to_device`` can
-copy each buffer once and rebuild the views on the device: one copy per dtype for the whole
-ragged part of the batch, however many fields it has.
+latency and, unless pinned, its own staging copy. ``collate`` instead allocates ONE flat byte
+buffer (pinned when pinning) with a region per dtype, copies every ragged field's values into a
+slice of its dtype's region, writes all offsets into the int64 region, and builds each ``Ragged``
+as views of those regions. Each ``Ragged`` keeps a reference to the regions it views, so
+``to_device`` can copy the buffer once and rebuild the views on the device: one copy for the
+whole ragged part of the batch, however many fields and dtypes it has.
 
     loader = DataLoader(dataset, batch_size=32, collate_fn=ragged.collate)
     for batch in loader:
-        batch = ragged.to_device(batch, "cuda")       # one non-blocking copy per buffer
+        batch = ragged.to_device(batch, "cuda")       # one non-blocking copy for the ragged part
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ def collate(batch: Sequence[Any], *, ragged_fields: Iterable[Hashable] | None = 
     * Fields named in ``ragged_fields`` (indices for tuples, keys for dicts) become ``Ragged``;
       with ``ragged_fields=None``, so does every tensor field whose first dimension differs
       between samples (the other dimensions must agree).
-    * All ragged fields are packed into one flat buffer per (device, dtype), their offsets into
-      the int64 buffer, and the ``Ragged`` objects are views of those buffers; see the module
-      docstring and ``to_device``.
+    * All ragged fields are packed into one flat buffer (a region per dtype, their offsets in the
+      int64 region), and the ``Ragged`` objects are views of it; see the module docstring and
+      ``to_device``.
     * ``pin_memory=None`` pins host buffers (and dense fields) if ``torch.cuda.is_available()``;
       ``True`` without an accelerator warns and does not pin (pinning raises there).
 
@@ -111,21 +111,24 @@ def collate(batch: Sequence[Any], *, ragged_fields: Iterable[Hashable] | None = 
 def to_device(batch: Any, device: torch.device | str, non_blocking: bool = True, *, copy: bool = False) -> Any:
     """Move a collated batch (tuples, lists, dicts of tensors and ``Ragged``) to ``device``.
 
-    Each packed buffer shared by ``Ragged`` fields is copied once, not once per field, and the
-    fields are rebuilt as views of the copied buffer, so sharing survives the move. Plain tensors
+    The packed buffer shared by ``Ragged`` fields is copied once (all its dtypes at once), not
+    once per field, and the fields are rebuilt as views of the copy, so sharing survives the move. Plain tensors
     and unpacked ``Ragged`` move on their own. ``copy=True`` copies even when already on
     ``device`` (e.g. to detach the batch from a worker's buffers).
     """
     device = torch.device(device)
-    moved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(old buffer) -> (old, new)
+    moved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # storage address -> (old bytes, new)
 
     def move(tensor: torch.Tensor, buffer: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         if buffer is None or not _is_view_of(tensor, buffer):
             return tensor.to(device, non_blocking=non_blocking, copy=copy), None
-        entry = moved.get(id(buffer))
-        if entry is None:  # keep the old buffer alive in the entry so its id stays unique
-            entry = moved[id(buffer)] = (buffer, buffer.to(device, non_blocking=non_blocking, copy=copy))
-        new = entry[1]
+        storage = buffer.untyped_storage()
+        entry = moved.get(storage.data_ptr())
+        if entry is None:  # the whole storage (every dtype's region) in one copy
+            whole = torch.empty(0, dtype=torch.uint8, device=buffer.device).set_(storage)
+            entry = moved[storage.data_ptr()] = (whole, whole.to(device, non_blocking=non_blocking, copy=copy))
+        start = buffer.storage_offset() * buffer.element_size()
+        new = entry[1][start:start + buffer.numel() * buffer.element_size()].view(buffer.dtype)
         offset = new.storage_offset() + tensor.storage_offset() - buffer.storage_offset()
         return new.as_strided(tensor.shape, tensor.stride(), offset), new
 
@@ -186,8 +189,13 @@ def _collate_field(key: Hashable, items: list[Any], *, ragged: bool, auto: bool,
     return _RaggedField(key, tensors, [t.shape[0] for t in tensors])
 
 
+_ALIGN = 16  # bytes: each dtype's region of a device's buffer starts at a multiple of this
+
+
 def _pack(fields: list[_RaggedField], batch_size: int, pin: bool) -> dict[Hashable, Ragged]:
-    """Copy every field into one buffer per (device, dtype), offsets into the int64 one."""
+    """Copy every field into one buffer per device: a region per dtype for the values, offsets
+    in the int64 region. The regions are typed views of the device's one byte buffer, so moving
+    the batch is one copy (``to_device``)."""
     sizes: dict[tuple[torch.device, torch.dtype], int] = {}
     for f in fields:  # values first ...
         f.start = sizes.get(f.buffer_key, 0)
@@ -203,8 +211,16 @@ def _pack(fields: list[_RaggedField], batch_size: int, pin: bool) -> dict[Hashab
         for n in f.lengths:
             host.append(host[-1] + n)
 
-    buffers = {(device, dtype): torch.empty(n, dtype=dtype, device=device, pin_memory=pin and device.type == "cpu")
-               for (device, dtype), n in sizes.items()}
+    places: dict[tuple[torch.device, torch.dtype], int] = {}  # byte offset of each region
+    ends: dict[torch.device, int] = {}
+    for (device, dtype), n in sizes.items():
+        start = -(-ends.get(device, 0) // _ALIGN) * _ALIGN
+        places[device, dtype] = start
+        ends[device] = start + n * dtype.itemsize
+    whole = {device: torch.empty(end, dtype=torch.uint8, device=device, pin_memory=pin and device.type == "cpu")
+             for device, end in ends.items()}
+    buffers = {(device, dtype): whole[device][places[device, dtype]:places[device, dtype] + n * dtype.itemsize]
+               .view(dtype) for (device, dtype), n in sizes.items()}
     for device, host in offsets_by_device.items():
         start = min(f.offsets_start for f in fields if f.buffer_key[0] == device)
         buffers[device, torch.int64][start:start + len(host)].copy_(torch.tensor(host, dtype=torch.int64))

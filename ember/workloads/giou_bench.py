@@ -287,13 +287,12 @@ def _host_to_device(pinned: list[torch.Tensor], padded: torch.Tensor, targets: l
     ``pin_memory=True`` would hand them over."""
     batch = collate([(t,) for t in targets], ragged_fields=[0])
     r = batch[0]
-    ragged_bytes = r._values_buffer.nbytes + r._offsets_buffer.nbytes if r._values_buffer is not None else (
-        r.values.nbytes + r.offsets.nbytes)
+    ragged_bytes = r.values.untyped_storage().nbytes()  # values and offsets: one buffer
     cases = [
         ("list of tensors (one .to per image)", len(pinned), sum(t.nbytes for t in pinned),
          lambda: [t.to(dev, non_blocking=True) for t in pinned]),
         (f"padded to {MAX_BOXES} (one tensor)", 1, padded.nbytes, lambda: padded.to(dev, non_blocking=True)),
-        ("ragged (collate buffer + to_device)", 2, ragged_bytes, lambda: to_device(batch, dev)),
+        ("ragged (collate buffer + to_device)", 1, ragged_bytes, lambda: to_device(batch, dev)),
     ]
     out = []
     for name, copies, nbytes, fn in cases:
