@@ -112,9 +112,9 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool = True,
     """Move a collated batch (tuples, lists, dicts of tensors and ``Ragged``) to ``device``.
 
     The packed buffer shared by ``Ragged`` fields is copied once (all its dtypes at once), not
-    once per field, and the fields are rebuilt as views of the copy, so sharing survives the move. Plain tensors
-    and unpacked ``Ragged`` move on their own. ``copy=True`` copies even when already on
-    ``device`` (e.g. to detach the batch from a worker's buffers).
+    once per field, and the fields are rebuilt as views of the copy, so sharing survives the
+    move. Plain tensors and unpacked ``Ragged`` move on their own. ``copy=True`` copies even when
+    already on ``device`` (e.g. to detach the batch from a worker's buffers).
     """
     device = torch.device(device)
     moved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # storage address -> (old bytes, new)
