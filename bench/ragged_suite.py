@@ -12,7 +12,9 @@ Cases (issue 5, part 6), each written twice in plain torch -- padded with a mask
 * ce: per-token cross-entropy over packed sequences (32 sequences of 1..512 tokens, vocabulary
   32000 on a GPU), mean over the tokens; the padded form uses ignore_index=-100.
 
-Lengths are uniform random (seeded). Protocol (../shared/BENCHMARKS.md): every variant's output and
+The padded code also runs with ember's ``skip_masked`` option ("ember padded, skip_masked"):
+``x * mask`` becomes a select, so padding is neither loaded nor computed. Lengths are uniform
+random (seeded). Protocol (../shared/BENCHMARKS.md): every variant's output and
 input gradient against a float64 reference first, then medians of interleaved runs (CUDA events
 on a GPU), forward (no_grad) and forward + backward, kernel launches per call on a GPU. The CPU
 defaults are smaller (and float32) so that ``--device cpu --reps 3`` takes a minute or two.
@@ -74,11 +76,13 @@ VARIANTS = {
     "padded-eager": "padded eager",
     "padded-inductor": "padded Inductor",
     "padded-ember": "ember padded",
+    "padded-emberskip": "ember padded, skip_masked",
     "ragged-eager": "ragged eager",
     "ragged-inductor": "ragged Inductor",
     "ragged-ember": "ember ragged",
 }
-DEFAULT_VARIANTS = ("padded-eager", "padded-inductor", "padded-ember", "ragged-eager", "ragged-ember")
+DEFAULT_VARIANTS = ("padded-eager", "padded-inductor", "padded-ember", "padded-emberskip", "ragged-eager",
+                    "ragged-ember")
 CASES = ("pool", "softmax", "ce")
 
 
@@ -223,6 +227,8 @@ def _compiled(key: str, case: Case) -> Callable[..., torch.Tensor]:
     fn = case.padded_fn if layout == "padded" else case.ragged_fn
     if how == "eager":
         return fn
+    if how == "emberskip":  # padding neither loaded nor computed (x * mask as a select)
+        return ember.compile(fn, options={"skip_masked": True})
     return compile_with_inductor(fn) if how == "inductor" else ember.compile(fn)
 
 
