@@ -97,17 +97,19 @@ def _triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _devices(graph: Graph) -> set[str]:
+    devices = {n.device for n in graph.nodes if n.shape is not None and n.op is not Op.INPUT}
+    return devices | {n.device for n in graph.inputs if n.arg.kind == "tensor"}
+
+
 def cuda_index(graph: Graph) -> int | None:
     """The CUDA device a graph runs on, where its tensors name one (``cuda:1``)."""
-    devices = {n.device for n in graph.nodes if n.shape is not None and n.op is not Op.INPUT}
-    devices |= {n.device for n in graph.inputs if n.arg.kind == "tensor"}
-    indices = {int(d.split(":", 1)[1]) for d in devices if d.startswith("cuda:")}
+    indices = {int(d.split(":", 1)[1]) for d in _devices(graph) if d.startswith("cuda:")}
     return indices.pop() if len(indices) == 1 else None
 
 
 def _graph_device(graph: Graph) -> str:
-    devices = {n.device for n in graph.nodes if n.shape is not None and n.op is not Op.INPUT}
-    devices |= {n.device for n in graph.inputs if n.arg.kind == "tensor"}
+    devices = _devices(graph)
     if not devices:
         return "cpu"
     if len(devices) > 1:

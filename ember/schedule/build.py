@@ -38,6 +38,7 @@ from .kernel_ir import (
     is_index_var,
     is_indirect_var,
     outer_var,
+    stage_needs,
 )
 
 # Nodes that say nothing about what a kernel does (constants, index remapping).
@@ -482,15 +483,7 @@ def assign_loops(kernel: Kernel) -> None:
     An inner value can only use outer values computed before its loop, so a reduction whose input
     needs the result of loop k runs in loop k+1 (softmax: max in loop 1, sum in 2, store in 3).
     """
-    need: dict[int, int] = {}  # inner value -> the latest stage of any outer value it uses
-
-    def needs(v: Value) -> int:
-        if not v.inner:
-            return v.stage
-        if id(v) not in need:
-            need[id(v)] = max((needs(s) for s in v.srcs), default=0)
-        return need[id(v)]
-
+    needs = stage_needs()  # read as stages are assigned, in topological order
     n_loops = 0
     for v in kernel.values:
         if v.kind == "reduce":

@@ -20,7 +20,7 @@ import heapq
 
 from ..ir import dtypes as dt
 from ..ir.ops import Op
-from .kernel_ir import Kernel, Value
+from .kernel_ir import Kernel, Value, stage_needs
 
 # More distinct guards than this over one value's users: computing it everywhere is cheaper than
 # the OR chain deciding where.
@@ -84,15 +84,7 @@ def guard_branches(kernel: Kernel) -> Kernel:
             guard = derived(Op.OR, (guard, c))
         return guard
 
-    need: dict[int, int] = {}  # inner values: the latest stage of an outer value they use
-
-    def needs(v: Value) -> int:
-        if not v.inner:
-            return v.stage
-        if id(v) not in need:
-            need[id(v)] = max((needs(s) for s in v.srcs), default=0)
-        return need[id(v)]
-
+    needs = stage_needs()
     for v in reversed(values):
         if v.kind in _NEVER_GUARDED or v.kind in _FREE_KINDS or v is kernel.segment_length:
             continue

@@ -17,6 +17,7 @@ over each row; an RMSNorm two; a pointwise kernel none.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,21 @@ class Value:
     loop: int = 0         # reduce: the inner loop accumulating it; store: its loop (0 = outer)
     stage: int = 0        # outer values: the loop after which it can be computed
     guard: Value | None = None
+
+
+def stage_needs() -> Callable[[Value], int]:
+    """``needs(v)``: the latest stage of any outer value ``v`` uses (an outer value's own stage),
+    memoized per inner value; an inner value can be computed in loops after that stage."""
+    memo: dict[int, int] = {}
+
+    def needs(v: Value) -> int:
+        if not v.inner:
+            return v.stage
+        if id(v) not in memo:
+            memo[id(v)] = max((needs(s) for s in v.srcs), default=0)
+        return memo[id(v)]
+
+    return needs
 
 
 @dataclass(frozen=True)
