@@ -13,6 +13,7 @@ overrides any field for one compiled function.
   EMBER_GRAD_IN_FORWARD  0 turns off computing a scalar loss's gradient in the forward graph
   EMBER_SKIP_MASKED  1 skips the masked-out elements of x * mask (see skip_masked below)
   EMBER_AOT_CACHE  0 turns off keeping compiled graphs in torch's AOTAutograd cache
+  EMBER_ROW_CHUNKS  runs of rows a row kernel splits into to also sum columns (see row_chunks)
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ def _env_int(name: str, default: int) -> int:
     except ValueError:
         print(f"[ember] ignoring {name}={raw!r}: not an integer", file=sys.stderr)
         return default
+
+
+def _env_optional_int(name: str) -> int | None:
+    return _env_int(name, -1) if os.environ.get(name) else None
 
 
 GPU_BACKENDS = ("triton", "cuda")
@@ -88,6 +93,11 @@ class Config:
     # kernels from cache_dir (aot_cache.py). Off while a report or debug >= 2 asks to see
     # the pipeline run.
     aot_cache: bool = field(default_factory=lambda: _env_int("EMBER_AOT_CACHE", 1) != 0)
+    # Column sums beside row reductions of the same rows (a norm's dw beside its dx): row kernels
+    # split their rows into this many runs and add up each run's columns as they go, so the
+    # inputs are read once (passes/chunks.py). None: 4 runs per SM (GPU) or per thread (CPU);
+    # 0: off, a kernel of their own reads the inputs again.
+    row_chunks: int | None = field(default_factory=lambda: _env_optional_int("EMBER_ROW_CHUNKS"))
     # Check the IR after every pass (on whenever debug > 0).
     verify: bool = False
 
@@ -102,6 +112,9 @@ class Config:
             raise ValueError(f"gpu_backend must be one of {GPU_BACKENDS}, got {overrides['gpu_backend']!r}")
         if overrides.get("triton_tuning", "heuristic") not in TRITON_TUNINGS:
             raise ValueError(f"triton_tuning must be one of {TRITON_TUNINGS}, got {overrides['triton_tuning']!r}")
+        chunks = overrides.get("row_chunks")
+        if chunks is not None and (not isinstance(chunks, int) or chunks < 0):
+            raise ValueError(f"row_chunks must be None (automatic), 0 (off) or a positive count, got {chunks!r}")
         if overrides.get("target") not in (None, *TARGETS):
             raise ValueError(f"target must be one of {TARGETS}, got {overrides['target']!r}")
         return dataclasses.replace(self, **overrides)

@@ -7,6 +7,7 @@ the IR, so evaluation takes the values of the size symbols.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -121,6 +122,8 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
         return torch.ops.aten.index_put.default(args[0], list(index), args[1], accumulate)
     if op is Op.SEGMENT_REDUCE:
         return segment_reduce(args[0], args[1], {Op.SUM: "sum", Op.AMAX: "amax", Op.AMIN: "amin"}[node.arg])
+    if op is Op.CHUNK_SUM:
+        return chunk_sum(args[0], *node.arg, node.dtype)
     if op is Op.SEARCH:
         return torch.searchsorted(args[0], args[1], right=node.arg, out_int32=node.dtype == dt.int32)
     if op is Op.EXTERN:
@@ -129,6 +132,15 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
     if op is Op.GETITEM:
         return args[0][node.arg]
     raise ValueError(f"cannot evaluate {op.value}")
+
+
+def chunk_sum(x: torch.Tensor, lead: int, chunks: int, dtype: dt.DType) -> torch.Tensor:
+    """Op.CHUNK_SUM: sums of the flattened leading rows in ``chunks`` runs of ceil(R / chunks)."""
+    n = math.prod(x.shape[:lead])
+    rows = x.reshape(n, *x.shape[lead:]).to(dt.to_torch(dtype))
+    per = -(-n // chunks)
+    padded = torch.nn.functional.pad(rows, [0, 0] * (rows.dim() - 1) + [0, per * chunks - n])
+    return padded.reshape(chunks, per, *rows.shape[1:]).sum(1)
 
 
 def _reduce(op: Op, x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:

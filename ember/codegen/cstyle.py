@@ -326,13 +326,17 @@ class BodyRenderer:
 
     def statement(self, v: Value) -> str | None:
         lang = self.lang
+        if v.kind == "store" and v.srcs[0].kind == "chunksum":  # add this row to the run's partial
+            dtype = self.buffer_dtype[v.arg.buffer]
+            ref = self.access(v)
+            return f"{ref} = {lang.store(dtype, f'{lang.load(dtype, ref)} + {self.name(v.srcs[0].srcs[0])}')};"
         if v.kind == "store":
             dtype = self.buffer_dtype[v.arg.buffer]
             value = lang.store(dtype, self.name(v.srcs[0]))
             if v.arg.accumulate:  # threads may add to one element: atomically
                 return f"ember_atomic_add(&{self.access(v)}, ({lang.storage[dtype]}){value});"
             return f"{self.access(v)} = {value};"
-        if v.kind == "reduce":
+        if v.kind in ("reduce", "chunksum"):
             return None  # the backend places accumulators around its loops
         return f"const {lang.compute(v.dtype)} {self.name(v)} = {self.expression(v)};"
 

@@ -34,7 +34,7 @@ import sympy
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.ops import Op
-from ..schedule.kernel_ir import Kernel, Value, inner_var, outer_var
+from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, outer_var
 from .cstyle import COMMON_PRELUDE, BodyRenderer, Language, acc_init, acc_type, index_expr
 from .wrapper import pexpr
 
@@ -248,8 +248,8 @@ def strategy(kernel: Kernel) -> str:
     32 rows); 'full' (many blocks, combined by the last) or 'single' (one block)."""
     if kernel.n_loops == 0:
         return "pointwise"
-    if kernel.outer:
-        return "columns" if _adjacent_rows(kernel) else "rows"
+    if kernel.outer:  # (a chunked kernel's block owns its run's column sums: a block per row)
+        return "columns" if _adjacent_rows(kernel) and not kernel.chunks else "rows"
     return "full" if multi_block(kernel) else "single"
 
 
@@ -388,7 +388,9 @@ class CudaKernelRenderer:
         self._count("ember_rows", self.k.outer, "rows: the outer domain")
         if self.k.segment_length is None:  # a segment kernel's rows each load their own
             self._count("ember_inner", self.k.inner, "elements of a row: the inner domain")
-        if self.strategy == "rows":
+        if self.k.chunks:
+            self._chunk_rows()
+        elif self.strategy == "rows":
             self.emit("// one block per row; blocks stride over the rows")
             self.open("for (I ember_row = blockIdx.x; ember_row < ember_rows; ember_row += gridDim.x) {")
         else:
@@ -403,6 +405,22 @@ class CudaKernelRenderer:
         self._decompose("ember_row", self.k.outer, outer_var)
         self._stages()
         self.close()
+
+    def _chunk_rows(self) -> None:
+        """Block c walks run c of the rows, its threads adding each row into the run's partial
+        column sums, the same elements for every row (so no thread reads another's), zeroed first."""
+        c = self.k.chunks
+        self.emit(f"const I ember_per = (ember_rows + {c - 1}) / {c};  // rows per run: a block per run")
+        self.emit(f"const int64_t {CHUNK.name} = (int64_t)blockIdx.x;")
+        self._unrolled("ember_r", "ember_inner", "(I)threadIdx.x", "blockDim.x", "(I)blockDim.x * EMBER_UNROLL",
+                       "the run's partial sums start at zero")
+        self._decompose("ember_r", self.k.inner, inner_var)
+        for v in self.k.chunk_stores:
+            self.emit(f"{self.body.access(v)} = 0;")
+        self.close(3)
+        self.emit("const I ember_end = ember_rows < ember_per * ((I)blockIdx.x + 1) ? ember_rows "
+                  ": ember_per * ((I)blockIdx.x + 1);")
+        self.open("for (I ember_row = ember_per * (I)blockIdx.x; ember_row < ember_end; ++ember_row) {")
 
     def _full(self) -> None:
         self.emit("__shared__ __align__(16) unsigned char ember_smem[EMBER_SMEM_BYTES];")
@@ -541,6 +559,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "n_params": len(kernel.params),
         "n_reductions": len(kernel.reductions),
         "workspace": kind == "full",
+        "chunks": kernel.chunks,
         "max_threads": POINTWISE_THREADS if kind == "pointwise" else REDUCTION_THREADS,
         "kernels": {"i32": kernel.name, "i64": f"{kernel.name}_i64"},
     }

@@ -25,7 +25,7 @@ import sympy
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.ops import Op
-from ..schedule.kernel_ir import SEGMENT_LENGTH, Kernel, Value, inner_var, is_index_var, outer_var
+from ..schedule.kernel_ir import CHUNK, SEGMENT_LENGTH, Kernel, Value, inner_var, is_index_var, outer_var
 from .wrapper import pexpr
 
 
@@ -45,6 +45,9 @@ import triton.language as tl
 
 from ember.runtime import triton_helpers as eh
 '''
+
+
+_ACC = {dt.float32: "float32", dt.float64: "float64"}  # chunk sums' (float) accumulators
 
 
 def compute_type(dtype: dt.DType) -> str:
@@ -122,6 +125,7 @@ class TritonKernelRenderer:
         self.buffer_dtype = {p.name: p.dtype for p in kernel.params}
         self.lines: list[str] = []
         self.depth = 1
+        self.chunk_acc = False  # chunk stores add into registers (PERSISTENT chunked rows)
 
     def emit(self, line: str) -> None:
         self.lines.append("    " * self.depth + line)
@@ -194,8 +198,16 @@ class TritonKernelRenderer:
                                      for sym, src in zip(v.arg.bindings, srcs)})
 
     def statement(self, v: Value) -> str | None:
-        if v.kind == "reduce":
+        if v.kind in ("reduce", "chunksum"):
             return None
+        if v.kind == "store" and v.srcs[0].kind == "chunksum":  # this row block into the run's sums
+            src = self.name(v.srcs[0].srcs[0])
+            if self.chunk_acc:
+                return f"part{self.name(v)} += tl.where(xmask & rmask, {src}, 0.0)"
+            rows = f"tl.sum(tl.where(xmask & rmask, {src}, 0.0), 0)[None, :]"
+            # (the barrier: the next row block's load may be another thread's)
+            return (f"tl.store({self._pointer(v)}, tl.load({self._pointer(v)}, rmask) + {rows}, rmask)\n"
+                    f"{'    ' * self.depth}tl.debug_barrier()")
         if v.kind == "store":
             dtype = self.buffer_dtype[v.arg.buffer]
             value = self.name(v.srcs[0])
@@ -296,7 +308,8 @@ class TritonKernelRenderer:
         extra = ["OUTER", "INNER", "WORKSPACE", "COUNTER", "BIG: tl.constexpr", "XBLOCK: tl.constexpr",
                  "RBLOCK: tl.constexpr", "PERSISTENT: tl.constexpr", "NPROG_BLOCK: tl.constexpr"]
         head = [f"# {k.name}: fuses {', '.join(k.origins) or '-'}",
-                f"# outer {sh.fmt(k.outer)}, inner {sh.fmt(k.inner)}, {k.n_loops} inner loop(s), {self.kind}",
+                f"# outer {sh.fmt(k.outer)}, inner {sh.fmt(k.inner)}, {k.n_loops} inner loop(s), {self.kind}"
+                + (f" in {k.chunks} runs, summing columns" if k.chunks else ""),
                 "@triton.jit", f"def {k.name}({', '.join(params + extra)}):"]
         if self.kind == "pointwise":
             self._x_setup("")
@@ -304,6 +317,8 @@ class TritonKernelRenderer:
         elif self.kind == "rows" and k.segment_length is not None:
             self._x_setup("[:, None]")
             self._looped(full=False)  # rows of any length: never whole in registers
+        elif self.kind == "rows" and k.chunks:
+            self._chunked()
         elif self.kind == "rows":
             self._x_setup("[:, None]")
             self.emit("if PERSISTENT:")
@@ -324,9 +339,57 @@ class TritonKernelRenderer:
             self._looped(full=True)
         return "\n".join(head + self.lines)
 
-    def _persistent(self) -> None:
-        """The whole row in registers: values in order, each reduction over the tile."""
+    def _chunked(self) -> None:
+        """A row kernel that also sums columns: program c walks run c of the rows (XBLOCK at a
+        time) and adds each row into its partial column sums, kept in registers when the row is
+        (PERSISTENT), else in the run's row of the partials buffer; then stores them at CHUNK."""
+        k = self.k
+        self.emit(f"{CHUNK.name} = tl.program_id(0).to(tl.int64 if BIG else tl.int32)")
+        self.emit(f"per = tl.cdiv(OUTER, {k.chunks})  # rows per run")
+        self.emit(f"row0 = {CHUNK.name} * per")
+        self.emit("row_end = tl.minimum(row0 + per, OUTER)")
+        self.emit("if PERSISTENT:")
+        self.depth += 1
         self._r_setup("0")
+        for v in k.chunk_stores:
+            self.emit(f"part{self.name(v)} = tl.zeros([XBLOCK, RBLOCK], tl.{_ACC[v.srcs[0].dtype]})")
+        self._row_block()
+        self.chunk_acc = True
+        self._persistent(setup=False)
+        self.chunk_acc = False
+        self.depth -= 1
+        for v in k.chunk_stores:
+            self.emit(f"{self.name(v.srcs[0])} = tl.sum(part{self.name(v)}, 0)[None, :]")
+            self.emit(f"tl.store({self._pointer(v)}, {self.name(v.srcs[0])}, rmask)")
+        self.depth -= 1
+        self.emit("else:")
+        self.depth += 1
+        self.emit("for roffset in range(0, INNER, RBLOCK):  # the run's partial sums start at zero")
+        self.depth += 1
+        self._r_setup("roffset")
+        for v in k.chunk_stores:
+            self.emit(f"tl.store({self._pointer(v)}, tl.zeros([1, RBLOCK], tl.{_ACC[v.srcs[0].dtype]}), rmask)")
+        self.depth -= 1
+        self.emit("tl.debug_barrier()")
+        self._row_block()
+        self._looped(full=False)
+        self.depth -= 2
+
+    def _row_block(self) -> None:
+        """Open the loop over a run's rows, XBLOCK at a time."""
+        self.emit("for xstart in range(row0, row_end, XBLOCK):")
+        self.depth += 1
+        self.emit("xindex = xstart + tl.arange(0, XBLOCK)[:, None]")
+        self.emit("xmask = xindex < row_end")
+        self._decompose("xindex", self.k.outer, outer_var)
+
+    def _pointer(self, v: Value) -> str:
+        return f"{v.arg.buffer} + ({self.index(self.bound_index(v))})"
+
+    def _persistent(self, setup: bool = True) -> None:
+        """The whole row in registers: values in order, each reduction over the tile."""
+        if setup:
+            self._r_setup("0")
         for v in self.k.values:
             if v.kind == "reduce":
                 position = self._position(v) if v.arg.op in (Op.ARGMAX, Op.ARGMIN) else None
@@ -493,6 +556,7 @@ def split_rows(kernel: Kernel) -> bool:
     """Can a row kernel split its rows over several programs (``_looped(split=True)``)? One loop of
     reductions and nothing written inside it, so partials combine in any order."""
     return (kind_of(kernel) == "rows" and kernel.segment_length is None and kernel.n_loops == 1
+            and not kernel.chunks
             and bool(kernel.reductions) and not online_softmax_pairs(kernel)
             and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) for v in kernel.reductions)
             and not any(v.kind == "store" and v.inner for v in kernel.values))
@@ -584,6 +648,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "multi_program": multi_program(kernel),
         "split_rows": split_rows(kernel),
         "n_reductions": len(kernel.reductions),
+        "chunks": kernel.chunks,
     }
 
 

@@ -205,6 +205,12 @@ def infer(op: Op, inputs: Sequence[Node], arg: Any, dtype: dt.DType | None) -> t
         if arg not in (Op.SUM, Op.AMAX, Op.AMIN) or x.rank < 1 or offsets.rank != 1 or not offsets.dtype.is_int:
             raise IRError("segment_reduce: sum/amax/amin of packed rows (rank >= 1) by 1-d integer offsets")
         return x.dtype, (sympy.expand(offsets.shape[0] - 1), *x.shape[1:])
+    if op is Op.CHUNK_SUM:
+        (x,) = inputs
+        lead, chunks = arg
+        if not 0 < lead < x.rank or not isinstance(chunks, int) or chunks < 1 or not x.dtype.is_float:
+            raise IRError("chunk_sum: float rows (at least one leading and one kept dim) in >= 1 chunks")
+        return dtype or x.dtype, (sympy.Integer(chunks), *x.shape[lead:])
     if op is Op.SEARCH:
         seq, values = inputs
         if seq.rank != 1 or seq.dtype != values.dtype:

@@ -115,6 +115,9 @@ class Op(Enum):
     SEGMENT_REDUCE = "segment_reduce"  # (x, offsets), arg: SUM, AMAX or AMIN. x (T, ...) packed rows,
     #                            offsets (B+1,) sorted: out[b] = reduce(x[offsets[b]:offsets[b+1]],
     #                            dim 0), the identity for an empty row
+    CHUNK_SUM = "chunk_sum"    # (x,), arg: (lead, chunks). x (*L, *K) with len(L) = lead: the
+    #                            rows (L flattened, R of them) in ``chunks`` runs of ceil(R / chunks):
+    #                            out[c, k] = sum of x[i, k] over the rows i of run c (float sums)
     CAT = "cat"                # (x0, x1, ...), arg: dim
     PAD = "pad"                # (x, value), arg: ((lo, hi) per dim); value is 0-d
 

@@ -60,6 +60,8 @@ def format_arg(node: Node, names: dict[Node, str] | None = None) -> str:
         return str(arg)
     if node.op is Op.SEGMENT_REDUCE:
         return arg.value
+    if node.op is Op.CHUNK_SUM:
+        return f"lead={arg[0]}, chunks={arg[1]}"
     if isinstance(arg, ExternCall):
         return _template(arg.args, node, names) + (
             ", " + ", ".join(f"{k}={_template(v, node, names)}" for k, v in arg.kwargs.items())

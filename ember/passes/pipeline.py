@@ -6,6 +6,7 @@ Each pass is a pure function. With EMBER_DEBUG set the verifier runs after every
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from ..config import Config, config, log
 from ..ir.node import Graph
 from ..ir.verify import verify
+from .chunks import CHUNKS_PER_SM, CUDA_CHUNKS_PER_SM, chunk_column_sums
 from .cse import cse
 from .dce import dce
 from .fold import fold_constants
@@ -26,21 +28,28 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("fold_constants", fold_constants),
     ("simplify_views", simplify_views),
     ("cse", cse),
+    ("chunk_column_sums", chunk_column_sums),
     ("dce_final", dce),
 ]
 
 # With the ``skip_masked`` option: products with 0/1 masks become selects, so kernels skip the
 # masked-out elements (masks.py); CSE again, as the rewrite derives conditions afresh.
 MASKED_PIPELINE: list[tuple[str, Pass]] = [
-    *PIPELINE[:-1],
+    *PIPELINE[:-2],
     ("mask_multiplies", mask_multiplies),
     ("cse_masks", cse),
-    PIPELINE[-1],
+    *PIPELINE[-2:],
 ]
 
 
 def pipeline_for(cfg: Config) -> list[tuple[str, Pass]]:
-    return MASKED_PIPELINE if cfg.skip_masked else PIPELINE
+    passes = MASKED_PIPELINE if cfg.skip_masked else PIPELINE
+    cuda = (cfg.target or cfg.gpu_backend) == "cuda"
+    if cfg.row_chunks is None and not cuda:
+        return passes
+    chunked = functools.partial(chunk_column_sums, chunks=cfg.row_chunks,
+                                per_sm=CUDA_CHUNKS_PER_SM if cuda else CHUNKS_PER_SM)
+    return [(name, chunked if fn is chunk_column_sums else fn) for name, fn in passes]
 
 
 @dataclass

@@ -333,7 +333,7 @@ class CudaKernel:
         n = self.n_params
         sizes = args[n:]
         outer, inner = int(self.outer(*sizes)), int(self.inner(*sizes))
-        if outer == 0:
+        if outer == 0 and not self.meta.get("chunks"):  # (a chunked kernel still zeroes its partial sums)
             return
         device = _current_device()
         state = self._devices.get(device) or self._device_state(device)
@@ -342,6 +342,7 @@ class CudaKernel:
             if len(state["geometry"]) > 4096:  # many distinct dynamic sizes: start over
                 state["geometry"].clear()
             big, grid, block = plan_launch(self.strategy, outer, inner, state["sms"], state["max_threads"])
+            grid = self.meta.get("chunks") or grid  # a chunked row kernel: a block per run of rows
             geometry = state["geometry"][(outer, inner)] = (state["functions"][big], grid, block)
         fn, grid, block = geometry
         driver = _driver()

@@ -137,8 +137,8 @@ class Launcher:
             return
         sizes = args[self.n_params:]
         outer, inner = int(self.outer(*sizes)), int(self.inner(*sizes))
-        if outer == 0 or (self.kind == "pointwise" and inner == 0):
-            return
+        if (outer == 0 and not self.meta.get("chunks")) or (self.kind == "pointwise" and inner == 0):
+            return  # (a chunked kernel still writes its runs' partial sums: zeros)
         # The steady state is one dict lookup: the shape bucket's launch (config, grid, workspace)
         # is prepared, and tuned, the first time the bucket is seen. (A program runs on one
         # device: Dynamo compiles another for tensors on another.)
@@ -199,6 +199,8 @@ class Launcher:
                 if kind == "full":
                     nprog = min(triton_cdiv(inner, rblock), 1024) if multi else 1
                     grid = (max(nprog, 1),)
+                elif self.meta.get("chunks"):  # a program per run of rows
+                    nprog, grid = 1, (self.meta["chunks"],)
                 else:
                     nprog = split
                     grid = (triton_cdiv(outer, xblock), split) if split > 1 else (triton_cdiv(outer, xblock),)

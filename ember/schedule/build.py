@@ -26,6 +26,7 @@ from ..ir.node import Node, row_ids_offsets
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
 from .indexing import Point, Strided, compose_strided, map_view, offset
 from .kernel_ir import (
+    CHUNK,
     SEGMENT_LENGTH,
     Access,
     Kernel,
@@ -77,6 +78,9 @@ class GroupSpec:
     # packed length T they index into
     segment: Node | None = None
     segment_total: sympy.Expr | None = None
+    # a row kernel that also computes chunk sums (Op.CHUNK_SUM roots at home (CHUNK, inner...)):
+    # its rows split into this many runs
+    chunks: int | None = None
 
 
 class KernelBuilder:
@@ -105,6 +109,8 @@ class KernelBuilder:
         inner = any(s.inner for s in srcs) or (expr is not None and _has_inner(expr))
         if kind == "reduce":
             inner = False
+        elif kind == "chunksum":
+            inner = True  # a column: one partial sum per inner position
         value = Value(kind, dtype, tuple(srcs), arg, inner=inner)
         self._cse[key] = value
         self.values.append(value)
@@ -207,6 +213,8 @@ class KernelBuilder:
             return self._search(node, point)
         if op is Op.SEGMENT_REDUCE:
             return self._segment_reduce(node, point)
+        if op is Op.CHUNK_SUM:
+            return self._chunk_sum(node, point)
         raise NeedsBuffer(node)  # EXTERN, INPUT, TENSOR: always buffers
 
     def _index(self, node: Node, point: Point) -> Value:
@@ -362,6 +370,43 @@ class KernelBuilder:
         self._reader = previous
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.arg, inner_var(0)))
 
+    def _chunk_sum(self, node: Node, point: Point) -> Value:
+        """Partial sums over runs of rows. In a chunked row kernel (home (CHUNK, inner...)) a
+        chunksum adds the source up as the run's rows go by; on its own, a reduction over a run's
+        ceil(R / chunks) rows (outer: run and kept dims, inner: the row within the run)."""
+        (x,) = node.inputs
+        lead, chunks = node.arg
+        previous, self._reader = self._reader, node
+        if point[0] == CHUNK:
+            if self.spec.chunks != chunks:
+                raise RuntimeError(f"ember: {node!r} placed in a kernel without its {chunks} runs")
+            rows, o = [], 0
+            for s in x.shape[:lead]:
+                rows.append(sympy.Integer(0) if sh.is_one(s) else outer_var(o))
+                o += 0 if sh.is_one(s) else 1
+            src = self.value_of(x, (*rows, *point[1:]))
+            self._reader = previous
+            if src.dtype != node.dtype:
+                src = self._emit("alu", node.dtype, (src,), Op.CAST)
+            return self._emit("chunksum", node.dtype, (src,), ReduceArg(Op.SUM, sympy.Integer(0)))
+        total = sh.numel(x.shape[:lead])
+        per = FloorDiv(sympy.expand(total + chunks - 1), chunks)
+        row = sympy.expand(point[0] * per + inner_var(0))
+        flat = sympy.Min(row, sympy.Max(total - 1, 0))  # rows past the end (the last run's) read the last
+        rows = []
+        for d in range(lead):
+            stride = sh.numel(x.shape[d + 1:lead])
+            q = flat if sh.equal(stride, 1) else FloorDiv(flat, stride)
+            rows.append(sympy.Integer(0) if sh.is_one(x.shape[d]) else (q if d == 0 else sympy.Mod(q, x.shape[d])))
+        src = self.value_of(x, (*rows, *point[1:]))
+        self._reader = previous
+        if src.dtype != node.dtype:
+            src = self._emit("alu", node.dtype, (src,), Op.CAST)
+        inside = self._emit("alu", dt.bool_, (self._emit("index", dt.int64, (), row, expr=row),
+                                              self._emit("const", dt.int64, (), total)), Op.LT)
+        src = self._select(inside, src, self._emit("const", node.dtype, (), 0.0), node.dtype)
+        return self._emit("reduce", node.dtype, (src,), ReduceArg(Op.SUM, inner_var(0)))
+
     def _segment_row(self, row: sympy.Expr, offsets: Node, total: sympy.Expr) -> None:
         """Load the start and length of ``row``: the start becomes an indirect variable (ind0, the
         kernel's first), the length the kernel's inner extent. Offsets are clamped into [0, total]
@@ -436,8 +481,9 @@ class KernelBuilder:
         for e in self.spec.outer + self.spec.inner:
             symbols |= sh.expr(e).free_symbols
         symbols.discard(SEGMENT_LENGTH)
+        symbols.discard(CHUNK)
         kernel = Kernel(self.name, params, sorted(symbols, key=lambda s: s.name), self.spec.outer,
-                        self.spec.inner, self.values, origins=self.origins)
+                        self.spec.inner, self.values, origins=self.origins, chunks=self.spec.chunks)
         if self.spec.segment is not None:
             offsets = self.spec.segment
             kernel.segment_length = self._segment[2]
@@ -489,6 +535,9 @@ def assign_loops(kernel: Kernel) -> None:
         if v.kind == "reduce":
             v.loop = needs(v.srcs[0]) + 1
             v.stage = v.loop
+            n_loops = max(n_loops, v.loop)
+        elif v.kind == "chunksum":  # added up in the loop that computes its source
+            v.loop = needs(v.srcs[0]) + 1
             n_loops = max(n_loops, v.loop)
         elif v.kind == "store":
             if v.inner or v.srcs[0].inner:

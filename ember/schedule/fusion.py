@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import sympy
+from torch.utils._sympy.functions import FloorDiv
 
 from ..config import Config
 from ..ir import shapes as sh
@@ -25,7 +26,7 @@ from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
 from .build import BufferInfo, Conflict, GroupSpec, KernelBuilder, NeedsBuffer
 from .guards import guard_branches
 from .indexing import Point
-from .kernel_ir import SEGMENT_LENGTH, Kernel, indirect_var, inner_var, outer_var
+from .kernel_ir import CHUNK, SEGMENT_LENGTH, Kernel, indirect_var, inner_var, outer_var
 from .loops import collapse_dims
 
 BUFFER_OPS = frozenset({Op.INPUT, Op.EXTERN, Op.GETITEM, Op.TENSOR})
@@ -66,7 +67,7 @@ class Schedule:
 
 def _is_compute(node: Node) -> bool:
     return node.op in POINTWISE_OPS or node.op in REDUCE_OPS or node.op in VIEW_OPS or node.op in (
-        Op.CONST, Op.IOTA, Op.GATHER, Op.INDEX, Op.SEARCH, Op.CAT, Op.PAD, Op.SEGMENT_REDUCE)
+        Op.CONST, Op.IOTA, Op.GATHER, Op.INDEX, Op.SEARCH, Op.CAT, Op.PAD, Op.SEGMENT_REDUCE, Op.CHUNK_SUM)
 
 
 def _view_base(node: Node) -> Node:
@@ -138,6 +139,8 @@ class Planner:
                     self._need_tensor(copied_base(node))
             if not self.cfg.fusion and node.op in POINTWISE_OPS | REDUCE_OPS | {Op.SEGMENT_REDUCE}:
                 self.buffered.add(node)
+            if node.op is Op.CHUNK_SUM:  # partials for another kernel to add up: always stored
+                self.buffered.add(node)
 
     # ---- 2. domains and groups ------------------------------------------------------------
     def subtree(self, root: Node) -> list[Node]:
@@ -168,6 +171,8 @@ class Planner:
         self.segment_of.pop(root, None)
         if root.op is Op.INDEX_PUT:  # a pointwise kernel over the values written
             return self._pointwise_domain(root, root.inputs[1].shape)
+        if root.op is Op.CHUNK_SUM:
+            return self._chunk_domain(root, groups)
         segments = [n for n in [*self.subtree(root), root] if n.op is Op.SEGMENT_REDUCE]
         # rows of a ragged tensor: one outer iteration per (row, feature), inner loops over the
         # row, whose extent the kernel reads from the offsets
@@ -205,6 +210,22 @@ class Planner:
             if ref is not None and sh.shapes_equal(root.shape, ref[0]) and not reductions:
                 return g.outer, g.inner, _inner_home(*ref), ref
         return self._pointwise_domain(root, root.shape)
+
+    def _chunk_domain(self, root: Node, groups: list[GroupSpec]) -> tuple[tuple, tuple, Point, tuple | None]:
+        """Partial column sums: computed by a row kernel over the same rows and columns (a
+        reduction over the kept dims of the same shape) when there is one, else on their own,
+        runs of rows reduced in an inner loop."""
+        (x,) = root.inputs
+        lead, chunks = root.arg
+        kept = frozenset(d for d in range(lead, x.rank) if not sh.is_one(x.shape[d]))
+        for g in groups:
+            if (g.ref is not None and g.segment is None and self.cfg.fusion and sh.shapes_equal(g.ref[0], x.shape)
+                    and frozenset(d for d in g.ref[1] if not sh.is_one(x.shape[d])) == kept):
+                home = (CHUNK, *_place(x.shape[lead:], inner_var))
+                return g.outer, g.inner, home, g.ref
+        total = sh.numel(x.shape[:lead])
+        per = FloorDiv(sympy.expand(total + chunks - 1), chunks)
+        return _drop_ones(root.shape), (per,), _place(root.shape, outer_var), None
 
     def _row_wise(self, root: Node, offsets: Node, total: sympy.Expr, outer: tuple) -> bool:
         """Is ``root`` a (T, *feature) value that reads the row ids of ``offsets`` (so it can be
@@ -282,8 +303,9 @@ class Planner:
         roots = sorted(self.buffered, key=self.order.__getitem__)
         groups: list[GroupSpec] = []
         owner: dict[Node, GroupSpec] = {}
-        # Reductions first, so pointwise roots can join the reduction groups they match.
-        roots.sort(key=lambda n: (not self._has_reduction(n), self.order[n]))
+        # Reductions first, so pointwise roots can join the reduction groups they match; chunk sums
+        # last, so they find the row kernels they join.
+        roots.sort(key=lambda n: (n.op is Op.CHUNK_SUM, not self._has_reduction(n), self.order[n]))
         for root in roots:
             outer, inner, home, ref = self.domain(root, groups)
             target = None
@@ -301,6 +323,8 @@ class Planner:
                 groups.append(target)
             target.roots.append(root)
             target.homes[root] = home
+            if home and home[0] == CHUNK:
+                target.chunks = root.arg[1]
             if root in self.unrolled:
                 target.unrolled[root] = self.unrolled[root]
             owner[root] = target

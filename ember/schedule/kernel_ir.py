@@ -10,6 +10,11 @@ inside each outer iteration, zero or more *inner loops* over the reduction domai
         loop 2 over r: ...
         <outer stores>
 
+A *chunked* row kernel (``Kernel.chunks``) splits its rows into that many runs, each walked in
+order by one program (or thread), so that it can also add up columns over its run: a ``chunksum``
+accumulates its source per inner position over the run's rows, and its store, at ``CHUNK`` (the
+run's index) and the inner position, writes the run's partial column sums (passes/chunks.py).
+
 Values are SSA; each knows whether it varies with the inner index (``inner``) and, for outer
 values, after which loop it is available (``stage``). A softmax is three loops (max, sum, store)
 over each row; an RMSNorm two; a pointwise kernel none.
@@ -45,6 +50,11 @@ def indirect_var(i: int) -> sympy.Symbol:
 # The inner extent of a segment kernel (a row of a ragged tensor): a value each outer iteration
 # loads from the offsets (``Kernel.segment_length``), not a size the host knows.
 SEGMENT_LENGTH = sympy.Symbol("ember_seglen", integer=True, nonnegative=True)
+
+
+# The run of rows a chunked row kernel is walking (see ``Kernel.chunks``): its partial column sums
+# are stored at this index.
+CHUNK = sympy.Symbol("ember_chunk", integer=True, nonnegative=True)
 
 
 def is_index_var(s: sympy.Symbol) -> bool:
@@ -94,7 +104,9 @@ class Value:
     a write at indices lists the index values after the value, and may add instead of write),
     'checkindex' (arg: (bound, dim label, error code); its source clamped into [0, bound),
     flagging the error code on the CPU when it was not), 'search' (arg SearchArg: the position of
-    its source in a sorted sequence, searchsorted's answer).
+    its source in a sorted sequence, searchsorted's answer), 'chunksum' (arg ReduceArg: adds its
+    source over the rows of a chunked kernel's run, per inner position; only a store reads it, and
+    writes the run's total when the run ends).
 
     ``guard``: a bool value; where it is false nothing uses this value (it feeds only the branch
     of a ``where`` that is not taken there), so renderers may skip loading and computing it
@@ -147,6 +159,9 @@ class Kernel:
     # the inner loops run r0 over [0, length) and read the row at its start offset + r0
     segment_length: Value | None = None
     segment_hint: sympy.Expr | None = None  # the mean row length, for launch heuristics
+    # a row kernel that also sums columns (chunksum values): its rows split into this many runs,
+    # one per program or thread, each run's partial sums stored at CHUNK
+    chunks: int | None = None
 
     @property
     def inner_hint(self) -> sympy.Expr:
@@ -161,9 +176,14 @@ class Kernel:
     def reductions(self) -> list[Value]:
         return [v for v in self.values if v.kind == "reduce"]
 
+    @property
+    def chunk_stores(self) -> list[Value]:
+        """Stores of the runs' partial column sums (their source is a chunksum)."""
+        return [v for v in self.values if v.kind == "store" and v.srcs[0].kind == "chunksum"]
+
     def loop_values(self, k: int) -> list[Value]:
         """Inner values that loop ``k`` must compute: what its reductions and stores need."""
-        roots = [v for v in self.values if v.kind in ("reduce", "store") and v.loop == k]
+        roots = [v for v in self.values if v.kind in ("reduce", "store", "chunksum") and v.loop == k]
         needed: set[int] = set()
         stack = [s for r in roots for s in r.srcs]
         while stack:
@@ -184,9 +204,10 @@ def format_kernel(k: Kernel) -> str:
     names = {id(v): f"v{i}" for i, v in enumerate(k.values)}
     params = ", ".join(f"{'out ' if p.is_output else ''}{p.name}: {p.dtype.short}" for p in k.params)
     lines = [f"kernel {k.name}({params}; sizes {', '.join(map(str, k.sizes)) or '-'})",
-             f"  outer {sh.fmt(k.outer)}  inner {sh.fmt(k.inner)}  loops {k.n_loops}"]
+             f"  outer {sh.fmt(k.outer)}  inner {sh.fmt(k.inner)}  loops {k.n_loops}"
+             + (f"  rows in {k.chunks} runs" if k.chunks else "")]
     for v in k.values:
-        where = f"loop {v.loop}" if v.kind in ("reduce", "store") and v.loop else (
+        where = f"loop {v.loop}" if v.kind in ("reduce", "store", "chunksum") and v.loop else (
             "inner" if v.inner else f"stage {v.stage}")
         srcs = ", ".join(names[id(s)] for s in v.srcs)
         if v.kind in ("load", "store"):
@@ -198,7 +219,7 @@ def format_kernel(k: Kernel) -> str:
             detail = f"{a.buffer}[{a.start} + i*{a.stride}, i < {a.length}] {'<=' if a.right else '<'}"
         elif v.kind == "alu":
             detail = v.arg.value
-        elif v.kind == "reduce":
+        elif v.kind in ("reduce", "chunksum"):
             detail = v.arg.op.value
         else:
             detail = str(v.arg)

@@ -1,0 +1,114 @@
+"""Column sums as partial sums over runs of rows, so the row kernel beside them can compute them.
+
+A norm's backward needs two reductions of the same (rows, width) product: per row, for dx, and
+per column, for dw (``sum(dy * xhat, 0)``). One kernel cannot walk memory both ways, so compilers
+used to read x and dy twice. This pass rewrites such a column sum as ``sum(chunk_sum(x), 0)``: a
+chunk sum adds the rows of each of a fixed number of runs (``chunks``), which is what a row
+kernel's program (or thread) can accumulate while it walks its run of rows. The planner puts the
+chunk sum into the row kernel that reads the same inputs (schedule/fusion.py), and a small kernel
+adds up the partials, (chunks x width) floats instead of a second pass over the inputs.
+
+It applies to float sums over the leading dims whose input shape a reduction over the other dims
+also reads, sharing an input with it, and with at least four rows per run (or a symbolic count).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..ir import dtypes as dt
+from ..ir import shapes as sh
+from ..ir.node import Graph, Node, make, rewrite
+from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
+
+# Runs per SM: a Triton program walks its run's rows one after another with the row in
+# registers. H200, RMSNorm backward 16384 x 4096 bf16, its two kernels (bench/chunk_sweep.py):
+# 2, 4 and 8 runs per SM took 132, 149 and 154 us with Triton (the partials' sum grows faster
+# than the row kernel gains), 405, 300 and 297 us with the CUDA backend, whose blocks keep fewer
+# bytes in flight each.
+CHUNKS_PER_SM = 2
+CUDA_CHUNKS_PER_SM = 4
+CHUNKS_PER_THREAD = 4      # CPU: runs per OpenMP thread (each run's partials stay in its cache)
+FALLBACK_SMS = 132         # an H100/H200, when no GPU is visible (explain(target="cuda") on a laptop)
+
+
+def chunk_count(device: str, per_sm: int = CHUNKS_PER_SM) -> int:
+    """How many runs the rows split into on ``device``: enough to fill it, few enough that the
+    partials (chunks x width) stay small next to the rows."""
+    if device.startswith("cuda"):
+        sms = FALLBACK_SMS
+        if torch.cuda.is_available():
+            index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
+            sms = torch.cuda.get_device_properties(index).multi_processor_count
+        return per_sm * sms
+    return CHUNKS_PER_THREAD * max(1, torch.get_num_threads())
+
+
+def _leaves(node: Node, memo: dict[Node, frozenset[Node]]) -> frozenset[Node]:
+    """The tensors (inputs, ATen results) ``node`` is computed from through pointwise ops and views."""
+    if node in memo:
+        return memo[node]
+    if node.op in POINTWISE_OPS or node.op in VIEW_OPS:
+        found = frozenset().union(*(_leaves(i, memo) for i in node.inputs))
+    elif node.op in (Op.INPUT, Op.EXTERN, Op.GETITEM, Op.TENSOR):
+        found = frozenset((node,))
+    else:
+        found = frozenset()
+    memo[node] = found
+    return found
+
+
+def _lead(node: Node) -> int | None:
+    """How many leading dims a float sum reduces, when it reduces exactly those (and keeps some)."""
+    if node.op is not Op.SUM or not node.dtype.is_float:
+        return None
+    x = node.inputs[0]
+    dims = sorted(d for d in node.arg if not sh.is_one(x.shape[d]))
+    lead = max(dims, default=-1) + 1
+    kept = x.shape[lead:]
+    if not dims or lead >= x.rank or all(sh.is_one(s) for s in kept) or len(set(node.arg)) != len(node.arg):
+        return None
+    if any(d not in node.arg and not sh.is_one(x.shape[d]) for d in range(lead)):
+        return None
+    return lead
+
+
+def chunk_column_sums(graph: Graph, chunks: int | None = None, per_sm: int = CHUNKS_PER_SM) -> Graph:
+    """``chunks``: the runs of rows (None: ``chunk_count`` of the graph's device, ``per_sm`` runs
+    per SM on a GPU; 0: no rewrite)."""
+    if chunks == 0:
+        return graph
+    memo: dict[Node, frozenset[Node]] = {}
+    row_reductions: list[tuple[Node, frozenset[int]]] = [
+        (n.inputs[0], frozenset(d for d in n.arg if not sh.is_one(n.inputs[0].shape[d])))
+        for n in graph.nodes if n.op in REDUCE_OPS]
+    chunks_of: dict[str, int] = {}
+
+    def partner(x: Node, lead: int) -> bool:
+        """A reduction over the kept dims of a tensor shaped like ``x``, from a shared input."""
+        kept = frozenset(d for d in range(lead, x.rank) if not sh.is_one(x.shape[d]))
+        mine = _leaves(x, memo)
+        return any(sh.shapes_equal(y.shape, x.shape) and dims == kept and mine & _leaves(y, memo)
+                   for y, dims in row_reductions)
+
+    def rule(node: Node, inputs: tuple[Node, ...]) -> Node | None:
+        lead = _lead(node)
+        if lead is None or not partner(node.inputs[0], lead):
+            return None
+        (x,) = inputs
+        if node.device not in chunks_of:
+            chunks_of[node.device] = chunks or chunk_count(node.device, per_sm)
+        runs = chunks_of[node.device]
+        rows = sh.static(sh.numel(x.shape[:lead]))
+        if rows is not None and rows < 4 * runs:
+            return None  # too few rows to split (the partials would rival the input): one kernel sums them
+        acc = dt.compute_dtype(x.dtype)
+        parts = make(Op.CHUNK_SUM, (x,), (lead, runs), dtype=acc, origin=node.origin)
+        total = make(Op.SUM, (parts,), (0,), origin=node.origin)
+        if acc != node.dtype:
+            total = make(Op.CAST, (total,), dtype=node.dtype, origin=node.origin)
+        if not sh.shapes_equal(total.shape, node.shape):
+            total = make(Op.RESHAPE, (total,), node.shape)
+        return total
+
+    return rewrite(graph, rule)

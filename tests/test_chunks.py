@@ -1,0 +1,205 @@
+"""Column sums computed by the row kernel beside them (passes/chunks.py, Op.CHUNK_SUM, chunked row
+kernels): the rewrite, the op's meaning, fusion into norm backward kernels on every backend, and
+gradients against eager."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+from ember.analysis.reference import chunk_sum
+from ember.config import Config
+from ember.ir import GraphBuilder, Op, dtypes, structurally_equal, verify
+from ember.passes.chunks import chunk_column_sums
+from ember.passes.pipeline import pipeline_for
+
+from .helpers import assert_same
+from .test_cuda import compile_batches, needs_nvcc, sources
+
+
+def rmsnorm(x, w):
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * w
+
+
+def layer_norm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+def norm_backward_graph(rows, width=16):
+    """dx's row sum and dw's column sum of one product, as a norm's backward has them."""
+    b = GraphBuilder()
+    x, dy = b.input((rows, width)), b.input((rows, width))
+    prod = b.mul(x, dy)
+    return b, x, dy, prod
+
+
+# ---- the rewrite --------------------------------------------------------------------------
+
+def test_column_sum_beside_a_row_sum_becomes_a_sum_of_chunk_sums():
+    b, x, dy, prod = norm_backward_graph(64)
+    before = b.build(b.reduce(Op.SUM, prod, [1]), b.reduce(Op.SUM, prod, [0]))
+    verify(before)
+    after = chunk_column_sums(before, chunks=8)
+    verify(after)
+    e = GraphBuilder()
+    x, dy = e.input((64, 16)), e.input((64, 16))
+    prod = e.mul(x, dy)
+    parts = e.op(Op.CHUNK_SUM, prod, arg=(1, 8))
+    expected = e.build(e.reduce(Op.SUM, prod, [1]), e.reduce(Op.SUM, parts, [0]))
+    assert structurally_equal(after, expected), f"got:\n{after}\n\nexpected:\n{expected}"
+
+
+def test_low_precision_partials_are_float32_and_the_total_is_cast_back():
+    b = GraphBuilder()
+    x = b.input((40, 8), dtypes.bfloat16)
+    before = b.build(b.reduce(Op.SUM, x, [1]), b.reduce(Op.SUM, x, [0]))
+    after = chunk_column_sums(before, chunks=4)
+    parts = [n for n in after.nodes if n.op is Op.CHUNK_SUM]
+    assert [(p.dtype, tuple(p.shape)) for p in parts] == [(dtypes.float32, (4, 8))]
+    assert after.outputs[1].op is Op.CAST and after.outputs[1].dtype == dtypes.bfloat16
+
+
+@pytest.mark.parametrize("case", ["no row sum", "other inputs", "too few rows", "off", "middle dim"])
+def test_column_sums_left_alone(case):
+    b, x, dy, prod = norm_backward_graph(64 if case != "too few rows" else 10)
+    if case == "no row sum":
+        before = b.build(b.reduce(Op.SUM, prod, [0]))
+    elif case == "other inputs":  # the row sum reads neither x nor dy
+        z = b.input((64, 16))
+        before = b.build(b.reduce(Op.SUM, b.exp(z), [1]), b.reduce(Op.SUM, prod, [0]))
+    elif case == "middle dim":
+        y = b.input((4, 16, 8))
+        before = b.build(b.reduce(Op.SUM, y, [2]), b.reduce(Op.SUM, y, [1]))
+    else:
+        before = b.build(b.reduce(Op.SUM, prod, [1]), b.reduce(Op.SUM, prod, [0]))
+    after = chunk_column_sums(before, chunks=0 if case == "off" else 8)
+    assert not [n for n in after.nodes if n.op is Op.CHUNK_SUM]
+
+
+def test_pipeline_places_the_rewrite_and_the_option():
+    cfg = Config()
+    assert "chunk_column_sums" in [name for name, _ in pipeline_for(cfg)]
+    with pytest.raises(ValueError, match="row_chunks"):
+        cfg.replace(row_chunks=-1)
+
+
+@pytest.mark.parametrize("shape,lead,chunks", [((10, 3), 1, 4), ((7, 5, 3), 2, 4), ((3, 6), 1, 8), ((0, 4), 1, 3)])
+def test_chunk_sum_meaning(shape, lead, chunks):
+    x = torch.randn(shape, dtype=torch.float64)
+    parts = chunk_sum(x, lead, chunks, dtypes.float64)
+    assert parts.shape == (chunks, *shape[lead:])
+    torch.testing.assert_close(parts.sum(0), x.sum(tuple(range(lead))))
+    rows = x.reshape(-1, *shape[lead:])
+    per = -(-rows.shape[0] // chunks)
+    torch.testing.assert_close(parts[0], rows[:per].sum(0))
+
+
+# ---- compiled: kernels and gradients ------------------------------------------------------
+
+def grads(fn, inputs, grad, options=None, dynamic=None):
+    """(ember's gradients, eager's, the report)."""
+    report = ember.Report()
+    compiled = ember.compile(fn, options=options, report=report, dynamic=dynamic)
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    compiled(*leaves).backward(grad)
+    ref = [t.detach().clone().requires_grad_() for t in inputs]
+    fn(*ref).backward(grad)
+    return [t.grad for t in leaves], [t.grad for t in ref], report
+
+
+def chunked_sources(report):
+    return [k.source for k in report.kernels if "ember_chunk" in k.source]
+
+
+CASES = [
+    ("rmsnorm fp32", rmsnorm, (64, 48), torch.float32),
+    ("rmsnorm bf16 ragged runs", rmsnorm, (37, 50), torch.bfloat16),
+    ("layer_norm 3-d", layer_norm, (3, 13, 40), torch.float32),
+    ("layer_norm fp64", layer_norm, (33, 16), torch.float64),
+]
+
+
+@pytest.mark.parametrize("name,fn,shape,dtype", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("target", ["cpp", "triton", "triton-looped"])
+def test_norm_backward_sums_columns_in_its_row_kernel(name, fn, shape, dtype, target):
+    torch.manual_seed(0)
+    n_params = 1 if fn is rmsnorm else 2
+    inputs = [torch.randn(shape, dtype=dtype)] + [torch.randn(shape[-1], dtype=dtype) for _ in range(n_params)]
+    grad = torch.randn(shape, dtype=dtype)
+    options = {"target": target.split("-")[0]}
+    if target == "triton-looped":
+        options["triton_launch"] = {"PERSISTENT": False, "RBLOCK": 16}
+    got, ref, report = grads(fn, inputs, grad, options)
+    # bfloat16: eager rounds each product to 16 bits before summing, ember does not; sums of 37
+    # terms of magnitude ~10 that cancel differ by a few 16-bit ulps of the terms
+    assert_same(got, ref, atol=0.05 if dtype == torch.bfloat16 else None)
+    assert all(k.built for k in report.kernels)
+    # the backward: the row kernel (dx, and every parameter's partial column sums), then the
+    # partials' sum: no kernel reads x and dy a second time
+    (backward,) = [g for g in report.graphs if g.kind == "backward"]
+    assert len(backward.kernels) == 2, [k.name for k in backward.kernels]
+    (row_kernel,) = [k for k in backward.kernels if "ember_chunk" in k.source]
+    assert row_kernel.kernel_ir.count("= chunksum") == n_params
+    assert " runs" in row_kernel.kernel_ir.splitlines()[1]
+
+
+def test_symbolic_rows_need_no_recompile():
+    torch.manual_seed(0)
+    compiled = ember.compile(rmsnorm, dynamic=True)
+    before = ember.stats()["graphs_compiled"]
+    for rows in (40, 64, 23, 100):
+        x = torch.randn(rows, 32, requires_grad=True)
+        w = torch.randn(32, requires_grad=True)
+        g = torch.randn(rows, 32)
+        compiled(x, w).backward(g)
+        gx, gw = x.grad, w.grad
+        x.grad = w.grad = None
+        rmsnorm(x, w).backward(g)
+        assert_same((gx, gw), (x.grad, w.grad))
+    assert ember.stats()["graphs_compiled"] - before == 2  # one forward, one backward
+
+
+def test_chunk_sums_on_their_own_with_fusion_off():
+    """Without fusion every op has a kernel: a chunk sum reduces its runs in an inner loop,
+    rows past the end masked (37 rows in 8 runs of 5; 3-d rows addressed through the flat row)."""
+    torch.manual_seed(0)
+    for shape in ((37, 24), (3, 13, 8)):
+        inputs = [torch.randn(shape), torch.randn(shape[-1]), torch.randn(shape[-1])]
+        got, ref, report = grads(layer_norm, inputs, torch.randn(shape), {"fusion": False, "row_chunks": 8},
+                                 dynamic=False)
+        assert_same(got, ref)
+        assert not chunked_sources(report)
+        on_their_own = [k for k in report.kernels if f"outer [8, {shape[-1]}]" in k.kernel_ir]
+        assert len(on_their_own) == 2, [k.kernel_ir.splitlines()[1] for k in report.kernels]  # dw and db
+
+
+def test_row_chunks_option_sets_the_runs():
+    torch.manual_seed(0)
+    inputs = [torch.randn(64, 16), torch.randn(16)]
+    got, ref, report = grads(rmsnorm, inputs, torch.randn(64, 16), {"row_chunks": 5})
+    assert_same(got, ref)
+    assert any("ember_chunk < 5" in s for s in chunked_sources(report))
+    got, ref, report = grads(rmsnorm, inputs, torch.randn(64, 16), {"row_chunks": 0})
+    assert_same(got, ref)
+    assert not chunked_sources(report)
+
+
+@needs_nvcc
+def test_chunked_cuda_kernels_compile_for_sm90(tmp_path):
+    kernels = []
+    for i, (_name, fn, shape, dtype) in enumerate(CASES):
+        n_params = 1 if fn is rmsnorm else 2
+        inputs = [torch.randn(shape, dtype=dtype, requires_grad=True)]
+        inputs += [torch.randn(shape[-1], dtype=dtype, requires_grad=True) for _ in range(n_params)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = ember.explain(lambda *a, fn=fn: torch.autograd.grad(fn(*a).sum(), a), *inputs, target="cuda")
+        chunked = [k for k in report.kernels if "ember_chunk" in k.source]
+        assert chunked and all("// strategy: rows" in k.source for k in chunked)
+        assert all("gridDim.x" not in k.source.split("ember_per")[1].split("ember_end")[0] for k in chunked)
+        kernels += sources(report, f"chunk{i}")
+    compile_batches(kernels, tmp_path, per_file=len(kernels))
