@@ -139,6 +139,19 @@ def launches(fn, args) -> int:
                and not e.name.startswith("Memcpy") and not e.name.startswith("Memset"))
 
 
+def device_us(step, n: int = 20) -> float:
+    """GPU time of one step: its kernels' device times, mean over ``n`` steps. Where the host
+    cannot keep up (a training step's autograd and wrappers), the wall time is the host's."""
+    from torch.profiler import ProfilerActivity, profile
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    return sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) / n
+
+
 def kernel_times(fn, args, cache_dir: str | None = None) -> str:
     """Per-kernel device time of one call, and the launch configuration ember chose for each (its
     Triton tuner in ``cache_dir``, EMBER_CACHE_DIR by default)."""
@@ -201,7 +214,8 @@ def training(backends: list[str], scale: float, only: list[str], tunings: tuple[
             torch.cuda.synchronize()
             peak = (torch.cuda.max_memory_allocated() - base) / 2**20
             ms = do_bench(step, warmup=25, rep=100, return_mode="median")
-            rows.append([name, vname, f"{ms * 1e3:.0f}", f"{peak:.0f}", f"{err:.1e}", str(launches(step, []))])
+            rows.append([name, vname, f"{ms * 1e3:.0f}", f"{device_us(step):.0f}", f"{peak:.0f}", f"{err:.1e}",
+                         str(launches(step, []))])
             print("  train " + " | ".join(rows[-1]), flush=True)
             if vname.startswith("ember"):
                 print(f"    kernels: {kernel_times(lambda *a, step=step: step(), [], cache_dirs[vname])}", flush=True)
@@ -229,11 +243,17 @@ def host_overhead(backends: list[str]) -> None:
     print("host time per call, RMSNorm 64x256 fp32: " + ", ".join(out))
 
 
+ROW_CHUNKS: list[int | None] = [None]  # --row-chunks: None (ember's choice), then variants
+
+
 def ember_variants(backends: list[str], tunings: list[str], log_tuning: bool = False) -> list[tuple[str, dict]]:
     """(variant name, ember options): Triton once per tuning mode; full tuning gets its own kernel
-    cache, so the heuristic runs never find its choices (``log_tuning``: it prints every timing)."""
+    cache, so the heuristic runs never find its choices (``log_tuning``: it prints every timing).
+    Each further --row-chunks value is a variant of each backend, named ``-rc<n>``."""
     out = []
     for b in backends:
+        for chunks in ROW_CHUNKS[1:]:
+            out.append((f"ember-{b}-rc{chunks}", {"gpu_backend": b, "row_chunks": chunks}))
         if b != "triton":
             out.append((f"ember-{b}", {"gpu_backend": b}))
             continue
@@ -326,8 +346,12 @@ def main() -> int:
     p.add_argument("--warm-process", action="store_true",
                    help="also time each case's warm start in a new process (disk caches), with where it goes")
     p.add_argument("--log-tuning", action="store_true", help="full tuning prints every candidate's time")
+    p.add_argument("--row-chunks", default="",
+                   help="comma-separated run counts for row kernels that also sum columns (0: off), each an "
+                        "extra ember variant (ember-<backend>-rc<n>) beside ember's own choice")
     p.add_argument("--warm-child", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
+    ROW_CHUNKS.extend(int(c) for c in args.row_chunks.split(",") if c)
     if args.warm_child:
         return warm_child(args.warm_child, args.scale)
     tunings = [t for t in args.tuning.split(",") if t]
@@ -416,7 +440,8 @@ def main() -> int:
     if args.train:
         train_rows = training(backends, args.scale, [c for c in args.cases.split(",") if c], tuple(tunings),
                               args.log_tuning)
-        print(table(train_rows, ["case (fwd+bwd)", "variant", "us", "peak MiB", "grad rel err vs eager", "launches"]))
+        print(table(train_rows, ["case (fwd+bwd)", "variant", "us", "kernels us", "peak MiB", "grad rel err vs eager",
+                                 "launches"]))
     host_overhead(backends)
     print(f"ember.stats() = {ember.stats()}")
     return 1 if failed else 0
