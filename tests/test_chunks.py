@@ -80,6 +80,16 @@ def test_column_sums_left_alone(case):
     assert not [n for n in after.nodes if n.op is Op.CHUNK_SUM]
 
 
+def test_long_pointwise_chains_are_walked_without_recursion():
+    b = GraphBuilder()
+    x = b.input((64, 4))
+    y = x
+    for _ in range(3000):
+        y = b.neg(y)
+    after = chunk_column_sums(b.build(b.reduce(Op.SUM, x, [1]), b.reduce(Op.SUM, y, [0])), chunks=8)
+    assert [n for n in after.nodes if n.op is Op.CHUNK_SUM]
+
+
 def test_pipeline_places_the_rewrite_and_the_option():
     cfg = Config()
     assert "chunk_column_sums" in [name for name, _ in pipeline_for(cfg)]
@@ -130,7 +140,7 @@ def test_norm_backward_sums_columns_in_its_row_kernel(name, fn, shape, dtype, ta
     n_params = 1 if fn is rmsnorm else 2
     inputs = [torch.randn(shape, dtype=dtype)] + [torch.randn(shape[-1], dtype=dtype) for _ in range(n_params)]
     grad = torch.randn(shape, dtype=dtype)
-    options = {"target": target.split("-")[0]}
+    options = {"target": target.split("-")[0], "row_chunks": 4}  # (the default follows the thread count)
     if target == "triton-looped":
         options["triton_launch"] = {"PERSISTENT": False, "RBLOCK": 16}
     got, ref, report = grads(fn, inputs, grad, options)
@@ -197,7 +207,8 @@ def test_chunked_cuda_kernels_compile_for_sm90(tmp_path):
         inputs += [torch.randn(shape[-1], dtype=dtype, requires_grad=True) for _ in range(n_params)]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            report = ember.explain(lambda *a, fn=fn: torch.autograd.grad(fn(*a).sum(), a), *inputs, target="cuda")
+            report = ember.explain(lambda *a, fn=fn: torch.autograd.grad(fn(*a).sum(), a), *inputs, target="cuda",
+                                   options={"row_chunks": 4})
         chunked = [k for k in report.kernels if "ember_chunk" in k.source]
         assert chunked and all("// strategy: rows" in k.source for k in chunked)
         assert all("gridDim.x" not in k.source.split("ember_per")[1].split("ember_end")[0] for k in chunked)

@@ -45,17 +45,24 @@ def chunk_count(device: str, per_sm: int = CHUNKS_PER_SM) -> int:
 
 
 def _leaves(node: Node, memo: dict[Node, frozenset[Node]]) -> frozenset[Node]:
-    """The tensors (inputs, ATen results) ``node`` is computed from through pointwise ops and views."""
-    if node in memo:
-        return memo[node]
-    if node.op in POINTWISE_OPS or node.op in VIEW_OPS:
-        found = frozenset().union(*(_leaves(i, memo) for i in node.inputs))
-    elif node.op in (Op.INPUT, Op.EXTERN, Op.GETITEM, Op.TENSOR):
-        found = frozenset((node,))
-    else:
-        found = frozenset()
-    memo[node] = found
-    return found
+    """The tensors (inputs, ATen results) ``node`` is computed from through pointwise ops and views
+    (iteratively: pointwise chains can be longer than Python's recursion limit)."""
+    stack = [node]
+    while stack:
+        n = stack[-1]
+        if n in memo:
+            stack.pop()
+            continue
+        if n.op in POINTWISE_OPS or n.op in VIEW_OPS:
+            pending = [i for i in n.inputs if i not in memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            memo[n] = frozenset().union(*(memo[i] for i in n.inputs))
+        else:
+            memo[n] = frozenset((n,)) if n.op in (Op.INPUT, Op.EXTERN, Op.GETITEM, Op.TENSOR) else frozenset()
+        stack.pop()
+    return memo[node]
 
 
 def _lead(node: Node) -> int | None:
