@@ -36,7 +36,12 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _env_optional_int(name: str) -> int | None:
-    return _env_int(name, -1) if os.environ.get(name) else None
+    """An integer >= 0 from the environment; None when unset (or not one, with a message)."""
+    value = _env_int(name, -1) if os.environ.get(name) else None
+    if value is not None and value < 0:
+        print(f"[ember] ignoring {name}={os.environ[name]!r}: not a count >= 0", file=sys.stderr)
+        return None
+    return value
 
 
 GPU_BACKENDS = ("triton", "cuda")
@@ -95,8 +100,8 @@ class Config:
     aot_cache: bool = field(default_factory=lambda: _env_int("EMBER_AOT_CACHE", 1) != 0)
     # Column sums beside row reductions of the same rows (a norm's dw beside its dx): row kernels
     # split their rows into this many runs and add up each run's columns as they go, so the
-    # inputs are read once (passes/chunks.py). None: 4 runs per SM (GPU) or per thread (CPU);
-    # 0: off, a kernel of their own reads the inputs again.
+    # inputs are read once (passes/chunks.py). None: 2 runs per SM with Triton, 4 with CUDA C++,
+    # 4 per thread on the CPU; 0: off, a kernel of their own reads the inputs again.
     row_chunks: int | None = field(default_factory=lambda: _env_optional_int("EMBER_ROW_CHUNKS"))
     # Check the IR after every pass (on whenever debug > 0).
     verify: bool = False
