@@ -1,10 +1,12 @@
 """eager vs Inductor vs ember on this machine's CPU (issue: foundation).
 
-    python bench/cpu_fusion.py [--reps 25] [--quick]
+    python bench/cpu_fusion.py [--reps 25] [--quick] [--train]
 
 Cases: relu(x)+y+1 (16M fp32), RMSNorm 4096x4096 fp32 and softmax 4096x4096 fp32 (both the
 manual formulas of ../shared/BENCHMARKS.md), and the padded GIoU loss (1024 x 256 boxes).
 Checks every variant against a float64 reference first, then prints median times and ratios.
+``--train`` times the backward alone of RMSNorm and LayerNorm (4096 x 4096 fp32), with ember's
+column sums in the row kernel (passes/chunks.py) and without (``row_chunks=0``).
 """
 
 from __future__ import annotations
@@ -49,12 +51,48 @@ def cases(quick: bool):
     ]
 
 
+def layer_norm(x, w, b):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b)
+
+
+def backward_times(rows: int, reps: int) -> list[list[str]]:
+    """The backward alone (``retain_graph``), each variant against float64 eager's gradients."""
+    import torch._functorch.config as functorch_config
+    functorch_config.donated_buffer = False  # (compiled backwards run again on one graph)
+    out_rows = []
+    for name, fn, n_params in (("RMSNorm bwd fp32 4096x4096", rmsnorm, 1),
+                               ("LayerNorm bwd fp32 4096x4096", layer_norm, 2)):
+        torch.manual_seed(0)
+        inputs = [torch.randn(rows, 4096, requires_grad=True)]
+        inputs += [torch.randn(4096, requires_grad=True) for _ in range(n_params)]
+        grad = torch.randn(rows, 4096)
+        ref = torch.autograd.grad(fn(*[t.double() for t in inputs]), inputs, grad.double())
+        variants = {"eager": fn, "inductor": torch.compile(fn), "ember": ember.compile(fn),
+                    "ember unchunked": ember.compile(fn, options={"row_chunks": 0})}
+        calls, errors = {}, {}
+        for key, f in variants.items():
+            out = f(*inputs)
+            calls[key] = lambda out=out, xs=inputs, g=grad: torch.autograd.grad(out, xs, g, retain_graph=True)
+            errors[key] = max(rel_error(g, r) for g, r in zip(calls[key](), ref))
+        times = median_times(calls, reps=reps)
+        out_rows.append([name, *(f"{times[k] * 1e3:.2f}" for k in variants),
+                         f"{times['inductor'] / times['ember']:.2f}x", f"{errors['ember']:.1e}"])
+        print(f"  {name}: done", file=sys.stderr)
+    return out_rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=25)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--train", action="store_true", help="backward passes only")
     args = parser.parse_args()
     print(f"# {machine()}, {time.strftime('%Y-%m-%d')}")
+    if args.train:
+        rows = backward_times(1024 if args.quick else 4096, args.reps)
+        print(table(rows, ["case", "eager ms", "Inductor ms", "ember ms", "ember unchunked ms", "vs Inductor",
+                           "ember rel err"]))
+        return 0
     rows, failed = [], False
     for name, fn, make in cases(args.quick):
         inputs = make()
