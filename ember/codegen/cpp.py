@@ -209,10 +209,21 @@ class CppKernelRenderer:
             n = len(k.outer)
             work = index_expr(sh.numel(k.outer) * k.inner_hint * self.cost)
             collapse = f" collapse({n})" if n > 1 else ""
-            self.emit(f"#pragma omp parallel for{collapse} schedule(static) if({work} >= {PARALLEL_THRESHOLD})")
+            across = k.row_reductions  # reduced over the rows too: OpenMP reductions of the row loop
+            for v in across:
+                self.emit(self.body.reduce_decl(v))
+            clauses = "".join(f" reduction({_clause(v)}:{self.body.acc_names[id(v)]})" for v in across)
+            self.emit(f"#pragma omp parallel for{collapse} schedule(static){clauses} "
+                      f"if({work} >= {PARALLEL_THRESHOLD})")
             self._open_loops(outer_var, k.outer)
             self._stages(parallel_inner=False)
             self._close_loops(n)
+            if across:
+                self.emit("// after every row")
+                for v in across:
+                    self.emit(self.body.reduce_result(v))
+                inputs, final = k.after_rows()
+                self._statements(inputs + final)
         self.depth -= 1
         self.emit("}")
         return "\n".join(self.lines)
@@ -288,6 +299,9 @@ class CppKernelRenderer:
                 if v.loop == stage and stage > 0:
                     self.emit(self.body.reduce_result(v))
             self._statements([v for v in outer_values if v.stage == stage])
+            for v in k.row_reductions:  # this row's share of a reduction over the rows
+                if v.srcs[0].stage == stage:
+                    self.emit(self.body.reduce_update(v))
             if stage == 0 and k.segment_length is not None:
                 length = self.body.name(k.segment_length)
                 self.emit(f"const int64_t {SEGMENT_LENGTH.name} = {length};  // this row's length")

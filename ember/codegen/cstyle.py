@@ -301,7 +301,7 @@ class BodyRenderer:
         self.kernel = kernel
         self.lang = lang
         self.names = {id(v): f"v{i}" for i, v in enumerate(kernel.values)}
-        self.acc_names = {id(v): f"acc{i}" for i, v in enumerate(kernel.values) if v.kind == "reduce"}
+        self.acc_names = {id(v): f"acc{i}" for i, v in enumerate(kernel.values) if v.kind in ("reduce", "rowreduce")}
         self.buffer_dtype = {p.name: p.dtype for p in kernel.params}
         self.users: dict[int, list[Value]] = {id(v): [] for v in kernel.values}
         for v in kernel.values:
@@ -336,7 +336,7 @@ class BodyRenderer:
             if v.arg.accumulate:  # threads may add to one element: atomically
                 return f"ember_atomic_add(&{self.access(v)}, ({lang.storage[dtype]}){value});"
             return f"{self.access(v)} = {value};"
-        if v.kind in ("reduce", "chunksum"):
+        if v.kind in ("reduce", "chunksum", "rowreduce"):
             return None  # the backend places accumulators around its loops
         return f"const {lang.compute(v.dtype)} {self.name(v)} = {self.expression(v)};"
 

@@ -248,8 +248,8 @@ def strategy(kernel: Kernel) -> str:
     32 rows); 'full' (many blocks, combined by the last) or 'single' (one block)."""
     if kernel.n_loops == 0:
         return "pointwise"
-    if kernel.outer:  # (a chunked kernel's block owns its run's column sums: a block per row)
-        return "columns" if _adjacent_rows(kernel) and not kernel.chunks else "rows"
+    if kernel.outer:  # (chunked kernels and reductions over the rows: a block per row)
+        return "columns" if _adjacent_rows(kernel) and not kernel.chunks and not kernel.row_reductions else "rows"
     return "full" if multi_block(kernel) else "single"
 
 
@@ -259,6 +259,11 @@ def multi_block(kernel: Kernel) -> bool:
     return (kernel.n_loops == 1 and not kernel.outer
             and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) and (v.srcs[0].dtype.is_float or v.srcs[0].dtype.is_bool)
                     for v in kernel.reductions))
+
+
+def uses_workspace(kernel: Kernel) -> bool:
+    """Partials and a finished-blocks counter: many-block full reductions, reductions over rows."""
+    return strategy(kernel) == "full" or bool(kernel.row_reductions)
 
 
 def _adjacent_rows(kernel: Kernel) -> bool:
@@ -313,13 +318,13 @@ class CudaKernelRenderer:
             const = "" if p.is_output else "const "
             out.append(f"{const}{CUDA.storage[p.dtype]}* {CUDA.restrict} {p.name}")
         out += [f"int64_t {s.name}" for s in self.k.sizes]
-        if self.strategy == "full":
+        if uses_workspace(self.k):
             out += ["double* __restrict__ workspace", "int* __restrict__ counter"]
         return out
 
     def arguments(self) -> list[str]:
         names = [p.name for p in self.k.params] + [s.name for s in self.k.sizes]
-        return names + (["workspace", "counter"] if self.strategy == "full" else [])
+        return names + (["workspace", "counter"] if uses_workspace(self.k) else [])
 
     def render(self) -> str:
         k = self.k
@@ -385,6 +390,11 @@ class CudaKernelRenderer:
     def _rows(self) -> None:
         smem = "EMBER_SMEM_BYTES" if self.strategy == "rows" else "EMBER_COLUMN_SMEM_BYTES"
         self.emit(f"__shared__ __align__(16) unsigned char ember_smem[{smem}];")
+        if self.k.row_reductions:
+            self.emit("__shared__ bool ember_last;  // is this the last block to finish?")
+            self.emit("// reductions over all rows: every thread adds each row (the same values)")
+            for v in self.k.row_reductions:
+                self.emit(self.body.reduce_decl(v))
         self._count("ember_rows", self.k.outer, "rows: the outer domain")
         if self.k.segment_length is None:  # a segment kernel's rows each load their own
             self._count("ember_inner", self.k.inner, "elements of a row: the inner domain")
@@ -405,6 +415,39 @@ class CudaKernelRenderer:
         self._decompose("ember_row", self.k.outer, outer_var)
         self._stages()
         self.close()
+        if self.k.row_reductions:
+            self._combine_rows()
+
+    def _combine_rows(self) -> None:
+        """Each block's share of the reductions over all rows to the workspace; the last block to
+        finish combines them and computes (and thread 0 stores) what comes after all rows."""
+        k, acc = self.k, self.body.acc_names
+        across = k.row_reductions
+        self.open("if (threadIdx.x == 0) {  // this block's shares")
+        for i, v in enumerate(across):
+            self.emit(f"workspace[{i} * EMBER_MAX_BLOCKS + blockIdx.x] = (double){acc[id(v)]};")
+        self.emit("__threadfence();  // the shares are visible to every block before the count says so")
+        self.emit("ember_last = atomicAdd(counter, 1) == (int)gridDim.x - 1;")
+        self.close()
+        self.emit("__syncthreads();")
+        self.open("if (ember_last) {")
+        self.emit("__threadfence();")
+        for v in across:
+            self.emit(f"{acc[id(v)]} = {acc_init(CUDA, v)};")
+        self.open("for (unsigned ember_b = threadIdx.x; ember_b < gridDim.x; ember_b += blockDim.x) {")
+        for i, v in enumerate(across):
+            part = f"({acc_type(CUDA, v)})__ldcg(&workspace[{i} * EMBER_MAX_BLOCKS + ember_b])"
+            self.emit(f"{acc[id(v)]} = {COMBINE[v.arg.op]}()({acc[id(v)]}, {part});")
+        self.close()
+        for v in across:
+            self.emit(self._reduce_line(v))
+            self.emit(self.body.reduce_result(v))
+        inputs, after = k.after_rows()
+        self._statements(inputs + [v for v in after if v.kind != "store"])
+        self.open("if (threadIdx.x == 0) {")
+        self._statements([v for v in after if v.kind == "store"])
+        self.emit("*counter = 0;  // ready for the next launch")
+        self.close(2)
 
     def _chunk_rows(self) -> None:
         """Block c walks run c of the rows, its threads adding each row into the run's partial
@@ -441,6 +484,9 @@ class CudaKernelRenderer:
                 else:
                     self._block_reduce(reductions)
             self._outer(stage, [v for v in outer_values if v.stage == stage])
+            for v in k.row_reductions:  # this row's share of a reduction over the rows
+                if v.srcs[0].stage == stage:
+                    self.emit(self.body.reduce_update(v))
             if stage == 0 and k.segment_length is not None:
                 self.emit(f"const I ember_inner = (I){self.body.name(k.segment_length)};  // this row's length")
             if stage < k.n_loops:
@@ -557,8 +603,9 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "inner": pexpr(kernel.inner_hint),
         "sizes": [s.name for s in kernel.sizes],
         "n_params": len(kernel.params),
-        "n_reductions": len(kernel.reductions),
-        "workspace": kind == "full",
+        "n_reductions": len(kernel.reductions) + len(kernel.row_reductions),
+        "workspace": uses_workspace(kernel),
+        "row_reductions": len(kernel.row_reductions),
         "chunks": kernel.chunks,
         "max_threads": POINTWISE_THREADS if kind == "pointwise" else REDUCTION_THREADS,
         "kernels": {"i32": kernel.name, "i64": f"{kernel.name}_i64"},

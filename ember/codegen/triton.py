@@ -25,7 +25,16 @@ import sympy
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.ops import Op
-from ..schedule.kernel_ir import CHUNK, SEGMENT_LENGTH, Kernel, Value, inner_var, is_index_var, outer_var
+from ..schedule.kernel_ir import (
+    CHUNK,
+    FINAL_STAGE,
+    SEGMENT_LENGTH,
+    Kernel,
+    Value,
+    inner_var,
+    is_index_var,
+    outer_var,
+)
 from .wrapper import pexpr
 
 
@@ -48,6 +57,7 @@ from ember.runtime import triton_helpers as eh
 
 
 _ACC = {dt.float32: "float32", dt.float64: "float64"}  # chunk sums' (float) accumulators
+ROW_GROUP = 64  # programs of a row kernel that count their shares of a reduction over rows together
 
 
 def compute_type(dtype: dt.DType) -> str:
@@ -198,8 +208,12 @@ class TritonKernelRenderer:
                                      for sym, src in zip(v.arg.bindings, srcs)})
 
     def statement(self, v: Value) -> str | None:
-        if v.kind in ("reduce", "chunksum"):
+        if v.kind in ("reduce", "chunksum", "rowreduce"):
             return None
+        if v.kind == "store" and v.stage == FINAL_STAGE:  # by the last program: one element
+            dtype = self.buffer_dtype[v.arg.buffer]
+            return (f"tl.store({self._pointer(v)} + tl.zeros([1, 1], tl.int32), "
+                    f"{self.name(v.srcs[0])}.to({TL_TYPES[dtype]}))")
         if v.kind == "store" and v.srcs[0].kind == "chunksum":  # this row block into the run's sums
             src = self.name(v.srcs[0].srcs[0])
             if self.chunk_acc:
@@ -324,6 +338,7 @@ class TritonKernelRenderer:
             self.emit("if PERSISTENT:")
             self.depth += 1
             self._persistent()
+            self._combine_rows()
             self.depth -= 1
             if split_rows(k):
                 self.emit("elif NPROG_BLOCK > 1:  # the rows split over tl.num_programs(1) programs")
@@ -333,6 +348,7 @@ class TritonKernelRenderer:
             self.emit("else:")
             self.depth += 1
             self._looped(full=False)
+            self._combine_rows()
             self.depth -= 1
         else:
             self.emit("xmask = True")
@@ -394,7 +410,7 @@ class TritonKernelRenderer:
             if v.kind == "reduce":
                 position = self._position(v) if v.arg.op in (Op.ARGMAX, Op.ARGMIN) else None
                 self.emit(f"{self.name(v)} = {self.reduce_block(v, self._masked(v), position)}")
-            else:
+            elif v.inner or v.stage != FINAL_STAGE:  # (after all rows: _combine_rows)
                 self.statements([v])
 
     def _looped(self, full: bool, split: bool = False) -> None:
@@ -478,6 +494,67 @@ class TritonKernelRenderer:
             if partials:
                 self._combine_partials(reductions, outer_values, split)
 
+    def _combine_rows(self) -> None:
+        """Reductions over all rows, in two levels so that no program holds many partials (their
+        registers would count against every program of the kernel: fewer resident, slower rows)
+        and no counter is shared by thousands of programs. Each program writes its share (over
+        its XBLOCK rows); the last of each group of ROW_GROUP programs combines the group's shares
+        into a group partial; the last group combines those, ROW_GROUP at a time, and computes and
+        stores what comes after all rows. Release-acquire chains make every share visible to it."""
+        across = self.k.row_reductions
+        if not across:
+            return
+        g = ROW_GROUP
+        self.emit("# reductions over all rows: shares per program, per group of programs, then in total")
+        self.emit("nprog = tl.num_programs(0)")
+        self.emit(f"ngroups = tl.cdiv(nprog, {g})")
+        self.emit(f"group = tl.program_id(0) // {g}")
+        shares, partials = [], []
+        for i, v in enumerate(across):
+            share, kind = self._slot(v, f"WORKSPACE + {i} * nprog")
+            partial, _ = self._slot(v, f"WORKSPACE + {len(across)} * nprog + {i} * ngroups")
+            shares.append(share)
+            partials.append(partial)
+            src, op, dtype = self.name(v.srcs[0]), v.arg.op, v.srcs[0].dtype
+            mine = f"tl.reduce(tl.where(xmask, {src}, {typed_neutral(op, dtype)}), 0, {combine_fn(op, dtype)})"
+            self.emit(f"tl.store({share} + tl.program_id(0) + tl.arange(0, 1), {mine}.to({kind}))")
+        self.emit("tl.debug_barrier()  # every thread's shares are written before the count says so")
+        self.emit("group_counter = COUNTER + 1 + group * 32  # a 128-byte line per group")
+        self.emit("done = tl.atomic_add(group_counter, 1, sem='acq_rel')")
+        self.emit(f"if done == tl.minimum(nprog - group * {g}, {g}) - 1:  # the group's last program")
+        self.depth += 1
+        self.emit("tl.store(group_counter, 0)  # ready for the next launch")
+        self.emit(f"p = group * {g} + tl.arange(0, {g})[None, :]")
+        for v, share, partial in zip(across, shares, partials):
+            self.emit(self._gathered(v, share, "p < nprog"))
+            kind = self._slot(v, "")[1]
+            self.emit(f"tl.store({partial} + group + tl.arange(0, 1), tl.reshape(part, [1]).to({kind}))")
+        self.emit("tl.debug_barrier()")
+        self.emit("groups_done = tl.atomic_add(COUNTER, 1, sem='acq_rel')")
+        self.emit("if groups_done == ngroups - 1:  # the last group: the totals")
+        self.depth += 1
+        for v in across:
+            start = neutral(v.arg.op, v.srcs[0].dtype)
+            self.emit(f"total{self.name(v)} = tl.full([1, 1], {start}, {self.acc_dtype(v)})")
+        self.emit(f"for g0 in range(0, ngroups, {g}):")
+        self.depth += 1
+        self.emit(f"p = g0 + tl.arange(0, {g})[None, :]")
+        for v, partial in zip(across, partials):
+            self.emit(self._gathered(v, partial, "p < ngroups"))
+            self.emit(f"total{self.name(v)} = {combine_fn(v.arg.op, v.srcs[0].dtype)}(total{self.name(v)}, part)")
+        self.depth -= 1
+        for v in across:
+            self.emit(f"{self.name(v)} = total{self.name(v)}")
+        self.statements([v for v in self.k.values if v.stage == FINAL_STAGE and not v.inner])
+        self.emit("tl.store(COUNTER, 0)  # ready for the next launch")
+        self.depth -= 2
+
+    def _gathered(self, v: Value, slot: str, mask: str) -> str:
+        """``part = `` the combination of the partials at ``slot + p`` (a [1, 1] tensor)."""
+        op, dtype = v.arg.op, v.srcs[0].dtype
+        load = f"tl.load({slot} + p, {mask}, other={neutral(op, dtype)}, volatile=True).to({self.acc_dtype(v)})"
+        return f"part = tl.reduce({load}, 1, {combine_fn(op, dtype)})[:, None]"
+
     def _slot(self, v: Value, slot: str) -> tuple[str, str]:
         """A reduction's partials in the float64 workspace; integer partials keep all 64 bits
         (the same slots, seen as int64)."""
@@ -556,7 +633,7 @@ def split_rows(kernel: Kernel) -> bool:
     """Can a row kernel split its rows over several programs (``_looped(split=True)``)? One loop of
     reductions and nothing written inside it, so partials combine in any order."""
     return (kind_of(kernel) == "rows" and kernel.segment_length is None and kernel.n_loops == 1
-            and not kernel.chunks
+            and not kernel.chunks and not kernel.row_reductions
             and bool(kernel.reductions) and not online_softmax_pairs(kernel)
             and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) for v in kernel.reductions)
             and not any(v.kind == "store" and v.inner for v in kernel.values))
@@ -649,6 +726,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "split_rows": split_rows(kernel),
         "n_reductions": len(kernel.reductions),
         "chunks": kernel.chunks,
+        "row_reductions": len(kernel.row_reductions),
     }
 
 

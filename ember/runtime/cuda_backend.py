@@ -333,8 +333,9 @@ class CudaKernel:
         n = self.n_params
         sizes = args[n:]
         outer, inner = int(self.outer(*sizes)), int(self.inner(*sizes))
-        if outer == 0 and not self.meta.get("chunks"):  # (a chunked kernel still zeroes its partial sums)
-            return
+        if outer == 0 and not (self.meta.get("chunks") or self.meta.get("row_reductions")):
+            return  # (with no rows, a chunked kernel still zeroes its partials, a reduction over the
+            # rows still stores its neutral result)
         device = _current_device()
         state = self._devices.get(device) or self._device_state(device)
         geometry = state["geometry"].get((outer, inner))
@@ -343,6 +344,8 @@ class CudaKernel:
                 state["geometry"].clear()
             big, grid, block = plan_launch(self.strategy, outer, inner, state["sms"], state["max_threads"])
             grid = self.meta.get("chunks") or grid  # a chunked row kernel: a block per run of rows
+            if self.meta.get("row_reductions"):  # a workspace slot per block
+                grid = min(grid, cuda.MAX_BLOCKS)
             geometry = state["geometry"][(outer, inner)] = (state["functions"][big], grid, block)
         fn, grid, block = geometry
         driver = _driver()

@@ -137,8 +137,10 @@ class Launcher:
             return
         sizes = args[self.n_params:]
         outer, inner = int(self.outer(*sizes)), int(self.inner(*sizes))
-        if (outer == 0 and not self.meta.get("chunks")) or (self.kind == "pointwise" and inner == 0):
-            return  # (a chunked kernel still writes its runs' partial sums: zeros)
+        if outer == 0 and not (self.meta.get("chunks") or self.meta.get("row_reductions")) or (
+                self.kind == "pointwise" and inner == 0):
+            return  # (with no rows, a chunked kernel still zeroes its partials, a reduction over
+            # the rows still stores its neutral result)
         # The steady state is one dict lookup: the shape bucket's launch (config, grid, workspace)
         # is prepared, and tuned, the first time the bucket is seen. (A program runs on one
         # device: Dynamo compiles another for tensors on another.)
@@ -176,7 +178,16 @@ class Launcher:
             buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per stream
 
             def scratch(stream: int) -> tuple[torch.Tensor, torch.Tensor]:
-                if split == 1:
+                if self.meta.get("row_reductions"):
+                    # a share per program (row block) of every reduction over the rows, for any
+                    # row count of this shape bucket
+                    programs = triton_cdiv(1 << outer.bit_length(), xblock)
+                    groups = triton_cdiv(programs, tr.ROW_GROUP)  # a counter of all, then one per group
+                    buffers[stream] = (  # shares per program, then partials per group
+                        torch.empty(self.meta["row_reductions"] * (programs + groups), dtype=torch.float64,
+                                    device=device),
+                        torch.zeros(1 + 32 * groups, dtype=torch.int32, device=device))
+                elif split == 1:
                     buffers[stream] = self.workspace(device, stream)
                 else:
                     # partials of every row of this shape bucket, and a count per row block (each
@@ -203,7 +214,7 @@ class Launcher:
                     nprog, grid = 1, (self.meta["chunks"],)
                 else:
                     nprog = split
-                    grid = (triton_cdiv(outer, xblock), split) if split > 1 else (triton_cdiv(outer, xblock),)
+                    grid = (triton_cdiv(outer, xblock), split) if split > 1 else (max(1, triton_cdiv(outer, xblock)),)
                 nblock = tc.next_pow2(nprog)
                 # Triton compiles per specialization (16-byte aligned pointers, ints that are 1 or
                 # multiples of 16); once a specialization is compiled, launch it directly and skip

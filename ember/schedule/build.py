@@ -27,6 +27,7 @@ from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
 from .indexing import Point, Strided, compose_strided, map_view, offset
 from .kernel_ir import (
     CHUNK,
+    FINAL_STAGE,
     SEGMENT_LENGTH,
     Access,
     Kernel,
@@ -50,6 +51,16 @@ class NeedsBuffer(Exception):
     def __init__(self, node: Node):
         super().__init__(f"{node!r} must be stored in a buffer")
         self.node = node
+
+
+class AcrossFailed(NeedsBuffer):
+    """A reduction over the kernel's rows whose result a row needs (x - x.mean()): it cannot wait
+    for the last row here, so it gets a buffer and a kernel of its own."""
+
+
+# Reductions a row kernel can also do over all its rows (partials per program, combined by the
+# last): those with a neutral element and no position to report.
+ACROSS_OPS = frozenset({Op.SUM, Op.PROD, Op.AMAX, Op.AMIN, Op.ANY, Op.ALL})
 
 
 class Conflict(Exception):
@@ -81,6 +92,8 @@ class GroupSpec:
     # a row kernel that also computes chunk sums (Op.CHUNK_SUM roots at home (CHUNK, inner...)):
     # its rows split into this many runs
     chunks: int | None = None
+    # a row kernel that also reduces over all its rows (a loss's mean over per-row values)
+    final: bool = False
 
 
 class KernelBuilder:
@@ -98,6 +111,7 @@ class KernelBuilder:
         self._reader: Node | None = None
         self._indirect: dict[sympy.Symbol, Value] = {}
         self._segment: tuple[sympy.Expr, sympy.Symbol, Value] | None = None  # (row, start var, length)
+        self._across: dict[int, Node] = {}  # rowreduce values -> their nodes
 
     # ---- value construction (hash-consed) -------------------------------------------------
     def _emit(self, kind: str, dtype: dt.DType, srcs: Sequence[Value] = (), arg: Any = None,
@@ -107,7 +121,7 @@ class KernelBuilder:
         if found is not None:
             return found
         inner = any(s.inner for s in srcs) or (expr is not None and _has_inner(expr))
-        if kind == "reduce":
+        if kind in ("reduce", "rowreduce"):
             inner = False
         elif kind == "chunksum":
             inner = True  # a column: one partial sum per inner position
@@ -341,7 +355,7 @@ class KernelBuilder:
                 and not any(_has_inner(p) or _has_indirect(p) for p in point)
                 and sh.equal(sh.numel(x.shape), sh.numel(self.spec.outer) * sh.numel(self.spec.inner)))
         if not fits:
-            raise NeedsBuffer(node)
+            return self._across_rows(node, point, dims, extents)
         in_point = list(point)
         for j, d in enumerate(dims):
             in_point[d] = inner_var(j)
@@ -353,6 +367,29 @@ class KernelBuilder:
         self._reader = previous
         position = offset(tuple(inner_var(j) for j in range(len(dims))), sh.contiguous_strides(extents))
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.op, position))
+
+    def _across_rows(self, node: Node, point: Point, dims: list[int], extents: list[sympy.Expr]) -> Value:
+        """A reduction over exactly this row kernel's rows (outer domain), of values per row: a
+        rowreduce, finished by the last program (or raise NeedsBuffer: a kernel of its own)."""
+        (x,) = node.inputs
+        fits = (self.spec.inner and self.spec.chunks is None and self.spec.segment is None
+                and node.op in ACROSS_OPS and len(extents) == len(self.spec.outer)
+                and all(sh.equal(a, b) for a, b in zip(extents, self.spec.outer))
+                and all(d in node.arg or sh.is_one(s) for d, s in enumerate(x.shape))
+                and not any(_has_inner(p) or _has_indirect(p) or _has_outer(p) for p in point))
+        if not fits:
+            raise NeedsBuffer(node)
+        in_point = [sympy.Integer(0)] * x.rank
+        for j, d in enumerate(dims):
+            in_point[d] = outer_var(j)
+        previous, self._reader = self._reader, node
+        src = self.value_of(x, tuple(in_point))
+        self._reader = previous
+        if src.inner:
+            raise AcrossFailed(node)
+        value = self._emit("rowreduce", node.dtype, (src,), ReduceArg(node.op, sympy.Integer(0)))
+        self._across[id(value)] = node
+        return value
 
     def _segment_reduce(self, node: Node, point: Point) -> Value:
         """A reduction over one row of packed values: the row (outer dim 0) reads its start and
@@ -490,7 +527,26 @@ class KernelBuilder:
             rows = sympy.Max(offsets.shape[0] - 1, 1)
             kernel.segment_hint = FloorDiv(sympy.expand(self.spec.segment_total + rows - 1), rows)
         assign_loops(kernel)
+        self._check_final(kernel)
         return kernel
+
+    def _check_final(self, kernel: Kernel) -> None:
+        """Results over all rows are for the epilogue only: a row (or another reduction over the
+        rows) that needs one sends its reduction to a kernel of its own."""
+        for v in kernel.values:
+            late = [s for s in v.srcs if s.stage == FINAL_STAGE and not s.inner]
+            if late and (v.inner or v.kind in ("reduce", "chunksum", "rowreduce") or v.stage != FINAL_STAGE):
+                raise AcrossFailed(self._across_source(late[0]))
+
+    def _across_source(self, v: Value) -> Node:
+        """The node of a rowreduce that ``v`` (a value after all rows) is computed from."""
+        stack = [v]
+        while stack:
+            u = stack.pop()
+            if id(u) in self._across:
+                return self._across[id(u)]
+            stack.extend(u.srcs)
+        raise AssertionError("a value after all rows without a reduction over them")
 
 
 def _exprs(v: Value) -> list[sympy.Expr]:
@@ -511,6 +567,10 @@ def _drop_ones(shape: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
 
 def _has_indirect(e: sympy.Expr) -> bool:
     return isinstance(e, sympy.Basic) and any(is_indirect_var(s) for s in e.free_symbols)
+
+
+def _has_outer(e: sympy.Expr) -> bool:
+    return isinstance(e, sympy.Basic) and any(s.name.startswith("o") and is_index_var(s) for s in e.free_symbols)
 
 
 def _has_inner(e: sympy.Expr) -> bool:
@@ -539,6 +599,8 @@ def assign_loops(kernel: Kernel) -> None:
         elif v.kind == "chunksum":  # added up in the loop that computes its source
             v.loop = needs(v.srcs[0]) + 1
             n_loops = max(n_loops, v.loop)
+        elif v.kind == "rowreduce":  # known once every row is done
+            v.stage = FINAL_STAGE
         elif v.kind == "store":
             if v.inner or v.srcs[0].inner:
                 v.inner = True

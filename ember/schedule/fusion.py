@@ -23,7 +23,7 @@ from ..config import Config
 from ..ir import shapes as sh
 from ..ir.node import Graph, Node, fill_value, row_ids_offsets
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
-from .build import BufferInfo, Conflict, GroupSpec, KernelBuilder, NeedsBuffer
+from .build import ACROSS_OPS, AcrossFailed, BufferInfo, Conflict, GroupSpec, KernelBuilder, NeedsBuffer
 from .guards import guard_branches
 from .indexing import Point
 from .kernel_ir import CHUNK, SEGMENT_LENGTH, Kernel, indirect_var, inner_var, outer_var
@@ -104,6 +104,8 @@ class Planner:
         self._optimistic = False
         self.shared: set[Node] = set()         # buffered so several kernels need not recompute them
         self.released: set[Node] = set()       # ... then found to be read by their own kernel only
+        self.not_across: set[Node] = set()     # reductions over rows a row kernel cannot finish
+        self._across: dict[Node, GroupSpec] = {}  # root -> the row group domain() offered it
         self._choose_initial_buffers()
 
     # ---- 1. buffers the program needs ------------------------------------------------------
@@ -169,6 +171,7 @@ class Planner:
         """(outer extents, inner extents, home point, (F, reduce dims) or None)."""
         self.unrolled.pop(root, None)
         self.segment_of.pop(root, None)
+        self._across.pop(root, None)
         if root.op is Op.INDEX_PUT:  # a pointwise kernel over the values written
             return self._pointwise_domain(root, root.inputs[1].shape)
         if root.op is Op.CHUNK_SUM:
@@ -200,6 +203,11 @@ class Planner:
             outer = tuple(s for d, s in enumerate(full) if d not in dims and not sh.is_one(s))
             inner = tuple(s for d, s in enumerate(full) if d in dims and not sh.is_one(s))
             if root is red or not sh.shapes_equal(root.shape, full):
+                if not outer:
+                    rows = self._rows_group(root, reductions, groups)
+                    if rows is not None:  # reduced over a row kernel's rows: it finishes them
+                        self._across[root] = rows
+                        return rows.outer, rows.inner, _place(root.shape, outer_var), rows.ref
                 if sh.shapes_equal(_drop_ones(root.shape), outer):
                     return outer, inner, _place(root.shape, outer_var), (full, dims)
             else:
@@ -211,6 +219,19 @@ class Planner:
                 return g.outer, g.inner, _inner_home(*ref), ref
         return self._pointwise_domain(root, root.shape)
 
+    def _rows_group(self, root: Node, reductions: list[Node], groups: list[GroupSpec]) -> GroupSpec | None:
+        """The row kernel whose rows a scalar root's full reductions (a loss's mean over per-row
+        values) reduce over, when it can finish them: partials per program, combined by the last."""
+        full = [r for r in reductions if all(sh.is_one(s) for s in r.shape)]
+        if (not self.cfg.fusion or not full or any(r in self.not_across or r.op not in ACROSS_OPS for r in full)
+                or root in self.not_across):
+            return None
+        for g in groups:
+            if (g.inner and g.outer and g.segment is None and g.chunks is None
+                    and all(sh.shapes_equal(_drop_ones(r.inputs[0].shape), g.outer) for r in full)):
+                return g
+        return None
+
     def _chunk_domain(self, root: Node, groups: list[GroupSpec]) -> tuple[tuple, tuple, Point, tuple | None]:
         """Partial column sums: computed by a row kernel over the same rows and columns (a
         reduction over the kept dims of the same shape) when there is one, else on their own,
@@ -219,7 +240,8 @@ class Planner:
         lead, chunks = root.arg
         kept = frozenset(d for d in range(lead, x.rank) if not sh.is_one(x.shape[d]))
         for g in groups:
-            if (g.ref is not None and g.segment is None and self.cfg.fusion and sh.shapes_equal(g.ref[0], x.shape)
+            if (g.ref is not None and g.segment is None and not g.final and self.cfg.fusion
+                    and sh.shapes_equal(g.ref[0], x.shape)
                     and frozenset(d for d in g.ref[1] if not sh.is_one(x.shape[d])) == kept):
                 home = (CHUNK, *_place(x.shape[lead:], inner_var))
                 return g.outer, g.inner, home, g.ref
@@ -308,15 +330,15 @@ class Planner:
         roots.sort(key=lambda n: (n.op is Op.CHUNK_SUM, not self._has_reduction(n), self.order[n]))
         for root in roots:
             outer, inner, home, ref = self.domain(root, groups)
-            target = None
-            for g in groups:
-                if (len(g.outer) == len(outer) and len(g.inner) == len(inner)
-                        and all(sh.equal(a, b) for a, b in zip(g.outer + g.inner, outer + inner))
-                        and (g.segment, g.segment_total) == self.segment_of.get(root, (None, None))
-                        and self.cfg.fusion and not alone and not self._blocked(root, g, owner)
-                        and not (checked and self._closes_cycle(root, g, groups))):
-                    target = g
-                    break
+            rows = self._across.pop(root, None)
+            target = self._target(root, [rows] if rows else groups, groups, owner, outer, inner, checked, alone)
+            if rows is not None and target is None:
+                # its row kernel cannot take it (a cycle): a full reduction of its own after all
+                self.not_across.add(root)
+                outer, inner, home, ref = self.domain(root, groups)
+                target = self._target(root, groups, groups, owner, outer, inner, checked, alone)
+            elif rows is not None:
+                rows.final = True
             if target is None:
                 segment, total = self.segment_of.get(root, (None, None))
                 target = GroupSpec([], {}, outer, inner, ref, segment=segment, segment_total=total)
@@ -331,6 +353,19 @@ class Planner:
         for g in groups:
             g.roots.sort(key=self.order.__getitem__)
         return groups
+
+    def _target(self, root: Node, candidates: list[GroupSpec], groups: list[GroupSpec],
+                owner: dict[Node, GroupSpec], outer: tuple, inner: tuple, checked: bool, alone: bool
+                ) -> GroupSpec | None:
+        """The first of ``candidates`` over the same domain that ``root`` may join."""
+        for g in candidates:
+            if (len(g.outer) == len(outer) and len(g.inner) == len(inner)
+                    and all(sh.equal(a, b) for a, b in zip(g.outer + g.inner, outer + inner))
+                    and (g.segment, g.segment_total) == self.segment_of.get(root, (None, None))
+                    and self.cfg.fusion and not alone and not self._blocked(root, g, owner)
+                    and not (checked and self._closes_cycle(root, g, groups))):
+                return g
+        return None
 
     def _closes_cycle(self, root: Node, group: GroupSpec, groups: list[GroupSpec]) -> bool:
         group.roots.append(root)
@@ -455,6 +490,8 @@ class Planner:
                 kernels = [self._build(g, infos, i) for i, g in enumerate(groups)]
             except NeedsBuffer as e:
                 self.buffered.add(e.node)
+                if isinstance(e, AcrossFailed):
+                    self.not_across.add(e.node)
                 continue
             except Conflict as e:
                 self._separate(e, groups)

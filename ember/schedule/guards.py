@@ -28,7 +28,7 @@ MAX_GUARDS = 4
 
 # Cheap to compute anywhere: never worth a guard.
 _FREE_KINDS = frozenset({"const", "index"})
-_NEVER_GUARDED = frozenset({"store", "reduce", "chunksum", "checkindex"})
+_NEVER_GUARDED = frozenset({"store", "reduce", "chunksum", "rowreduce", "checkindex"})
 
 
 def guard_branches(kernel: Kernel) -> Kernel:

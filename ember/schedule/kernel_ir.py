@@ -15,6 +15,10 @@ order by one program (or thread), so that it can also add up columns over its ru
 accumulates its source per inner position over the run's rows, and its store, at ``CHUNK`` (the
 run's index) and the inner position, writes the run's partial column sums (passes/chunks.py).
 
+A row kernel can also reduce over its rows (a cross-entropy's mean over its per-row losses): a
+``rowreduce`` accumulates an outer value over every row. Its result, and what is computed from it,
+is at ``FINAL_STAGE``: after all rows, by the program (block, thread team) that finishes last.
+
 Values are SSA; each knows whether it varies with the inner index (``inner``) and, for outer
 values, after which loop it is available (``stage``). A softmax is three loops (max, sum, store)
 over each row; an RMSNorm two; a pointwise kernel none.
@@ -55,6 +59,10 @@ SEGMENT_LENGTH = sympy.Symbol("ember_seglen", integer=True, nonnegative=True)
 # The run of rows a chunked row kernel is walking (see ``Kernel.chunks``): its partial column sums
 # are stored at this index.
 CHUNK = sympy.Symbol("ember_chunk", integer=True, nonnegative=True)
+
+
+# The stage of values computed after every row of a row kernel (from rowreduce results).
+FINAL_STAGE = 1 << 20
 
 
 def is_index_var(s: sympy.Symbol) -> bool:
@@ -106,7 +114,8 @@ class Value:
     flagging the error code on the CPU when it was not), 'search' (arg SearchArg: the position of
     its source in a sorted sequence, searchsorted's answer), 'chunksum' (arg ReduceArg: adds its
     source over the rows of a chunked kernel's run, per inner position; only a store reads it, and
-    writes the run's total when the run ends).
+    writes the run's total when the run ends), 'rowreduce' (arg ReduceArg: reduces its outer
+    source over all rows; available at FINAL_STAGE).
 
     ``guard``: a bool value; where it is false nothing uses this value (it feeds only the branch
     of a ``where`` that is not taken there), so renderers may skip loading and computing it
@@ -177,6 +186,25 @@ class Kernel:
         return [v for v in self.values if v.kind == "reduce"]
 
     @property
+    def row_reductions(self) -> list[Value]:
+        """Reductions over all rows (their results, and what uses them, are at FINAL_STAGE)."""
+        return [v for v in self.values if v.kind == "rowreduce"]
+
+    def after_rows(self) -> tuple[list[Value], list[Value]]:
+        """What comes after all rows: (values computed before it uses, row-independent ones such
+        as constants, which renderers whose row loops scope them compute again; the values
+        themselves, rowreduce results excluded)."""
+        final = [v for v in self.values if v.stage == FINAL_STAGE and not v.inner and v.kind != "rowreduce"]
+        needed: set[int] = set()
+        stack = [s for v in final for s in v.srcs if s.stage != FINAL_STAGE]
+        while stack:
+            v = stack.pop()
+            if id(v) not in needed:
+                needed.add(id(v))
+                stack.extend(v.srcs)
+        return [v for v in self.values if id(v) in needed], final
+
+    @property
     def chunk_stores(self) -> list[Value]:
         """Stores of the runs' partial column sums (their source is a chunksum)."""
         return [v for v in self.values if v.kind == "store" and v.srcs[0].kind == "chunksum"]
@@ -208,7 +236,7 @@ def format_kernel(k: Kernel) -> str:
              + (f"  rows in {k.chunks} runs" if k.chunks else "")]
     for v in k.values:
         where = f"loop {v.loop}" if v.kind in ("reduce", "store", "chunksum") and v.loop else (
-            "inner" if v.inner else f"stage {v.stage}")
+            "inner" if v.inner else "after all rows" if v.stage == FINAL_STAGE else f"stage {v.stage}")
         srcs = ", ".join(names[id(s)] for s in v.srcs)
         if v.kind in ("load", "store"):
             detail = f"{v.arg.buffer}[{v.arg.index}]{' +=' if v.arg.accumulate else ''}"
@@ -219,7 +247,7 @@ def format_kernel(k: Kernel) -> str:
             detail = f"{a.buffer}[{a.start} + i*{a.stride}, i < {a.length}] {'<=' if a.right else '<'}"
         elif v.kind == "alu":
             detail = v.arg.value
-        elif v.kind in ("reduce", "chunksum"):
+        elif v.kind in ("reduce", "chunksum", "rowreduce"):
             detail = v.arg.op.value
         else:
             detail = str(v.arg)
