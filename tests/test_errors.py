@@ -48,6 +48,18 @@ def test_index_error_matches_eager():
         ember.compile(fn)(a)
 
 
+def test_cross_entropy_target_out_of_range_matches_eager():
+    """The target class is gathered inside the fused loss kernel; out of range it is eager's
+    IndexError (with ignore_index still ignored)."""
+    import torch.nn.functional as F
+    fn = lambda x, t: F.cross_entropy(x, t)  # noqa: E731
+    x, t = torch.randn(8, 5), torch.tensor([0, 1, 7, 2, 3, -100, 0, 1])
+    eager = _eager_error(fn, x, t)
+    assert eager is IndexError
+    with pytest.raises(eager, match="out of bounds"):
+        ember.compile(fn)(x, t)
+
+
 def test_unknown_option_is_a_clear_type_error():
     with pytest.raises(TypeError, match="unknown ember option"):
         ember.compile(lambda x: x, options={"fuse_everything": True})
