@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import table  # noqa: E402
+from common import profiled_kernels, table  # noqa: E402
 
 import ember  # noqa: E402
 
@@ -49,21 +49,6 @@ VARIANTS = [
     ("rc264 x2 w16", {"row_chunks": 264, "triton_launch": {"XBLOCK": 2, "num_warps": 16, "only": ONLY}}),
     ("rc264 w4", {"row_chunks": 264, "triton_launch": {"num_warps": 4, "only": ONLY}}),
 ]
-
-
-def kernel_times(step, n: int = 20) -> dict[str, float]:
-    from torch.profiler import ProfilerActivity, profile
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            step()
-        torch.cuda.synchronize()
-    total: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            total[e.name[:44]] = total.get(e.name[:44], 0.0) + e.device_time / n
-    return total
 
 
 def run_case(case: str, backends: list[str], n_rows: int, width: int) -> list[list[str]]:
@@ -101,7 +86,7 @@ def run_case(case: str, backends: list[str], n_rows: int, width: int) -> list[li
         def backward(out=out):
             torch.autograd.grad(out, inputs, grad, retain_graph=True)
         bwd = do_bench(backward, warmup=25, rep=200, return_mode="median") * 1e3
-        kt = kernel_times(step)
+        kt = profiled_kernels(step)
         rows.append([case, vname, f"{wall:.0f}", f"{bwd:.0f}", f"{sum(kt.values()):.0f}", f"{err:.1e}"])
         print("  " + " | ".join(rows[-1]), flush=True)
         print("    " + "; ".join(f"{k} {v:.1f}" for k, v in kt.items()), flush=True)

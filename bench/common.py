@@ -59,3 +59,19 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     line = lambda r: "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths)) + " |"  # noqa: E731
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def profiled_kernels(step: Callable[[], Any], n: int = 20) -> dict[str, float]:
+    """Device µs of each CUDA kernel (by name) per call of ``step``, the mean over ``n`` calls."""
+    from torch.profiler import ProfilerActivity, profile
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    total: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            total[e.name[:44]] = total.get(e.name[:44], 0.0) + e.device_time / n
+    return total

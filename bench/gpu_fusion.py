@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("EMBER_CACHE_DIR", "/tmp/ember-gpu-cache")
 
-from common import table  # noqa: E402
+from common import profiled_kernels, table  # noqa: E402
 
 import ember  # noqa: E402
 
@@ -139,19 +139,6 @@ def launches(fn, args) -> int:
                and not e.name.startswith("Memcpy") and not e.name.startswith("Memset"))
 
 
-def device_us(step, n: int = 20) -> float:
-    """GPU time of one step: its kernels' device times, mean over ``n`` steps. Where the host
-    cannot keep up (a training step's autograd and wrappers), the wall time is the host's."""
-    from torch.profiler import ProfilerActivity, profile
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            step()
-        torch.cuda.synchronize()
-    return sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) / n
-
-
 def kernel_times(fn, args, cache_dir: str | None = None) -> str:
     """Per-kernel device time of one call, and the launch configuration ember chose for each (its
     Triton tuner in ``cache_dir``, EMBER_CACHE_DIR by default)."""
@@ -214,7 +201,8 @@ def training(backends: list[str], scale: float, only: list[str], tunings: tuple[
             torch.cuda.synchronize()
             peak = (torch.cuda.max_memory_allocated() - base) / 2**20
             ms = do_bench(step, warmup=25, rep=100, return_mode="median")
-            rows.append([name, vname, f"{ms * 1e3:.0f}", f"{device_us(step):.0f}", f"{peak:.0f}", f"{err:.1e}",
+            gpu_us = sum(profiled_kernels(step).values())  # host-bound steps: wall time is the host's
+            rows.append([name, vname, f"{ms * 1e3:.0f}", f"{gpu_us:.0f}", f"{peak:.0f}", f"{err:.1e}",
                          str(launches(step, []))])
             print("  train " + " | ".join(rows[-1]), flush=True)
             if vname.startswith("ember"):

@@ -419,29 +419,11 @@ class CudaKernelRenderer:
             self._combine_rows()
 
     def _combine_rows(self) -> None:
-        """Each block's share of the reductions over all rows to the workspace; the last block to
-        finish combines them and computes (and thread 0 stores) what comes after all rows."""
-        k, acc = self.k, self.body.acc_names
-        across = k.row_reductions
-        self.open("if (threadIdx.x == 0) {  // this block's shares")
-        for i, v in enumerate(across):
-            self.emit(f"workspace[{i} * EMBER_MAX_BLOCKS + blockIdx.x] = (double){acc[id(v)]};")
-        self.emit("__threadfence();  // the shares are visible to every block before the count says so")
-        self.emit("ember_last = atomicAdd(counter, 1) == (int)gridDim.x - 1;")
-        self.close()
-        self.emit("__syncthreads();")
-        self.open("if (ember_last) {")
-        self.emit("__threadfence();")
-        for v in across:
-            self.emit(f"{acc[id(v)]} = {acc_init(CUDA, v)};")
-        self.open("for (unsigned ember_b = threadIdx.x; ember_b < gridDim.x; ember_b += blockDim.x) {")
-        for i, v in enumerate(across):
-            part = f"({acc_type(CUDA, v)})__ldcg(&workspace[{i} * EMBER_MAX_BLOCKS + ember_b])"
-            self.emit(f"{acc[id(v)]} = {COMBINE[v.arg.op]}()({acc[id(v)]}, {part});")
-        self.close()
-        for v in across:
-            self.emit(self._reduce_line(v))
-            self.emit(self.body.reduce_result(v))
+        """Each block's share of the reductions over all rows (every thread holds it) to the
+        workspace; the last block to finish combines them and computes (and thread 0 stores) what
+        comes after all rows."""
+        k = self.k
+        self._last_block_combines(k.row_reductions)
         inputs, after = k.after_rows()
         self._statements(inputs + [v for v in after if v.kind != "store"])
         self.open("if (threadIdx.x == 0) {")
@@ -552,30 +534,36 @@ class CudaKernelRenderer:
             self.emit(self.body.reduce_result(v))
 
     def _combine_blocks(self, reductions: list[Value]) -> None:
-        """Block partials to the workspace; the last block to finish combines them (its threads
-        stride over the partials, then reduce across the block) and goes on with the epilogue."""
-        acc = self.body.acc_names
+        """Block partials to the workspace; the last block to finish combines them and goes on
+        with the epilogue."""
         self.emit("// this block's partials go to the workspace; the last block to finish combines them")
         for v in reductions:
             self.emit(self._reduce_line(v))
+        self._last_block_combines(reductions)
+
+    def _last_block_combines(self, values: list[Value]) -> None:
+        """Thread 0 writes the accumulators of ``values`` (this block's partials) to the workspace;
+        opens ``if (ember_last) {``, in which the last block to finish strides over every block's
+        partials and reduces them across the block, so every thread holds the totals."""
+        acc = self.body.acc_names
         self.open("if (threadIdx.x == 0) {")
-        for i, v in enumerate(reductions):
+        for i, v in enumerate(values):
             self.emit(f"workspace[{i} * EMBER_MAX_BLOCKS + blockIdx.x] = (double){acc[id(v)]};")
         self.emit("__threadfence();  // the partials are visible to every block before the count says so")
         self.emit("ember_last = atomicAdd(counter, 1) == (int)gridDim.x - 1;")
         self.close()
         self.emit("__syncthreads();")
         self.open("if (ember_last) {")
-        if reductions:
+        if values:
             self.emit("__threadfence();")
-            for v in reductions:
+            for v in values:
                 self.emit(f"{acc[id(v)]} = {acc_init(CUDA, v)};")
             self.open("for (unsigned ember_b = threadIdx.x; ember_b < gridDim.x; ember_b += blockDim.x) {")
-            for i, v in enumerate(reductions):
+            for i, v in enumerate(values):
                 part = f"({acc_type(CUDA, v)})__ldcg(&workspace[{i} * EMBER_MAX_BLOCKS + ember_b])"
                 self.emit(f"{acc[id(v)]} = {COMBINE[v.arg.op]}()({acc[id(v)]}, {part});")
             self.close()
-            self._block_reduce(reductions)
+            self._block_reduce(values)
 
 
 def _as_index(e: sympy.Expr) -> str:

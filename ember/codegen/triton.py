@@ -227,7 +227,7 @@ class TritonKernelRenderer:
             value = self.name(v.srcs[0])
             mask = self.mask_for(v)
             stored = f"{value}.to({TL_TYPES[dtype]})"
-            pointer = f"{v.arg.buffer} + ({self.index(self.bound_index(v))})"
+            pointer = self._pointer(v)
             if not _varies(v.arg.index) or v.arg.bindings:
                 # a store to a fixed element (a reduction's result), or at loaded indices that
                 # may be scalars (an index_put of one element): give the pointer the block shape
@@ -242,7 +242,7 @@ class TritonKernelRenderer:
             mask = self.mask_for(v) if _varies(v.arg.index) else ""
             if mask and self._skips(v):
                 mask = f"{mask} & {self.name(v.guard)}"
-            pointer = f"{v.arg.buffer} + ({self.index(self.bound_index(v))})"
+            pointer = self._pointer(v)
             load = f"tl.load({pointer}" + (f", {mask}, other=0)" if mask else ")")
             if dtype.is_low_precision:
                 load += ".to(tl.float32)"
@@ -545,7 +545,7 @@ class TritonKernelRenderer:
         self.depth -= 1
         for v in across:
             self.emit(f"{self.name(v)} = total{self.name(v)}")
-        self.statements([v for v in self.k.values if v.stage == FINAL_STAGE and not v.inner])
+        self.statements(self.k.after_rows()[1])  # (their inputs were computed before the rows)
         self.emit("tl.store(COUNTER, 0)  # ready for the next launch")
         self.depth -= 2
 

@@ -416,32 +416,30 @@ class KernelBuilder:
         ceil(R / chunks) rows (outer: run and kept dims, inner: the row within the run)."""
         (x,) = node.inputs
         lead, chunks = node.arg
-        previous, self._reader = self._reader, node
-        if point[0] == CHUNK:
-            if self.spec.chunks != chunks:
-                raise RuntimeError(f"ember: {node!r} placed in a kernel without its {chunks} runs")
-            rows, o = [], 0
-            for s in x.shape[:lead]:
-                rows.append(sympy.Integer(0) if sh.is_one(s) else outer_var(o))
-                o += 0 if sh.is_one(s) else 1
-            src = self.value_of(x, (*rows, *point[1:]))
-            self._reader = previous
-            if src.dtype != node.dtype:
-                src = self._emit("alu", node.dtype, (src,), Op.CAST)
-            return self._emit("chunksum", node.dtype, (src,), ReduceArg(Op.SUM, sympy.Integer(0)))
+        fused = point[0] == CHUNK
+        if fused and self.spec.chunks != chunks:
+            raise RuntimeError(f"ember: {node!r} placed in a kernel without its {chunks} runs")
         total = sh.numel(x.shape[:lead])
-        per = FloorDiv(sympy.expand(total + chunks - 1), chunks)
-        row = sympy.expand(point[0] * per + inner_var(0))
+        row = sympy.expand(point[0] * FloorDiv(sympy.expand(total + chunks - 1), chunks) + inner_var(0))
+        rows, o = [], 0
         flat = sympy.Min(row, sympy.Max(total - 1, 0))  # rows past the end (the last run's) read the last
-        rows = []
         for d in range(lead):
-            stride = sh.numel(x.shape[d + 1:lead])
-            q = flat if sh.equal(stride, 1) else FloorDiv(flat, stride)
-            rows.append(sympy.Integer(0) if sh.is_one(x.shape[d]) else (q if d == 0 else sympy.Mod(q, x.shape[d])))
+            if sh.is_one(x.shape[d]):
+                rows.append(sympy.Integer(0))
+            elif fused:  # the kernel's own row
+                rows.append(outer_var(o))
+                o += 1
+            else:
+                stride = sh.numel(x.shape[d + 1:lead])
+                q = flat if sh.equal(stride, 1) else FloorDiv(flat, stride)
+                rows.append(q if d == 0 else sympy.Mod(q, x.shape[d]))
+        previous, self._reader = self._reader, node
         src = self.value_of(x, (*rows, *point[1:]))
         self._reader = previous
         if src.dtype != node.dtype:
             src = self._emit("alu", node.dtype, (src,), Op.CAST)
+        if fused:
+            return self._emit("chunksum", node.dtype, (src,), ReduceArg(Op.SUM, sympy.Integer(0)))
         inside = self._emit("alu", dt.bool_, (self._emit("index", dt.int64, (), row, expr=row),
                                               self._emit("const", dt.int64, (), total)), Op.LT)
         src = self._select(inside, src, self._emit("const", node.dtype, (), 0.0), node.dtype)
