@@ -159,7 +159,7 @@ def kernel_times(fn, args, cache_dir: str | None = None) -> str:
     return "; ".join(parts) + (f"\n    configs: {chosen}" if chosen else "")
 
 
-TRAIN_CASES = ("rmsnorm", "softmax", "cross_entropy", "layernorm")
+TRAIN_CASES = ("rmsnorm", "softmax", "cross_entropy", "layernorm", "gelu_linear")
 
 
 def train_step(fn, inputs, grad):
@@ -326,7 +326,8 @@ def main() -> int:
     p.add_argument("--cases", default="")
     p.add_argument("--backends", default="triton")
     p.add_argument("--scale", type=float, default=1.0, help="shrink the problem sizes (smoke runs)")
-    p.add_argument("--train", action="store_true", help="forward + backward of the memory-bound cases")
+    p.add_argument("--train", action="store_true",
+                   help="forward + backward of the memory-bound cases and the gelu linear layer")
     p.add_argument("--no-forward", action="store_true", help="skip the forward-only table")
     p.add_argument("--tuning", default="heuristic",
                    help="Triton launch tuning(s) to compare: heuristic (the default, 'ember-triton') and/or "

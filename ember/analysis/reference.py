@@ -124,6 +124,8 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
         return segment_reduce(args[0], args[1], {Op.SUM: "sum", Op.AMAX: "amax", Op.AMIN: "amin"}[node.arg])
     if op is Op.CHUNK_SUM:
         return chunk_sum(args[0], *node.arg, node.dtype)
+    if op is Op.MATMUL:
+        return torch.mm(args[0].float(), args[1].float())
     if op is Op.SEARCH:
         return torch.searchsorted(args[0], args[1], right=node.arg, out_int32=node.dtype == dt.int32)
     if op is Op.EXTERN:

@@ -65,6 +65,8 @@ def compute_type(dtype: dt.DType) -> str:
 
 
 def kind_of(kernel: Kernel) -> str:
+    if kernel.dots:
+        return "matmul"  # codegen/triton_matmul.py
     if kernel.n_loops == 0:
         return "pointwise"
     return "rows" if kernel.outer else "full"
@@ -716,6 +718,9 @@ def alu(v: Value, args: list[str]) -> str:
 
 def launch_meta(kernel: Kernel) -> dict[str, Any]:
     """What the launcher needs: the kind, and the outer/inner extents as size expressions."""
+    if kernel.dots:
+        from .triton_matmul import matmul_meta
+        return matmul_meta(kernel)
     return {
         "kind": kind_of(kernel),
         "outer": pexpr(sh.numel(kernel.outer)),
@@ -731,6 +736,9 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
 
 
 def render_kernel(kernel: Kernel) -> str:
+    if kernel.dots:
+        from .triton_matmul import MatmulRenderer  # (a subclass of the renderer above)
+        return MatmulRenderer(kernel).render()
     return TritonKernelRenderer(kernel).render()
 
 

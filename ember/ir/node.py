@@ -211,6 +211,13 @@ def infer(op: Op, inputs: Sequence[Node], arg: Any, dtype: dt.DType | None) -> t
         if not 0 < lead < x.rank or not isinstance(chunks, int) or chunks < 1 or not x.dtype.is_float:
             raise IRError("chunk_sum: float rows (at least one leading and one kept dim) in >= 1 chunks")
         return dtype or x.dtype, (sympy.Integer(chunks), *x.shape[lead:])
+    if op is Op.MATMUL:
+        a, b = inputs
+        if (a.rank != 2 or b.rank != 2 or a.dtype != b.dtype or a.dtype not in (dt.float16, dt.bfloat16)
+                or sh.provably_different(a.shape[1], b.shape[0])):
+            raise IRError(f"matmul: (M, K) @ (K, N) of one 16-bit float dtype, got {a.dtype.short}"
+                          f"{sh.fmt(a.shape)} @ {b.dtype.short}{sh.fmt(b.shape)}")
+        return dt.float32, (a.shape[0], b.shape[1])
     if op is Op.SEARCH:
         seq, values = inputs
         if seq.rank != 1 or seq.dtype != values.dtype:

@@ -118,6 +118,9 @@ class Op(Enum):
     CHUNK_SUM = "chunk_sum"    # (x,), arg: (lead, chunks). x (*L, *K) with len(L) = lead: the
     #                            rows (L flattened, R of them) in ``chunks`` runs of ceil(R / chunks):
     #                            out[c, k] = sum of x[i, k] over the rows i of run c (float sums)
+    MATMUL = "matmul"          # (a, b): a (M, K) @ b (K, N), both float16 or both bfloat16: the float32
+    #                            sums of products (a cast rounds them, once, as cuBLAS does). Only
+    #                            passes/matmul.py builds it, for the Triton backend
     CAT = "cat"                # (x0, x1, ...), arg: dim
     PAD = "pad"                # (x, value), arg: ((lo, hi) per dim); value is 0-d
 

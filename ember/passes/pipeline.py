@@ -19,6 +19,7 @@ from .cse import cse
 from .dce import dce
 from .fold import fold_constants
 from .masks import mask_multiplies
+from .matmul import matmul_epilogues
 from .views import simplify_views
 
 Pass = Callable[[Graph], Graph]
@@ -27,6 +28,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("dce", dce),
     ("fold_constants", fold_constants),
     ("simplify_views", simplify_views),
+    ("matmul_epilogues", matmul_epilogues),
     ("cse", cse),
     ("chunk_column_sums", chunk_column_sums),
     ("dce_final", dce),
@@ -45,11 +47,12 @@ MASKED_PIPELINE: list[tuple[str, Pass]] = [
 def pipeline_for(cfg: Config) -> list[tuple[str, Pass]]:
     passes = MASKED_PIPELINE if cfg.skip_masked else PIPELINE
     cuda = (cfg.target or cfg.gpu_backend) == "cuda"
-    if cfg.row_chunks is None and not cuda:
-        return passes
     chunked = functools.partial(chunk_column_sums, chunks=cfg.row_chunks,
                                 per_sm=CUDA_CHUNKS_PER_SM if cuda else CHUNKS_PER_SM)
-    return [(name, chunked if fn is chunk_column_sums else fn) for name, fn in passes]
+    epilogues = functools.partial(matmul_epilogues, target=cfg.target, gpu_backend=cfg.gpu_backend)
+    chosen = {chunk_column_sums: chunked, matmul_epilogues: epilogues}
+    return [(name, chosen.get(fn, fn)) for name, fn in passes
+            if fn is not matmul_epilogues or cfg.matmul_epilogues]
 
 
 @dataclass

@@ -33,6 +33,7 @@ from . import stats
 from . import triton_configs as tc
 from .backend import Backend, BuildError, BuiltKernels
 from .triton_direct import direct_launcher
+from .triton_matmul import MatmulLauncher
 
 _tuning_lock = threading.Lock()
 
@@ -343,9 +344,15 @@ class TritonBackend(Backend):
         stats.bump("cache_hits" if cached else "kernels_built", len(kernels))
         log(1, f"{'loaded' if cached else 'wrote'} {len(kernels)} Triton kernel(s): {path}", cfg)
         tuner = _tuner(cfg)
-        functions = {k.name: Launcher(k.name, getattr(module, k.name), module.LAUNCH[k.name], digest, tuner,
-                                      (fallbacks or {}).get(k.name), cfg.triton_launch, h, cfg.triton_tuning, cfg)
-                     for k, h in zip(kernels, hints)}
+        functions: dict[str, Callable[..., None]] = {}
+        for k, h in zip(kernels, hints):
+            fn, meta, fallback = getattr(module, k.name), module.LAUNCH[k.name], (fallbacks or {}).get(k.name)
+            if meta["kind"] == "matmul":
+                functions[k.name] = MatmulLauncher(k.name, fn, meta, digest, tuner, fallback, cfg.triton_launch,
+                                                   cfg.triton_tuning, cfg)
+            else:
+                functions[k.name] = Launcher(k.name, fn, meta, digest, tuner, fallback, cfg.triton_launch, h,
+                                             cfg.triton_tuning, cfg)
         return BuiltKernels(functions, module_source=source, keepalive=[module])
 
 

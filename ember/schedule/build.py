@@ -94,6 +94,8 @@ class GroupSpec:
     chunks: int | None = None
     # a row kernel that also reduces over all its rows (a loss's mean over per-row values)
     final: bool = False
+    # a matmul's (outer (M, N), inner (K,)) and its epilogue: Op.MATMUL nodes become dot values
+    matmul: bool = False
 
 
 class KernelBuilder:
@@ -121,7 +123,7 @@ class KernelBuilder:
         if found is not None:
             return found
         inner = any(s.inner for s in srcs) or (expr is not None and _has_inner(expr))
-        if kind in ("reduce", "rowreduce"):
+        if kind in ("reduce", "rowreduce", "dot"):
             inner = False
         elif kind == "chunksum":
             inner = True  # a column: one partial sum per inner position
@@ -232,6 +234,8 @@ class KernelBuilder:
             return self._segment_reduce(node, point)
         if op is Op.CHUNK_SUM:
             return self._chunk_sum(node, point)
+        if op is Op.MATMUL:
+            return self._matmul(node, point)
         raise NeedsBuffer(node)  # EXTERN, INPUT, TENSOR: always buffers
 
     def _index(self, node: Node, point: Point) -> Value:
@@ -370,6 +374,25 @@ class KernelBuilder:
         self._reader = previous
         position = offset(tuple(inner_var(j) for j in range(len(dims))), sh.contiguous_strides(extents))
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.op, position))
+
+    def _matmul(self, node: Node, point: Point) -> Value:
+        """A matmul at its kernel's (o0, o1): a dot of its operands' loads at (o0, r0) and (r0, o1).
+        Elsewhere (in a row kernel, read shifted or transposed) it needs a kernel of its own; an
+        operand that is not a tensor in memory (a pointwise result) needs a buffer."""
+        a, b = node.inputs
+        o0, o1, k = outer_var(0), outer_var(1), inner_var(0)
+        if (not self.spec.matmul or tuple(point) != (o0, o1) or len(self.spec.inner) != 1
+                or not sh.equal(a.shape[1], self.spec.inner[0])):
+            raise NeedsBuffer(node)
+        previous, self._reader = self._reader, node
+        operands = [self.value_of(a, (o0, k)), self.value_of(b, (k, o1))]
+        self._reader = previous
+        for v, x in zip(operands, (a, b)):
+            if v.kind != "load" or v.arg.bindings:
+                while x.op in VIEW_OPS:
+                    x = x.inputs[0]
+                raise NeedsBuffer(x)
+        return self._emit("dot", dt.float32, operands)
 
     def _across_rows(self, node: Node, point: Point, dims: list[int], extents: list[sympy.Expr]) -> Value:
         """A reduction over exactly this row kernel's rows (outer domain), of values per row: a
@@ -593,8 +616,8 @@ def assign_loops(kernel: Kernel) -> None:
     needs = stage_needs()  # read as stages are assigned, in topological order
     n_loops = 0
     for v in kernel.values:
-        if v.kind == "reduce":
-            v.loop = needs(v.srcs[0]) + 1
+        if v.kind in ("reduce", "dot"):
+            v.loop = max(needs(s) for s in v.srcs) + 1
             v.stage = v.loop
             n_loops = max(n_loops, v.loop)
         elif v.kind == "chunksum":  # added up in the loop that computes its source

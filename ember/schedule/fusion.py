@@ -25,7 +25,7 @@ from ..ir.node import Graph, Node, fill_value, row_ids_offsets
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
 from .build import ACROSS_OPS, AcrossFailed, BufferInfo, Conflict, GroupSpec, KernelBuilder, NeedsBuffer
 from .guards import guard_branches
-from .indexing import Point
+from .indexing import Point, map_reshape
 from .kernel_ir import CHUNK, SEGMENT_LENGTH, Kernel, indirect_var, inner_var, outer_var
 from .loops import collapse_dims
 
@@ -67,7 +67,8 @@ class Schedule:
 
 def _is_compute(node: Node) -> bool:
     return node.op in POINTWISE_OPS or node.op in REDUCE_OPS or node.op in VIEW_OPS or node.op in (
-        Op.CONST, Op.IOTA, Op.GATHER, Op.INDEX, Op.SEARCH, Op.CAT, Op.PAD, Op.SEGMENT_REDUCE, Op.CHUNK_SUM)
+        Op.CONST, Op.IOTA, Op.GATHER, Op.INDEX, Op.SEARCH, Op.CAT, Op.PAD, Op.SEGMENT_REDUCE, Op.CHUNK_SUM,
+        Op.MATMUL)
 
 
 def _view_base(node: Node) -> Node:
@@ -106,6 +107,7 @@ class Planner:
         self.released: set[Node] = set()       # ... then found to be read by their own kernel only
         self.not_across: set[Node] = set()     # reductions over rows a row kernel cannot finish
         self._across: dict[Node, GroupSpec] = {}  # root -> the row group domain() offered it
+        self.matmul_roots: set[Node] = set()   # roots whose domain is a matmul's (M, N) x K
         self._choose_initial_buffers()
 
     # ---- 1. buffers the program needs ------------------------------------------------------
@@ -172,6 +174,7 @@ class Planner:
         self.unrolled.pop(root, None)
         self.segment_of.pop(root, None)
         self._across.pop(root, None)
+        self.matmul_roots.discard(root)
         if root.op is Op.INDEX_PUT:  # a pointwise kernel over the values written
             return self._pointwise_domain(root, root.inputs[1].shape)
         if root.op is Op.CHUNK_SUM:
@@ -195,6 +198,12 @@ class Planner:
                 self.segment_of[root] = (g.segment, g.segment_total)
                 return g.outer, g.inner, _row_home(root.shape), None
         reductions = [n for n in [*self.subtree(root), root] if n.op in REDUCE_OPS]
+        matmuls = [n for n in [*self.subtree(root), root] if n.op is Op.MATMUL]
+        home = _matmul_home(root, matmuls[-1].shape) if matmuls and not reductions else None
+        if home is not None:
+            # a matmul and its epilogue: tiles of (M, N), each summing over K
+            self.matmul_roots.add(root)
+            return tuple(matmuls[-1].shape), (matmuls[-1].inputs[0].shape[1],), home, None
         if reductions:
             # The reduction nearest the root sets the loops; earlier ones that do not fit them
             # get buffers of their own (softmax statistics, then a sum over the result).
@@ -212,7 +221,13 @@ class Planner:
                     return outer, inner, _place(root.shape, outer_var), (full, dims)
             else:
                 return outer, inner, _inner_home(full, dims), (full, dims)
-        # pure pointwise: join a reduction group over the same full shape when there is one
+        # pure pointwise: join a matmul's epilogue over its (M, N), or a reduction group over the
+        # same full shape, when there is one
+        for g in groups:
+            home = _matmul_home(root, g.outer) if g.matmul and not reductions and not matmuls else None
+            if home is not None:
+                self.matmul_roots.add(root)
+                return g.outer, g.inner, home, None
         for g in groups:
             ref = g.ref
             if ref is not None and sh.shapes_equal(root.shape, ref[0]) and not reductions:
@@ -341,7 +356,8 @@ class Planner:
                 rows.final = True
             if target is None:
                 segment, total = self.segment_of.get(root, (None, None))
-                target = GroupSpec([], {}, outer, inner, ref, segment=segment, segment_total=total)
+                target = GroupSpec([], {}, outer, inner, ref, segment=segment, segment_total=total,
+                                   matmul=root in self.matmul_roots)
                 groups.append(target)
             target.roots.append(root)
             target.homes[root] = home
@@ -362,6 +378,7 @@ class Planner:
             if (len(g.outer) == len(outer) and len(g.inner) == len(inner)
                     and all(sh.equal(a, b) for a, b in zip(g.outer + g.inner, outer + inner))
                     and (g.segment, g.segment_total) == self.segment_of.get(root, (None, None))
+                    and g.matmul == (root in self.matmul_roots)
                     and self.cfg.fusion and not alone and not self._blocked(root, g, owner)
                     and not (checked and self._closes_cycle(root, g, groups))):
                 return g
@@ -375,7 +392,7 @@ class Planner:
             group.roots.pop()
 
     def _has_reduction(self, root: Node) -> bool:
-        reducing = REDUCE_OPS | {Op.SEGMENT_REDUCE}
+        reducing = REDUCE_OPS | {Op.SEGMENT_REDUCE, Op.MATMUL}
         return root.op in reducing or any(n.op in reducing for n in self.subtree(root))
 
     def _blocked(self, root: Node, group: GroupSpec, owner: dict[Node, GroupSpec]) -> bool:
@@ -435,7 +452,8 @@ class Planner:
         for n, gs in reached.items():
             if len(gs) < 2 or n.op in VIEW_OPS or n.op is Op.CONST:
                 continue
-            if n.op in REDUCE_OPS or n.op is Op.SEGMENT_REDUCE or self._cost(n) > self.cfg.max_recompute_ops:
+            if (n.op in REDUCE_OPS or n.op in (Op.SEGMENT_REDUCE, Op.MATMUL)
+                    or self._cost(n) > self.cfg.max_recompute_ops):
                 extra.add(n)
         return extra
 
@@ -526,7 +544,9 @@ class Planner:
             self.apart.add(frozenset((r, e.root)))
 
     def _build(self, spec: GroupSpec, infos: dict[Node, BufferInfo], index: int) -> Kernel:
-        kernel = guard_branches(collapse_dims(KernelBuilder(spec, infos, "").build()))
+        kernel = KernelBuilder(spec, infos, "").build()
+        # (a matmul's tiles need its two dims: they are never collapsed into one)
+        kernel = guard_branches(kernel if spec.matmul else collapse_dims(kernel))
         # Every size the group's nodes mention is an argument, so the group can also run
         # through ATen (when its kernel fails to build) from the kernel's own arguments.
         nodes = {n for r in spec.roots for n in [r, *self.subtree(r)]}
@@ -602,6 +622,18 @@ def _place(shape: tuple[sympy.Expr, ...], var) -> Point:
             point.append(var(k))
             k += 1
     return tuple(point)
+
+
+def _matmul_home(root: Node, mn: tuple[sympy.Expr, ...]) -> Point | None:
+    """Where a root of a matmul's kernel is computed, in the tile's (o0, o1): its (M, N) itself,
+    or a (..., N) view of it (a linear layer over (batch, tokens, features) flattens the tokens
+    into M rows: its epilogue sees row o0 as (o0 // tokens, o0 % tokens))."""
+    shape = root.shape
+    if sh.shapes_equal(shape, mn):
+        return _place(shape, outer_var)
+    if len(shape) > 2 and sh.equal(shape[-1], mn[1]) and sh.equal(sh.numel(shape[:-1]), mn[0]):
+        return map_reshape((outer_var(0), outer_var(1)), mn, shape)
+    return None
 
 
 def _row_home(shape: tuple[sympy.Expr, ...]) -> Point:

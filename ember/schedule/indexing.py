@@ -68,13 +68,31 @@ def _divides(a: sympy.Expr, b: sympy.Expr) -> bool:
     return den == 1
 
 
+def recombine(e: sympy.Expr) -> sympy.Expr:
+    """``k * c * (x // c) + k * (x % c)`` as ``k * x``: a flat index split into dims and joined again (a matmul
+    kernel's row o0 seen as (batch, position) by its epilogue, then as a row by the matmul)."""
+    e = sympy.expand(e)
+    if not isinstance(e, sympy.Add):
+        return e
+    for term in e.args:
+        for f in sympy.Mul.make_args(term):
+            if not isinstance(f, FloorDiv):
+                continue
+            x, c = f.args
+            scale = sympy.cancel(term / (c * f))  # term = scale * c * (x // c)
+            rest = sympy.expand(scale * ModularIndexing(x, sympy.Integer(1), c))
+            if rest in e.args:
+                return recombine(e - term - rest + sympy.expand(scale * x))
+    return e
+
+
 def map_reshape(point: Point, out_shape: Sequence[sympy.Expr], in_shape: Sequence[sympy.Expr]) -> Point:
     groups = reshape_groups(out_shape, in_shape) or [(list(range(len(out_shape))), list(range(len(in_shape))))]
     result: list[sympy.Expr] = [sympy.Integer(0)] * len(in_shape)
     for outs, ins in groups:
         outs = [i for i in outs if not sh.is_one(out_shape[i])]
         ins = [j for j in ins if not sh.is_one(in_shape[j])]  # size-1 dims stay at index 0
-        linear = offset(tuple(point[i] for i in outs), sh.contiguous_strides([out_shape[i] for i in outs]))
+        linear = recombine(offset(tuple(point[i] for i in outs), sh.contiguous_strides([out_shape[i] for i in outs])))
         strides = sh.contiguous_strides([in_shape[j] for j in ins])
         for k, j in enumerate(ins):
             if len(ins) == 1:

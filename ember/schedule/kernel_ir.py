@@ -115,7 +115,8 @@ class Value:
     its source in a sorted sequence, searchsorted's answer), 'chunksum' (arg ReduceArg: adds its
     source over the rows of a chunked kernel's run, per inner position; only a store reads it, and
     writes the run's total when the run ends), 'rowreduce' (arg ReduceArg: reduces its outer
-    source over all rows; available at FINAL_STAGE).
+    source over all rows; available at FINAL_STAGE), 'dot' (a matmul's float32 sum over the inner
+loop of the products of its two sources, loads of the operands at (o0, r0) and (r0, o1)).
 
     ``guard``: a bool value; where it is false nothing uses this value (it feeds only the branch
     of a ``where`` that is not taken there), so renderers may skip loading and computing it
@@ -186,6 +187,11 @@ class Kernel:
         return [v for v in self.values if v.kind == "reduce"]
 
     @property
+    def dots(self) -> list[Value]:
+        """Matmul accumulations (a matmul kernel: outer (M, N), inner (K,))."""
+        return [v for v in self.values if v.kind == "dot"]
+
+    @property
     def row_reductions(self) -> list[Value]:
         """Reductions over all rows (their results, and what uses them, are at FINAL_STAGE)."""
         return [v for v in self.values if v.kind == "rowreduce"]
@@ -211,7 +217,7 @@ class Kernel:
 
     def loop_values(self, k: int) -> list[Value]:
         """Inner values that loop ``k`` must compute: what its reductions and stores need."""
-        roots = [v for v in self.values if v.kind in ("reduce", "store", "chunksum") and v.loop == k]
+        roots = [v for v in self.values if v.kind in ("reduce", "store", "chunksum", "dot") and v.loop == k]
         needed: set[int] = set()
         stack = [s for r in roots for s in r.srcs]
         while stack:
@@ -235,7 +241,7 @@ def format_kernel(k: Kernel) -> str:
              f"  outer {sh.fmt(k.outer)}  inner {sh.fmt(k.inner)}  loops {k.n_loops}"
              + (f"  rows in {k.chunks} runs" if k.chunks else "")]
     for v in k.values:
-        where = f"loop {v.loop}" if v.kind in ("reduce", "store", "chunksum") and v.loop else (
+        where = f"loop {v.loop}" if v.kind in ("reduce", "store", "chunksum", "dot") and v.loop else (
             "inner" if v.inner else "after all rows" if v.stage == FINAL_STAGE else f"stage {v.stage}")
         srcs = ", ".join(names[id(s)] for s in v.srcs)
         if v.kind in ("load", "store"):
@@ -247,6 +253,8 @@ def format_kernel(k: Kernel) -> str:
             detail = f"{a.buffer}[{a.start} + i*{a.stride}, i < {a.length}] {'<=' if a.right else '<'}"
         elif v.kind == "alu":
             detail = v.arg.value
+        elif v.kind == "dot":
+            detail = "sum over r0 of products"
         elif v.kind in ("reduce", "chunksum", "rowreduce"):
             detail = v.arg.op.value
         else:

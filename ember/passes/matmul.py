@@ -1,0 +1,87 @@
+"""Matmuls with epilogues: ``aten.mm`` / ``aten.addmm`` calls whose result feeds pointwise ops
+become ``Op.MATMUL`` nodes, which the planner fuses with those ops into one kernel (the Triton
+backend's tiled matmul, schedule/fusion.py and codegen/triton_matmul.py).
+
+cuBLAS then no longer writes the product for another kernel to read back: gelu(x @ W + b) stores
+only its result, and silu(x @ Wg) * (x @ Wu) computes both products in one kernel, reading x
+once, and stores neither. ``addmm``'s bias joins the epilogue: the float32 sums plus the bias are
+rounded once, as cuBLAS rounds them.
+
+Only 16-bit float matmuls are rewritten (float32 matmuls keep cuBLAS's exact float32 products; a
+Triton dot would round them to TF32), only where some user is pointwise, directly or through
+views (a plain product is cuBLAS's to compute) and only when no dim is statically below 16 (a tile's smallest side).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..ir import dtypes as dt
+from ..ir import shapes as sh
+from ..ir.node import ArgRef, Graph, Node, make, rewrite
+from ..ir.ops import POINTWISE_OPS, VIEW_OPS, Op
+
+aten = torch.ops.aten
+MIN_SIDE = 16  # tl.dot's smallest block side
+_LOW = (dt.float16, dt.bfloat16)
+
+
+def _operands(node: Node) -> tuple[Node | None, Node, Node] | None:
+    """(bias or None, a, b) of an mm or addmm call ember can generate, else None."""
+    if node.op is not Op.EXTERN or node.shape is None:
+        return None
+    call = node.arg
+    if call.target is aten.mm.default and call.args == (ArgRef(0), ArgRef(1)) and not call.kwargs:
+        bias, (a, b) = None, node.inputs
+    elif (call.target is aten.addmm.default and call.args == (ArgRef(0), ArgRef(1), ArgRef(2))
+          and all(call.kwargs.get(k, 1) == 1 for k in ("beta", "alpha")) and set(call.kwargs) <= {"beta", "alpha"}):
+        bias, a, b = node.inputs
+        if bias.dtype != a.dtype or bias.rank > 2:
+            return None
+    else:
+        return None
+    if a.rank != 2 or b.rank != 2 or a.dtype not in _LOW or b.dtype != a.dtype or node.dtype != a.dtype:
+        return None
+    for size in (a.shape[0], a.shape[1], b.shape[1]):
+        n = sh.static(size)
+        if n is not None and n < MIN_SIDE:
+            return None
+    return bias, a, b
+
+
+def _feeds_pointwise(node: Node, users: dict[Node, list[Node]]) -> bool:
+    """Is ``node`` read by a pointwise op, directly or through views (a linear layer's (M, N)
+    result reshaped back to (batch, tokens, N))?"""
+    stack = list(users.get(node, ()))
+    while stack:
+        u = stack.pop()
+        if u.op in POINTWISE_OPS:
+            return True
+        if u.op in VIEW_OPS:
+            stack.extend(users.get(u, ()))
+    return False
+
+
+def matmul_epilogues(graph: Graph, target: str | None = None, gpu_backend: str = "triton") -> Graph:
+    """``target``: the backend kernels are rendered for whatever the device (``explain``, tests
+    under the Triton interpreter); None: ``gpu_backend`` for CUDA graphs, C++ for CPU ones."""
+    users = graph.users()
+
+    def rule(node: Node, inputs: tuple[Node, ...]) -> Node | None:
+        backend = target or (gpu_backend if node.device.startswith("cuda") else "cpp")
+        if backend != "triton" or _operands(node) is None:
+            return None
+        if not _feeds_pointwise(node, users):
+            return None  # nothing to fuse: cuBLAS computes a plain product faster
+        bias, a, b = inputs if len(inputs) == 3 else (None, *inputs)
+        total = make(Op.MATMUL, (a, b), origin=node.origin)
+        if bias is not None:
+            if bias.rank < 2:
+                bias = make(Op.RESHAPE, (bias,), (1,) * (2 - bias.rank) + tuple(bias.shape))
+            if not sh.shapes_equal(bias.shape, total.shape):
+                bias = make(Op.EXPAND, (bias,), tuple(total.shape))
+            bias = make(Op.CAST, (bias,), dtype=dt.float32, origin=node.origin)
+            total = make(Op.ADD, (total, bias), origin=node.origin)
+        return make(Op.CAST, (total,), dtype=node.dtype, origin=node.origin)
+
+    return rewrite(graph, rule)

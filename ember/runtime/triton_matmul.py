@@ -1,0 +1,170 @@
+"""Launching ember's matmul kernels (codegen/triton_matmul.py): tile sizes per shape bucket, the
+TMA path when the operands allow it, a program per SM (or per tile, when there are fewer).
+
+Launch configurations (H200, bf16, bench/matmul_probe.py): 128 x 256 tiles with 8 warps and 3
+stages were the fastest for one matmul of 8192 x 4096 x 4096 (persistent and flattened 430 us,
+one tile per program 435, 128 x 128 tiles 467-490; TMA loads 5% faster than pointer loads). Two
+matmuls in one kernel (silu(x @ Wg) * (x @ Wu), 11008 columns) need two accumulators: 128 x 128
+tiles with 3 stages, persistent, not flattened, were the fastest (2146 us; flattened 2709; a
+128 x 256 tile does not fit shared memory; 4 warps, 8730). Smaller problems take smaller tiles, so
+that there are tiles enough for the SMs.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..config import Config, log
+from . import stats
+from . import triton_configs as tc
+
+# (BM, BN, BK, warps, stages)
+ONE_DOT = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (64, 128, 64, 4, 4),
+           (64, 64, 64, 4, 4)]
+TWO_DOTS = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 64, 64, 4, 4)]
+GROUP_M = 8
+_allocator_lock = threading.Lock()
+_allocator_set = False
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _config(c: tuple[int, int, int, int, int]) -> dict[str, Any]:
+    bm, bn, bk, warps, stages = c
+    return {"BM": bm, "BN": bn, "BK": bk, "num_warps": warps, "num_stages": stages}
+
+
+def candidates(m: int, n: int, dots: int, sms: int, forced: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Configurations to try, best guess first: the largest tile that still gives every SM a
+    tile (or the smallest, when even that does not)."""
+    table = ONE_DOT if dots == 1 else TWO_DOTS
+    fits = [c for c in table if _cdiv(m, c[0]) * _cdiv(n, c[1]) >= sms]
+    order = fits + [c for c in table if c not in fits][::-1] if fits else table[::-1]
+    configs = [_config(c) for c in order]
+    if forced:
+        configs = [{**c, **{k: v for k, v in forced.items() if k in c}} for c in configs[:1]]
+    return configs
+
+
+def _ensure_allocator() -> None:
+    """Device-side TMA descriptors live in scratch memory Triton asks its allocator for."""
+    global _allocator_set
+    with _allocator_lock:
+        if not _allocator_set:
+            import triton
+
+            def alloc(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+                return torch.empty(size, dtype=torch.int8, device="cuda")
+
+            triton.set_allocator(alloc)
+            _allocator_set = True
+
+
+class MatmulLauncher:
+    """Launches one matmul kernel from the wrapper's (tensors..., sizes...) call."""
+
+    def __init__(self, name: str, fn: Any, meta: dict[str, Any], source_hash: str, tuner: Any,
+                 fallback: Callable[..., None] | None, forced: dict[str, Any] | None, tuning: str, cfg: Config):
+        self.name, self.fn, self.meta = name, fn, meta
+        self.n_params = len(meta["params"])
+        args = ", ".join(meta["sizes"])
+        self.extents = eval(f"lambda {args}: ({meta['m']}, {meta['n']}, {meta['k']})")  # noqa: S307 -- our own expressions
+        tma = meta["tma"]
+        self.index = {p: i for i, p in enumerate(meta["params"])}
+        self.tma_checks = None if tma is None else [
+            (self.index[o["param"]], o["bytes"],
+             eval(f"lambda {args}: ({o['offset']}, {o['stride']})"))  # noqa: S307
+            for o in tma]
+        forced = dict(forced or {})
+        if "only" in forced and forced.pop("only") not in name:
+            forced = {}
+        self.forced = forced
+        self.key = f"{source_hash}:{name}"
+        self.tuner, self.fallback, self.tuning, self.cfg = tuner, fallback, tuning, cfg
+        self.failed = False
+        self._configs: dict[tuple[int, ...], dict[str, Any]] = {}
+        self.sms = tc.DEFAULT_SMS
+
+    def _tma(self, args: tuple[Any, ...], sizes: tuple[int, ...]) -> bool:
+        if self.tma_checks is None or self.forced.get("TMA") is False:
+            return False
+        for i, itemsize, at in self.tma_checks:
+            offset, stride = at(*sizes)
+            if (args[i].data_ptr() + offset * itemsize) % 16 or (stride * itemsize) % 16:
+                return False
+        return True
+
+    def __call__(self, *args: Any) -> None:
+        if self.failed:
+            self.fallback(*args)
+            return
+        sizes = args[self.n_params:]
+        m, n, k = (int(x) for x in self.extents(*sizes))
+        if m == 0 or n == 0:
+            return  # no tile to store
+        try:
+            self._launch(args, m, n, k)
+        except Exception as e:  # noqa: BLE001 -- a kernel Triton cannot compile falls back, once
+            if self.fallback is None:
+                raise
+            self.failed = True
+            stats.bump("build_failures")
+            warnings.warn(f"ember: Triton matmul kernel {self.name} failed to compile or launch "
+                          f"({type(e).__name__}: {str(e)[-1500:]}); its ops run through ATen instead.",
+                          RuntimeWarning, stacklevel=2)
+            self.fallback(*args)
+
+    def _launch(self, args: tuple[Any, ...], m: int, n: int, k: int) -> None:
+        tensors = args[:self.n_params]
+        tma = self._tma(args, args[self.n_params:])
+        if tma:
+            _ensure_allocator()
+        big = any(t.numel() >= 2**31 for t in tensors)
+        bucket = (m.bit_length(), n.bit_length(), k.bit_length(), tma, big)
+        config = self._configs.get(bucket)
+        if config is None:
+            device = tensors[0].device
+            self.sms = tc.sm_count(device.index if device.type == "cuda" else None)
+            configs = candidates(m, n, self.meta["dots"], self.sms, self.forced)
+            key = f"{self.key}:{tc.next_pow2(m)}x{tc.next_pow2(n)}x{tc.next_pow2(k)}:{tma}"
+            if self.tuning == "full" and not self.forced:
+                config = self.tuner.pick(key, configs, lambda c: self._run(args, m, n, c, tma, big), self.cfg)
+            else:
+                try:
+                    config = self._first_that_compiles(args, m, n, configs, tma, big)
+                except Exception:
+                    if not tma:
+                        raise
+                    # no tile compiles with TMA loads (a layout the copy engine cannot take):
+                    # pointer loads, for this shape bucket from now on
+                    config = {**self._first_that_compiles(args, m, n, configs, False, big), "TMA": False}
+                self._configs[bucket] = config
+                return  # (it ran)
+            self._configs[bucket] = config
+        self._run(args, m, n, config, config.get("TMA", tma), big)
+
+    def _first_that_compiles(self, args: tuple[Any, ...], m: int, n: int, configs: list[dict[str, Any]],
+                             tma: bool, big: bool) -> dict[str, Any]:
+        error: Exception | None = None
+        for c in configs:
+            try:
+                self._run(args, m, n, c, tma, big)
+            except Exception as e:  # noqa: BLE001 -- too much shared memory for this tile: the next
+                log(1, f"{self.name}: matmul configuration {c} failed ({type(e).__name__}); trying the next", self.cfg)
+                error = e
+                continue
+            log(2, f"{self.name} {m}x{n}: {c}, TMA {tma}", self.cfg)
+            return c
+        raise error if error is not None else RuntimeError(f"no launch configuration for {self.name}")
+
+    def _run(self, args: tuple[Any, ...], m: int, n: int, c: dict[str, Any], tma: bool, big: bool) -> None:
+        grid = (min(_cdiv(m, c["BM"]) * _cdiv(n, c["BN"]), self.forced.get("PROGRAMS", self.sms)),)
+        self.fn[grid](*args, BIG=big, BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=GROUP_M, TMA=tma,
+                      FLATTEN=self.meta["dots"] == 1, num_warps=c["num_warps"], num_stages=c["num_stages"])

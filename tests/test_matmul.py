@@ -1,0 +1,224 @@
+"""Matmuls with fused epilogues (passes/matmul.py, codegen/triton_matmul.py): the pass against the
+graph it should produce, and the Triton kernels, run under the interpreter, against eager.
+
+Float16 on the CPU: Triton 3.6's interpreter computes bfloat16 ``tl.dot`` wrongly (numpy has no
+bfloat16), so bfloat16 is checked on the GPU (the last test, and bench/gpu_fusion.py).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+from ember.ir import ArgRef, ExternCall, GraphBuilder, Op, dtypes, structurally_equal, verify
+from ember.ir.node import make
+from ember.passes.matmul import matmul_epilogues
+
+from .helpers import assert_same, check
+
+aten = torch.ops.aten
+F16 = torch.float16
+TRITON = {"target": "triton"}
+# small tiles, two programs walking them all, K not a multiple of BK: every edge and the tile loop
+SMALL_TILES = {"target": "triton", "triton_launch": {"BM": 32, "BN": 32, "BK": 16, "PROGRAMS": 2}}
+POINTERS = {"target": "triton", "triton_launch": {"TMA": False, "BM": 32, "BN": 64, "BK": 16}}
+LAUNCHES = {"default": TRITON, "small_tiles": SMALL_TILES, "pointers": POINTERS}
+
+
+def _mm(b: GraphBuilder, x, w, target=aten.mm.default, extra=(), kwargs=None, dtype=dtypes.float16):
+    inputs = (*extra, x, w)
+    args = tuple(ArgRef(i) for i in range(len(inputs)))
+    call = ExternCall(target, args, kwargs or {})
+    return b._add(make(Op.EXTERN, inputs, call, dtype=dtype, shape=(x.shape[0], w.shape[1])))
+
+
+def test_pass_makes_matmuls_with_pointwise_users_ember_nodes():
+    b = GraphBuilder()
+    x, w, bias = b.input((64, 32), dtypes.float16), b.input((32, 48), dtypes.float16), b.input((48,), dtypes.float16)
+    before = b.build(b.relu(_mm(b, x, w, aten.addmm.default, extra=(bias,))))
+    e = GraphBuilder()
+    x, w, bias = e.input((64, 32), dtypes.float16), e.input((32, 48), dtypes.float16), e.input((48,), dtypes.float16)
+    wide = e.cast(e.expand(e.reshape(bias, (1, 48)), (64, 48)), dtypes.float32)
+    total = e.cast(e.add(e.op(Op.MATMUL, x, w), wide), dtypes.float16)
+    expected = e.build(e.relu(total))
+    verify(before)
+    after = matmul_epilogues(before, target="triton")
+    verify(after)
+    assert structurally_equal(after, expected), f"got:\n{after}\n\nexpected:\n{expected}"
+
+
+@pytest.mark.parametrize("case", ["no_pointwise_user", "float32", "cpp_target", "cuda_target", "tiny_k", "beta_2"])
+def test_pass_leaves_other_matmuls_to_cublas(case):
+    b = GraphBuilder()
+    dtype = dtypes.float32 if case == "float32" else dtypes.float16
+    x, w = b.input((64, 8 if case == "tiny_k" else 32), dtype), b.input((8 if case == "tiny_k" else 32, 48), dtype)
+    if case == "beta_2":
+        bias = b.input((48,), dtype)
+        y = _mm(b, x, w, aten.addmm.default, extra=(bias,), kwargs={"beta": 2}, dtype=dtype)
+    else:
+        y = _mm(b, x, w, dtype=dtype)
+    before = b.build(y if case == "no_pointwise_user" else b.relu(y))
+    target = {"cpp_target": "cpp", "cuda_target": "cuda"}.get(case, "triton")
+    after = matmul_epilogues(before, target=target)
+    assert not [n for n in after.nodes if n.op is Op.MATMUL]
+
+
+def test_pass_follows_the_device_without_a_target():
+    b = GraphBuilder(device="cpu")
+    x, w = b.input((64, 32), dtypes.float16), b.input((32, 48), dtypes.float16)
+    g = b.build(b.relu(_mm(b, x, w)))
+    assert not [n for n in matmul_epilogues(g).nodes if n.op is Op.MATMUL]  # the CPU keeps its BLAS
+
+
+def gelu_linear(x, w, b):
+    return F.gelu(F.linear(x, w, b))
+
+
+def gelu_matmul(x, w, b):
+    return F.gelu(x @ w + b)
+
+
+def swiglu(x, wg, wu):
+    return F.silu(x @ wg) * (x @ wu)
+
+
+def the_matmul_kernel(report, dots=1):
+    (kernel,) = report.kernels
+    assert kernel.kernel_ir.count("= dot ") == dots, kernel.kernel_ir
+    assert kernel.source.count("tl.dot(") == dots, kernel.source
+    assert not report.fallbacks, report.fallbacks
+    return kernel
+
+
+@pytest.mark.parametrize("launch", list(LAUNCHES))
+def test_linear_gelu_is_one_kernel(launch):
+    x, w, b = torch.randn(70, 50, dtype=F16), torch.randn(96, 50, dtype=F16) * 0.2, torch.randn(96, dtype=F16)
+    kernel = the_matmul_kernel(check(gelu_linear, x, w, b, options=LAUNCHES[launch]))
+    assert kernel.name.startswith("fused_addmm_gelu"), kernel.name
+
+
+@pytest.mark.parametrize("launch", list(LAUNCHES))
+def test_swiglu_is_one_kernel_with_two_dots(launch):
+    x = torch.randn(40, 64, dtype=F16)
+    wg, wu = torch.randn(64, 90, dtype=F16) * 0.2, torch.randn(64, 90, dtype=F16) * 0.2
+    the_matmul_kernel(check(swiglu, x, wg, wu, options=LAUNCHES[launch]), dots=2)
+
+
+@pytest.mark.parametrize("layout", ["a_transposed", "b_transposed", "both", "sliced"])
+def test_operand_layouts(layout):
+    x, w, b = torch.randn(48, 64, dtype=F16), torch.randn(48, 80, dtype=F16) * 0.2, torch.randn(80, dtype=F16)
+    if layout == "a_transposed":
+        fn = lambda x, w, b: torch.relu(x.t() @ w[:, :64] + b[:64])  # noqa: E731
+    elif layout == "b_transposed":
+        fn = lambda x, w, b: torch.tanh(x @ w.t()[:64, :48])  # noqa: E731
+    elif layout == "both":
+        fn = lambda x, w, b: torch.sigmoid(x.t() @ w.t()[:48, :])  # noqa: E731
+    else:
+        fn = lambda x, w, b: (x[::2, 16:] @ w[:48, 16:] + 1.5) * 2  # noqa: E731
+    for options in (TRITON, POINTERS):
+        torch._dynamo.reset()
+        the_matmul_kernel(check(fn, x, w, b, options=options))
+
+
+def test_epilogue_of_the_transposed_product():
+    # read at (n, m), the product cannot be the epilogue's tile: a kernel of its own stores it
+    x, w = torch.randn(40, 64, dtype=F16), torch.randn(64, 48, dtype=F16) * 0.2
+    report = check(lambda x, w: torch.sigmoid(x @ w).t().contiguous(), x, w, options=TRITON)
+    assert len(report.kernels) == 2 and not report.fallbacks
+
+
+def test_symbolic_rows_compile_once():
+    w, b = torch.randn(96, 50, dtype=F16) * 0.2, torch.randn(96, dtype=F16)
+    report = ember.Report()
+    compiled = ember.compile(gelu_linear, dynamic=True, options=SMALL_TILES, report=report)
+    for rows in (33, 70, 129, 16):
+        x = torch.randn(rows, 50, dtype=F16)
+        assert_same(compiled(x, w, b), gelu_linear(x, w, b))
+    assert len(report.graphs) == 1
+    assert "dot" in report.kernels[0].kernel_ir
+
+
+def test_operand_computed_by_another_kernel():
+    # gelu(x) is an operand: stored by a kernel of its own, then read by the matmul's
+    x, w = torch.randn(40, 64, dtype=F16), torch.randn(64, 48, dtype=F16) * 0.2
+    report = check(lambda x, w: torch.relu(F.gelu(x) @ w), x, w, options=TRITON)
+    assert len(report.kernels) == 2 and sum("= dot " in k.kernel_ir for k in report.kernels) == 1
+
+
+def test_matmul_result_also_returned():
+    # the product is an output too: the kernel stores it and its epilogue's result
+    x, w = torch.randn(40, 64, dtype=F16), torch.randn(64, 48, dtype=F16) * 0.2
+    the_matmul_kernel(check(lambda x, w: (lambda y: (y, torch.exp(y)))(x @ w), x, w, options=TRITON))
+
+
+def test_training_step_matches_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32)).half()
+    ref_model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32)).half()
+    ref_model.load_state_dict(model.state_dict())
+    x = torch.randn(48, 64, dtype=F16)
+    report = ember.Report()
+    compiled = ember.compile(model, options=TRITON, report=report)
+    compiled(x).float().square().mean().backward()
+    ref_model(x).float().square().mean().backward()
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        assert_same(p.grad, q.grad)
+    assert any("= dot " in k.kernel_ir for k in report.kernels)
+
+
+def test_option_off_keeps_cublas():
+    x, w, b = torch.randn(70, 50, dtype=F16), torch.randn(96, 50, dtype=F16) * 0.2, torch.randn(96, dtype=F16)
+    report = check(gelu_linear, x, w, b, options={**TRITON, "matmul_epilogues": False})
+    assert report.fallbacks == ["aten.addmm"] and not any("= dot " in k.kernel_ir for k in report.kernels)
+
+
+def test_kernel_that_fails_to_build_falls_back_with_one_warning():
+    x, w, b = torch.randn(70, 50, dtype=F16), torch.randn(96, 50, dtype=F16) * 0.2, torch.randn(96, dtype=F16)
+    compiled = ember.compile(gelu_linear, options={"target": "triton", "triton_launch": {"BM": 24}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(x, w, b)
+        out2 = compiled(x, w, b)
+    assert len([c for c in caught if "matmul kernel" in str(c.message)]) == 1
+    assert_same(out, gelu_linear(x, w, b))
+    assert_same(out2, out)
+
+
+def test_explain_renders_tma_and_pointer_paths():
+    x, w, b = torch.randn(64, 64, dtype=F16), torch.randn(96, 64, dtype=F16), torch.randn(96, dtype=F16)
+    report = ember.explain(gelu_linear, x, w, b, target="triton")
+    source = report.kernels[0].source
+    assert "tl.make_tensor_descriptor" in source and "tl.load(" in source and "flatten=FLATTEN" in source
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bfloat16 matmul kernels need a GPU (see the docstring)")
+@pytest.mark.parametrize("shape", [(256, 512, 384), (1000, 72, 200), (17, 4096, 24)])
+def test_bfloat16_on_the_gpu(shape):
+    m, k, n = shape
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.05
+    b = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    the_matmul_kernel(check(gelu_linear, x, w, b))
+    torch._dynamo.reset()
+    wg, wu = (torch.randn(k, n, dtype=torch.bfloat16, device="cuda") * 0.05 for _ in range(2))
+    the_matmul_kernel(check(swiglu, x, wg, wu), dots=2)
+    torch._dynamo.reset()
+    xt = x.t().contiguous()  # the first operand transposed: (k, m) in memory
+    the_matmul_kernel(check(lambda xt, w: torch.relu(xt.t() @ w.t()), xt, w))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_linear_over_tokens_fuses_through_the_reshape(dynamic):
+    # (batch, tokens, features): the linear layer's rows are batch * tokens; the epilogue (gelu,
+    # then a residual add of a (batch, tokens, N) tensor) sees them as (batch, token)
+    x, w, b = torch.randn(3, 10, 64, dtype=F16), torch.randn(48, 64, dtype=F16) * 0.2, torch.randn(48, dtype=F16)
+    res = torch.randn(3, 10, 48, dtype=F16)
+    fn = lambda x, w, b, res: F.gelu(F.linear(x, w, b)) + res  # noqa: E731
+    the_matmul_kernel(check(fn, x, w, b, res, options=SMALL_TILES, dynamic=dynamic))
+    if dynamic:
+        x, res = torch.randn(2, 7, 64, dtype=F16), torch.randn(2, 7, 48, dtype=F16)
+        assert_same(ember.compile(fn, dynamic=True, options=SMALL_TILES)(x, w, b, res), fn(x, w, b, res))
