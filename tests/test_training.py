@@ -191,3 +191,22 @@ def test_double_backward_is_refused_not_wrong():
     (g,) = torch.autograd.grad(y, x, create_graph=True)
     with pytest.raises(RuntimeError, match="double backward"):
         torch.autograd.grad(g.sum(), x)
+
+
+def test_backward_frees_saved_activations_after_their_last_use():
+    # autograd hands a compiled backward its saved tensors and drops its own references: the
+    # backward deletes each as soon as nothing more reads it, before the steps that follow
+    x, w = torch.randn(64, 32, requires_grad=True), torch.randn(32, 16, requires_grad=True)
+    report = ember.Report()
+    fn = lambda x, w: (torch.tanh(x) @ w).sin().sum()  # noqa: E731
+    ember.compile(fn, report=report)(x, w).backward()
+    (backward,) = [g for g in report.graphs if g.kind == "backward"]
+    lines = backward.wrapper.splitlines()
+    inputs = {name.strip(",") for name in lines[1].split("=")[0].split()}
+    freed = [i for i, line in enumerate(lines) if line.strip().startswith("del ")
+             and inputs & {n.strip(",") for n in line.split()[1:]}]
+    later = [line.strip() for line in lines[freed[0] + 1:] if freed]
+    assert any(line.startswith(("fused_", "aten_")) for line in later), backward.wrapper
+    ref_x, ref_w = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    fn(ref_x, ref_w).backward()
+    assert_same((x.grad, w.grad), (ref_x.grad, ref_w.grad), rtol=1e-4, atol=1e-5)

@@ -213,11 +213,13 @@ class WrapperWriter:
         return [self.var[step.base]]
 
     def _last_uses(self) -> dict[str, int]:
+        """The step after which each buffer, and each input, is read no more. Inputs too: a
+        backward's saved activations are dropped by autograd when it calls the backward (the
+        inputs list is cleared), so deleting them here frees their memory for what comes next."""
         last: dict[str, int] = {}
-        inputs = {n.arg.name for n in self.s.graph.inputs}
         for i, step in enumerate(self.s.steps):
             for v in self._reads(step):
-                if v not in inputs and not v.startswith("const_"):
+                if not v.startswith("const_"):
                     last[v] = i
         return last
 
