@@ -75,3 +75,17 @@ def profiled_kernels(step: Callable[[], Any], n: int = 20) -> dict[str, float]:
         if e.device_type == torch.autograd.DeviceType.CUDA:
             total[e.name[:44]] = total.get(e.name[:44], 0.0) + e.device_time / n
     return total
+
+
+def interleaved_gpu_times(variants: dict[str, Callable[[], Any]], rounds: int = 5,
+                          rep_ms: int = 25) -> dict[str, float]:
+    """Median ms per call of each variant on the GPU: ``rounds`` rounds, each timing every variant
+    in turn (CUDA events, triton.testing.do_bench over ``rep_ms``), the median of the rounds.
+    Long matmul-bound kernels run at the power limit, where clocks drift with how long the GPU has
+    been busy: interleaving spreads that drift over all variants alike."""
+    from triton.testing import do_bench
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            samples[name].append(do_bench(fn, warmup=5, rep=rep_ms, return_mode="median"))
+    return {k: statistics.median(v) for k, v in samples.items()}

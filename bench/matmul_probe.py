@@ -4,10 +4,12 @@ cuBLAS (+ an epilogue kernel) and Inductor: hand-written kernels in the form emb
 (device-side TMA descriptors), one tile per program or persistent (a program per SM walking
 tiles), with and without warp specialization, over a few tile configurations.
 
-    PYTHONPATH=. python bench/matmul_probe.py
+    PYTHONPATH=. python bench/matmul_probe.py [--interleaved]
 """
 
 from __future__ import annotations
+
+from time import perf_counter
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +17,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from bench.common import rel_error, table
+from bench.common import interleaved_gpu_times, rel_error, table
 
 
 @triton.jit
@@ -103,14 +105,17 @@ def main() -> None:
         rows = []
 
         def time(name, run, check=True):
+            start = perf_counter()
             if check:
                 out.fill_(float("nan"))
                 run()
+                torch.cuda.synchronize()
                 err = rel_error(out, ref)
             else:
                 err = rel_error(run(), ref)
+            first = perf_counter() - start  # the first call: Triton's compile, Inductor's too
             ms = do_bench(run, warmup=25, rep=200)
-            rows.append((name, f"{ms * 1e3:.1f}", f"{flops / ms / 1e9:.0f}", f"{err:.1e}"))
+            rows.append((name, f"{ms * 1e3:.1f}", f"{flops / ms / 1e9:.0f}", f"{err:.1e}", f"{first * 1e3:.0f}"))
 
         time("eager", lambda: fn(x, w, w2, b), check=False)
         time("Inductor", lambda: ind(x, w, w2, b), check=False)
@@ -121,7 +126,7 @@ def main() -> None:
                 time(f"one tile {cfg}", lambda: one_tile[(tiles,)](  # noqa: B023
                     x, w, w2, b, out, M, N, K, dual, bm, bn, bk, 8, num_warps=wp, num_stages=st))  # noqa: B023
             except Exception as e:  # noqa: BLE001
-                rows.append((f"one tile {cfg}", "failed", str(e)[:50], "-"))
+                rows.append((f"one tile {cfg}", "failed", str(e)[:50], "-", "-"))
             for ws, flat in ((False, False), (False, True), (True, False), (True, True)):
                 name = f"persistent {cfg}{' ws' if ws else ''}{' flat' if flat else ''}"
                 try:
@@ -129,10 +134,57 @@ def main() -> None:
                         x, w, w2, b, out, M, N, K, dual, bm, bn, bk, 8, sms, ws, flat,  # noqa: B023
                         num_warps=wp, num_stages=st))  # noqa: B023
                 except Exception as e:  # noqa: BLE001
-                    rows.append((name, "failed", str(e)[:50], "-"))
+                    rows.append((name, "failed", str(e)[:50], "-", "-"))
         print(f"{'silu(x@Wg)*(x@Wu)' if dual else 'gelu(x@W+b)'} bf16 {M}x{K}x{N}")
-        print(table(rows, ["variant", "us", "TFLOP/s", "rel err"]))
+        print(table(rows, ["variant", "us", "TFLOP/s", "rel err", "first call ms"]))
+
+
+def interleaved() -> None:
+    """The fused gelu linear layer against Inductor over a few K, all variants interleaved (10
+    rounds): which kernel shape wins, and from which K on cuBLAS plus an epilogue kernel does."""
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    bf = torch.bfloat16
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    fn = lambda x, w, b: F.gelu(x @ w + b)  # noqa: E731
+    for M, K, N in ((8192, 4096, 4096), (8192, 1024, 4096), (8192, 512, 4096), (4096, 4096, 16384)):
+        x = torch.randn(M, K, device="cuda", dtype=bf) * 0.05
+        w = torch.randn(K, N, device="cuda", dtype=bf) * 0.05
+        b = torch.randn(N, device="cuda", dtype=bf) * 0.05
+        ref = fn(x.double(), w.double(), b.double())
+        out = torch.empty(M, N, device="cuda", dtype=bf)
+        ind = torch.compile(fn)
+
+        def fused(bm, bn, bk, warps, stages, ws, flat, group=8):
+            tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+            return lambda: persistent[(min(sms, tiles),)](x, w, w, b, out, M, N, K, False, bm, bn, bk, group, sms,
+                                                          ws, flat, num_warps=warps, num_stages=stages)
+
+        variants = {"Inductor": lambda: ind(x, w, b), "cuBLAS mm alone": lambda: x @ w,
+                    "ember's (flat s3)": fused(128, 256, 64, 8, 3, False, True),
+                    "ws flat s3": fused(128, 256, 64, 8, 3, True, True),
+                    "ws flat s4": fused(128, 256, 64, 8, 4, True, True),
+                    "flat s3 group 16": fused(128, 256, 64, 8, 3, False, True, 16),
+                    "BK 128 flat s2": fused(128, 256, 128, 8, 2, False, True)}
+        errors, first = {}, {}
+        for name, run in list(variants.items()):
+            start = perf_counter()
+            try:
+                out.fill_(float("nan"))
+                got = run()
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001
+                print(f"  {name}: failed {str(e)[:80]}")
+                del variants[name]
+                continue
+            first[name] = (perf_counter() - start) * 1e3
+            errors[name] = rel_error(got if name == "Inductor" else out, ref) if name != "cuBLAS mm alone" else 0.0
+        times = interleaved_gpu_times(variants, rounds=10, rep_ms=20)
+        rows = [(name, f"{ms * 1e3:.1f}", f"{2 * M * K * N / ms / 1e9:.0f}", f"{errors[name]:.1e}",
+                 f"{first[name]:.0f}") for name, ms in times.items()]
+        print(f"gelu(x@W+b) bf16 {M}x{K}x{N}, interleaved")
+        print(table(rows, ["variant", "us", "TFLOP/s", "rel err", "first call ms"]))
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+    interleaved() if "--interleaved" in sys.argv else main()

@@ -6,7 +6,7 @@
 """
 
 from . import ragged
-from .api import compile, ember_backend, explain, reset_stats, stats
+from .api import compile, ember_backend, explain, reset_stats, stats, wait_for_kernels
 from .config import Config, config
 from .report import GraphReport, KernelReport, Report
 
@@ -14,5 +14,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Config", "GraphReport", "KernelReport", "Report", "compile", "config", "ember_backend",
-    "explain", "ragged", "reset_stats", "stats",
+    "explain", "ragged", "reset_stats", "stats", "wait_for_kernels",
 ]

@@ -135,3 +135,11 @@ def stats() -> dict[str, float]:
 
 def reset_stats() -> None:
     stats_module.reset()
+
+
+def wait_for_kernels(timeout: float | None = None) -> bool:
+    """Block until the kernels compiling in the background (matmul kernels, see the
+    ``background_compile`` option) are ready; False if ``timeout`` seconds passed first. Calls
+    made meanwhile are correct, through ATen; benchmarks call this before timing."""
+    from .runtime.triton_matmul import wait_for_kernels as wait
+    return wait(timeout)

@@ -7,6 +7,7 @@ bfloat16), so bfloat16 is checked on the GPU (the last test, and bench/gpu_fusio
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import pytest
@@ -22,10 +23,11 @@ from .helpers import assert_same, check
 
 aten = torch.ops.aten
 F16 = torch.float16
-TRITON = {"target": "triton"}
+# every matmul with an epilogue ('auto', the default, takes only matmuls sharing an operand)
+TRITON = {"target": "triton", "matmul_epilogues": "all"}
 # small tiles, two programs walking them all, K not a multiple of BK: every edge and the tile loop
-SMALL_TILES = {"target": "triton", "triton_launch": {"BM": 32, "BN": 32, "BK": 16, "PROGRAMS": 2}}
-POINTERS = {"target": "triton", "triton_launch": {"TMA": False, "BM": 32, "BN": 64, "BK": 16}}
+SMALL_TILES = {**TRITON, "triton_launch": {"BM": 32, "BN": 32, "BK": 16, "PROGRAMS": 2}}
+POINTERS = {**TRITON, "triton_launch": {"TMA": False, "BM": 32, "BN": 64, "BK": 16}}
 LAUNCHES = {"default": TRITON, "small_tiles": SMALL_TILES, "pointers": POINTERS}
 
 
@@ -46,7 +48,7 @@ def test_pass_makes_matmuls_with_pointwise_users_ember_nodes():
     total = e.cast(e.add(e.op(Op.MATMUL, x, w), wide), dtypes.float16)
     expected = e.build(e.relu(total))
     verify(before)
-    after = matmul_epilogues(before, target="triton")
+    after = matmul_epilogues(before, target="triton", mode="all")
     verify(after)
     assert structurally_equal(after, expected), f"got:\n{after}\n\nexpected:\n{expected}"
 
@@ -63,7 +65,7 @@ def test_pass_leaves_other_matmuls_to_cublas(case):
         y = _mm(b, x, w, dtype=dtype)
     before = b.build(y if case == "no_pointwise_user" else b.relu(y))
     target = {"cpp_target": "cpp", "cuda_target": "cuda"}.get(case, "triton")
-    after = matmul_epilogues(before, target=target)
+    after = matmul_epilogues(before, target=target, mode="all")
     assert not [n for n in after.nodes if n.op is Op.MATMUL]
 
 
@@ -71,7 +73,18 @@ def test_pass_follows_the_device_without_a_target():
     b = GraphBuilder(device="cpu")
     x, w = b.input((64, 32), dtypes.float16), b.input((32, 48), dtypes.float16)
     g = b.build(b.relu(_mm(b, x, w)))
-    assert not [n for n in matmul_epilogues(g).nodes if n.op is Op.MATMUL]  # the CPU keeps its BLAS
+    assert not [n for n in matmul_epilogues(g, mode="all").nodes if n.op is Op.MATMUL]  # the CPU keeps its BLAS
+
+
+def test_auto_takes_matmuls_sharing_their_first_operand():
+    b = GraphBuilder()
+    x, wg, wu, w3 = (b.input(s, dtypes.float16) for s in ((64, 32), (32, 48), (32, 48), (32, 40)))
+    gate, up, other = _mm(b, x, wg), _mm(b, x, wu), _mm(b, x, w3)
+    g = b.build(b.mul(b.sigmoid(gate), up), b.relu(other))
+    after = matmul_epilogues(g, target="triton")
+    matmuls = [n for n in after.nodes if n.op is Op.MATMUL]
+    assert len(matmuls) == 2 and {m.inputs[1] for m in matmuls} == {after.inputs[1], after.inputs[2]}
+    assert len([n for n in after.nodes if n.op is Op.EXTERN]) == 1  # x @ w3 (40 columns): cuBLAS
 
 
 def gelu_linear(x, w, b):
@@ -170,15 +183,27 @@ def test_training_step_matches_eager():
     assert any("= dot " in k.kernel_ir for k in report.kernels)
 
 
-def test_option_off_keeps_cublas():
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_lone_matmul_keeps_cublas_unless_all(mode):
     x, w, b = torch.randn(70, 50, dtype=F16), torch.randn(96, 50, dtype=F16) * 0.2, torch.randn(96, dtype=F16)
-    report = check(gelu_linear, x, w, b, options={**TRITON, "matmul_epilogues": False})
+    report = check(gelu_linear, x, w, b, options={"target": "triton", "matmul_epilogues": mode})
     assert report.fallbacks == ["aten.addmm"] and not any("= dot " in k.kernel_ir for k in report.kernels)
+
+
+def test_auto_fuses_the_gated_mlp():
+    x = torch.randn(40, 64, dtype=F16)
+    wg, wu = torch.randn(64, 90, dtype=F16) * 0.2, torch.randn(64, 90, dtype=F16) * 0.2
+    the_matmul_kernel(check(swiglu, x, wg, wu, options={"target": "triton"}), dots=2)
+
+
+def test_bad_option_value_is_refused():
+    with pytest.raises(ValueError, match="matmul_epilogues"):
+        ember.compile(swiglu, options={"matmul_epilogues": True})
 
 
 def test_kernel_that_fails_to_build_falls_back_with_one_warning():
     x, w, b = torch.randn(70, 50, dtype=F16), torch.randn(96, 50, dtype=F16) * 0.2, torch.randn(96, dtype=F16)
-    compiled = ember.compile(gelu_linear, options={"target": "triton", "triton_launch": {"BM": 24}})
+    compiled = ember.compile(gelu_linear, options={**TRITON, "triton_launch": {"BM": 24}})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = compiled(x, w, b)
@@ -190,9 +215,9 @@ def test_kernel_that_fails_to_build_falls_back_with_one_warning():
 
 def test_explain_renders_tma_and_pointer_paths():
     x, w, b = torch.randn(64, 64, dtype=F16), torch.randn(96, 64, dtype=F16), torch.randn(96, dtype=F16)
-    report = ember.explain(gelu_linear, x, w, b, target="triton")
+    report = ember.explain(gelu_linear, x, w, b, target="triton", options={"matmul_epilogues": "all"})
     source = report.kernels[0].source
-    assert "tl.make_tensor_descriptor" in source and "tl.load(" in source and "flatten=FLATTEN" in source
+    assert "tl.make_tensor_descriptor" in source and "tl.load(" in source and "tl.num_programs(0)" in source
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bfloat16 matmul kernels need a GPU (see the docstring)")
@@ -202,13 +227,13 @@ def test_bfloat16_on_the_gpu(shape):
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.05
     b = torch.randn(n, dtype=torch.bfloat16, device="cuda")
-    the_matmul_kernel(check(gelu_linear, x, w, b))
+    the_matmul_kernel(check(gelu_linear, x, w, b, options={"matmul_epilogues": "all"}))
     torch._dynamo.reset()
     wg, wu = (torch.randn(k, n, dtype=torch.bfloat16, device="cuda") * 0.05 for _ in range(2))
     the_matmul_kernel(check(swiglu, x, wg, wu), dots=2)
     torch._dynamo.reset()
     xt = x.t().contiguous()  # the first operand transposed: (k, m) in memory
-    the_matmul_kernel(check(lambda xt, w: torch.relu(xt.t() @ w.t()), xt, w))
+    the_matmul_kernel(check(lambda xt, w: torch.relu(xt.t() @ w.t()), xt, w, options={"matmul_epilogues": "all"}))
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -222,3 +247,59 @@ def test_linear_over_tokens_fuses_through_the_reshape(dynamic):
     if dynamic:
         x, res = torch.randn(2, 7, 64, dtype=F16), torch.randn(2, 7, 48, dtype=F16)
         assert_same(ember.compile(fn, dynamic=True, options=SMALL_TILES)(x, w, b, res), fn(x, w, b, res))
+
+
+class _SlowKernel:
+    """Stands in for a Triton kernel whose compile (warmup) waits for ``release``."""
+
+    def __init__(self, fail: bool = False):
+        self.release, self.fail, self.launches = threading.Event(), fail, []
+
+    def warmup(self, *args, grid, **constexprs):
+        assert self.release.wait(10)
+        if self.fail:
+            raise RuntimeError("out of resource: shared memory")
+
+    def __getitem__(self, grid):
+        return lambda *args, **constexprs: self.launches.append(grid)
+
+
+def _background_launcher(monkeypatch, kernel, calls):
+    from ember.runtime import triton_matmul as tm
+    meta = {"params": ["a", "b", "out"], "sizes": [], "m": "64", "n": "48", "k": "32", "dots": 1, "tma": None}
+    launcher = tm.MatmulLauncher("fused_mm_relu_0", kernel, meta, "src", None, lambda *a: calls.append(a), None,
+                                 "heuristic", ember.config.replace(background_compile=True))
+    monkeypatch.setattr(launcher, "_can_background", lambda args: True)  # (a GPU's tensors, on the GPU)
+    monkeypatch.setattr("ember.runtime.triton_matmul.FIRST_WAIT_S", 0.0)
+    return launcher
+
+
+def test_background_compile_runs_calls_through_aten_until_the_kernel_is_ready(monkeypatch):
+    kernel, calls = _SlowKernel(), []
+    launcher = _background_launcher(monkeypatch, kernel, calls)
+    args = (torch.zeros(64, 32), torch.zeros(32, 48), torch.zeros(64, 48))
+    before = ember.stats()["calls_while_compiling"]
+    launcher(*args)
+    launcher(*args)
+    assert len(calls) == 2 and not kernel.launches
+    assert not ember.wait_for_kernels(timeout=0.05)  # still compiling
+    kernel.release.set()
+    assert ember.wait_for_kernels(timeout=10)
+    launcher(*args)
+    assert len(calls) == 2 and len(kernel.launches) == 1
+    assert ember.stats()["calls_while_compiling"] - before == 2
+
+
+def test_background_compile_failure_falls_back_with_one_warning(monkeypatch):
+    kernel, calls = _SlowKernel(fail=True), []
+    launcher = _background_launcher(monkeypatch, kernel, calls)
+    args = (torch.zeros(64, 32), torch.zeros(32, 48), torch.zeros(64, 48))
+    launcher(*args)
+    kernel.release.set()
+    assert ember.wait_for_kernels(timeout=10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        launcher(*args)
+        launcher(*args)
+    assert len([c for c in caught if "matmul kernel" in str(c.message)]) == 1
+    assert len(calls) == 3 and not kernel.launches

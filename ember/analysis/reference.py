@@ -125,7 +125,10 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
     if op is Op.CHUNK_SUM:
         return chunk_sum(args[0], *node.arg, node.dtype)
     if op is Op.MATMUL:
-        return torch.mm(args[0].float(), args[1].float())
+        a, b = args
+        if a.is_cuda:  # cuBLAS, 16-bit products summed in float32 (no float32 copies)
+            return torch.mm(a, b, out_dtype=torch.float32)
+        return torch.mm(a.float(), b.float())
     if op is Op.SEARCH:
         return torch.searchsorted(args[0], args[1], right=node.arg, out_int32=node.dtype == dt.int32)
     if op is Op.EXTERN:

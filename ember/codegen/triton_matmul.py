@@ -7,8 +7,8 @@ kernel's outer values: bias, gelu, the product of the two dots, casts) runs on t
 registers, and only the kernel's stores reach memory.
 
 Programs take tiles in groups of GROUP_M tile rows, so programs running together share operand
-tiles in L2; FLATTEN lets Triton pipeline the loads of the next tile under the current one's
-epilogue (faster for one matmul, slower for two: bench/matmul_probe.py). Operands come in through
+tiles in L2; FLATTEN lets Triton pipeline the next tile's loads under the current one's epilogue
+(faster for one matmul, slower for two: runtime/triton_matmul.py). Operands come in through
 TMA descriptors (``TMA``, when the launcher finds them 16-byte aligned: the copy engine fills
 shared memory and zero-fills past the edges) or through masked pointer loads (any layout).
 """

@@ -28,8 +28,8 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("dce", dce),
     ("fold_constants", fold_constants),
     ("simplify_views", simplify_views),
-    ("matmul_epilogues", matmul_epilogues),
     ("cse", cse),
+    ("matmul_epilogues", matmul_epilogues),
     ("chunk_column_sums", chunk_column_sums),
     ("dce_final", dce),
 ]
@@ -49,10 +49,11 @@ def pipeline_for(cfg: Config) -> list[tuple[str, Pass]]:
     cuda = (cfg.target or cfg.gpu_backend) == "cuda"
     chunked = functools.partial(chunk_column_sums, chunks=cfg.row_chunks,
                                 per_sm=CUDA_CHUNKS_PER_SM if cuda else CHUNKS_PER_SM)
-    epilogues = functools.partial(matmul_epilogues, target=cfg.target, gpu_backend=cfg.gpu_backend)
+    epilogues = functools.partial(matmul_epilogues, target=cfg.target, gpu_backend=cfg.gpu_backend,
+                                  mode=cfg.matmul_epilogues)
     chosen = {chunk_column_sums: chunked, matmul_epilogues: epilogues}
     return [(name, chosen.get(fn, fn)) for name, fn in passes
-            if fn is not matmul_epilogues or cfg.matmul_epilogues]
+            if fn is not matmul_epilogues or cfg.matmul_epilogues != "off"]
 
 
 @dataclass

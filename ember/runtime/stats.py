@@ -17,6 +17,7 @@ KEYS = (
     "build_failures",     # kernel groups that failed to build and ran through ATen instead
     "graph_fallbacks",    # whole graphs ember could not compile (they ran through ATen)
     "grads_in_forward",   # training graphs whose loss gradient is computed in the forward
+    "calls_while_compiling",  # kernel calls run through ATen while their kernel compiled in the background
 )
 
 

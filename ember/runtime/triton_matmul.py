@@ -1,17 +1,28 @@
 """Launching ember's matmul kernels (codegen/triton_matmul.py): tile sizes per shape bucket, the
 TMA path when the operands allow it, a program per SM (or per tile, when there are fewer).
 
-Launch configurations (H200, bf16, bench/matmul_probe.py): 128 x 256 tiles with 8 warps and 3
-stages were the fastest for one matmul of 8192 x 4096 x 4096 (persistent and flattened 430 us,
-one tile per program 435, 128 x 128 tiles 467-490; TMA loads 5% faster than pointer loads). Two
-matmuls in one kernel (silu(x @ Wg) * (x @ Wu), 11008 columns) need two accumulators: 128 x 128
-tiles with 3 stages, persistent, not flattened, were the fastest (2146 us; flattened 2709; a
-128 x 256 tile does not fit shared memory; 4 warps, 8730). Smaller problems take smaller tiles, so
-that there are tiles enough for the SMs.
+Launch configurations (H200, bf16, `bench/matmul_probe.py`, two runs; µs, and the first call's
+compile in seconds; variants timed one after another, so compare them with each other, not with
+cuBLAS: bench/RESULTS.md has those comparisons interleaved): for one matmul of 8192 x 4096 x 4096,
+128 x 256 tiles with 8 warps, persistent, with the tile loop flattened into the K loop (Triton then
+pipelines the next tile's loads under this one's epilogue) and 3 stages: 430-431 µs, compiled in
+2.7-3.1 s (in the background, see below). Not flattened 433-440 µs (1.8 s); one tile per program
+435-440 µs; 128 x 128 tiles 467-493 µs; pointer loads instead of TMA 5% slower. Two matmuls in one
+kernel (silu(x @ Wg) * (x @ Wu), 11008 columns) need two accumulators: 128 x 128 tiles with 3
+stages, persistent, not flattened, were the fastest (2127-2146 µs, compiled in 0.5 s; flattened
+2709-2778; a 128 x 256 tile does not fit shared memory; 4 warps, 8730). Smaller problems take
+smaller tiles, so that there are tiles enough for the SMs.
+
+Compiling: a matmul kernel takes 0.5-3 s to compile, where the rest of a graph's kernels take a
+fraction of a second. With the ``background_compile`` option (the default) it compiles in a
+thread (Triton releases the GIL while it compiles: a busy main thread kept its full speed beside
+a 4.4 s compile on the H200), and calls run through ATen until it is ready; an ATen call of the
+group is cuBLAS's mm (float32 sums, ``out_dtype``) and the epilogue's eager ops.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import threading
 import warnings
 from collections.abc import Callable
@@ -30,6 +41,34 @@ TWO_DOTS = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64,
 GROUP_M = 8
 _allocator_lock = threading.Lock()
 _allocator_set = False
+# Background compiles (Triton releases the GIL while it compiles): a few at a time, and the
+# ones not finished yet, for wait_for_kernels()
+_compiler = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ember-compile")
+_pending: set[cf.Future] = set()
+_pending_lock = threading.Lock()
+FIRST_WAIT_S = 0.05  # a compile that finishes this soon (Triton's disk cache) is waited for
+
+
+def wait_for_kernels(timeout: float | None = None) -> bool:
+    """Block until every matmul kernel compiling in the background is ready (or has failed and
+    fallen back); False if ``timeout`` seconds passed first."""
+    with _pending_lock:
+        jobs = list(_pending)
+    done, not_done = cf.wait(jobs, timeout=timeout)
+    return not not_done
+
+
+def _submit(fn: Callable[[], dict[str, Any]]) -> cf.Future:
+    job = _compiler.submit(fn)
+    with _pending_lock:
+        _pending.add(job)
+
+    def forget(j: cf.Future) -> None:
+        with _pending_lock:
+            _pending.discard(j)
+
+    job.add_done_callback(forget)
+    return job
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -90,6 +129,7 @@ class MatmulLauncher:
         self.tuner, self.fallback, self.tuning, self.cfg = tuner, fallback, tuning, cfg
         self.failed = False
         self._configs: dict[tuple[int, ...], dict[str, Any]] = {}
+        self._jobs: dict[tuple[int, ...], cf.Future] = {}  # shape buckets compiling in the background
         self.sms = tc.DEFAULT_SMS
 
     def _tma(self, args: tuple[Any, ...], sizes: tuple[int, ...]) -> bool:
@@ -134,6 +174,8 @@ class MatmulLauncher:
             self.sms = tc.sm_count(device.index if device.type == "cuda" else None)
             configs = candidates(m, n, self.meta["dots"], self.sms, self.forced)
             key = f"{self.key}:{tc.next_pow2(m)}x{tc.next_pow2(n)}x{tc.next_pow2(k)}:{tma}"
+            if self._in_background(bucket, args, m, n, configs, tma, big):
+                return  # (the call ran through ATen while the kernel compiles)
             if self.tuning == "full" and not self.forced:
                 config = self.tuner.pick(key, configs, lambda c: self._run(args, m, n, c, tma, big), self.cfg)
             else:
@@ -149,6 +191,49 @@ class MatmulLauncher:
                 return  # (it ran)
             self._configs[bucket] = config
         self._run(args, m, n, config, config.get("TMA", tma), big)
+
+    def _in_background(self, bucket: tuple[int, ...], args: tuple[Any, ...], m: int, n: int,
+                       configs: list[dict[str, Any]], tma: bool, big: bool) -> bool:
+        """Compile this shape bucket's kernel in a background thread, running calls through ATen
+        (cuBLAS and eager epilogue ops: the same sums, rounded alike, in another order) until it
+        is ready; True when this call ran that way. A matmul kernel takes 0.5-2 s to compile,
+        where the rest of a graph's kernels take a fraction of that."""
+        if not self._can_background(args):
+            return False
+        job = self._jobs.get(bucket)
+        if job is None:
+            job = self._jobs[bucket] = _submit(lambda: self._compile_any(args, m, n, configs, tma, big))
+            cf.wait([job], timeout=FIRST_WAIT_S)
+        if not job.done():
+            stats.bump("calls_while_compiling")
+            self.fallback(*args)
+            return True
+        del self._jobs[bucket]
+        self._configs[bucket] = job.result()  # (a compile error: raised, and __call__ falls back)
+        return False
+
+    def _can_background(self, args: tuple[Any, ...]) -> bool:
+        cfg = self.cfg
+        return (self.fallback is not None and cfg is not None and cfg.background_compile
+                and self.tuning != "full" and not self.forced and args[0].device.type == "cuda")
+
+    def _compile_any(self, args: tuple[Any, ...], m: int, n: int, configs: list[dict[str, Any]], tma: bool,
+                     big: bool) -> dict[str, Any]:
+        """The first configuration that compiles (without launching it), TMA loads first."""
+        error: Exception | None = None
+        for use_tma in ([True, False] if tma else [False]):
+            for c in configs:
+                grid = (min(_cdiv(m, c["BM"]) * _cdiv(n, c["BN"]), self.sms),)
+                try:
+                    self.fn.warmup(*args, grid=grid, BIG=big, BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=GROUP_M,
+                                   TMA=use_tma, FLATTEN=self.meta["dots"] == 1, num_warps=c["num_warps"],
+                                   num_stages=c["num_stages"])
+                except Exception as e:  # noqa: BLE001 -- too much shared memory for this tile: the next
+                    error = e
+                    continue
+                log(2, f"{self.name} {m}x{n}: {c}, TMA {use_tma} (compiled in the background)", self.cfg)
+                return {**c, "TMA": use_tma}
+        raise error if error is not None else RuntimeError(f"no launch configuration for {self.name}")
 
     def _first_that_compiles(self, args: tuple[Any, ...], m: int, n: int, configs: list[dict[str, Any]],
                              tma: bool, big: bool) -> dict[str, Any]:
