@@ -161,7 +161,7 @@ def kernel_times(fn, args, cache_dir: str | None = None) -> str:
     return "; ".join(parts) + (f"\n    configs: {chosen}" if chosen else "")
 
 
-TRAIN_CASES = ("rmsnorm", "softmax", "cross_entropy", "layernorm", "gelu_linear")
+TRAIN_CASES = ("rmsnorm", "softmax", "cross_entropy", "layernorm", "gelu_linear", "swiglu")
 
 
 def train_step(fn, inputs, grad):
@@ -176,7 +176,6 @@ def train_step(fn, inputs, grad):
 
 def training(backends: list[str], scale: float, only: list[str], tunings: tuple[str, ...] = ("heuristic",),
              log_tuning: bool = False) -> list[list[str]]:
-    from triton.testing import do_bench
     rows = []
     for name in [c for c in TRAIN_CASES if not only or c in only]:
         fn, make, _ = cases(scale)[name]
@@ -189,9 +188,9 @@ def training(backends: list[str], scale: float, only: list[str], tunings: tuple[
         for vname, options in ember_variants(backends, list(tunings), log_tuning):
             variants[vname] = ember.compile(fn, options=options)
             cache_dirs[vname] = options.get("cache_dir")
-        reference = None
+        reference, steps, measured = None, {}, {}
         for vname, f in variants.items():
-            step = train_step(f, inputs, grad)
+            step = steps[vname] = train_step(f, inputs, grad)
             step()
             ember.wait_for_kernels()
             grads = [x.grad.double() for x in inputs if x.is_floating_point()]
@@ -202,10 +201,12 @@ def training(backends: list[str], scale: float, only: list[str], tunings: tuple[
             base = torch.cuda.memory_allocated()
             step()
             torch.cuda.synchronize()
-            peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-            ms = do_bench(step, warmup=25, rep=100, return_mode="median")
+            measured[vname] = (err, (torch.cuda.max_memory_allocated() - base) / 2**20)
+        times = interleaved_gpu_times(steps)
+        for vname, step in steps.items():
+            err, peak = measured[vname]
             gpu_us = sum(profiled_kernels(step).values())  # host-bound steps: wall time is the host's
-            rows.append([name, vname, f"{ms * 1e3:.0f}", f"{gpu_us:.0f}", f"{peak:.0f}", f"{err:.1e}",
+            rows.append([name, vname, f"{times[vname] * 1e3:.0f}", f"{gpu_us:.0f}", f"{peak:.0f}", f"{err:.1e}",
                          str(launches(step, []))])
             print("  train " + " | ".join(rows[-1]), flush=True)
             if vname.startswith("ember"):
@@ -330,7 +331,7 @@ def main() -> int:
     p.add_argument("--backends", default="triton")
     p.add_argument("--scale", type=float, default=1.0, help="shrink the problem sizes (smoke runs)")
     p.add_argument("--train", action="store_true",
-                   help="forward + backward of the memory-bound cases and the gelu linear layer")
+                   help="forward + backward of the memory-bound cases and the two MLP cases")
     p.add_argument("--no-forward", action="store_true", help="skip the forward-only table")
     p.add_argument("--tuning", default="heuristic",
                    help="Triton launch tuning(s) to compare: heuristic (the default, 'ember-triton') and/or "

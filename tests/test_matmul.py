@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import ember
 from ember.ir import ArgRef, ExternCall, GraphBuilder, Op, dtypes, structurally_equal, verify
 from ember.ir.node import make
-from ember.passes.matmul import matmul_epilogues
+from ember.passes.matmul import fold_matmul_adds, matmul_epilogues
 
 from .helpers import assert_same, check
 
@@ -303,3 +303,66 @@ def test_background_compile_failure_falls_back_with_one_warning(monkeypatch):
         launcher(*args)
     assert len([c for c in caught if "matmul kernel" in str(c.message)]) == 1
     assert len(calls) == 3 and not kernel.launches
+
+
+def test_gated_mlp_trains_like_eager_by_default():
+    # 'auto': the gate and up projections share x, so they are one kernel with two dots; the
+    # forward also stores what the backward needs (the products), the backward's matmuls are cuBLAS's
+    torch.manual_seed(0)
+
+    class GatedMLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate, self.up = torch.nn.Linear(64, 96, bias=False), torch.nn.Linear(64, 96, bias=False)
+            self.down = torch.nn.Linear(96, 64, bias=False)
+
+        def forward(self, x):
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+
+    model = GatedMLP().half()
+    ref_model = GatedMLP().half()
+    ref_model.load_state_dict(model.state_dict())
+    x = torch.randn(2, 24, 64, dtype=F16)  # (batch, tokens, features)
+    report = ember.Report()
+    compiled = ember.compile(model, options={"target": "triton"}, report=report)
+    compiled(x).float().square().mean().backward()
+    ref_model(x).float().square().mean().backward()
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        assert_same(p.grad, q.grad)
+    (forward,) = [g for g in report.graphs if g.kind == "forward"]
+    assert any(k.kernel_ir.count("= dot ") == 2 for k in report.kernels), [k.kernel_ir for k in report.kernels]
+    assert forward.wrapper.count("aten_mm") + forward.wrapper.count("aten_addmm") <= 1  # the down projection
+
+
+def test_fold_matmul_adds_pass():
+    b = GraphBuilder()
+    x, w, y, v = (b.input(s, dtypes.bfloat16) for s in ((64, 32), (32, 48), (64, 16), (16, 48)))
+    before = b.build(b.add(_mm(b, x, w, dtype=dtypes.bfloat16), _mm(b, y, v, dtype=dtypes.bfloat16)))
+    after = fold_matmul_adds(before, target="triton")
+    verify(after)
+    (out,) = after.outputs
+    assert out.op is Op.EXTERN and out.arg.name == "aten.addmm"
+    assert out.inputs[0].op is Op.EXTERN and out.inputs[0].arg.name == "aten.mm" and out.inputs[1:] == (
+        after.inputs[0], after.inputs[1])
+    def addmms(g):
+        return [n for n in g.nodes if n.op is Op.EXTERN and n.arg.name == "aten.addmm"]
+    assert not addmms(fold_matmul_adds(before, target="cpp"))  # the CPU's kernels add
+    # a product that is also an output is stored anyway: the other one folds, adding it
+    first = before.outputs[0].inputs[0]
+    kept = fold_matmul_adds(before.with_nodes(before.inputs, [before.outputs[0], first], before.nodes), target="triton")
+    (addmm,) = addmms(kept)
+    assert addmm.inputs[0] is kept.outputs[1] and addmm.inputs[1:] == (kept.inputs[2], kept.inputs[3])
+
+
+def test_sum_of_two_products_is_one_addmm():
+    # a backward's dx = dg @ Wg.T + du @ Wu.T: cuBLAS adds the first product as it stores the second
+    a, b = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
+    c, d = torch.randn(64, 16, dtype=torch.bfloat16), torch.randn(16, 48, dtype=torch.bfloat16)
+    fn = lambda a, b, c, d: a @ b + c @ d  # noqa: E731
+    report = ember.Report()
+    out = ember.compile(fn, options={"target": "triton"}, report=report)(a, b, c, d)
+    assert sorted(report.fallbacks) == ["aten.addmm", "aten.mm"] and not report.kernels
+    # rounded once where eager rounds the product, then the sum: never further from the exact sum
+    exact = fn(*(t.double() for t in (a, b, c, d)))
+    eager = fn(a, b, c, d)
+    assert out.dtype == eager.dtype and (out.double() - exact).abs().max() <= (eager.double() - exact).abs().max()

@@ -27,7 +27,7 @@ import torch
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import ArgRef, Graph, Node, make, rewrite
+from ..ir.node import ArgRef, ExternCall, Graph, Node, make, rewrite
 from ..ir.ops import POINTWISE_OPS, VIEW_OPS, Op
 
 aten = torch.ops.aten
@@ -113,5 +113,40 @@ def matmul_epilogues(graph: Graph, target: str | None = None, gpu_backend: str =
             bias = make(Op.CAST, (bias,), dtype=dt.float32, origin=node.origin)
             total = make(Op.ADD, (total, bias), origin=node.origin)
         return make(Op.CAST, (total,), dtype=node.dtype, origin=node.origin)
+
+    return rewrite(graph, rule)
+
+
+def _folds(mm: Node, users: dict[Node, list[Node]], outputs: set[Node]) -> bool:
+    """A 2-d ``aten.mm`` whose only use is one addition (so its product need not be stored)."""
+    if mm.op is not Op.EXTERN or mm.shape is None or mm.rank != 2 or mm in outputs:
+        return False
+    call = mm.arg
+    return (call.target is aten.mm.default and call.args == (ArgRef(0), ArgRef(1)) and not call.kwargs
+            and len(users.get(mm, ())) == 1)
+
+
+def fold_matmul_adds(graph: Graph, target: str | None = None, gpu_backend: str = "triton") -> Graph:
+    """``mm(a, b) + c`` as ``addmm(c, a, b)`` on GPUs: cuBLAS adds c as it stores the product, so
+    the product is never stored and read back by an addition kernel (a backward's
+    dx = dg @ Wg.T + du @ Wu.T: one product, then the other added into it). ``c`` must already be
+    a tensor in memory (an input, an ATen result) of the product's shape and dtype; the sum is
+    rounded once, as with a bias."""
+    users = graph.users()
+    outputs = {o for o in graph.outputs if o is not None}
+
+    def rule(node: Node, inputs: tuple[Node, ...]) -> Node | None:
+        backend = target or (gpu_backend if node.device.startswith("cuda") else "cpp")
+        if node.op is not Op.ADD or backend == "cpp":
+            return None
+        for i in (0, 1):
+            mm, other = node.inputs[i], inputs[1 - i]
+            if (_folds(mm, users, outputs) and other.op in (Op.INPUT, Op.EXTERN, Op.GETITEM)
+                    and other.dtype == node.dtype == mm.dtype and sh.shapes_equal(other.shape, node.shape)):
+                a, b = inputs[i].inputs
+                call = ExternCall(aten.addmm.default, (ArgRef(0), ArgRef(1), ArgRef(2)))
+                return make(Op.EXTERN, (other, a, b), call, dtype=node.dtype, shape=node.shape,
+                            device=node.device, origin="aten.addmm")
+        return None
 
     return rewrite(graph, rule)

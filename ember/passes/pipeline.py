@@ -19,7 +19,7 @@ from .cse import cse
 from .dce import dce
 from .fold import fold_constants
 from .masks import mask_multiplies
-from .matmul import matmul_epilogues
+from .matmul import fold_matmul_adds, matmul_epilogues
 from .views import simplify_views
 
 Pass = Callable[[Graph], Graph]
@@ -30,6 +30,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("simplify_views", simplify_views),
     ("cse", cse),
     ("matmul_epilogues", matmul_epilogues),
+    ("fold_matmul_adds", fold_matmul_adds),
     ("chunk_column_sums", chunk_column_sums),
     ("dce_final", dce),
 ]
@@ -51,7 +52,8 @@ def pipeline_for(cfg: Config) -> list[tuple[str, Pass]]:
                                 per_sm=CUDA_CHUNKS_PER_SM if cuda else CHUNKS_PER_SM)
     epilogues = functools.partial(matmul_epilogues, target=cfg.target, gpu_backend=cfg.gpu_backend,
                                   mode=cfg.matmul_epilogues)
-    chosen = {chunk_column_sums: chunked, matmul_epilogues: epilogues}
+    folds = functools.partial(fold_matmul_adds, target=cfg.target, gpu_backend=cfg.gpu_backend)
+    chosen = {chunk_column_sums: chunked, matmul_epilogues: epilogues, fold_matmul_adds: folds}
     return [(name, chosen.get(fn, fn)) for name, fn in passes
             if fn is not matmul_epilogues or cfg.matmul_epilogues != "off"]
 
