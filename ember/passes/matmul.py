@@ -13,7 +13,9 @@ H200 with Triton 3.6, Triton's matmul runs at 600-620 TFLOP/s where cuBLAS's run
 the bytes of the product saved do not make up for it at any K measured (gelu(x @ W + b), 8192 rows
 and 4096 columns: fused 447-458 µs against cuBLAS plus an epilogue kernel 407 µs at K = 4096, 166
 against 151 at K = 1024; bench/matmul_probe.py --interleaved). Two products sharing their loads
-gain: silu·mul 2204 against 2290 µs. 'all' rewrites every matmul with an epilogue; 'off' none.
+come out ahead on device time (silu·mul: the fused kernel 2169 µs, cuBLAS's two products alone
+2 x 1083-1101 before their epilogue kernel) and at parity in wall time (0.99-1.04x Inductor over
+two runs; bench/RESULTS.md, ninth run). 'all' rewrites every matmul with an epilogue; 'off' none.
 
 Only 16-bit float matmuls are rewritten (float32 matmuls keep cuBLAS's exact float32 products; a
 Triton dot would round them to TF32), only where some user is pointwise, directly or through
