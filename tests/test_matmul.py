@@ -1,8 +1,9 @@
-"""Matmuls with fused epilogues (passes/matmul.py, codegen/triton_matmul.py): the pass against the
-graph it should produce, and the Triton kernels, run under the interpreter, against eager.
+"""Matmuls with fused epilogues (passes/matmul.py, codegen/triton_matmul.py): the passes against
+the graphs they should produce, the Triton kernels, run under the interpreter, against eager, and
+the launcher's background compile with a stand-in kernel.
 
 Float16 on the CPU: Triton 3.6's interpreter computes bfloat16 ``tl.dot`` wrongly (numpy has no
-bfloat16), so bfloat16 is checked on the GPU (the last test, and bench/gpu_fusion.py).
+bfloat16), so bfloat16 is checked on the GPU (test_bfloat16_on_the_gpu, and bench/gpu_fusion.py).
 """
 
 from __future__ import annotations
