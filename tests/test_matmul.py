@@ -367,3 +367,37 @@ def test_sum_of_two_products_is_one_addmm():
     exact = fn(*(t.double() for t in (a, b, c, d)))
     eager = fn(a, b, c, d)
     assert out.dtype == eager.dtype and (out.double() - exact).abs().max() <= (eager.double() - exact).abs().max()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bfloat16 matmul kernels need a GPU (see the docstring)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gated_mlp_on_the_gpu(dtype):
+    # the default ('auto') path users get: (batch, tokens, features) inputs with a varying token
+    # count (symbolic rows, no recompile), an unaligned K (pointer loads) and an aligned one (TMA),
+    # forward and backward against eager
+    for k in (100, 256):
+        torch._dynamo.reset()
+        wg = (torch.randn(k, 72, dtype=dtype, device="cuda") * 0.05).requires_grad_()
+        wu = (torch.randn(k, 72, dtype=dtype, device="cuda") * 0.05).requires_grad_()
+        report = ember.Report()
+        compiled = ember.compile(swiglu, dynamic=True, report=report)
+        for tokens in (40, 77):
+            x = torch.randn(2, tokens, k, dtype=dtype, device="cuda", requires_grad=True)
+            out = compiled(x, wg, wu)
+            ember.wait_for_kernels()
+            out2 = compiled(x, wg, wu)  # the kernel, ready now (the first call may run through ATen)
+            ref = swiglu(x, wg, wu)
+            assert_same(out, ref)
+            assert_same(out2, ref)
+            # gradients: sums over the rows of 16-bit products, rounded differently by ember (in
+            # one kernel) and eager (op by op), so both are compared with float64
+            grads = torch.autograd.grad(out2.float().square().sum(), (x, wg, wu))
+            eager = torch.autograd.grad(ref.float().square().sum(), (x, wg, wu))
+            leaves = [t.detach().double().requires_grad_() for t in (x, wg, wu)]
+            exact = torch.autograd.grad(swiglu(*leaves).square().sum(), leaves)
+            for g, e, r in zip(grads, eager, exact):
+                mine, theirs = (((t.double() - r).norm() / r.norm()).item() for t in (g, e))
+                assert g.dtype == dtype and mine <= 2 * theirs + 1e-3, (mine, theirs)
+        assert len([g for g in report.graphs if g.kind in ("forward", "inference")]) == 1
+        assert any(k.kernel_ir.count("= dot ") == 2 for k in report.kernels)
+        assert not report.fallbacks or set(report.fallbacks) <= {"aten.mm", "aten.addmm"}
