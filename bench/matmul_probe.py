@@ -44,12 +44,8 @@ def _epilogue(C, acc, acc2, bias, pm, pn, M, N, DUAL: tl.constexpr, BM: tl.const
 
 
 @triton.jit
-def one_tile(A, B, B2, bias, C, M, N, K, DUAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-             BK: tl.constexpr, GROUP_M: tl.constexpr):
-    pm, pn = _tile(tl.program_id(0), M, N, BM, BN, GROUP_M)
-    da = tl.make_tensor_descriptor(A, [M, K], [K, 1], [BM, BK])
-    db = tl.make_tensor_descriptor(B, [K, N], [N, 1], [BK, BN])
-    db2 = tl.make_tensor_descriptor(B2, [K, N], [N, 1], [BK, BN])
+def _products(da, db, db2, pm, pn, K, DUAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """One tile's sums over K: x @ W, and x @ W2 beside it when DUAL (x's loads shared)."""
     acc = tl.zeros((BM, BN), tl.float32)
     acc2 = tl.zeros((BM, BN), tl.float32)
     for k0 in range(0, K, BK):
@@ -57,6 +53,17 @@ def one_tile(A, B, B2, bias, C, M, N, K, DUAL: tl.constexpr, BM: tl.constexpr, B
         acc = tl.dot(a, db.load([k0, pn * BN]), acc)
         if DUAL:
             acc2 = tl.dot(a, db2.load([k0, pn * BN]), acc2)
+    return acc, acc2
+
+
+@triton.jit
+def one_tile(A, B, B2, bias, C, M, N, K, DUAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+             BK: tl.constexpr, GROUP_M: tl.constexpr):
+    pm, pn = _tile(tl.program_id(0), M, N, BM, BN, GROUP_M)
+    da = tl.make_tensor_descriptor(A, [M, K], [K, 1], [BM, BK])
+    db = tl.make_tensor_descriptor(B, [K, N], [N, 1], [BK, BN])
+    db2 = tl.make_tensor_descriptor(B2, [K, N], [N, 1], [BK, BN])
+    acc, acc2 = _products(da, db, db2, pm, pn, K, DUAL, BM, BN, BK)
     _epilogue(C, acc, acc2, bias, pm, pn, M, N, DUAL, BM, BN)
 
 
@@ -70,13 +77,7 @@ def persistent(A, B, B2, bias, C, M, N, K, DUAL: tl.constexpr, BM: tl.constexpr,
     tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     for t in tl.range(tl.program_id(0), tiles, SMS, flatten=FLATTEN, warp_specialize=WS):
         pm, pn = _tile(t, M, N, BM, BN, GROUP_M)
-        acc = tl.zeros((BM, BN), tl.float32)
-        acc2 = tl.zeros((BM, BN), tl.float32)
-        for k0 in range(0, K, BK):
-            a = da.load([pm * BM, k0])
-            acc = tl.dot(a, db.load([k0, pn * BN]), acc)
-            if DUAL:
-                acc2 = tl.dot(a, db2.load([k0, pn * BN]), acc2)
+        acc, acc2 = _products(da, db, db2, pm, pn, K, DUAL, BM, BN, BK)
         _epilogue(C, acc, acc2, bias, pm, pn, M, N, DUAL, BM, BN)
 
 

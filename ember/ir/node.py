@@ -364,6 +364,13 @@ def rewrite(graph: Graph, rule: Rule) -> Graph:
     return graph.with_nodes(inputs, outputs, new_nodes)
 
 
+def view_base(node: Node) -> Node:
+    """The node a chain of views starts from (``node`` itself when it is no view)."""
+    while node.op in VIEW_OPS:
+        node = node.inputs[0]
+    return node
+
+
 def is_leaf(node: Node) -> bool:
     return node.op in LEAF_OPS
 

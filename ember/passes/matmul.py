@@ -86,13 +86,10 @@ def _chosen(graph: Graph, target: str | None, gpu_backend: str, mode: str) -> se
             found.append((node, operands))
     if mode != "auto":
         return {node for node, _ in found}
-    chosen: set[Node] = set()
-    for node, (_, a, b) in found:
-        for other, (_, a2, b2) in found:
-            if (other is not node and a2 is a and sh.shapes_equal(node.shape, other.shape)
-                    and sh.equal(b.shape[0], b2.shape[0])):
-                chosen.add(node)
-    return chosen
+    # (the same first operand means the same M and K)
+    return {node for node, (_, a, _) in found
+            if any(other is not node and a2 is a and sh.shapes_equal(node.shape, other.shape)
+                   for other, (_, a2, _) in found)}
 
 
 def matmul_epilogues(graph: Graph, target: str | None = None, gpu_backend: str = "triton",

@@ -4,14 +4,13 @@ nothing, and turn any view of a broadcast constant into the constant broadcast t
 from __future__ import annotations
 
 from ..ir import shapes as sh
-from ..ir.node import Graph, Node, make, rewrite
+from ..ir.node import Graph, Node, make, rewrite, view_base
 from ..ir.ops import VIEW_OPS, Op
 
 
 def _root_const(node: Node) -> Node | None:
-    while node.op in VIEW_OPS:
-        node = node.inputs[0]
-    return node if node.op is Op.CONST else None
+    base = view_base(node)
+    return base if base.op is Op.CONST else None
 
 
 def _view(node: Node, x: Node) -> Node | None:

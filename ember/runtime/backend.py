@@ -80,6 +80,14 @@ class Backend(ABC):
         return built
 
 
+def warn_launch_failure(kernel: str, error: Exception) -> None:
+    """One warning (and a build failure counted) for a kernel that failed to compile or launch at
+    its first call; the caller runs its group through ATen from then on."""
+    stats.bump("build_failures")
+    warnings.warn(f"ember: {kernel} failed to compile or launch ({type(error).__name__}: {str(error)[-1500:]}); "
+                  "its ops run through ATen instead.", RuntimeWarning, stacklevel=3)
+
+
 _BACKENDS = {"cpp": "ember.runtime.cpu:CppBackend", "triton": "ember.runtime.triton_backend:TritonBackend",
              "cuda": "ember.runtime.cuda_backend:CudaBackend"}
 _instances: dict[str, Backend] = {}

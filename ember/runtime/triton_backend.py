@@ -18,7 +18,6 @@ import importlib.util
 import json
 import sys
 import threading
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +30,7 @@ from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
 from . import stats
 from . import triton_configs as tc
-from .backend import Backend, BuildError, BuiltKernels
+from .backend import Backend, BuildError, BuiltKernels, warn_launch_failure
 from .triton_direct import direct_launcher
 from .triton_matmul import MatmulLauncher
 
@@ -158,9 +157,7 @@ class Launcher:
             if self.fallback is None:
                 raise
             self.failed = True
-            stats.bump("build_failures")
-            warnings.warn(f"ember: Triton kernel {self.name} failed to compile or launch ({type(e).__name__}: "
-                          f"{str(e)[-1500:]}); its ops run through ATen instead.", RuntimeWarning, stacklevel=2)
+            warn_launch_failure(f"Triton kernel {self.name}", e)
             self.fallback(*args)
 
     def _prepare(self, args: tuple[Any, ...], outer: int, inner: int) -> tuple[Callable[..., None], bool]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +32,7 @@ import torch
 from ..config import Config, log
 from . import stats
 from . import triton_configs as tc
+from .backend import warn_launch_failure
 
 # (BM, BN, BK, warps, stages)
 ONE_DOT = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (64, 128, 64, 4, 4),
@@ -95,6 +95,8 @@ def candidates(m: int, n: int, dots: int, sms: int, forced: dict[str, Any] | Non
 def _ensure_allocator() -> None:
     """Device-side TMA descriptors live in scratch memory Triton asks its allocator for."""
     global _allocator_set
+    if _allocator_set:
+        return
     with _allocator_lock:
         if not _allocator_set:
             import triton
@@ -155,54 +157,45 @@ class MatmulLauncher:
             if self.fallback is None:
                 raise
             self.failed = True
-            stats.bump("build_failures")
-            warnings.warn(f"ember: Triton matmul kernel {self.name} failed to compile or launch "
-                          f"({type(e).__name__}: {str(e)[-1500:]}); its ops run through ATen instead.",
-                          RuntimeWarning, stacklevel=2)
+            warn_launch_failure(f"Triton matmul kernel {self.name}", e)
             self.fallback(*args)
 
     def _launch(self, args: tuple[Any, ...], m: int, n: int, k: int) -> None:
         tensors = args[:self.n_params]
         tma = self._tma(args, args[self.n_params:])
-        if tma:
-            _ensure_allocator()
         big = any(t.numel() >= 2**31 for t in tensors)
         bucket = (m.bit_length(), n.bit_length(), k.bit_length(), tma, big)
         config = self._configs.get(bucket)
         if config is None:
+            if tma:
+                _ensure_allocator()
             device = tensors[0].device
             self.sms = tc.sm_count(device.index if device.type == "cuda" else None)
             configs = candidates(m, n, self.meta["dots"], self.sms, self.forced)
-            key = f"{self.key}:{tc.next_pow2(m)}x{tc.next_pow2(n)}x{tc.next_pow2(k)}:{tma}"
             if self._in_background(bucket, args, m, n, configs, tma, big):
                 return  # (the call ran through ATen while the kernel compiles)
             if self.tuning == "full" and not self.forced:
-                config = self.tuner.pick(key, configs, lambda c: self._run(args, m, n, c, tma, big), self.cfg)
+                key = f"{self.key}:{tc.next_pow2(m)}x{tc.next_pow2(n)}x{tc.next_pow2(k)}:{tma}"
+                config = self.tuner.pick(key, [{**c, "TMA": tma} for c in configs],
+                                         lambda c: self._run(args, m, n, c, big), self.cfg)
             else:
-                try:
-                    config = self._first_that_compiles(args, m, n, configs, tma, big)
-                except Exception:
-                    if not tma:
-                        raise
-                    # no tile compiles with TMA loads (a layout the copy engine cannot take):
-                    # pointer loads, for this shape bucket from now on
-                    config = {**self._first_that_compiles(args, m, n, configs, False, big), "TMA": False}
-                self._configs[bucket] = config
+                self._configs[bucket] = self._first(configs, tma, lambda c: self._run(args, m, n, c, big))
                 return  # (it ran)
             self._configs[bucket] = config
-        self._run(args, m, n, config, config.get("TMA", tma), big)
+        self._run(args, m, n, config, big)
 
     def _in_background(self, bucket: tuple[int, ...], args: tuple[Any, ...], m: int, n: int,
                        configs: list[dict[str, Any]], tma: bool, big: bool) -> bool:
         """Compile this shape bucket's kernel in a background thread, running calls through ATen
         (cuBLAS and eager epilogue ops: the same sums, rounded alike, in another order) until it
-        is ready; True when this call ran that way. A matmul kernel takes 0.5-2 s to compile,
+        is ready; True when this call ran that way. A matmul kernel takes 0.5-3 s to compile,
         where the rest of a graph's kernels take a fraction of that."""
         if not self._can_background(args):
             return False
         job = self._jobs.get(bucket)
         if job is None:
-            job = self._jobs[bucket] = _submit(lambda: self._compile_any(args, m, n, configs, tma, big))
+            compile_only = lambda c: self.fn.warmup(*args, grid=self._grid(m, n, c), **self._constexprs(c, big))  # noqa: E731
+            job = self._jobs[bucket] = _submit(lambda: self._first(configs, tma, compile_only))
             cf.wait([job], timeout=FIRST_WAIT_S)
         if not job.done():
             stats.bump("calls_while_compiling")
@@ -217,39 +210,32 @@ class MatmulLauncher:
         return (self.fallback is not None and cfg is not None and cfg.background_compile
                 and self.tuning != "full" and not self.forced and args[0].device.type == "cuda")
 
-    def _compile_any(self, args: tuple[Any, ...], m: int, n: int, configs: list[dict[str, Any]], tma: bool,
-                     big: bool) -> dict[str, Any]:
-        """The first configuration that compiles (without launching it), TMA loads first."""
+    def _first(self, configs: list[dict[str, Any]], tma: bool,
+               attempt: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+        """The first configuration that ``attempt`` (a launch, or a compile alone) gets through,
+        TMA loads first; if no tile compiles with them (a layout the copy engine cannot take),
+        pointer loads, for this shape bucket from now on."""
         error: Exception | None = None
         for use_tma in ([True, False] if tma else [False]):
             for c in configs:
-                grid = (min(_cdiv(m, c["BM"]) * _cdiv(n, c["BN"]), self.sms),)
+                c = {**c, "TMA": use_tma}
                 try:
-                    self.fn.warmup(*args, grid=grid, BIG=big, BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=GROUP_M,
-                                   TMA=use_tma, FLATTEN=self.meta["dots"] == 1, num_warps=c["num_warps"],
-                                   num_stages=c["num_stages"])
+                    attempt(c)
                 except Exception as e:  # noqa: BLE001 -- too much shared memory for this tile: the next
+                    log(1, f"{self.name}: matmul configuration {c} failed ({type(e).__name__}); trying the next",
+                        self.cfg)
                     error = e
                     continue
-                log(2, f"{self.name} {m}x{n}: {c}, TMA {use_tma} (compiled in the background)", self.cfg)
-                return {**c, "TMA": use_tma}
+                log(2, f"{self.name}: {c}", self.cfg)
+                return c
         raise error if error is not None else RuntimeError(f"no launch configuration for {self.name}")
 
-    def _first_that_compiles(self, args: tuple[Any, ...], m: int, n: int, configs: list[dict[str, Any]],
-                             tma: bool, big: bool) -> dict[str, Any]:
-        error: Exception | None = None
-        for c in configs:
-            try:
-                self._run(args, m, n, c, tma, big)
-            except Exception as e:  # noqa: BLE001 -- too much shared memory for this tile: the next
-                log(1, f"{self.name}: matmul configuration {c} failed ({type(e).__name__}); trying the next", self.cfg)
-                error = e
-                continue
-            log(2, f"{self.name} {m}x{n}: {c}, TMA {tma}", self.cfg)
-            return c
-        raise error if error is not None else RuntimeError(f"no launch configuration for {self.name}")
+    def _grid(self, m: int, n: int, c: dict[str, Any]) -> tuple[int]:
+        return (min(_cdiv(m, c["BM"]) * _cdiv(n, c["BN"]), self.forced.get("PROGRAMS", self.sms)),)
 
-    def _run(self, args: tuple[Any, ...], m: int, n: int, c: dict[str, Any], tma: bool, big: bool) -> None:
-        grid = (min(_cdiv(m, c["BM"]) * _cdiv(n, c["BN"]), self.forced.get("PROGRAMS", self.sms)),)
-        self.fn[grid](*args, BIG=big, BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=GROUP_M, TMA=tma,
-                      FLATTEN=self.meta["dots"] == 1, num_warps=c["num_warps"], num_stages=c["num_stages"])
+    def _constexprs(self, c: dict[str, Any], big: bool) -> dict[str, Any]:
+        return dict(BIG=big, BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=GROUP_M, TMA=c["TMA"],
+                    FLATTEN=self.meta["dots"] == 1, num_warps=c["num_warps"], num_stages=c["num_stages"])
+
+    def _run(self, args: tuple[Any, ...], m: int, n: int, c: dict[str, Any], big: bool) -> None:
+        self.fn[self._grid(m, n, c)](*args, **self._constexprs(c, big))

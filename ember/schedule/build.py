@@ -22,7 +22,7 @@ from torch.utils._sympy.functions import FloorDiv
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import Node, row_ids_offsets
+from ..ir.node import Node, row_ids_offsets, view_base
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
 from .indexing import Point, Strided, compose_strided, map_view, offset
 from .kernel_ir import (
@@ -389,9 +389,7 @@ class KernelBuilder:
         self._reader = previous
         for v, x in zip(operands, (a, b)):
             if v.kind != "load" or v.arg.bindings:
-                while x.op in VIEW_OPS:
-                    x = x.inputs[0]
-                raise NeedsBuffer(x)
+                raise NeedsBuffer(view_base(x))
         return self._emit("dot", dt.float32, operands)
 
     def _across_rows(self, node: Node, point: Point, dims: list[int], extents: list[sympy.Expr]) -> Value:

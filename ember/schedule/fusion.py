@@ -21,7 +21,7 @@ from torch.utils._sympy.functions import FloorDiv
 
 from ..config import Config
 from ..ir import shapes as sh
-from ..ir.node import Graph, Node, fill_value, row_ids_offsets
+from ..ir.node import Graph, Node, fill_value, row_ids_offsets, view_base
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
 from .build import ACROSS_OPS, AcrossFailed, BufferInfo, Conflict, GroupSpec, KernelBuilder, NeedsBuffer
 from .guards import guard_branches
@@ -71,12 +71,6 @@ def _is_compute(node: Node) -> bool:
         Op.MATMUL)
 
 
-def _view_base(node: Node) -> Node:
-    while node.op in VIEW_OPS:
-        node = node.inputs[0]
-    return node
-
-
 def copied_base(put: Node) -> Node:
     """The tensor a write at indices copies into its buffer first: casts are left to the copy
     (``copy_`` converts as a cast does), so a bfloat16 tensor accumulated in float32 needs no
@@ -116,7 +110,7 @@ class Planner:
         if node.op in BUFFER_OPS:
             return
         if node.op in VIEW_OPS:
-            base = _view_base(node)
+            base = view_base(node)
             if base.op in BUFFER_OPS or base in self.buffered or base in self._output_set:
                 self.views[node] = base
                 if base.op not in BUFFER_OPS:
