@@ -24,6 +24,7 @@ import torch
 from . import report as rp
 from .codegen.wrapper import KernelCall, write_wrapper
 from .config import Config, log
+from .frontend.dynamo import donated_inputs
 from .frontend.lowering import lower_graph
 from .ir.node import Graph
 from .ir.ops import Op
@@ -70,12 +71,13 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     return program
 
 
-def _fingerprint(gm: torch.fx.GraphModule, kind: str, cfg: Config) -> str | None:
+def _fingerprint(gm: torch.fx.GraphModule, kind: str, cfg: Config, donated: frozenset[int] = frozenset()) -> str | None:
     """What lowering, the passes and planning read: every FX node (op, target, arguments) with
-    its shape, stride, dtype and device, and the settings. None for graphs with tensor constants
-    (their values are not hashed)."""
+    its shape, stride, dtype and device, the donated inputs and the settings. None for graphs
+    with tensor constants (their values are not hashed)."""
     # lowerings also read torch's deterministic-algorithms flag (no atomics under it)
-    parts = [kind, repr(cfg), str(_triton_interpreting()), str(torch.are_deterministic_algorithms_enabled())]
+    parts = [kind, repr(cfg), str(_triton_interpreting()), str(torch.are_deterministic_algorithms_enabled()),
+             str(sorted(donated))]
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             return None
@@ -123,13 +125,15 @@ def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphR
     # A graph planned before in this process (the same FX code over the same shapes, strides
     # and dtypes, e.g. after torch._dynamo.reset()) skips lowering, passes and planning. Kernels
     # are still built afresh (from the disk cache), so launch state is never shared.
-    key = _fingerprint(gm, name.rsplit("_", 1)[0], cfg)
+    kind = name.rsplit("_", 1)[0]
+    donated = donated_inputs(gm) if kind == "backward" else frozenset()
+    key = _fingerprint(gm, kind, cfg, donated)
     hit = _planned.get(key) if key is not None and not detail else None
     if hit is not None:
         _planned.move_to_end(key)
         graph, schedule, fallbacks = hit
     else:
-        graph = lower_graph(gm, name)
+        graph = lower_graph(gm, name, donated)
         graph = run_pipeline(graph, cfg, report.passes if detail else None)
         schedule = plan(graph, cfg)
         fallbacks = _fallbacks(schedule)

@@ -9,7 +9,11 @@
         return (buf0,)
 
 It binds size symbols from the inputs, allocates each kernel's outputs just before the kernel,
-calls kernels and ATen ops in dependency order, and drops buffers after their last use.
+calls kernels and ATen ops in dependency order, and drops buffers after their last use. A kernel
+output of the same size, dtype and layout as a buffer that dies in that kernel is written over it
+(``schedule/inplace.py`` says when that is safe): the buffer is one of ember's own, a matmul's
+result, or a backward's saved tensor that nothing else can see (``InputSpec.donated``; reused
+only when autograd will not run the backward again, ``retain_graph=False``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ from ..ir import shapes as sh
 from ..ir.node import ArgRef, Node
 from ..ir.ops import Op
 from ..schedule.fusion import ExternStep, KernelStep, Schedule, ViewStep
+from ..schedule.inplace import writes_in_place
+
+# ATen calls whose result is always a new tensor: their buffers may be written over
+_FRESH_EXTERNS = frozenset({"mm", "addmm", "bmm", "baddbmm", "convolution", "_int_mm"})
 
 
 class WrapperError(ValueError):
@@ -117,6 +125,10 @@ class WrapperWriter:
             self.var[node] = info.name if node.op is not Op.TENSOR else self._const(node.arg.value, info.name)
         # buffers some kernel reads: ATen results among them must be dense
         self.kernel_reads = {p.name for k in schedule.kernels for p in k.params if not p.is_output}
+        self.node_of = {info.name: node for node, info in schedule.buffers.items()}
+        # buffers something views: their memory outlives their last direct read
+        self.viewed = {schedule.buffers[s.base].name for s in schedule.steps if isinstance(s, ViewStep)}
+        self.reused: list[tuple[str, str]] = []  # (output, the buffer it was written over)
 
     def _const(self, value: Any, hint: str = "c") -> str:
         name = hint if hint not in self.constants else f"{hint}_{len(self.constants)}"
@@ -177,16 +189,17 @@ class WrapperWriter:
                 self.emit(f"{node.arg.name} = {node.arg.name}.to({node.arg.to_device!r}, non_blocking=True)"
                           "  # a 0-d CPU tensor used as a scalar")
         self.bind_sizes()
-        last_use = self._last_uses()
+        last_use = self.last_use = self._last_uses()
         outputs = {o for o in g.outputs if o is not None}
+        self.output_vars = self._output_vars(outputs)
         for i, step in enumerate(self.s.steps):
             if isinstance(step, KernelStep):
-                self._kernel(step)
+                self._kernel(step, i)
             elif isinstance(step, ExternStep):
                 self._extern(step)
             else:
                 self._view(step)
-            dead = [v for v, last in last_use.items() if last == i and v not in self._output_vars(outputs)]
+            dead = [v for v, last in last_use.items() if last == i and v not in self.output_vars]
             if dead:
                 self.emit("del " + ", ".join(sorted(dead)))
         self.emit("return (" + "".join(self._output(i, o) + ", " for i, o in enumerate(g.outputs)) + ")")
@@ -223,11 +236,15 @@ class WrapperWriter:
                     last[v] = i
         return last
 
-    def _kernel(self, step: KernelStep) -> None:
+    def _kernel(self, step: KernelStep, i: int) -> None:
         k = step.kernel
         call = self.calls[k.name]
+        reuse = self._reuse(step, i)
         for root in step.roots:
-            self.emit(self._allocate(root))
+            if root in reuse:
+                self.emit(self._write_over(root, reuse[root]))
+            else:
+                self.emit(self._allocate(root))
             if root in step.fills:  # a write at indices starts from the tensor written into
                 source = step.fills[root]
                 if not isinstance(source, Node):
@@ -248,6 +265,50 @@ class WrapperWriter:
         self.emit(line)
         if call.uses_error_flag:
             self.emit("check_error_flag()")
+
+    def _reuse(self, step: KernelStep, i: int) -> dict[Node, Node]:
+        """Outputs of this kernel that it may write over an input dying in it (see the module
+        docstring): {output root: the input's node}."""
+        out: dict[Node, Node] = {}
+        taken: set[str] = set()
+        for root in step.roots:
+            if root in step.fills:
+                continue
+            info = self.s.buffers[root]
+            for p in step.kernel.params:
+                name = p.name
+                node = self.node_of.get(name)
+                if (p.is_output or name in taken or node is None or self.last_use.get(name) != i
+                        or name in self.output_vars or name in self.viewed or not self._reusable(node)):
+                    continue
+                if (node.dtype != root.dtype or node.device != root.device or tuple(node.shape) != tuple(root.shape)
+                        or tuple(self.s.buffers[node].strides or ()) != tuple(info.strides or ())):
+                    continue
+                if writes_in_place(step.kernel, name, info.name):
+                    out[root] = node
+                    taken.add(name)
+                    break
+        return out
+
+    @staticmethod
+    def _reusable(node: Node) -> bool:
+        """Is this buffer's memory the program's to overwrite once it is read for the last time?"""
+        if node.op is Op.INPUT:
+            return node.arg.kind == "tensor" and node.arg.donated
+        if node.op is Op.EXTERN:
+            packet = getattr(node.arg.target, "overloadpacket", None)
+            return getattr(packet, "__name__", None) in _FRESH_EXTERNS
+        return node.op not in (Op.GETITEM, Op.TENSOR)
+
+    def _write_over(self, root: Node, node: Node) -> str:
+        name, over = self.var[root], self.var[node]
+        self.reused.append((name, over))
+        if node.op is Op.INPUT:  # a saved tensor: autograd may run this backward again
+            keep = self._const(torch._C._autograd._get_current_graph_task_keep_graph, "keep_graph") \
+                if "keep_graph" not in self.constants else "keep_graph"
+            return f"{name} = {over} if not {keep}() else {self._allocate(root).split(' = ', 1)[1]}" \
+                   "  # written over its input, which dies here"
+        return f"{name} = {over}  # written over {over}, which dies here"
 
     def _allocate(self, node: Node) -> str:
         """A kernel's output buffer, through the fast allocator of its device: dense, or with the

@@ -68,3 +68,31 @@ def make_backend(compile_graph: GraphCompiler, cfg: Config | None = None, wrap: 
         partition_fn=functools.partial(partition, cfg=cfg),
         keep_inference_input_mutations=False,
     )
+
+
+def donated_inputs(gm: torch.fx.GraphModule) -> frozenset[int]:
+    """Placeholder indices of a backward graph whose memory nothing outside it can see: the saved
+    tensors AOTAutograd calls donated buffers (not aliases of the forward's inputs or outputs, or
+    of the gradients it returns), minus any that share storage with another input. Empty outside
+    an AOTAutograd backward compile, or with ``torch._functorch.config.donated_buffer`` off."""
+    from torch._functorch import config as functorch_config
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None) if context is not None else None
+    indices = getattr(meta, "bw_donated_idxs", None)
+    if not indices or not functorch_config.donated_buffer:
+        return frozenset()
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    storages: dict[Any, int] = {}
+    for node in placeholders:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and not val.is_sparse:
+            ref = StorageWeakRef(val.untyped_storage())
+            storages[ref] = storages.get(ref, 0) + 1
+    out = set()
+    for i in indices:
+        val = placeholders[i].meta.get("val") if 0 <= i < len(placeholders) else None
+        if isinstance(val, torch.Tensor) and not val.is_sparse and storages[StorageWeakRef(val.untyped_storage())] == 1:
+            out.add(i)
+    return frozenset(out)

@@ -165,8 +165,9 @@ def _device_of(gm: torch.fx.GraphModule) -> str:
     return next((d for d in devices if d != "cpu"), "cpu")
 
 
-def lower_graph(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
-    """Turn an ATen-level FX graph into an ember Graph (unsimplified; the pass pipeline follows)."""
+def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozenset[int] = frozenset()) -> Graph:
+    """Turn an ATen-level FX graph into an ember Graph (unsimplified; the pass pipeline follows).
+    ``donated``: the placeholder indices whose memory the graph may reuse (``InputSpec.donated``)."""
     from . import aten_indexing, aten_table  # noqa: F401  (fill LOWERINGS)
 
     ctx = Context(_device_of(gm))
@@ -179,7 +180,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
     for fx_node in gm.graph.nodes:
         val = fx_node.meta.get("val")
         if fx_node.op == "placeholder":
-            node = _placeholder(fx_node, len(inputs), val, ctx.device)
+            node = _placeholder(fx_node, len(inputs), val, ctx.device, len(inputs) in donated)
             inputs.append(node)
             ctx.nodes.append(node)
             env[fx_node] = ctx.const(val, _sym_dtype(val)) if _is_sym(val) else node
@@ -216,12 +217,12 @@ def _flat_outputs(out: Any) -> list[Any]:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def _placeholder(fx_node: torch.fx.Node, index: int, val: Any, device: str) -> Node:
+def _placeholder(fx_node: torch.fx.Node, index: int, val: Any, device: str, donated: bool = False) -> Node:
     name = fx_node.name
     if isinstance(val, torch.Tensor):
         dtype = dt.from_torch(val.dtype) if dt.is_supported_torch(val.dtype) else None
         moved = device if val.dim() == 0 and str(val.device) == "cpu" and device != "cpu" else None
-        spec = InputSpec(index, name, "tensor", sh.shape(val.stride()), to_device=moved)
+        spec = InputSpec(index, name, "tensor", sh.shape(val.stride()), to_device=moved, donated=donated and not moved)
         return make(Op.INPUT, (), spec, dtype=dtype, shape=sh.shape(val.shape), device=moved or str(val.device))
     if _is_sym(val) or isinstance(val, int | float | bool):
         spec = InputSpec(index, name, "symint", expr=sh.expr(val) if _is_sym(val) or isinstance(val, int) else None)

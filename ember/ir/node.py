@@ -39,6 +39,9 @@ class InputSpec:
     expr: sympy.Expr | None = None                 # symints: the size expression it carries
     # a 0-d CPU tensor in a GPU graph (eager allows those as scalars): moved to this device first
     to_device: str | None = None
+    # a backward's saved tensor that nothing else can see (AOTAutograd's donated buffers): once
+    # read for the last time, a kernel may write its output over it
+    donated: bool = False
 
 
 @dataclass(frozen=True)

@@ -85,9 +85,15 @@ def group_fallback(step: KernelStep, schedule: Schedule) -> Callable[..., None]:
                 env[node] = eval_node(node, [value(i) for i in node.inputs], bound)
             return env[node]
 
-        for p, out in zip(kernel.params, tensors):
-            if p.is_output:
-                out.copy_(value(by_name[p.name]))
+        # every output is computed before any is written: an output may be written over an input
+        # (codegen/wrapper.py), and its values may be views of that input
+        results = [(out, value(by_name[p.name])) for p, out in zip(kernel.params, tensors) if p.is_output]
+        inputs = {t.untyped_storage().data_ptr() for p, t in zip(kernel.params, tensors)
+                  if not p.is_output and isinstance(t, torch.Tensor)}
+        if any(out.untyped_storage().data_ptr() in inputs for out, _ in results):
+            results = [(out, r.clone() if isinstance(r, torch.Tensor) else r) for out, r in results]
+        for out, result in results:
+            out.copy_(result)
 
     return run
 

@@ -1,0 +1,137 @@
+"""Where a GIoU training step's time goes, per variant: wall time of a synchronized step, the
+GPU time of its kernels, and the host's top functions (cProfile) for ember's ragged step; then
+whether the step can be captured in a CUDA graph and what a replay costs.
+
+    PYTHONPATH=. python bench/giou_step.py [--batch 1024] [--steps 200] [--top 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import table  # noqa: E402
+
+import ember  # noqa: E402
+from ember.workloads.giou import make_batch, padded_giou_loss, ragged_giou_loss  # noqa: E402
+from ember.workloads.giou_bench import pack  # noqa: E402
+
+
+def synced_us(step, steps: int) -> float:
+    """Median µs of one synchronized step (CUDA events around each)."""
+    times = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def kernel_us(step, steps: int) -> tuple[float, int]:
+    """(GPU µs of the kernels of one step, kernels per step) under the profiler."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.device_time for e in events) / steps, len(events) // steps
+
+
+def host_top(step, steps: int, top: int) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def graphed(step, warmup: int = 3):
+    """``step`` captured in a CUDA graph (after warm-up on a side stream); returns its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--top", type=int, default=20)
+    args = p.parse_args()
+    pred_cpu, targets, padded_cpu = make_batch(args.batch, torch.bfloat16)
+    pred = pred_cpu.cuda().requires_grad_()
+    padded = padded_cpu.cuda()
+    ragged = pack(targets, torch.device("cuda"))
+    pred64 = pred.detach().double().requires_grad_()
+    padded_giou_loss(pred64, padded.double()).backward()
+
+    fns = {
+        "eager(pad)": lambda p: padded_giou_loss(p, padded),
+        "inductor(pad)": (lambda c: (lambda p: c(p, padded)))(torch.compile(padded_giou_loss)),
+        "ember(pad)": (lambda c: (lambda p: c(p, padded)))(ember.compile(padded_giou_loss)),
+        "ember(ragged)": (lambda c: (lambda p: c(p, ragged)))(ember.compile(ragged_giou_loss)),
+    }
+
+    def train(fn):
+        def step():
+            pred.grad = None
+            fn(pred).backward()
+        return step
+
+    rows = []
+    for name, fn in fns.items():
+        step = train(fn)
+        for _ in range(5):
+            step()
+        ember.wait_for_kernels()
+        err = ((pred.grad.double() - pred64.grad).norm() / pred64.grad.norm()).item()
+        wall = synced_us(step, args.steps)
+        kern, launches = kernel_us(step, 20)
+        rows.append((name, f"{wall:.0f}", f"{kern:.1f}", launches, f"{err:.1e}"))
+        if name == "ember(ragged)":
+            print(f"host profile of {name}, {args.steps} steps:\n" + host_top(step, args.steps, args.top))
+    print(table(rows, ["variant", "step us (synced)", "kernels us", "kernels", "grad rel err"]))
+
+    # CUDA graph capture of the whole step, at this batch's box count
+    rows = []
+    for name in ("inductor(pad)", "ember(pad)", "ember(ragged)"):
+        step = train(fns[name])
+        try:
+            replay = graphed(step)
+            replay()
+            torch.cuda.synchronize()
+            err = ((pred.grad.double() - pred64.grad).norm() / pred64.grad.norm()).item()
+            rows.append((name, f"{synced_us(replay, args.steps):.1f}", f"{err:.1e}", ""))
+        except Exception as e:  # noqa: BLE001 -- reported in the table
+            rows.append((name, "-", "-", f"{type(e).__name__}: {str(e)[:100]}"))
+    print("the whole step captured in a CUDA graph, one replay:")
+    print(table(rows, ["variant", "replay us (synced)", "grad rel err", "error"]))
+
+
+if __name__ == "__main__":
+    main()

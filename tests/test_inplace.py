@@ -1,0 +1,146 @@
+"""Outputs written over inputs that die in their kernel (codegen/wrapper.py, schedule/inplace.py):
+when the host program reuses memory, and that results, gradients and the user's tensors stay
+what eager gives."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+
+from .helpers import assert_same, check
+
+
+def _written_over(report: ember.Report, kind: str | None = None) -> list[str]:
+    return [line.strip() for g in report.graphs if kind is None or g.kind == kind
+            for line in g.wrapper.splitlines() if "written over" in line]
+
+
+def swiglu(x, wg, wu):
+    return F.silu(x @ wg) * (x @ wu)
+
+
+@pytest.mark.parametrize("options", [None, {"target": "triton"}], ids=["cpp", "triton"])
+def test_epilogue_written_over_the_matmul_result(options):
+    # the product dies in its epilogue kernel: the epilogue writes over it
+    x, w, b = torch.randn(33, 16), torch.randn(16, 24), torch.randn(24)
+    report = check(lambda x, w, b: F.gelu(x @ w + b), x, w, b, options=options)
+    assert _written_over(report) == ["buf1 = buf0  # written over buf0, which dies here"]
+
+
+def test_row_kernel_written_over_its_input():
+    # softmax reads each row three times (max, sum, store); the store is in the last loop
+    x, w = torch.randn(9, 8), torch.randn(8, 70)
+    report = check(lambda x, w: torch.softmax(x @ w, -1), x, w)
+    assert len(_written_over(report)) == 1
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, w: torch.relu((x @ w).t()),            # read transposed: element i is not read at i
+    lambda x, w: (x @ w) + (x @ w).roll(1, 0),       # read at a shifted index too
+    lambda x, w: (x @ w).sum(-1, keepdim=True) * 2,  # another shape
+], ids=["transposed", "shifted", "reduced"])
+def test_no_reuse_where_elements_are_read_elsewhere(fn):
+    x, w = torch.randn(16, 16), torch.randn(16, 16)
+    report = check(fn, x, w)
+    assert _written_over(report) == []
+
+
+def test_never_over_the_users_tensors():
+    # forward inputs, outputs and a gradient the user passes are never written over
+    x = torch.randn(12, 16)
+    f = ember.compile(lambda x: torch.exp(x) * 2)
+    x_before = x.clone()
+    y = f(x)
+    assert torch.equal(x, x_before)
+    assert_same(y, torch.exp(x_before) * 2)
+
+
+def test_backward_writes_over_saved_products():
+    # the gated MLP's backward: the gradient kernel's outputs reuse the saved products x @ wg and
+    # x @ wu (AOTAutograd's donated buffers), and the user's upstream gradient is left alone
+    torch.manual_seed(0)
+    args = [torch.randn(32, 16, requires_grad=True), torch.randn(16, 48, requires_grad=True),
+            torch.randn(16, 48, requires_grad=True)]
+    ref_args = [a.detach().clone().requires_grad_() for a in args]
+    grad = torch.randn(32, 48)
+    grad_before = grad.clone()
+    report = ember.Report()
+    out = ember.compile(swiglu, report=report)(*args)
+    out.backward(grad)
+    swiglu(*ref_args).backward(grad_before)
+    assert torch.equal(grad, grad_before)
+    for a, r in zip(args, ref_args):
+        assert_same(a.grad, r.grad)
+    reused = _written_over(report, "backward")
+    assert any(line.startswith(("buf0 = mm ", "buf0 = mm_1 ")) for line in reused), reused
+
+
+def test_saved_tensors_are_kept_when_the_backward_may_run_again():
+    # With retain_graph=True autograd keeps the saved tensors for a second backward: the program
+    # checks that at run time and allocates instead. (AOTAutograd itself refuses retain_graph on
+    # graphs with donated buffers; its config switch turned off after compiling lets one through.)
+    from torch._functorch import config as functorch_config
+
+    args = [torch.randn(8, 16, requires_grad=True), torch.randn(16, 24, requires_grad=True),
+            torch.randn(16, 24, requires_grad=True)]
+    ref_args = [a.detach().clone().requires_grad_() for a in args]
+    report = ember.Report()
+    f = ember.compile(swiglu, report=report)
+    out = f(*args)
+    ref = swiglu(*ref_args)
+    with functorch_config.patch(donated_buffer=False):
+        out.sum().backward(retain_graph=True)
+        out.sum().backward()
+    ref.sum().backward(retain_graph=True)
+    ref.sum().backward()
+    assert _written_over(report, "backward")
+    for a, r in zip(args, ref_args):
+        assert_same(a.grad, r.grad)
+
+
+def test_no_donation_when_torch_turns_it_off():
+    from torch._functorch import config as functorch_config
+
+    args = [torch.randn(8, 16, requires_grad=True), torch.randn(16, 24, requires_grad=True),
+            torch.randn(16, 24, requires_grad=True)]
+    report = ember.Report()
+    with functorch_config.patch(donated_buffer=False):
+        ember.compile(swiglu, report=report)(*args).sum().backward()
+    assert not any("if not keep_graph()" in line for line in _written_over(report, "backward"))
+
+
+def test_aten_fallback_computes_every_output_before_writing(tmp_path):
+    # a kernel that fails to build runs through ATen with the same arguments, the reused input
+    # among them: its outputs must all be computed before the first is written
+    opts = {"cache_dir": tmp_path, "cxx_flags": ("-O3", "-fPIC", "-shared", "--not-a-real-flag")}
+    x, w = torch.randn(10, 12), torch.randn(12, 12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = check(lambda x, w: (torch.sigmoid(x @ w), torch.relu(x @ w) * 3), x, w,
+                       options=opts, expect_built=False)
+    assert len(_written_over(report)) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernels need a GPU")
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_backward_writes_over_saved_products_on_the_gpu(backend):
+    torch.manual_seed(0)
+    args = [torch.randn(300, 64, device="cuda", requires_grad=True),
+            torch.randn(64, 200, device="cuda", requires_grad=True),
+            torch.randn(64, 200, device="cuda", requires_grad=True)]
+    ref_args = [a.detach().clone().requires_grad_() for a in args]
+    report = ember.Report()
+    f = ember.compile(swiglu, report=report, options={"gpu_backend": backend})
+    for _ in range(2):  # the second step runs into memory the caching allocator hands back
+        for a in args:
+            a.grad = None
+        f(*args).square().sum().backward()
+    swiglu(*ref_args).square().sum().backward()
+    assert _written_over(report, "backward")
+    for a, r in zip(args, ref_args):
+        assert_same(a.grad, r.grad, rtol=1e-4, atol=1e-4)
