@@ -141,6 +141,10 @@ def test_backward_writes_over_saved_products_on_the_gpu(backend):
             a.grad = None
         f(*args).square().sum().backward()
     swiglu(*ref_args).square().sum().backward()
+    exact = [a.detach().double().requires_grad_() for a in args]
+    swiglu(*exact).square().sum().backward()
     assert _written_over(report, "backward")
-    for a, r in zip(args, ref_args):
-        assert_same(a.grad, r.grad, rtol=1e-4, atol=1e-4)
+    # ember sums dx's two products in one addmm where eager rounds each: both against float64
+    for a, r, e in zip(args, ref_args, exact):
+        mine, theirs = (((t.grad.double() - e.grad).norm() / e.grad.norm()).item() for t in (a, r))
+        assert mine <= 2 * theirs + 1e-6, (mine, theirs)
