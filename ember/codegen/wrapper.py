@@ -303,12 +303,12 @@ class WrapperWriter:
     def _write_over(self, root: Node, node: Node) -> str:
         name, over = self.var[root], self.var[node]
         self.reused.append((name, over))
-        if node.op is Op.INPUT:  # a saved tensor: autograd may run this backward again
-            keep = self._const(torch._C._autograd._get_current_graph_task_keep_graph, "keep_graph") \
-                if "keep_graph" not in self.constants else "keep_graph"
-            return f"{name} = {over} if not {keep}() else {self._allocate(root).split(' = ', 1)[1]}" \
-                   "  # written over its input, which dies here"
-        return f"{name} = {over}  # written over {over}, which dies here"
+        if node.op is not Op.INPUT:
+            return f"{name} = {over}  # written over {over}, which dies here"
+        # a saved tensor: with retain_graph=True autograd keeps it for another backward
+        self.constants["keep_graph"] = torch._C._autograd._get_current_graph_task_keep_graph
+        fresh = self._allocate(root).split(" = ", 1)[1]
+        return f"{name} = {over} if not keep_graph() else {fresh}  # written over {over}, which dies here"
 
     def _allocate(self, node: Node) -> str:
         """A kernel's output buffer, through the fast allocator of its device: dense, or with the
