@@ -128,7 +128,6 @@ class WrapperWriter:
         self.node_of = {info.name: node for node, info in schedule.buffers.items()}
         # buffers something views: their memory outlives their last direct read
         self.viewed = {schedule.buffers[s.base].name for s in schedule.steps if isinstance(s, ViewStep)}
-        self.reused: list[tuple[str, str]] = []  # (output, the buffer it was written over)
 
     def _const(self, value: Any, hint: str = "c") -> str:
         name = hint if hint not in self.constants else f"{hint}_{len(self.constants)}"
@@ -302,7 +301,6 @@ class WrapperWriter:
 
     def _write_over(self, root: Node, node: Node) -> str:
         name, over = self.var[root], self.var[node]
-        self.reused.append((name, over))
         if node.op is not Op.INPUT:
             return f"{name} = {over}  # written over {over}, which dies here"
         # a saved tensor: with retain_graph=True autograd keeps it for another backward
