@@ -37,12 +37,22 @@ MIN_SIDE = 16  # tl.dot's smallest block side
 _LOW = (dt.float16, dt.bfloat16)
 
 
+def _backend(node: Node, target: str | None, gpu_backend: str) -> str:
+    """The backend that renders ``node``'s kernels."""
+    return target or (gpu_backend if node.device.startswith("cuda") else "cpp")
+
+
+def _is_mm(call: ExternCall) -> bool:
+    """A plain ``aten.mm(a, b)`` call."""
+    return call.target is aten.mm.default and call.args == (ArgRef(0), ArgRef(1)) and not call.kwargs
+
+
 def _operands(node: Node) -> tuple[Node | None, Node, Node] | None:
     """(bias or None, a, b) of an mm or addmm call ember can generate, else None."""
     if node.op is not Op.EXTERN or node.shape is None:
         return None
     call = node.arg
-    if call.target is aten.mm.default and call.args == (ArgRef(0), ArgRef(1)) and not call.kwargs:
+    if _is_mm(call):
         bias, (a, b) = None, node.inputs
     elif (call.target is aten.addmm.default and call.args == (ArgRef(0), ArgRef(1), ArgRef(2))
           and all(call.kwargs.get(k, 1) == 1 for k in ("beta", "alpha")) and set(call.kwargs) <= {"beta", "alpha"}):
@@ -80,8 +90,7 @@ def _chosen(graph: Graph, target: str | None, gpu_backend: str, mode: str) -> se
     users = graph.users()
     found: list[tuple[Node, tuple[Node | None, Node, Node]]] = []
     for node in graph.nodes:
-        backend = target or (gpu_backend if node.device.startswith("cuda") else "cpp")
-        operands = _operands(node) if backend == "triton" else None
+        operands = _operands(node) if _backend(node, target, gpu_backend) == "triton" else None
         if operands is not None and _feeds_pointwise(node, users):
             found.append((node, operands))
     if mode != "auto":
@@ -120,9 +129,7 @@ def _folds(mm: Node, users: dict[Node, list[Node]], outputs: set[Node]) -> bool:
     """A 2-d ``aten.mm`` whose only use is one addition (so its product need not be stored)."""
     if mm.op is not Op.EXTERN or mm.shape is None or mm.rank != 2 or mm in outputs:
         return False
-    call = mm.arg
-    return (call.target is aten.mm.default and call.args == (ArgRef(0), ArgRef(1)) and not call.kwargs
-            and len(users.get(mm, ())) == 1)
+    return _is_mm(mm.arg) and len(users.get(mm, ())) == 1
 
 
 def fold_matmul_adds(graph: Graph, target: str | None = None, gpu_backend: str = "triton") -> Graph:
@@ -135,8 +142,7 @@ def fold_matmul_adds(graph: Graph, target: str | None = None, gpu_backend: str =
     outputs = {o for o in graph.outputs if o is not None}
 
     def rule(node: Node, inputs: tuple[Node, ...]) -> Node | None:
-        backend = target or (gpu_backend if node.device.startswith("cuda") else "cpp")
-        if node.op is not Op.ADD or backend == "cpp":
+        if node.op is not Op.ADD or _backend(node, target, gpu_backend) == "cpp":
             return None
         for i in (0, 1):
             mm, other = node.inputs[i], inputs[1 - i]

@@ -80,12 +80,17 @@ class Backend(ABC):
         return built
 
 
-def warn_launch_failure(kernel: str, error: Exception) -> None:
-    """One warning (and a build failure counted) for a kernel that failed to compile or launch at
-    its first call; the caller runs its group through ATen from then on."""
+def fall_back(launcher: Any, kernel: str, error: Exception, args: tuple[Any, ...]) -> None:
+    """A kernel failed to compile or launch at its first call: one warning (and a build failure
+    counted), then this call and every later one through the launcher's ATen ``fallback``
+    (``launcher.failed``); re-raises ``error`` when the launcher has none."""
+    if launcher.fallback is None:
+        raise error
+    launcher.failed = True
     stats.bump("build_failures")
     warnings.warn(f"ember: {kernel} failed to compile or launch ({type(error).__name__}: {str(error)[-1500:]}); "
                   "its ops run through ATen instead.", RuntimeWarning, stacklevel=3)
+    launcher.fallback(*args)
 
 
 _BACKENDS = {"cpp": "ember.runtime.cpu:CppBackend", "triton": "ember.runtime.triton_backend:TritonBackend",

@@ -30,7 +30,7 @@ from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
 from . import stats
 from . import triton_configs as tc
-from .backend import Backend, BuildError, BuiltKernels, warn_launch_failure
+from .backend import Backend, BuildError, BuiltKernels, fall_back
 from .triton_direct import direct_launcher
 from .triton_matmul import MatmulLauncher
 
@@ -154,11 +154,7 @@ class Launcher:
                     return
             launch(args, outer, inner)
         except Exception as e:  # noqa: BLE001 -- a kernel Triton cannot compile falls back, once
-            if self.fallback is None:
-                raise
-            self.failed = True
-            warn_launch_failure(f"Triton kernel {self.name}", e)
-            self.fallback(*args)
+            fall_back(self, f"Triton kernel {self.name}", e, args)
 
     def _prepare(self, args: tuple[Any, ...], outer: int, inner: int) -> tuple[Callable[..., None], bool]:
         """The launch for this shape bucket, and whether preparing it already ran this call."""

@@ -32,7 +32,7 @@ import torch
 from ..config import Config, log
 from . import stats
 from . import triton_configs as tc
-from .backend import warn_launch_failure
+from .backend import fall_back
 
 # (BM, BN, BK, warps, stages)
 ONE_DOT = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (64, 128, 64, 4, 4),
@@ -154,11 +154,7 @@ class MatmulLauncher:
         try:
             self._launch(args, m, n, k)
         except Exception as e:  # noqa: BLE001 -- a kernel Triton cannot compile falls back, once
-            if self.fallback is None:
-                raise
-            self.failed = True
-            warn_launch_failure(f"Triton matmul kernel {self.name}", e)
-            self.fallback(*args)
+            fall_back(self, f"Triton matmul kernel {self.name}", e, args)
 
     def _launch(self, args: tuple[Any, ...], m: int, n: int, k: int) -> None:
         tensors = args[:self.n_params]
