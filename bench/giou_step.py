@@ -1,8 +1,11 @@
 """Where a GIoU training step's time goes, per variant: wall time of a synchronized step, the
 GPU time of its kernels, and the host's top functions (cProfile) for ember's ragged step; then
-whether the step can be captured in a CUDA graph and what a replay costs.
+whether the step can be captured in a CUDA graph and what a replay costs; then ember's ragged
+step through ``ember.cuda_graph`` over batches with different box counts (one capture serves
+them all: kernels read the box count from the offsets on the device), each checked against
+float64, with the recompiles and captures it took.
 
-    PYTHONPATH=. python bench/giou_step.py [--batch 1024] [--steps 200] [--top 20]
+    PYTHONPATH=. python bench/giou_step.py [--batch 1024] [--steps 200] [--top 20] [--batches 100]
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from common import table  # noqa: E402
 
 import ember  # noqa: E402
 from ember.workloads.giou import make_batch, padded_giou_loss, ragged_giou_loss  # noqa: E402
-from ember.workloads.giou_bench import pack  # noqa: E402
+from ember.workloads.giou_bench import pack, random_targets  # noqa: E402
 
 
 def synced_us(step, steps: int) -> float:
@@ -82,6 +85,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--top", type=int, default=20)
+    p.add_argument("--batches", type=int, default=100)
     args = p.parse_args()
     pred_cpu, targets, padded_cpu = make_batch(args.batch, torch.bfloat16)
     pred = pred_cpu.cuda().requires_grad_()
@@ -131,6 +135,73 @@ def main() -> None:
             rows.append((name, "-", "-", f"{type(e).__name__}: {str(e)[:100]}"))
     print("the whole step captured in a CUDA graph, one replay:")
     print(table(rows, ["variant", "replay us (synced)", "grad rel err", "error"]))
+    varying_box_counts(pred, args.batches)
+
+
+def varying_box_counts(pred: torch.Tensor, batches: int) -> None:
+    """ember's ragged step through ember.cuda_graph, a different box count every batch."""
+    loss_fn = ember.compile(ragged_giou_loss)
+
+    def step(p, targets):
+        p.grad = None
+        loss = loss_fn(p, targets)
+        loss.backward()
+        return loss
+
+    graphed = ember.cuda_graph(step)
+    data = [pack(random_targets(pred.shape[0], 1000 + i, torch.bfloat16), torch.device("cuda"))
+            for i in range(batches)]
+    totals = [r.total_length for r in data]
+    graphed(pred, data[0])  # compiles and captures
+    torch.cuda.synchronize()
+    graphs, frames = ember.stats()["graphs_compiled"], torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    worst, times = 0.0, []
+    for i, r in enumerate(data):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        loss = graphed(pred, r)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+        if i % 10 == 0:  # every tenth batch against float64
+            p64 = pred.detach().double().requires_grad_()
+            ref = ragged_giou_loss(p64, r.to(torch.float64))
+            ref.backward()
+            err = ((pred.grad.double() - p64.grad).norm() / p64.grad.norm()).item()
+            worst = max(worst, err, abs(loss.item() - ref.item()) / abs(ref.item()))
+    # back to back, as a training loop runs them (no sync between steps): time per step
+    for r in data:  # every capacity captured before timing
+        graphed(pred, r)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for r in data:
+        graphed(pred, r)
+    end.record()
+    torch.cuda.synchronize()
+    pipelined = start.elapsed_time(end) * 1e3 / len(data)
+    entry = next(iter(graphed.captures.values()))
+    replay_only = synced_us(entry.graph.replay, 50)
+    recompiles = ember.stats()["graphs_compiled"] - graphs
+    new_frames = torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for r in data[:20]:
+            graphed(pred, r)
+        torch.cuda.synchronize()
+    kinds: dict[str, int] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kinds[e.name] = kinds.get(e.name, 0) + 1
+    print(f"ember.cuda_graph over {batches} batches, boxes {min(totals)}..{max(totals)}:")
+    print(table([("ember(ragged), cuda_graph", f"{statistics.median(times):.1f}", f"{max(times):.1f}",
+                  f"{pipelined:.1f}", f"{replay_only:.1f}", len(graphed.captures), recompiles, new_frames,
+                  f"{worst:.1e}")],
+                ["variant", "step us median (synced)", "max", "step us back to back", "replay alone",
+                 "captures", "ember graphs compiled", "dynamo graphs", "worst rel err (loss, grad)"]))
+    print("device work per step (20 steps):", ", ".join(f"{n / 20:g} x {k[:60]}" for k, n in sorted(kinds.items())))
+    if graphed.exact_reason:
+        print("captured per box count:", graphed.exact_reason)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ import torch
 from . import driver
 from .config import Config
 from .frontend.dynamo import GraphCompiler, make_backend
+from .runtime import capture
 from .runtime.program import CompiledProgram
 
 try:  # private torch API: without it (or any piece below), ember compiles as it did before
@@ -176,7 +177,7 @@ class EmberOutputCode(OutputCode):
         self._run = program.run if isinstance(program, CompiledProgram) else program
 
     def __call__(self, *args: Any) -> Any:
-        if len(args) == 1 and type(args[0]) is list:
+        if len(args) == 1 and type(args[0]) is list and not capture.active:
             return self._run(args[0])
         return self._program(*args)
 

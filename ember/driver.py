@@ -29,7 +29,7 @@ from .frontend.lowering import lower_graph
 from .ir.node import Graph
 from .ir.ops import Op
 from .passes.pipeline import run_pipeline
-from .runtime import stats
+from .runtime import capture, stats
 from .runtime.backend import BuiltKernels, backend_name, get_backend
 from .runtime.program import CompiledProgram, boxed, group_fallback
 from .schedule.fusion import KernelStep, Schedule, plan
@@ -218,4 +218,6 @@ def _build(graph: Graph, schedule: Schedule, fallbacks: dict[str, Callable[..., 
     namespace.update(wrapper.constants)
     if cfg.debug >= 3:
         log(3, f"{name} kernels:\n{built.module_source}\n{name} host program:\n{wrapper.source}", cfg)
-    return CompiledProgram(name, wrapper.source, namespace, cfg, cuda_index(graph))
+    failed = {n for n, c in calls.items() if c.fallback}
+    host_sizes, opaque = capture.host_size_inputs(graph, capture.host_symbols(graph, schedule, failed))
+    return CompiledProgram(name, wrapper.source, namespace, cfg, cuda_index(graph), host_sizes, opaque)

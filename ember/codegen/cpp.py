@@ -13,7 +13,7 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.ops import TRANSCENDENTAL_OPS, Op
 from ..schedule.kernel_ir import CHUNK, SEGMENT_LENGTH, Kernel, Value, inner_var, outer_var
-from .cstyle import COMMON_PRELUDE, BodyRenderer, Language, index_expr
+from .cstyle import COMMON_PRELUDE, BodyRenderer, Language, device_size_lines, index_expr
 
 CPP = Language(
     name="cpp",
@@ -197,6 +197,8 @@ class CppKernelRenderer:
         self.emit(f"// outer {sh.fmt(k.outer)}, inner {sh.fmt(k.inner)}, {k.n_loops} inner loop(s)")
         self.emit(self.signature() + " {")
         self.depth += 1
+        for line in device_size_lines(k):
+            self.emit(line)
         for hint in self.hints:
             self.emit(f"int64_t {hint} = 0;")
         if k.n_loops == 0:

@@ -139,6 +139,13 @@ def index_expr(e: sympy.Expr) -> str:
     raise NotImplementedError(f"index expression {e!r} ({type(e).__name__}) has no C spelling")
 
 
+def device_size_lines(kernel: Kernel) -> list[str]:
+    """C statements that load a kernel's ragged totals from their offsets (see
+    schedule/device_sizes.py); they replace the host's values before anything uses them."""
+    return [f"{s.name} = (int64_t){name}[{index_expr(index)}];  // the ragged total, read on the device"
+            for s, (name, index) in kernel.device_sizes.items()]
+
+
 def _atom(e: sympy.Expr) -> str:
     text = index_expr(e)
     return text if (sympy.sympify(e).is_Atom or text.isidentifier()) else f"({text})"

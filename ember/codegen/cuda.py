@@ -35,7 +35,7 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.ops import Op
 from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, outer_var
-from .cstyle import COMMON_PRELUDE, BodyRenderer, Language, acc_init, acc_type, index_expr
+from .cstyle import COMMON_PRELUDE, BodyRenderer, Language, acc_init, acc_type, device_size_lines, index_expr
 from .wrapper import pexpr
 
 # float32 math spelled with CUDA's float functions (IEEE-accurate or within a few ulp, unlike the
@@ -336,6 +336,8 @@ class CudaKernelRenderer:
         params = ", ".join(self.params())
         self.emit("template <typename I>")
         self.open(f"__device__ __forceinline__ void {k.name}_body({params}) {{")
+        for line in device_size_lines(k):
+            self.emit(line)
         if self.strategy == "pointwise":
             self._pointwise()
         elif self.strategy in ("rows", "columns"):

@@ -327,6 +327,7 @@ class TritonKernelRenderer:
                 f"# outer {sh.fmt(k.outer)}, inner {sh.fmt(k.inner)}, {k.n_loops} inner loop(s), {self.kind}"
                 + (f" in {k.chunks} runs, summing columns" if k.chunks else ""),
                 "@triton.jit", f"def {k.name}({', '.join(params + extra)}):"]
+        self._device_sizes()
         if self.kind == "pointwise":
             self._x_setup("")
             self.statements(k.values)
@@ -356,6 +357,22 @@ class TritonKernelRenderer:
             self.emit("xmask = True")
             self._looped(full=True)
         return "\n".join(head + self.lines)
+
+    def _device_sizes(self) -> None:
+        """Ragged totals loaded from their offsets (schedule/device_sizes.py), and the extents
+        that depend on them recomputed: the host's values only sized the grid."""
+        k = self.k
+        if not k.device_sizes:
+            return
+        for s, (name, index) in k.device_sizes.items():
+            self.emit(f"{s.name} = tl.load({name} + {pexpr(index)}).to(tl.int64)  # ragged total, read on the device")
+        totals = set(k.device_sizes)
+        outer = sh.expr(sh.numel(k.outer))
+        if outer.free_symbols & totals:
+            self.emit(f"OUTER = {pexpr(outer)}")
+        inner = sh.expr(sh.numel(k.inner))
+        if k.segment_length is None and inner.free_symbols & totals:
+            self.emit(f"INNER = {pexpr(inner)}")
 
     def _chunked(self) -> None:
         """A row kernel that also sums columns: program c walks run c of the rows (XBLOCK at a

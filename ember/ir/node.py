@@ -405,3 +405,19 @@ def row_ids_offsets(index: Node) -> Node | None:
     if offsets.rank != 1 or not sh.equal(seq.shape[0], offsets.shape[0] - 1) or tuple(values.arg[1:]) != (0, 1):
         return None
     return offsets
+
+
+def ragged_totals(graph: Graph) -> dict[sympy.Symbol, Node]:
+    """Size symbols that are a ragged tensor's total length T, each with the graph input holding
+    its offsets: T is the length of ``ragged.row_ids()``'s arange, and a ``Ragged``'s offsets end
+    at T, so a kernel can read T from ``offsets[-1]`` on the device instead of taking it from the
+    host. One launch then serves every T up to the one its grid was sized for (CUDA graphs)."""
+    found: dict[sympy.Symbol, Node] = {}
+    for n in graph.nodes:
+        offsets = row_ids_offsets(n) if n.op is Op.SEARCH else None
+        if offsets is None or offsets.op is not Op.INPUT:
+            continue
+        total = sh.expr(n.shape[0])
+        if isinstance(total, sympy.Symbol) and total not in found:
+            found[total] = offsets
+    return found

@@ -20,6 +20,7 @@ from ..config import Config, log
 from ..ir.node import Graph, Node
 from ..ir.ops import Op
 from ..schedule.fusion import KernelStep, Schedule
+from . import capture
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -112,7 +113,8 @@ class CompiledProgram:
     """Callable with AOTAutograd's boxed convention (takes the argument list, may clear it)."""
 
     def __init__(self, name: str, source: str, namespace: dict[str, Any], cfg: Config,
-                 cuda_device: int | None = None):
+                 cuda_device: int | None = None, host_sizes: dict[int, str] | None = None,
+                 opaque_sizes: bool = False):
         # An instance attribute, not a class one: Dynamo wraps backward programs with
         # functools.wraps, which copies only the instance __dict__.
         self._boxed_call = True
@@ -122,6 +124,9 @@ class CompiledProgram:
         # (IR graph, schedule) this program was built from, set by the driver where the plan may
         # be cached (torch's AOTAutograd cache stores it, frontend/aot_cache.py)
         self.plan: tuple[Graph, Schedule] | None = None
+        # size inputs (index -> symbol) whose host value a result depends on (runtime/capture.py)
+        self.host_sizes = host_sizes or {}
+        self.opaque_sizes = opaque_sizes
         flag = ctypes.c_int32(0)
         self._flag = flag
 
@@ -170,9 +175,12 @@ class CompiledProgram:
     def __call__(self, *args: Any) -> tuple[Any, ...]:
         # AOTAutograd calls boxed (one list it lets us clear) or, on some paths, with the
         # arguments spread out; graph inputs are never lists, so the two cannot be confused.
-        if len(args) == 1 and isinstance(args[0], list):
-            return self.run(args[0])
-        return self.run(list(args))
+        args_list = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
+        if capture.active:  # ember.cuda_graph's check: which sizes come from the host
+            capture.record(self.name, args_list, self.host_sizes, self.opaque_sizes)
+            with torch.profiler.record_function(f"{capture.RANGE_PREFIX}{self.name}"):
+                return self.run(args_list)
+        return self.run(args_list)
 
 
 # the current CUDA device without building a torch.device (what Inductor's generated code reads)

@@ -21,9 +21,10 @@ from torch.utils._sympy.functions import FloorDiv
 
 from ..config import Config
 from ..ir import shapes as sh
-from ..ir.node import Graph, Node, fill_value, row_ids_offsets, view_base
+from ..ir.node import Graph, Node, fill_value, ragged_totals, row_ids_offsets, view_base
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
 from .build import ACROSS_OPS, AcrossFailed, BufferInfo, Conflict, GroupSpec, KernelBuilder, NeedsBuffer
+from .device_sizes import read_totals_on_device
 from .guards import guard_branches
 from .indexing import Point, map_reshape
 from .kernel_ir import CHUNK, SEGMENT_LENGTH, Kernel, indirect_var, inner_var, outer_var
@@ -102,6 +103,7 @@ class Planner:
         self.not_across: set[Node] = set()     # reductions over rows a row kernel cannot finish
         self._across: dict[Node, GroupSpec] = {}  # root -> the row group domain() offered it
         self.matmul_roots: set[Node] = set()   # roots whose domain is a matmul's (M, N) x K
+        self.totals = ragged_totals(graph)     # ragged totals kernels read on the device
         self._choose_initial_buffers()
 
     # ---- 1. buffers the program needs ------------------------------------------------------
@@ -545,6 +547,7 @@ class Planner:
         # through ATen (when its kernel fails to build) from the kernel's own arguments.
         nodes = {n for r in spec.roots for n in [r, *self.subtree(r)]}
         kernel.sizes = sorted(set(kernel.sizes) | _symbols(nodes), key=lambda s: s.name)
+        read_totals_on_device(kernel, self.totals, infos)
         names: list[str] = []
         for origin in kernel.origins:
             short = origin.split(".")[-1].lstrip("_")

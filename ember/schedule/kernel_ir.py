@@ -172,6 +172,10 @@ class Kernel:
     # a row kernel that also sums columns (chunksum values): its rows split into this many runs,
     # one per program or thread, each run's partial sums stored at CHUNK
     chunks: int | None = None
+    # size symbols read on the device, each from a parameter at an element index: a ragged
+    # total T from its offsets' last element (ir.node.ragged_totals). The host's value sizes the
+    # grid only, so one launch (a CUDA graph) serves every T up to it.
+    device_sizes: dict[sympy.Symbol, tuple[str, sympy.Expr]] = field(default_factory=dict)
 
     @property
     def inner_hint(self) -> sympy.Expr:
@@ -240,6 +244,7 @@ def format_kernel(k: Kernel) -> str:
     lines = [f"kernel {k.name}({params}; sizes {', '.join(map(str, k.sizes)) or '-'})",
              f"  outer {sh.fmt(k.outer)}  inner {sh.fmt(k.inner)}  loops {k.n_loops}"
              + (f"  rows in {k.chunks} runs" if k.chunks else "")]
+    lines += [f"  {s} = {name}[{index}] (read on the device)" for s, (name, index) in k.device_sizes.items()]
     for v in k.values:
         where = f"loop {v.loop}" if v.kind in ("reduce", "store", "chunksum", "dot") and v.loop else (
             "inner" if v.inner else "after all rows" if v.stage == FINAL_STAGE else f"stage {v.stage}")

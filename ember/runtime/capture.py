@@ -1,0 +1,106 @@
+"""Which sizes a compiled program takes from the host, and the check ``ember.cuda_graph`` runs.
+
+A CUDA graph replays its kernels with the arguments they were captured with. ``ember.cuda_graph``
+captures a step once per *capacity* C of each ragged input, with buffers of C rows, and replays
+it for every batch of at most C rows: that is right only where nothing depends on the host's
+value of the total length T (which is C in the graph), i.e. where every kernel reads T from the
+offsets on the device (schedule/device_sizes.py). This module finds, for each program, the sizes
+that something still takes from the host (``host_sizes``), and records them while a check is on
+(``check_programs``), so the capture can refuse a capacity that one of them equals.
+
+What takes a size from the host: a kernel that does not read it on the device (a matmul tile, a
+size that is no ragged total), an ATen call over a tensor of that size, a kernel group that runs
+through ATen, a view whose offset depends on it, and the strides of the program's inputs and
+outputs (kernels would address them with the device's T).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import sympy
+
+from ..ir.node import Graph
+from ..ir.ops import Op
+from ..schedule.fusion import ExternStep, KernelStep, Schedule, ViewStep
+
+
+def _symbols(x: object) -> set[sympy.Symbol]:
+    if isinstance(x, sympy.Basic):
+        return set(x.free_symbols)
+    if isinstance(x, (tuple, list)):
+        return set().union(*(_symbols(i) for i in x)) if x else set()
+    return set()
+
+
+def host_symbols(graph: Graph, schedule: Schedule, failed: set[str]) -> set[sympy.Symbol]:
+    """The size symbols whose host value a result of the program depends on; ``failed`` names
+    the kernels that run through ATen."""
+    used: set[sympy.Symbol] = set()
+    for step in schedule.steps:
+        if isinstance(step, KernelStep):
+            k = step.kernel
+            if k.name in failed:
+                used |= set(k.sizes)
+            else:
+                used |= set(k.sizes) - set(k.device_sizes)
+        elif isinstance(step, ExternStep):
+            node = step.node
+            used |= _symbols(node.shape) | set().union(*(_symbols(i.shape) for i in node.inputs))
+        elif isinstance(step, ViewStep) and step.node.op is Op.SLICE:
+            used |= _symbols(step.node.arg[1])  # the start: an offset into the base
+    for node in graph.inputs:
+        if node.arg.kind == "tensor":
+            used |= _symbols(node.arg.strides)
+    for i, out in enumerate(graph.outputs):
+        if out is not None and i not in graph.scalar_outputs and i < len(graph.output_strides):
+            used |= _symbols(graph.output_strides[i])
+    return used
+
+
+def host_size_inputs(graph: Graph, used: set[sympy.Symbol]) -> tuple[dict[int, str], bool]:
+    """(input index -> symbol name, for the size inputs carrying a host-used symbol; whether some
+    host-used symbol is carried by no size input, so its value cannot be checked)."""
+    carried: dict[int, str] = {}
+    for node in graph.inputs:
+        spec = node.arg
+        if spec.kind == "symint" and isinstance(spec.expr, sympy.Symbol) and spec.expr in used:
+            carried[spec.index] = spec.expr.name
+    unseen = {s.name for s in used} - set(carried.values())
+    return carried, bool(unseen)
+
+
+@dataclass
+class ProgramRun:
+    program: str
+    host_sizes: dict[str, int]   # symbol -> its value in this call
+    opaque: bool                 # some host-used size could not be read
+
+
+@dataclass
+class ProgramCheck:
+    runs: list[ProgramRun] = field(default_factory=list)
+
+
+active: list[ProgramCheck] = []
+RANGE_PREFIX = "ember program "  # the profiler range a program runs in while a check is on
+
+
+def record(program: str, args: list[object], host_sizes: dict[int, str], opaque: bool) -> None:
+    values = {name: int(args[i]) for i, name in host_sizes.items() if isinstance(args[i], int)}
+    for check in active:
+        check.runs.append(ProgramRun(program, values, opaque))
+
+
+@contextlib.contextmanager
+def check_programs() -> Iterator[ProgramCheck]:
+    """Record every compiled program that runs inside, with its host-used sizes' values."""
+    check = ProgramCheck()
+    active.append(check)
+    try:
+        yield check
+    finally:
+        active.remove(check)
+

@@ -1,0 +1,39 @@
+"""Ragged totals read on the device: one launch serves every total length up to its grid's.
+
+A ragged tensor's total length T changes every batch. A kernel that takes T from the host needs
+a new launch (new arguments, a new grid) for every T, so a CUDA graph captured once is only right
+for the T it was captured at. A ``Ragged``'s offsets end at T, so a kernel over T rows (or that
+divides by T, as a mean does) can load T from ``offsets[-1]`` instead (``ir.node.ragged_totals``
+finds the pairs). The host's T then only sizes the grid and the buffers: a program captured with
+a capacity C >= T, its buffers holding C rows, computes every batch of at most C rows exactly,
+the rows past T left alone (``ember.cuda_graph``).
+
+Matmul kernels keep the host's sizes: their tiles and TMA descriptors are fixed at launch.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from ..ir import shapes as sh
+from ..ir.node import Node
+from .build import BufferInfo
+from .kernel_ir import Kernel, Param
+
+
+def read_totals_on_device(kernel: Kernel, totals: dict[sympy.Symbol, Node], infos: dict[Node, BufferInfo]) -> None:
+    """Mark the ragged totals among ``kernel``'s sizes to be loaded from their offsets (added as
+    a parameter when the kernel does not read them already)."""
+    if kernel.dots:
+        return
+    for symbol in list(kernel.sizes):
+        offsets = totals.get(symbol)
+        if offsets is None or offsets not in infos:
+            continue
+        name = infos[offsets].name
+        if all(p.name != name for p in kernel.params):
+            first_output = next((i for i, p in enumerate(kernel.params) if p.is_output), len(kernel.params))
+            kernel.params.insert(first_output, Param(name, offsets.dtype, False))
+        index = sympy.expand(sh.expr(offsets.shape[0]) - 1)
+        kernel.device_sizes[symbol] = (name, index)
+        kernel.sizes = sorted(set(kernel.sizes) | index.free_symbols, key=lambda s: s.name)
