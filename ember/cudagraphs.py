@@ -25,7 +25,10 @@ any CUDA-graph warm-up), the last time under a check: a capacity replay is only 
 takes T from the host. The check records the sizes each ember program takes from the host
 (runtime/capture.py) and profiles the ATen calls outside ember programs; if any of them depends
 on the ragged rows (or an output has a dimension of them), the step is captured at exactly this
-batch's T instead, once per T, with one warning saying why. Graphs need a CUDA device.
+batch's T instead, once per T, with one warning saying why. That checked run itself used the
+capacity's rows: in a step with side effects beyond its outputs and gradients (an optimizer step
+inside it), the warning also means that one run's update was computed over them. Graphs need a
+CUDA device.
 """
 
 from __future__ import annotations
