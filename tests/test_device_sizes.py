@@ -83,11 +83,12 @@ def test_rendered_kernels_load_the_total(target):
     report = ember.explain(ragged_giou_loss, pred.requires_grad_(), r, target=target)
     sources = [k.source for g in report.graphs for k in g.kernels]
     assert len(sources) == 2  # the forward and the backward kernel
+    # T = offsets[B]: Triton spells it tl.load(offsets + B), C and CUDA (int64_t)offsets[B]
+    element = f"+ {r.batch_size})" if target == "triton" else f"[{r.batch_size}];"
     load = "tl.load(" if target == "triton" else "(int64_t)"
-    offsets = r.batch_size
     for source in sources:
-        assert any(load in line and f"[{offsets}]" in line or f"+ {offsets})" in line
-                   for line in source.splitlines() if "ragged total" in line), source
+        loads = [line for line in source.splitlines() if "ragged total" in line]
+        assert len(loads) == 1 and load in loads[0] and element in loads[0], source
 
 
 def _host_sizes(fn, *args) -> list[capture.ProgramRun]:

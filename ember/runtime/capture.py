@@ -22,17 +22,10 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from ..ir import shapes as sh
 from ..ir.node import Graph
 from ..ir.ops import Op
 from ..schedule.fusion import ExternStep, KernelStep, Schedule, ViewStep
-
-
-def _symbols(x: object) -> set[sympy.Symbol]:
-    if isinstance(x, sympy.Basic):
-        return set(x.free_symbols)
-    if isinstance(x, (tuple, list)):
-        return set().union(*(_symbols(i) for i in x)) if x else set()
-    return set()
 
 
 def host_symbols(graph: Graph, schedule: Schedule, failed: set[str]) -> set[sympy.Symbol]:
@@ -47,16 +40,16 @@ def host_symbols(graph: Graph, schedule: Schedule, failed: set[str]) -> set[symp
             else:
                 used |= set(k.sizes) - set(k.device_sizes)
         elif isinstance(step, ExternStep):
-            node = step.node
-            used |= _symbols(node.shape) | set().union(*(_symbols(i.shape) for i in node.inputs))
+            for node in (step.node, *step.node.inputs):
+                used |= sh.free_symbols(node.shape or ())
         elif isinstance(step, ViewStep) and step.node.op is Op.SLICE:
-            used |= _symbols(step.node.arg[1])  # the start: an offset into the base
+            used |= sh.free_symbols([step.node.arg[1]])  # the start: an offset into the base
     for node in graph.inputs:
         if node.arg.kind == "tensor":
-            used |= _symbols(node.arg.strides)
+            used |= sh.free_symbols(node.arg.strides or ())
     for i, out in enumerate(graph.outputs):
         if out is not None and i not in graph.scalar_outputs and i < len(graph.output_strides):
-            used |= _symbols(graph.output_strides[i])
+            used |= sh.free_symbols(graph.output_strides[i] or ())
     return used
 
 
