@@ -17,7 +17,7 @@ import torch.fx
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import ArgRef, ExternCall, Graph, InputSpec, Node, TensorConst, make, op_name
+from ..ir.node import ArgRef, ExternCall, Graph, InputSpec, Node, TensorConst, make, op_name, record_ragged_totals
 from ..ir.ops import Op
 
 
@@ -210,7 +210,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
                     scalar_outputs.add(i)
         else:
             raise Unsupported(f"FX node kind {fx_node.op}")
-    return Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs), output_strides)
+    return record_ragged_totals(Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs), output_strides))
 
 
 def _flat_outputs(out: Any) -> list[Any]:

@@ -1,4 +1,4 @@
-"""Ragged row ids in training graphs: recomputed in the backward, never saved.
+"""Ragged row ids and positions in training graphs: recomputed in the backward, never saved.
 
 ``Ragged.row_ids()`` is searchsorted(offsets[1:], arange(T), right=True). AOTAutograd's min-cut
 partitioner may only recompute ops on its allowlist, and searchsorted is not on it, so by default
@@ -8,6 +8,11 @@ id is the row itself, and an add by row ids is a segment sum (no atomics). Marki
 and what they are computed from (an arange and a slice of the offsets, both free) for
 recomputation keeps the pattern visible in the backward graph. The mark is the one activation
 checkpointing uses (``node.meta["recompute"]``), which the partitioner honors.
+
+``Ragged.positions()`` (arange(T) - offsets[:-1][row_ids]) gets the same mark: saved, it is 8 more
+bytes a row; recomputed, the backward sees that a write at (row ids, positions) fills each row's
+prefix of a dense (B, N, ...) tensor, which passes/ragged.py turns into a gather with no
+atomics and no zero fill.
 """
 
 from __future__ import annotations
@@ -27,6 +32,17 @@ def _strip_casts(node: object) -> object:
     return node
 
 
+def _arange_end(node: object) -> object:
+    """The end of ``arange(end)`` / ``arange(0, end, 1)``; None for anything else."""
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return None
+    if node.target is aten.arange.default:
+        return node.args[0]
+    if node.target is aten.arange.start_step and node.args[0] == 0 and (len(node.args) < 3 or node.args[2] == 1):
+        return node.args[1]
+    return None
+
+
 def row_ids_nodes(node: fx.Node) -> list[fx.Node] | None:
     """``node`` and the nodes it is computed from, when it is searchsorted(offsets[1:],
     arange(T), right=True) of a graph input's offsets; else None."""
@@ -40,11 +56,7 @@ def row_ids_nodes(node: fx.Node) -> list[fx.Node] | None:
             and (len(seq.args) < 5 or seq.args[4] == 1) and isinstance(seq.args[0], fx.Node)
             and seq.args[0].op == "placeholder"):
         return None
-    if not (isinstance(arange, fx.Node) and arange.target in (aten.arange.start_step, aten.arange.default)):
-        return None
-    start_step = arange.args[0] if arange.target is aten.arange.start_step else 0
-    step = arange.args[2] if len(arange.args) > 2 else 1
-    if start_step != 0 or step != 1:
+    if _arange_end(arange) is None:
         return None
     cone, x = [node, seq], values
     while isinstance(x, fx.Node) and x is not arange:
@@ -53,14 +65,40 @@ def row_ids_nodes(node: fx.Node) -> list[fx.Node] | None:
     return [*cone, arange]
 
 
+def positions_nodes(node: fx.Node) -> list[fx.Node] | None:
+    """``node`` and the nodes it is computed from, when it is arange(T) - offsets[:-1][row_ids]
+    (``Ragged.positions()``) of a graph input's offsets, through casts; else None."""
+    if node.op != "call_function" or node.target is not aten.sub.Tensor or len(node.args) != 2:
+        return None
+    arange, taken = (_strip_casts(a) for a in node.args)
+    if not (isinstance(taken, fx.Node) and taken.op == "call_function" and taken.target is aten.index.Tensor):
+        return None
+    starts, indices = taken.args
+    if not (isinstance(starts, fx.Node) and starts.target is aten.slice.Tensor and len(indices) == 1
+            and tuple(starts.args[1:3]) == (0, 0) and (len(starts.args) < 5 or starts.args[4] == 1)
+            and isinstance(starts.args[0], fx.Node) and starts.args[0].op == "placeholder"
+            and isinstance(indices[0], fx.Node)):
+        return None
+    rows = row_ids_nodes(_strip_casts(indices[0]))
+    end = _arange_end(arange)
+    if rows is None or rows[1].args[0] is not starts.args[0] or end is None or end != _arange_end(rows[-1]):
+        return None
+    cone = [node, taken, starts, arange, *rows]
+    for a in node.args:  # the casts between
+        while isinstance(a, fx.Node) and a not in cone:
+            cone.append(a)
+            a = a.args[0]
+    return cone
+
+
 def mark_row_ids_for_recompute(joint: fx.GraphModule) -> int:
-    """Mark every row-ids computation of ``joint`` (a joint forward+backward graph) to be
-    recomputed in the backward; returns how many were marked."""
+    """Mark every row-ids and positions computation of ``joint`` (a joint forward+backward
+    graph) to be recomputed in the backward; returns how many were marked."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     marked = 0
     for node in joint.graph.nodes:
-        cone = row_ids_nodes(node)
+        cone = row_ids_nodes(node) or positions_nodes(node)
         if cone is None:
             continue
         for n in cone:

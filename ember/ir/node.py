@@ -283,25 +283,29 @@ class Graph:
     ``scalar_outputs`` are returned as Python numbers (sizes a forward graph hands to backward).
     ``output_strides[i]``: the strides eager gives output i (None: any). A forward graph's outputs
     saved for backward must have them: the backward graph was traced assuming them.
+    ``totals``: ragged total lengths recorded before passes could remove what revealed them (see
+    ``ragged_totals``), size symbol -> position of the offsets among the inputs.
     """
 
     def __init__(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node],
                  name: str = "graph", scalar_outputs: frozenset[int] = frozenset(),
-                 output_strides: Sequence[sh.Shape | None] = ()):
+                 output_strides: Sequence[sh.Shape | None] = (), totals: dict[sympy.Symbol, int] | None = None):
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes = list(nodes)
         self.name = name
         self.scalar_outputs = scalar_outputs
         self.output_strides = tuple(output_strides)
+        self.totals = dict(totals or {})
 
     @classmethod
     def from_outputs(cls, inputs: Sequence[Node], outputs: Sequence[Node | None], name: str = "graph",
                      scalar_outputs: frozenset[int] = frozenset(),
-                     output_strides: Sequence[sh.Shape | None] = ()) -> Graph:
+                     output_strides: Sequence[sh.Shape | None] = (),
+                     totals: dict[sympy.Symbol, int] | None = None) -> Graph:
         """A graph holding exactly the nodes the outputs need (plus all inputs)."""
         return cls(inputs, outputs, toposort(list(inputs) + [o for o in outputs if o is not None]),
-                   name, scalar_outputs, output_strides)
+                   name, scalar_outputs, output_strides, totals)
 
     def users(self) -> dict[Node, list[Node]]:
         result: dict[Node, list[Node]] = {n: [] for n in self.nodes}
@@ -311,7 +315,7 @@ class Graph:
         return result
 
     def with_nodes(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node]) -> Graph:
-        return Graph(inputs, outputs, nodes, self.name, self.scalar_outputs, self.output_strides)
+        return Graph(inputs, outputs, nodes, self.name, self.scalar_outputs, self.output_strides, self.totals)
 
     def __str__(self) -> str:
         from .printer import format_graph
@@ -407,12 +411,42 @@ def row_ids_offsets(index: Node) -> Node | None:
     return offsets
 
 
+def positions_offsets(index: Node) -> Node | None:
+    """The offsets ``index`` is the positions of, when it is ``ragged.positions()``: iota(T) -
+    offsets[:-1][row ids], through casts and indexing's wrap of negative indices (``where(p <
+    0, p + n, p)``, never taken: positions are not negative)."""
+    while index.op is Op.CAST:
+        index = index.inputs[0]
+    if index.op is Op.WHERE:
+        cond, wrapped, p = index.inputs
+        if not (cond.op is Op.LT and cond.inputs[0] is p and fill_value(cond.inputs[1]) == 0
+                and wrapped.op is Op.ADD and wrapped.inputs[0] is p):
+            return None
+        index = p
+        while index.op is Op.CAST:
+            index = index.inputs[0]
+    if index.op is not Op.SUB:
+        return None
+    iota, taken = index.inputs
+    while taken.op is Op.CAST:
+        taken = taken.inputs[0]
+    if iota.op is not Op.IOTA or tuple(iota.arg[1:]) != (0, 1) or taken.op is not Op.INDEX or taken.arg != 0:
+        return None
+    starts, *rows = taken.inputs
+    offsets = row_ids_offsets(rows[0]) if len(rows) == 1 else None
+    if (offsets is None or starts.op is not Op.SLICE or tuple(starts.arg[:3]) != (0, 0, 1)
+            or starts.inputs[0] is not offsets or not sh.equal(iota.shape[0], rows[0].shape[0])):
+        return None
+    return offsets
+
+
 def ragged_totals(graph: Graph) -> dict[sympy.Symbol, Node]:
     """Size symbols that are a ragged tensor's total length T, each with the graph input holding
     its offsets: T is the length of ``ragged.row_ids()``'s arange, and a ``Ragged``'s offsets end
     at T, so a kernel can read T from ``offsets[-1]`` on the device instead of taking it from the
-    host. One launch then serves every T up to the one its grid was sized for (CUDA graphs)."""
-    found: dict[sympy.Symbol, Node] = {}
+    host. One launch then serves every T up to the one its grid was sized for (CUDA graphs).
+    Pairs recorded in ``graph.totals`` (``record_ragged_totals``) count too."""
+    found = {s: graph.inputs[i] for s, i in graph.totals.items()}
     for n in graph.nodes:
         offsets = row_ids_offsets(n) if n.op is Op.SEARCH else None
         if offsets is None or offsets.op is not Op.INPUT:
@@ -421,3 +455,12 @@ def ragged_totals(graph: Graph) -> dict[sympy.Symbol, Node]:
         if isinstance(total, sympy.Symbol) and total not in found:
             found[total] = offsets
     return found
+
+
+def record_ragged_totals(graph: Graph) -> Graph:
+    """``graph`` with its ragged totals recorded, so that they survive passes that remove the
+    row-ids searches revealing them (passes/ragged.py turns writes at row ids into gathers): T
+    is still offsets[-1] once nothing searches the offsets."""
+    totals = {s: graph.inputs.index(n) for s, n in ragged_totals(graph).items()}
+    return Graph(graph.inputs, graph.outputs, graph.nodes, graph.name, graph.scalar_outputs,
+                 graph.output_strides, totals)

@@ -6,4 +6,5 @@ from ..ir.node import Graph
 
 
 def dce(graph: Graph) -> Graph:
-    return Graph.from_outputs(graph.inputs, graph.outputs, graph.name, graph.scalar_outputs, graph.output_strides)
+    return Graph.from_outputs(graph.inputs, graph.outputs, graph.name, graph.scalar_outputs, graph.output_strides,
+                             graph.totals)

@@ -20,6 +20,7 @@ from .dce import dce
 from .fold import fold_constants
 from .masks import mask_multiplies
 from .matmul import fold_matmul_adds, matmul_epilogues
+from .ragged import ragged_writes_as_gathers
 from .views import simplify_views
 
 Pass = Callable[[Graph], Graph]
@@ -28,6 +29,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("dce", dce),
     ("fold_constants", fold_constants),
     ("simplify_views", simplify_views),
+    ("ragged_writes_as_gathers", ragged_writes_as_gathers),
     ("cse", cse),
     ("matmul_epilogues", matmul_epilogues),
     ("fold_matmul_adds", fold_matmul_adds),

@@ -145,7 +145,7 @@ class KernelBuilder:
         expr = sympy.expand(expr)
         bound = sorted((s for s in expr.free_symbols if is_indirect_var(s)), key=lambda s: s.name)
         rest = expr.subs({s: 0 for s in bound}) if bound else expr
-        value = self._emit("index", dtype, (), rest, expr=rest)
+        value = None if bound and rest == 0 else self._emit("index", dtype, (), rest, expr=rest)
         for s in bound:
             coeff = expr.coeff(s)
             if coeff.has(*bound):  # iota, cat and pad points are linear in them
@@ -155,7 +155,7 @@ class KernelBuilder:
                 term = self._emit("alu", dtype, (term,), Op.CAST)
             if coeff != 1:
                 term = self._emit("alu", dtype, (term, self._emit("const", dtype, (), coeff)), Op.MUL)
-            value = self._emit("alu", dtype, (value, term), Op.ADD)
+            value = term if value is None else self._emit("alu", dtype, (value, term), Op.ADD)
         return value
 
     def indirect(self, index: Value, bound: sympy.Expr, label: str, error: int = 2) -> sympy.Symbol:
@@ -301,7 +301,7 @@ class KernelBuilder:
             for x, s in zip(reversed(node.inputs), reversed(starts)):
                 if int(p) >= int(s):
                     return self.value_of(x, point[:dim] + (p - s,) + point[dim + 1:])
-        position = self._emit("index", dt.int64, (), p, expr=p)
+        position = self.index_value(p, dt.int64)
         previous, self._reader = self._reader, node
         value = None
         for x, s in zip(reversed(node.inputs), reversed(starts)):
@@ -317,6 +317,8 @@ class KernelBuilder:
 
     def _pad(self, node: Node, point: Point) -> Value:
         x, fill = node.inputs
+        if any(sh.static(size) == 0 for size in x.shape):  # padding only: no element to load
+            return self.value_of(fill, ())
         previous, self._reader = self._reader, node
         inside: Value | None = None
         in_point = []
@@ -326,7 +328,7 @@ class KernelBuilder:
                 in_point.append(q)
                 continue
             in_point.append(sympy.Max(0, sympy.Min(q, size - 1)))
-            pos = self._emit("index", dt.int64, (), q, expr=q)
+            pos = self.index_value(q, dt.int64)
             zero = self._emit("const", dt.int64, (), 0)
             bound = self._emit("const", dt.int64, (), size)
             ok = self._emit("alu", dt.bool_, (self._emit("alu", dt.bool_, (pos, zero), Op.GE),

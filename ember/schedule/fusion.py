@@ -288,7 +288,11 @@ class Planner:
         n = sh.static(shape[d])
         if n is None or n > MAX_UNROLL:
             return None
-        stacked = any(x.op is Op.CAT and x.arg == d and sh.shapes_equal(x.shape, shape)
+        # the stack itself, or one gathered into the root's leading dims (a ragged gradient
+        # written into a dense (B, N, 4) tensor: passes/ragged.py), its last dim the root's
+        last = d == len(shape) - 1
+        stacked = any(x.op is Op.CAT and (x.arg == d and sh.shapes_equal(x.shape, shape) or last and x.rank
+                                          and x.arg == x.rank - 1 and sh.equal(x.shape[-1], shape[d]))
                       for x in [root, *self.subtree(root)])
         return d if stacked else None
 
