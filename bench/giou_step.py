@@ -3,7 +3,8 @@ GPU time of its kernels, and the host's top functions (cProfile) for ember's rag
 whether the step can be captured in a CUDA graph and what a replay costs; then ember's ragged
 step through ``ember.cuda_graph`` over batches with different box counts (one capture serves
 them all: kernels read the box count from the offsets on the device), each checked against
-float64, with the recompiles and captures it took.
+float64, with the recompiles and captures it took, for targets already on the GPU and for
+targets handed over in ``collate``'s pinned host buffer; then the targets' copy alone.
 
     PYTHONPATH=. python bench/giou_step.py [--batch 1024] [--steps 200] [--top 20] [--batches 100]
 """
@@ -16,6 +17,7 @@ import io
 import pstats
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -25,8 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import table  # noqa: E402
 
 import ember  # noqa: E402
+from ember.cudagraphs import _copy_in  # noqa: E402
+from ember.ragged import Ragged, collate, to_device  # noqa: E402
 from ember.workloads.giou import make_batch, padded_giou_loss, ragged_giou_loss  # noqa: E402
 from ember.workloads.giou_bench import pack, random_targets  # noqa: E402
+from ember.workloads.timing import wall_time  # noqa: E402
 
 
 def synced_us(step, steps: int) -> float:
@@ -139,7 +144,9 @@ def main() -> None:
 
 
 def varying_box_counts(pred: torch.Tensor, batches: int) -> None:
-    """ember's ragged step through ember.cuda_graph, a different box count every batch."""
+    """ember's ragged step through ember.cuda_graph, a different box count every batch: targets
+    moved to the GPU first (``to_device``, then a copy into the graph's buffers), and targets
+    handed over in ``collate``'s pinned host buffer (copied straight into the graph's buffers)."""
     loss_fn = ember.compile(ragged_giou_loss)
 
     def step(p, targets):
@@ -148,60 +155,109 @@ def varying_box_counts(pred: torch.Tensor, batches: int) -> None:
         loss.backward()
         return loss
 
-    graphed = ember.cuda_graph(step)
-    data = [pack(random_targets(pred.shape[0], 1000 + i, torch.bfloat16), torch.device("cuda"))
+    host = [collate([(t,) for t in random_targets(pred.shape[0], 1000 + i, torch.bfloat16)], ragged_fields=[0])[0]
             for i in range(batches)]
-    totals = [r.total_length for r in data]
-    graphed(pred, data[0])  # compiles and captures
-    torch.cuda.synchronize()
-    graphs, frames = ember.stats()["graphs_compiled"], torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    worst, times = 0.0, []
-    for i, r in enumerate(data):
+    data = {"gpu": [to_device(r, "cuda") for r in host], "host (pinned)": host}
+    totals = [r.total_length for r in host]
+    rows, work = [], {}
+    for where, batch_list in data.items():
+        graphed = ember.cuda_graph(step)
+        graphed(pred, batch_list[0])  # compiles and captures
+        torch.cuda.synchronize()
+        graphs = ember.stats()["graphs_compiled"]
+        frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        worst, times = 0.0, []
+        for i, r in enumerate(batch_list):
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            loss = graphed(pred, r)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+            if i % 10 == 0:  # every tenth batch against float64
+                p64 = pred.detach().double().requires_grad_()
+                ref = ragged_giou_loss(p64, to_device(r, "cuda").to(torch.float64))
+                ref.backward()
+                err = ((pred.grad.double() - p64.grad).norm() / p64.grad.norm()).item()
+                worst = max(worst, err, abs(loss.item() - ref.item()) / abs(ref.item()))
+        for r in batch_list:  # every capacity captured before timing
+            graphed(pred, r)
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        loss = graphed(pred, r)
+        issued = time.perf_counter()
+        for r in batch_list:  # back to back, as a training loop runs them (no sync between steps)
+            graphed(pred, r)
+        host_us = (time.perf_counter() - issued) * 1e6 / len(batch_list)
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-        if i % 10 == 0:  # every tenth batch against float64
-            p64 = pred.detach().double().requires_grad_()
-            ref = ragged_giou_loss(p64, r.to(torch.float64))
-            ref.backward()
-            err = ((pred.grad.double() - p64.grad).norm() / p64.grad.norm()).item()
-            worst = max(worst, err, abs(loss.item() - ref.item()) / abs(ref.item()))
-    # back to back, as a training loop runs them (no sync between steps): time per step
-    for r in data:  # every capacity captured before timing
-        graphed(pred, r)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for r in data:
-        graphed(pred, r)
-    end.record()
-    torch.cuda.synchronize()
-    pipelined = start.elapsed_time(end) * 1e3 / len(data)
-    entry = next(iter(graphed.captures.values()))
-    replay_only = synced_us(entry.graph.replay, 50)
-    recompiles = ember.stats()["graphs_compiled"] - graphs
-    new_frames = torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for r in data[:20]:
-            graphed(pred, r)
-        torch.cuda.synchronize()
-    kinds: dict[str, int] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            kinds[e.name] = kinds.get(e.name, 0) + 1
+        pipelined = start.elapsed_time(end) * 1e3 / len(batch_list)
+        entry = next(iter(graphed.captures.values()))
+        replay_only = synced_us(entry.graph.replay, 50)
+        parts = {"replay": lambda e=entry: e.graph.replay(),
+                 "copy in": lambda e=entry, b=batch_list, g=graphed: _copy_in(e, [pred, b[0]], g._copier),
+                 "copy in with copy_": lambda e=entry, b=batch_list: _copy_in(e, [pred, b[0]]),
+                 "key": lambda g=graphed, b=batch_list: g._key([pred, b[0]], 2, g._capacities([pred, b[0]]))}
+        split = []
+        for name, part in parts.items():  # host time of each part of a call, 100 in a row
+            torch.cuda.synchronize()
+            issued = time.perf_counter()
+            for _ in range(100):
+                part()
+            split.append(f"{name} {(time.perf_counter() - issued) * 1e4:.1f}")
+            torch.cuda.synchronize()
+        print(f"host us per call, targets on {where}, by part: " + ", ".join(split))
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for r in batch_list[:20]:
+                graphed(pred, r)
+            torch.cuda.synchronize()
+        kinds: dict[str, int] = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                kinds[e.name] = kinds.get(e.name, 0) + 1
+        work[where] = kinds
+        rows.append((f"targets on {where}", f"{pipelined:.1f}", f"{host_us:.1f}", f"{statistics.median(times):.1f}",
+                     f"{max(times):.1f}",
+                     f"{replay_only:.1f}", len(graphed.captures), ember.stats()["graphs_compiled"] - graphs,
+                     torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames, f"{worst:.1e}"))
+        if graphed.exact_reason:
+            print("captured per box count:", graphed.exact_reason)
+        if where != "gpu":
+            host_step, host_entry = graphed, entry
     print(f"ember.cuda_graph over {batches} batches, boxes {min(totals)}..{max(totals)}:")
-    print(table([("ember(ragged), cuda_graph", f"{statistics.median(times):.1f}", f"{max(times):.1f}",
-                  f"{pipelined:.1f}", f"{replay_only:.1f}", len(graphed.captures), recompiles, new_frames,
-                  f"{worst:.1e}")],
-                ["variant", "step us median (synced)", "max", "step us back to back", "replay alone",
-                 "captures", "ember graphs compiled", "dynamo graphs", "worst rel err (loss, grad)"]))
-    print("device work per step (20 steps):", ", ".join(f"{n / 20:g} x {k[:60]}" for k, n in sorted(kinds.items())))
-    if graphed.exact_reason:
-        print("captured per box count:", graphed.exact_reason)
+    print(table(rows, ["ember(ragged), cuda_graph", "step us back to back", "host us per call",
+                       "step us median (synced)", "max",
+                       "replay alone", "captures", "ember graphs compiled", "dynamo graphs",
+                       "worst rel err (loss, grad)"]))
+    for where, kinds in work.items():
+        print(f"device work per step, targets on {where} (20 steps):",
+              "; ".join(f"{n / 20:g} x {k[:140]}" for k, n in sorted(kinds.items())))
+    targets_copy(host[0], pred, host_step, host_entry)
+
+
+def targets_copy(batch: Ragged, pred: torch.Tensor, step, entry, reps: int = 200) -> None:
+    """A batch's targets from collate's pinned buffer to the GPU, synchronized: ``to_device``
+    (one copy of the packed buffer, plus rebuilding the Ragged), the bare copy alone, one copy
+    each of values and offsets with ``copy_``, and what ``ember.cuda_graph`` does with host
+    targets (the packed batch in one copy into its buffers, through the driver)."""
+    dev = torch.device("cuda")
+    whole = torch.empty(0, dtype=torch.uint8).set_(batch.values.untyped_storage())
+    values = torch.empty((4097, *batch.feature_shape), dtype=batch.dtype, device=dev)
+    offsets = torch.empty_like(batch.offsets, device=dev)
+
+    def into_graph_buffers():
+        values.narrow(0, 0, batch.total_length).copy_(batch.values, non_blocking=True)
+        offsets.copy_(batch.offsets, non_blocking=True)
+
+    cases = [("to_device(batch)", lambda: to_device(batch, dev)),
+             ("packed buffer .to(cuda) alone", lambda: whole.to(dev, non_blocking=True)),
+             ("values and offsets, copy_ each", into_graph_buffers),
+             ("cuda_graph's copy-in (driver, 1 copy)", lambda: _copy_in(entry, [pred, batch], step._copier))]
+    rows = [(name, f"{wall_time(fn, dev, reps) * 1e6:.1f}") for name, fn in cases]
+    print(f"targets to the GPU ({whole.numel()} bytes, pinned: {batch.values.is_pinned()}), "
+          f"host wall us incl. synchronize, median of {reps}:")
+    print(table(rows, ["copy", "us"]))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@ Cases (issue 5, part 6), each written twice in plain torch -- padded with a mask
   32000 on a GPU), mean over the tokens; the padded form uses ignore_index=-100.
 
 The padded code also runs with ember's ``skip_masked`` option ("ember padded, skip_masked"):
-``x * mask`` becomes a select, so padding is neither loaded nor computed. Lengths are uniform
+``x * mask`` becomes a select, so padding is neither loaded nor computed. On a GPU both compilers
+also run under CUDA graphs ("padded Inductor, reduce-overhead"; "ember ragged, cuda_graph",
+``ember.cuda_graph`` around the ragged forward and training step), since the small cases are
+host time around short kernels. Lengths are uniform
 random (seeded). Protocol (../shared/BENCHMARKS.md): every variant's output and
 input gradient against a float64 reference first, then medians of interleaved runs (CUDA events
 on a GPU), forward (no_grad) and forward + backward, kernel launches per call on a GPU. The CPU
@@ -80,9 +83,16 @@ VARIANTS = {
     "ragged-eager": "ragged eager",
     "ragged-inductor": "ragged Inductor",
     "ragged-ember": "ember ragged",
+    "padded-inductorgraphs": "padded Inductor, reduce-overhead",
+    "ragged-embergraph": "ember ragged, cuda_graph",
 }
 DEFAULT_VARIANTS = ("padded-eager", "padded-inductor", "padded-ember", "padded-emberskip", "ragged-eager",
                     "ragged-ember")
+# on a GPU also both compilers' CUDA graphs: the small cases are host time around short kernels
+GPU_VARIANTS = (*DEFAULT_VARIANTS, "padded-inductorgraphs", "ragged-embergraph")
+# (ember variant, baseline) pairs of the ratio table, where both ran
+RATIOS = (("ragged-ember", "padded-inductor"), ("ragged-embergraph", "padded-inductor"),
+          ("ragged-embergraph", "padded-inductorgraphs"))
 CASES = ("pool", "softmax", "ce")
 
 
@@ -217,9 +227,9 @@ def _reference(case: Case) -> None:
 # ---- measuring --------------------------------------------------------------------------------
 
 
-def compile_with_inductor(fn: Callable[..., Any]) -> Callable[..., Any]:
+def compile_with_inductor(fn: Callable[..., Any], mode: str | None = None) -> Callable[..., Any]:
     """``torch.compile`` with its default backend (a seam: the smoke test swaps in a faster one)."""
-    return torch.compile(fn)
+    return torch.compile(fn, mode=mode)
 
 
 def _compiled(key: str, case: Case) -> Callable[..., torch.Tensor]:
@@ -229,7 +239,61 @@ def _compiled(key: str, case: Case) -> Callable[..., torch.Tensor]:
         return fn
     if how == "emberskip":  # padding neither loaded nor computed (x * mask as a select)
         return ember.compile(fn, options={"skip_masked": True})
+    if how == "inductorgraphs":  # Inductor's CUDA graphs (cudagraph trees)
+        return compile_with_inductor(fn, mode="reduce-overhead")
     return compile_with_inductor(fn) if how == "inductor" else ember.compile(fn)
+
+
+def _steps(key: str, case: Case, args: tuple[Any, ...], leaf: torch.Tensor,
+           grad: torch.Tensor | None) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(forward under no_grad, forward + backward into ``leaf.grad``) of one variant."""
+    if key == "ragged-embergraph":
+        return _ember_graph_steps(case, grad)
+    fn = _compiled(key, case)
+    graphs = key == "padded-inductorgraphs"
+
+    def fwd() -> Any:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch.no_grad():
+            return fn(*args)
+
+    def train() -> None:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        leaf.grad = None
+        fn(*args).backward(grad)
+
+    return fwd, train
+
+
+def _ember_graph_steps(case: Case, grad: torch.Tensor | None) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """ember on the ragged code inside ``ember.cuda_graph``, the forward and the training step
+    each captured (once: the suite's batch does not change). Tensors of T rows beside the
+    Ragged (cross-entropy's targets, softmax's upstream gradient) go in as Ragged sharing its
+    offsets, as ``cuda_graph`` asks; the values' gradient comes back in ``values.grad``."""
+    compiled = ember.compile(case.ragged_fn)
+    r, *rest = case.ragged_args
+
+    def rows(t: torch.Tensor) -> Ragged:
+        return Ragged._make(t, r.offsets, r.max_length)
+
+    extra = tuple(rows(t) for t in rest)
+    upstream = rows(grad) if grad is not None and case.name == "softmax" else grad
+
+    @ember.cuda_graph
+    def forward(x: Ragged, *extra: Ragged) -> torch.Tensor:
+        with torch.no_grad():
+            return compiled(x, *(e.values for e in extra))
+
+    @ember.cuda_graph
+    def train(x: Ragged, up: Any, *extra: Ragged) -> torch.Tensor:
+        x.values.grad = None
+        out = compiled(x, *(e.values for e in extra))
+        out.backward(up.values if isinstance(up, Ragged) else up)
+        return out
+
+    return (lambda: forward(r, *extra)), (lambda: train(r, upstream, *extra))
 
 
 def run_case(case: Case, device: torch.device, dtype: torch.dtype, reps: int, variants: Sequence[str],
@@ -247,16 +311,14 @@ def run_case(case: Case, device: torch.device, dtype: torch.dtype, reps: int, va
         leaf = case.leaf(layout)
         to_ref = case.padded_to_ragged if layout == "padded" else (lambda out: out)
         try:
-            fn = _compiled(key, case)
+            fwd, train = _steps(key, case, args, leaf, grad)
             if device.type == "cuda":
                 poison_cuda()
-            with torch.no_grad():
-                out = fn(*args)
+            out = fwd()
             out_err = rel_error(to_ref(out), case.ref_out)
             grad_err = None
             if backward:
-                leaf.grad = None
-                fn(*args).backward(grad)
+                train()
                 synchronize(device)
                 r = case.ragged_args[0]
                 got = leaf.grad if layout == "ragged" else leaf.grad[r.row_ids(), r.positions()]
@@ -266,16 +328,6 @@ def run_case(case: Case, device: torch.device, dtype: torch.dtype, reps: int, va
         except Exception as e:  # noqa: BLE001 -- report it in the table, go on with the others
             errors[key] = describe(e)
             continue
-
-        def fwd(fn: Callable[..., torch.Tensor] = fn, args: tuple[Any, ...] = args) -> Any:
-            with torch.no_grad():
-                return fn(*args)
-
-        def train(fn: Callable[..., torch.Tensor] = fn, args: tuple[Any, ...] = args, leaf: torch.Tensor = leaf,
-                  grad: torch.Tensor | None = grad) -> None:
-            leaf.grad = None
-            fn(*args).backward(grad)
-
         steps_fwd[key] = fwd
         if backward:
             steps_train[key] = train
@@ -354,14 +406,16 @@ def format_results(results: dict[str, Any]) -> str:
     summary = []
     for name in meta["titles"]:
         by_key = {r["key"]: r for r in results["rows"] if r["case"] == name}
-        ratio = []
-        for field in ("fwd_s", "train_s"):
-            mine = (by_key.get("ragged-ember") or {}).get(field)
-            base = (by_key.get("padded-inductor") or {}).get(field)
-            ratio.append("n/a" if not (mine and base) else f"{mine / base:.2f} (" + (
-                f"{base / mine:.1f}x faster)" if mine <= base else f"{mine / base:.1f}x slower)"))
-        summary.append([name, *ratio])
-    lines += ["", table(summary, ["case", "ember ragged / padded Inductor, fwd", "fwd+bwd"])]
+        for mine_key, base_key in RATIOS:
+            if mine_key not in by_key or base_key not in by_key:
+                continue
+            ratio = []
+            for field in ("fwd_s", "train_s"):
+                mine, base = by_key[mine_key].get(field), by_key[base_key].get(field)
+                ratio.append("n/a" if not (mine and base) else f"{mine / base:.2f} (" + (
+                    f"{base / mine:.1f}x faster)" if mine <= base else f"{mine / base:.1f}x slower)"))
+            summary.append([name, f"{VARIANTS[mine_key]} / {VARIANTS[base_key]}", *ratio])
+    lines += ["", table(summary, ["case", "ember / baseline", "fwd", "fwd+bwd"])]
     return "\n".join(lines)
 
 
@@ -384,8 +438,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default: bf16 on cuda, fp32 on cpu")
     p.add_argument("--reps", type=int, help="timed runs per variant (default 50 on cuda, 20 on cpu)")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
-    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                   help=f"comma-separated subset of {','.join(VARIANTS)}")
+    p.add_argument("--variants", help=f"comma-separated subset of {','.join(VARIANTS)} (default: all but "
+                   "ragged-inductor; the two CUDA-graph variants only on cuda)")
     p.add_argument("--sizes", help="override sizes, e.g. pool_docs=64,ce_vocab=4096 (see Sizes)")
     p.add_argument("--full", action="store_true", help="the GPU sizes even on the CPU")
     p.add_argument("--no-backward", action="store_true", help="forward only")
@@ -395,7 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda, but torch sees no CUDA device here")
         return 2
-    variants = [v for v in args.variants.split(",") if v]
+    chosen = args.variants or ",".join(GPU_VARIANTS if device == "cuda" else DEFAULT_VARIANTS)
+    variants = [v for v in chosen.split(",") if v]
     cases = [c for c in args.cases.split(",") if c]
     for v in variants:
         if v not in VARIANTS:

@@ -15,10 +15,20 @@ after copying the batch into its static inputs.
         loss = step(pred, targets)         # one graph launch; loss is overwritten by the next call
 
 Arguments: tensors that require grad must be leaves passed again on every call (parameters):
-the graph uses them in place. Other tensors and ``Ragged`` values/offsets are copied into static
-buffers; a tensor of a new shape, a ``Ragged`` of a new batch size, or a T above every capacity
-so far captures again. Non-tensor arguments must be hashable and are part of the capture key.
-Outputs are the graph's static tensors, overwritten by the next call (clone what you keep).
+the graph uses them in place. Other tensors and ``Ragged`` values/offsets are copied into
+static buffers on the GPU; a tensor of a new shape, a ``Ragged`` of a new batch size, or a T
+above every capacity so far captures again. A ``Ragged`` whose values require grad (a leaf) is
+copied in like any other; after each call its ``values.grad`` is the first T rows of the
+graph's gradient buffer (assigned, not accumulated; overwritten by the next call). Tensors of
+T rows beside a ``Ragged`` (per-row targets, an upstream gradient) must be passed as ``Ragged``
+sharing its offsets tensor: such leaves get buffers of one capacity. Arguments still on the
+CPU (a DataLoader's pinned batch, ``ragged.collate``'s packed buffer) are copied straight into
+those buffers, asynchronously from pinned memory: no ``to_device`` first, and no second copy on
+the GPU. A ``Ragged`` whose offsets precede its values in one host buffer (``collate`` of one
+ragged field) is one copy: its static buffers keep that layout, so the batch's bytes up to its
+values' end land in place at once. Non-tensor arguments must be hashable and are part of the
+capture key. Outputs are the graph's static tensors, overwritten by the next call (clone what
+you keep).
 
 Before each capture the step runs ``warmup`` times on the batch (side effects included, as in
 any CUDA-graph warm-up), the last time under a check: a capacity replay is only right if nothing
@@ -33,9 +43,10 @@ CUDA device.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +55,8 @@ import torch.utils._pytree as pytree
 from .ragged import Ragged
 from .runtime import capture
 from .runtime import stats as stats_module
+from .runtime.backend import BuildError
+from .runtime.driver_copies import Copy, DriverCopies, tensor_copy
 
 MIN_CAPACITY = 65
 # ATen calls outside ember that may touch the ragged rows: views, allocations and copies keep
@@ -74,6 +87,10 @@ class _Capture:
     statics: list[Any]           # per leaf: the static tensor / Ragged passed to the step
     outputs: Any
     capacities: dict[int, int]   # ragged leaf index -> rows its static values hold
+    # ragged leaf index -> (the GPU bytes its static offsets and values are views of, their host
+    # layout, ``_packed_layout``): a batch laid out alike is copied in one piece
+    packed: dict[int, tuple[torch.Tensor, tuple[int, int]]] = field(default_factory=dict)
+    graded: list[int] = field(default_factory=list)  # ragged leaves whose values require grad
 
 
 class CudaGraphStep:
@@ -91,15 +108,27 @@ class CudaGraphStep:
         self.exact_reason: str | None = None   # why T is captured exactly, once the check said so
         self.replays = 0
         self._pool = None
+        # warm-ups and captures share one stream: what a program allocates for a stream on its
+        # first launch (Triton's reduction counters) then exists before the capture, instead of
+        # being captured as a fill that every replay runs again
+        self._stream: torch.cuda.Stream | None = None
+        self._copier: DriverCopies | None = None  # copies into the static buffers (cuda-python)
 
     # ---- keys -----------------------------------------------------------------------------
     def _capacities(self, leaves: list[Any]) -> dict[int, int]:
         """Rows for each ragged leaf: a capacity (distinct per leaf, so that the check can tell
-        them apart), or exactly T once the check found that capacities are not safe."""
+        them apart; one for leaves sharing one offsets tensor, whose rows go together), or
+        exactly T once the check found that capacities are not safe."""
         out: dict[int, int] = {}
+        by_offsets: dict[int, int] = {}
         for i, leaf in enumerate(leaves):
             if not isinstance(leaf, Ragged):
                 continue
+            shared = by_offsets.get(id(leaf.offsets))
+            if shared is not None:
+                out[i] = out[shared]
+                continue
+            by_offsets[id(leaf.offsets)] = i
             total = leaf.total_length
             if self.exact_reason is not None:
                 out[i] = total
@@ -120,13 +149,14 @@ class CudaGraphStep:
         key: list[Any] = [spec if isinstance(spec, int) else str(spec)]  # a str hashes faster
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, Ragged):
-                if leaf.values.requires_grad:
-                    raise ValueError("cuda_graph: ragged values that require grad are not supported (the "
-                                     "graph reads a static copy of them)")
+                grad = leaf.values.requires_grad
+                if grad and not leaf.values.is_leaf:
+                    raise ValueError("cuda_graph: ragged values require grad but are not a leaf; the "
+                                     "graph cannot reach what they were computed from")
                 # exact captures see the batch's max_length; capacity ones the capacity
                 longest = leaf.max_length if self.exact_reason is not None else None
                 key.append(("ragged", capacities[i], longest, leaf.batch_size, tuple(leaf.feature_shape),
-                            leaf.dtype, leaf.offsets.dtype, leaf.device))
+                            leaf.dtype, leaf.offsets.dtype, leaf.device, grad))
             elif isinstance(leaf, torch.Tensor):
                 if leaf.requires_grad:
                     if not leaf.is_leaf:
@@ -160,19 +190,38 @@ class CudaGraphStep:
                 key = self._key(leaves, spec, capacities)
                 entry = self.captures.get(key) or self._capture(leaves, spec, capacities)
             self.captures[key] = entry
-        _copy_in(entry, leaves)
+        _copy_in(entry, leaves, self._copier)
         entry.graph.replay()
         self.replays += 1
+        for i in entry.graded:  # the gradient of ragged values: the first T rows of the graph's
+            leaf, static = leaves[i], entry.statics[i].values
+            if static.grad is not None:
+                leaf.values.grad = static.grad[:leaf.total_length]
         return entry.outputs
 
     def _capture(self, leaves: list[Any], spec: Any, capacities: dict[int, int]) -> _Capture | None:
         if not torch.cuda.is_available():
             raise RuntimeError("cuda_graph: CUDA graphs need a CUDA device")
-        statics = [_static(leaf, capacities.get(i), self.exact_reason is not None) for i, leaf in enumerate(leaves)]
-        entry = _Capture(torch.cuda.CUDAGraph(), statics, None, capacities)
-        _copy_in(entry, leaves)
+        device = _device_of(leaves)
+        entry = _Capture(torch.cuda.CUDAGraph(), [], None, capacities)
+        for i, leaf in enumerate(leaves):
+            static, packed = _static(leaf, capacities.get(i), self.exact_reason is not None, device)
+            entry.statics.append(static)
+            if packed is not None:
+                entry.packed[i] = packed
+            if isinstance(leaf, Ragged) and leaf.values.requires_grad:
+                static.values.requires_grad_()  # a leaf of the graph, whose gradient the call hands on
+                entry.graded.append(i)
+        statics = entry.statics
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+            try:
+                self._copier = DriverCopies(device)
+            except BuildError:  # no cuda-python: PyTorch's copy_ it is
+                self._copier = None
+        _copy_in(entry, leaves, self._copier)
         call_args, call_kwargs = (tuple(statics), {}) if isinstance(spec, int) else pytree.tree_unflatten(statics, spec)
-        side = torch.cuda.Stream()
+        side = self._stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(self.warmup - 1):
@@ -186,7 +235,7 @@ class CudaGraphStep:
             return None
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(entry.graph, pool=self._pool):
+        with torch.cuda.graph(entry.graph, pool=self._pool, stream=side):
             entry.outputs = self.fn(*call_args, **call_kwargs)
         return entry
 
@@ -242,22 +291,90 @@ def _inside_ember(event: Any) -> bool:
     return False
 
 
-def _static(leaf: Any, rows: int | None, exact: bool) -> Any:
-    """The static counterpart of one argument (parameters and constants are used as they are)."""
+def _device_of(leaves: list[Any]) -> torch.device:
+    """The GPU the step runs on: that of its first GPU argument, else the current one."""
+    for leaf in leaves:
+        t = leaf.values if isinstance(leaf, Ragged) else leaf
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            return t.device
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _packed_layout(leaf: Ragged) -> tuple[int, int] | None:
+    """(byte offset of the offsets, of the values) in the one host buffer both are views of, when
+    the offsets come first (``collate``'s layout): the bytes up to the values' end then hold
+    the whole batch, and grow only at their end with T (with one ragged field: the place of
+    another field's values moves with that field's T, and such a batch takes two copies). None
+    for any other layout."""
+    values, offsets = leaf.values, leaf.offsets
+    if (values.device.type != "cpu" or offsets.device.type != "cpu" or not values.is_contiguous()
+            or not offsets.is_contiguous()
+            or values.untyped_storage().data_ptr() != offsets.untyped_storage().data_ptr()):
+        return None
+    start = offsets.storage_offset() * offsets.element_size()
+    values_start = values.storage_offset() * values.element_size()
+    if start + offsets.numel() * offsets.element_size() > values_start:
+        return None
+    return start, values_start
+
+
+def _static(leaf: Any, rows: int | None, exact: bool,
+            device: torch.device) -> tuple[Any, tuple[torch.Tensor, tuple[int, int]] | None]:
+    """The static counterpart of one argument, on the GPU (parameters and constants are used as
+    they are), and for a packed ``Ragged`` the GPU bytes its static offsets and values view."""
     if isinstance(leaf, Ragged):
-        values = leaf.values.new_zeros((rows, *leaf.feature_shape))
-        offsets = torch.empty_like(leaf.offsets)
         # capacity: the host sees ``rows`` rows (grids, buffers), the kernels the offsets' T
-        return Ragged._make(values, offsets, leaf.max_length if exact else max(rows, leaf.max_length))
+        longest = leaf.max_length if exact else max(rows, leaf.max_length)
+        shape = (rows, *leaf.feature_shape)
+        layout = _packed_layout(leaf)
+        if layout is None:
+            values = leaf.values.new_zeros(shape, device=device)
+            offsets = torch.empty_like(leaf.offsets, device=device)
+            return Ragged._make(values, offsets, longest), None
+        start, values_start = layout
+        packed = torch.zeros(values_start + math.prod(shape) * leaf.values.element_size(), dtype=torch.uint8,
+                             device=device)
+        offsets = packed[start:start + leaf.offsets.numel() * leaf.offsets.element_size()].view(leaf.offsets.dtype)
+        values = packed[values_start:].view(leaf.dtype).view(shape)
+        return Ragged._make(values, offsets, longest), (packed, layout)
     if isinstance(leaf, torch.Tensor) and not leaf.requires_grad:
-        return torch.empty_strided(leaf.shape, leaf.stride(), dtype=leaf.dtype, device=leaf.device)
-    return leaf
+        return torch.empty_strided(leaf.shape, leaf.stride(), dtype=leaf.dtype,
+                                   device=device if leaf.device.type == "cpu" else leaf.device), None
+    return leaf, None
 
 
-def _copy_in(entry: _Capture, leaves: list[Any]) -> None:
-    for static, leaf in zip(entry.statics, leaves):
-        if isinstance(leaf, Ragged):
-            static.values.narrow(0, 0, leaf.values.shape[0]).copy_(leaf.values, non_blocking=True)
-            static.offsets.copy_(leaf.offsets, non_blocking=True)
+@torch.no_grad()
+def _copy_in(entry: _Capture, leaves: list[Any], copier: DriverCopies | None = None) -> None:
+    """Copy the call's arguments into the capture's static buffers: through the driver when
+    there is a ``copier`` and the bytes are dense alike (one copy of a packed batch), else with
+    ``copy_`` (not recorded by autograd: static ragged values may be leaves that require grad)."""
+    copies: list[Copy] = []
+    host: list[torch.Tensor] = []
+    for i, (static, leaf) in enumerate(zip(entry.statics, leaves)):
+        packed, layout = entry.packed.get(i, (None, None))
+        if packed is not None and _packed_layout(leaf) == layout:  # offsets and values at once
+            start, values_start = layout
+            end = values_start + leaf.values.nbytes
+            if copier is not None:
+                copies.append((packed.data_ptr() + start, leaf.offsets.data_ptr(), end - start))
+                host.append(leaf.offsets)  # a view of the whole buffer: it keeps the values alive too
+            else:
+                source = leaf.offsets.view(torch.uint8).as_strided((end - start,), (1,), start)
+                packed[start:end].copy_(source, non_blocking=True)
+            continue
+        if isinstance(leaf, Ragged):  # the values fill the static's first T rows
+            pairs = [(static.values, leaf.values), (static.offsets, leaf.offsets)]
         elif isinstance(leaf, torch.Tensor) and static is not leaf:
-            static.copy_(leaf, non_blocking=True)
+            pairs = [(static, leaf)]
+        else:
+            continue
+        for dst, src in pairs:
+            raw = tensor_copy(dst, src) if copier is not None else None
+            if raw is None:
+                (dst.narrow(0, 0, src.shape[0]) if dst.shape != src.shape else dst).copy_(src, non_blocking=True)
+                continue
+            copies.append(raw)
+            if src.device.type == "cpu":
+                host.append(src)
+    if copier is not None and copies:
+        copier.copy(copies, host)

@@ -145,6 +145,7 @@ def test_ragged_suite_smoke(monkeypatch):
         assert r["ok"], (r["case"], r["key"], r["out_err"], r["grad_err"])
     text = suite.format_results(results)
     assert "ember ragged / padded Inductor" in text and "mean pooling" in text and "cross-entropy" in text
+    assert "cuda_graph" not in text  # the CUDA-graph variants run on a GPU only
 
 
 def test_gpu_results_print_from_json(tmp_path, capsys):

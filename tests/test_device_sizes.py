@@ -11,13 +11,14 @@ import sympy
 import torch
 
 import ember
-from ember.cudagraphs import CudaGraphStep, capacity_for
+from ember.cudagraphs import CudaGraphStep, _Capture, _copy_in, _packed_layout, _static, capacity_for
 from ember.ir import dtypes as dt
 from ember.ir.builder import GraphBuilder
 from ember.ir.node import ragged_totals
 from ember.ir.ops import Op
-from ember.ragged import Ragged
+from ember.ragged import Ragged, collate, segment_mean
 from ember.runtime import capture
+from ember.runtime.driver_copies import tensor_copy
 from ember.workloads.giou import make_batch, ragged_giou_loss
 from ember.workloads.giou_bench import pack
 
@@ -132,6 +133,47 @@ def test_cuda_graph_argument_errors():
         step(x)
     with pytest.raises(TypeError, match="not a tensor, a Ragged or hashable"):
         step(torch.ones(1), _Unhashable())
+    values = torch.ones(3, 2, requires_grad=True) * 2  # computed: the graph cannot reach its leaf
+    with pytest.raises(ValueError, match="ragged values require grad but are not a leaf"):
+        step(Ragged(values, torch.tensor([0, 1, 3])))
+
+
+def test_cuda_graph_copies_a_packed_batch_into_its_buffers_at_once():
+    """Static buffers of a ``collate``'d batch keep its layout (offsets, then values), so any
+    later batch's bytes up to its values' end are one copy; a batch laid out otherwise (a second
+    ragged field, whose values move with the first's length) still lands right, field by field."""
+    def batch(seed, fields=1):
+        g = torch.Generator().manual_seed(seed)
+        samples = [tuple(torch.randn(int(n), 4, generator=g) for _ in range(fields))
+                   for n in torch.randint(0, 9, (6,), generator=g)]
+        return collate(samples, ragged_fields=list(range(fields)), pin_memory=False)
+
+    first = batch(0)[0]
+    layout = _packed_layout(first)
+    assert layout is not None and layout[0] < layout[1]  # offsets first
+    static, (packed, kept) = _static(first, 129, False, torch.device("cpu"))
+    entry = _Capture(None, [static], None, {0: 129}, {0: (packed, kept)})
+    for seed in range(4):
+        r = batch(seed)[0]
+        assert _packed_layout(r) == layout
+        _copy_in(entry, [r])
+        assert torch.equal(static.offsets, r.offsets) and static.values.shape[0] == 129
+        assert torch.equal(static.values[:r.total_length], r.values)
+    two = batch(5, fields=2)[1]  # values after the first field's, which vary
+    assert _packed_layout(two) != layout
+    _copy_in(entry, [two])
+    assert torch.equal(static.offsets, two.offsets) and torch.equal(static.values[:two.total_length], two.values)
+    assert _packed_layout(Ragged(torch.randn(3, 4), torch.tensor([0, 1, 3]))) is None  # two tensors
+
+
+def test_driver_copies_take_dense_prefixes_only():
+    dst, src = torch.empty(9, 4), torch.randn(5, 4)
+    assert tensor_copy(dst, src) == (dst.data_ptr(), src.data_ptr(), 80)
+    assert tensor_copy(torch.empty(3), torch.randn(3)) is not None
+    assert tensor_copy(dst, src.double()) is None            # a cast: copy_
+    assert tensor_copy(dst, torch.randn(4, 5).t()) is None   # strided: copy_
+    assert tensor_copy(dst, torch.randn(5, 3)) is None       # other rows
+    assert tensor_copy(torch.empty(4, 4), src) is None       # more rows than the buffer
 
 
 class _Unhashable:
@@ -152,16 +194,21 @@ def _train_step(loss_fn):
 
 
 @gpu
-@pytest.mark.parametrize("backend", ["triton", "cuda"])
-def test_cuda_graph_serves_every_box_count_from_one_capture(backend):
+@pytest.mark.parametrize("backend,targets_on", [("triton", "cuda"), ("cuda", "cuda"), ("triton", "cpu")])
+def test_cuda_graph_serves_every_box_count_from_one_capture(backend, targets_on):
+    """Targets on the GPU are copied into the graph's buffers; targets still in ``collate``'s
+    pinned host buffer are copied there straight from the host."""
     pred, _ = _giou_batch(64, 0, "cuda")
     pred.requires_grad_()
     step = ember.cuda_graph(_train_step(ember.compile(ragged_giou_loss, options={"gpu_backend": backend})))
     totals = []
     for seed in range(6):
-        _, r = _giou_batch(64, seed, "cuda")
+        _, batch = _giou_batch(64, seed, targets_on)
+        assert batch.device.type == targets_on and (targets_on == "cuda" or batch.values.is_pinned())
+        r = Ragged(batch.values.cuda(), batch.offsets.cuda())
         totals.append(r.total_length)
-        loss = step(pred, r)
+        loss = step(pred, batch)
+        assert loss.is_cuda
         p64 = pred.detach().double().requires_grad_()
         ref = ragged_giou_loss(p64, r.to(torch.float64))
         ref.backward()
@@ -189,3 +236,33 @@ def test_cuda_graph_captures_exactly_when_something_takes_the_total_from_the_hos
             torch.testing.assert_close(loss, ragged_giou_loss(pred.detach(), r))
     assert step.exact_reason is not None and "aten::sum" in step.exact_reason
     assert sum("exact total length" in str(w.message) for w in caught) == 1
+
+
+@gpu
+def test_cuda_graph_hands_on_the_gradient_of_ragged_values():
+    """Ragged values that require grad: each call's ``values.grad`` is the graph's gradient of
+    that batch's T rows, as eager's backward gives it."""
+    pool = ember.compile(segment_mean)
+
+    def step(r, upstream):
+        r.values.grad = None
+        out = pool(r)
+        out.backward(upstream)
+        return out
+
+    graphed = ember.cuda_graph(step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # whether T is read on the device is not this test's point
+        for seed in range(4):
+            g = torch.Generator().manual_seed(seed)
+            lengths = torch.randint(0, 40, (8,), generator=g)
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).cuda()
+            values = torch.randn(int(lengths.sum()), 16, generator=g).cuda().requires_grad_()
+            upstream = torch.randn(8, 16, generator=g).cuda()
+            out = graphed(Ragged(values, offsets), upstream)
+            ref_values = values.detach().clone().requires_grad_()
+            ref = segment_mean(Ragged(ref_values, offsets))
+            ref.backward(upstream)
+            torch.testing.assert_close(out, ref)
+            assert values.grad is not None and values.grad.shape == values.shape
+            torch.testing.assert_close(values.grad, ref_values.grad)

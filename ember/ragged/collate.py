@@ -193,15 +193,15 @@ _ALIGN = 16  # bytes: each dtype's region of a device's buffer starts at a multi
 
 
 def _pack(fields: list[_RaggedField], batch_size: int, pin: bool) -> dict[Hashable, Ragged]:
-    """Copy every field into one buffer per device: a region per dtype for the values, offsets
-    in the int64 region. The regions are typed views of the device's one byte buffer, so moving
-    the batch is one copy (``to_device``)."""
+    """Copy every field into one buffer per device: the offsets first (the int64 region), then a
+    region per dtype for the values. The regions are typed views of the device's one byte
+    buffer, so moving the batch is one copy (``to_device``). Offsets first: their place does not
+    depend on the lengths, so with one ragged field the bytes up to the values' end are a prefix
+    of the same layout with more rows, and ``ember.cuda_graph`` copies them into its buffers at
+    once."""
     sizes: dict[tuple[torch.device, torch.dtype], int] = {}
-    for f in fields:  # values first ...
-        f.start = sizes.get(f.buffer_key, 0)
-        sizes[f.buffer_key] = f.start + math.prod(f.values_shape)
     offsets_by_device: dict[torch.device, list[int]] = {}
-    for f in fields:  # ... then all offsets of a device, contiguous, so they are written in one copy
+    for f in fields:  # all offsets of a device first, contiguous, so they are written in one copy ...
         device = f.buffer_key[0]
         key = (device, torch.int64)
         f.offsets_start = sizes.get(key, 0)
@@ -210,6 +210,9 @@ def _pack(fields: list[_RaggedField], batch_size: int, pin: bool) -> dict[Hashab
         host.append(0)
         for n in f.lengths:
             host.append(host[-1] + n)
+    for f in fields:  # ... then the values
+        f.start = sizes.get(f.buffer_key, 0)
+        sizes[f.buffer_key] = f.start + math.prod(f.values_shape)
 
     places: dict[tuple[torch.device, torch.dtype], int] = {}  # byte offset of each region
     ends: dict[torch.device, int] = {}
