@@ -343,11 +343,11 @@ def _static(leaf: Any, rows: int | None, exact: bool,
     return leaf, None
 
 
-@torch.no_grad()
 def _copy_in(entry: _Capture, leaves: list[Any], copier: DriverCopies | None = None) -> None:
     """Copy the call's arguments into the capture's static buffers: through the driver when
     there is a ``copier`` and the bytes are dense alike (one copy of a packed batch), else with
-    ``copy_`` (not recorded by autograd: static ragged values may be leaves that require grad)."""
+    ``copy_`` (under no_grad: static ragged values may be leaves that require grad; a decorator
+    would cost every call the grad-mode switch)."""
     copies: list[Copy] = []
     host: list[torch.Tensor] = []
     for i, (static, leaf) in enumerate(zip(entry.statics, leaves)):
@@ -360,7 +360,8 @@ def _copy_in(entry: _Capture, leaves: list[Any], copier: DriverCopies | None = N
                 host.append(leaf.offsets)  # a view of the whole buffer: it keeps the values alive too
             else:
                 source = leaf.offsets.view(torch.uint8).as_strided((end - start,), (1,), start)
-                packed[start:end].copy_(source, non_blocking=True)
+                with torch.no_grad():
+                    packed[start:end].copy_(source, non_blocking=True)
             continue
         if isinstance(leaf, Ragged):  # the values fill the static's first T rows
             pairs = [(static.values, leaf.values), (static.offsets, leaf.offsets)]
@@ -371,7 +372,8 @@ def _copy_in(entry: _Capture, leaves: list[Any], copier: DriverCopies | None = N
         for dst, src in pairs:
             raw = tensor_copy(dst, src) if copier is not None else None
             if raw is None:
-                (dst.narrow(0, 0, src.shape[0]) if dst.shape != src.shape else dst).copy_(src, non_blocking=True)
+                with torch.no_grad():
+                    (dst.narrow(0, 0, src.shape[0]) if dst.shape != src.shape else dst).copy_(src, non_blocking=True)
                 continue
             copies.append(raw)
             if src.device.type == "cpu":

@@ -152,6 +152,7 @@ def test_cuda_graph_copies_a_packed_batch_into_its_buffers_at_once():
     layout = _packed_layout(first)
     assert layout is not None and layout[0] < layout[1]  # offsets first
     static, (packed, kept) = _static(first, 129, False, torch.device("cpu"))
+    static.values.requires_grad_()  # as for values that require grad: copies stay out of autograd
     entry = _Capture(None, [static], None, {0: 129}, {0: (packed, kept)})
     for seed in range(4):
         r = batch(seed)[0]

@@ -4,14 +4,18 @@ Why one buffer: a batch of many small variable-length fields would otherwise rea
 one small host-to-device copy per field (plus one per offsets tensor), each with its own launch
 latency and, unless pinned, its own staging copy. ``collate`` instead allocates ONE flat byte
 buffer (pinned when pinning) with a region per dtype, copies every ragged field's values into a
-slice of its dtype's region, writes all offsets into the int64 region, and builds each ``Ragged``
-as views of those regions. Each ``Ragged`` keeps a reference to the regions it views, so
-``to_device`` can copy the buffer once and rebuild the views on the device: one copy for the
-whole ragged part of the batch, however many fields and dtypes it has.
+slice of its dtype's region, writes all offsets into the int64 region (the buffer's first), and
+builds each ``Ragged`` as views of those regions. Each ``Ragged`` keeps a reference to the
+regions it views, so ``to_device`` can copy the buffer once and rebuild the views on the device:
+one copy for the whole ragged part of the batch, however many fields and dtypes it has.
 
     loader = DataLoader(dataset, batch_size=32, collate_fn=ragged.collate)
     for batch in loader:
         batch = ragged.to_device(batch, "cuda")       # one non-blocking copy for the ragged part
+
+A step captured with ``ember.cuda_graph`` takes the batch as it is, in pinned host memory, and
+copies it into its buffers itself (one copy: the offsets come first, so a batch's bytes up to its
+values' end are a prefix of the capture's layout).
 """
 
 from __future__ import annotations

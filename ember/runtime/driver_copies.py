@@ -2,9 +2,10 @@
 
 A captured step replays in about 25 µs of GPU time, so its host path must stay below that for
 the GPU to be fed back to back. PyTorch's ``copy_`` costs 15-30 µs of host time a call on the
-GPU machines' hosts (dispatch, stream and pinned-memory bookkeeping) where the driver's
-``cuMemcpyAsync`` costs a few: the copies into a capture's static buffers go through the driver
-on PyTorch's current stream, which the replay then runs on.
+GPU machines' hosts (dispatch, stream and pinned-memory bookkeeping), and a cuda-python call a
+few µs of argument conversion; ``cuMemcpyAsync`` called through ctypes with fixed argument types
+costs well under one. The copies into a capture's static buffers go that way, on PyTorch's
+current stream, which the replay then runs on.
 
 A host source must outlive its asynchronous copy (from pinned memory the copy runs later, and
 the tensor's block may be handed out again once the caller drops it): like PyTorch's host
@@ -14,60 +15,83 @@ until it has completed.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from collections import deque
 from typing import Any
 
 import torch
 
-from .cuda_backend import _check, _current_stream, _driver, _streams, make_context_current
+from .backend import BuildError
+from .cuda_backend import _current_stream, make_context_current
 
 Copy = tuple[int, int, int]  # (destination address, source address, bytes)
 RELEASE_EVERY = 8  # host sources held before asking which copies have run (one query per call is host time)
+
+_SUCCESS, _NOT_READY, _INVALID_CONTEXT = 0, 600, 201  # CUresult values
+_EVENT_DISABLE_TIMING = 2
+
+
+@functools.cache
+def _libcuda() -> Any:
+    """The driver library with the argument types of the few calls made here."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise BuildError(f"the CUDA driver library cannot be loaded ({e})") from None
+    u64, ptr = ctypes.c_uint64, ctypes.c_void_p
+    for name, args in (("cuMemcpyAsync", [u64, u64, ctypes.c_size_t, ptr]), ("cuEventRecord", [ptr, ptr]),
+                       ("cuEventQuery", [ptr]), ("cuEventCreate", [ctypes.POINTER(ptr), ctypes.c_uint]),
+                       ("cuEventSynchronize", [ptr])):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, ctypes.c_int
+    return lib
+
+
+def _check(err: int, what: str) -> None:
+    if err != _SUCCESS:
+        raise RuntimeError(f"{what} failed: CUresult {err}")
 
 
 class DriverCopies:
     """Copies on ``device``'s current stream with ``cuMemcpyAsync``; host sources kept alive."""
 
     def __init__(self, device: torch.device):
-        self.driver = _driver()
+        self.lib = _libcuda()
         self.device = device.index if device.index is not None else torch.cuda.current_device()
-        self._free: list[Any] = []                        # events whose copies are done
-        self._pending: deque[tuple[Any, list[torch.Tensor]]] = deque()  # (event, host sources)
+        self._free: list[ctypes.c_void_p] = []            # events whose copies are done
+        self._pending: deque[tuple[ctypes.c_void_p, list[torch.Tensor]]] = deque()  # (event, host sources)
 
     def copy(self, copies: list[Copy], host_sources: list[torch.Tensor]) -> None:
-        d = self.driver
-        raw = _current_stream(self.device)
-        stream = _streams.get(raw)
-        if stream is None:
-            stream = _streams[raw] = d.CUstream(raw)
+        lib = self.lib
+        stream = _current_stream(self.device)
         for dst, src, n in copies:
             if n:
-                (err,) = d.cuMemcpyAsync(dst, src, n, stream)
-                if err == d.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread without a current context
+                err = lib.cuMemcpyAsync(dst, src, n, stream)
+                if err == _INVALID_CONTEXT:  # a thread without a current context
                     make_context_current(self.device)
-                    (err,) = d.cuMemcpyAsync(dst, src, n, stream)
-                _check(d, err, "cuMemcpyAsync")
+                    err = lib.cuMemcpyAsync(dst, src, n, stream)
+                _check(err, "cuMemcpyAsync")
         if host_sources:
             if len(self._pending) >= RELEASE_EVERY:
                 self._release()
             event = self._free.pop() if self._free else self._new_event()
-            _check(d, d.cuEventRecord(event, stream)[0], "cuEventRecord")
+            _check(lib.cuEventRecord(event, stream), "cuEventRecord")
             self._pending.append((event, host_sources))
 
-    def _new_event(self) -> Any:
-        err, event = self.driver.cuEventCreate(self.driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)
-        _check(self.driver, err, "cuEventCreate")
+    def _new_event(self) -> ctypes.c_void_p:
+        event = ctypes.c_void_p()
+        _check(self.lib.cuEventCreate(ctypes.byref(event), _EVENT_DISABLE_TIMING), "cuEventCreate")
         return event
 
     def _release(self) -> None:
         """Drop the host sources of every copy that has run."""
-        d = self.driver
         while self._pending:
             event, _ = self._pending[0]
-            (err,) = d.cuEventQuery(event)
-            if err == d.CUresult.CUDA_ERROR_NOT_READY:
+            err = self.lib.cuEventQuery(event)
+            if err == _NOT_READY:
                 return
-            _check(d, err, "cuEventQuery")
+            _check(err, "cuEventQuery")
             self._pending.popleft()
             self._free.append(event)
 
@@ -75,7 +99,7 @@ class DriverCopies:
         # the host sources still referenced must not be freed under a copy in flight
         try:
             for event, _ in self._pending:
-                self.driver.cuEventSynchronize(event)
+                self.lib.cuEventSynchronize(event)
         except Exception:  # noqa: BLE001 -- at interpreter exit the driver may be gone
             pass
 
