@@ -112,7 +112,7 @@ class CudaGraphStep:
         # first launch (Triton's reduction counters) then exists before the capture, instead of
         # being captured as a fill that every replay runs again
         self._stream: torch.cuda.Stream | None = None
-        self._copier: DriverCopies | None = None  # copies into the static buffers (cuda-python)
+        self._copier: DriverCopies | None = None  # copies into the static buffers (the driver)
 
     # ---- keys -----------------------------------------------------------------------------
     def _capacities(self, leaves: list[Any]) -> dict[int, int]:
@@ -217,7 +217,7 @@ class CudaGraphStep:
             self._stream = torch.cuda.Stream(device)
             try:
                 self._copier = DriverCopies(device)
-            except BuildError:  # no cuda-python: PyTorch's copy_ it is
+            except BuildError:  # no driver library to load: PyTorch's copy_ it is
                 self._copier = None
         _copy_in(entry, leaves, self._copier)
         call_args, call_kwargs = (tuple(statics), {}) if isinstance(spec, int) else pytree.tree_unflatten(statics, spec)

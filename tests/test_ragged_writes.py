@@ -12,6 +12,8 @@ import ember
 from ember.analysis.reference import run_graph
 from ember.ir import GraphBuilder, Op, structurally_equal, verify
 from ember.ir import dtypes as dt
+from ember.ir.node import ragged_totals, record_ragged_totals
+from ember.passes import dce
 from ember.passes.ragged import ragged_writes_as_gathers
 from ember.ragged import Ragged
 
@@ -79,6 +81,16 @@ def test_a_write_at_row_ids_and_positions_becomes_a_gather(accumulate):
     rows = torch.tensor([0, 0, 2, 2, 2, 2])
     torch.testing.assert_close(got, dense.index_put((rows, torch.tensor([0, 1, 0, 1, 2, 3])), values,
                                                     accumulate=accumulate))
+
+
+def test_the_total_stays_known_once_the_searches_are_gone():
+    """T is offsets[-1] whether or not a row-ids search is left to show it: the frontend records
+    the pairs (``Graph.totals``), and passes carry them, so kernels still read T on the device."""
+    before = record_ragged_totals(_write_graph())
+    after = dce(ragged_writes_as_gathers(before))
+    assert not [n for n in after.nodes if n.op is Op.SEARCH]
+    assert ragged_totals(after) == {T: after.inputs[0]} == ragged_totals(before)
+    assert ragged_totals(dce(ragged_writes_as_gathers(_write_graph()))) == {}  # nothing recorded
 
 
 @pytest.mark.parametrize("case", ["positions of other offsets", "more rows than sequences"])
