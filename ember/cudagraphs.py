@@ -26,9 +26,12 @@ CPU (a DataLoader's pinned batch, ``ragged.collate``'s packed buffer) are copied
 those buffers, asynchronously from pinned memory: no ``to_device`` first, and no second copy on
 the GPU. A ``Ragged`` whose offsets precede its values in one host buffer (``collate`` of one
 ragged field) is one copy: its static buffers keep that layout, so the batch's bytes up to its
-values' end land in place at once. Non-tensor arguments must be hashable and are part of the
-capture key. Outputs are the graph's static tensors, overwritten by the next call (clone what
-you keep).
+values' end land in place at once. Arguments named in ``static_args`` (positions) are not
+copied: the graph reads them where they are, as a hand-written capture reads its static inputs,
+so a call must pass the same tensors (other ones capture again) and their contents are the
+step's inputs; a ``Ragged`` among them is captured at its exact T. Non-tensor arguments must be
+hashable and are part of the capture key. Outputs are the graph's static tensors, overwritten
+by the next call (clone what you keep).
 
 Before each capture the step runs ``warmup`` times on the batch (side effects included, as in
 any CUDA-graph warm-up), the last time under a check: a capacity replay is only right if nothing
@@ -45,7 +48,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,14 +99,18 @@ class _Capture:
 class CudaGraphStep:
     """``fn`` captured per capacity and replayed (see the module docstring)."""
 
-    def __init__(self, fn: Callable[..., Any], *, capacity: int | None = None, warmup: int = 2) -> None:
+    def __init__(self, fn: Callable[..., Any], *, capacity: int | None = None, warmup: int = 2,
+                 static_args: Sequence[int] = ()) -> None:
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"cuda_graph: capacity must be a positive int or None, got {capacity!r}")
         if warmup < 1:
             raise ValueError(f"cuda_graph: warmup must be at least 1 (the check runs in it), got {warmup}")
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in static_args):
+            raise ValueError(f"cuda_graph: static_args must be positions of arguments, got {static_args!r}")
         self.fn = fn
         self.capacity = capacity
         self.warmup = warmup
+        self.static_args = frozenset(static_args)
         self.captures: dict[Any, _Capture] = {}
         self.exact_reason: str | None = None   # why T is captured exactly, once the check said so
         self.replays = 0
@@ -115,14 +122,31 @@ class CudaGraphStep:
         self._copier: DriverCopies | None = None  # copies into the static buffers (the driver)
 
     # ---- keys -----------------------------------------------------------------------------
-    def _capacities(self, leaves: list[Any]) -> dict[int, int]:
+    def _in_place(self, args: tuple[Any, ...], fast: bool) -> frozenset[int]:
+        """Leaf positions of the arguments named in ``static_args``."""
+        if not self.static_args:
+            return frozenset()
+        if max(self.static_args) >= len(args):
+            raise ValueError(f"cuda_graph: static_args names argument {max(self.static_args)}, but the step "
+                             f"got {len(args)} positional argument(s)")
+        if fast:  # one leaf per argument
+            return self.static_args
+        out, start = set(), 0
+        for i, arg in enumerate(args):
+            n = len(pytree.tree_leaves(arg, is_leaf=lambda x: isinstance(x, Ragged)))
+            if i in self.static_args:
+                out.update(range(start, start + n))
+            start += n
+        return frozenset(out)
+
+    def _capacities(self, leaves: list[Any], in_place: frozenset[int] = frozenset()) -> dict[int, int]:
         """Rows for each ragged leaf: a capacity (distinct per leaf, so that the check can tell
         them apart; one for leaves sharing one offsets tensor, whose rows go together), or
         exactly T once the check found that capacities are not safe."""
         out: dict[int, int] = {}
         by_offsets: dict[int, int] = {}
         for i, leaf in enumerate(leaves):
-            if not isinstance(leaf, Ragged):
+            if not isinstance(leaf, Ragged) or i in in_place:
                 continue
             shared = by_offsets.get(id(leaf.offsets))
             if shared is not None:
@@ -145,10 +169,14 @@ class CudaGraphStep:
             out[i] = c
         return out
 
-    def _key(self, leaves: list[Any], spec: Any, capacities: dict[int, int]) -> Any:
+    def _key(self, leaves: list[Any], spec: Any, capacities: dict[int, int],
+             in_place: frozenset[int] = frozenset()) -> Any:
         key: list[Any] = [spec if isinstance(spec, int) else str(spec)]  # a str hashes faster
         for i, leaf in enumerate(leaves):
-            if isinstance(leaf, Ragged):
+            if i in in_place and isinstance(leaf, (Ragged, torch.Tensor)):  # read where it is
+                tensors = (leaf.values, leaf.offsets) if isinstance(leaf, Ragged) else (leaf,)
+                key.append(("in place", *((id(t), t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in tensors)))
+            elif isinstance(leaf, Ragged):
                 grad = leaf.values.requires_grad
                 if grad and not leaf.values.is_leaf:
                     raise ValueError("cuda_graph: ragged values require grad but are not a leaf; the "
@@ -176,19 +204,21 @@ class CudaGraphStep:
 
     # ---- calls ----------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not kwargs and all(isinstance(a, (torch.Tensor, Ragged)) for a in args):
+        fast = not kwargs and all(isinstance(a, (torch.Tensor, Ragged)) for a in args)
+        if fast:
             leaves, spec = list(args), len(args)  # the common case, without pytree's cost
         else:
             leaves, spec = pytree.tree_flatten((args, kwargs), is_leaf=lambda x: isinstance(x, Ragged))
-        capacities = self._capacities(leaves)
-        key = self._key(leaves, spec, capacities)
+        in_place = self._in_place(args, fast)
+        capacities = self._capacities(leaves, in_place)
+        key = self._key(leaves, spec, capacities, in_place)
         entry = self.captures.get(key)
         if entry is None:
-            entry = self._capture(leaves, spec, capacities)
+            entry = self._capture(leaves, spec, capacities, in_place)
             if entry is None:  # the check turned capacities off: capture this T exactly
-                capacities = self._capacities(leaves)
-                key = self._key(leaves, spec, capacities)
-                entry = self.captures.get(key) or self._capture(leaves, spec, capacities)
+                capacities = self._capacities(leaves, in_place)
+                key = self._key(leaves, spec, capacities, in_place)
+                entry = self.captures.get(key) or self._capture(leaves, spec, capacities, in_place)
             self.captures[key] = entry
         _copy_in(entry, leaves, self._copier)
         entry.graph.replay()
@@ -199,12 +229,19 @@ class CudaGraphStep:
                 leaf.values.grad = static.grad[:leaf.total_length]
         return entry.outputs
 
-    def _capture(self, leaves: list[Any], spec: Any, capacities: dict[int, int]) -> _Capture | None:
+    def _capture(self, leaves: list[Any], spec: Any, capacities: dict[int, int],
+                 in_place: frozenset[int] = frozenset()) -> _Capture | None:
         if not torch.cuda.is_available():
             raise RuntimeError("cuda_graph: CUDA graphs need a CUDA device")
         device = _device_of(leaves)
         entry = _Capture(torch.cuda.CUDAGraph(), [], None, capacities)
         for i, leaf in enumerate(leaves):
+            if i in in_place:
+                if isinstance(leaf, (torch.Tensor, Ragged)) and not (leaf.values if isinstance(leaf, Ragged)
+                                                                     else leaf).is_cuda:
+                    raise ValueError("cuda_graph: an argument in static_args must be on the GPU already")
+                entry.statics.append(leaf)  # the graph reads it where it is
+                continue
             static, packed = _static(leaf, capacities.get(i), self.exact_reason is not None, device)
             entry.statics.append(static)
             if packed is not None:
@@ -270,12 +307,13 @@ class CudaGraphStep:
         return None
 
 
-def cuda_graph(fn: Callable[..., Any] | None = None, *, capacity: int | None = None, warmup: int = 2) -> Any:
+def cuda_graph(fn: Callable[..., Any] | None = None, *, capacity: int | None = None, warmup: int = 2,
+               static_args: Sequence[int] = ()) -> Any:
     """``fn`` (typically a whole training step around ember-compiled code) captured in CUDA graphs
     and replayed; usable as a decorator. See the docstring of ``ember.cudagraphs``."""
     if fn is None:
-        return lambda f: CudaGraphStep(f, capacity=capacity, warmup=warmup)
-    return CudaGraphStep(fn, capacity=capacity, warmup=warmup)
+        return lambda f: CudaGraphStep(f, capacity=capacity, warmup=warmup, static_args=static_args)
+    return CudaGraphStep(fn, capacity=capacity, warmup=warmup, static_args=static_args)
 
 
 def _divides(capacities: list[int], value: int) -> bool:
@@ -363,9 +401,11 @@ def _copy_in(entry: _Capture, leaves: list[Any], copier: DriverCopies | None = N
                 with torch.no_grad():
                     packed[start:end].copy_(source, non_blocking=True)
             continue
+        if static is leaf:  # parameters, constants and static_args: used where they are
+            continue
         if isinstance(leaf, Ragged):  # the values fill the static's first T rows
             pairs = [(static.values, leaf.values), (static.offsets, leaf.offsets)]
-        elif isinstance(leaf, torch.Tensor) and static is not leaf:
+        elif isinstance(leaf, torch.Tensor):
             pairs = [(static, leaf)]
         else:
             continue

@@ -133,6 +133,10 @@ def test_cuda_graph_argument_errors():
         step(x)
     with pytest.raises(TypeError, match="not a tensor, a Ragged or hashable"):
         step(torch.ones(1), _Unhashable())
+    with pytest.raises(ValueError, match="static_args must be positions"):
+        ember.cuda_graph(lambda x: x, static_args=("x",))
+    with pytest.raises(ValueError, match="names argument 1, but the step got 1"):
+        ember.cuda_graph(lambda x: x, static_args=(1,))(torch.ones(3))
     values = torch.ones(3, 2, requires_grad=True) * 2  # computed: the graph cannot reach its leaf
     with pytest.raises(ValueError, match="ragged values require grad but are not a leaf"):
         step(Ragged(values, torch.tensor([0, 1, 3])))
@@ -267,3 +271,38 @@ def test_cuda_graph_hands_on_the_gradient_of_ragged_values():
             torch.testing.assert_close(out, ref)
             assert values.grad is not None and values.grad.shape == values.shape
             torch.testing.assert_close(values.grad, ref_values.grad)
+
+
+@gpu
+def test_cuda_graph_reads_static_args_where_they_are():
+    """An argument named in ``static_args`` is not copied: the graph reads the tensors it was
+    captured with, so new contents written into them are the next call's inputs, and other
+    tensors capture again."""
+    pool = ember.compile(segment_mean)
+
+    def step(r, upstream):
+        r.values.grad = None
+        out = pool(r)
+        out.backward(upstream)
+        return out
+
+    graphed = ember.cuda_graph(step, static_args=(0, 1))
+    offsets = torch.tensor([0, 3, 3, 10, 16], device="cuda")
+    values = torch.randn(16, 8, device="cuda", requires_grad=True)
+    upstream = torch.randn(4, 8, device="cuda")
+    r = Ragged(values, offsets)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            with torch.no_grad():
+                values.normal_()
+            upstream.normal_()
+            out = graphed(r, upstream)
+            ref_values = values.detach().clone().requires_grad_()
+            ref = segment_mean(Ragged(ref_values, offsets))
+            ref.backward(upstream)
+            torch.testing.assert_close(out, ref)
+            torch.testing.assert_close(values.grad, ref_values.grad)
+        assert len(graphed.captures) == 1
+        graphed(Ragged(values.detach().clone().requires_grad_(), offsets), upstream)
+        assert len(graphed.captures) == 2  # other tensors: another capture
