@@ -35,6 +35,27 @@ LONG_ROWS = {
 }
 
 
+def _pool(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The ragged suite's mean pooling, on values and offsets (ember.ragged.segment_mean's formula)."""
+    sums = torch.ops.ember.segment_reduce(values.float(), offsets, "sum")
+    return (sums / offsets.diff().clamp(min=1).float()[:, None]).to(values.dtype)
+
+
+def _pool_inputs(width: int = 768, docs: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = torch.randint(1, 513, (docs,), generator=torch.Generator().manual_seed(0))
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).cuda()
+    return torch.randn(int(lengths.sum()), width, device="cuda", dtype=torch.bfloat16), offsets
+
+
+RAGGED = {
+    # segment kernels: the ragged suite's pooling (256 documents of 1..512 tokens, width 768),
+    # and narrower and wider features
+    "segment_mean_pool": (_pool, _pool_inputs, lambda a: a[0].numel() * 2),
+    "segment_mean_pool64": (_pool, lambda: _pool_inputs(64, 2048), lambda a: a[0].numel() * 2),
+    "segment_mean_pool4096": (_pool, lambda: _pool_inputs(4096), lambda a: a[0].numel() * 2),
+}
+
+
 def parse(spec: str, only: str) -> dict:
     if "=" in spec:  # some parameters only, e.g. SPLIT=1
         config = {k: int(v) for k, v in (kv.split("=") for kv in spec.split(","))}
@@ -60,7 +81,7 @@ def main() -> int:
     args = p.parse_args()
     from triton.testing import do_bench
     os.environ.setdefault("EMBER_CACHE_DIR", "/tmp/ember-sweep")
-    fn, make, nbytes = {**cases(1.0), **LONG_ROWS}[args.case]
+    fn, make, nbytes = {**cases(1.0), **LONG_ROWS, **RAGGED}[args.case]
     torch.manual_seed(0)
     inputs = make()
     ref = fn(*[x.double() if x.is_floating_point() else x for x in inputs])

@@ -49,8 +49,11 @@ def test_heuristic_matches_what_full_tuning_chose_on_an_h200():
     # a bias gradient (sum over 16384 rows of 4096 columns): 16 columns per program
     assert first("rows", 4096, 16384, tc.KernelHints(itemsize=2, columns=True)) == dict(
         XBLOCK=16, RBLOCK=512, num_warps=8, PERSISTENT=False, num_stages=2)
-    # pooling 256 documents of 768 features: columns to spare, so 128 per program
+    # pooling 256 documents of 768 features: columns to spare, so 128 per program, 16 rows of
+    # the segments at a time with 3 stages of loads in flight (bench/launch_sweep.py RAGGED)
     assert first("rows", 256 * 768, 256, tc.KernelHints(itemsize=2, columns=True))["XBLOCK"] == 128
+    assert first("rows", 256 * 768, 512, tc.KernelHints(itemsize=2, columns=True, segments=True)) == dict(
+        XBLOCK=128, RBLOCK=16, num_warps=4, PERSISTENT=False, num_stages=3)
 
 
 def test_heuristic_keeps_the_gpu_busy_and_rows_whole():
@@ -154,9 +157,9 @@ def test_hints_read_from_the_kernel_ir(kernels_of):
     # jagged softmax over (T,) walks its rows contiguously
     pooled = ragged.from_list([torch.randn(n, 16, dtype=torch.bfloat16) for n in (3, 9, 2)])
     (k,) = kernels_of(ragged.segment_mean, pooled)
-    assert tc.hints_of(k) == tc.KernelHints(itemsize=2, columns=True)
+    assert tc.hints_of(k) == tc.KernelHints(itemsize=2, columns=True, segments=True)
     (k,) = kernels_of(lambda r: ragged.jagged_softmax(r).values, ragged.from_list([torch.randn(n) for n in (3, 9)]))
-    assert not tc.hints_of(k).columns and tc.hints_of(k).writes_rows
+    assert not tc.hints_of(k).columns and tc.hints_of(k).writes_rows and tc.hints_of(k).segments
 
 
 class FakeKernel:

@@ -43,6 +43,7 @@ class KernelHints:
     writes_rows: bool = False         # stores inside its inner loops (writes whole rows)
     accumulates: bool = False         # adds into an output: one run per call, never timed
     splittable: bool = False          # its rows may split over programs (codegen's split_rows)
+    segments: bool = False            # its rows are a ragged tensor's (lengths read from offsets)
 
 
 def hints_of(kernel: Kernel) -> KernelHints:
@@ -80,7 +81,8 @@ def _hints_of(kernel: Kernel) -> KernelHints:
     stores = [v for v in kernel.values if v.kind == "store"]
     return KernelHints(itemsize=min(sizes, default=4), columns=strided > contiguous,
                        writes_rows=any(v.inner for v in stores),
-                       accumulates=any(getattr(v.arg, "accumulate", False) for v in stores))
+                       accumulates=any(getattr(v.arg, "accumulate", False) for v in stores),
+                       segments=kernel.segment_length is not None)
 
 
 @functools.cache
@@ -155,6 +157,12 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         while xblock < 128 and outer // (2 * xblock) >= 4 * sms:
             xblock *= 2
         xblock = min(xblock, rows)
+        if hints.segments:
+            # ragged rows (a segment sum loops as long as its longest row in the tile): tiles of
+            # 2048 elements, 4 warps, 3 stages of loads in flight (H200, segment means of 1..512
+            # rows of widths 64 / 768 / 4096: 40 -> 26, 44 -> 35, 211 -> 132 us against the tiles
+            # of 8192 and 8 warps below; bench/launch_sweep.py --case segment_mean_pool*)
+            return [_config(xblock, min(next_pow2(inner), max(16, 2048 // xblock)), 4, stages=3), safe]
         rblock = min(next_pow2(inner), max(16, 8192 // xblock), 4096)
         return [_config(xblock, rblock, 8, stages=2), safe]
     width = next_pow2(max(inner, 1))
