@@ -147,3 +147,21 @@ def test_training_is_one_kernel_each_way_and_gradients_match():
     backward = next(g for g in report.graphs if g.kind == "backward")
     assert "ember_seglen" in backward.kernels[0].source and "atomic" not in backward.kernels[0].source
     assert "searchsorted" not in backward.wrapper.split("\n")[1]  # not among the saved inputs
+
+
+@pytest.mark.parametrize("feature", [(), (4,), (2, 3)])
+@pytest.mark.parametrize("options", [None, {"target": "triton"}], ids=["cpp", "triton"])
+def test_a_mean_gradient_walks_each_row_once(feature, options):
+    """segment_mean's gradient broadcasts each row's value down its packed rows: one segment
+    kernel over (B, *feature) that reads each row's start and length once and stores down the
+    row, not a pointwise kernel over (T, *feature) searching the offsets for every element."""
+    r = make([3, 0, 5, 1, 7], feature)
+    leaf, ref_leaf = r.values.clone().requires_grad_(), r.values.clone().requires_grad_()
+    grad = torch.randn(5, *feature)
+    fn, report = compile_checked(ragged.segment_mean, options=options)
+    fn(Ragged(leaf, r.offsets, r.max_length)).backward(grad)
+    ragged.segment_mean(Ragged(ref_leaf, r.offsets, r.max_length)).backward(grad)
+    torch.testing.assert_close(leaf.grad, ref_leaf.grad)
+    backward = next(g for g in report.graphs if g.kind == "backward")
+    (kernel,) = backward.kernels
+    assert "ember_seglen" in kernel.source and "search" not in kernel.source, kernel.source

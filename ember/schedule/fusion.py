@@ -228,7 +228,28 @@ class Planner:
             ref = g.ref
             if ref is not None and sh.shapes_equal(root.shape, ref[0]) and not reductions:
                 return g.outer, g.inner, _inner_home(*ref), ref
+        if not reductions and not matmuls:
+            rows = self._row_domain(root)
+            if rows is not None:
+                return rows
         return self._pointwise_domain(root, root.shape)
+
+    def _row_domain(self, root: Node) -> tuple[tuple, tuple, Point, None] | None:
+        """A packed (T, *feature) value that reads the row ids of a ragged tensor (a segment
+        mean's gradient, the row's value broadcast over its rows): computed row by row, as a
+        segment kernel over (B, *feature) whose programs read their row's start and length
+        once, instead of a pointwise kernel searching the offsets for every element."""
+        if not self.cfg.fusion or root.rank < 1 or not root.dtype.is_float:
+            return None
+        for n in [root, *self.subtree(root)]:
+            offsets = row_ids_offsets(n) if n.op is Op.SEARCH else None
+            if offsets is None or not sh.equal(n.shape[0], root.shape[0]):
+                continue
+            outer = (sympy.expand(offsets.shape[0] - 1), *_drop_ones(root.shape[1:]))
+            if self._row_wise(root, offsets, root.shape[0], outer):
+                self.segment_of[root] = (offsets, root.shape[0])
+                return outer, (SEGMENT_LENGTH,), _row_home(root.shape), None
+        return None
 
     def _rows_group(self, root: Node, reductions: list[Node], groups: list[GroupSpec]) -> GroupSpec | None:
         """The row kernel whose rows a scalar root's full reductions (a loss's mean over per-row
