@@ -243,10 +243,8 @@ def test_cuda_graph_captures_exactly_when_something_takes_the_total_from_the_hos
     assert sum("exact total length" in str(w.message) for w in caught) == 1
 
 
-@gpu
-def test_cuda_graph_hands_on_the_gradient_of_ragged_values():
-    """Ragged values that require grad: each call's ``values.grad`` is the graph's gradient of
-    that batch's T rows, as eager's backward gives it."""
+def _pool_step():
+    """A training step of ember's segment mean: the gradient goes to the ragged values."""
     pool = ember.compile(segment_mean)
 
     def step(r, upstream):
@@ -254,7 +252,14 @@ def test_cuda_graph_hands_on_the_gradient_of_ragged_values():
         out = pool(r)
         out.backward(upstream)
         return out
+    return step
 
+
+@gpu
+def test_cuda_graph_hands_on_the_gradient_of_ragged_values():
+    """Ragged values that require grad: each call's ``values.grad`` is the graph's gradient of
+    that batch's T rows, as eager's backward gives it."""
+    step = _pool_step()
     graphed = ember.cuda_graph(step)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # whether T is read on the device is not this test's point
@@ -278,14 +283,7 @@ def test_cuda_graph_reads_static_args_where_they_are():
     """An argument named in ``static_args`` is not copied: the graph reads the tensors it was
     captured with, so new contents written into them are the next call's inputs, and other
     tensors capture again."""
-    pool = ember.compile(segment_mean)
-
-    def step(r, upstream):
-        r.values.grad = None
-        out = pool(r)
-        out.backward(upstream)
-        return out
-
+    step = _pool_step()
     graphed = ember.cuda_graph(step, static_args=(0, 1))
     offsets = torch.tensor([0, 3, 3, 10, 16], device="cuda")
     values = torch.randn(16, 8, device="cuda", requires_grad=True)
