@@ -96,4 +96,3 @@ def check_programs() -> Iterator[ProgramCheck]:
         yield check
     finally:
         active.remove(check)
-

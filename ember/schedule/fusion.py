@@ -243,11 +243,9 @@ class Planner:
             return None
         for n in [root, *self.subtree(root)]:
             offsets = row_ids_offsets(n) if n.op is Op.SEARCH else None
-            if offsets is None or not sh.equal(n.shape[0], root.shape[0]):
-                continue
-            outer = (sympy.expand(offsets.shape[0] - 1), *_drop_ones(root.shape[1:]))
-            if self._row_wise(root, offsets, root.shape[0], outer):
+            if offsets is not None and sh.equal(n.shape[0], root.shape[0]):  # row ids of root's rows
                 self.segment_of[root] = (offsets, root.shape[0])
+                outer = (sympy.expand(offsets.shape[0] - 1), *_drop_ones(root.shape[1:]))
                 return outer, (SEGMENT_LENGTH,), _row_home(root.shape), None
         return None
 
