@@ -165,3 +165,16 @@ def test_a_mean_gradient_walks_each_row_once(feature, options):
     backward = next(g for g in report.graphs if g.kind == "backward")
     (kernel,) = backward.kernels
     assert "ember_seglen" in kernel.source and "search" not in kernel.source, kernel.source
+
+
+@pytest.mark.parametrize("fn", [ragged.segment_sum, ragged.segment_mean, ragged.segment_max],
+                         ids=["sum", "mean", "max"])
+def test_long_rows_split_over_programs(fn):
+    """A few long rows beside short ones, each row block's rows split over programs whose
+    partials the last to finish combines (the launch a handful of long documents gets)."""
+    r = make([300, 0, 1, 97, 64], (5,))
+    split = {"XBLOCK": 8, "RBLOCK": 16, "num_warps": 4, "num_stages": 1, "PERSISTENT": False, "SPLIT": 4}
+    compiled, report = compile_checked(fn, options={"target": "triton", "triton_launch": split})
+    assert_same(compiled(r), fn(r))
+    (kernel,) = report.kernels
+    assert "NPROG_BLOCK > 1" in kernel.source and "ember_seglen" in kernel.source

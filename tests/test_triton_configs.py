@@ -52,8 +52,11 @@ def test_heuristic_matches_what_full_tuning_chose_on_an_h200():
     # pooling 256 documents of 768 features: columns to spare, so 128 per program, 16 rows of
     # the segments at a time with 3 stages of loads in flight (bench/launch_sweep.py RAGGED)
     assert first("rows", 256 * 768, 256, tc.KernelHints(itemsize=2, columns=True))["XBLOCK"] == 128
-    assert first("rows", 256 * 768, 512, tc.KernelHints(itemsize=2, columns=True, segments=True)) == dict(
+    segments = tc.KernelHints(itemsize=2, columns=True, segments=True, splittable=True)
+    assert first("rows", 256 * 768, 512, segments) == dict(
         XBLOCK=128, RBLOCK=16, num_warps=4, PERSISTENT=False, num_stages=3)
+    # four long documents: 48 row blocks, each split over 16 programs
+    assert first("rows", 4 * 768, 16384, segments)["SPLIT"] == 16
 
 
 def test_heuristic_keeps_the_gpu_busy_and_rows_whole():

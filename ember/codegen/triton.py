@@ -332,8 +332,17 @@ class TritonKernelRenderer:
             self._x_setup("")
             self.statements(k.values)
         elif self.kind == "rows" and k.segment_length is not None:
-            self._x_setup("[:, None]")
-            self._looped(full=False)  # rows of any length: never whole in registers
+            self._x_setup("[:, None]")  # rows of any length: never whole in registers
+            if split_rows(k):
+                # a handful of long rows (too few row blocks to fill the GPU): slices of each
+                # block's rows on programs of their own
+                self._split_looped("if")
+                self.emit("else:")
+                self.depth += 1
+                self._looped(full=False)
+                self.depth -= 1
+            else:
+                self._looped(full=False)
         elif self.kind == "rows" and k.chunks:
             self._chunked()
         elif self.kind == "rows":
@@ -344,10 +353,7 @@ class TritonKernelRenderer:
             self._combine_rows()
             self.depth -= 1
             if split_rows(k):
-                self.emit("elif NPROG_BLOCK > 1:  # the rows split over tl.num_programs(1) programs")
-                self.depth += 1
-                self._looped(full=False, split=True)
-                self.depth -= 1
+                self._split_looped("elif")
             self.emit("else:")
             self.depth += 1
             self._looped(full=False)
@@ -357,6 +363,13 @@ class TritonKernelRenderer:
             self.emit("xmask = True")
             self._looped(full=True)
         return "\n".join(head + self.lines)
+
+    def _split_looped(self, keyword: str) -> None:
+        """The branch of a row kernel whose rows split over programs (``split_rows``)."""
+        self.emit(f"{keyword} NPROG_BLOCK > 1:  # the rows split over tl.num_programs(1) programs")
+        self.depth += 1
+        self._looped(full=False, split=True)
+        self.depth -= 1
 
     def _device_sizes(self) -> None:
         """Ragged totals loaded from their offsets (schedule/device_sizes.py), and the extents
@@ -441,15 +454,17 @@ class TritonKernelRenderer:
         multi = full and multi_program(k)
         partials = multi or split
         online = {} if partials else online_softmax_pairs(k)  # sum -> the max it rescales against
+        bound = "longest" if k.segment_length is not None else "INNER"
         if split:
             self.emit("nsplit = tl.num_programs(1)")
-            self.emit("chunk = tl.cdiv(tl.cdiv(INNER, nsplit), RBLOCK) * RBLOCK  # whole blocks per slice")
-            self.emit("rstart = tl.program_id(1) * chunk")
         for stage in range(k.n_loops + 1):
             self.statements([v for v in outer_values if v.stage == stage and not (partials and stage > 0)])
             if stage == 0 and k.segment_length is not None:
                 self.emit(f"{SEGMENT_LENGTH.name} = {self.name(k.segment_length)}  # each row's length")
                 self.emit(f"longest = tl.max({SEGMENT_LENGTH.name})  # the block's rows loop as long as its longest")
+            if stage == 0 and split:
+                self.emit(f"chunk = tl.cdiv(tl.cdiv({bound}, nsplit), RBLOCK) * RBLOCK  # whole blocks per slice")
+                self.emit("rstart = tl.program_id(1) * chunk")
             if stage == k.n_loops:
                 break
             loop = stage + 1
@@ -472,9 +487,8 @@ class TritonKernelRenderer:
             if multi:
                 self.emit("for roffset in range(tl.program_id(0) * RBLOCK, INNER, tl.num_programs(0) * RBLOCK):")
             elif split:
-                self.emit("for roffset in range(rstart, tl.minimum(rstart + chunk, INNER), RBLOCK):")
+                self.emit(f"for roffset in range(rstart, tl.minimum(rstart + chunk, {bound}), RBLOCK):")
             else:
-                bound = "longest" if k.segment_length is not None else "INNER"
                 self.emit(f"for roffset in range(0, {bound}, RBLOCK):")
             self.depth += 1
             self._r_setup("roffset")
@@ -651,7 +665,7 @@ def multi_program(kernel: Kernel) -> bool:
 def split_rows(kernel: Kernel) -> bool:
     """Can a row kernel split its rows over several programs (``_looped(split=True)``)? One loop of
     reductions and nothing written inside it, so partials combine in any order."""
-    return (kind_of(kernel) == "rows" and kernel.segment_length is None and kernel.n_loops == 1
+    return (kind_of(kernel) == "rows" and kernel.n_loops == 1
             and not kernel.chunks and not kernel.row_reductions
             and bool(kernel.reductions) and not online_softmax_pairs(kernel)
             and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) for v in kernel.reductions)

@@ -161,7 +161,11 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
             # ragged rows (a segment sum loops as long as its longest row in the tile): tiles of
             # 2048 elements, 4 warps, 3 stages of loads in flight (H200, segment means of 1..512
             # rows of widths 64 / 768 / 4096: 40 -> 26, 44 -> 35, 211 -> 132 us against the tiles
-            # of 8192 and 8 warps below; bench/launch_sweep.py --case segment_mean_pool*)
+            # of 8192 and 8 warps below; bench/launch_sweep.py --case segment_mean_pool*). With
+            # blocks to spare they do not split their rows: a split only adds programs that wait
+            # on each other's partials (pooling 256 x 768: 34 us, 51 with 4 slices, 165 with 16).
+            # A handful of long documents took the split tiles above (4 x 768 features of up to
+            # 32768 rows: 586 -> 45 us, --case segment_mean_long)
             return [_config(xblock, min(next_pow2(inner), max(16, 2048 // xblock)), 4, stages=3), safe]
         rblock = min(next_pow2(inner), max(16, 8192 // xblock), 4096)
         return [_config(xblock, rblock, 8, stages=2), safe]
