@@ -80,6 +80,7 @@ def main() -> int:
                    help="';'-separated XBLOCK,RBLOCK,warps[,stages[,persistent[,split]]] or KEY=value,...")
     p.add_argument("--only", default="", help="force the configurations on kernels whose name contains this")
     p.add_argument("--train", action="store_true", help="time forward + backward instead (errors are not checked)")
+    p.add_argument("--no-inductor", action="store_true", help="leave Inductor out (it fails on some cases' training)")
     args = p.parse_args()
     from triton.testing import do_bench
     os.environ.setdefault("EMBER_CACHE_DIR", "/tmp/ember-sweep")
@@ -92,6 +93,8 @@ def main() -> int:
     specs = [s for s in args.configs.split(";") if s]
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(specs) + 4)
     variants = {"eager": fn, "inductor": torch.compile(fn), "ember heuristic": ember.compile(fn)}
+    if args.no_inductor:
+        del variants["inductor"]
     for spec in specs:
         variants[spec] = ember.compile(fn, options={"triton_launch": parse(spec, args.only)})
     bw = copy_bandwidth()

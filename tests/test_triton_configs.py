@@ -163,6 +163,13 @@ def test_hints_read_from_the_kernel_ir(kernels_of):
     assert tc.hints_of(k) == tc.KernelHints(itemsize=2, columns=True, segments=True)
     (k,) = kernels_of(lambda r: ragged.jagged_softmax(r).values, ragged.from_list([torch.randn(n) for n in (3, 9)]))
     assert not tc.hints_of(k).columns and tc.hints_of(k).writes_rows and tc.hints_of(k).segments
+    # a mean's gradient stores each row's value down its (T, 16) rows: columns, written only
+    values = pooled.values.clone().requires_grad_()
+    forward, backward = kernels_of(ragged.segment_mean, ragged.Ragged(values, pooled.offsets))
+    assert tc.hints_of(backward) == tc.KernelHints(itemsize=2, columns=True, writes_rows=True, reads_rows=False,
+                                                   segments=True)
+    assert tc.heuristic("rows", 256 * 768, 256, tc.hints_of(backward))[0] == dict(
+        XBLOCK=128, RBLOCK=16, num_warps=2, PERSISTENT=False, num_stages=1)
 
 
 class FakeKernel:
