@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ragged_suite as suite  # noqa: E402
 
-from ember.workloads.timing import median_times  # noqa: E402
+from ember.workloads.timing import cuda_activity, median_times  # noqa: E402
 
 
 def event_us(fn: Callable[[], Any], reps: int) -> float:
@@ -41,18 +41,8 @@ def host_us(fn: Callable[[], Any], calls: int = 200) -> float:
 
 def timeline(fn: Callable[[], Any]) -> list[tuple[str, float, float]]:
     """(name, start µs after the first, duration µs) of the GPU work of one call."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    cuda = torch.autograd.DeviceType.CUDA
-    raw = sorted((e.start_ns(), e.duration_ns(), e.name()) for e in prof.profiler.kineto_results.events()
-                 if e.device_type() == cuda)
-    if not raw:
-        return []
-    t0 = raw[0][0]
+    raw = cuda_activity(fn)
+    t0 = raw[0][0] if raw else 0
     return [(name[:60], (s - t0) / 1e3, d / 1e3) for s, d, name in raw]
 
 

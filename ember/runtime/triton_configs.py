@@ -164,11 +164,13 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
             # ragged rows (a segment sum loops as long as its longest row in the tile): tiles of
             # 2048 elements, 4 warps, 3 stages of loads in flight (H200, segment means of 1..512
             # rows of widths 64 / 768 / 4096: 40 -> 26, 44 -> 35, 211 -> 132 us against the tiles
-            # of 8192 and 8 warps below; bench/launch_sweep.py --case segment_mean_pool*). With
-            # blocks to spare they do not split their rows: a split only adds programs that wait
-            # on each other's partials (pooling 256 x 768: 34 us, 51 with 4 slices, 165 with 16).
-            # A handful of long documents took the split tiles above (4 x 768 features of up to
-            # 32768 rows: 586 -> 45 us, --case segment_mean_long)
+            # of 8192 and 8 warps below; bench/launch_sweep.py --case segment_mean_pool*).
+            #
+            # With blocks to spare they do not split their rows: a split only adds programs that
+            # wait on each other's partials (pooling 256 x 768: 34 us, 51 with 4 slices, 165 with
+            # 16). A handful of long documents took the split tiles above (4 x 768 features of up
+            # to 32768 rows: 586 -> 45 us, --case segment_mean_long).
+            #
             # A kernel that only stores down its rows (a mean's gradient) has no loads to keep in
             # flight: 2 warps, 1 stage (pooling's backward: 26.4 us; 28.4 with 4 warps; 37.6 in
             # the 16 x 256 tiles it had while its stores did not count as columns)

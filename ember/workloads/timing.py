@@ -125,9 +125,9 @@ def count_cuda_kernels(fn: Callable[[], Any]) -> int:
     return profile_cuda_kernels(fn)[0]
 
 
-def profile_cuda_kernels(fn: Callable[[], Any]) -> tuple[int, float]:
-    """(kernels launched, their total GPU time in seconds) for one call of ``fn``. When the
-    call's wall time is far above its kernels' time, the host is the bottleneck."""
+def cuda_activity(fn: Callable[[], Any]) -> list[tuple[int, int, str]]:
+    """(start ns, duration ns, name) of the GPU work (kernels, copies, fills) of one call of
+    ``fn``, in start order, after one call to warm up."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -136,16 +136,22 @@ def profile_cuda_kernels(fn: Callable[[], Any]) -> tuple[int, float]:
         fn()
         torch.cuda.synchronize()
     cuda = torch.autograd.DeviceType.CUDA
-    skip = ("Memcpy", "Memset")
     try:
         # The raw Kineto events: ``prof.events()`` builds Python objects and a tree first, which
         # for the per-sample loop's ~90,000 kernels takes tens of seconds.
-        raw = [e for e in prof.profiler.kineto_results.events()
-               if e.device_type() == cuda and not e.name().startswith(skip)]
-        return len(raw), sum(e.duration_ns() for e in raw) * 1e-9
+        out = [(e.start_ns(), e.duration_ns(), e.name()) for e in prof.profiler.kineto_results.events()
+               if e.device_type() == cuda]
     except AttributeError:  # a torch whose private profiler API moved
-        events = [e for e in prof.events() if e.device_type == cuda and not e.name.startswith(skip)]
-        return len(events), sum(e.device_time for e in events) * 1e-6
+        out = [(int(e.time_range.start * 1e3), int(e.device_time * 1e3), e.name) for e in prof.events()
+               if e.device_type == cuda]
+    return sorted(out)
+
+
+def profile_cuda_kernels(fn: Callable[[], Any]) -> tuple[int, float]:
+    """(kernels launched, their total GPU time in seconds) for one call of ``fn``. When the
+    call's wall time is far above its kernels' time, the host is the bottleneck."""
+    kernels = [d for _, d, name in cuda_activity(fn) if not name.startswith(("Memcpy", "Memset"))]
+    return len(kernels), sum(kernels) * 1e-9
 
 
 class _CountAten(TorchDispatchMode):
