@@ -41,6 +41,15 @@ def variant(name: str) -> Callable[[], None]:
         renderer.emit = lambda self, line: emit(self, line.replace("sem='acq_rel'", "sem='release'"))
     elif name == "relaxed":
         renderer.emit = lambda self, line: emit(self, line.replace("sem='acq_rel'", "sem='relaxed'"))
+    elif name == "max only":  # the online update keeps the max and drops the exp-sum
+        renderer.emit = lambda self, line: None if " * tl.exp(row_max" in line else emit(self, line)
+    elif name == "sum, no exp":  # the sum of the raw chunk, no exp and no rescale
+        def sum_only(self: tr.TritonKernelRenderer, line: str) -> None:
+            if " * tl.exp(row_max" in line:
+                acc = line.split(" = ")[0].strip()
+                line = f"{acc} = {acc} + tl.sum(tl.where(xmask & rmask, v1, 0.0), 1)[:, None]"
+            emit(self, line)
+        renderer.emit = sum_only
     elif name == "no row max store":
         renderer.emit = lambda self, line: None if line.startswith("tl.store(buf0 + (o0)") else emit(self, line)
     return undo
@@ -58,10 +67,18 @@ def main() -> None:
     runs: list[tuple[str, dict | None, str]] = [
         ("as rendered", None, ""), ("shares only", None, "shares only"), ("release only", None, "release only"),
         ("relaxed", None, "relaxed"), ("no row max store", None, "no row max store"),
+        ("max only", None, "max only"), ("sum, no exp", None, "sum, no exp"),
         ("2,1024,2,3", dict(XBLOCK=2, RBLOCK=1024, num_warps=2, num_stages=3, PERSISTENT=False), ""),
         ("1,2048,2,3", dict(XBLOCK=1, RBLOCK=2048, num_warps=2, num_stages=3, PERSISTENT=False), ""),
         ("1,1024,1,4", dict(XBLOCK=1, RBLOCK=1024, num_warps=1, num_stages=4, PERSISTENT=False), ""),
+        ("1,2048,1,3", dict(XBLOCK=1, RBLOCK=2048, num_warps=1, num_stages=3, PERSISTENT=False), ""),
+        ("1,512,1,4", dict(XBLOCK=1, RBLOCK=512, num_warps=1, num_stages=4, PERSISTENT=False), ""),
     ]
+    # what reading the logits costs with no softmax at all: ATen's row max and row sum
+    for label, read in (("torch.amax(x, -1)", lambda: torch.amax(x, -1)), ("x.sum(-1)", lambda: x.sum(-1))):
+        ms = do_bench(read, warmup=25, rep=200, return_mode="median")
+        print(f"{label:>18}: {ms * 1e3:7.1f} us {100 * x.numel() * 2 / (ms * 1e-3) / bw:4.0f}% of copy  "
+              f"{kernel_times(read, ())}", flush=True)
     for label, launch, patch in runs:
         undo = variant(patch)
         try:

@@ -13,6 +13,7 @@ from .aot_cache import cached_backend
 from .config import Config
 from .driver import compile_graph
 from .frontend.dynamo import make_backend
+from .frontend.guard_profile import without_guard_profiling
 from .report import GraphReport, Report
 from .runtime import stats as stats_module
 
@@ -35,7 +36,8 @@ def _backend(cfg: Config, sink: list[GraphReport] | None) -> Callable[..., Any]:
     def compile_one(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
         return compile_graph(gm, example_inputs, kind, cfg, sink)
     # a report shows every graph going through the whole pipeline: no cached graphs there
-    return cached_backend(compile_one, cfg) if sink is None else make_backend(compile_one, cfg)
+    backend = cached_backend(compile_one, cfg) if sink is None else make_backend(compile_one, cfg)
+    return backend if cfg.profile_guards else without_guard_profiling(backend)
 
 
 def compile(model: Callable[..., Any] | None = None, *, options: dict[str, Any] | None = None,

@@ -14,6 +14,7 @@ overrides any field for one compiled function.
   EMBER_SKIP_MASKED  1 skips the masked-out elements of x * mask (see skip_masked below)
   EMBER_AOT_CACHE  0 turns off keeping compiled graphs in torch's AOTAutograd cache
   EMBER_ROW_CHUNKS  runs of rows a row kernel splits into to also sum columns (see row_chunks)
+  EMBER_PROFILE_GUARDS  1 lets Dynamo time the guards of ember's frames (see profile_guards)
 """
 
 from __future__ import annotations
@@ -125,6 +126,9 @@ class Config:
     # ember.wait_for_kernels() blocks until every such compile is done. False: the first call
     # compiles them.
     background_compile: bool = field(default_factory=lambda: _env_int("EMBER_BACKGROUND_COMPILE", 1) != 0)
+    # Let Dynamo time each new set of guards for its compile metrics, as it does for other
+    # backends: it evicts the CPU caches first, 18-26 ms per compiled frame (frontend/guard_profile.py).
+    profile_guards: bool = field(default_factory=lambda: _env_int("EMBER_PROFILE_GUARDS", 0) != 0)
     # Check the IR after every pass (on whenever debug > 0).
     verify: bool = False
 

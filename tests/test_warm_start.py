@@ -71,3 +71,43 @@ def test_fingerprint_covers_dtypes_and_settings_and_skips_constants():
     assert key != driver._fingerprint(gm, "inference", Config())
     # a tensor constant's values are not part of the key: such graphs are always planned
     assert driver._fingerprint(_traced(WithBuffer()), "inference", Config()) is None
+
+
+def test_dynamo_skips_timing_the_guards_of_ember_frames(monkeypatch):
+    """Dynamo times each new guard set after evicting the CPU caches (~20 ms a frame, for its
+    metrics only): not for ember's frames, unless profile_guards asks; other backends' frames
+    are timed as before, and the guards still tell inputs apart."""
+    from ember.frontend import guard_profile
+
+    x, w = torch.randn(6, 7), torch.randn(7)
+    if not guard_profile._install():
+        import pytest
+        pytest.skip("this torch does not time its guards")
+    timed = []
+    monkeypatch.setattr(guard_profile, "_measure", lambda *args: timed.append(args) or 1.0)
+
+    def compile_and_run(compiler, *args):
+        torch._dynamo.reset()
+        before = len(timed)
+        compiled = compiler(fn)
+        assert_same(compiled(*args), fn(*args))
+        return len(timed) - before
+
+    assert compile_and_run(ember.compile, x, w) == 0
+    assert compile_and_run(lambda f: torch.compile(f, backend="eager"), x, w) == 1
+    assert compile_and_run(lambda f: torch.compile(f, backend="ember"), x, w) == 0
+    assert compile_and_run(lambda f: ember.compile(f, options={"profile_guards": True}), x, w) == 1
+    # the next frame of another backend right after ember's (compile ids repeat after a reset)
+    torch._dynamo.reset()
+    ember.compile(fn)(x, w)
+    assert compile_and_run(lambda f: torch.compile(f, backend="eager"), x, w) == 1
+
+    # guards are still built and checked: a new dtype and a new rank compile again, and are right
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    before = len(timed)
+    compiled = ember.compile(fn)
+    for args in ((x, w), (x.double(), w.double()), (torch.randn(2, 3, 7), w)):
+        assert_same(compiled(*args), fn(*args))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 3
+    assert len(timed) == before
