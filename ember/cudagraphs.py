@@ -179,14 +179,16 @@ class CudaGraphStep:
                 tensors = (leaf.values, leaf.offsets) if isinstance(leaf, Ragged) else (leaf,)
                 key.append(("in place", *((id(t), t.data_ptr(), t.shape, t.stride(), t.dtype) for t in tensors)))
             elif isinstance(leaf, Ragged):
-                grad = leaf.values.requires_grad
-                if grad and not leaf.values.is_leaf:
+                values, offsets = leaf.values, leaf.offsets
+                grad = values.requires_grad
+                if grad and not values.is_leaf:
                     raise ValueError("cuda_graph: ragged values require grad but are not a leaf; the "
                                      "graph cannot reach what they were computed from")
                 # exact captures see the batch's max_length; capacity ones the capacity
                 longest = leaf.max_length if self.exact_reason is not None else None
-                key.append(("ragged", capacities[i], longest, leaf.batch_size, tuple(leaf.feature_shape),
-                            leaf.dtype, leaf.offsets.dtype, leaf.device, grad))
+                shape = values.shape  # T varies; the rest, a torch.Size (a tuple), is part of the key
+                key.append(("ragged", capacities[i], longest, offsets.shape[0], shape[1:],
+                            values.dtype, offsets.dtype, values.device, grad))
             elif isinstance(leaf, torch.Tensor):
                 if leaf.requires_grad:
                     if not leaf.is_leaf:
@@ -347,13 +349,16 @@ def _packed_layout(leaf: Ragged) -> tuple[int, int] | None:
     another field's values moves with that field's T, and such a batch takes two copies). None
     for any other layout."""
     values, offsets = leaf.values, leaf.offsets
-    if (values.device.type != "cpu" or offsets.device.type != "cpu" or not values.is_contiguous()
-            or not offsets.is_contiguous()
-            or values.untyped_storage().data_ptr() != offsets.untyped_storage().data_ptr()):
+    # every call copies through here: cheap tensor attributes only (``device.type`` builds a
+    # device object, several times the cost of ``is_cpu``)
+    if not (values.is_cpu and offsets.is_cpu and values.is_contiguous() and offsets.is_contiguous()):
         return None
-    start = offsets.storage_offset() * offsets.element_size()
-    values_start = values.storage_offset() * values.element_size()
-    if start + offsets.numel() * offsets.element_size() > values_start:
+    base = values.untyped_storage().data_ptr()
+    if offsets.untyped_storage().data_ptr() != base:
+        return None
+    start = offsets.data_ptr() - base
+    values_start = values.data_ptr() - base
+    if start + offsets.nbytes > values_start:
         return None
     return start, values_start
 
