@@ -8,6 +8,7 @@ bfloat16), so bfloat16 is checked on the GPU (test_bfloat16_on_the_gpu, and benc
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 
@@ -30,6 +31,10 @@ TRITON = {"target": "triton", "matmul_epilogues": "all"}
 SMALL_TILES = {**TRITON, "triton_launch": {"BM": 32, "BN": 32, "BK": 16, "PROGRAMS": 2}}
 POINTERS = {**TRITON, "triton_launch": {"TMA": False, "BM": 32, "BN": 64, "BK": 16}}
 LAUNCHES = {"default": TRITON, "small_tiles": SMALL_TILES, "pointers": POINTERS}
+# Triton kernels on CPU tensors run through Triton's interpreter, which only the CPU run sets up
+# (conftest.py); a GPU run (EMBER_TEST_DEVICE=cuda) runs the GPU tests below instead
+on_the_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                        reason="Triton on CPU tensors needs the interpreter (the CPU run)")
 
 
 def _mm(b: GraphBuilder, x, w, target=aten.mm.default, extra=(), kwargs=None, dtype=dtypes.float16):
@@ -108,6 +113,7 @@ def the_matmul_kernel(report, dots=1):
     return kernel
 
 
+@on_the_interpreter
 @pytest.mark.parametrize("launch", list(LAUNCHES))
 def test_linear_gelu_is_one_kernel(launch):
     x, w, b = torch.randn(70, 50, dtype=F16), torch.randn(96, 50, dtype=F16) * 0.2, torch.randn(96, dtype=F16)
@@ -115,6 +121,7 @@ def test_linear_gelu_is_one_kernel(launch):
     assert kernel.name.startswith("fused_addmm_gelu"), kernel.name
 
 
+@on_the_interpreter
 @pytest.mark.parametrize("launch", list(LAUNCHES))
 def test_swiglu_is_one_kernel_with_two_dots(launch):
     x = torch.randn(40, 64, dtype=F16)
@@ -122,6 +129,7 @@ def test_swiglu_is_one_kernel_with_two_dots(launch):
     the_matmul_kernel(check(swiglu, x, wg, wu, options=LAUNCHES[launch]), dots=2)
 
 
+@on_the_interpreter
 @pytest.mark.parametrize("layout", ["a_transposed", "b_transposed", "both", "sliced"])
 def test_operand_layouts(layout):
     x, w, b = torch.randn(48, 64, dtype=F16), torch.randn(48, 80, dtype=F16) * 0.2, torch.randn(80, dtype=F16)
@@ -138,6 +146,7 @@ def test_operand_layouts(layout):
         the_matmul_kernel(check(fn, x, w, b, options=options))
 
 
+@on_the_interpreter
 def test_epilogue_of_the_transposed_product():
     # read at (n, m), the product cannot be the epilogue's tile: a kernel of its own stores it
     x, w = torch.randn(40, 64, dtype=F16), torch.randn(64, 48, dtype=F16) * 0.2
@@ -156,6 +165,7 @@ def test_symbolic_rows_compile_once():
     assert "dot" in report.kernels[0].kernel_ir
 
 
+@on_the_interpreter
 def test_operand_computed_by_another_kernel():
     # gelu(x) is an operand: stored by a kernel of its own, then read by the matmul's
     x, w = torch.randn(40, 64, dtype=F16), torch.randn(64, 48, dtype=F16) * 0.2
@@ -163,6 +173,7 @@ def test_operand_computed_by_another_kernel():
     assert len(report.kernels) == 2 and sum("= dot " in k.kernel_ir for k in report.kernels) == 1
 
 
+@on_the_interpreter
 def test_matmul_result_also_returned():
     # the product is an output too: the kernel stores it and its epilogue's result
     x, w = torch.randn(40, 64, dtype=F16), torch.randn(64, 48, dtype=F16) * 0.2
@@ -184,6 +195,7 @@ def test_training_step_matches_eager():
     assert any("= dot " in k.kernel_ir for k in report.kernels)
 
 
+@on_the_interpreter
 @pytest.mark.parametrize("mode", ["auto", "off"])
 def test_lone_matmul_keeps_cublas_unless_all(mode):
     x, w, b = torch.randn(70, 50, dtype=F16), torch.randn(96, 50, dtype=F16) * 0.2, torch.randn(96, dtype=F16)
@@ -191,6 +203,7 @@ def test_lone_matmul_keeps_cublas_unless_all(mode):
     assert report.fallbacks == ["aten.addmm"] and not any("= dot " in k.kernel_ir for k in report.kernels)
 
 
+@on_the_interpreter
 def test_auto_fuses_the_gated_mlp():
     x = torch.randn(40, 64, dtype=F16)
     wg, wu = torch.randn(64, 90, dtype=F16) * 0.2, torch.randn(64, 90, dtype=F16) * 0.2
@@ -202,6 +215,7 @@ def test_bad_option_value_is_refused():
         ember.compile(swiglu, options={"matmul_epilogues": True})
 
 
+@on_the_interpreter
 def test_kernel_that_fails_to_build_falls_back_with_one_warning():
     x, w, b = torch.randn(70, 50, dtype=F16), torch.randn(96, 50, dtype=F16) * 0.2, torch.randn(96, dtype=F16)
     compiled = ember.compile(gelu_linear, options={**TRITON, "triton_launch": {"BM": 24}})
@@ -237,6 +251,7 @@ def test_bfloat16_on_the_gpu(shape):
     the_matmul_kernel(check(lambda xt, w: torch.relu(xt.t() @ w.t()), xt, w, options={"matmul_epilogues": "all"}))
 
 
+@on_the_interpreter
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_linear_over_tokens_fuses_through_the_reshape(dynamic):
     # (batch, tokens, features): the linear layer's rows are batch * tokens; the epilogue (gelu,

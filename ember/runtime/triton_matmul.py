@@ -190,8 +190,19 @@ class MatmulLauncher:
             return False
         job = self._jobs.get(bucket)
         if job is None:
-            compile_only = lambda c: self.fn.warmup(*args, grid=self._grid(m, n, c), **self._constexprs(c, big))  # noqa: E731
-            job = self._jobs[bucket] = _submit(lambda: self._first(configs, tma, compile_only))
+            device = args[0].device
+
+            def compile_and_load(c: dict[str, Any]) -> None:
+                kernel = self.fn.warmup(*args, grid=self._grid(m, n, c), **self._constexprs(c, big))
+                # load it and make Triton's launcher here too: the launcher is a C build (0.2-0.3 s
+                # for a new signature) that would otherwise stall the first launch after the
+                # compile, on the calling thread (a warm start's first call, measured on an H200)
+                init = getattr(kernel, "_init_handles", None)
+                if init is not None:
+                    with torch.cuda.device(device):
+                        init()
+
+            job = self._jobs[bucket] = _submit(lambda: self._first(configs, tma, compile_and_load))
             cf.wait([job], timeout=FIRST_WAIT_S)
         if not job.done():
             stats.bump("calls_while_compiling")
