@@ -17,7 +17,9 @@ Compiling: a matmul kernel takes 0.5-3 s to compile, where the rest of a graph's
 fraction of a second. With the ``background_compile`` option (the default) it compiles in a
 thread (Triton releases the GIL while it compiles: a busy main thread kept its full speed beside
 a 4.4 s compile on the H200), and calls run through ATen until it is ready; an ATen call of the
-group is cuBLAS's mm (float32 sums, ``out_dtype``) and the epilogue's eager ops.
+group is cuBLAS's mm (float32 sums, ``out_dtype``) and the epilogue's eager ops. The thread also
+loads the kernel and builds the launcher Triton makes for it (a C build, 0.2-0.3 s for a new
+argument signature), which would otherwise stall the first launch on the calling thread.
 """
 
 from __future__ import annotations
