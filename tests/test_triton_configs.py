@@ -6,6 +6,8 @@ fake kernel."""
 from __future__ import annotations
 
 import itertools
+import json
+import os
 
 import pytest
 import torch
@@ -22,6 +24,11 @@ from .helpers import record_rendered
 ROWS = tc.KernelHints(itemsize=2)                        # norms, softmax, cross-entropy: reduce
 ROWS_WRITTEN = tc.KernelHints(itemsize=2, writes_rows=True)  # and write the row
 SMS = 132
+
+# launches go to a fake kernel the way they go to Triton's interpreter (the CPU run); a GPU run
+# launches compiled kernels, which the fake does not have
+on_the_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                        reason="the fake kernel stands in for the interpreter's launch")
 
 
 def first(kind, outer, inner, hints, sms=SMS):
@@ -117,6 +124,73 @@ def test_full_tuning_offers_every_candidate_heuristic_one():
     assert forced[0]["PERSISTENT"] is False and forced[0]["RBLOCK"] == 16
 
 
+def test_large_pointwise_kernels_time_three_vector_widths():
+    fp32, bf16 = tc.KernelHints(itemsize=4), tc.KernelHints(itemsize=2)
+    big = tc.TIMED_POINTWISE
+    choices = tc.candidates("pointwise", big, 1, fp32, "heuristic", SMS)
+    # 16 bytes per thread and load (the heuristic), 32 bytes, 8 bytes with twice the warps
+    assert [(c["XBLOCK"], c["num_warps"]) for c in choices[:3]] == [(512, 4), (1024, 4), (512, 8)]
+    assert choices[0] == first("pointwise", big, 1, fp32)
+    assert [(c["XBLOCK"], c["num_warps"]) for c in tc.pointwise_choices(big, bf16)] == [(1024, 4), (2048, 4),
+                                                                                        (1024, 8)]
+    assert tc.timed("pointwise", big, fp32, "heuristic")
+    # smaller pointwise kernels, row kernels, forced configurations, accumulating stores: untimed
+    assert not tc.timed("pointwise", big - 1, fp32, "heuristic")
+    assert tc.candidates("pointwise", big - 1, 1, fp32, "heuristic", SMS) == tc.heuristic("pointwise", big - 1, 1,
+                                                                                           fp32, SMS)
+    assert not tc.timed("rows", big, ROWS, "heuristic")
+    assert not tc.timed("pointwise", big, fp32, "heuristic", {"XBLOCK": 256})
+    assert tc.candidates("pointwise", big, 1, fp32, "heuristic", SMS, {"XBLOCK": 1024})[0]["num_warps"] == 4
+    adds = tc.KernelHints(accumulates=True)
+    assert not tc.timed("pointwise", big, adds, "heuristic") and not tc.timed("pointwise", big, adds, "full")
+    assert tc.timed("rows", 64, ROWS, "full") and tc.timed("rows", 64, ROWS, "full", {"RBLOCK": 16})
+
+
+def test_tensors_sharing_memory_are_found_for_the_timing_to_restore():
+    x = torch.randn(8, 4)
+    assert triton_backend._sharing((x, torch.empty(8, 4))) == []
+    out = x.view(32)                                            # an output written over its input
+    assert [id(t) for t in triton_backend._sharing((x, torch.ones(3), out))] == [id(x), id(out)]
+    assert len(triton_backend._sharing((x[1:], x))) == 2        # (any view of the same storage)
+    assert triton_backend._sharing((torch.empty(0), torch.empty(0), x)) == []
+
+
+@on_the_interpreter
+def test_large_pointwise_kernels_are_not_timed_without_a_gpu(tmp_path):
+    fn = FakeKernel()
+    tuner = triton_backend.Tuner(tmp_path / "tuning.json")
+    meta = {**META, "kind": "pointwise", "outer": str(tc.TIMED_POINTWISE), "inner": "1", "n_reductions": 0}
+    launcher = triton_backend.Launcher("k", fn, meta, "h", tuner, None, hints=tc.KernelHints(), tuning="heuristic")
+    launcher(torch.empty(1), torch.empty(1))  # (the fake kernel touches no memory)
+    assert fn.launched == [dict(XBLOCK=512, RBLOCK=1, num_warps=4, grid=(tc.TIMED_POINTWISE // 512,))]
+    assert not (tmp_path / "tuning.json").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times kernels on a GPU")
+def test_large_pointwise_kernels_pick_a_timed_choice_on_a_gpu(tmp_path):
+    def relu_add(x, y):
+        return torch.relu(x) + y + 1
+
+    def linear_gelu(x, w, b):  # the epilogue writes over the product, which dies in it
+        return F.gelu(x @ w + b)
+
+    x, y = (torch.randn(tc.TIMED_POINTWISE, device="cuda") for _ in range(2))
+    options = {"target": "triton", "cache_dir": str(tmp_path), "aot_cache": False}
+    fast = ember.compile(relu_add, options=options)
+    torch.testing.assert_close(fast(x, y), relu_add(x, y))
+    tuned = json.loads((tmp_path / "triton" / "tuning.json").read_text())
+    (choice,) = tuned.values()
+    assert choice in tc.pointwise_choices(tc.TIMED_POINTWISE, tc.KernelHints(itemsize=4))
+    torch.testing.assert_close(fast(x, y), relu_add(x, y))
+    # timed over memory it writes in place: the timing runs give the product back before the call's
+    # own launch (else this would be gelu applied over and over)
+    a, w, b = (torch.randn(*shape, device="cuda") for shape in ((4096, 256), (256, 2048), (2048,)))
+    fast = ember.compile(linear_gelu, options=options)
+    torch.testing.assert_close(fast(a, w, b), linear_gelu(a, w, b), rtol=1e-4, atol=1e-4)
+    tuned = json.loads((tmp_path / "triton" / "tuning.json").read_text())
+    assert any("gelu" in key for key in tuned), tuned
+
+
 def test_triton_tuning_option():
     assert Config().triton_tuning in ("heuristic", "full")
     assert Config().replace(triton_tuning="full").triton_tuning == "full"
@@ -192,6 +266,7 @@ META = {"kind": "rows", "params": ["x", "out"], "sizes": [], "outer": "64", "inn
         "multi_program": False, "n_reductions": 1}
 
 
+@on_the_interpreter
 def test_launcher_falls_back_to_a_safer_configuration(tmp_path):
     fn = FakeKernel()
     tuner = triton_backend.Tuner(tmp_path / "tuning.json")
@@ -203,6 +278,7 @@ def test_launcher_falls_back_to_a_safer_configuration(tmp_path):
     assert not (tmp_path / "tuning.json").exists()
 
 
+@on_the_interpreter
 def test_launcher_prefers_a_configuration_tuned_earlier(tmp_path):
     (tmp_path / "tuning.json").write_text(
         '{"h:k:64x256": {"XBLOCK": 8, "RBLOCK": 64, "num_warps": 2, "PERSISTENT": false, "num_stages": 2}}')

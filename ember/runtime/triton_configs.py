@@ -3,8 +3,10 @@
 A configuration is ``dict(XBLOCK, RBLOCK, num_warps, PERSISTENT, num_stages[, SPLIT])``. Compiling one costs
 ~100-200 ms of Triton and ptxas time, so by default (``triton_tuning="heuristic"``) a kernel gets
 one configuration per shape bucket, chosen from what it reads (``KernelHints``), the shape and the
-GPU's SM count, with no timing runs. ``triton_tuning="full"`` compiles and times every candidate of
-``exhaustive`` (15-25 for a row kernel) and remembers the fastest on disk.
+GPU's SM count, with no timing runs -- except pointwise kernels of ``TIMED_POINTWISE`` elements or
+more, whose best vector width differs between GPUs: their three ``pointwise_choices`` are timed
+once and the fastest remembered on disk. ``triton_tuning="full"`` compiles and times every
+candidate of ``exhaustive`` (15-25 for a row kernel) and remembers the fastest.
 
 The heuristic follows what full tuning chose on an H200 (bench/RESULTS.md): pointwise kernels
 move 16 bytes per thread and load; rows up to 16384 wide stay whole in registers (one pass over
@@ -28,6 +30,7 @@ import sympy
 from ..schedule.kernel_ir import Kernel, indirect_var, inner_var, is_indirect_var
 
 MAX_PERSISTENT = 32768    # widest row any candidate keeps whole in registers (elements)
+TIMED_POINTWISE = 1 << 23  # pointwise kernels this large time ``pointwise_choices`` once per bucket
 HEURISTIC_PERSISTENT = 16384  # widest row the heuristic keeps whole (wider rows looped faster)
 DEFAULT_SMS = 132         # H100/H200, for interpreter runs and machines without CUDA
 
@@ -250,12 +253,36 @@ def exhaustive(kind: str, outer: int, inner: int) -> list[Config]:
     return out or [_config(1, 1024, 4)]
 
 
+def pointwise_choices(outer: int, hints: KernelHints, sms: int = DEFAULT_SMS) -> list[Config]:
+    """A large pointwise kernel's candidates: the heuristic's 16 bytes per thread and load, twice
+    that (two loads in flight per thread), and half of it with twice the warps. Which is fastest
+    depends on the GPU's memory system and on the kernel's arithmetic, by up to 5%
+    (bench/RESULTS.md, bench/bandwidth_probe.py): relu(x) + y + 1 in fp32 wants 8 bytes and 8
+    warps on an H100 and 16 bytes on an H200; gelu in fp32 wants 32 bytes on an H200; bias +
+    gelu in bf16 wants 32 bytes on both."""
+    first = heuristic("pointwise", outer, 1, hints, sms)[0]
+    x, w = first["XBLOCK"], first["num_warps"]
+    return [first, _config(2 * x, 1, w), _config(x, 1, 2 * w)]
+
+
+def timed(kind: str, outer: int, hints: KernelHints, tuning: str, forced: Config | None = None) -> bool:
+    """Are this bucket's candidates timed (once, remembered on disk) rather than the first taken?
+    All of them with ``tuning="full"``; with ``"heuristic"``, those of large pointwise kernels
+    (``pointwise_choices``) whose configuration the user did not force. Never a kernel that adds
+    into its output (each timing run would add again)."""
+    if hints.accumulates:
+        return False
+    return tuning == "full" or (not forced and kind == "pointwise" and outer >= TIMED_POINTWISE)
+
+
 def candidates(kind: str, outer: int, inner: int, hints: KernelHints, tuning: str, sms: int = DEFAULT_SMS,
                forced: Config | None = None) -> list[Config]:
-    """What to try, in order: with ``tuning="heuristic"`` the first that compiles is used; with
-    ``"full"`` all are timed, the heuristic's choice first among them."""
+    """What to try, in order: untimed (``timed``), the first that compiles is used; timed, all
+    are, the heuristic's choice first among them."""
     picked = heuristic(kind, outer, inner, hints, sms)
-    if tuning == "full" and not hints.accumulates:
+    if timed(kind, outer, hints, tuning) and tuning == "heuristic":
+        found = _dedupe(pointwise_choices(outer, hints, sms) + picked[1:])
+    elif tuning == "full" and not hints.accumulates:
         found = _dedupe(picked[:1] + [c for c in exhaustive(kind, outer, inner)
                                       if hints.splittable or c.get("SPLIT", 1) == 1])
     else:
