@@ -68,6 +68,18 @@ def persistent_sum(x, out, numel, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
 
 
 @triton.jit
+def chunk(base, start, cols, N, nxt, BLOCK: tl.constexpr, PREFETCH: tl.constexpr):
+    """The row's chunk at ``start`` in float32, and what the next call takes as ``nxt``: with
+    PREFETCH, the chunk was loaded one step ahead and the next one's load goes out now."""
+    if PREFETCH:
+        cur = nxt.to(tl.float32)
+        nxt = tl.load(base + start + BLOCK + cols, start + BLOCK + cols < N, other=float("-inf"))
+    else:
+        cur = tl.load(base + start + cols, start + cols < N, other=float("-inf")).to(tl.float32)
+    return cur, nxt
+
+
+@triton.jit
 def online_lse(x, targets, out, row_max, N, BLOCK: tl.constexpr, PREFETCH: tl.constexpr, PER_LANE: tl.constexpr,
                LOSS: tl.constexpr):
     """Each row's logsumexp in one pass, as cross-entropy's forward takes it: an online max and
@@ -84,30 +96,17 @@ def online_lse(x, targets, out, row_max, N, BLOCK: tl.constexpr, PREFETCH: tl.co
     else:
         m = tl.full([1], float("-inf"), tl.float32)
         s = tl.zeros([1], tl.float32)
-    if PREFETCH:
-        nxt = tl.load(base + cols, cols < N, other=float("-inf"))
-        for start in range(BLOCK, N + BLOCK, BLOCK):
-            cur = nxt.to(tl.float32)
-            nxt = tl.load(base + start + cols, start + cols < N, other=float("-inf"))
-            if PER_LANE:
-                m_new = tl.maximum(m, cur)
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                s = s * tl.exp(m - m_use) + tl.exp(cur - m_use)
-            else:
-                m_new = tl.maximum(m, tl.max(cur, 0))
-                s = s * tl.exp(m - m_new) + tl.sum(tl.exp(cur - m_new), 0)
-            m = m_new
-    else:
-        for start in range(0, N, BLOCK):
-            cur = tl.load(base + start + cols, start + cols < N, other=float("-inf")).to(tl.float32)
-            if PER_LANE:
-                m_new = tl.maximum(m, cur)
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                s = s * tl.exp(m - m_use) + tl.exp(cur - m_use)
-            else:
-                m_new = tl.maximum(m, tl.max(cur, 0))
-                s = s * tl.exp(m - m_new) + tl.sum(tl.exp(cur - m_new), 0)
-            m = m_new
+    nxt = tl.load(base + cols, cols < N, other=float("-inf"))
+    for start in range(0, N, BLOCK):
+        cur, nxt = chunk(base, start, cols, N, nxt, BLOCK, PREFETCH)
+        if PER_LANE:
+            m_new = tl.maximum(m, cur)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            s = s * tl.exp(m - m_use) + tl.exp(cur - m_use)
+        else:
+            m_new = tl.maximum(m, tl.max(cur, 0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(cur - m_new), 0)
+        m = m_new
     if PER_LANE:
         mx = tl.max(m, 0)
         lse = mx + tl.log(tl.sum(tl.where(m == float("-inf"), 0.0, s * tl.exp(m - mx)), 0))
@@ -137,11 +136,7 @@ def speculative_lse(x, out, N, BLOCK: tl.constexpr, PREFETCH: tl.constexpr, SLAC
     s = tl.zeros([1], tl.float32)
     nxt = tl.load(base + cols, cols < N, other=float("-inf"))
     for start in range(0, N, BLOCK):
-        if PREFETCH:
-            cur = nxt.to(tl.float32)
-            nxt = tl.load(base + start + BLOCK + cols, start + BLOCK + cols < N, other=float("-inf"))
-        else:
-            cur = tl.load(base + start + cols, start + cols < N, other=float("-inf")).to(tl.float32)
+        cur, nxt = chunk(base, start, cols, N, nxt, BLOCK, PREFETCH)
         part = tl.sum(tl.exp(cur - ref), 0)
         row_max = tl.maximum(row_max, tl.max(cur, 0))
         if tl.max(row_max > ref + SLACK, 0):

@@ -46,18 +46,12 @@ def pipelined(stages: int | None) -> Callable[[], None]:
     return undo
 
 
-def ce(bw: float, stages_list: list[int | None]) -> None:
+def sweep(title: str, fn: Callable, args: tuple, nbytes: int, error: Callable, configs: list,
+          stages_list: list[int | None], bw: float) -> None:
+    """Compile ``fn`` under every (stages, launch configuration) and time it: the call
+    (do_bench) and its kernels (profiler), the kernels' bandwidth against the copy's."""
     from triton.testing import do_bench
-    torch.manual_seed(0)
-    x = torch.randn(8192, 32000, device="cuda", dtype=torch.bfloat16)
-    t = torch.randint(0, 32000, (8192,), device="cuda")
-    ref = F.cross_entropy(x.double(), t)
-    nbytes = x.numel() * 2
-    ms = do_bench(lambda: x.sum(-1), warmup=25, rep=200, return_mode="median")
-    print(f"CE logits, ATen x.sum(-1): {ms * 1e3:.1f} us, {100 * nbytes / (ms * 1e-3) / bw:.0f}% of copy", flush=True)
-    configs = [None, (1, 1024, 1), (1, 2048, 1), (1, 2048, 2), (1, 4096, 4), (2, 1024, 2), (1, 4096, 2),
-               (1, 8192, 4)]
-    print("| stages | config (rows, width, warps) | call us | % of copy | kernel |")
+    print(f"\n{title}\n| stages | config (XBLOCK, RBLOCK, warps) | call us | kernels at % of copy | kernels |")
     print("|---|---|---|---|---|")
     for stages in stages_list:
         for cfg in configs:
@@ -68,12 +62,13 @@ def ce(bw: float, stages_list: list[int | None]) -> None:
                 if cfg is not None:
                     options["triton_launch"] = dict(XBLOCK=cfg[0], RBLOCK=cfg[1], num_warps=cfg[2], num_stages=1,
                                                     PERSISTENT=False)
-                fn = ember.compile(lambda a, b: F.cross_entropy(a, b), options=options)
-                out = fn(x, t)
-                err = abs(out.double().item() - ref.item()) / abs(ref.item())
-                ms = do_bench(lambda fn=fn: fn(x, t), warmup=25, rep=200, return_mode="median")
-                kt = kernel_times(fn, (x, t)).split("\n")[0]
-                print(f"| {stages} | {cfg or 'tuned'} | {ms * 1e3:.1f} | {100 * nbytes / (ms * 1e-3) / bw:.1f} | "
+                compiled = ember.compile(fn, options=options)
+                with torch.no_grad():
+                    err = error(compiled(*args))
+                    ms = do_bench(lambda c=compiled: c(*args), warmup=25, rep=200, return_mode="median")
+                    kt = kernel_times(compiled, args).split("\n")[0]
+                us = sum(float(part.rsplit(" ", 1)[-1].rstrip("us")) for part in kt.split("; ")) if kt else 0.0
+                print(f"| {stages} | {cfg or 'chosen'} | {ms * 1e3:.1f} | {100 * nbytes / (us * 1e-6) / bw:.0f} | "
                       f"{kt} (err {err:.0e}) |", flush=True)
             except Exception as e:  # noqa: BLE001 -- a probe: report and go on
                 print(f"| {stages} | {cfg} | failed: {type(e).__name__}: {str(e)[:200]} |", flush=True)
@@ -81,38 +76,23 @@ def ce(bw: float, stages_list: list[int | None]) -> None:
                 undo()
 
 
+def ce(bw: float, stages_list: list[int | None]) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(8192, 32000, device="cuda", dtype=torch.bfloat16)
+    t = torch.randint(0, 32000, (8192,), device="cuda")
+    ref = F.cross_entropy(x.double(), t).item()
+    configs = [None, (1, 1024, 1), (1, 2048, 1), (1, 2048, 2), (1, 4096, 4), (2, 1024, 2), (1, 4096, 2)]
+    sweep("cross-entropy forward, bf16 8192 x 32000", lambda a, b: F.cross_entropy(a, b), (x, t), x.numel() * 2,
+          lambda out: abs(out.double().item() - ref) / abs(ref), configs, stages_list, bw)
+
+
 def pool(bw: float, stages_list: list[int | None]) -> None:
     import ragged_suite as suite
-    from triton.testing import do_bench
     case = suite.make_case("pool", suite.GPU_SIZES, torch.device("cuda"), torch.bfloat16)
     (r,) = case.ragged_args
-    nbytes = r.values.numel() * 2
-    print(f"\npooling: {r.values.shape[0]} tokens x {r.values.shape[1]}, {nbytes / 1e6:.0f} MB of real tokens")
     configs = [None, (128, 16, 4), (64, 32, 4), (128, 32, 4), (64, 64, 4), (256, 16, 4), (128, 16, 2)]
-    print("| stages | config (features, rows, warps) | call us | kernel at % of copy | kernel |")
-    print("|---|---|---|---|---|")
-    for stages in stages_list:
-        for cfg in configs:
-            undo = pipelined(stages)
-            try:
-                torch._dynamo.reset()
-                options: dict = {"aot_cache": False}
-                if cfg is not None:
-                    options["triton_launch"] = dict(XBLOCK=cfg[0], RBLOCK=cfg[1], num_warps=cfg[2], num_stages=1,
-                                                    PERSISTENT=False)
-                fn = ember.compile(suite.pool_ragged, options=options)
-                with torch.no_grad():
-                    out = fn(r)
-                    err = (out.double() - case.ref_out).abs().max().item()
-                    ms = do_bench(lambda fn=fn: fn(r), warmup=25, rep=200, return_mode="median")
-                    kt = kernel_times(fn, (r,)).split("\n")[0]
-                us = float(kt.rsplit(" ", 1)[-1].rstrip("us")) if kt else float("nan")
-                print(f"| {stages} | {cfg or 'tuned'} | {ms * 1e3:.1f} | {100 * nbytes / (us * 1e-6) / bw:.0f} | "
-                      f"{kt} (err {err:.0e}) |", flush=True)
-            except Exception as e:  # noqa: BLE001
-                print(f"| {stages} | {cfg} | failed: {type(e).__name__}: {str(e)[:200]} |", flush=True)
-            finally:
-                undo()
+    sweep(f"pooling: {r.values.shape[0]} tokens x {r.values.shape[1]}", suite.pool_ragged, (r,),
+          r.values.numel() * 2, lambda out: (out.double() - case.ref_out).abs().max().item(), configs, stages_list, bw)
 
 
 def main() -> None:
