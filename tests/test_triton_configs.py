@@ -155,6 +155,30 @@ def test_tensors_sharing_memory_are_found_for_the_timing_to_restore():
     assert triton_backend._sharing((torch.empty(0), torch.empty(0), x)) == []
 
 
+def test_the_tuner_times_each_candidate_twice_and_skips_those_that_fail(tmp_path, monkeypatch):
+    import triton.testing
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(triton_backend, "_interpreting", lambda: False)
+    first_round_slow = {(512, 4): iter([3.0, 1.0]), (1024, 4): iter([2.0, 2.0])}
+    ran = []
+
+    def run(c):
+        ran.append((c["XBLOCK"], c["num_warps"]))
+        if c["num_warps"] == 8:
+            raise RuntimeError("out of resource: registers")
+
+    def do_bench(fn, **_):
+        fn()
+        return next(first_round_slow[ran[-1]])
+
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    choices = tc.pointwise_choices(tc.TIMED_POINTWISE, tc.KernelHints())
+    tuner = triton_backend.Tuner(tmp_path / "tuning.json")
+    assert tuner.pick("k", choices, run) == choices[0]  # its second round beat the other's both
+    assert ran == [(512, 4), (1024, 4), (512, 8), (512, 4), (1024, 4)]  # the failed one only once
+    assert json.loads((tmp_path / "tuning.json").read_text()) == {"k": choices[0]}
+
+
 @on_the_interpreter
 def test_large_pointwise_kernels_are_not_timed_without_a_gpu(tmp_path):
     fn = FakeKernel()

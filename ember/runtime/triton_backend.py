@@ -65,21 +65,20 @@ class Tuner:
             choice = candidates[0]
         else:
             from triton.testing import do_bench
-            samples: dict[int, list[float]] = {}
+            samples: dict[int, list[float]] = {i: [] for i in range(len(candidates))}
             error: Exception | None = None
             # two rounds, candidates in turn: a GPU's clocks drift while it warms up, and the
             # choices of a pointwise kernel can be 1% apart
             for _ in range(2):
                 for i, c in enumerate(candidates):
-                    if i in samples and not samples[i]:
+                    if i not in samples:
                         continue  # did not compile
                     try:
-                        ms = do_bench(lambda c=c: run(c), warmup=3, rep=10, return_mode="median")
-                        samples.setdefault(i, []).append(ms)
+                        samples[i].append(do_bench(lambda c=c: run(c), warmup=3, rep=10, return_mode="median"))
                     except Exception as e:  # noqa: BLE001 -- a config that does not compile (too many registers) is skipped
-                        samples[i] = []
+                        del samples[i]
                         error = e
-            timings = [(min(ms), candidates[i]) for i, ms in samples.items() if ms]
+            timings = [(min(ms), candidates[i]) for i, ms in samples.items()]
             if not timings:
                 raise RuntimeError(f"no launch configuration compiled; the last error: {error}") from error
             timings.sort(key=lambda t: t[0])
