@@ -180,6 +180,24 @@ def test_the_tuner_times_each_candidate_twice_and_skips_those_that_fail(tmp_path
 
 
 @on_the_interpreter
+def test_a_launch_whose_timing_fails_takes_the_first_configuration_that_compiles(tmp_path, monkeypatch):
+    fn = FakeKernel()
+    tuner = triton_backend.Tuner(tmp_path / "tuning.json")
+
+    def out_of_memory(*_, **__):
+        raise torch.OutOfMemoryError("CUDA out of memory (do_bench's buffer)")
+
+    monkeypatch.setattr(tuner, "pick", out_of_memory)
+    launcher = triton_backend.Launcher("k", fn, META, "h", tuner, None, hints=ROWS, tuning="full")
+    launcher(torch.randn(64, 256), torch.empty(64))
+    # untimed: the persistent choices do not compile (the fake's rule), the first other one ran
+    c = next(c for c in launcher.candidates(64, 256) if not c["PERSISTENT"])
+    assert fn.launched == [dict(XBLOCK=c["XBLOCK"], RBLOCK=c["RBLOCK"], num_warps=c["num_warps"],
+                                grid=(64 // c["XBLOCK"],))]
+    assert not launcher.failed
+
+
+@on_the_interpreter
 def test_large_pointwise_kernels_are_not_timed_without_a_gpu(tmp_path):
     fn = FakeKernel()
     tuner = triton_backend.Tuner(tmp_path / "tuning.json")

@@ -264,12 +264,18 @@ class Launcher:
                     launches[key] = launch_with(c)
                 launches[key](args, outer, inner)
 
+            chosen: dict[str, Any] | None = None
             try:
                 chosen = self.tuner.pick(bucket, configs, run, self.cfg)
+            except Exception as e:  # noqa: BLE001 -- timing is an optimization (do_bench's 256 MB
+                # buffer may not fit beside a large model): untimed, as below
+                log(1, f"{self.name}: timing its launch configurations failed ({type(e).__name__}: {e}); "
+                       "taking the first that compiles", self.cfg)
             finally:
                 for t, copy in saved:
                     t.copy_(copy)
-            return launch_with(chosen), False
+            if chosen is not None:
+                return launch_with(chosen), False
         # One configuration, no timing runs: this call's launch compiles it. A configuration
         # tuned earlier (timed, same cache) wins; the next one is tried only if one does not
         # compile (a compile error is raised before anything runs).
