@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -152,14 +153,21 @@ def mutate(name: str) -> Callable[[], None]:
     """Patch ember's Triton renderer for one variant of the CE forward kernel (timing only: some
     give wrong results on purpose); returns the undo."""
     from ember.codegen import triton as tr
-    renderer, emit = tr.TritonKernelRenderer, tr.TritonKernelRenderer.emit
+    renderer = tr.TritonKernelRenderer
+    emit, combine = renderer.emit, renderer._combine_rows
 
     def undo() -> None:
-        renderer.emit = emit
+        renderer.emit, renderer._combine_rows = emit, combine
 
     wanted = {"tl.exp", "no m_use", "no chunk mask", "no target gather"} if name == "all four" else {name}
+    if name == "no combine":  # the loss's sum over rows left out: each program stores nothing of it
+        renderer._combine_rows = lambda self: None
 
     def patched(self, line: str) -> None:
+        if "relaxed" in wanted:  # the group counters' atomics without acquire or release
+            line = line.replace("sem='acq_rel'", "sem='relaxed'")
+        if "no row max store" in wanted and line.startswith("tl.store(buf0 + (o0)"):
+            return
         if "tl.exp" in wanted:
             line = line.replace("eh.exp_ftz(", "tl.exp(")
         if "no m_use" in wanted and line.startswith("m_use = "):
@@ -196,6 +204,31 @@ def lse_part(bw: float, mutations: tuple[str, ...], rows: int = 8192, cols: int 
         finally:
             undo()
         variants[f"ember's CE forward, {mutation}"] = (lambda ce=ce: ce(x, targets), None)
+    # the same kernel source, launched by Triton's own launcher instead of ember's
+    source = ember.explain(torch.nn.functional.cross_entropy, x, targets, target="triton").kernels[0]
+    path = Path(os.environ["EMBER_CACHE_DIR"]) / "ce_source_probe.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("import triton\nimport triton.language as tl\nfrom ember.runtime import triton_helpers as eh\n"
+                    + source.source)
+    spec = importlib.util.spec_from_file_location("ce_source_probe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kernel = getattr(module, source.name)
+    groups = rows // 64
+    maxes, loss = torch.empty(rows, device="cuda"), torch.empty((), device="cuda", dtype=torch.bfloat16)
+    shares = torch.empty(2 * (rows + groups), device="cuda", dtype=torch.float64)
+    counters = torch.zeros(1 + 32 * groups, device="cuda", dtype=torch.int32)
+
+    def by_triton() -> None:
+        kernel[(rows,)](x, targets, maxes, loss, rows, cols, shares, counters, BIG=False, XBLOCK=1, RBLOCK=1024,
+                        PERSISTENT=False, NPROG_BLOCK=1, num_warps=1, num_stages=3)
+
+    by_triton()
+    ms = do_bench(by_triton, warmup=25, rep=200, return_mode="median")
+    kernels = sum(profiled_kernels(by_triton).values())
+    print(f"| ember's CE kernel source, Triton's launcher | {ms * 1e3:.1f} | "
+          f"{100 * nbytes / (ms * 1e-3) / bw:.1f} | {kernels:.1f} | loss {loss.item():.4f} (eager "
+          f"{torch.nn.functional.cross_entropy(x.float(), targets).item():.4f}) |", flush=True)
     variants |= {
                 "row_sum 1024/1w (reads only)": (
                     lambda: row_sum[(rows,)](x, out, cols, BLOCK=1024, EVICT=False, num_warps=1), None)}
@@ -317,7 +350,8 @@ def pointwise_part(bw: float) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--parts", default="lse,read,pointwise")
-    p.add_argument("--mutations", default="as rendered,tl.exp,no m_use,no chunk mask,no target gather,all four")
+    p.add_argument("--mutations", default="as rendered,tl.exp,no m_use,no chunk mask,no target gather,all four,"
+                                          "no combine,relaxed,no row max store")
     args = p.parse_args()
     os.environ.setdefault("EMBER_CACHE_DIR", "/tmp/ember-bandwidth-probe")
     bw = copy_bandwidth()
