@@ -149,6 +149,27 @@ def speculative_lse(x, out, N, BLOCK: tl.constexpr, PREFETCH: tl.constexpr, SLAC
     tl.store(out + tl.program_id(0) + tl.arange(0, 1), ref + tl.log(s))
 
 
+@triton.jit
+def online_lse_2d(x, out, OUTER, N, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    """``online_lse`` (per chunk, no prefetch, no loss) written as ember renders row kernels: a
+    [XBLOCK, RBLOCK] tile, int32 offsets from row and column indices, a row mask and a column
+    mask, reductions along axis 1 kept as [XBLOCK, 1]."""
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
+    xmask = xindex < OUTER
+    row_max = tl.full([XBLOCK, 1], float("-inf"), tl.float32)
+    row_sum = tl.full([XBLOCK, 1], 0, tl.float32)
+    for roffset in range(0, N, RBLOCK):
+        rindex = roffset + tl.arange(0, RBLOCK)[None, :]
+        rmask = rindex < N
+        v = tl.load(x + (rindex + N * xindex), xmask & rmask, other=0).to(tl.float32)
+        chunk = tl.where(xmask & rmask, v, float("-inf"))
+        m_new = tl.maximum(row_max, tl.max(chunk, 1)[:, None])
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        row_sum = row_sum * tl.exp(row_max - m_use) + tl.sum(tl.exp(chunk - m_use), 1)[:, None]
+        row_max = m_new
+    tl.store(out + xindex, row_max + tl.log(row_sum), xmask)
+
+
 def mutate(name: str) -> Callable[[], None]:
     """Patch ember's Triton renderer for one variant of the CE forward kernel (timing only: some
     give wrong results on purpose); returns the undo."""
@@ -245,6 +266,8 @@ def lse_part(bw: float, mutations: tuple[str, ...], rows: int = 8192, cols: int 
                                     num_warps=w)
 
             variants[name] = (fn, loss)
+    variants["1024/1w in ember's 2-D form"] = (
+        lambda: online_lse_2d[(rows,)](x, out, rows, cols, XBLOCK=1, RBLOCK=1024, num_warps=1), False)
     for block, warps in ((1024, 1), (2048, 2)):
         for prefetch in (False, True):
             for slack in (8.0, 32.0):
