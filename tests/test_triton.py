@@ -77,7 +77,8 @@ def test_online_softmax_reads_rows_once():
     report = check(softmax, x, options=LOOPED)
     src = report.kernels[0].source
     assert "m_new" in src  # max and sum accumulate in one loop
-    assert "eh.exp_ftz(chunk - m_use)" in src  # one exp instruction per element on the GPU
+    assert "eh.exp_ftz(chunk - m_use[:, None])" in src  # one exp instruction per element on the GPU
+    assert "row_maxv" in src and "tl.full([XBLOCK], float('-inf')" in src  # per-row values: once per row
     assert src.split("else:")[1].count("for roffset") == 2  # (max+sum), then the store loop
     logits, target = torch.randn(6, 70) * 10, torch.randint(0, 70, (6,))
     check(lambda a, t: F.cross_entropy(a, t), logits, target, options=LOOPED)

@@ -474,8 +474,10 @@ class TritonKernelRenderer:
                 continue  # its only work moved into the previous loop (online softmax)
             partners = [s for s, m in online.items() if m in reductions]
             for v in partners:  # a running (max, sum) per row, not per lane
-                self.emit(f"row_max{self.name(online[v])} = tl.full([XBLOCK, 1], float('-inf'), tl.float32)")
-                self.emit(f"row_sum{self.name(v)} = tl.full([XBLOCK, 1], 0, tl.float32)")
+                # (kept as [XBLOCK] vectors, expanded only against the chunk: a [XBLOCK, 1] value
+                # is held, and computed, once per element of the chunk a thread holds)
+                self.emit(f"row_max{self.name(online[v])} = tl.full([XBLOCK], float('-inf'), tl.float32)")
+                self.emit(f"row_sum{self.name(v)} = tl.full([XBLOCK], 0, tl.float32)")
             for v in reductions:
                 if any(online[p] is v for p in partners):
                     continue
@@ -503,11 +505,11 @@ class TritonKernelRenderer:
                     m, s_ = f"row_max{self.name(v)}", f"row_sum{self.name(partner)}"
                     x = self._masked(v)
                     self.emit(f"chunk = {x}")
-                    self.emit(f"m_new = eh.maximum({m}, tl.reduce(chunk, 1, eh.maximum)[:, None])")
+                    self.emit(f"m_new = eh.maximum({m}, tl.reduce(chunk, 1, eh.maximum))")
                     # exp(x - max) with the max taken as 0 while the row is all -inf so far (then
                     # every term is exp(-inf) = 0): a select per row, not per element
                     self.emit("m_use = tl.where(m_new == float('-inf'), 0.0, m_new)")
-                    self.emit(f"{s_} = {s_} * tl.exp({m} - m_use) + tl.sum(eh.exp_ftz(chunk - m_use), 1)[:, None]")
+                    self.emit(f"{s_} = {s_} * tl.exp({m} - m_use) + tl.sum(eh.exp_ftz(chunk - m_use[:, None]), 1)")
                     self.emit(f"{m} = m_new")
                 elif v.arg.op in (Op.ARGMAX, Op.ARGMIN):
                     self.emit(f"{acc}, {acc}_i = {fn}({acc}, {acc}_i, {self._masked(v)}, {self._position(v)})")
@@ -519,11 +521,11 @@ class TritonKernelRenderer:
                 acc = f"acc{self.name(v)}"
                 position = f"{acc}_i" if v.arg.op in (Op.ARGMAX, Op.ARGMIN) else None
                 if any(online[p] is v for p in partners):
-                    self.emit(f"{self.name(v)} = row_max{self.name(v)}")
+                    self.emit(f"{self.name(v)} = row_max{self.name(v)}[:, None]")
                 else:
                     self.emit(f"{self.name(v)} = {self.reduce_block(v, acc, position)}")
             for v in partners:
-                self.emit(f"{self.name(v)} = row_sum{self.name(v)}")
+                self.emit(f"{self.name(v)} = row_sum{self.name(v)}[:, None]")
             if partials:
                 self._combine_partials(reductions, outer_values, split)
 
