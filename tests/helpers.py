@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 import ember
 
 # Loose enough for fused float32 math (ember keeps intermediates in registers, eager rounds per
 # op), tight enough to catch a wrong formula. 16-bit floats compute in float32 inside kernels.
+# Triton runs kernels on CPU tensors (and launches the fake kernels that stand in for compiled
+# ones) only through its interpreter, which the CPU test run sets up (conftest.py); a GPU run
+# (EMBER_TEST_DEVICE=cuda) runs the GPU tests of the same files instead
+on_the_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                        reason="needs Triton's interpreter (the CPU test run)")
+
 TOLERANCES = {
     # float16: eager rounds every intermediate, fused kernels do not; with cancellation (x*y + x)
     # the results differ by up to an ulp of the operands, ~1e-3 at magnitude 1

@@ -8,7 +8,6 @@ bfloat16), so bfloat16 is checked on the GPU (test_bfloat16_on_the_gpu, and benc
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 
@@ -21,7 +20,7 @@ from ember.ir import ArgRef, ExternCall, GraphBuilder, Op, dtypes, structurally_
 from ember.ir.node import make
 from ember.passes.matmul import fold_matmul_adds, matmul_epilogues
 
-from .helpers import assert_same, check
+from .helpers import assert_same, check, on_the_interpreter
 
 aten = torch.ops.aten
 F16 = torch.float16
@@ -33,8 +32,6 @@ POINTERS = {**TRITON, "triton_launch": {"TMA": False, "BM": 32, "BN": 64, "BK": 
 LAUNCHES = {"default": TRITON, "small_tiles": SMALL_TILES, "pointers": POINTERS}
 # Triton kernels on CPU tensors run through Triton's interpreter, which only the CPU run sets up
 # (conftest.py); a GPU run (EMBER_TEST_DEVICE=cuda) runs the GPU tests below instead
-on_the_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                        reason="Triton on CPU tensors needs the interpreter (the CPU run)")
 
 
 def _mm(b: GraphBuilder, x, w, target=aten.mm.default, extra=(), kwargs=None, dtype=dtypes.float16):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 
 import pytest
 import torch
@@ -19,16 +18,12 @@ from ember.config import Config
 from ember.runtime import triton_backend
 from ember.runtime import triton_configs as tc
 
-from .helpers import record_rendered
+from .helpers import on_the_interpreter, record_rendered
 
 ROWS = tc.KernelHints(itemsize=2)                        # norms, softmax, cross-entropy: reduce
 ROWS_WRITTEN = tc.KernelHints(itemsize=2, writes_rows=True)  # and write the row
 SMS = 132
 
-# launches go to a fake kernel the way they go to Triton's interpreter (the CPU run); a GPU run
-# launches compiled kernels, which the fake does not have
-on_the_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                        reason="the fake kernel stands in for the interpreter's launch")
 
 
 def first(kind, outer, inner, hints, sms=SMS):
