@@ -3,6 +3,7 @@ conftest.py): the fusion patterns on each code path, PyTorch's OpInfo samples, f
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -82,6 +83,34 @@ def test_online_softmax_reads_rows_once():
     assert src.split("else:")[1].count("for roffset") == 2  # (max+sum), then the store loop
     logits, target = torch.randn(6, 70) * 10, torch.randint(0, 70, (6,))
     check(lambda a, t: F.cross_entropy(a, t), logits, target, options=LOOPED)
+
+
+@pytest.mark.parametrize("options", [TRITON, LOOPED], ids=["persistent", "looped"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reductions_of_loads_take_the_neutral_from_the_load(options, dtype):
+    """A row max of x loads x with other=-inf and selects nothing per element; a sum of the same
+    load (which reads -inf in masked-off lanes) keeps its own select, and so does a max of a
+    computed value. Row lengths that leave masked lanes in every chunk (70, RBLOCK 16 or 128)."""
+    def stats(x):
+        return x.amax(-1), x.sum(-1), (x * 2).amin(-1), torch.softmax(x, -1)
+
+    x = torch.randn(5, 70, dtype=dtype)
+    x[1] = float("-inf")
+    x[2, 3] = float("nan")
+    x[3, 60:] = float("inf")
+    report = check(stats, x, options=options)
+    src = report.kernels[0].source
+    loads = {line.strip() for line in src.splitlines() if "tl.load(arg0_1" in line}
+    assert loads and all("xmask & rmask, other=float('-inf'))" in line for line in loads)
+    assert re.search(r"tl.reduce\(v\d+, 1, eh.maximum\)|chunk = v\d+\n", src)  # the max: no select
+    assert not re.search(r"tl.where\(xmask & rmask, v\d+, float\('-inf'\)\)", src)
+    assert re.search(r"tl.where\(xmask & rmask, v\d+, 0\)", src)  # the sum of the same load selects 0
+    assert re.search(r"tl.where\(xmask & rmask, v\d+, float\('inf'\)\)", src)  # min of x * 2 selects +inf
+    # a sum or a column max straight over a load: the load's other is the neutral, no select
+    report = check(lambda a: (a.sum(-1), a.amax(0)), torch.randn(9, 33, dtype=dtype), options=options)
+    sources = "".join(k.source for k in report.kernels)
+    assert "tl.where(" not in sources.replace("tl.where(m_new", "")
+    assert "xmask & rmask, other=0)" in sources and "xmask & rmask, other=float('-inf'))" in sources
 
 
 def test_full_reduction_combines_partials_from_many_programs():

@@ -138,6 +138,7 @@ class TritonKernelRenderer:
         self.lines: list[str] = []
         self.depth = 1
         self.chunk_acc = False  # chunk stores add into registers (PERSISTENT chunked rows)
+        self.load_other, self.preselected = self._neutral_loads()
 
     def emit(self, line: str) -> None:
         self.lines.append("    " * self.depth + line)
@@ -245,7 +246,8 @@ class TritonKernelRenderer:
             if mask and self._skips(v):
                 mask = f"{mask} & {self.name(v.guard)}"
             pointer = self._pointer(v)
-            load = f"tl.load({pointer}" + (f", {mask}, other=0)" if mask else ")")
+            other = self.load_other.get(id(v), "0")
+            load = f"tl.load({pointer}" + (f", {mask}, other={other})" if mask else ")")
             if dtype.is_low_precision:
                 load += ".to(tl.float32)"
             return f"{self.name(v)} = {load}"
@@ -300,8 +302,36 @@ class TritonKernelRenderer:
                 self.emit(text)
 
     # ---- reductions -----------------------------------------------------------------------
+    def _neutral_loads(self) -> tuple[dict[int, str], set[int]]:
+        """Loads whose masked-off lanes read a reduction's neutral element (``other``), and the
+        reductions that therefore need no select of their own: a row max of x loads x with
+        other=-inf, as a hand-written kernel would, instead of loading 0 and selecting -inf per
+        element (one instruction per element, in the hottest loop). Float loads only, reached
+        through float casts (which keep 0 and infinities); not guarded loads, whose mask is not
+        the reduction's. Other users of such a load see the neutral in masked-off lanes, which
+        nothing stores or reduces without its own select."""
+        other: dict[int, str] = {}
+        preselected: set[int] = set()
+        if self.kind not in ("rows", "full"):
+            return other, preselected
+        for v in self.k.values:
+            if v.kind != "reduce" or v.arg.op not in (Op.AMAX, Op.AMIN, Op.SUM):
+                continue
+            x = v.srcs[0]
+            while x.kind == "alu" and x.arg is Op.CAST and x.dtype.is_float and x.srcs[0].dtype.is_float:
+                x = x.srcs[0]
+            if not (x.kind == "load" and x.inner and x.dtype.is_float and _varies(x.arg.index)
+                    and not self._skips(x)):
+                continue
+            value = neutral(v.arg.op, x.dtype)
+            if other.setdefault(id(x), value) == value:
+                preselected.add(id(v))
+        return other, preselected
+
     def _masked(self, v: Value) -> str:
         x = self.name(v.srcs[0])
+        if id(v) in self.preselected:  # its load's masked-off lanes hold the neutral already
+            return x
         mask = "xmask & rmask" if self.kind == "rows" else "rmask"
         return f"tl.where({mask}, {x}, {typed_neutral(v.arg.op, v.srcs[0].dtype)})"
 
