@@ -15,6 +15,7 @@ overrides any field for one compiled function.
   EMBER_AOT_CACHE  0 turns off keeping compiled graphs in torch's AOTAutograd cache
   EMBER_ROW_CHUNKS  runs of rows a row kernel splits into to also sum columns (see row_chunks)
   EMBER_PROFILE_GUARDS  1 lets Dynamo time the guards of ember's frames (see profile_guards)
+  EMBER_PASSES_OFF  comma-separated names of middle-end passes not to run (see passes_off)
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def _env_optional_int(name: str) -> int | None:
         print(f"[ember] ignoring {name}={os.environ[name]!r}: not a count >= 0", file=sys.stderr)
         return None
     return value
+
+
+def _env_names(name: str) -> tuple[str, ...]:
+    """A comma-separated list of names from the environment."""
+    return tuple(part.strip() for part in os.environ.get(name, "").split(",") if part.strip())
 
 
 def _env_choice(name: str, choices: tuple[str, ...]) -> str:
@@ -129,6 +135,10 @@ class Config:
     # Let Dynamo time each new set of guards for its compile metrics, as it does for other
     # backends: it evicts the CPU caches first, 18-26 ms per compiled frame (frontend/guard_profile.py).
     profile_guards: bool = field(default_factory=lambda: _env_int("EMBER_PROFILE_GUARDS", 0) != 0)
+    # Middle-end passes not to run, by name (passes/pipeline.py: PIPELINE; EMBER_DEBUG=2 prints
+    # the IR after each): to see what one does to a graph, or what it is worth, by comparison.
+    # Every pass is an optimization; the IR stays valid without any of them.
+    passes_off: tuple[str, ...] = field(default_factory=lambda: _env_names("EMBER_PASSES_OFF"))
     # Check the IR after every pass (on whenever debug > 0).
     verify: bool = False
 
@@ -149,6 +159,14 @@ class Config:
         if overrides.get("matmul_epilogues", "auto") not in MATMUL_EPILOGUES:
             raise ValueError(f"matmul_epilogues must be one of {MATMUL_EPILOGUES}, "
                              f"got {overrides['matmul_epilogues']!r}")
+        if "passes_off" in overrides:
+            from .passes.pipeline import PASS_NAMES  # (the passes import this module)
+            names = overrides["passes_off"]
+            names = (names,) if isinstance(names, str) else tuple(names)
+            unknown = [n for n in names if n not in PASS_NAMES]
+            if unknown:
+                raise ValueError(f"passes_off: no pass named {unknown}; the passes are {list(PASS_NAMES)}")
+            overrides["passes_off"] = names
         if overrides.get("target") not in (None, *TARGETS):
             raise ValueError(f"target must be one of {TARGETS}, got {overrides['target']!r}")
         return dataclasses.replace(self, **overrides)

@@ -126,3 +126,122 @@ def test_fused_cuda_kernels_compile_for_sm90(tmp_path):
             assert "// strategy: rows" in kernel.source and "ember_last = atomicAdd(counter, 1)" in kernel.source
             kernels += sources(report, f"across{i}_{str(dtype)[6:]}")
     compile_batches(kernels, tmp_path, per_file=len(kernels))
+
+
+CE_BACKWARDS = [  # (reduction, label smoothing, dtype, dynamic)
+    ("mean", 0.0, torch.float32, False),
+    ("sum", 0.0, torch.bfloat16, True),
+    ("none", 0.1, torch.float32, False),
+    ("mean", 0.1, torch.bfloat16, True),
+]
+
+
+@pytest.mark.parametrize("target", ["cpp", "triton", "triton-looped"])
+def test_cross_entropy_backward_sums_no_row(target):
+    """log_softmax's backward sums nll_loss's one-hot gradient over each row: passes/onehot.py
+    turns that sum into a select per row, so the backward is one pass over the logits with no
+    loop over the classes first. Gradients as eager's, ignored rows, label smoothing (a float
+    coefficient of the symbolic class count, in the dynamic case) included; with the pass off,
+    the sum is back."""
+    torch.manual_seed(0)
+    for reduction, smoothing, dtype, dynamic in CE_BACKWARDS:
+        def fn(x, t, reduction=reduction, smoothing=smoothing):
+            return F.cross_entropy(x, t, reduction=reduction, label_smoothing=smoothing)
+
+        for rows in (37, 5) if dynamic else (37,):
+            x, t = ce_inputs(rows, 100, dtype)
+            upstream = torch.randn(rows, dtype=dtype) if reduction == "none" else None
+            grads = []
+            for compiled in (True, False):
+                a = x.clone().requires_grad_()
+                report = ember.Report()
+                run = ember.compile(fn, dynamic=dynamic, options=TARGETS[target], report=report) if compiled else fn
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error", RuntimeWarning)  # no graph may fall back to ATen
+                    loss = run(a, t)
+                    loss.backward(upstream)
+                grads.append((loss, a.grad))
+                if compiled and smoothing == 0.0:
+                    (backward,) = [g for g in report.graphs if g.kind == "backward"]
+                    assert all(" reduce " not in k.kernel_ir for k in backward.kernels), \
+                        [k.kernel_ir for k in backward.kernels]
+            assert_same(*grads)
+    report = ember.Report()
+    a = x.clone().requires_grad_()
+    options = {**TARGETS[target], "passes_off": ("one_hot_sums",)}
+    ember.compile(cross_entropy, options=options, report=report)(a, t).backward()
+    (backward,) = [g for g in report.graphs if g.kind == "backward"]
+    assert any(" reduce sum" in k.kernel_ir for k in backward.kernels)
+
+
+def test_passes_off_names_passes():
+    with pytest.raises(ValueError, match="no pass named"):
+        ember.compile(cross_entropy, options={"passes_off": ("one_hot_sum",)})
+    assert ember.config.replace(passes_off="cse").passes_off == ("cse",)
+
+
+@pytest.mark.parametrize("target", ["cpp", "triton", "triton-looped"])
+def test_cross_entropy_gradient_walks_rows_once(target, monkeypatch):
+    """CE's gradient over long rows reads each row's statistics (max, log-sum, target) once, as a
+    row kernel with one loop and no reduction (schedule/fusion.py: _broadcast_rows), not once per
+    element as a flat pointwise kernel would; only with rows enough to fill the GPU. (The
+    thresholds are lowered here, as the interpreter runs the kernels.)"""
+    from ember.schedule import fusion
+    monkeypatch.setattr(fusion, "LONG_ROW", 64)
+    monkeypatch.setattr(fusion, "MIN_ROWS", 16)
+    torch.manual_seed(0)
+    x, t = ce_inputs(32, 100, torch.bfloat16)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    report = ember.Report()
+    loss = ember.compile(cross_entropy, dynamic=False, options=TARGETS[target], report=report)(a, t)
+    loss.backward()
+    cross_entropy(b, t).backward()
+    assert_same((loss, a.grad), (cross_entropy(b, t), b.grad))
+    (backward,) = [g for g in report.graphs if g.kind == "backward"]
+    (kernel,) = backward.kernels
+    assert "outer [32], inner [100]" in kernel.source and "1 inner loop(s)" in kernel.source
+    assert " reduce " not in kernel.kernel_ir
+    if target.startswith("triton"):  # the row's max is loaded before the loop over the row
+        looped = kernel.source.split("else:")[-1]
+        assert looped.index("tl.load(amax") < looped.index("for roffset")
+    few = ce_inputs(8, 100, torch.float32)[0].requires_grad_()  # 8 rows: a flat kernel
+    report = ember.Report()
+    ember.compile(cross_entropy, dynamic=False, options=TARGETS[target], report=report)(few, t[:8]).backward()
+    (backward,) = [g for g in report.graphs if g.kind == "backward"]
+    assert all("0 inner loop(s)" in k.source for k in backward.kernels)
+
+
+@needs_nvcc
+def test_cross_entropy_gradient_row_kernel_compiles_for_sm90(tmp_path, monkeypatch):
+    """The same row kernel with one loop and no reduction, in CUDA C++."""
+    from ember.schedule import fusion
+    monkeypatch.setattr(fusion, "LONG_ROW", 64)
+    monkeypatch.setattr(fusion, "MIN_ROWS", 16)
+    x, t = ce_inputs(32, 100, torch.bfloat16)
+    report = ember.Report()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CUDA kernels on a CPU-only machine are not run
+        ember.compile(cross_entropy, dynamic=False, options={"target": "cuda"}, report=report)(
+            x.requires_grad_(), t).backward()
+    (backward,) = [g for g in report.graphs if g.kind == "backward"]
+    (kernel,) = backward.kernels
+    assert "// strategy: rows" in kernel.source and "1 inner loop(s)" in kernel.source
+    compile_batches(sources(report, "ce_grad_rows"), tmp_path, per_file=2)
+
+
+def test_any_pass_can_be_left_out():
+    """passes_off: every pass is an optimization, so a training step compiles and matches eager
+    without any one of them (the option exists to compare, not to work around)."""
+    from ember.passes.pipeline import PASS_NAMES
+    torch.manual_seed(0)
+    x, t = ce_inputs(9, 70, torch.float32)
+    b = x.clone().requires_grad_()
+    expected = cross_entropy(b, t)
+    expected.backward()
+    for name in PASS_NAMES:
+        a = x.clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # no graph may fall back to ATen
+            loss = ember.compile(cross_entropy, options={"target": "cpp", "passes_off": (name,)})(a, t)
+            loss.backward()
+        assert_same((loss, a.grad), (expected, b.grad))

@@ -6,6 +6,7 @@ import sympy
 
 from ember.ir import GraphBuilder, Op, dtypes, structurally_equal, verify
 from ember.passes import PIPELINE, cse, dce, fold_constants, run_pipeline, simplify_views
+from ember.passes.onehot import one_hot_sums
 
 
 def assert_pass(pass_fn, before, expected):
@@ -133,3 +134,39 @@ def test_pipeline_is_a_flat_named_list_and_records_each_pass():
     assert [r.name for r in record] == ["frontend"] + names
     assert out.outputs[0] is out.inputs[0]
     assert "graph" in record[-1].ir
+
+
+def _one_hot_rows(b, values, k, n=6, start=0):
+    """where(iota == k, values, 0) over rows of n, iota along dim 1."""
+    pos = b.expand(b.reshape(b.op(Op.IOTA, arg=(n, start, 1), dtype=dtypes.int64), (1, n)), (4, n))
+    return b.where(b.eq(pos, b.expand(k, (4, n))), values, b.full(0.0, (4, n)))
+
+
+def test_one_hot_sums_become_a_select_per_row():
+    b = GraphBuilder()
+    k, s = b.input((4, 1), dtypes.int64), b.input((4, 1))
+    before = b.build(b.reduce(Op.SUM, _one_hot_rows(b, b.expand(s, (4, 6)), k), [1]))
+    e = GraphBuilder()
+    k, s = e.input((4, 1), dtypes.int64), e.input((4, 1))
+    valid = e.op(Op.AND, e.ge(k, e.full(0, (4, 1), dtypes.int64)), e.lt(k, e.full(6, (4, 1), dtypes.int64)))
+    zero = e.full(0.0, (4, 1))
+    # one term s and five zeros where 0 <= k < 6, else six zeros (x + 0.0 stays: -0.0 + 0.0 is 0.0)
+    expected = e.build(e.where(valid, e.add(s, zero), zero))
+    assert_pass(lambda g: dce(cse(simplify_views(fold_constants(one_hot_sums(g))))), before, expected)
+
+
+def test_one_hot_sums_leave_other_sums_alone():
+    for variant in ("varies", "two positions", "iota from 1", "integer"):
+        b = GraphBuilder()
+        k, k2, s, x = (b.input((4, 1), dtypes.int64), b.input((4, 1), dtypes.int64), b.input((4, 1)),
+                       b.input((4, 6)))
+        if variant == "varies":  # the kept value is not the same along the row
+            v = _one_hot_rows(b, x, k)
+        elif variant == "two positions":
+            v = b.add(_one_hot_rows(b, b.expand(s, (4, 6)), k), _one_hot_rows(b, b.expand(s, (4, 6)), k2))
+        elif variant == "iota from 1":
+            v = _one_hot_rows(b, b.expand(s, (4, 6)), k, start=1)
+        else:
+            v = b.cast(_one_hot_rows(b, b.expand(s, (4, 6)), k), dtypes.int64)
+        before = dce(b.build(b.reduce(Op.SUM, v, [1])))
+        assert structurally_equal(one_hot_sums(before), before), variant

@@ -102,6 +102,8 @@ def index_expr(e: sympy.Expr) -> str:
         return str(v) if abs(v) < 2**31 else f"INT64_C({v})"
     if e.is_Symbol:
         return e.name
+    if e.is_Float:  # a float coefficient of sizes (label_smoothing / classes): a double
+        return repr(float(e))
     if isinstance(e, sympy.Add):
         terms = sorted(e.args, key=lambda t: (t.is_Number, str(t)))
         out = index_expr(terms[0])

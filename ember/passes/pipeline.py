@@ -20,6 +20,7 @@ from .dce import dce
 from .fold import fold_constants
 from .masks import mask_multiplies
 from .matmul import fold_matmul_adds, matmul_epilogues
+from .onehot import one_hot_sums
 from .ragged import ragged_writes_as_gathers
 from .views import simplify_views
 
@@ -31,6 +32,8 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("simplify_views", simplify_views),
     ("ragged_writes_as_gathers", ragged_writes_as_gathers),
     ("cse", cse),
+    ("one_hot_sums", one_hot_sums),
+    ("fold_one_hot_sums", fold_constants),
     ("matmul_epilogues", matmul_epilogues),
     ("fold_matmul_adds", fold_matmul_adds),
     ("chunk_column_sums", chunk_column_sums),
@@ -47,8 +50,14 @@ MASKED_PIPELINE: list[tuple[str, Pass]] = [
 ]
 
 
+PASS_NAMES = tuple(dict.fromkeys(name for name, _ in MASKED_PIPELINE))
+
+
 def pipeline_for(cfg: Config) -> list[tuple[str, Pass]]:
     passes = MASKED_PIPELINE if cfg.skip_masked else PIPELINE
+    unknown = [n for n in cfg.passes_off if n not in PASS_NAMES]
+    if unknown:
+        raise ValueError(f"EMBER_PASSES_OFF: no pass named {unknown}; the passes are {list(PASS_NAMES)}")
     cuda = (cfg.target or cfg.gpu_backend) == "cuda"
     chunked = functools.partial(chunk_column_sums, chunks=cfg.row_chunks,
                                 per_sm=CUDA_CHUNKS_PER_SM if cuda else CHUNKS_PER_SM)
@@ -57,7 +66,7 @@ def pipeline_for(cfg: Config) -> list[tuple[str, Pass]]:
     folds = functools.partial(fold_matmul_adds, target=cfg.target, gpu_backend=cfg.gpu_backend)
     chosen = {chunk_column_sums: chunked, matmul_epilogues: epilogues, fold_matmul_adds: folds}
     return [(name, chosen.get(fn, fn)) for name, fn in passes
-            if fn is not matmul_epilogues or cfg.matmul_epilogues != "off"]
+            if (fn is not matmul_epilogues or cfg.matmul_epilogues != "off") and name not in cfg.passes_off]
 
 
 @dataclass
