@@ -42,7 +42,11 @@ def test_heuristic_matches_what_full_tuning_chose_on_an_h200():
     # cross-entropy 8192 x 32000: one warp per row looping over 1024-wide chunks, pipelined
     assert first("rows", 8192, 32000, ROWS) == dict(XBLOCK=1, RBLOCK=1024, num_warps=1, PERSISTENT=False,
                                                     num_stages=3)
-    # its backward reads the rows twice and writes them: four rows per program
+    # its backward reads each row once, from the row's saved statistics, and writes it: a row per
+    # program in 4096-wide chunks (passes/onehot.py left it no reduction)
+    assert first("rows", 8192, 32000, tc.KernelHints(itemsize=2, writes_rows=True, reduces=False)) == dict(
+        XBLOCK=1, RBLOCK=4096, num_warps=4, PERSISTENT=False, num_stages=2)
+    # rows read twice and written (a log-softmax backward that sums its rows): four rows per program
     assert first("rows", 8192, 32000, ROWS_WRITTEN) == dict(XBLOCK=4, RBLOCK=512, num_warps=8, PERSISTENT=False,
                                                             num_stages=2)
     # its loss: one full reduction over 8192 rows
@@ -278,7 +282,7 @@ def test_hints_read_from_the_kernel_ir(kernels_of):
     values = pooled.values.clone().requires_grad_()
     forward, backward = kernels_of(ragged.segment_mean, ragged.Ragged(values, pooled.offsets))
     assert tc.hints_of(backward) == tc.KernelHints(itemsize=2, columns=True, writes_rows=True, reads_rows=False,
-                                                   segments=True)
+                                                   reduces=False, segments=True)
     assert tc.heuristic("rows", 256 * 768, 256, tc.hints_of(backward))[0] == dict(
         XBLOCK=128, RBLOCK=16, num_warps=2, PERSISTENT=False, num_stages=1)
 
