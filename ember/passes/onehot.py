@@ -24,6 +24,7 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.node import Graph, Node, make, rewrite
 from ..ir.ops import POINTWISE_OPS, Op
+from .fold import fold_constants
 
 # (kind, ...) per node: ("row", kept) -- the same along d, as a node of size 1 at d;
 # ("split", when_true, when_false, k) -- varies along d only through iota == k
@@ -31,6 +32,8 @@ _Analysis = tuple
 
 
 def one_hot_sums(graph: Graph) -> Graph:
+    rewritten = []
+
     def rule(node: Node, inputs: tuple[Node, ...]) -> Node | None:
         if node.op is not Op.SUM or len(node.arg) != 1 or not node.dtype.is_float:
             return None
@@ -40,9 +43,12 @@ def one_hot_sums(graph: Graph) -> Graph:
         if found is None or found[0] != "split":
             return None
         _, when_true, when_false, k = found
+        rewritten.append(node)
         return _closed_form(node, when_true, when_false, k, x.shape[d])
 
-    return rewrite(graph, rule)
+    result = rewrite(graph, rule)
+    # F(true) and F(false) select with constant conditions: fold them (only where a sum changed)
+    return fold_constants(result) if rewritten else graph
 
 
 def _closed_form(node: Node, when_true: Node, when_false: Node, k: Node, n: sympy.Expr) -> Node:

@@ -33,7 +33,6 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("ragged_writes_as_gathers", ragged_writes_as_gathers),
     ("cse", cse),
     ("one_hot_sums", one_hot_sums),
-    ("fold_one_hot_sums", fold_constants),
     ("matmul_epilogues", matmul_epilogues),
     ("fold_matmul_adds", fold_matmul_adds),
     ("chunk_column_sums", chunk_column_sums),
