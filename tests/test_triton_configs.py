@@ -43,9 +43,9 @@ def test_heuristic_matches_what_full_tuning_chose_on_an_h200():
     assert first("rows", 8192, 32000, ROWS) == dict(XBLOCK=1, RBLOCK=1024, num_warps=1, PERSISTENT=False,
                                                     num_stages=3)
     # its backward reads each row once, from the row's saved statistics, and writes it: a row per
-    # program in 4096-wide chunks (passes/onehot.py left it no reduction)
+    # program in 8192-wide chunks (passes/onehot.py left it no reduction)
     assert first("rows", 8192, 32000, tc.KernelHints(itemsize=2, writes_rows=True, reduces=False)) == dict(
-        XBLOCK=1, RBLOCK=4096, num_warps=4, PERSISTENT=False, num_stages=2)
+        XBLOCK=1, RBLOCK=8192, num_warps=8, PERSISTENT=False, num_stages=2)
     # rows read twice and written (a log-softmax backward that sums its rows): four rows per program
     assert first("rows", 8192, 32000, ROWS_WRITTEN) == dict(XBLOCK=4, RBLOCK=512, num_warps=8, PERSISTENT=False,
                                                             num_stages=2)

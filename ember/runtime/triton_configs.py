@@ -194,9 +194,10 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         return [_config(xblock, width, warps, persistent=True), safe]
     if hints.writes_rows and not hints.reduces:
         # wide rows read once and written, nothing reduced (CE's gradient from its saved row
-        # statistics): a row per program, 4096-wide chunks, 4 warps (H200, 8192 x 32000 bf16:
-        # 266 us against 290 in the tiles below and 275 with one warp per row)
-        return [_config(1, min(width, 4096), 4, stages=2), safe]
+        # statistics): a row per program, 8192-wide chunks, 8 warps (8192 x 32000 bf16: H200
+        # 268.7 us, H100 354.7, against 290.0 / 376.2 in the tiles below; 4096 x 4 warps took
+        # 266.4 / 367.4, one warp per row 275.2 / 378.0: bench/launch_sweep.py)
+        return [_config(1, min(width, 8192), 8, stages=2), safe]
     if hints.writes_rows:
         # wide rows read twice and written (a log-softmax backward): 4 rows per program in
         # 512-wide chunks, 8 warps (300 us against 357 for one warp per row, 8192 x 32000 bf16)
