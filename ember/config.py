@@ -160,12 +160,10 @@ class Config:
             raise ValueError(f"matmul_epilogues must be one of {MATMUL_EPILOGUES}, "
                              f"got {overrides['matmul_epilogues']!r}")
         if "passes_off" in overrides:
-            from .passes.pipeline import PASS_NAMES  # (the passes import this module)
+            from .passes.pipeline import check_pass_names  # (the passes import this module)
             names = overrides["passes_off"]
             names = (names,) if isinstance(names, str) else tuple(names)
-            unknown = [n for n in names if n not in PASS_NAMES]
-            if unknown:
-                raise ValueError(f"passes_off: no pass named {unknown}; the passes are {list(PASS_NAMES)}")
+            check_pass_names(names, "passes_off")
             overrides["passes_off"] = names
         if overrides.get("target") not in (None, *TARGETS):
             raise ValueError(f"target must be one of {TARGETS}, got {overrides['target']!r}")

@@ -52,11 +52,16 @@ MASKED_PIPELINE: list[tuple[str, Pass]] = [
 PASS_NAMES = tuple(dict.fromkeys(name for name, _ in MASKED_PIPELINE))
 
 
+def check_pass_names(names: tuple[str, ...], setting: str) -> None:
+    """ValueError naming the passes when ``names`` (option or variable ``setting``) has others."""
+    unknown = [n for n in names if n not in PASS_NAMES]
+    if unknown:
+        raise ValueError(f"{setting}: no pass named {unknown}; the passes are {list(PASS_NAMES)}")
+
+
 def pipeline_for(cfg: Config) -> list[tuple[str, Pass]]:
     passes = MASKED_PIPELINE if cfg.skip_masked else PIPELINE
-    unknown = [n for n in cfg.passes_off if n not in PASS_NAMES]
-    if unknown:
-        raise ValueError(f"EMBER_PASSES_OFF: no pass named {unknown}; the passes are {list(PASS_NAMES)}")
+    check_pass_names(cfg.passes_off, "EMBER_PASSES_OFF")
     cuda = (cfg.target or cfg.gpu_backend) == "cuda"
     chunked = functools.partial(chunk_column_sums, chunks=cfg.row_chunks,
                                 per_sm=CUDA_CHUNKS_PER_SM if cuda else CHUNKS_PER_SM)
