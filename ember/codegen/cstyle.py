@@ -316,6 +316,9 @@ class BodyRenderer:
         for v in kernel.values:
             for s in (*v.srcs, *((v.guard,) if v.guard is not None else ())):
                 self.users[id(s)].append(v)
+        # value id -> what a load reads or a store writes instead of ``buffer[index]`` (an element
+        # of a vector the CUDA backend loads or stores for a group of elements)
+        self.vector_access: dict[int, str] = {}
         self.uses_err = any(v.kind == "alu" and v.arg in INT_DIVISION_OPS and not v.dtype.is_float
                             and lang.flags_int_division
                             or v.kind == "checkindex" and lang.checks_indices for v in kernel.values)
@@ -326,6 +329,8 @@ class BodyRenderer:
     def access(self, v: Value) -> str:
         """``buffer[index]``, with a gather's (or a write at indices') indirect variables replaced
         by its index values."""
+        if id(v) in self.vector_access:
+            return self.vector_access[id(v)]
         index = v.arg.index
         if v.arg.bindings:
             srcs = v.srcs[1:] if v.kind == "store" else v.srcs

@@ -245,12 +245,15 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: int) -> tuple[bool, int, int]:
+def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: int,
+                vector: int = 1) -> tuple[bool, int, int]:
     """(64-bit indices?, grid, block) of one launch. Blocks are powers of two from 32 threads up to
-    the kernel's limit, sized so that each thread has a few unrolled steps of work; grids stride,
-    so they stop at what the device holds at once."""
+    the kernel's limit, sized so that each thread has a few unrolled steps of work (of ``vector``
+    elements each, where the kernel has a vector form); grids stride, so they stop at what the
+    device holds at once."""
     big = outer * inner >= 2**31
     limit = max(32, min(_pow2_floor(max_threads), cuda.REDUCTION_THREADS))
+    step = cuda.UNROLL * vector  # elements a thread takes per iteration
 
     def threads(elements: int, most: int = limit) -> int:
         return min(max(32, _pow2_ceil(elements)), most)
@@ -260,16 +263,17 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
 
     if strategy == "pointwise":
         block = threads(cuda.POINTWISE_THREADS, min(limit, cuda.POINTWISE_THREADS))
-        return big, max(1, min(_cdiv(outer, block * cuda.UNROLL), resident(block))), block
-    if strategy == "rows":  # one row per block: at least two unrolled steps per thread
-        block = threads(_cdiv(inner, 2 * cuda.UNROLL))
+        return big, max(1, min(_cdiv(outer, block * step), resident(block))), block
+    if strategy == "rows":  # one row per block: at least two unrolled steps per thread; in groups,
+        # one step covering the row where the block can (its loops then read the row once)
+        block = threads(_cdiv(inner, step if vector > 1 else 2 * step))
         return big, max(1, min(outer, resident(block))), block
     if strategy == "columns":  # 32 rows per block, warps split the inner domain
         block = 32 * min(max(1, _pow2_ceil(_cdiv(inner, 4 * cuda.UNROLL))), limit // 32)
         return big, max(1, min(_cdiv(outer, 32), resident(block))), block
-    block = threads(_cdiv(inner, cuda.UNROLL))
+    block = threads(_cdiv(inner, step))
     if strategy == "full":  # a full device of blocks, at most MAX_BLOCKS partials to combine
-        return big, max(1, min(_cdiv(inner, block * cuda.UNROLL), resident(block), cuda.MAX_BLOCKS)), block
+        return big, max(1, min(_cdiv(inner, block * step), resident(block), cuda.MAX_BLOCKS)), block
     return big, 1, block  # 'single': one block runs every loop
 
 
@@ -317,9 +321,21 @@ class CudaKernel:
         i32, i64 = functions[self.meta["kernels"]["i32"]], functions[self.meta["kernels"]["i64"]]
         state = {"functions": (i32[0], i64[0]), "max_threads": min(i32[1], i64[1]),
                  "sms": torch.cuda.get_device_properties(device).multi_processor_count,
-                 "geometry": {}, "workspaces": {}}
+                 "geometry": {}, "workspaces": {}, "resident": {}}
         self._devices[device] = state
         return state
+
+    def _resident(self, state: dict[str, Any], big: bool, block: int) -> int:
+        """Blocks of ``block`` threads the device runs at once, by the kernel's registers and
+        shared memory (the driver's occupancy): a grid beyond it runs in a second, partial wave,
+        whose tail leaves most SMs idle. Large on a driver error (the plan's grid stands)."""
+        key = (big, block)
+        if key not in state["resident"]:
+            driver = _driver()
+            err, per_sm = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(state["functions"][big], block, 0)
+            ok = err == driver.CUresult.CUDA_SUCCESS and per_sm > 0
+            state["resident"][key] = state["sms"] * per_sm if ok else 1 << 30
+        return state["resident"][key]
 
     def _workspace(self, state: dict[str, Any], device: int, stream: int) -> tuple[Any, ...]:
         # one partial per block and reduction; the counter starts at 0 and the last block resets it
@@ -342,7 +358,10 @@ class CudaKernel:
         if geometry is None:
             if len(state["geometry"]) > 4096:  # many distinct dynamic sizes: start over
                 state["geometry"].clear()
-            big, grid, block = plan_launch(self.strategy, outer, inner, state["sms"], state["max_threads"])
+            big, grid, block = plan_launch(self.strategy, outer, inner, state["sms"], state["max_threads"],
+                                           self.meta.get("vector", 1))
+            if not self.meta.get("chunks"):  # grids stride: no more blocks than run at once
+                grid = min(grid, self._resident(state, big, block))
             grid = self.meta.get("chunks") or grid  # a chunked row kernel: a block per run of rows
             if self.meta.get("row_reductions"):  # a workspace slot per block
                 grid = min(grid, cuda.MAX_BLOCKS)

@@ -1,0 +1,139 @@
+"""Which accesses of a CUDA kernel's strided loop move 16 bytes at once.
+
+A thread of the scalar loops loads one element per access (2 bytes of a bf16 row), so a warp
+moves 64 bytes per load instruction and the GPU needs many more loads in flight than a thread
+holds to reach its copy bandwidth. The vector form of a loop gives each thread groups of V
+consecutive elements instead: every access that steps by one element along the loop's fastest
+dimension is one load (or store) of V elements, up to 16 bytes, into registers, and the group's
+statements read them element by element.
+
+That is right only where each group's first element is aligned to the vector's size, for every
+such access, on every call: the buffer's address, and the index at the group's first element, a
+multiple of V. Static parts of the index are decided here; symbolic sizes and the addresses are
+conditions the kernel evaluates once per loop (the same in every thread), taking the scalar loop
+where one fails. The fastest dimension's extent must be a multiple of V too, so that a group
+never straddles two rows and every group is whole.
+
+Accesses left scalar inside a vector loop: gathers (their index is data), guarded loads (their
+guard may be what keeps the address valid), accumulating stores and the column sums' stores,
+and any access not unit-step along the fastest dimension (a broadcast or transposed operand).
+Segment kernels (ragged rows, whose start comes from the offsets) keep the scalar loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, outer_var
+from .cstyle import index_expr
+
+VECTOR_BYTES = 16   # the widest load a thread issues
+MAX_WIDTH = 8       # elements per group at most (1-byte types: 8-byte vectors, not 16 statements)
+
+
+@dataclass(frozen=True)
+class VectorPlan:
+    """The vector form of one loop: ``width`` consecutive elements per group, ``values`` the
+    loads and stores done a vector at a time, ``conditions`` the C tests (alignment,
+    divisibility) under which the kernel may take that form; all true when empty."""
+
+    width: int
+    values: tuple[Value, ...]
+    conditions: tuple[str, ...]
+
+
+def plan_loop(kernel: Kernel, values: list[Value], extents: tuple[sympy.Expr, ...],
+              inner: bool) -> VectorPlan | None:
+    """The vector plan of a loop over ``extents`` (the kernel's inner domain when ``inner``, else
+    its flattened outer domain) computing ``values``; None where no access would gain."""
+    if not extents or kernel.segment_length is not None:
+        return None
+    var = (inner_var if inner else outer_var)(len(extents) - 1)
+    dtypes = {p.name: p.dtype for p in kernel.params}
+    candidates = [v for v in values if _vectorizable(v, var)]
+    if not candidates:
+        return None
+    width = min(MAX_WIDTH, VECTOR_BYTES // max(dtypes[v.arg.buffer].itemsize for v in candidates))
+    if width < 2:
+        return None
+    loop_vars = {outer_var(i) for i in range(len(kernel.outer))} | {inner_var(i) for i in range(len(kernel.inner))}
+    loop_vars.add(CHUNK)
+    conditions: list[str] = []
+    last = _multiple_of(sympy.sympify(extents[-1]), width, loop_vars)
+    if last is None:
+        return None
+    conditions += last
+    chosen: list[Value] = []
+    for v in candidates:
+        start = _multiple_of(sympy.expand(sympy.sympify(v.arg.index).subs(var, 0)), width, loop_vars)
+        if start is None:  # some group's first element is never aligned: this access stays scalar
+            continue
+        nbytes = width * dtypes[v.arg.buffer].itemsize
+        conditions += [f"(((unsigned long long){v.arg.buffer}) & {nbytes - 1}ull) == 0", *start]
+        chosen.append(v)
+    if not chosen:
+        return None
+    return VectorPlan(width, tuple(chosen), tuple(dict.fromkeys(conditions)))
+
+
+def _vectorizable(v: Value, var: sympy.Symbol) -> bool:
+    """A plain load or store whose index is ``var`` plus terms without it."""
+    if v.kind not in ("load", "store") or v.arg.bindings:
+        return False
+    if v.kind == "load" and v.guard is not None:
+        return False
+    if v.kind == "store" and (v.arg.accumulate or v.srcs[0].kind == "chunksum"):
+        return False
+    index = sympy.expand(sympy.sympify(v.arg.index))
+    if var not in index.free_symbols:
+        return False
+    try:
+        return sympy.expand(index - index.subs(var, 0) - var) == 0
+    except (TypeError, ValueError):
+        return False
+
+
+def _multiple_of(expr: sympy.Expr, width: int, loop_vars: set[sympy.Symbol]) -> list[str] | None:
+    """Conditions (C) under which ``expr`` is a multiple of ``width`` for every value of the loop
+    variables: [] when it always is, None when that cannot be known (or it never is). Each term
+    is an integer coefficient times factors; factors of loop variables only are integers, so
+    the coefficient times the factors of sizes only must be a multiple."""
+    conditions: list[str] = []
+    for term in sympy.Add.make_args(expr):
+        coeff, factors = term.as_coeff_mul()
+        if not (coeff.is_Integer or coeff == 0):
+            return None
+        if int(coeff) % width == 0:
+            continue  # a multiple whatever its factors are
+        sizes = sympy.Integer(coeff)
+        for f in factors:
+            free = f.free_symbols
+            if free and free <= loop_vars:
+                continue  # an integer of the loop's position
+            if free & loop_vars:  # loop variables and sizes in one factor: not decided here
+                return None
+            sizes *= f
+        if sizes.is_Integer:  # no sizes, and the coefficient is no multiple
+            return None
+        conditions.append(f"(({index_expr(sizes)}) % {width}) == 0")
+    return conditions
+
+
+def reread_loads(plans: dict[int, VectorPlan]) -> dict[tuple[str, str], int]:
+    """Vector loads that several loops of a row kernel read alike (the same buffer and index):
+    (buffer, index) -> the first loop reading it. Where a thread takes one iteration of each loop
+    (its block covers the row), its groups are the same in every loop, so the first loop can keep
+    them in registers for the others instead of their reading the row again (softmax's three
+    loops read it once). Only for plans of one width: groups of another width are other elements."""
+    if len({p.width for p in plans.values()}) != 1:
+        return {}
+    seen: dict[tuple[str, str], list[int]] = {}
+    for loop in sorted(plans):
+        for v in plans[loop].values:
+            if v.kind == "load":
+                loops = seen.setdefault((v.arg.buffer, str(v.arg.index)), [])
+                if loop not in loops:
+                    loops.append(loop)
+    return {key: loops[0] for key, loops in seen.items() if len(loops) > 1}

@@ -1,0 +1,257 @@
+"""The CUDA backend's vector loops (codegen/cuda_vectors.py), without a GPU: which accesses load
+and store a group of consecutive elements at once, under which run-time conditions, the scalar
+loop kept beside them, the launch sized by the group, and the PTX nvcc makes of them (16-byte
+loads). Running them needs a GPU: ``EMBER_TEST_DEVICE=cuda EMBER_GPU_BACKEND=cuda pytest
+tests/test_ops.py``, and ``bench/gpu_fusion.py --backends cuda``."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+import sympy
+import torch
+import torch.nn.functional as F
+
+from ember.codegen import cuda
+from ember.codegen.cuda_vectors import _multiple_of
+from ember.runtime import cuda_backend
+from ember.schedule.kernel_ir import inner_var, outer_var
+
+from .conftest import DEVICE
+from .helpers import check, record_rendered
+from .test_cuda import NVCC, explain, needs_nvcc, sources
+
+
+def kernel_sources(fn, *args, dynamic=None) -> list[str]:
+    return [k.source for k in explain(fn, *args, dynamic=dynamic).kernels]
+
+
+def vector_loads(source: str) -> list[str]:
+    """The buffers of the source's vector loads (one entry per load site)."""
+    return re.findall(r"ember_load_vec<[^>]*>\((\w+) \+", source)
+
+
+def vector_stores(source: str) -> list[str]:
+    return re.findall(r"ember_store_vec<[^>]*>\((\w+) \+", source)
+
+
+def conditions(source: str) -> list[str]:
+    return re.findall(r"// vector form where every group of \d+ is aligned: .*\n\s*if \((.*)\) \{", source)
+
+
+def softmax(x):
+    return torch.softmax(x, -1)
+
+
+def relu_add(x, y):
+    return torch.relu(x) + y + 1
+
+
+def test_softmax_rows_load_and_store_eight_bf16_at_once():
+    (src,) = kernel_sources(softmax, torch.randn(64, 4096, dtype=torch.bfloat16))
+    # its three loops (max, sum, store) each read x a vector at a time; the last writes one
+    assert vector_loads(src) == ["arg0_1"] * 3
+    assert vector_stores(src) == ["buf0"]
+    assert src.count("EmberVec<unsigned short, 8>") == 5  # 3 loaded, 1 stored, the kept groups
+    # 4096 is a multiple of 8 and the indices' other terms too: only the addresses are tested
+    conds = conditions(src)
+    assert len(conds) == 3
+    assert all(re.fullmatch(r"[()\w &=]*", c) and "%" not in c for c in conds), conds
+    assert "& 15ull) == 0" in conds[0]
+    # the scalar loop stays beside each vector loop, for addresses that are not aligned
+    assert src.count("} else {") == 3 and src.count("arg0_1[4096*o0 + r0]") == 3
+
+
+def test_later_loops_of_a_row_take_its_groups_from_registers():
+    (src,) = kernel_sources(softmax, torch.randn(64, 4096, dtype=torch.bfloat16))
+    # where a block's one iteration covers the row and every loop's buffers are aligned
+    flag = re.search(r"const bool ember_cached = \(I\)blockDim.x \* EMBER_UNROLL \* 8 >= ember_inner && (.*);", src)
+    assert flag and "arg0_1) & 15ull" in flag.group(1) and "buf0) & 15ull" in flag.group(1)
+    assert src.count("EmberVec<unsigned short, 8> ember_cache0[EMBER_UNROLL];") == 1
+    # the max loop loads and keeps; the sum and the store loops read the kept groups
+    assert src.count("if (ember_cached) ember_cache0[ember_u] = v0_vec;") == 1
+    assert src.count("v0_vec = ember_cached ? ember_cache0[ember_u] : ember_load_vec") == 2
+    # RMSNorm: the sum of squares keeps x for the scaling loop; the weight is read once anyway
+    def rms(x, w):
+        return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+    (src,) = kernel_sources(rms, torch.randn(8, 1024, dtype=torch.bfloat16), torch.randn(1024, dtype=torch.bfloat16))
+    assert src.count("ember_cached ? ember_cache0[ember_u]") == 1 and "ember_cache1" not in src
+    # rows longer than 512 threads x 4 groups of 8 cover are never kept: no registers spent on it
+    (src,) = kernel_sources(softmax, torch.randn(4, 20480, dtype=torch.bfloat16))
+    assert "ember_load_vec" in src and "ember_cached" not in src
+    # rows of a symbolic length may fit: the kernel decides at run time
+    (src,) = kernel_sources(softmax, torch.randn(4, 20480, dtype=torch.bfloat16), dynamic=True)
+    assert "const bool ember_cached = (I)blockDim.x * EMBER_UNROLL * 8 >= ember_inner" in src
+    # one loop: nothing to keep
+    (src,) = kernel_sources(lambda x: x.sum(-1), torch.randn(8, 1024))
+    assert "ember_cached" not in src and "EmberVec<float, 4>" in src
+
+
+def test_pointwise_float32_groups_of_four():
+    x, y = torch.randn(1 << 12), torch.randn(1 << 12)
+    (src,) = kernel_sources(relu_add, x, y)
+    assert sorted(vector_loads(src)) == ["arg0_1", "arg1_1"] and vector_stores(src) == ["buf0"]
+    assert "EmberVec<float, 4>" in src and "ember_i_groups = ember_n / 4" in src
+
+
+def test_mixed_widths_take_the_widest_element():
+    # bf16 input, float32 weight: groups of 4 (16 bytes of float32, 8 of bf16)
+    def scale(x, w):
+        return x.float() * w
+    (src,) = kernel_sources(scale, torch.randn(32, 64, dtype=torch.bfloat16), torch.randn(64))
+    assert "EmberVec<unsigned short, 4>" in src and "EmberVec<float, 4>" in src
+    assert "& 7ull) == 0" in src and "& 15ull) == 0" in src  # each buffer at its own vector size
+
+
+def test_unaligned_starts_and_rows_keep_scalar_accesses():
+    # x[:, 1:] starts one element in: its load stays scalar, the weight and the output vectorize
+    def shifted(x, w):
+        return torch.softmax(x[:, 1:] * w, -1)
+    (src,) = kernel_sources(shifted, torch.randn(16, 4097, dtype=torch.bfloat16),
+                            torch.randn(4096, dtype=torch.bfloat16))
+    assert "arg0_1" not in vector_loads(src) and "arg1_1" in vector_loads(src)
+    assert re.search(r"arg0_1\[4097\*o0 \+ r0 \+ 1\]", src)
+    # rows of 4095: no group of 8 fits every row, so no vector form at all
+    (src,) = kernel_sources(softmax, torch.randn(16, 4095, dtype=torch.bfloat16))
+    assert "EmberVec" not in src and "vector form" not in src
+
+
+def test_transposed_gathered_and_column_accesses_stay_scalar():
+    # a transposed operand steps by its row length along the loop (and so does the output,
+    # which takes the transposed layout as eager's does)
+    (src,) = kernel_sources(lambda x, y: x.t() + y, torch.randn(64, 64), torch.randn(64, 64))
+    assert vector_loads(src) == ["arg1_1"] and not vector_stores(src)
+    assert "arg0_1[64*o1 + o0]" in src and "buf0[64*o1 + o0] = " in src
+    # an embedding's rows start at data: the gather is scalar, the output is not
+    (src,) = kernel_sources(lambda w, i: w[i] * 2, torch.randn(10, 64), torch.randint(0, 10, (8,)))
+    assert not vector_loads(src) and vector_stores(src) == ["buf0"]
+    assert re.search(r"arg0_1\[64\*v\d+ \+ o1\]", src)
+    # x.sum(0): lanes take adjacent rows (the column strategy), no groups along a row
+    (src,) = kernel_sources(lambda x: x.sum(0), torch.randn(256, 64))
+    assert "EmberVec" not in src
+
+
+def test_guarded_loads_stay_scalar():
+    # where(x > 0, y * 2, 0): y is only needed where x > 0, so its load is guarded and scalar
+    def masked(x, y):
+        return torch.where(x > 0, torch.exp(y) * 2, 0.0).sum(-1)
+    (src,) = kernel_sources(masked, torch.randn(8, 1024), torch.randn(8, 1024))
+    guarded = re.search(r"if \(v\d+\) \{\n\s*const float v\d+ = arg1_1\[", src)
+    assert guarded is not None, src
+    assert "arg1_1" not in vector_loads(src) and "arg0_1" in vector_loads(src)
+
+
+def test_symbolic_sizes_are_tested_at_run_time():
+    x = torch.randn(8, 1024, dtype=torch.bfloat16)
+    (src,) = kernel_sources(softmax, x, dynamic=True)
+    conds = conditions(src)
+    assert conds and all(re.search(r"\(\(s\d+\) % 8\) == 0", c) for c in conds), conds
+
+
+def test_index_terms_that_must_be_multiples():
+    o, r, s = outer_var(0), inner_var(0), sympy.Symbol("s0", integer=True, positive=True)
+    loop_vars = {o, r}
+    assert _multiple_of(sympy.Integer(0), 8, loop_vars) == []
+    assert _multiple_of(4096 * o, 8, loop_vars) == []
+    assert _multiple_of(4097 * o, 8, loop_vars) is None
+    assert _multiple_of(4096 * o + 3, 8, loop_vars) is None
+    assert _multiple_of(o * s, 8, loop_vars) == ["((s0) % 8) == 0"]
+    assert _multiple_of(3 * o * s + 16, 8, loop_vars) == ["((3*s0) % 8) == 0"]
+    assert _multiple_of(8 * sympy.floor(o / s), 8, loop_vars) == []  # any integer times 8
+    assert _multiple_of(sympy.floor(o / s), 8, loop_vars) is None      # loop position and size mixed
+
+
+def test_launch_geometry_counts_the_group():
+    sms, plan = 132, cuda_backend.plan_launch
+    # a 4096-wide bf16 row in groups of 8: 128 threads, each one iteration of 4 groups (so that
+    # the loops after the first take the row from registers), as many blocks as the GPU holds
+    assert plan("rows", 16384, 4096, sms, 1024, vector=8) == (False, sms * 16, 128)
+    assert plan("rows", 16384, 32000, sms, 1024, vector=8) == (False, sms * 4, 512)  # rows too long for it
+    assert plan("rows", 16384, 4096, sms, 1024) == (False, sms * 4, 512)
+    # pointwise: a block's iteration covers 256 x 4 x 4 float32 elements
+    assert plan("pointwise", 4096 * 10, 1, sms, 1024, vector=4) == (False, 10, 256)
+    # full reductions: a block's iteration takes 512 x 4 groups, so fewer blocks have partials
+    assert plan("full", 1, 1 << 20, sms, 1024, vector=8) == (False, 64, 512)
+    assert plan("full", 1, 1 << 20, sms, 1024) == (False, 512, 512)
+
+
+def test_grids_stop_at_what_the_device_runs_at_once(monkeypatch):
+    """A grid-stride kernel launches at most the blocks its registers let the SMs hold at once
+    (the driver's occupancy), asked once per block size."""
+    asked = []
+
+    class Driver:
+        class CUresult:
+            CUDA_SUCCESS = 0
+
+        @staticmethod
+        def cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, block, smem):
+            asked.append((fn, block))
+            return (0, 9) if fn == "i32" else (1, 0)
+
+    monkeypatch.setattr(cuda_backend, "_driver", lambda: Driver)
+    state = {"functions": ("i32", "i64"), "sms": 132, "resident": {}}
+    resident = cuda_backend.CudaKernel._resident
+    assert resident(None, state, False, 128) == 132 * 9
+    assert resident(None, state, False, 128) == 132 * 9 and asked == [("i32", 128)]  # asked once
+    assert resident(None, state, True, 128) == 1 << 30  # a driver error: the planned grid stands
+
+
+def test_launch_meta_carries_the_width(monkeypatch):
+    seen = record_rendered(monkeypatch, cuda_backend.CudaBackend)
+    for fn, x, width in ((softmax, torch.randn(64, 4096, dtype=torch.bfloat16), 8),
+                         (softmax, torch.randn(64, 4095, dtype=torch.bfloat16), 1),
+                         (lambda x: x.sum(0), torch.randn(256, 64), 1)):  # columns
+        seen.clear()
+        explain(fn, x)
+        assert [cuda.launch_meta(k)["vector"] for k in seen] == [width]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("case", ["softmax_bf16", "relu_add_f32", "layer_norm_f16_dynamic"])
+def test_ptx_has_16_byte_loads_and_stores(case, tmp_path):
+    if case == "softmax_bf16":
+        report = explain(softmax, torch.randn(64, 4096, dtype=torch.bfloat16))
+    elif case == "relu_add_f32":
+        report = explain(relu_add, torch.randn(1 << 12), torch.randn(1 << 12))
+    else:
+        x, w, b = torch.randn(8, 512, dtype=torch.float16), torch.randn(512, dtype=torch.float16), \
+            torch.randn(512, dtype=torch.float16)
+        report = explain(lambda x, w, b: F.layer_norm(x, (512,), w, b), x, w, b, dynamic=True)
+    path = tmp_path / f"{case}.cu"
+    path.write_text(cuda.PRELUDE + "\n" + "\n\n".join(sources(report, "t")) + "\n")
+    proc = subprocess.run([NVCC, "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(path.with_suffix(".ptx")), str(path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "warning" not in proc.stderr, proc.stderr[-4000:]
+    ptx = path.with_suffix(".ptx").read_text()
+    # one 16-byte load per vector load site and entry point (32- and 64-bit indices), at least
+    sites = sum(len(vector_loads(k.source)) for k in report.kernels)
+    assert sites and len(re.findall(r"ld\.global\.nc\.v4\.(u32|f32|b32)", ptx)) >= 2 * sites
+    assert len(re.findall(r"st\.global\.v4\.(u32|f32|b32)", ptx)) >= 2 * sum(
+        len(vector_stores(k.source)) for k in report.kernels)
+
+
+# ---- on a GPU (EMBER_TEST_DEVICE=cuda): both forms against eager ------------------------------
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="runs CUDA kernels: EMBER_TEST_DEVICE=cuda on a GPU machine")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_vector_and_scalar_forms_match_eager_on_the_gpu(dtype):
+    def norm_scale(x, w):  # a row reduction and a pointwise store, each in groups
+        return torch.softmax(x * w, -1) + x.float().square().mean(-1, keepdim=True).to(x.dtype)
+    options = {"gpu_backend": "cuda"}
+    # multiples of 8 and 4 (one iteration covers the row), of 8 too long for that, then of
+    # neither (the scalar form)
+    for width in (4096, 4104, 4100, 20480, 8, 7):
+        base = torch.randn(33, width + 1, dtype=dtype, device="cuda")
+        w = torch.randn(width, dtype=dtype, device="cuda")
+        aligned = base[:, :width].contiguous()
+        shifted = base.flatten()[1:1 + 33 * width].view(33, width)  # 2 or 4 bytes past an aligned address
+        for x in (aligned, shifted):
+            check(norm_scale, x, w, options=options)
+            check(norm_scale, x, w, options=options, dynamic=True)
+    x = torch.randn(1 << 20, device="cuda", dtype=dtype)
+    check(relu_add, x, x.flip(0), options=options)
+    check(relu_add, x[1:], x[:-1], options=options)  # misaligned: the scalar loop
