@@ -14,6 +14,7 @@ import sympy
 import torch
 import torch.nn.functional as F
 
+import ember
 from ember.codegen import cuda
 from ember.codegen.cuda_vectors import _multiple_of
 from ember.runtime import cuda_backend
@@ -87,6 +88,42 @@ def test_later_loops_of_a_row_take_its_groups_from_registers():
     # one loop: nothing to keep
     (src,) = kernel_sources(lambda x: x.sum(-1), torch.randn(8, 1024))
     assert "ember_cached" not in src and "EmberVec<float, 4>" in src
+
+
+def test_norm_backward_keeps_its_run_partials_in_registers():
+    """RMSNorm's backward: one chunked row kernel adds dx's rows and dw's column partials. Its
+    loops take groups, and where a block covers a row each thread's share of dw's partial sums
+    stays in registers for the run, stored once at its end."""
+    def step(x, w, g):
+        y = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+        y.backward(g)
+    x = torch.randn(512, 1024, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(1024, dtype=torch.bfloat16, requires_grad=True)
+    # 16 runs of rows, whatever GPU the test machine has (by default: 4 per SM)
+    sources = [k.source for k in ember.explain(step, x, w, torch.randn(512, 1024, dtype=torch.bfloat16),
+                                               target="cuda", options={"row_chunks": 16}).kernels]
+    (src,) = [s for s in sources if "ember_chunk" in s]
+    # zeroed in the scalar loop's order: a barrier, since the run's end stores in groups
+    zero = src.index("the run's partial sums start at zero")
+    assert src.index("__syncthreads();", zero) < src.index("for (I ember_row = ember_per", zero)
+    assert "float ember_part0[EMBER_UNROLL][8] = {};" in src
+    # the loop's vector form runs only where the partials can stay in registers
+    vector = src[src.index("if (ember_cached) {"):src.index("} else {", src.index("if (ember_cached) {"))]
+    assert re.search(r"ember_part0\[ember_u\]\[ember_k\] \+= v\d+;", vector)
+    assert "ember_chunk + r0] = " not in vector
+    # elsewhere the scalar loop adds in memory; the run's end stores the registers' sums
+    added = re.findall(r"(buf\d+)\[1024\*ember_chunk \+ r0\] = \1\[1024\*ember_chunk \+ r0\] \+ v\d+;", src)
+    assert len(added) == 1, src
+    tail = src[src.index("if (ember_cached) {  // the run's partials, from registers"):]
+    assert f"{added[0]}[1024*ember_chunk + r0] = ember_part0[ember_u][ember_k];" in tail
+    # rows too long for a block's one iteration: the adding loop stays scalar, partials in memory
+    x = torch.randn(64, 20480, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(20480, dtype=torch.bfloat16, requires_grad=True)
+    sources = [k.source for k in ember.explain(step, x, w, torch.randn(64, 20480, dtype=torch.bfloat16),
+                                               target="cuda", options={"row_chunks": 16}).kernels]
+    (src,) = [s for s in sources if "ember_chunk" in s]
+    assert "ember_part" not in src and "ember_cached" not in src
+    assert len(re.findall(r"ember_chunk \+ r0\] = \w+\[20480\*ember_chunk \+ r0\] \+", src)) == 1
 
 
 def test_pointwise_float32_groups_of_four():
@@ -255,3 +292,37 @@ def test_vector_and_scalar_forms_match_eager_on_the_gpu(dtype):
     x = torch.randn(1 << 20, device="cuda", dtype=dtype)
     check(relu_add, x, x.flip(0), options=options)
     check(relu_add, x[1:], x[:-1], options=options)  # misaligned: the scalar loop
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="runs CUDA kernels: EMBER_TEST_DEVICE=cuda on a GPU machine")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_norm_gradients_with_partials_in_registers_match_eager_on_the_gpu(dtype):
+    """LayerNorm's and RMSNorm's backward: chunked row kernels whose weight gradients' partial
+    sums stay in registers where the block covers a row, in memory elsewhere."""
+    def layer_norm(x, w, b):
+        return F.layer_norm(x, (x.shape[-1],), w, b)
+
+    def rms_norm(x, w, b):
+        return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w + b
+
+    for fn in (layer_norm, rms_norm):
+        compiled = ember.compile(fn, options={"gpu_backend": "cuda"})
+        for rows, width, shift in ((1000, 4096, 0), (1000, 4096, 1), (300, 20480, 0), (1000, 1000, 0)):
+            base = torch.randn(rows * width + shift, dtype=dtype, device="cuda")
+            x = base[shift:].view(rows, width)  # shift 1: not aligned, the scalar loops
+            w, b = torch.randn(width, dtype=dtype, device="cuda"), torch.randn(width, dtype=dtype, device="cuda")
+            g = torch.randn(rows, width, dtype=dtype, device="cuda")
+            grads = []
+            for f, kind in ((fn, torch.float64), (fn, dtype), (compiled, dtype)):  # reference, eager, ember
+                leaves = [t.detach().to(kind).requires_grad_() for t in (x, w, b)]
+                if shift and kind == dtype:  # keep x misaligned: a leaf viewing the shifted storage
+                    leaves[0] = base.detach().clone()[shift:].view(rows, width).requires_grad_()
+                f(*leaves).backward(g.to(kind))
+                grads.append([t.grad.double() for t in leaves])
+            # the weights' gradients sum 1000 rows of 16-bit products: no worse than eager's
+            for i, (ref, eager, got) in enumerate(zip(*grads)):
+                assert _error(got, ref) <= 2 * _error(eager, ref) + 1e-6, (fn.__name__, rows, width, shift, i)
+
+
+def _error(t: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((t - ref).norm() / ref.norm()).item()

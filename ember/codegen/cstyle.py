@@ -319,6 +319,9 @@ class BodyRenderer:
         # value id -> what a load reads or a store writes instead of ``buffer[index]`` (an element
         # of a vector the CUDA backend loads or stores for a group of elements)
         self.vector_access: dict[int, str] = {}
+        # chunk store id -> the register that keeps the run's partial sum instead of the
+        # partials buffer (the CUDA backend's row blocks, which store it at the run's end)
+        self.kept_partials: dict[int, str] = {}
         self.uses_err = any(v.kind == "alu" and v.arg in INT_DIVISION_OPS and not v.dtype.is_float
                             and lang.flags_int_division
                             or v.kind == "checkindex" and lang.checks_indices for v in kernel.values)
@@ -342,8 +345,11 @@ class BodyRenderer:
         lang = self.lang
         if v.kind == "store" and v.srcs[0].kind == "chunksum":  # add this row to the run's partial
             dtype = self.buffer_dtype[v.arg.buffer]
-            ref = self.access(v)
-            return f"{ref} = {lang.store(dtype, f'{lang.load(dtype, ref)} + {self.name(v.srcs[0].srcs[0])}')};"
+            ref, value = self.access(v), self.name(v.srcs[0].srcs[0])
+            update = f"{ref} = {lang.store(dtype, f'{lang.load(dtype, ref)} + {value}')};"
+            if id(v) in self.kept_partials:
+                return f"{self.kept_partials[id(v)]} += {value};"
+            return update
         if v.kind == "store":
             dtype = self.buffer_dtype[v.arg.buffer]
             value = lang.store(dtype, self.name(v.srcs[0]))
