@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import sympy
@@ -44,7 +43,7 @@ from ..ir.ops import Op
 from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, outer_var
 from .cstyle import BodyRenderer, Language, acc_init, acc_type, device_size_lines, index_expr
 from .cuda_prelude import MAX_BLOCKS, POINTWISE_THREADS, PRELUDE, REDUCTION_THREADS, UNROLL  # noqa: F401 (cuda.MAX_BLOCKS)
-from .cuda_vectors import VectorPlan, plan_loop, reread_loads
+from .cuda_vectors import RowForms, VectorPlan, plan_loop, row_forms
 from .wrapper import pexpr
 
 # float32 math spelled with CUDA's float functions (IEEE-accurate or within a few ulp, unlike the
@@ -149,7 +148,7 @@ class CudaKernelRenderer:
         self.strategy = strategy(kernel)
         self.lines: list[str] = []
         self.depth = 0
-        forms = row_forms(kernel) if self.strategy == "rows" else RowForms({}, {}, {}, ())
+        forms = _row_forms(kernel) if self.strategy == "rows" else RowForms({}, {}, {}, ())
         self.plans = forms.plans
         self.first_loop = forms.first_loop
         self.kept = forms.kept
@@ -545,44 +544,6 @@ class CudaKernelRenderer:
             self._block_reduce(values)
 
 
-@dataclass(frozen=True)
-class RowForms:
-    """The vector forms of a row kernel's loops, and what its rows keep in registers where a
-    block's one iteration covers a row (the flag ``ember_cached``, whose tests are
-    ``flag_tests`` besides that): reread loads ((buffer, index) -> first loop reading them) and
-    chunk stores' run partials (store id -> register array)."""
-
-    plans: dict[int, VectorPlan]
-    first_loop: dict[tuple[str, str], int]
-    kept: dict[int, str]
-    flag_tests: tuple[str, ...]
-
-
-def row_forms(kernel: Kernel) -> RowForms:
-    """A row kernel's loop plans. A loop that adds rows into a chunked kernel's run partials
-    takes its vector form only with the partials in registers: in memory, each thread adding
-    a group of consecutive partials per row scatters the block's accesses (2.5-3.6x slower
-    than the scalar loop, measured on an H100)."""
-    plans = {i: p for i in range(1, kernel.n_loops + 1) if (p := vector_plan(kernel, i)) is not None}
-    widths = {p.width for p in plans.values()}
-    keepable = len(widths) == 1 and not _too_long_to_keep(kernel, min(widths))
-    flag_tests = tuple(dict.fromkeys(c for p in plans.values() for c in p.conditions))
-    # full-precision float partials only: the same sums in the same order as in memory
-    wide = {p.name for p in kernel.params if p.dtype in (dt.float32, dt.float64)}
-    kept: dict[int, str] = {}
-    for loop in sorted({v.loop for v in kernel.chunk_stores} & set(plans)):
-        stores = [v for v in kernel.chunk_stores if v.loop == loop]
-        if keepable and all(v.arg.buffer in wide for v in stores):
-            kept.update({id(v): f"ember_part{len(kept) + i}" for i, v in enumerate(stores)})
-            plans[loop] = VectorPlan(plans[loop].width, plans[loop].values, ("ember_cached",))
-        else:
-            del plans[loop]
-    first_loop = reread_loads(plans) if keepable else {}
-    if not first_loop and not kept:
-        flag_tests = ()
-    return RowForms(plans, first_loop, kept, flag_tests)
-
-
 def vector_plan(kernel: Kernel, loop: int) -> VectorPlan | None:
     """The vector form of loop ``loop`` of ``kernel`` (0: a pointwise kernel's one loop), or None.
     Column kernels' lanes take rows, not consecutive elements: they keep the scalar loops."""
@@ -595,11 +556,9 @@ def vector_plan(kernel: Kernel, loop: int) -> VectorPlan | None:
     return plan_loop(kernel, kernel.loop_values(loop) + stores, kernel.inner, inner=True)
 
 
-def _too_long_to_keep(kernel: Kernel, width: int) -> bool:
-    """Are the rows statically longer than the largest block's one iteration covers? Then no
-    launch can keep them, and registers for it would only cost occupancy (CE's 32000 logits)."""
-    inner = sh.numel(kernel.inner)
-    return inner.is_number and int(inner) > REDUCTION_THREADS * UNROLL * width
+def _row_forms(kernel: Kernel) -> RowForms:
+    plans = {i: p for i in range(1, kernel.n_loops + 1) if (p := vector_plan(kernel, i)) is not None}
+    return row_forms(kernel, plans, REDUCTION_THREADS * UNROLL)
 
 
 def vector_width(kernel: Kernel) -> int:
@@ -607,7 +566,7 @@ def vector_width(kernel: Kernel) -> int:
     blocks and grid by it."""
     kind = strategy(kernel)
     if kind == "rows":
-        plans = list(row_forms(kernel).plans.values())
+        plans = list(_row_forms(kernel).plans.values())
     else:
         loops = [0] if kind == "pointwise" else range(1, kernel.n_loops + 1)
         plans = [p for p in map(lambda i: vector_plan(kernel, i), loops) if p is not None]
