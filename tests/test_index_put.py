@@ -12,6 +12,7 @@ from ember import ragged
 from ember.ragged.segment import segment_mean, segment_sum
 from ember.workloads.giou import make_batch, ragged_giou_loss
 
+from .conftest import DEVICE
 from .helpers import assert_same, check, kernel_count
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32]
@@ -180,3 +181,74 @@ def test_segment_sums_compile_to_kernels(dtype):
         report = check(fn, r, rtol=2e-2 if dtype == torch.bfloat16 else None,
                        atol=2e-2 if dtype == torch.bfloat16 else None)
         assert report.fallbacks == []
+
+
+# ---- CPU indices of GPU tensors ------------------------------------------------------------------
+# Eager moves x[idx]'s and index_put's indices to x's device; a graph that gets them on the CPU
+# moves them at entry, like a 0-d CPU tensor used as a scalar. Lowered here from a graph over
+# fake CUDA tensors (no GPU needed); tests/test_ops.py runs OpInfo's CPU-index samples on a GPU.
+
+def _lowered(mode, inputs: dict[str, torch.Tensor], body):
+    """An FX graph over ``inputs`` (fake tensors of ``mode``, or CPU tensors) built by
+    ``body(graph, placeholders)``, its nodes' values computed under ``mode``, lowered to ember's IR."""
+    from ember.frontend.lowering import lower_graph
+    graph = torch.fx.Graph()
+    nodes = {name: graph.placeholder(name) for name in inputs}
+    with mode:
+        for name, node in nodes.items():
+            t = inputs[name]
+            node.meta["val"] = t if isinstance(t, torch._subclasses.FakeTensor) else mode.from_tensor(t)
+        graph.output(body(graph, nodes))
+        for node in graph.nodes:
+            if node.op == "call_function":
+                args = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
+                node.meta["val"] = node.target(*args[0], **args[1])
+    return lower_graph(torch.fx.GraphModule(torch.nn.Module(), graph))
+
+
+def test_cpu_indices_of_gpu_tensors_move_to_the_gpu():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ember.driver import _graph_device
+    aten = torch.ops.aten
+    mode = FakeTensorMode()
+    with mode:  # tensors on a GPU this machine may not have
+        x, v = torch.empty(8, 3, device="cuda"), torch.empty(2, 3, device="cuda")
+    rows, cols = torch.tensor([1, 5]), torch.tensor([0, 4, 4, 7])
+
+    def put_then_take(g, n):
+        put = g.call_function(aten.index_put.default, (n["x"], [n["rows"]], n["v"]))
+        return g.call_function(aten.index.Tensor, (put, [n["cols"]]))
+    graph = _lowered(mode, {"x": x, "rows": rows, "v": v, "cols": cols}, put_then_take)
+    moved = {n.arg.name: (n.device, n.arg.to_device) for n in graph.inputs}
+    assert moved == {"x": ("cuda:0", None), "rows": ("cuda:0", "cuda:0"), "v": ("cuda:0", None),
+                     "cols": ("cuda:0", "cuda:0")}
+    assert _graph_device(graph) == "cuda"
+
+    # used as anything but indices (here: a value on the CPU too), a CPU tensor stays there, and
+    # the graph spanning devices runs through ATen, as before
+    def also_a_value(g, n):
+        taken = g.call_function(aten.index.Tensor, (n["x"], [n["rows"]]))
+        return taken, g.call_function(aten.mul.Tensor, (n["rows"], 2))
+    graph = _lowered(mode, {"x": x, "rows": rows}, also_a_value)
+    assert {n.arg.name: n.arg.to_device for n in graph.inputs} == {"x": None, "rows": None}
+    with pytest.raises(NotImplementedError, match="graph spans devices"):
+        _graph_device(graph)
+
+    # strided indices would not keep their strides through .to(): they stay, and so does the rest
+    def take(g, n):
+        return g.call_function(aten.index.Tensor, (n["x"], [n["rows"]]))
+    graph = _lowered(mode, {"x": x, "rows": torch.tensor([1, 0, 5, 0])[::2]}, take)
+    assert [n.arg.to_device for n in graph.inputs] == [None, None]
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU: EMBER_TEST_DEVICE=cuda")
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_cpu_indices_of_gpu_tensors_compile_on_the_gpu(backend):
+    x, v = torch.randn(64, 16, device="cuda"), torch.randn(3, 16, device="cuda")
+    rows = torch.tensor([1, 5, -2])  # on the CPU, as eager allows
+
+    def fn(x, rows, v):
+        return torch.index_put(x, (rows,), v * 2)[rows] + x[rows]
+
+    check(fn, x, rows, v, options={"gpu_backend": backend})  # compiled, every kernel built, as eager

@@ -38,6 +38,8 @@ CASES = {
     "ragged_giou": (ragged_giou_loss, lambda: (lambda p, t, _: (p, ragged.from_list(t)))(*make_batch(24))),
     "search_index": (lambda s, q, x: x[torch.searchsorted(s, q, right=True) - 1, 1:] * 2,
                      lambda: (torch.tensor([0, 2, 2, 7]), torch.arange(9), torch.randn(4, 3))),
+    # a gather at a one-element index: the loaded index is a scalar, the load's mask a block
+    "gather_one_element": (lambda x, i: torch.index_select(x, 0, i) * 2, lambda: (torch.randn(1), torch.tensor([0]))),
     "index_put": (lambda x, i, j, v: (x.index_put((i, j), v * 2, accumulate=True), x.index_add(0, j, x[i] * 3)),
                   lambda: (torch.randn(6, 6), torch.tensor([5, 0, 0, -2]), torch.tensor([1, 1, 1, 3]), torch.randn(4))),
     "stack_scatter": (lambda x, i: torch.zeros(5, 2).index_put((i,), torch.stack([x.sin(), x.cos()], -1), True),

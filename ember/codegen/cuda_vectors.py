@@ -16,7 +16,8 @@ never straddles two rows and every group is whole.
 
 Accesses left scalar inside a vector loop: gathers (their index is data), guarded loads (their
 guard may be what keeps the address valid), accumulating stores and the column sums' stores,
-and any access not unit-step along the fastest dimension (a broadcast or transposed operand).
+stores to a buffer another store of the loop writes too, and any access not unit-step along the
+fastest dimension (a broadcast or transposed operand).
 Segment kernels (ragged rows, whose start comes from the offsets) keep the scalar loop.
 
 Row kernels go further where a block's one iteration covers a row (``row_forms``): every thread
@@ -59,7 +60,13 @@ def plan_loop(kernel: Kernel, values: list[Value], extents: tuple[sympy.Expr, ..
         return None
     var = (inner_var if inner else outer_var)(len(extents) - 1)
     dtypes = {p.name: p.dtype for p in kernel.params}
-    candidates = [v for v in values if _vectorizable(v, var)]
+    # a vector store lands after its group's statements: only where no other store of the loop
+    # writes the buffer (a scatter into a copied tensor), whose order it would change
+    writes: dict[str, int] = {}
+    for v in values:
+        if v.kind == "store":
+            writes[v.arg.buffer] = writes.get(v.arg.buffer, 0) + 1
+    candidates = [v for v in values if _vectorizable(v, var) and (v.kind == "load" or writes[v.arg.buffer] == 1)]
     if not candidates:
         return None
     width = min(MAX_WIDTH, VECTOR_BYTES // max(dtypes[v.arg.buffer].itemsize for v in candidates))

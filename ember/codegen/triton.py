@@ -246,6 +246,10 @@ class TritonKernelRenderer:
             if mask and self._skips(v):
                 mask = f"{mask} & {self.name(v.guard)}"
             pointer = self._pointer(v)
+            if mask and v.arg.bindings and self.kind == "pointwise":
+                # at loaded indices that may be scalars (a gather at one index): the pointer
+                # takes the mask's block shape
+                pointer += " + 0 * xindex"
             other = self.load_other.get(id(v), "0")
             load = f"tl.load({pointer}" + (f", {mask}, other={other})" if mask else ")")
             if dtype.is_low_precision:

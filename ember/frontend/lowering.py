@@ -217,11 +217,29 @@ def _flat_outputs(out: Any) -> list[Any]:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
+_aten = torch.ops.aten
+# ops whose indices eager moves to the indexed tensor's device (x_cuda[idx_cpu] is allowed)
+_MOVES_INDICES = frozenset({_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default,
+                            _aten._unsafe_index.Tensor, _aten._unsafe_index_put.default})
+
+
+def _only_indexes(fx_node: torch.fx.Node) -> bool:
+    """Is this input used only among the indices of ops that move indices to their tensor's device?"""
+    users = list(fx_node.users)
+    return bool(users) and all(
+        u.op == "call_function" and u.target in _MOVES_INDICES and len(u.args) > 1
+        and any(i is fx_node for i in (u.args[1] or ()))
+        and all(a is not fx_node for a in (u.args[0], *u.args[2:], *u.kwargs.values()))
+        for u in users)
+
+
 def _placeholder(fx_node: torch.fx.Node, index: int, val: Any, device: str, donated: bool = False) -> Node:
     name = fx_node.name
     if isinstance(val, torch.Tensor):
         dtype = dt.from_torch(val.dtype) if dt.is_supported_torch(val.dtype) else None
-        moved = device if val.dim() == 0 and str(val.device) == "cpu" and device != "cpu" else None
+        on_host = str(val.device) == "cpu" and device != "cpu"
+        # (a dense copy keeps its strides; .to() of any other layout would not)
+        moved = device if on_host and (val.dim() == 0 or val.is_contiguous() and _only_indexes(fx_node)) else None
         spec = InputSpec(index, name, "tensor", sh.shape(val.stride()), to_device=moved, donated=donated and not moved)
         return make(Op.INPUT, (), spec, dtype=dtype, shape=sh.shape(val.shape), device=moved or str(val.device))
     if _is_sym(val) or isinstance(val, int | float | bool):

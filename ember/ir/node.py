@@ -37,7 +37,8 @@ class InputSpec:
     kind: str = "tensor"
     strides: tuple[sympy.Expr, ...] | None = None  # tensors: element strides, possibly symbolic
     expr: sympy.Expr | None = None                 # symints: the size expression it carries
-    # a 0-d CPU tensor in a GPU graph (eager allows those as scalars): moved to this device first
+    # a CPU tensor in a GPU graph where eager allows one (a 0-d tensor as a scalar, the indices of
+    # x[idx] and x[idx] = v): moved to this device first
     to_device: str | None = None
     # a backward's saved tensor that nothing else can see (AOTAutograd's donated buffers): once
     # read for the last time, a kernel may write its output over it
