@@ -346,10 +346,9 @@ class BodyRenderer:
         if v.kind == "store" and v.srcs[0].kind == "chunksum":  # add this row to the run's partial
             dtype = self.buffer_dtype[v.arg.buffer]
             ref, value = self.access(v), self.name(v.srcs[0].srcs[0])
-            update = f"{ref} = {lang.store(dtype, f'{lang.load(dtype, ref)} + {value}')};"
             if id(v) in self.kept_partials:
                 return f"{self.kept_partials[id(v)]} += {value};"
-            return update
+            return f"{ref} = {lang.store(dtype, f'{lang.load(dtype, ref)} + {value}')};"
         if v.kind == "store":
             dtype = self.buffer_dtype[v.arg.buffer]
             value = lang.store(dtype, self.name(v.srcs[0]))

@@ -153,6 +153,7 @@ class CudaKernelRenderer:
         self.first_loop = forms.first_loop
         self.kept = forms.kept
         self.flag_tests = forms.flag_tests
+        self.row_width = next(iter(self.plans.values())).width if self.plans else 0  # one width, when kept
         self.cached = {key: f"ember_cache{i}" for i, key in enumerate(self.first_loop)}
         self.loop = 0  # the inner loop being rendered
 
@@ -272,12 +273,12 @@ class CudaKernelRenderer:
         first = [sympy.Symbol(f"{var(i).name}_g", integer=True, nonnegative=True) for i in range(len(extents))]
         self._decompose(f"{flat}_first", extents, lambda i: first[i])
         at_first = {var(i): first[i] for i in range(len(extents))}
-        dtypes = {p.name: p.dtype for p in self.k.params}
+        where = {id(v): f"{v.arg.buffer} + ({index_expr(sympy.sympify(v.arg.index).xreplace(at_first))})"
+                 for v in plan.values}  # the group's first element
         for v in plan.values:
-            ctype, name = CUDA.storage[dtypes[v.arg.buffer]], f"{self.body.name(v)}_vec"
-            where = f"{v.arg.buffer} + ({index_expr(sympy.sympify(v.arg.index).xreplace(at_first))})"
+            ctype, name = CUDA.storage[self.body.buffer_dtype[v.arg.buffer]], f"{self.body.name(v)}_vec"
             if v.kind == "load":
-                load = f"ember_load_vec<{ctype}, {width}>({where})"
+                load = f"ember_load_vec<{ctype}, {width}>({where[id(v)]})"
                 key = (v.arg.buffer, str(v.arg.index))
                 if key in self.cached and self.first_loop[key] == self.loop:  # kept for later loops
                     self.emit(f"const EmberVec<{ctype}, {width}> {name} = {load};")
@@ -306,9 +307,8 @@ class CudaKernelRenderer:
         self.close()
         for v in plan.values:
             if v.kind == "store":
-                ctype = CUDA.storage[dtypes[v.arg.buffer]]
-                where = f"{v.arg.buffer} + ({index_expr(sympy.sympify(v.arg.index).xreplace(at_first))})"
-                self.emit(f"ember_store_vec<{ctype}, {width}>({where}, {self.body.name(v)}_vec);")
+                ctype = CUDA.storage[self.body.buffer_dtype[v.arg.buffer]]
+                self.emit(f"ember_store_vec<{ctype}, {width}>({where[id(v)]}, {self.body.name(v)}_vec);")
         self.body.vector_access.clear()
         self.body.kept_partials.clear()
         self.close(3)
@@ -331,12 +331,11 @@ class CudaKernelRenderer:
         if self.k.segment_length is None:  # a segment kernel's rows each load their own
             self._count("ember_inner", self.k.inner, "elements of a row: the inner domain")
         if self.flag_tests:
-            width = next(iter(self.plans.values())).width
             tests = self.flag_tests
             self.emit("// every loop in groups, one iteration per thread (its block covers a row): the first loop")
             self.emit("// reading a group keeps it in registers for the later loops, and the row is read once;")
             self.emit("// the thread's share of the run's partial sums stays in registers too")
-            self.emit(f"const bool ember_cached = (I)blockDim.x * EMBER_UNROLL * {width} >= ember_inner"
+            self.emit(f"const bool ember_cached = (I)blockDim.x * EMBER_UNROLL * {self.row_width} >= ember_inner"
                       f"{''.join(f' && {t}' for t in tests)};")
         if self.strategy == "rows":
             if self.k.chunks:
@@ -344,10 +343,9 @@ class CudaKernelRenderer:
             else:
                 self.emit("// one block per row; blocks stride over the rows")
                 self.open("for (I ember_row = blockIdx.x; ember_row < ember_rows; ember_row += gridDim.x) {")
-            dtypes = {p.name: p.dtype for p in self.k.params}
             for (buffer, _), name in self.cached.items():
-                width = next(iter(self.plans.values())).width
-                self.emit(f"EmberVec<{CUDA.storage[dtypes[buffer]]}, {width}> {name}[EMBER_UNROLL];")
+                self.emit(f"EmberVec<{CUDA.storage[self.body.buffer_dtype[buffer]]}, {self.row_width}> "
+                          f"{name}[EMBER_UNROLL];")
         else:
             self.emit("const unsigned ember_lane = threadIdx.x & 31u, ember_warp = threadIdx.x >> 5;")
             self.emit("const unsigned ember_warps = blockDim.x >> 5;")
@@ -392,12 +390,10 @@ class CudaKernelRenderer:
         self.close(3)
         if self.kept:
             self.emit("__syncthreads();  // the run's end stores the partials in groups, not in this loop's order")
-        width = next(iter(self.plans.values())).width if self.kept else 0
-        dtypes = {p.name: p.dtype for p in self.k.params}
         for v in self.k.chunk_stores:
             if id(v) in self.kept:
-                ctype = CUDA.compute(dtypes[v.arg.buffer])
-                self.emit(f"{ctype} {self.kept[id(v)]}[EMBER_UNROLL][{width}] = {{}};  // this thread's partials")
+                ctype = CUDA.compute(self.body.buffer_dtype[v.arg.buffer])
+                self.emit(f"{ctype} {self.kept[id(v)]}[EMBER_UNROLL][{self.row_width}] = {{}};  // its partials")
         self.emit("const I ember_end = ember_rows < ember_per * ((I)blockIdx.x + 1) ? ember_rows "
                   ": ember_per * ((I)blockIdx.x + 1);")
         self.open("for (I ember_row = ember_per * (I)blockIdx.x; ember_row < ember_end; ++ember_row) {")
@@ -405,8 +401,7 @@ class CudaKernelRenderer:
     def _store_kept_partials(self) -> None:
         """After the run: the partial sums kept in registers to the partials buffer, each thread
         its groups (those of its one iteration of the loops)."""
-        width = next(iter(self.plans.values())).width
-        dtypes = {p.name: p.dtype for p in self.k.params}
+        width = self.row_width
         self.open("if (ember_cached) {  // the run's partials, from registers")
         self.emit("#pragma unroll")
         self.open("for (int ember_u = 0; ember_u < EMBER_UNROLL; ++ember_u) {")
@@ -418,7 +413,7 @@ class CudaKernelRenderer:
         self._decompose("ember_r", self.k.inner, inner_var)
         for v in self.k.chunk_stores:
             if id(v) in self.kept:
-                value = CUDA.store(dtypes[v.arg.buffer], f"{self.kept[id(v)]}[ember_u][ember_k]")
+                value = CUDA.store(self.body.buffer_dtype[v.arg.buffer], f"{self.kept[id(v)]}[ember_u][ember_k]")
                 self.emit(f"{self.body.access(v)} = {value};")
         self.close(4)
 

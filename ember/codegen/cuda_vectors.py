@@ -140,9 +140,8 @@ def reread_loads(plans: dict[int, VectorPlan]) -> dict[tuple[str, str], int]:
     (buffer, index) -> the first loop reading it. Where a thread takes one iteration of each loop
     (its block covers the row), its groups are the same in every loop, so the first loop can keep
     them in registers for the others instead of their reading the row again (softmax's three
-    loops read it once). Only for plans of one width: groups of another width are other elements."""
-    if len({p.width for p in plans.values()}) != 1:
-        return {}
+    loops read it once). ``plans`` are of one width (``row_forms`` asks only then): groups of
+    another width would be other elements."""
     seen: dict[tuple[str, str], list[int]] = {}
     for loop in sorted(plans):
         for v in plans[loop].values:

@@ -360,9 +360,10 @@ class CudaKernel:
                 state["geometry"].clear()
             big, grid, block = plan_launch(self.strategy, outer, inner, state["sms"], state["max_threads"],
                                            self.meta.get("vector", 1))
-            if not self.meta.get("chunks"):  # grids stride: no more blocks than run at once
+            if self.meta.get("chunks"):  # a chunked row kernel: a block per run of rows
+                grid = self.meta["chunks"]
+            else:  # grids stride: no more blocks than run at once
                 grid = min(grid, self._resident(state, big, block))
-            grid = self.meta.get("chunks") or grid  # a chunked row kernel: a block per run of rows
             if self.meta.get("row_reductions"):  # a workspace slot per block
                 grid = min(grid, cuda.MAX_BLOCKS)
             geometry = state["geometry"][(outer, inner)] = (state["functions"][big], grid, block)
