@@ -65,12 +65,15 @@ def check(fn: Callable[..., Any], *args: Any, dynamic: bool | None = None, optio
     """ember(fn)(*args) equals fn(*args), every graph compiled and (unless ``expect_built`` is
     False) every kernel built; returns the report. Inputs are cloned for each side."""
     ref = fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+    failures = ember.stats()["build_failures"]
     out, report = run(fn, *[a.clone() if isinstance(a, torch.Tensor) else a for a in args],
                       dynamic=dynamic, options=options)
     assert_same(out, ref, rtol, atol)
     assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
     if expect_built:
         assert all(k.built for k in report.kernels), [k.name for k in report.kernels if not k.built]
+        # (a Triton kernel compiles at its first launch: one that failed there ran through ATen)
+        assert ember.stats()["build_failures"] == failures, "a kernel fell back to ATen at its first launch"
     return report
 
 

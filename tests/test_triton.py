@@ -40,6 +40,12 @@ CASES = {
                      lambda: (torch.tensor([0, 2, 2, 7]), torch.arange(9), torch.randn(4, 3))),
     # a gather at a one-element index: the loaded index is a scalar, the load's mask a block
     "gather_one_element": (lambda x, i: torch.index_select(x, 0, i) * 2, lambda: (torch.randn(1), torch.tensor([0]))),
+    # a replicate pad cut to one row: that row's index is a constant, not an expression
+    "replicate_pad_one_row": (lambda x: F.pad(x, (-2, -1, -4, 0), mode="replicate") * 2,
+                              lambda: (torch.randn(3, 5, 5),)),
+    # fp32 cross-entropy over short rows: online softmax's row max crashed Triton 3.6's compiler
+    # in the small looped tiles the heuristic picks (the compile test below tries them)
+    "cross_entropy_f32": (lambda x, t: F.cross_entropy(x, t), lambda: (torch.randn(4, 3), torch.randint(0, 3, (4,)))),
     "index_put": (lambda x, i, j, v: (x.index_put((i, j), v * 2, accumulate=True), x.index_add(0, j, x[i] * 3)),
                   lambda: (torch.randn(6, 6), torch.tensor([5, 0, 0, -2]), torch.tensor([1, 1, 1, 3]), torch.randn(4))),
     "stack_scatter": (lambda x, i: torch.zeros(5, 2).index_put((i,), torch.stack([x.sin(), x.cos()], -1), True),
@@ -262,9 +268,10 @@ for job in jobs:
     spec.loader.exec_module(module)
     for kernel in job["kernels"]:
         fn = getattr(module, kernel["name"])
-        for constexprs in kernel["variants"]:
-            triton.compile(ASTSource(fn=fn, signature=kernel["signature"], constexprs=constexprs),
-                           target=GPUTarget("cuda", 90, 32))
+        for variant in kernel["variants"]:
+            options = {k: variant.pop(k) for k in ("num_warps", "num_stages") if k in variant}
+            triton.compile(ASTSource(fn=fn, signature=kernel["signature"], constexprs=variant),
+                           target=GPUTarget("cuda", 90, 32), options=options)
             done += 1
 print(done)
 """
@@ -292,6 +299,12 @@ def _compile_jobs(report, tmp_path, tag):
             variants = [dict(BIG=False, XBLOCK=2, RBLOCK=128, PERSISTENT=p, NPROG_BLOCK=1) for p in (True, False)]
             if "elif NPROG_BLOCK > 1:" in k.source:  # rows split over programs
                 variants.append(dict(BIG=False, XBLOCK=2, RBLOCK=128, PERSISTENT=False, NPROG_BLOCK=4))
+            if "row_max" in k.source:  # online softmax in small looped tiles, as the heuristic
+                # picks for short rows: these crashed Triton 3.6's thread-locality pass (fp32)
+                variants += [dict(BIG=False, XBLOCK=1, RBLOCK=16, PERSISTENT=False, NPROG_BLOCK=1,
+                                  num_warps=4, num_stages=1),
+                             dict(BIG=False, XBLOCK=4, RBLOCK=4, PERSISTENT=False, NPROG_BLOCK=1,
+                                  num_warps=8, num_stages=2)]
         elif kind == "full":
             variants = [dict(BIG=True, XBLOCK=1, RBLOCK=1024, PERSISTENT=False, NPROG_BLOCK=64)]
         else:

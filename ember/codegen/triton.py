@@ -185,6 +185,13 @@ class TritonKernelRenderer:
     def index(self, e: sympy.Expr) -> str:
         return pexpr(self.flat(e), ("tl.maximum", "tl.minimum"))
 
+    def index_as(self, e: sympy.Expr, dtype: str) -> str:
+        """An index expression as a tensor of ``dtype``; a constant one (a replicate pad's
+        clamped row) is a one-element tensor, not a Python int, which has no ``.to``."""
+        if sympy.sympify(e).is_number:
+            return f"tl.full([1], {int(e)}, {dtype})"
+        return f"({self.index(e)}).to({dtype})"
+
     def flat(self, e: sympy.Expr) -> sympy.Expr:
         """Rewrite c * (row-major index over the outer or inner dims) + rest as c * xindex + rest
         (or rindex): o1 + 4096*o0 is just xindex, and Triton only sees contiguity it can read."""
@@ -261,7 +268,7 @@ class TritonKernelRenderer:
             bound = pexpr(v.arg[0])
             return f"{self.name(v)} = tl.minimum(tl.maximum({self.name(v.srcs[0])}.to(tl.int64), 0), {bound} - 1)"
         if v.kind == "index":
-            return f"{self.name(v)} = ({self.index(v.arg)}).to({compute_type(v.dtype)})"
+            return f"{self.name(v)} = {self.index_as(v.arg, compute_type(v.dtype))}"
         if v.kind == "search":
             self._search(v)
             return None
@@ -340,7 +347,7 @@ class TritonKernelRenderer:
         return f"tl.where({mask}, {x}, {typed_neutral(v.arg.op, v.srcs[0].dtype)})"
 
     def _position(self, v: Value) -> str:
-        return f"tl.broadcast_to(({self.index(v.arg.position)}).to(tl.int64), {self.name(v.srcs[0])}.shape)"
+        return f"tl.broadcast_to({self.index_as(v.arg.position, 'tl.int64')}, {self.name(v.srcs[0])}.shape)"
 
     def reduce_block(self, v: Value, operand: str, position: str | None = None) -> str:
         fn = combine_fn(v.arg.op, v.srcs[0].dtype)
@@ -510,7 +517,8 @@ class TritonKernelRenderer:
             for v in partners:  # a running (max, sum) per row, not per lane
                 # (kept as [XBLOCK] vectors, expanded only against the chunk: a [XBLOCK, 1] value
                 # is held, and computed, once per element of the chunk a thread holds)
-                self.emit(f"row_max{self.name(online[v])} = tl.full([XBLOCK], float('-inf'), tl.float32)")
+                # (through eh.opaque: a constant start trips a Triton 3.6 compile crash, see there)
+                self.emit(f"row_max{self.name(online[v])} = eh.opaque(tl.full([XBLOCK], float('-inf'), tl.float32))")
                 self.emit(f"row_sum{self.name(v)} = tl.full([XBLOCK], 0, tl.float32)")
             for v in reductions:
                 if any(online[p] is v for p in partners):

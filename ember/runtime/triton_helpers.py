@@ -237,6 +237,10 @@ if INTERPRET:
         return tl.exp(x)
 
     @triton.jit
+    def opaque(x):
+        return x
+
+    @triton.jit
     def fmod_float(a, b):
         return a - trunc(a / b) * b
 else:
@@ -329,6 +333,15 @@ else:
         # (online softmax), where every term below 2^-126 is lost next to the max's term of 1
         return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
                                          dtype=tl.float32, is_pure=True, pack=1)
+
+    @triton.jit
+    def opaque(x):
+        # x, through a move Triton's MLIR passes cannot see through: a loop's running row max
+        # starts from this, not from a constant. Triton 3.6's thread-locality pass rewrites a
+        # loop whose accumulator starts from a constant and is updated by max(acc, max(load)),
+        # and asserts (a compile crash) when the loop's result has more than one use, which
+        # online softmax's row max can have once layouts are rematerialized (fp32 inputs).
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
 
     @triton.jit
     def fmod_float(a, b):
