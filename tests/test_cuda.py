@@ -51,18 +51,24 @@ def sources(report: ember.Report, tag: str) -> list[str]:
     return out
 
 
-def nvcc(kernels: list[str], path) -> str | None:
-    """Compile kernels with the CUDA prelude to an sm_90 cubin; the error text if that fails."""
+def nvcc(kernels: list[str], path, wide: bool = False) -> str | None:
+    """Compile kernels with the CUDA prelude to an sm_90 cubin (``wide``: their 64-bit-index
+    entry points); the error text if that fails."""
     path.write_text(cuda.PRELUDE + "\n" + "\n\n".join(kernels) + "\n")
-    cmd = [NVCC, "-cubin", "-arch=sm_90", "-std=c++17", "-o", str(path.with_suffix(".cubin")), str(path)]
+    cubin = path.with_suffix(".i64.cubin" if wide else ".cubin")
+    cmd = [NVCC, "-cubin", "-arch=sm_90", "-std=c++17", *([cuda_backend.WIDE_INDEX] if wide else []),
+           "-o", str(cubin), str(path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    return None if proc.returncode == 0 else f"{path}:\n{proc.stderr[-4000:]}"
+    return None if proc.returncode == 0 else f"{path}{' (wide)' if wide else ''}:\n{proc.stderr[-4000:]}"
 
 
 def compile_batches(kernels: list[str], tmp_path, per_file: int) -> None:
+    """Each batch twice: its 32-bit-index entry points, and (as the backend builds them when a
+    launch needs them) its 64-bit ones."""
     batches = [kernels[i:i + per_file] for i in range(0, len(kernels), per_file)]
+    jobs = [(i, batch, wide) for i, batch in enumerate(batches) for wide in (False, True)]
     with ThreadPoolExecutor(2) as pool:
-        errors = list(pool.map(lambda ib: nvcc(ib[1], tmp_path / f"batch{ib[0]}.cu"), enumerate(batches)))
+        errors = list(pool.map(lambda j: nvcc(j[1], tmp_path / f"batch{j[0]}_{int(j[2])}.cu", j[2]), jobs))
     failed = [e for e in errors if e]
     assert not failed, "\n\n".join(failed)
 
@@ -240,6 +246,79 @@ def test_launch_meta(kernels_of):
     assert cuda.render_module([k, giou]).startswith(cuda.PRELUDE)
 
 
+class FakeDriver:
+    """The few driver calls a launch makes; launches are recorded by function."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+        CUDA_ERROR_INVALID_CONTEXT = 201
+
+    def __init__(self):
+        self.launched = []
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, fn, block, smem):
+        return 0, 8
+
+    def CUstream(self, raw):
+        return raw
+
+    def cuLaunchKernel(self, fn, *geometry_stream_args):
+        self.launched.append(fn)
+        return (0,)
+
+
+class FakeWideModule:
+    def __init__(self, error: Exception | None = None):
+        self.asked, self.error = [], error
+
+    def function(self, device, name):
+        self.asked.append(name)
+        if self.error:
+            raise self.error
+        return "i64 entry"
+
+
+def test_64_bit_entry_points_build_at_the_first_launch_that_needs_them(kernels_of, monkeypatch):
+    """The build loads the 32-bit entry points; a 64-bit one is asked for (compiled, once per
+    module) only when a launch reaches 2^31 elements. If it fails to build, that kernel's ops run
+    through ATen from then on, with one warning."""
+    (k,), _ = kernels_of(lambda x: x.exp() + 1, torch.randn(4, 5), dynamic=True)
+    meta = cuda.launch_meta(k)
+    driver = FakeDriver()
+    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
+    monkeypatch.setattr(cuda_backend, "_current_device", lambda: 0)
+    monkeypatch.setattr(cuda_backend, "_current_stream", lambda device: 7)
+
+    def launcher(wide, fallback=None):
+        kernel = cuda_backend.CudaKernel(k.name, meta, None, wide, fallback)
+        kernel._devices[0] = {"functions": ["i32 entry", None], "max_threads": 1024, "sms": 132,
+                              "geometry": {}, "workspaces": {}, "resident": {}}
+        return kernel
+
+    pointers = (1,) * meta["n_params"]
+    small, big, bigger = (4, 5), (1 << 16, 1 << 15), (1 << 16, 1 << 16)
+    wide = FakeWideModule()
+    kernel = launcher(wide)
+    kernel(*pointers, *small)
+    assert driver.launched == ["i32 entry"] and wide.asked == []
+    kernel(*pointers, *big)
+    kernel(*pointers, *bigger)
+    assert driver.launched == ["i32 entry", "i64 entry", "i64 entry"] and wide.asked == [f"{k.name}_i64"]
+
+    ran_through_aten = []
+    kernel = launcher(FakeWideModule(BuildError("ptxas ran out of registers")),
+                      lambda *args: ran_through_aten.append(args[meta["n_params"]:]))
+    driver.launched.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for sizes in (small, big, small):
+            kernel(*pointers, *sizes)
+    assert driver.launched == ["i32 entry"] and ran_through_aten == [big, small]
+    assert [str(w.message) for w in caught if "failed to compile or launch" in str(w.message)] == [
+        f"ember: CUDA kernel {k.name} failed to compile or launch (BuildError: ptxas ran out of registers); "
+        "its ops run through ATen instead."]
+
+
 def test_explain_renders_cuda_kernels_on_a_cpu_machine():
     report = explain(F.gelu, torch.randn(8, 32))
     (k,) = report.kernels
@@ -272,6 +351,11 @@ def test_cubins_are_cached_on_disk(tmp_path, monkeypatch):
         again, cached, path2 = cuda_backend.compile_module(source, "sm_90", tmp_path)
         assert cached and again == image and path2 == path
         assert cuda_backend.compile_module(source, "sm_80", tmp_path)[2] != path  # the key covers the arch
+        # one entry point per compile: the 64-bit one only with EMBER_WIDE_INDEX
+        wide, cached, wide_path = cuda_backend.compile_module(source, "sm_90", tmp_path, wide=True)
+        assert not cached and wide_path != path and wide[:4] == b"\x7fELF"
+        assert k.name.encode() + b"\0" in image and f"{k.name}_i64".encode() not in image
+        assert f"{k.name}_i64".encode() + b"\0" in wide and k.name.encode() + b"\0" not in wide
         with pytest.raises(BuildError, match="error"):
             cuda_backend.compile_module(source + "this is not C++;\n", "sm_90", tmp_path)
     finally:

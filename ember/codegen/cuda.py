@@ -23,7 +23,9 @@ finds every group aligned; row kernels whose loops read a row alike keep the fir
 in registers for the others when a block's one iteration covers the row. Each kernel's body is a device
 function template over its index type ``I``; two ``extern "C"``
 entry points instantiate it: ``<name>`` with 32-bit unsigned flat indices (launched when
-outer * inner < 2^31) and ``<name>_i64`` with 64-bit ones. Only the flat-index arithmetic (the
+outer * inner < 2^31) and ``<name>_i64`` with 64-bit ones. A compile builds one of them:
+``<name>`` by default, ``<name>_i64`` with ``EMBER_WIDE_INDEX`` defined, which the CUDA backend
+does only when a launch first needs it. Only the flat-index arithmetic (the
 loop counters and their / and % decomposition) uses ``I``; addresses are always int64.
 
 The source compiles with NVRTC (no headers at all) and with plain ``nvcc -cubin``.
@@ -204,10 +206,18 @@ class CudaKernelRenderer:
             self._full()
         self.close()
         args = ", ".join(self.arguments())
-        for suffix, itype in (("", "uint32_t"), ("_i64", "int64_t")):
-            self.emit(f'extern "C" __global__ void __launch_bounds__({threads}) {k.name}{suffix}({params}) {{')
-            self.emit(f"  {k.name}_body<{itype}>({args});")
-            self.emit("}")
+        # One entry point per compile: the 64-bit one is built (with EMBER_WIDE_INDEX defined) only
+        # when a launch needs it, so a cold start compiles each body once, not twice
+        entry = f'extern "C" __global__ void __launch_bounds__({threads}) {k.name}{{}}({params}) {{{{'
+        self.emit("#ifndef EMBER_WIDE_INDEX")
+        self.emit(entry.format(""))
+        self.emit(f"  {k.name}_body<uint32_t>({args});")
+        self.emit("}")
+        self.emit("#else")
+        self.emit(entry.format("_i64"))
+        self.emit(f"  {k.name}_body<int64_t>({args});")
+        self.emit("}")
+        self.emit("#endif")
         return "\n".join(self.lines)
 
     # ---- index setup ----------------------------------------------------------------------

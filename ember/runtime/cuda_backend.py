@@ -4,6 +4,9 @@ architecture, loaded and launched through the CUDA driver API (NVIDIA's cuda-pyt
 Build: the module's source (codegen/cuda.py) is compiled to a cubin by NVRTC (``nvcc -cubin`` when
 NVRTC's Python bindings are missing), cached on disk as ``<key>.cu`` and ``<key>.cubin`` under
 ``cache_dir/cuda``, the key a hash of source, architecture, compiler version and options.
+The build compiles each kernel's 32-bit-index entry point; the 64-bit ones (``EMBER_WIDE_INDEX``)
+are compiled, as a second module from the same source, at the first launch whose flat indices
+reach 2^31 (a failure there sends that kernel's ops through ATen, with one warning).
 Load: ``cuModuleLoadData`` in the device's primary context, the one PyTorch's runtime uses.
 Launch: each kernel's callable takes the wrapper's ``(data_ptr()..., sizes...)``, computes its grid
 from the sizes and the device's SM count, and calls ``cuLaunchKernel`` on PyTorch's current stream:
@@ -36,10 +39,11 @@ from ..codegen import cuda
 from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
 from . import stats
-from .backend import Backend, BuildError, BuiltKernels
+from .backend import Backend, BuildError, BuiltKernels, fall_back
 
 NEEDS_CUDA_PYTHON = "the CUDA backend needs NVIDIA's cuda-python (cuda-bindings): pip install cuda-python"
 NVRTC_OPTIONS = ("-std=c++17",)  # IEEE division/sqrt and accurate math: no --use_fast_math
+WIDE_INDEX = "-DEMBER_WIDE_INDEX"  # builds the 64-bit-index entry points (codegen/cuda.py)
 BLOCKS_PER_SM = 32               # resident blocks per SM on Hopper/Ampere (bounds the grids below)
 THREADS_PER_SM = 2048
 
@@ -104,9 +108,9 @@ def compiler_id() -> str:
     return f"nvcc {out.splitlines()[-1] if out else nvcc}"
 
 
-def cache_key(source: str, arch: str, compiler: str) -> str:
+def cache_key(source: str, arch: str, compiler: str, options: tuple[str, ...] = NVRTC_OPTIONS) -> str:
     h = hashlib.sha256()
-    for part in (source, arch, compiler, " ".join(NVRTC_OPTIONS)):
+    for part in (source, arch, compiler, " ".join(options)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
@@ -118,28 +122,31 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def compile_module(source: str, arch: str, cache_dir: Path) -> tuple[bytes, bool, Path]:
-    """The cubin of ``source`` for ``arch`` (e.g. 'sm_90'): (image, came_from_cache, path)."""
+def compile_module(source: str, arch: str, cache_dir: Path, wide: bool = False) -> tuple[bytes, bool, Path]:
+    """The cubin of ``source`` for ``arch`` (e.g. 'sm_90'): (image, came_from_cache, path); with
+    ``wide``, of its 64-bit-index entry points."""
     compiler = compiler_id()
-    path = Path(cache_dir) / "cuda" / f"{cache_key(source, arch, compiler)}.cubin"
+    options = NVRTC_OPTIONS + ((WIDE_INDEX,) if wide else ())
+    path = Path(cache_dir) / "cuda" / f"{cache_key(source, arch, compiler, options)}.cubin"
     if path.exists():
         return path.read_bytes(), True, path
     path.parent.mkdir(parents=True, exist_ok=True)
-    image = _compile_nvrtc(source, arch) if compiler.startswith("nvrtc") else _compile_nvcc(source, arch)
+    compile_with = _compile_nvrtc if compiler.startswith("nvrtc") else _compile_nvcc
+    image = compile_with(source, arch, options)
     _write_atomic(path.with_suffix(".cu"), source.encode())
     _write_atomic(path, image)
     return image, False, path
 
 
-def _compile_nvrtc(source: str, arch: str) -> bytes:
+def _compile_nvrtc(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIONS) -> bytes:
     nvrtc = _nvrtc()
     ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"ember_kernels.cu", 0, [], [])
     if err != ok:
         raise BuildError(f"nvrtcCreateProgram failed: {err}")
     try:
-        options = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
+        flags = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in options)]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(flags), flags)
         if err != ok:
             _, size = nvrtc.nvrtcGetProgramLogSize(prog)
             text = b" " * size
@@ -155,11 +162,11 @@ def _compile_nvrtc(source: str, arch: str) -> bytes:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def _compile_nvcc(source: str, arch: str) -> bytes:
+def _compile_nvcc(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIONS) -> bytes:
     with tempfile.TemporaryDirectory(prefix="ember-cuda-") as tmp:
         src, out = Path(tmp) / "kernels.cu", Path(tmp) / "kernels.cubin"
         src.write_text(source)
-        cmd = [_nvcc(), "-cubin", f"-arch={arch}", *NVRTC_OPTIONS, "-o", str(out), str(src)]
+        cmd = [_nvcc(), "-cubin", f"-arch={arch}", *options, "-o", str(out), str(src)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         except subprocess.TimeoutExpired as e:
@@ -231,6 +238,35 @@ class CudaModule:
         return module, out
 
 
+class WideModule:
+    """The 64-bit-index entry points of a built module's source, compiled (or loaded from the
+    cache) and loaded at the first launch that needs one: most programs never do. A failed
+    compile is remembered and raised again for every kernel that asks."""
+
+    def __init__(self, source: str, arch: str, names: list[str], cfg: Config):
+        self.source, self.arch, self.names, self.cfg = source, arch, names, cfg
+        self._module: CudaModule | None = None
+        self._error: BuildError | None = None
+        self._lock = threading.Lock()
+
+    def function(self, device: int, name: str) -> Any:
+        with self._lock:
+            if self._module is None and self._error is None:
+                try:
+                    image, cached, path = compile_module(self.source, self.arch, Path(self.cfg.cache_dir), wide=True)
+                    log(1, f"{'loaded' if cached else 'built'} 64-bit-index CUDA kernels for {self.arch} from {path}",
+                        self.cfg)
+                    self._module = CudaModule(image, self.names)
+                except BuildError as e:
+                    self._error = e
+            if self._error is not None:
+                raise self._error
+        try:
+            return self._module.functions(device)[name][0]
+        except RuntimeError as e:  # a cubin the driver refuses
+            raise BuildError(str(e)) from None
+
+
 # ---- launching ------------------------------------------------------------------------------
 
 def _pow2_floor(n: int) -> int:
@@ -296,11 +332,15 @@ class CudaKernel:
     A many-block full reduction has a workspace and counter per device and stream, so launches
     of the same kernel on two streams at once do not count each other's blocks."""
 
-    def __init__(self, name: str, meta: dict[str, Any], module: CudaModule):
+    def __init__(self, name: str, meta: dict[str, Any], module: CudaModule, wide: WideModule,
+                 fallback: Callable[..., None] | None = None):
         self.name = name
         self.meta = meta
         self.strategy = meta["strategy"]
         self.module = module
+        self.wide = wide
+        self.fallback = fallback  # the group through ATen, if the 64-bit entry point fails to build
+        self.failed = False
         self.n_params = meta["n_params"]
         args = ", ".join(meta["sizes"])
         self.outer = eval(f"lambda {args}: {meta['outer']}")  # noqa: S307 -- our own generated expression
@@ -317,9 +357,9 @@ class CudaKernel:
         self._lock = threading.Lock()
 
     def _device_state(self, device: int) -> dict[str, Any]:
-        functions = self.module.functions(device)
-        i32, i64 = functions[self.meta["kernels"]["i32"]], functions[self.meta["kernels"]["i64"]]
-        state = {"functions": (i32[0], i64[0]), "max_threads": min(i32[1], i64[1]),
+        fn, max_threads = self.module.functions(device)[self.meta["kernels"]["i32"]]
+        # (the 64-bit entry point, None until a launch needs it, has the same launch bounds)
+        state = {"functions": [fn, None], "max_threads": max_threads,
                  "sms": torch.cuda.get_device_properties(device).multi_processor_count,
                  "geometry": {}, "workspaces": {}, "resident": {}}
         self._devices[device] = state
@@ -346,6 +386,9 @@ class CudaKernel:
         return state["workspaces"][stream]
 
     def __call__(self, *args: Any) -> None:
+        if self.failed:
+            self.fallback(*args)
+            return
         n = self.n_params
         sizes = args[n:]
         outer, inner = int(self.outer(*sizes)), int(self.inner(*sizes))
@@ -360,6 +403,12 @@ class CudaKernel:
                 state["geometry"].clear()
             big, grid, block = plan_launch(self.strategy, outer, inner, state["sms"], state["max_threads"],
                                            self.meta.get("vector", 1))
+            if big and state["functions"][1] is None:
+                try:
+                    state["functions"][1] = self.wide.function(device, self.meta["kernels"]["i64"])
+                except BuildError as e:
+                    fall_back(self, f"CUDA kernel {self.name}", e, args)
+                    return
             if self.meta.get("chunks"):  # a chunked row kernel: a block per run of rows
                 grid = self.meta["chunks"]
             else:  # grids stride: no more blocks than run at once
@@ -400,7 +449,8 @@ class CudaBackend(Backend):
     def build_module(self, kernels: list[Kernel], cfg: Config,
                      fallbacks: dict[str, Callable[..., None]] | None = None) -> BuiltKernels:
         """Compile (or load from the cache) and load the module; compile and load errors are
-        BuildErrors, so ``fallbacks`` are not needed: a kernel that builds also launches."""
+        BuildErrors. ``fallbacks`` serve a kernel whose 64-bit entry point, built at its first
+        launch that needs it, does not build."""
         _driver()  # a clear BuildError without cuda-python, before any work
         if not torch.cuda.is_available():
             raise BuildError("the CUDA backend needs a CUDA device (torch.cuda.is_available() is False)")
@@ -412,10 +462,12 @@ class CudaBackend(Backend):
         stats.bump("cache_hits" if cached else "kernels_built", len(kernels))
         log(1, f"{'loaded' if cached else 'built'} {len(kernels)} CUDA kernel(s) for {arch} from {path}", cfg)
         metas = {k.name: cuda.launch_meta(k) for k in kernels}
-        module = CudaModule(image, [name for m in metas.values() for name in m["kernels"].values()])
+        module = CudaModule(image, [m["kernels"]["i32"] for m in metas.values()])
         try:
             module.functions(device)  # load now: a cubin the driver refuses is a build failure
         except RuntimeError as e:
             raise BuildError(str(e)) from None
-        functions = {k.name: CudaKernel(k.name, metas[k.name], module) for k in kernels}
-        return BuiltKernels(functions, module_source=source, keepalive=[module])
+        wide = WideModule(source, arch, [m["kernels"]["i64"] for m in metas.values()], cfg)
+        functions = {k.name: CudaKernel(k.name, metas[k.name], module, wide, (fallbacks or {}).get(k.name))
+                     for k in kernels}
+        return BuiltKernels(functions, module_source=source, keepalive=[module, wide])

@@ -1,0 +1,51 @@
+"""Kernels over 2^31 elements or more (64-bit flat indices), on the GPU, against eager.
+
+A compiled function first runs on small tensors (32-bit indices), then, with the same compiled
+code, on tensors past 2^31 elements: the CUDA C++ backend builds its 64-bit entry points at that
+launch, Triton specializes its kernel. The CPU side of this (which entry point a launch takes,
+and the fallback when the 64-bit one fails to build) is in test_cuda.py, with a fake driver.
+Needs a GPU with about 24 GiB free: ``EMBER_TEST_DEVICE=cuda pytest tests/test_wide_index.py``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import ember
+
+from .conftest import DEVICE
+
+pytestmark = pytest.mark.skipif(DEVICE != "cuda", reason="runs GPU kernels over 4 GiB: EMBER_TEST_DEVICE=cuda")
+
+WIDE = 1 << 31
+
+
+def scale_shift(x):
+    return x * 2 + 1
+
+
+def softmax(x):
+    return torch.softmax(x, -1)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("fn, shape", [(scale_shift, (WIDE + 24,)), (softmax, (WIDE // 4096 + 1, 4096))],
+                         ids=["pointwise", "rows"])
+def test_past_2_to_the_31_elements_after_small_calls(backend, fn, shape):
+    compiled = ember.compile(fn, dynamic=True, options={"gpu_backend": backend})
+    small = torch.randn(33, *shape[1:], device="cuda", dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no kernel may fall back to ATen
+        torch.testing.assert_close(compiled(small), fn(small))
+        graphs = ember.stats()["graphs_compiled"]
+        x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+        out = compiled(x)
+    assert ember.stats()["graphs_compiled"] == graphs  # the same compiled graph
+    ref = fn(x)
+    del x
+    # the last elements are the ones 32-bit indices would miss
+    torch.testing.assert_close(out[-3:], ref[-3:])
+    torch.testing.assert_close(out, ref)
