@@ -154,7 +154,8 @@ def layer_norm_with_grads(x, w, b, g):
 
 
 @pytest.mark.parametrize("split", [2, 3, 8])
-@pytest.mark.parametrize("case", ["column_sums", "int_columns", "bf16_max_nan", "few_long_rows", "layer_norm_grads"])
+@pytest.mark.parametrize("case", ["column_sums", "int_columns", "bf16_max_nan", "few_long_rows", "layer_norm_grads",
+                                  "logsumexp_online", "cross_entropy_online"])
 def test_rows_split_over_programs(case, split, monkeypatch):
     """Reductions split over several programs per row block (a weight gradient's column sums):
     partials, then the last program of the block combines them; counters reset for the next call."""
@@ -170,15 +171,30 @@ def test_rows_split_over_programs(case, split, monkeypatch):
         fn, args = (lambda x: x.amax(0)), (x,)
     elif case == "few_long_rows":
         fn, args = (lambda x: x.sum(-1) * 2), (torch.randn(3, 500),)
+    elif case in ("logsumexp_online", "cross_entropy_online"):
+        # online softmax split: each slice's (max, sum of exp), rescaled to the row's max
+        x = torch.randn(6, 500) * 20
+        x[0] = float("-inf")               # every slice empty of values
+        x[1, :400] = float("-inf")         # slices with nothing above -inf, then values
+        x[2, 7] = float("inf")             # logsumexp's guard: inf, as eager
+        x[3, 300] = float("nan")
+        if case == "logsumexp_online":
+            fn, args = (lambda x: torch.logsumexp(x, -1)), (x,)
+        else:
+            fn, args = (lambda a, t: F.cross_entropy(a, t, reduction="none")), (x[1:], torch.randint(0, 500, (5,)))
     else:
         x, w, b = torch.randn(64, 12), torch.randn(12), torch.randn(12)
         fn, args = layer_norm_with_grads, (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(),
                                            torch.randn(64, 12))
         options["triton_launch"]["only"] = "backward"
-    fast = ember.compile(fn, options=options)
+    report = ember.Report()
+    fast = ember.compile(fn, options=options, report=report)
     for _ in range(2):  # the second call finds the counters the first one left
         torch.testing.assert_close(fast(*args), fn(*args), equal_nan=True, rtol=1e-5, atol=1e-5)
     assert any(grid[1:] == (split,) for _, grid in grids), grids
+    if case.endswith("_online"):  # one pass over each slice: (max, sum) in one loop
+        (k,) = report.kernels
+        assert k.source.split("elif NPROG_BLOCK > 1:")[1].split("else:")[0].count("for roffset") == 1
 
 
 def test_split_is_the_heuristics_choice_for_few_long_column_sums():

@@ -494,7 +494,7 @@ class TritonKernelRenderer:
         outer_values = [v for v in k.values if not v.inner and v.kind != "reduce"]
         multi = full and multi_program(k)
         partials = multi or split
-        online = {} if partials else online_softmax_pairs(k)  # sum -> the max it rescales against
+        online = {} if multi else online_softmax_pairs(k)  # sum -> the max it rescales against
         bound = "longest" if k.segment_length is not None else "INNER"
         if split:
             self.emit("nsplit = tl.num_programs(1)")
@@ -504,8 +504,8 @@ class TritonKernelRenderer:
                 self.emit(f"{SEGMENT_LENGTH.name} = {self.name(k.segment_length)}  # each row's length")
                 self.emit(f"longest = tl.max({SEGMENT_LENGTH.name})  # the block's rows loop as long as its longest")
             if stage == 0 and split:
-                self.emit(f"chunk = tl.cdiv(tl.cdiv({bound}, nsplit), RBLOCK) * RBLOCK  # whole blocks per slice")
-                self.emit("rstart = tl.program_id(1) * chunk")
+                self.emit(f"per_slice = tl.cdiv(tl.cdiv({bound}, nsplit), RBLOCK) * RBLOCK  # whole blocks")
+                self.emit("rstart = tl.program_id(1) * per_slice")
             if stage == k.n_loops:
                 break
             loop = stage + 1
@@ -531,7 +531,7 @@ class TritonKernelRenderer:
             if multi:
                 self.emit("for roffset in range(tl.program_id(0) * RBLOCK, INNER, tl.num_programs(0) * RBLOCK):")
             elif split:
-                self.emit(f"for roffset in range(rstart, tl.minimum(rstart + chunk, {bound}), RBLOCK):")
+                self.emit(f"for roffset in range(rstart, tl.minimum(rstart + per_slice, {bound}), RBLOCK):")
             else:
                 self.emit(f"for roffset in range(0, {bound}, RBLOCK):")
             self.depth += 1
@@ -549,8 +549,8 @@ class TritonKernelRenderer:
                     self.emit(f"chunk = {x}")
                     self.emit(f"m_new = eh.maximum({m}, tl.reduce(chunk, 1, eh.maximum))")
                     # exp(x - max) with the max taken as 0 while the row is all -inf so far (then
-                    # every term is exp(-inf) = 0): a select per row, not per element
-                    self.emit("m_use = tl.where(m_new == float('-inf'), 0.0, m_new)")
+                    # every term is exp(-inf) = 0), as the graph's guard has it: a select per row
+                    self.emit(f"m_use = {max_in_use(partner, 'm_new')}")
                     self.emit(f"{s_} = {s_} * tl.exp({m} - m_use) + tl.sum(eh.exp_ftz(chunk - m_use[:, None]), 1)")
                     self.emit(f"{m} = m_new")
                 elif v.arg.op in (Op.ARGMAX, Op.ARGMIN):
@@ -569,7 +569,7 @@ class TritonKernelRenderer:
             for v in partners:
                 self.emit(f"{self.name(v)} = row_sum{self.name(v)}[:, None]")
             if partials:
-                self._combine_partials(reductions, outer_values, split)
+                self._combine_partials(reductions, outer_values, split, {s: online[s] for s in partners})
 
     def _combine_rows(self) -> None:
         """Reductions over all rows, in two levels so that no program holds many partials (their
@@ -639,9 +639,13 @@ class TritonKernelRenderer:
             return f"({slot}).to(tl.pointer_type(tl.int64), bitcast=True)", "tl.int64"
         return slot, "tl.float64"
 
-    def _combine_partials(self, reductions: list[Value], outer_values: list[Value], split: bool) -> None:
+    def _combine_partials(self, reductions: list[Value], outer_values: list[Value], split: bool,
+                          online: dict[Value, Value]) -> None:
         """Write this program's partials; the last program to finish (of its row block, when the
-        rows are split) combines them and runs the epilogue (everything after the loop)."""
+        rows are split) combines them and runs the epilogue (everything after the loop). An online
+        softmax sum (``online``: sum -> its max) is each slice's sum of exp(x - its own max): the
+        combine rescales each to the row's max, sum(s_i * exp(m_i - max)), where a slice with
+        nothing above -inf adds 0."""
         if split:  # a partial per row of the block from each slice, a count per row block
             self.emit("nprog = nsplit")
             base, mask, counter = "nprog * OUTER", "xmask & ", "COUNTER + tl.program_id(0)"
@@ -656,42 +660,83 @@ class TritonKernelRenderer:
             def at(part: str) -> str:
                 return f"{part} + tl.arange(0, 1)[:, None]"
             mine = at("tl.program_id(0)")
-        slots = []
-        for i, v in enumerate(reductions):
+        slots = {}
+        for i, v in enumerate(reductions + list(online)):
             slot, kind = self._slot(v, f"WORKSPACE + {i} * {base}")
-            slots.append(slot)
+            slots[v] = slot
             self.emit(f"tl.store({slot} + {mine}, {self.name(v)}.to({kind}){', xmask' if split else ''})")
         self.emit("tl.debug_barrier()  # every thread's partials are written before the count says so")
         self.emit(f"done = tl.atomic_add({counter}, 1, sem='acq_rel')")
         self.emit("if done == nprog - 1:")
         self.depth += 1
         self.emit("p = tl.arange(0, NPROG_BLOCK)[None, :]")
-        for v, slot in zip(reductions, slots):
-            part = (f"tl.load({slot} + {at('p')}, {mask}(p < nprog), other={neutral(v.arg.op, v.srcs[0].dtype)}, "
+
+        def parts(v: Value) -> str:
+            return (f"tl.load({slots[v]} + {at('p')}, {mask}(p < nprog), other={neutral(v.arg.op, v.srcs[0].dtype)}, "
                     f"volatile=True).to({self.acc_dtype(v)})")
-            self.emit(f"{self.name(v)} = {self.reduce_block(v, part)}")
+        for v in reductions:
+            self.emit(f"{self.name(v)} = {self.reduce_block(v, parts(v))}")
+        for s_, m in online.items():
+            self.emit(f"m_use = {max_in_use(s_, self.name(m))}")
+            self.emit(f"{self.name(s_)} = tl.sum({parts(s_)} * tl.exp({parts(m)} - m_use), 1)[:, None]")
         self.statements([v for v in outer_values if v.stage >= 1])
         self.emit(f"tl.store({counter}, 0)  # ready for the next launch")
         self.depth -= 1
 
 
+def _exp_of_difference(s: Value) -> Value | None:
+    """The x - m of a sum(exp(x - m)), else None."""
+    e = s.srcs[0]
+    if e.kind == "alu" and e.arg is Op.CAST and e.srcs[0].dtype.is_float:
+        e = e.srcs[0]
+    if e.kind == "alu" and e.arg is Op.EXP and e.srcs[0].kind == "alu" and e.srcs[0].arg is Op.SUB:
+        return e.srcs[0]
+    return None
+
+
+def _inf_guarded(m: Value) -> Value | None:
+    """The max behind logsumexp's guard, where(|max| == inf, 0, max); else None."""
+    if not (m.kind == "alu" and m.arg is Op.WHERE):
+        return None
+    cond, zero, mx = m.srcs
+    if not (zero.kind == "const" and zero.arg == 0 and cond.kind == "alu" and cond.arg is Op.EQ):
+        return None
+    a, b = cond.srcs
+    if a.kind == "alu" and a.arg is Op.ABS and a.srcs[0] is mx and b.kind == "const" and b.arg == math.inf:
+        return mx
+    return None
+
+
 def online_softmax_pairs(kernel: Kernel) -> dict[Value, Value]:
-    """sum(exp(x - m)) reductions whose m is an amax of the same x in the loop before: the two
-    can accumulate together in one pass over x (online softmax)."""
+    """sum(exp(x - m)) reductions whose m is an amax of the same x in the loop before (or
+    logsumexp's guarded where(|amax| == inf, 0, amax)): the two can accumulate together in one
+    pass over x (online softmax)."""
     pairs: dict[Value, Value] = {}
     for s in kernel.reductions:
-        if s.arg.op is not Op.SUM or not s.srcs[0].dtype.is_float:
+        if s.arg.op is not Op.SUM or not s.srcs[0].dtype.is_float or _exp_of_difference(s) is None:
             continue
-        e = s.srcs[0]
-        if e.kind == "alu" and e.arg is Op.CAST and e.srcs[0].dtype.is_float:
-            e = e.srcs[0]
-        if not (e.kind == "alu" and e.arg is Op.EXP and e.srcs[0].kind == "alu" and e.srcs[0].arg is Op.SUB):
-            continue
-        x, m = e.srcs[0].srcs
+        x, m = _exp_of_difference(s).srcs
+        m = _inf_guarded(m) or m
         is_max_of_x = m.kind == "reduce" and m.arg.op is Op.AMAX and m.srcs[0] is x
         if is_max_of_x and m.loop == s.loop - 1 and dt.compute_dtype(x.dtype) == dt.float32:
             pairs[s] = m
     return pairs
+
+
+def max_in_use(s: Value, m: str) -> str:
+    """The max an online softmax sum ``s`` subtracts, given the running max ``m``: as the graph
+    has it, 0 where the max is -inf (every term so far is exp(-inf) = 0) and, behind logsumexp's
+    guard, where it is +inf too; else the max itself."""
+    if _inf_guarded(_exp_of_difference(s).srcs[1]) is not None:
+        return f"tl.where(tl.abs({m}) == float('inf'), 0.0, {m})"
+    return f"tl.where({m} == float('-inf'), 0.0, {m})"
+
+
+def _one_pass(kernel: Kernel) -> bool:
+    """Does a row kernel read its rows in one loop: one loop of reductions, or online softmax's
+    two (the second loop's sums accumulate in the first)?"""
+    online = online_softmax_pairs(kernel)
+    return kernel.n_loops == 1 or (kernel.n_loops == 2 and all(v in online for v in kernel.reductions if v.loop == 2))
 
 
 def _varies(index: sympy.Expr) -> bool:
@@ -707,11 +752,11 @@ def multi_program(kernel: Kernel) -> bool:
 
 
 def split_rows(kernel: Kernel) -> bool:
-    """Can a row kernel split its rows over several programs (``_looped(split=True)``)? One loop of
-    reductions and nothing written inside it, so partials combine in any order."""
-    return (kind_of(kernel) == "rows" and kernel.n_loops == 1
+    """Can a row kernel split its rows over several programs (``_looped(split=True)``)? One pass
+    over the rows (``_one_pass``) and nothing written inside it, so partials combine in any order."""
+    return (kind_of(kernel) == "rows" and _one_pass(kernel)
             and not kernel.chunks and not kernel.row_reductions
-            and bool(kernel.reductions) and not online_softmax_pairs(kernel)
+            and bool(kernel.reductions)
             and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) for v in kernel.reductions)
             and not any(v.kind == "store" and v.inner for v in kernel.values))
 
