@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -40,6 +41,9 @@ LONG_ROWS = {
     "ce_vocab_64": (lambda x, t: torch.nn.functional.cross_entropy(x, t),
                     lambda: (torch.randn(64, 128256, device="cuda", dtype=torch.bfloat16),
                              torch.randint(0, 128256, (64,), device="cuda")), lambda a: a[0].numel() * 2),
+    "ce_vocab_256": (lambda x, t: torch.nn.functional.cross_entropy(x, t),
+                     lambda: (torch.randn(256, 32000, device="cuda", dtype=torch.bfloat16),
+                              torch.randint(0, 32000, (256,), device="cuda")), lambda a: a[0].numel() * 2),
     "logsumexp_f32": (lambda x: torch.logsumexp(x, -1), lambda: (torch.randn(64, 1 << 20, device="cuda"),),
                       lambda a: a[0].numel() * 4),
 }
@@ -125,7 +129,13 @@ def main() -> int:
             continue
         ms = do_bench(call, warmup=25, rep=100, return_mode="median")
         share = f"{100 * nbytes(inputs) / (ms * 1e-3) / bw:.0f}% of copy" if nbytes and not args.train else ""
-        print(f"{name:>20}: {ms * 1e3:7.1f} us {share:>12} err {err:.1e}  "
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(100):  # (launches queue: the host's own time per call, not the GPU's)
+            call()
+        host = (time.perf_counter() - start) / 100 * 1e6
+        torch.cuda.synchronize()
+        print(f"{name:>20}: {ms * 1e3:7.1f} us {share:>12} host {host:5.1f} us err {err:.1e}  "
               f"{kernel_times(call, []) if name not in ('eager', 'inductor') else ''}", flush=True)
     return 0
 

@@ -155,7 +155,7 @@ def layer_norm_with_grads(x, w, b, g):
 
 @pytest.mark.parametrize("split", [2, 3, 8])
 @pytest.mark.parametrize("case", ["column_sums", "int_columns", "bf16_max_nan", "few_long_rows", "layer_norm_grads",
-                                  "logsumexp_online", "cross_entropy_online"])
+                                  "logsumexp_online", "cross_entropy_online", "cross_entropy_mean"])
 def test_rows_split_over_programs(case, split, monkeypatch):
     """Reductions split over several programs per row block (a weight gradient's column sums):
     partials, then the last program of the block combines them; counters reset for the next call."""
@@ -182,6 +182,12 @@ def test_rows_split_over_programs(case, split, monkeypatch):
             fn, args = (lambda x: torch.logsumexp(x, -1)), (x,)
         else:
             fn, args = (lambda a, t: F.cross_entropy(a, t, reduction="none")), (x[1:], torch.randint(0, 500, (5,)))
+    elif case == "cross_entropy_mean":
+        # a mean over all rows after the split rows: the program finishing each row block adds
+        # its share (the ignored target counts nothing)
+        x, t = torch.randn(11, 500) * 5, torch.randint(0, 500, (11,))
+        t[4] = -100
+        fn, args = (lambda a, t: F.cross_entropy(a, t)), (x, t)
     else:
         x, w, b = torch.randn(64, 12), torch.randn(12), torch.randn(12)
         fn, args = layer_norm_with_grads, (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(),
@@ -192,7 +198,7 @@ def test_rows_split_over_programs(case, split, monkeypatch):
     for _ in range(2):  # the second call finds the counters the first one left
         torch.testing.assert_close(fast(*args), fn(*args), equal_nan=True, rtol=1e-5, atol=1e-5)
     assert any(grid[1:] == (split,) for _, grid in grids), grids
-    if case.endswith("_online"):  # one pass over each slice: (max, sum) in one loop
+    if case.endswith("_online") or case == "cross_entropy_mean":  # one pass over each slice
         (k,) = report.kernels
         assert k.source.split("elif NPROG_BLOCK > 1:")[1].split("else:")[0].count("for roffset") == 1
 

@@ -571,43 +571,50 @@ class TritonKernelRenderer:
             if partials:
                 self._combine_partials(reductions, outer_values, split, {s: online[s] for s in partners})
 
-    def _combine_rows(self) -> None:
+    def _combine_rows(self, after_slots: int | None = None) -> None:
         """Reductions over all rows, in two levels so that no program holds many partials (their
         registers would count against every program of the kernel: fewer resident, slower rows)
         and no counter is shared by thousands of programs. Each program writes its share (over
         its XBLOCK rows); the last of each group of ROW_GROUP programs combines the group's shares
         into a group partial; the last group combines those, ROW_GROUP at a time, and computes and
-        stores what comes after all rows. Release-acquire chains make every share visible to it."""
+        stores what comes after all rows. Release-acquire chains make every share visible to it.
+        With rows split over programs, the program that finished a row block writes its share
+        (``after_slots``: the slices' partials and counters come first in the workspace)."""
         across = self.k.row_reductions
         if not across:
             return
         g = ROW_GROUP
         self.emit("# reductions over all rows: shares per program, per group of programs, then in total")
+        if after_slots is None:
+            self.emit("rows_ws, rows_counter = WORKSPACE, COUNTER")
+        else:  # after the slices' partials, and after the row blocks' counters
+            self.emit(f"rows_ws = WORKSPACE + {after_slots} * nsplit * OUTER")
+            self.emit("rows_counter = COUNTER + tl.num_programs(0)")
         self.emit("nprog = tl.num_programs(0)")
         self.emit(f"ngroups = tl.cdiv(nprog, {g})")
         self.emit(f"group = tl.program_id(0) // {g}")
         shares, partials = [], []
         for i, v in enumerate(across):
-            share, kind = self._slot(v, f"WORKSPACE + {i} * nprog")
-            partial, _ = self._slot(v, f"WORKSPACE + {len(across)} * nprog + {i} * ngroups")
+            share, kind = self._slot(v, f"rows_ws + {i} * nprog")
+            partial, _ = self._slot(v, f"rows_ws + {len(across)} * nprog + {i} * ngroups")
             shares.append(share)
             partials.append(partial)
             src, op, dtype = self.name(v.srcs[0]), v.arg.op, v.srcs[0].dtype
             mine = f"tl.reduce(tl.where(xmask, {src}, {typed_neutral(op, dtype)}), 0, {combine_fn(op, dtype)})"
             self.emit(f"tl.store({share} + tl.program_id(0) + tl.arange(0, 1), {mine}.to({kind}))")
         self.emit("tl.debug_barrier()  # every thread's shares are written before the count says so")
-        self.emit("group_counter = COUNTER + 1 + group * 32  # a 128-byte line per group")
+        self.emit("group_counter = rows_counter + 1 + group * 32  # a 128-byte line per group")
         self.emit("done = tl.atomic_add(group_counter, 1, sem='acq_rel')")
         self.emit(f"if done == tl.minimum(nprog - group * {g}, {g}) - 1:  # the group's last program")
         self.depth += 1
         self.emit("tl.store(group_counter, 0)  # ready for the next launch")
-        self.emit(f"p = group * {g} + tl.arange(0, {g})[None, :]")
+        self.emit(f"q = group * {g} + tl.arange(0, {g})[None, :]")
         for v, share, partial in zip(across, shares, partials):
-            self.emit(self._gathered(v, share, "p < nprog"))
+            self.emit(self._gathered(v, share, "q < nprog"))
             kind = self._slot(v, "")[1]
             self.emit(f"tl.store({partial} + group + tl.arange(0, 1), tl.reshape(part, [1]).to({kind}))")
         self.emit("tl.debug_barrier()")
-        self.emit("groups_done = tl.atomic_add(COUNTER, 1, sem='acq_rel')")
+        self.emit("groups_done = tl.atomic_add(rows_counter, 1, sem='acq_rel')")
         self.emit("if groups_done == ngroups - 1:  # the last group: the totals")
         self.depth += 1
         for v in across:
@@ -615,21 +622,21 @@ class TritonKernelRenderer:
             self.emit(f"total{self.name(v)} = tl.full([1, 1], {start}, {self.acc_dtype(v)})")
         self.emit(f"for g0 in range(0, ngroups, {g}):")
         self.depth += 1
-        self.emit(f"p = g0 + tl.arange(0, {g})[None, :]")
+        self.emit(f"q = g0 + tl.arange(0, {g})[None, :]")
         for v, partial in zip(across, partials):
-            self.emit(self._gathered(v, partial, "p < ngroups"))
+            self.emit(self._gathered(v, partial, "q < ngroups"))
             self.emit(f"total{self.name(v)} = {combine_fn(v.arg.op, v.srcs[0].dtype)}(total{self.name(v)}, part)")
         self.depth -= 1
         for v in across:
             self.emit(f"{self.name(v)} = total{self.name(v)}")
         self.statements(self.k.after_rows()[1])  # (their inputs were computed before the rows)
-        self.emit("tl.store(COUNTER, 0)  # ready for the next launch")
+        self.emit("tl.store(rows_counter, 0)  # ready for the next launch")
         self.depth -= 2
 
     def _gathered(self, v: Value, slot: str, mask: str) -> str:
-        """``part = `` the combination of the partials at ``slot + p`` (a [1, 1] tensor)."""
+        """``part = `` the combination of the partials at ``slot + q`` (a [1, 1] tensor)."""
         op, dtype = v.arg.op, v.srcs[0].dtype
-        load = f"tl.load({slot} + p, {mask}, other={neutral(op, dtype)}, volatile=True).to({self.acc_dtype(v)})"
+        load = f"tl.load({slot} + q, {mask}, other={neutral(op, dtype)}, volatile=True).to({self.acc_dtype(v)})"
         return f"part = tl.reduce({load}, 1, {combine_fn(op, dtype)})[:, None]"
 
     def _slot(self, v: Value, slot: str) -> tuple[str, str]:
@@ -679,7 +686,9 @@ class TritonKernelRenderer:
         for s_, m in online.items():
             self.emit(f"m_use = {max_in_use(s_, self.name(m))}")
             self.emit(f"{self.name(s_)} = tl.sum({parts(s_)} * tl.exp({parts(m)} - m_use), 1)[:, None]")
-        self.statements([v for v in outer_values if v.stage >= 1])
+        self.statements([v for v in outer_values if 1 <= v.stage != FINAL_STAGE])
+        if split:  # this program finished its row block: its share of the reductions over all rows
+            self._combine_rows(after_slots=len(slots))
         self.emit(f"tl.store({counter}, 0)  # ready for the next launch")
         self.depth -= 1
 
@@ -753,9 +762,10 @@ def multi_program(kernel: Kernel) -> bool:
 
 def split_rows(kernel: Kernel) -> bool:
     """Can a row kernel split its rows over several programs (``_looped(split=True)``)? One pass
-    over the rows (``_one_pass``) and nothing written inside it, so partials combine in any order."""
+    over the rows (``_one_pass``) and nothing written inside it, so partials combine in any order.
+    Reductions over all rows (a mean loss) follow in the program that finishes each row block."""
     return (kind_of(kernel) == "rows" and _one_pass(kernel)
-            and not kernel.chunks and not kernel.row_reductions
+            and not kernel.chunks and not (kernel.row_reductions and kernel.segment_length is not None)
             and bool(kernel.reductions)
             and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) for v in kernel.reductions)
             and not any(v.kind == "store" and v.inner for v in kernel.values))

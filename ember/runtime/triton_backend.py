@@ -180,25 +180,25 @@ class Launcher:
             buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per stream
 
             def scratch(stream: int) -> tuple[torch.Tensor, torch.Tensor]:
-                if self.meta.get("row_reductions"):
-                    # a share per program (row block) of every reduction over the rows, for any
-                    # row count of this shape bucket
-                    programs = triton_cdiv(1 << outer.bit_length(), xblock)
-                    groups = triton_cdiv(programs, tr.ROW_GROUP)  # a counter of all, then one per group
-                    buffers[stream] = (  # shares per program, then partials per group
-                        torch.empty(self.meta["row_reductions"] * (programs + groups), dtype=torch.float64,
-                                    device=device),
-                        torch.zeros(1 + 32 * groups, dtype=torch.int32, device=device))
-                elif split == 1:
+                rows = self.meta.get("row_reductions", 0)
+                if split == 1 and not rows:
                     buffers[stream] = self.workspace(device, stream)
-                else:
-                    # partials of every row of this shape bucket, and a count per row block (each
-                    # launch leaves its counts at zero for the next)
-                    most = 1 << outer.bit_length()
-                    buffers[stream] = (
-                        torch.empty(max(1, self.meta["n_reductions"]) * split * most, dtype=torch.float64,
-                                    device=device),
-                        torch.zeros(triton_cdiv(most, xblock), dtype=torch.int32, device=device))
+                    return buffers[stream]
+                # sized for any row count of this shape bucket; each launch leaves its counts at
+                # zero for the next
+                most = 1 << outer.bit_length()
+                programs = triton_cdiv(most, xblock)  # row blocks
+                floats = counts = 0
+                if split > 1:  # every row's partials from each slice, a count per row block
+                    floats += max(1, self.meta["n_reductions"]) * split * most
+                    counts += programs
+                if rows:  # then a share per row block of every reduction over the rows, a
+                    # partial per group of row blocks, a counter of all, then one per group
+                    groups = triton_cdiv(programs, tr.ROW_GROUP)
+                    floats += rows * (programs + groups)
+                    counts += 1 + 32 * groups
+                buffers[stream] = (torch.empty(floats, dtype=torch.float64, device=device),
+                                   torch.zeros(counts, dtype=torch.int32, device=device))
                 return buffers[stream]
 
             def launch(args: tuple[Any, ...], outer: int, inner: int) -> None:

@@ -208,6 +208,14 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
     split = _split(outer, 1, inner, min(width, 4096), hints, sms, per_sm=8, most=512)
     if split > 1 and outer * split >= 2 * sms:
         return [_config(1, min(width, 4096), 4, stages=3, split=split), safe]
+    # a few wide rows only reduced (a cross-entropy over a 128256-token vocabulary at small
+    # batch): each row's slices on one-warp programs, about 16 per SM. Per 512-wide chunk the
+    # online softmax reduces across the warp with shuffles alone, where 16-warp programs wait at
+    # barriers (H100, 8 x 128256 bf16: 38.7 us in one 16-warp program per row, 22.9 split in
+    # 4, 6.8 in 1-warp programs split in 64; 64 rows: 39.8 -> 11.2 us, bench/launch_sweep.py)
+    split = _split(outer, 1, inner, 512, hints, sms, per_sm=16, most=64)
+    if split > 1:
+        return [_config(1, 512, 1, stages=3, split=split), safe]
     # wide rows only reduced (a cross-entropy's statistics): warps per row so that about 16
     # warps per SM are busy; one-warp programs reduce with shuffles alone (no barriers) and
     # pipeline their loads
