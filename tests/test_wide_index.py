@@ -4,7 +4,7 @@ A compiled function first runs on small tensors (32-bit indices), then, with the
 code, on tensors past 2^31 elements: the CUDA C++ backend builds its 64-bit entry points at that
 launch, Triton specializes its kernel. The CPU side of this (which entry point a launch takes,
 and the fallback when the 64-bit one fails to build) is in test_cuda.py, with a fake driver.
-Needs a GPU with about 24 GiB free: ``EMBER_TEST_DEVICE=cuda pytest tests/test_wide_index.py``.
+Needs a GPU with 12 GiB free: ``EMBER_TEST_DEVICE=cuda pytest tests/test_wide_index.py``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def softmax(x):
 @pytest.mark.parametrize("fn, shape", [(scale_shift, (WIDE + 24,)), (softmax, (WIDE // 4096 + 1, 4096))],
                          ids=["pointwise", "rows"])
 def test_past_2_to_the_31_elements_after_small_calls(backend, fn, shape):
+    if torch.cuda.mem_get_info()[0] < 12 << 30:
+        pytest.skip("needs 12 GiB of free GPU memory")
     compiled = ember.compile(fn, dynamic=True, options={"gpu_backend": backend})
     small = torch.randn(33, *shape[1:], device="cuda", dtype=torch.bfloat16)
     with warnings.catch_warnings():
@@ -44,8 +46,9 @@ def test_past_2_to_the_31_elements_after_small_calls(backend, fn, shape):
         x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
         out = compiled(x)
     assert ember.stats()["graphs_compiled"] == graphs  # the same compiled graph
-    ref = fn(x)
-    del x
-    # the last elements are the ones 32-bit indices would miss
-    torch.testing.assert_close(out[-3:], ref[-3:])
-    torch.testing.assert_close(out, ref)
+    # eager a slice at a time (both functions work element- or row-wise), the last elements
+    # first: those are the ones 32-bit indices would miss
+    step = 1 << 28 if len(shape) == 1 else (1 << 28) // shape[1]
+    torch.testing.assert_close(out[-3:], fn(x[-3:]))
+    for start in range(0, shape[0], step):
+        torch.testing.assert_close(out[start:start + step], fn(x[start:start + step]))
