@@ -33,6 +33,9 @@ LONG_ROWS = {
                      lambda a: a[0].numel() * 4),
     "row_sums_64": (lambda x: x.sum(-1), lambda: (torch.randn(64, 1 << 20, device="cuda", dtype=torch.bfloat16),),
                     lambda a: a[0].numel() * 2),
+    "row_sumsq_200": (lambda x: x.float().square().sum(-1),
+                      lambda: (torch.randn(200, 32000, device="cuda", dtype=torch.bfloat16),),
+                      lambda a: a[0].numel() * 2),
     # online softmax over few long rows (a language model's loss over a 128256-token vocabulary
     # at small batch, logsumexp over long rows): each slice's (max, sum of exp), rescaled
     "ce_vocab_8": (lambda x, t: torch.nn.functional.cross_entropy(x, t),
