@@ -227,6 +227,23 @@ def test_few_long_rows_split_into_about_eight_programs_per_sm():
     assert "SPLIT" not in many
 
 
+def test_few_wide_rows_take_one_warp_slices_or_wide_chunks():
+    """Few wide rows only reduced split into 1-warp slices (no barrier per chunk for the online
+    max and sum); few wide rows read and written (a softmax) take a row per program in wide
+    chunks; many rows keep their tiles."""
+    from ember.runtime import triton_configs as tc
+    reduced = tc.KernelHints(itemsize=2, splittable=True, reduces=True)
+    for rows, width in ((8, 128256), (64, 128256), (256, 32000)):
+        (first, _) = tc.heuristic("rows", rows, width, reduced, sms=132)
+        assert (first["num_warps"], first["RBLOCK"]) == (1, 512) and first["SPLIT"] >= 8, first
+    written = tc.KernelHints(itemsize=2, writes_rows=True, reads_rows=True, reduces=True)
+    for rows, width in ((8, 128256), (256, 32000)):
+        (first, _) = tc.heuristic("rows", rows, width, written, sms=132)
+        assert (first["XBLOCK"], first["RBLOCK"], first["num_warps"]) == (1, 8192, 16), first
+    (many, _) = tc.heuristic("rows", 8192, 32000, written, sms=132)
+    assert (many["RBLOCK"], many["num_warps"]) == (512, 8), many
+
+
 def test_symbolic_sizes():
     report = ember.Report()
     fast = ember.compile(rmsnorm, dynamic=True, options=TRITON, report=report)

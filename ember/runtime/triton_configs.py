@@ -198,6 +198,13 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         # 268.7 us, H100 354.7, against 290.0 / 376.2 in the tiles below; 4096 x 4 warps took
         # 266.4 / 367.4, one warp per row 275.2 / 378.0: bench/launch_sweep.py)
         return [_config(1, min(width, 8192), 8, stages=2), safe]
+    if hints.writes_rows and outer < 4 * sms:
+        # a few wide rows read twice and written (a softmax over a vocabulary at small batch):
+        # a row per program in 8192-wide chunks, 16 warps; each chunk costs the online max and
+        # sum a barrier, so fewer, wider chunks (H100, bf16 softmax, kernel us, against the
+        # tiles below: 8 x 128256 194.4 -> 27.0, 64 x 128256 206.4 -> 27.4, 256 x 32000 53.9 ->
+        # 12.0; bench/launch_sweep.py --case softmax_vocab_8)
+        return [_config(1, min(width, 8192), 16, stages=2), safe]
     if hints.writes_rows:
         # wide rows read twice and written (a log-softmax backward): 4 rows per program in
         # 512-wide chunks, 8 warps (300 us against 357 for one warp per row, 8192 x 32000 bf16)
