@@ -47,6 +47,7 @@ LONG_ROWS = {
     "ce_vocab_256": (lambda x, t: torch.nn.functional.cross_entropy(x, t),
                      lambda: (torch.randn(256, 32000, device="cuda", dtype=torch.bfloat16),
                               torch.randint(0, 32000, (256,), device="cuda")), lambda a: a[0].numel() * 2),
+    # a softmax over few wide rows (it stores its rows, so it cannot split: its own tiles)
     "softmax_vocab_8": (lambda x: torch.softmax(x, -1),
                         lambda: (torch.randn(8, 128256, device="cuda", dtype=torch.bfloat16),),
                         lambda a: a[0].numel() * 4),
