@@ -681,11 +681,12 @@ class TritonKernelRenderer:
         def parts(v: Value) -> str:
             return (f"tl.load({slots[v]} + {at('p')}, {mask}(p < nprog), other={neutral(v.arg.op, v.srcs[0].dtype)}, "
                     f"volatile=True).to({self.acc_dtype(v)})")
-        for v in reductions:
-            self.emit(f"{self.name(v)} = {self.reduce_block(v, parts(v))}")
+        for v in reductions:  # (loaded once: an online max's partials also rescale the sums below)
+            self.emit(f"part{self.name(v)} = {parts(v)}")
+            self.emit(f"{self.name(v)} = {self.reduce_block(v, f'part{self.name(v)}')}")
         for s_, m in online.items():
             self.emit(f"m_use = {max_in_use(s_, self.name(m))}")
-            self.emit(f"{self.name(s_)} = tl.sum({parts(s_)} * tl.exp({parts(m)} - m_use), 1)[:, None]")
+            self.emit(f"{self.name(s_)} = tl.sum({parts(s_)} * tl.exp(part{self.name(m)} - m_use), 1)[:, None]")
         self.statements([v for v in outer_values if 1 <= v.stage != FINAL_STAGE])
         if split:  # this program finished its row block: its share of the reductions over all rows
             self._combine_rows(after_slots=len(slots))
