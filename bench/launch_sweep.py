@@ -61,6 +61,20 @@ LONG_ROWS = {
                       lambda a: a[0].numel() * 4),
 }
 
+EPILOGUES = {
+    # the gelu linear layer's epilogue alone (cuBLAS's product, then bias + gelu), against the same
+    # bytes through a cheaper function: how much of its time is instructions, not memory
+    "bias_gelu": (lambda y, b: torch.nn.functional.gelu(y + b),
+                  lambda: (torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16),
+                           torch.randn(4096, device="cuda", dtype=torch.bfloat16)), lambda a: a[0].numel() * 4),
+    "bias_gelu_tanh": (lambda y, b: torch.nn.functional.gelu(y + b, approximate="tanh"),
+                       lambda: (torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16),
+                                torch.randn(4096, device="cuda", dtype=torch.bfloat16)), lambda a: a[0].numel() * 4),
+    "bias_relu": (lambda y, b: torch.relu(y + b),
+                  lambda: (torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16),
+                           torch.randn(4096, device="cuda", dtype=torch.bfloat16)), lambda a: a[0].numel() * 4),
+}
+
 
 def _pool(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """The ragged suite's mean pooling, on values and offsets (ember.ragged.segment_mean's formula)."""
@@ -111,7 +125,7 @@ def main() -> int:
     args = p.parse_args()
     from triton.testing import do_bench
     os.environ.setdefault("EMBER_CACHE_DIR", "/tmp/ember-sweep")
-    fn, make, nbytes = {**cases(1.0), **LONG_ROWS, **RAGGED}[args.case]
+    fn, make, nbytes = {**cases(1.0), **LONG_ROWS, **EPILOGUES, **RAGGED}[args.case]
     torch.manual_seed(0)
     inputs = make()
     ref = fn(*[x.double() if x.is_floating_point() else x for x in inputs])

@@ -194,25 +194,46 @@ def test_no_error_flag_on_the_gpu():
 
 def test_launch_geometry():
     sms, plan = 132, cuda_backend.plan_launch
-    # pointwise: 256 threads, 4 elements each per iteration, at most what the device holds at once
+    # pointwise: 256 threads, 4 elements each per iteration, a block per iteration's tile
     assert plan("pointwise", 3300, 1, sms, 1024) == (False, 4, 256)
-    assert plan("pointwise", 10**9, 1, sms, 1024) == (False, sms * 8, 256)
     assert plan("pointwise", 2**31, 1, sms, 1024)[0] is True  # 64-bit indices
+    # ... up to WAVES waves of the device (8 blocks of 256 per SM); beyond, several tiles a block
+    tiles = 10**9 // 1024 + 1
+    assert plan("pointwise", 10**9, 1, sms, 1024) == (False, -(-tiles // (tiles // (sms * 8 * 16))), 256)
     # rows: a block per row, each thread at least 2 x 4 elements of it, 32 to 512 threads
     assert plan("rows", 9, 70, sms, 1024) == (False, 9, 32)
-    assert plan("rows", 16384, 1024, sms, 1024) == (False, sms * 16, 128)
-    assert plan("rows", 10**5, 8192, sms, 1024) == (False, sms * 4, 512)
-    assert plan("rows", 10**5, 8192, sms, 384) == (False, sms * 8, 256)  # register-bound kernel
+    assert plan("rows", 16384, 1024, sms, 1024) == (False, 16384, 128)
+    assert plan("rows", 10**5, 8192, sms, 1024) == (False, -(-10**5 // 11), 512)  # 11 rows a block
+    assert plan("rows", 10**5, 8192, sms, 384) == (False, 10**5 // 5, 256)  # register-bound kernel
     assert plan("rows", 10**6, 4096, sms, 1024)[0] is True
     assert plan("rows", 5, 0, sms, 1024) == (False, 5, 32)  # empty rows still store their results
+    # the driver's occupancy, where given, counts the blocks the device runs at once
+    assert plan("rows", 10**5, 8192, sms, 1024, occupancy=lambda block: sms * 2) == (False, -(-10**5 // 23), 512)
+    assert plan("rows", 10**5, 8192, sms, 1024, occupancy=lambda block: 0) == plan("rows", 10**5, 8192, sms, 1024)
     # columns: 32 rows per block, warps split the inner domain
     assert plan("columns", 8192, 8192, sms, 1024) == (False, 256, 512)
     assert plan("columns", 13, 7, sms, 1024) == (False, 1, 32)
     # full reductions: up to MAX_BLOCKS blocks combined by the last, or one block
     assert plan("full", 1, 4096, sms, 1024) == (False, 2, 512)
     assert plan("full", 1, 2**26, sms, 1024) == (False, sms * 4, 512)
+    assert plan("full", 1, 2**26, sms, 1024, occupancy=lambda block: sms) == (False, sms, 512)
     assert plan("single", 1, 91, sms, 1024) == (False, 1, 32)
     assert plan("single", 1, 10**7, sms, 1024) == (False, 1, 512)
+
+
+@pytest.mark.parametrize("resident", [1, 7, 1056, 4224])
+def test_balanced_grids_take_one_tile_a_block_then_equal_shares(resident):
+    """Every tile is covered; up to WAVES waves a block takes one tile; beyond, the blocks' shares
+    differ by at most one tile and the grid stays within WAVES waves (and above half of it)."""
+    waves = cuda_backend.WAVES
+    for tiles in (1, resident, resident * waves, resident * waves + 1, resident * waves * 3 - 1, 10**7 + 3):
+        grid = cuda_backend.balanced_grid(tiles, resident)
+        per_block = -(-tiles // grid)
+        assert grid * per_block >= tiles and (grid - 1) * per_block < tiles
+        if tiles < 2 * resident * waves:
+            assert grid == tiles
+        else:
+            assert resident * waves / 2 <= grid <= resident * waves * 2
 
 
 @pytest.fixture

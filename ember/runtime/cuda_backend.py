@@ -281,12 +281,31 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# A grid-stride kernel gives each block one tile (a row, or a pointwise block's iteration) while
+# the tiles fill at most this many waves of the device; more tiles go several to a block.
+WAVES = 16
+
+
+def balanced_grid(tiles: int, resident: int) -> int:
+    """Blocks for ``tiles`` tiles of work when the device runs ``resident`` blocks at once.
+
+    A grid of one wave gives each block tiles/resident tiles in turn; where that does not divide,
+    the blocks with one tile more keep the GPU busy a whole tile longer with most SMs idle (8-9%
+    of softmax over 16384 rows of 4096, measured on an H100). One tile per block lets the
+    hardware hand the next tile to whichever SM frees up first. Past WAVES waves of tiles, each
+    block takes the fewest tiles that keep the grid there: the last tiles then cost at most
+    about 1/WAVES of the kernel."""
+    per_block = max(1, tiles // (max(1, resident) * WAVES))
+    return max(1, _cdiv(tiles, per_block))
+
+
 def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: int,
-                vector: int = 1) -> tuple[bool, int, int]:
+                vector: int = 1, occupancy: Callable[[int], int] | None = None) -> tuple[bool, int, int]:
     """(64-bit indices?, grid, block) of one launch. Blocks are powers of two from 32 threads up to
     the kernel's limit, sized so that each thread has a few unrolled steps of work (of ``vector``
-    elements each, where the kernel has a vector form); grids stride, so they stop at what the
-    device holds at once."""
+    elements each, where the kernel has a vector form); grids stride. ``occupancy(block)``: the
+    blocks of that size the device runs at once, by the kernel's registers (the driver's
+    occupancy); without it (or where it gives 0), by threads and blocks per SM alone."""
     big = outer * inner >= 2**31
     limit = max(32, min(_pow2_floor(max_threads), cuda.REDUCTION_THREADS))
     step = cuda.UNROLL * vector  # elements a thread takes per iteration
@@ -295,15 +314,15 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
         return min(max(32, _pow2_ceil(elements)), most)
 
     def resident(block: int) -> int:  # blocks of this size the whole device holds at once
-        return sms * min(BLOCKS_PER_SM, THREADS_PER_SM // block)
+        return (occupancy(block) if occupancy else 0) or sms * min(BLOCKS_PER_SM, THREADS_PER_SM // block)
 
     if strategy == "pointwise":
         block = threads(cuda.POINTWISE_THREADS, min(limit, cuda.POINTWISE_THREADS))
-        return big, max(1, min(_cdiv(outer, block * step), resident(block))), block
+        return big, balanced_grid(_cdiv(outer, block * step), resident(block)), block
     if strategy == "rows":  # one row per block: at least two unrolled steps per thread; in groups,
         # one step covering the row where the block can (its loops then read the row once)
         block = threads(_cdiv(inner, step if vector > 1 else 2 * step))
-        return big, max(1, min(outer, resident(block))), block
+        return big, balanced_grid(outer, resident(block)), block
     if strategy == "columns":  # 32 rows per block, warps split the inner domain
         block = 32 * min(max(1, _pow2_ceil(_cdiv(inner, 4 * cuda.UNROLL))), limit // 32)
         return big, max(1, min(_cdiv(outer, 32), resident(block))), block
@@ -367,14 +386,14 @@ class CudaKernel:
 
     def _resident(self, state: dict[str, Any], big: bool, block: int) -> int:
         """Blocks of ``block`` threads the device runs at once, by the kernel's registers and
-        shared memory (the driver's occupancy): a grid beyond it runs in a second, partial wave,
-        whose tail leaves most SMs idle. Large on a driver error (the plan's grid stands)."""
+        shared memory (the driver's occupancy), which ``balanced_grid`` sizes grids by. 0 on a
+        driver error (the plan then counts threads and blocks per SM alone)."""
         key = (big, block)
         if key not in state["resident"]:
             driver = _driver()
             err, per_sm = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(state["functions"][big], block, 0)
             ok = err == driver.CUresult.CUDA_SUCCESS and per_sm > 0
-            state["resident"][key] = state["sms"] * per_sm if ok else 1 << 30
+            state["resident"][key] = state["sms"] * per_sm if ok else 0
         return state["resident"][key]
 
     def _workspace(self, state: dict[str, Any], device: int, stream: int) -> tuple[Any, ...]:
@@ -401,18 +420,18 @@ class CudaKernel:
         if geometry is None:
             if len(state["geometry"]) > 4096:  # many distinct dynamic sizes: start over
                 state["geometry"].clear()
-            big, grid, block = plan_launch(self.strategy, outer, inner, state["sms"], state["max_threads"],
-                                           self.meta.get("vector", 1))
+            big = outer * inner >= 2**31
             if big and state["functions"][1] is None:
                 try:
                     state["functions"][1] = self.wide.function(device, self.meta["kernels"]["i64"])
                 except BuildError as e:
                     fall_back(self, f"CUDA kernel {self.name}", e, args)
                     return
+            big, grid, block = plan_launch(self.strategy, outer, inner, state["sms"], state["max_threads"],
+                                           self.meta.get("vector", 1),
+                                           occupancy=lambda block: self._resident(state, big, block))
             if self.meta.get("chunks"):  # a chunked row kernel: a block per run of rows
                 grid = self.meta["chunks"]
-            else:  # grids stride: no more blocks than run at once
-                grid = min(grid, self._resident(state, big, block))
             if self.meta.get("row_reductions"):  # a workspace slot per block
                 grid = min(grid, cuda.MAX_BLOCKS)
             geometry = state["geometry"][(outer, inner)] = (state["functions"][big], grid, block)
