@@ -118,13 +118,14 @@ def test_softmax_rows_reduce_max_and_sum_across_the_block():
     (k,) = explain(lambda x: torch.softmax(x, -1), torch.randn(9, 70)).kernels
     src = k.source
     assert "// strategy: rows" in src
-    assert "for (I ember_row = blockIdx.x; ember_row < ember_rows; ember_row += gridDim.x)" in src
+    assert ("for (I ember_row = (I)blockIdx.x * blockDim.y + threadIdx.y; ember_row < ember_rows; "
+            "ember_row += (I)gridDim.x * blockDim.y)") in src  # (blockDim.y rows a block where short)
     assert "// loop 1: amax" in src and "// loop 2: sum" in src and "// loop 3: store" in src
     loop = ("for (I ember_r_tile = (I)threadIdx.x; ember_r_tile < ember_inner; "
             "ember_r_tile += (I)blockDim.x * EMBER_UNROLL)")
     assert src.count(loop) == 3
-    assert "ember_block_reduce(acc1, EmberMaxOp(), -(float)INFINITY, ember_smem)" in src
-    assert "ember_block_reduce(acc4, EmberSumOp(), (float)0, ember_smem)" in src
+    assert "ember_row_reduce(acc1, EmberMaxOp(), -(float)INFINITY, ember_smem)" in src
+    assert "ember_row_reduce(acc4, EmberSumOp(), (float)0, ember_smem)" in src
     assert "expf(" in src and "__expf" not in src
 
 
@@ -155,7 +156,7 @@ def test_reductions_over_a_leading_dim_give_lanes_adjacent_rows():
 def test_arg_reductions_and_single_block_full_reductions():
     report = explain(lambda x: (x.argmax(-1), x.argmin()), torch.randn(7, 13))
     rows, full = report.kernels
-    assert "ember_block_reduce(acc1, EmberArgMaxOp(), EmberArg<float>{-(float)INFINITY, INT64_MAX}" in rows.source
+    assert "ember_row_reduce(acc1, EmberArgMaxOp(), EmberArg<float>{-(float)INFINITY, INT64_MAX}" in rows.source
     assert "if (threadIdx.x == 0) {  // outer results" in rows.source
     assert "// strategy: full reduction, one block" in full.source and "EmberArgMinOp()" in full.source
     assert "workspace" not in full.source
@@ -275,7 +276,7 @@ class FakeDriver:
         CUDA_ERROR_INVALID_CONTEXT = 201
 
     def __init__(self):
-        self.launched = []
+        self.launched, self.geometry = [], []
 
     def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, fn, block, smem):
         return 0, 8
@@ -285,6 +286,7 @@ class FakeDriver:
 
     def cuLaunchKernel(self, fn, *geometry_stream_args):
         self.launched.append(fn)
+        self.geometry.append(geometry_stream_args[:6])  # grid x y z, block x y z
         return (0,)
 
 
@@ -338,6 +340,55 @@ def test_64_bit_entry_points_build_at_the_first_launch_that_needs_them(kernels_o
     assert [str(w.message) for w in caught if "failed to compile or launch" in str(w.message)] == [
         f"ember: CUDA kernel {k.name} failed to compile or launch (BuildError: ptxas ran out of registers); "
         "its ops run through ATen instead."]
+
+
+@pytest.mark.parametrize("width, group", [(16, 1), (64, 4), (130, 16), (1000, 0)])
+def test_short_rows_go_several_to_a_block(kernels_of, monkeypatch, width, group):
+    """A softmax over rows shorter than a warp's iteration launches blocks of (group, rows):
+    a group of lanes per row, 256 threads a block; longer rows keep a block each."""
+    (k,), _ = kernels_of(lambda x: torch.softmax(x, -1), torch.randn(5000, width), dynamic=True)
+    meta = cuda.launch_meta(k)
+    assert meta["row_groups"] and meta["vector"] == 4
+    driver = FakeDriver()
+    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
+    monkeypatch.setattr(cuda_backend, "_current_device", lambda: 0)
+    monkeypatch.setattr(cuda_backend, "_current_stream", lambda device: 7)
+    kernel = cuda_backend.CudaKernel(k.name, meta, None, None)
+    kernel._devices[0] = {"functions": ["i32 entry", None], "max_threads": 1024, "sms": 132,
+                          "geometry": {}, "workspaces": {}, "resident": {}}
+    value = {meta["outer"]: 5000, meta["inner"]: width}
+    kernel(*(1,) * meta["n_params"], *[value[size] for size in meta["sizes"]])
+    ((grid, _, _, bx, by, bz),) = driver.geometry
+    if group:
+        assert (bx, by, bz) == (group, 256 // group, 1) and grid == -(-5000 // by)
+    else:
+        assert (by, bz) == (1, 1) and bx >= 32 and grid == 5000
+
+
+def test_row_groups_where_rows_may_be_short():
+    """Row groups reduce among their own lanes. A reduction over all rows (CE's mean) combines the
+    block's groups' shares in group order, and one thread of the block writes its partial. A
+    chunked kernel's run of rows (column sums beside row reductions) keeps a block; so do rows
+    statically too long for groups, whose reductions then skip the groups' branch."""
+    x, t = torch.randn(64, 10), torch.randint(0, 10, (64,))
+    (ce,) = explain(lambda x, t: F.cross_entropy(x, t), x, t).kernels
+    (sm,) = explain(lambda x: torch.softmax(x, -1), x).kernels
+    chunked = explain(lambda x: (torch.softmax(x, -1) * 2, (x * x).sum(0)), x).kernels[0]
+    (long_rows,) = explain(lambda x: torch.softmax(x, -1), torch.randn(4, 4096)).kernels
+    for k in (sm, ce):
+        assert "blockIdx.x * blockDim.y + threadIdx.y" in k.source and "ember_row_reduce(" in k.source
+    assert "__shared__ float ember_groups0[256];" in ce.source
+    assert "ember_groups0[threadIdx.y] = acc" in ce.source
+    assert "if (threadIdx.x == 0 && threadIdx.y == 0) {" in ce.source
+    assert "ember_row = blockIdx.x; ember_row < ember_rows; ember_row += gridDim.x" in long_rows.source
+    for k in (chunked, long_rows):
+        assert "threadIdx.y" not in k.source and "ember_row_reduce(" not in k.source
+        assert "ember_block_reduce(" in k.source
+    plan = cuda_backend.plan_launch
+    assert plan("rows", 64, 10, 132, 1024, row_groups=True)[2] == (2, 128)
+    assert plan("rows", 64, 10, 132, 1024, row_groups=False)[2] == 32
+    assert plan("rows", 64, 10, 132, 128, row_groups=True)[2] == (2, 64)  # a register-bound kernel
+    assert plan("rows", 64, 0, 132, 1024, row_groups=True)[2] == (1, 256)  # empty rows: a thread each
 
 
 def test_explain_renders_cuda_kernels_on_a_cpu_machine():

@@ -326,3 +326,29 @@ def test_norm_gradients_with_partials_in_registers_match_eager_on_the_gpu(dtype)
 
 def _error(t: torch.Tensor, ref: torch.Tensor) -> float:
     return ((t - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="runs CUDA kernels: EMBER_TEST_DEVICE=cuda on a GPU machine")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_short_rows_in_row_groups_match_eager_on_the_gpu(dtype):
+    """Rows shorter than a warp's iteration go a group of lanes each, 256 threads a block: widths
+    giving groups of 1 to 32 lanes and blocks whose last rows are past the end, in both forms,
+    with static and symbolic sizes; cross-entropy's mean (a reduction over all rows, combined
+    across the block's groups), an ignored target included."""
+    def rows(x, w):
+        return torch.softmax(x, -1) * w, x.float().square().sum(-1), x.amax(-1)
+
+    def loss(x, t):
+        return F.cross_entropy(x.float(), t, ignore_index=0), F.cross_entropy(x, t, reduction="sum")
+
+    options = {"gpu_backend": "cuda"}
+    for width in (1, 3, 8, 16, 33, 64, 130, 500):
+        for n in (1, 255, 1000):
+            x = torch.randn(n, width, dtype=dtype, device="cuda")
+            w = torch.randn(width, dtype=dtype, device="cuda")
+            t = torch.randint(0, width, (n,), device="cuda")
+            for dynamic in (False, True):
+                check(rows, x, w, options=options, dynamic=dynamic)
+                check(loss, x, t, options=options, dynamic=dynamic)
+        if width > 1:
+            check(rows, x[:, 1:], w[1:], options=options)  # a view: its rows not aligned to groups

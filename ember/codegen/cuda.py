@@ -7,7 +7,9 @@ intrinsics differ. The kernel IR's domains map to the GPU like codegen/triton.py
   EMBER_UNROLL elements per iteration, blockDim.x apart (coalesced, several loads in flight);
 * rows (outer domain with reductions): one block per outer index, blocks striding over the rows;
   in each IR loop the block's threads stride over the inner domain, then a block-wide reduction
-  (warp shuffles + shared memory) gives every thread the loop's results. When the loops' accesses
+  (warp shuffles + shared memory) gives every thread the loop's results. Rows too short for a
+  warp take a group of consecutive lanes each instead (blockDim.x lanes a row, blockDim.y rows a
+  block), reducing with shuffles among the group's lanes. When the loops' accesses
   are adjacent along the outer domain instead (x.sum(0)), 'columns': a block takes 32 rows, one
   per lane, its warps split the inner domain and combine per lane through shared memory;
 * full reductions (no outer domain): with one loop of float/bool reductions, a grid of blocks
@@ -44,7 +46,14 @@ from ..ir import shapes as sh
 from ..ir.ops import Op
 from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, outer_var
 from .cstyle import BodyRenderer, Language, acc_init, acc_type, device_size_lines, index_expr
-from .cuda_prelude import MAX_BLOCKS, POINTWISE_THREADS, PRELUDE, REDUCTION_THREADS, UNROLL  # noqa: F401 (cuda.MAX_BLOCKS)
+from .cuda_prelude import (  # noqa: F401 (cuda.MAX_BLOCKS, cuda.ROW_GROUP_THREADS)
+    MAX_BLOCKS,
+    POINTWISE_THREADS,
+    PRELUDE,
+    REDUCTION_THREADS,
+    ROW_GROUP_THREADS,
+    UNROLL,
+)
 from .cuda_vectors import RowForms, VectorPlan, plan_loop, row_forms
 from .wrapper import pexpr
 
@@ -80,8 +89,9 @@ COMBINE = {Op.SUM: "EmberSumOp", Op.PROD: "EmberProdOp", Op.AMAX: "EmberMaxOp", 
 _STRATEGY = {
     "pointwise": "pointwise -- a grid-stride loop over the flattened outer domain, "
                  f"{UNROLL} elements per thread per iteration",
-    "rows": "rows -- one block per outer index (blocks stride over the rows); threads stride over "
-            "the inner domain, block-wide reductions after each loop",
+    "rows": "rows -- one block per outer index, or for short rows a group of a warp's lanes (blocks "
+            "stride over the rows); threads stride over the inner domain, reductions across the row's "
+            "threads after each loop",
     "columns": "columns -- 32 adjacent outer indices per block, one per lane (their elements are "
                "adjacent in memory); the block's warps split the inner domain and combine per lane",
     "full": "full reduction, many blocks -- the grid strides over the inner domain; the last block "
@@ -154,6 +164,7 @@ class CudaKernelRenderer:
         self.plans = forms.plans
         self.first_loop = forms.first_loop
         self.kept = forms.kept
+        self.row_groups = row_groups(kernel)
         self.flag_tests = forms.flag_tests
         self.row_width = next(iter(self.plans.values())).width if self.plans else 0  # one width, when kept
         self.cached = {key: f"ember_cache{i}" for i, key in enumerate(self.first_loop)}
@@ -334,6 +345,10 @@ class CudaKernelRenderer:
         self.emit(f"__shared__ __align__(16) unsigned char ember_smem[{smem}];")
         if self.k.row_reductions:
             self.emit("__shared__ bool ember_last;  // is this the last block to finish?")
+            if self.row_groups:
+                for i, v in enumerate(self.k.row_reductions):
+                    self.emit(f"__shared__ {acc_type(CUDA, v)} ember_groups{i}[{ROW_GROUP_THREADS}];"
+                              "  // each row group's share")
             self.emit("// reductions over all rows: every thread adds each row (the same values)")
             for v in self.k.row_reductions:
                 self.emit(self.body.reduce_decl(v))
@@ -350,6 +365,11 @@ class CudaKernelRenderer:
         if self.strategy == "rows":
             if self.k.chunks:
                 self._chunk_rows()
+            elif self.row_groups:
+                self.emit("// a row per block, or, for short rows, per group of blockDim.x threads (blockDim.y")
+                self.emit("// groups a block); blocks stride over the rows")
+                self.open("for (I ember_row = (I)blockIdx.x * blockDim.y + threadIdx.y; ember_row < ember_rows; "
+                          "ember_row += (I)gridDim.x * blockDim.y) {")
             else:
                 self.emit("// one block per row; blocks stride over the rows")
                 self.open("for (I ember_row = blockIdx.x; ember_row < ember_rows; ember_row += gridDim.x) {")
@@ -378,12 +398,33 @@ class CudaKernelRenderer:
         workspace; the last block to finish combines them and computes (and thread 0 stores) what
         comes after all rows."""
         k = self.k
-        self._last_block_combines(k.row_reductions)
+        first = "threadIdx.x == 0"
+        if self.row_groups:
+            self._combine_groups(k.row_reductions)
+            first = "threadIdx.x == 0 && threadIdx.y == 0"
+        self._last_block_combines(k.row_reductions, first)
         inputs, after = k.after_rows()
         self._statements(inputs + [v for v in after if v.kind != "store"])
-        self.open("if (threadIdx.x == 0) {")
+        self.open(f"if ({first}) {{")
         self._statements([v for v in after if v.kind == "store"])
         self.emit("*counter = 0;  // ready for the next launch")
+        self.close(2)
+
+    def _combine_groups(self, values: list[Value]) -> None:
+        """A block of row groups (short rows): each group holds its own rows' share of ``values``;
+        every thread gets the block's, combined in group order through shared memory."""
+        acc = self.body.acc_names
+        self.open("if (blockDim.y > 1) {  // row groups: each holds its rows' share, combined in group order")
+        self.open("if (threadIdx.x == 0) {")
+        for i, v in enumerate(values):
+            self.emit(f"ember_groups{i}[threadIdx.y] = {acc[id(v)]};")
+        self.close()
+        self.emit("__syncthreads();")
+        for i, v in enumerate(values):
+            self.emit(f"{acc[id(v)]} = ember_groups{i}[0];")
+        self.open("for (unsigned ember_y = 1; ember_y < blockDim.y; ++ember_y) {")
+        for i, v in enumerate(values):
+            self.emit(f"{acc[id(v)]} = {COMBINE[v.arg.op]}()({acc[id(v)]}, ember_groups{i}[ember_y]);")
         self.close(2)
 
     def _chunk_rows(self) -> None:
@@ -505,7 +546,8 @@ class CudaKernelRenderer:
         acc = self.body.acc_names[id(v)]
         if self.strategy == "columns":
             return f"{acc} = ember_column_reduce({acc}, {COMBINE[v.arg.op]}(), ember_smem);"
-        return f"{acc} = ember_block_reduce({acc}, {COMBINE[v.arg.op]}(), {acc_init(CUDA, v)}, ember_smem);"
+        fn = "ember_row_reduce" if self.row_groups else "ember_block_reduce"
+        return f"{acc} = {fn}({acc}, {COMBINE[v.arg.op]}(), {acc_init(CUDA, v)}, ember_smem);"
 
     def _block_reduce(self, reductions: list[Value]) -> None:
         if not reductions:
@@ -524,12 +566,13 @@ class CudaKernelRenderer:
             self.emit(self._reduce_line(v))
         self._last_block_combines(reductions)
 
-    def _last_block_combines(self, values: list[Value]) -> None:
-        """Thread 0 writes the accumulators of ``values`` (this block's partials) to the workspace;
-        opens ``if (ember_last) {``, in which the last block to finish strides over every block's
-        partials and reduces them across the block, so every thread holds the totals."""
+    def _last_block_combines(self, values: list[Value], first: str = "threadIdx.x == 0") -> None:
+        """The ``first`` thread writes the accumulators of ``values`` (this block's partials) to the
+        workspace; opens ``if (ember_last) {``, in which the last block to finish strides over
+        every block's partials and reduces them across the block (each row group of it, where
+        it has groups), so every thread holds the totals."""
         acc = self.body.acc_names
-        self.open("if (threadIdx.x == 0) {")
+        self.open(f"if ({first}) {{")
         for i, v in enumerate(values):
             self.emit(f"workspace[{i} * EMBER_MAX_BLOCKS + blockIdx.x] = (double){acc[id(v)]};")
         self.emit("__threadfence();  // the partials are visible to every block before the count says so")
@@ -564,6 +607,22 @@ def vector_plan(kernel: Kernel, loop: int) -> VectorPlan | None:
 def _row_forms(kernel: Kernel) -> RowForms:
     plans = {i: p for i in range(1, kernel.n_loops + 1) if (p := vector_plan(kernel, i)) is not None}
     return row_forms(kernel, plans, REDUCTION_THREADS * UNROLL)
+
+
+def row_groups(kernel: Kernel) -> bool:
+    """May the kernel's short rows go several to a block, a group of fewer than 32 threads each
+    (blockDim.x threads a row, blockDim.y rows)? Not where a block's threads work on one run of
+    rows together (a chunked kernel's column sums). Nor where the rows are statically too long
+    for it (the launcher's rule, runtime/cuda_backend.py: plan_launch): their reductions then
+    skip the groups' branch, whose registers cost a 4096-wide softmax a block per SM."""
+    if strategy(kernel) != "rows" or kernel.chunks:
+        return False
+    inner = sh.numel(kernel.inner)
+    if not inner.is_number or kernel.segment_length is not None:
+        return True
+    width = vector_width(kernel)
+    step = UNROLL * width if width > 1 else 2 * UNROLL
+    return -(-int(inner) // step) < 32
 
 
 def vector_width(kernel: Kernel) -> int:
@@ -607,6 +666,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "workspace": uses_workspace(kernel),
         "row_reductions": len(kernel.row_reductions),
         "chunks": kernel.chunks,
+        "row_groups": row_groups(kernel),
         "max_threads": POINTWISE_THREADS if kind == "pointwise" else REDUCTION_THREADS,
         "vector": vector_width(kernel),
         "kernels": {"i32": kernel.name, "i64": f"{kernel.name}_i64"},

@@ -300,12 +300,15 @@ def balanced_grid(tiles: int, resident: int) -> int:
 
 
 def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: int,
-                vector: int = 1, occupancy: Callable[[int], int] | None = None) -> tuple[bool, int, int]:
+                vector: int = 1, occupancy: Callable[[int], int] | None = None,
+                row_groups: bool = False) -> tuple[bool, int, int | tuple[int, int]]:
     """(64-bit indices?, grid, block) of one launch. Blocks are powers of two from 32 threads up to
     the kernel's limit, sized so that each thread has a few unrolled steps of work (of ``vector``
     elements each, where the kernel has a vector form); grids stride. ``occupancy(block)``: the
     blocks of that size the device runs at once, by the kernel's registers (the driver's
-    occupancy); without it (or where it gives 0), by threads and blocks per SM alone."""
+    occupancy); without it (or where it gives 0), by threads and blocks per SM alone.
+    ``row_groups``: a row kernel whose short rows may go several to a block; the block is then
+    (threads a row, rows a block) where a row needs fewer than 32 threads."""
     big = outer * inner >= 2**31
     limit = max(32, min(_pow2_floor(max_threads), cuda.REDUCTION_THREADS))
     step = cuda.UNROLL * vector  # elements a thread takes per iteration
@@ -321,7 +324,11 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
         return big, balanced_grid(_cdiv(outer, block * step), resident(block)), block
     if strategy == "rows":  # one row per block: at least two unrolled steps per thread; in groups,
         # one step covering the row where the block can (its loops then read the row once)
-        block = threads(_cdiv(inner, step if vector > 1 else 2 * step))
+        need = _cdiv(inner, step if vector > 1 else 2 * step)
+        if row_groups and need < 32:  # short rows: a group of lanes each, ROW_GROUP_THREADS a block
+            group, total = _pow2_ceil(need), min(cuda.ROW_GROUP_THREADS, limit)
+            return big, balanced_grid(_cdiv(outer, total // group), resident(total)), (group, total // group)
+        block = threads(need)
         return big, balanced_grid(outer, resident(block)), block
     if strategy == "columns":  # 32 rows per block, warps split the inner domain
         block = 32 * min(max(1, _pow2_ceil(_cdiv(inner, 4 * cuda.UNROLL))), limit // 32)
@@ -429,13 +436,15 @@ class CudaKernel:
                     return
             big, grid, block = plan_launch(self.strategy, outer, inner, state["sms"], state["max_threads"],
                                            self.meta.get("vector", 1),
-                                           occupancy=lambda block: self._resident(state, big, block))
+                                           occupancy=lambda block: self._resident(state, big, block),
+                                           row_groups=self.meta.get("row_groups", False))
             if self.meta.get("chunks"):  # a chunked row kernel: a block per run of rows
                 grid = self.meta["chunks"]
             if self.meta.get("row_reductions"):  # a workspace slot per block
                 grid = min(grid, cuda.MAX_BLOCKS)
-            geometry = state["geometry"][(outer, inner)] = (state["functions"][big], grid, block)
-        fn, grid, block = geometry
+            bx, by = block if isinstance(block, tuple) else (block, 1)
+            geometry = state["geometry"][(outer, inner)] = (state["functions"][big], grid, bx, by)
+        fn, grid, bx, by = geometry
         driver = _driver()
         raw = _current_stream(device)
         stream = _streams.get(raw)
@@ -448,11 +457,11 @@ class CudaKernel:
             if self.meta["workspace"]:
                 ws = state["workspaces"].get(raw) or self._workspace(state, device, raw)
                 slots[-2].value, slots[-1].value = ws[2], ws[3]
-            (err,) = driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, self._argv_address, 0)
+            (err,) = driver.cuLaunchKernel(fn, grid, 1, 1, bx, by, 1, 0, stream, self._argv_address, 0)
             if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread without a current context
                 make_context_current(device)
-                (err,) = driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, self._argv_address, 0)
-        _check(driver, err, f"launching {self.name} (grid {grid}, block {block})")
+                (err,) = driver.cuLaunchKernel(fn, grid, 1, 1, bx, by, 1, 0, stream, self._argv_address, 0)
+        _check(driver, err, f"launching {self.name} (grid {grid}, block {bx} x {by})")
 
 
 class CudaBackend(Backend):
