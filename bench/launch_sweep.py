@@ -6,8 +6,8 @@ Each configuration is ``XBLOCK,RBLOCK,num_warps[,num_stages[,persistent[,split]]
 every kernel of the case, or on those named by ``--only`` (``options={"triton_launch": ...}``, which
 a kernel kind that cannot use it adapts). Prints the median µs of a call (CUDA events), the
 device time of each kernel and the error against float64, next to Inductor and ember's heuristic
-choice. A tool for choosing the heuristic's defaults; the numbers that count go through
-gpu_fusion.py.
+choice ("ember heuristic", the Triton backend; ``--cuda`` adds the CUDA C++ backend's kernels). A
+tool for choosing the heuristics' defaults; the numbers that count go through gpu_fusion.py.
 """
 
 from __future__ import annotations
@@ -75,6 +75,29 @@ EPILOGUES = {
                            torch.randn(4096, device="cuda", dtype=torch.bfloat16)), lambda a: a[0].numel() * 4),
 }
 
+BF16 = torch.bfloat16
+SHORT_ROWS = {
+    # rows shorter than a warp's iteration: the CUDA C++ backend gives each a group of lanes
+    "softmax_64": (lambda x: torch.softmax(x, -1), lambda: (torch.randn(1 << 20, 64, device="cuda", dtype=BF16),),
+                   lambda a: a[0].numel() * 4),
+    "softmax_128": (lambda x: torch.softmax(x, -1), lambda: (torch.randn(1 << 19, 128, device="cuda", dtype=BF16),),
+                    lambda a: a[0].numel() * 4),
+    "sum_16": (lambda x: x.sum(-1), lambda: (torch.randn(1 << 22, 16, device="cuda"),), lambda a: a[0].numel() * 4),
+    "sum_70": (lambda x: x.sum(-1), lambda: (torch.randn(1 << 20, 70, device="cuda"),), lambda a: a[0].numel() * 4),
+    "layernorm_64": (lambda x, w, b: torch.nn.functional.layer_norm(x, (64,), w, b),
+                     lambda: (torch.randn(1 << 20, 64, device="cuda", dtype=BF16),
+                              torch.randn(64, device="cuda", dtype=BF16), torch.randn(64, device="cuda", dtype=BF16)),
+                     lambda a: a[0].numel() * 4),
+    "layernorm_768": (lambda x, w, b: torch.nn.functional.layer_norm(x, (768,), w, b),
+                      lambda: (torch.randn(65536, 768, device="cuda", dtype=BF16),
+                               torch.randn(768, device="cuda", dtype=BF16),
+                               torch.randn(768, device="cuda", dtype=BF16)),
+                      lambda a: a[0].numel() * 4),
+    "ce_10": (lambda x, t: torch.nn.functional.cross_entropy(x, t),
+              lambda: (torch.randn(1 << 20, 10, device="cuda"), torch.randint(0, 10, (1 << 20,), device="cuda")),
+              lambda a: a[0].numel() * 4),
+}
+
 
 def _pool(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """The ragged suite's mean pooling, on values and offsets (ember.ragged.segment_mean's formula)."""
@@ -122,10 +145,11 @@ def main() -> int:
     p.add_argument("--only", default="", help="force the configurations on kernels whose name contains this")
     p.add_argument("--train", action="store_true", help="time forward + backward instead (errors are not checked)")
     p.add_argument("--no-inductor", action="store_true", help="leave Inductor out (it fails on some cases' training)")
+    p.add_argument("--cuda", action="store_true", help="also time the CUDA C++ backend (its own launch heuristic)")
     args = p.parse_args()
     from triton.testing import do_bench
     os.environ.setdefault("EMBER_CACHE_DIR", "/tmp/ember-sweep")
-    fn, make, nbytes = {**cases(1.0), **LONG_ROWS, **EPILOGUES, **RAGGED}[args.case]
+    fn, make, nbytes = {**cases(1.0), **LONG_ROWS, **EPILOGUES, **SHORT_ROWS, **RAGGED}[args.case]
     torch.manual_seed(0)
     inputs = make()
     ref = fn(*[x.double() if x.is_floating_point() else x for x in inputs])
@@ -136,6 +160,8 @@ def main() -> int:
     variants = {"eager": fn, "inductor": torch.compile(fn), "ember heuristic": ember.compile(fn)}
     if args.no_inductor:
         del variants["inductor"]
+    if args.cuda:
+        variants["ember cuda"] = ember.compile(fn, options={"gpu_backend": "cuda"})
     for spec in specs:
         variants[spec] = ember.compile(fn, options={"triton_launch": parse(spec, args.only)})
     bw = copy_bandwidth()
