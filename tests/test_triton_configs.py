@@ -78,6 +78,13 @@ def test_heuristic_keeps_the_gpu_busy_and_rows_whole():
     # few wide rows: more warps per row, wider chunks
     few = first("rows", 64, 1 << 20, ROWS)
     assert few["num_warps"] == 16 and few["RBLOCK"] == 4096 and few["XBLOCK"] == 1
+    # narrow rows reduced over all rows too (a loss's mean): 2-warp programs of 2048 elements
+    over_rows = tc.KernelHints(itemsize=4, over_rows=True)
+    assert first("rows", 1 << 20, 10, over_rows) == dict(XBLOCK=128, RBLOCK=16, num_warps=2, PERSISTENT=True,
+                                                        num_stages=1)
+    assert first("rows", 1 << 16, 1000, over_rows)["XBLOCK"] == 2 and first("rows", 1 << 16, 1000, ROWS)["XBLOCK"] == 4
+    assert first("rows", 300, 100, over_rows)["XBLOCK"] == 1  # (every SM still gets programs)
+    assert first("rows", 8192, 4096, over_rows) == first("rows", 8192, 4096, ROWS)  # wider: as any rows
     # tiny pointwise kernels get a tiny block
     assert first("pointwise", 10, 1, tc.KernelHints(itemsize=4)) == dict(XBLOCK=64, RBLOCK=1, num_warps=1,
                                                                          PERSISTENT=False, num_stages=1)
@@ -261,6 +268,8 @@ def test_hints_read_from_the_kernel_ir(kernels_of):
     assert tc.hints_of(k) == tc.KernelHints(itemsize=2, columns=False, writes_rows=True)
     (k,) = kernels_of(lambda a: torch.logsumexp(a, -1), torch.randn(8, 64))
     assert tc.hints_of(k) == tc.KernelHints(itemsize=4)
+    (k,) = kernels_of(lambda a, t: F.cross_entropy(a, t), torch.randn(8, 10), torch.randint(0, 10, (8,)))
+    assert tc.hints_of(k) == tc.KernelHints(itemsize=4, over_rows=True)  # its mean: over all rows
     (k,) = kernels_of(lambda g, a: (g * a).sum(0), torch.randn(64, 8), torch.randn(64, 8))
     assert tc.hints_of(k).columns
     # a weight gradient reads per-row statistics too (contiguous in the reduced dim, the same for

@@ -49,6 +49,7 @@ class KernelHints:
     accumulates: bool = False         # adds into an output: one run per call, never timed
     splittable: bool = False          # its rows may split over programs (codegen's split_rows)
     segments: bool = False            # its rows are a ragged tensor's (lengths read from offsets)
+    over_rows: bool = False           # reduces over all rows too (a loss's mean): programs combine
 
 
 def hints_of(kernel: Kernel) -> KernelHints:
@@ -89,7 +90,8 @@ def _hints_of(kernel: Kernel) -> KernelHints:
                        writes_rows=any(v.inner for v in stores),
                        reads_rows=any(v.inner for v in kernel.values if v.kind == "load"),
                        accumulates=any(getattr(v.arg, "accumulate", False) for v in stores),
-                       reduces=bool(kernel.reductions), segments=kernel.segment_length is not None)
+                       reduces=bool(kernel.reductions), segments=kernel.segment_length is not None,
+                       over_rows=bool(kernel.row_reductions))
 
 
 @functools.cache
@@ -185,6 +187,13 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         rblock = min(next_pow2(inner), max(16, 8192 // xblock), 4096)
         return [_config(xblock, rblock, 8, stages=2), safe]
     width = next_pow2(max(inner, 1))
+    if hints.over_rows and width <= 2048:
+        # narrow rows and then a reduction over all rows (a cross-entropy's mean over 10 to 1000
+        # classes): 2-warp programs of 2048 elements. The tiles below, 4-8 warps, took 2-4x as
+        # long (H100, kernel us: CE 1M x 10 fp32 116 -> 32, 256K x 100 fp32 199 -> 58, 64K x
+        # 1000 bf16 384 -> 89; bench/launch_sweep.py --case ce_100 etc.), for reasons not found
+        xblock = _fill(outer, max(1, min(2048 // width, rows)), sms)
+        return [_config(xblock, width, 2, persistent=True), safe]
     if width <= HEURISTIC_PERSISTENT:
         # narrow rows share a program: tiles of 4096 elements, 16 per thread (at 4096 wide,
         # one row and 8 warps was fastest or within 1% for every norm, softmax and backward;
