@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
 
 import sympy
 
@@ -46,6 +45,14 @@ from ..ir import shapes as sh
 from ..ir.ops import Op
 from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, outer_var
 from .cstyle import BodyRenderer, Language, acc_init, acc_type, device_size_lines, index_expr
+from .cuda_plan import (  # noqa: F401 (cuda.launch_meta: the backend's name for it)
+    kernel_row_forms,
+    launch_meta,
+    row_groups,
+    strategy,
+    uses_workspace,
+    vector_plan,
+)
 from .cuda_prelude import (  # noqa: F401 (cuda.MAX_BLOCKS, cuda.ROW_GROUP_THREADS)
     MAX_BLOCKS,
     POINTWISE_THREADS,
@@ -54,8 +61,7 @@ from .cuda_prelude import (  # noqa: F401 (cuda.MAX_BLOCKS, cuda.ROW_GROUP_THREA
     ROW_GROUP_THREADS,
     UNROLL,
 )
-from .cuda_vectors import RowForms, VectorPlan, plan_loop, row_forms
-from .wrapper import pexpr
+from .cuda_vectors import RowForms, VectorPlan
 
 # float32 math spelled with CUDA's float functions (IEEE-accurate or within a few ulp, unlike the
 # __expf-style intrinsics), so nothing silently promotes to double.
@@ -105,54 +111,6 @@ _GRID_START = "(I)blockIdx.x * blockDim.x * EMBER_UNROLL + threadIdx.x"
 _GRID_STRIDE = "(I)gridDim.x * blockDim.x * EMBER_UNROLL"
 
 
-def strategy(kernel: Kernel) -> str:
-    """'pointwise'; 'rows' or 'columns' (an outer domain with reductions, a block per row or per
-    32 rows); 'full' (many blocks, combined by the last) or 'single' (one block)."""
-    if kernel.n_loops == 0:
-        return "pointwise"
-    if kernel.outer:  # (chunked kernels and reductions over the rows: a block per row)
-        return "columns" if _adjacent_rows(kernel) and not kernel.chunks and not kernel.row_reductions else "rows"
-    return "full" if multi_block(kernel) else "single"
-
-
-def multi_block(kernel: Kernel) -> bool:
-    """Can a full reduction run on many blocks? Partials travel through a float64 workspace, so one
-    loop of float or bool reductions, no arg-reductions (as codegen/triton.py's multi_program)."""
-    return (kernel.n_loops == 1 and not kernel.outer
-            and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) and (v.srcs[0].dtype.is_float or v.srcs[0].dtype.is_bool)
-                    for v in kernel.reductions))
-
-
-def uses_workspace(kernel: Kernel) -> bool:
-    """Partials and a finished-blocks counter: many-block full reductions, reductions over rows."""
-    return strategy(kernel) == "full" or bool(kernel.row_reductions)
-
-
-def _adjacent_rows(kernel: Kernel) -> bool:
-    """Do the loops' memory accesses step by one element along the last outer dimension more often
-    than along the last inner one (a reduction over a leading dimension, like x.sum(0))? Then lanes
-    must take adjacent rows, not adjacent elements of one row, for coalesced accesses."""
-    if not kernel.inner:
-        return False
-    o, r = outer_var(len(kernel.outer) - 1), inner_var(len(kernel.inner) - 1)
-    along_rows = along_inner = 0
-    for v in kernel.values:
-        if v.kind in ("load", "store") and v.inner:
-            along_rows += _unit_step(v.arg.index, o)
-            along_inner += _unit_step(v.arg.index, r)
-    return along_rows > along_inner
-
-
-def _unit_step(index: sympy.Expr, var: sympy.Symbol) -> bool:
-    index = sympy.sympify(index)
-    if var not in index.free_symbols:
-        return False
-    try:
-        return sympy.expand(index.subs(var, var + 1) - index) == 1
-    except (TypeError, ValueError, AttributeError):  # floor divisions sympy cannot shift: not a unit step
-        return False
-
-
 class CudaKernelRenderer:
     def __init__(self, kernel: Kernel):
         self.k = kernel
@@ -160,7 +118,7 @@ class CudaKernelRenderer:
         self.strategy = strategy(kernel)
         self.lines: list[str] = []
         self.depth = 0
-        forms = _row_forms(kernel) if self.strategy == "rows" else RowForms({}, {}, {}, ())
+        forms = kernel_row_forms(kernel) if self.strategy == "rows" else RowForms({}, {}, {}, ())
         self.plans = forms.plans
         self.first_loop = forms.first_loop
         self.kept = forms.kept
@@ -592,51 +550,6 @@ class CudaKernelRenderer:
             self._block_reduce(values)
 
 
-def vector_plan(kernel: Kernel, loop: int) -> VectorPlan | None:
-    """The vector form of loop ``loop`` of ``kernel`` (0: a pointwise kernel's one loop), or None.
-    Column kernels' lanes take rows, not consecutive elements: they keep the scalar loops."""
-    kind = strategy(kernel)
-    if kind == "pointwise":
-        return plan_loop(kernel, kernel.values, kernel.outer, inner=False) if loop == 0 else None
-    if kind == "columns" or loop == 0:
-        return None
-    stores = [v for v in kernel.values if v.kind == "store" and v.inner and v.loop == loop]
-    return plan_loop(kernel, kernel.loop_values(loop) + stores, kernel.inner, inner=True)
-
-
-def _row_forms(kernel: Kernel) -> RowForms:
-    plans = {i: p for i in range(1, kernel.n_loops + 1) if (p := vector_plan(kernel, i)) is not None}
-    return row_forms(kernel, plans, REDUCTION_THREADS * UNROLL)
-
-
-def row_groups(kernel: Kernel) -> bool:
-    """May the kernel's short rows go several to a block, a group of fewer than 32 threads each
-    (blockDim.x threads a row, blockDim.y rows)? Not where a block's threads work on one run of
-    rows together (a chunked kernel's column sums). Nor where the rows are statically too long
-    for it (the launcher's rule, runtime/cuda_backend.py: plan_launch): their reductions then
-    skip the groups' branch, whose registers cost a 4096-wide softmax a block per SM."""
-    if strategy(kernel) != "rows" or kernel.chunks:
-        return False
-    inner = sh.numel(kernel.inner)
-    if not inner.is_number or kernel.segment_length is not None:
-        return True
-    width = vector_width(kernel)
-    step = UNROLL * width if width > 1 else 2 * UNROLL
-    return -(-int(inner) // step) < 32
-
-
-def vector_width(kernel: Kernel) -> int:
-    """The widest group of any of the kernel's loops (1: no vector form); the launch sizes its
-    blocks and grid by it."""
-    kind = strategy(kernel)
-    if kind == "rows":
-        plans = list(_row_forms(kernel).plans.values())
-    else:
-        loops = [0] if kind == "pointwise" else range(1, kernel.n_loops + 1)
-        plans = [p for p in map(lambda i: vector_plan(kernel, i), loops) if p is not None]
-    return max((p.width for p in plans), default=1)
-
-
 def _as_index(e: sympy.Expr) -> str:
     """A size expression converted to the flat index type ``I``."""
     text = index_expr(e)
@@ -650,24 +563,3 @@ def render_kernel(kernel: Kernel) -> str:
 def render_module(kernels: list[Kernel]) -> str:
     """One translation unit holding a graph's kernels."""
     return PRELUDE + "\n" + "\n\n".join(render_kernel(k) for k in kernels) + "\n"
-
-
-def launch_meta(kernel: Kernel) -> dict[str, Any]:
-    """What the launcher needs: the strategy, the outer/inner element counts as Python expressions
-    of the size symbols, the argument counts, and the entry points (32- and 64-bit indices)."""
-    kind = strategy(kernel)
-    return {
-        "strategy": kind,
-        "outer": pexpr(sh.numel(kernel.outer)),
-        "inner": pexpr(kernel.inner_hint),
-        "sizes": [s.name for s in kernel.sizes],
-        "n_params": len(kernel.params),
-        "n_reductions": len(kernel.reductions) + len(kernel.row_reductions),
-        "workspace": uses_workspace(kernel),
-        "row_reductions": len(kernel.row_reductions),
-        "chunks": kernel.chunks,
-        "row_groups": row_groups(kernel),
-        "max_threads": POINTWISE_THREADS if kind == "pointwise" else REDUCTION_THREADS,
-        "vector": vector_width(kernel),
-        "kernels": {"i32": kernel.name, "i64": f"{kernel.name}_i64"},
-    }
