@@ -52,6 +52,7 @@ from .cuda_plan import (  # noqa: F401 (cuda.launch_meta: the backend's name for
     strategy,
     uses_workspace,
     vector_plan,
+    vector_width,
 )
 from .cuda_prelude import (  # noqa: F401 (cuda.MAX_BLOCKS, cuda.ROW_GROUP_THREADS)
     MAX_BLOCKS,
@@ -122,7 +123,7 @@ class CudaKernelRenderer:
         self.plans = forms.plans
         self.first_loop = forms.first_loop
         self.kept = forms.kept
-        self.row_groups = row_groups(kernel)
+        self.row_groups = self.strategy == "rows" and row_groups(kernel, vector_width(kernel, forms))
         self.flag_tests = forms.flag_tests
         self.row_width = next(iter(self.plans.values())).width if self.plans else 0  # one width, when kept
         self.cached = {key: f"ember_cache{i}" for i, key in enumerate(self.first_loop)}

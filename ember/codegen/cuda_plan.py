@@ -84,28 +84,31 @@ def kernel_row_forms(kernel: Kernel) -> RowForms:
     return row_forms(kernel, plans, REDUCTION_THREADS * UNROLL)
 
 
-def row_groups(kernel: Kernel) -> bool:
+def row_groups(kernel: Kernel, width: int | None = None) -> bool:
     """May the kernel's short rows go several to a block, a group of fewer than 32 threads each
     (blockDim.x threads a row, blockDim.y rows)? Not where a block's threads work on one run of
     rows together (a chunked kernel's column sums). Nor where the rows are statically too long
     for it (the launcher's rule, runtime/cuda_backend.py: plan_launch): their reductions then
-    skip the groups' branch, whose registers cost a 4096-wide softmax a block per SM."""
+    skip the groups' branch, whose registers cost a 4096-wide softmax a block per SM.
+    ``width``: the kernel's ``vector_width``, where the caller has it (planning it again costs
+    milliseconds of sympy per kernel)."""
     if strategy(kernel) != "rows" or kernel.chunks:
         return False
     inner = sh.numel(kernel.inner)
     if not inner.is_number or kernel.segment_length is not None:
         return True
-    width = vector_width(kernel)
+    width = vector_width(kernel) if width is None else width
     step = UNROLL * width if width > 1 else 2 * UNROLL
     return -(-int(inner) // step) < 32
 
 
-def vector_width(kernel: Kernel) -> int:
+def vector_width(kernel: Kernel, forms: RowForms | None = None) -> int:
     """The widest group of any of the kernel's loops (1: no vector form); the launch sizes its
-    blocks and grid by it."""
+    blocks and grid by it. ``forms``: a row kernel's ``kernel_row_forms``, where the caller has
+    them."""
     kind = strategy(kernel)
     if kind == "rows":
-        plans = list(kernel_row_forms(kernel).plans.values())
+        plans = list((forms or kernel_row_forms(kernel)).plans.values())
     else:
         loops = [0] if kind == "pointwise" else range(1, kernel.n_loops + 1)
         plans = [p for p in map(lambda i: vector_plan(kernel, i), loops) if p is not None]
@@ -116,6 +119,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
     """What the launcher needs: the strategy, the outer/inner element counts as Python expressions
     of the size symbols, the argument counts, and the entry points (32- and 64-bit indices)."""
     kind = strategy(kernel)
+    width = vector_width(kernel)
     return {
         "strategy": kind,
         "outer": pexpr(sh.numel(kernel.outer)),
@@ -126,8 +130,8 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "workspace": uses_workspace(kernel),
         "row_reductions": len(kernel.row_reductions),
         "chunks": kernel.chunks,
-        "row_groups": row_groups(kernel),
+        "row_groups": row_groups(kernel, width),
         "max_threads": POINTWISE_THREADS if kind == "pointwise" else REDUCTION_THREADS,
-        "vector": vector_width(kernel),
+        "vector": width,
         "kernels": {"i32": kernel.name, "i64": f"{kernel.name}_i64"},
     }
