@@ -25,98 +25,89 @@ from gpu_fusion import cases, copy_bandwidth, kernel_times, rel_error, train_ste
 
 import ember  # noqa: E402
 
+F = torch.nn.functional
+BF16 = torch.bfloat16
+
+
+def _read(a) -> int:  # bytes a case reads: its first input once
+    return a[0].numel() * a[0].element_size()
+
+
+def _read_write(a) -> int:  # ... and writes as many
+    return 2 * _read(a)
+
+
+def _rows(fn, rows: int, width: int, dtype=BF16, nbytes=_read_write):
+    """A case of ``fn`` over a (rows, width) tensor."""
+    return fn, lambda: (torch.randn(rows, width, device="cuda", dtype=dtype),), nbytes
+
+
+def _ce(rows: int, classes: int, dtype=BF16):
+    """Cross-entropy's mean over (rows, classes) logits."""
+    return (lambda x, t: F.cross_entropy(x, t),
+            lambda: (torch.randn(rows, classes, device="cuda", dtype=dtype),
+                     torch.randint(0, classes, (rows,), device="cuda")), _read)
+
+
+def _layer_norm(rows: int, width: int):
+    return (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
+            lambda: (torch.randn(rows, width, device="cuda", dtype=BF16), torch.randn(width, device="cuda", dtype=BF16),
+                     torch.randn(width, device="cuda", dtype=BF16)), _read_write)
+
+
+def _bias(fn):
+    """The gelu linear layer's epilogue shape: fn(y + b) over an 8192 x 4096 product."""
+    return (lambda y, b: fn(y + b), lambda: (torch.randn(8192, 4096, device="cuda", dtype=BF16),
+                                             torch.randn(4096, device="cuda", dtype=BF16)), _read_write)
+
+
+def _softmax(x):
+    return torch.softmax(x, -1)
+
+
 LONG_ROWS = {
     # few long rows: the heuristic splits each row over programs (compare with "SPLIT=1")
-    "row_sums_bf16": (lambda x: x.sum(-1), lambda: (torch.randn(8, 4 << 20, device="cuda", dtype=torch.bfloat16),),
-                      lambda a: a[0].numel() * 2),
-    "row_amax_f32": (lambda x: x.amax(-1), lambda: (torch.randn(4, 16 << 20, device="cuda"),),
-                     lambda a: a[0].numel() * 4),
-    "row_sums_64": (lambda x: x.sum(-1), lambda: (torch.randn(64, 1 << 20, device="cuda", dtype=torch.bfloat16),),
-                    lambda a: a[0].numel() * 2),
-    "row_sumsq_200": (lambda x: x.float().square().sum(-1),
-                      lambda: (torch.randn(200, 32000, device="cuda", dtype=torch.bfloat16),),
-                      lambda a: a[0].numel() * 2),
+    "row_sums_bf16": _rows(lambda x: x.sum(-1), 8, 4 << 20, nbytes=_read),
+    "row_amax_f32": _rows(lambda x: x.amax(-1), 4, 16 << 20, torch.float32, _read),
+    "row_sums_64": _rows(lambda x: x.sum(-1), 64, 1 << 20, nbytes=_read),
+    "row_sumsq_200": _rows(lambda x: x.float().square().sum(-1), 200, 32000, nbytes=_read),
     # online softmax over few long rows (a language model's loss over a 128256-token vocabulary
     # at small batch, logsumexp over long rows): each slice's (max, sum of exp), rescaled
-    "ce_vocab_8": (lambda x, t: torch.nn.functional.cross_entropy(x, t),
-                   lambda: (torch.randn(8, 128256, device="cuda", dtype=torch.bfloat16),
-                            torch.randint(0, 128256, (8,), device="cuda")), lambda a: a[0].numel() * 2),
-    "ce_vocab_64": (lambda x, t: torch.nn.functional.cross_entropy(x, t),
-                    lambda: (torch.randn(64, 128256, device="cuda", dtype=torch.bfloat16),
-                             torch.randint(0, 128256, (64,), device="cuda")), lambda a: a[0].numel() * 2),
-    "ce_vocab_256": (lambda x, t: torch.nn.functional.cross_entropy(x, t),
-                     lambda: (torch.randn(256, 32000, device="cuda", dtype=torch.bfloat16),
-                              torch.randint(0, 32000, (256,), device="cuda")), lambda a: a[0].numel() * 2),
+    "ce_vocab_8": _ce(8, 128256),
+    "ce_vocab_64": _ce(64, 128256),
+    "ce_vocab_256": _ce(256, 32000),
     # a softmax over few wide rows (it stores its rows, so it cannot split: its own tiles)
-    "softmax_vocab_8": (lambda x: torch.softmax(x, -1),
-                        lambda: (torch.randn(8, 128256, device="cuda", dtype=torch.bfloat16),),
-                        lambda a: a[0].numel() * 4),
-    "softmax_vocab_64": (lambda x: torch.softmax(x, -1),
-                         lambda: (torch.randn(64, 128256, device="cuda", dtype=torch.bfloat16),),
-                         lambda a: a[0].numel() * 4),
-    "softmax_256": (lambda x: torch.softmax(x, -1),
-                    lambda: (torch.randn(256, 32000, device="cuda", dtype=torch.bfloat16),),
-                    lambda a: a[0].numel() * 4),
-    "logsumexp_f32": (lambda x: torch.logsumexp(x, -1), lambda: (torch.randn(64, 1 << 20, device="cuda"),),
-                      lambda a: a[0].numel() * 4),
+    "softmax_vocab_8": _rows(_softmax, 8, 128256),
+    "softmax_vocab_64": _rows(_softmax, 64, 128256),
+    "softmax_256": _rows(_softmax, 256, 32000),
+    "logsumexp_f32": _rows(lambda x: torch.logsumexp(x, -1), 64, 1 << 20, torch.float32, _read),
 }
 
 EPILOGUES = {
     # the gelu linear layer's epilogue alone (cuBLAS's product, then bias + gelu), against the same
     # bytes through a cheaper function: how much of its time is instructions, not memory
-    "bias_gelu": (lambda y, b: torch.nn.functional.gelu(y + b),
-                  lambda: (torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16),
-                           torch.randn(4096, device="cuda", dtype=torch.bfloat16)), lambda a: a[0].numel() * 4),
-    "bias_gelu_tanh": (lambda y, b: torch.nn.functional.gelu(y + b, approximate="tanh"),
-                       lambda: (torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16),
-                                torch.randn(4096, device="cuda", dtype=torch.bfloat16)), lambda a: a[0].numel() * 4),
-    "bias_relu": (lambda y, b: torch.relu(y + b),
-                  lambda: (torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16),
-                           torch.randn(4096, device="cuda", dtype=torch.bfloat16)), lambda a: a[0].numel() * 4),
+    "bias_gelu": _bias(F.gelu),
+    "bias_gelu_tanh": _bias(lambda z: F.gelu(z, approximate="tanh")),
+    "bias_relu": _bias(torch.relu),
 }
 
-BF16 = torch.bfloat16
 SHORT_ROWS = {
     # rows shorter than a warp's iteration: the CUDA C++ backend gives each a group of lanes
-    "softmax_64": (lambda x: torch.softmax(x, -1), lambda: (torch.randn(1 << 20, 64, device="cuda", dtype=BF16),),
-                   lambda a: a[0].numel() * 4),
-    "softmax_128": (lambda x: torch.softmax(x, -1), lambda: (torch.randn(1 << 19, 128, device="cuda", dtype=BF16),),
-                    lambda a: a[0].numel() * 4),
-    "sum_16": (lambda x: x.sum(-1), lambda: (torch.randn(1 << 22, 16, device="cuda"),), lambda a: a[0].numel() * 4),
-    "sum_70": (lambda x: x.sum(-1), lambda: (torch.randn(1 << 20, 70, device="cuda"),), lambda a: a[0].numel() * 4),
-    "layernorm_64": (lambda x, w, b: torch.nn.functional.layer_norm(x, (64,), w, b),
-                     lambda: (torch.randn(1 << 20, 64, device="cuda", dtype=BF16),
-                              torch.randn(64, device="cuda", dtype=BF16), torch.randn(64, device="cuda", dtype=BF16)),
-                     lambda a: a[0].numel() * 4),
-    "layernorm_768": (lambda x, w, b: torch.nn.functional.layer_norm(x, (768,), w, b),
-                      lambda: (torch.randn(65536, 768, device="cuda", dtype=BF16),
-                               torch.randn(768, device="cuda", dtype=BF16),
-                               torch.randn(768, device="cuda", dtype=BF16)),
-                      lambda a: a[0].numel() * 4),
+    "softmax_64": _rows(_softmax, 1 << 20, 64),
+    "softmax_128": _rows(_softmax, 1 << 19, 128),
+    "sum_16": _rows(lambda x: x.sum(-1), 1 << 22, 16, torch.float32, _read),
+    "sum_70": _rows(lambda x: x.sum(-1), 1 << 20, 70, torch.float32, _read),
+    "layernorm_64": _layer_norm(1 << 20, 64),
+    "layernorm_768": _layer_norm(65536, 768),
     # rows of 512-2048: a few rows a program, rows in registers (BERT's and GPT-2's widths)
-    **{f"layernorm_{w}": (lambda x, w_, b: torch.nn.functional.layer_norm(x, (x.shape[-1],), w_, b),
-                          lambda w=w: (torch.randn((1 << 26) // w, w, device="cuda", dtype=BF16),
-                                       torch.randn(w, device="cuda", dtype=BF16),
-                                       torch.randn(w, device="cuda", dtype=BF16)),
-                          lambda a: a[0].numel() * 4) for w in (512, 1024, 2048)},
-    **{f"softmax_{w}": (lambda x: torch.softmax(x, -1),
-                        lambda w=w: (torch.randn((1 << 26) // w, w, device="cuda", dtype=BF16),),
-                        lambda a: a[0].numel() * 4) for w in (1024, 2048)},
+    **{f"layernorm_{w}": _layer_norm((1 << 26) // w, w) for w in (512, 1024, 2048)},
+    **{f"softmax_{w}": _rows(_softmax, (1 << 26) // w, w) for w in (1024, 2048)},
     # rows reduced and then reduced over all rows (a loss's mean over its rows)
-    "ce_10_bf16": (lambda x, t: torch.nn.functional.cross_entropy(x, t),
-                   lambda: (torch.randn(1 << 20, 10, device="cuda", dtype=BF16),
-                            torch.randint(0, 10, (1 << 20,), device="cuda")), lambda a: a[0].numel() * 2),
-    "ce_100": (lambda x, t: torch.nn.functional.cross_entropy(x, t),
-               lambda: (torch.randn(1 << 18, 100, device="cuda"), torch.randint(0, 100, (1 << 18,), device="cuda")),
-               lambda a: a[0].numel() * 4),
-    "ce_1000_bf16": (lambda x, t: torch.nn.functional.cross_entropy(x, t),
-                     lambda: (torch.randn(1 << 16, 1000, device="cuda", dtype=BF16),
-                              torch.randint(0, 1000, (1 << 16,), device="cuda")), lambda a: a[0].numel() * 2),
-    "norm_mean_16": (lambda x: x.square().sum(-1).sqrt().mean(), lambda: (torch.randn(1 << 20, 16, device="cuda"),),
-                     lambda a: a[0].numel() * 4),
-    "ce_10": (lambda x, t: torch.nn.functional.cross_entropy(x, t),
-              lambda: (torch.randn(1 << 20, 10, device="cuda"), torch.randint(0, 10, (1 << 20,), device="cuda")),
-              lambda a: a[0].numel() * 4),
+    "ce_10": _ce(1 << 20, 10, torch.float32),
+    "ce_10_bf16": _ce(1 << 20, 10),
+    "ce_100": _ce(1 << 18, 100, torch.float32),
+    "ce_1000_bf16": _ce(1 << 16, 1000),
+    "norm_mean_16": _rows(lambda x: x.square().sum(-1).sqrt().mean(), 1 << 20, 16, torch.float32, _read),
 }
 
 
