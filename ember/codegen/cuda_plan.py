@@ -97,9 +97,14 @@ def row_groups(kernel: Kernel, width: int | None = None) -> bool:
     inner = sh.numel(kernel.inner)
     if not inner.is_number or kernel.segment_length is not None:
         return True
-    width = vector_width(kernel) if width is None else width
-    step = UNROLL * width if width > 1 else 2 * UNROLL
-    return -(-int(inner) // step) < 32
+    return row_threads(int(inner), vector_width(kernel) if width is None else width) < 32
+
+
+def row_threads(inner: int, vector: int) -> int:
+    """Threads a row of ``inner`` elements asks for (before rounding to a block): each thread at
+    least two unrolled steps of it, or, in groups of ``vector`` elements, one step covering the
+    row (its loops then read the row once, runtime/cuda_backend.py: plan_launch)."""
+    return -(-inner // (UNROLL * vector if vector > 1 else 2 * UNROLL))
 
 
 def vector_width(kernel: Kernel, forms: RowForms | None = None) -> int:

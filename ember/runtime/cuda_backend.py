@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ..codegen import cuda
+from ..codegen.cuda_plan import row_threads
 from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
 from . import stats
@@ -324,7 +325,7 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
         return big, balanced_grid(_cdiv(outer, block * step), resident(block)), block
     if strategy == "rows":  # one row per block: at least two unrolled steps per thread; in groups,
         # one step covering the row where the block can (its loops then read the row once)
-        need = _cdiv(inner, step if vector > 1 else 2 * step)
+        need = row_threads(inner, vector)
         if row_groups and need < 32:  # short rows: a group of lanes each, ROW_GROUP_THREADS a block
             group, total = _pow2_ceil(need), min(cuda.ROW_GROUP_THREADS, limit)
             return big, balanced_grid(_cdiv(outer, total // group), resident(total)), (group, total // group)
