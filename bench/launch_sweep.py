@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_fusion import cases, copy_bandwidth, kernel_times, rel_error, train_step  # noqa: E402
+from gpu_fusion import cases, copy_bandwidth, kernel_times, rel_error, rmsnorm, train_step  # noqa: E402
 
 import ember  # noqa: E402
 
@@ -111,6 +111,26 @@ SHORT_ROWS = {
 }
 
 
+ODD_WIDTHS = {
+    # rows whose width is no power of two: padded to one in registers (ImageNet's 1000 classes,
+    # the hidden sizes of GPT-2 XL, Qwen 1.5B, GPT-J and LLaMA-13B)
+    "softmax_1000": _rows(_softmax, 1 << 16, 1000),
+    **{f"layernorm_{w}": _layer_norm((1 << 26) // w, w) for w in (1536, 3072, 5120)},
+    **{f"softmax_{w}": _rows(_softmax, (1 << 26) // w, w) for w in (768, 3072, 5120)},
+    **{f"rmsnorm_{w}": (rmsnorm, lambda w=w: (torch.randn((1 << 26) // w, w, device="cuda", dtype=BF16),
+                                              torch.randn(w, device="cuda", dtype=BF16)), _read_write)
+       for w in (1536, 5120)},
+    # pointwise over an odd number of elements: no vector of the flat tensor is aligned to a
+    # mask it can prove constant
+    "relu_add_odd": (lambda x, y: torch.relu(x) + y + 1,
+                     lambda: (torch.randn((64 << 20) - 1, device="cuda"), torch.randn((64 << 20) - 1, device="cuda")),
+                     lambda a: 3 * a[0].numel() * 4),
+    "add_odd_bf16": (torch.add, lambda: (torch.randn((64 << 20) - 1, device="cuda", dtype=BF16),
+                                         torch.randn((64 << 20) - 1, device="cuda", dtype=BF16)),
+                     lambda a: 3 * a[0].numel() * 2),
+}
+
+
 def _pool(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """The ragged suite's mean pooling, on values and offsets (ember.ragged.segment_mean's formula)."""
     sums = torch.ops.ember.segment_reduce(values.float(), offsets, "sum")
@@ -161,7 +181,7 @@ def main() -> int:
     args = p.parse_args()
     from triton.testing import do_bench
     os.environ.setdefault("EMBER_CACHE_DIR", "/tmp/ember-sweep")
-    fn, make, nbytes = {**cases(1.0), **LONG_ROWS, **EPILOGUES, **SHORT_ROWS, **RAGGED}[args.case]
+    fn, make, nbytes = {**cases(1.0), **LONG_ROWS, **EPILOGUES, **SHORT_ROWS, **ODD_WIDTHS, **RAGGED}[args.case]
     torch.manual_seed(0)
     inputs = make()
     ref = fn(*[x.double() if x.is_floating_point() else x for x in inputs])

@@ -382,3 +382,64 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
                           text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert int(proc.stdout.strip().splitlines()[-1]) >= sum(len(j["kernels"]) for j in jobs)
+
+
+_VECTOR_LOADS = """
+import importlib.util, json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+job = json.load(open(sys.argv[1]))
+spec = importlib.util.spec_from_file_location(job["module"], job["path"])
+module = importlib.util.module_from_spec(spec)
+sys.modules[job["module"]] = module
+spec.loader.exec_module(module)
+for kernel in job["kernels"]:
+    fn = getattr(module, kernel["name"])
+    variant = kernel["variants"][0]
+    options = {k: variant.pop(k, 4 if k == "num_warps" else 1) for k in ("num_warps", "num_stages")}
+    names = list(kernel["signature"])
+    # as launched: 16-byte aligned tensors; sizes that are no multiple of 16 get no hint
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if kernel["signature"][n].startswith("*")}
+    ptx = triton.compile(ASTSource(fn=fn, signature=kernel["signature"], constexprs=variant, attrs=attrs),
+                         target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    print(kernel["name"], len(re.findall(r"ld\\.global\\.v4\\.b32", ptx)), len(re.findall(r"ld\\.global\\.b16", ptx)))
+"""
+
+
+def test_odd_sizes_still_load_16_bytes_at_a_time(tmp_path):
+    """Triton vectorizes a masked load only as far as it can prove the mask constant: rows of
+    1000 bf16 and a tensor of 4095 elements were read 2 bytes an instruction. A static row length
+    is now a literal in the mask, and a pointwise kernel's whole blocks run unmasked."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    bf16 = torch.bfloat16
+    cases = [(lambda x: torch.softmax(x, -1), (torch.randn(64, 1000, dtype=bf16),)),
+             (torch.add, (torch.randn(4095, dtype=bf16), torch.randn(4095, dtype=bf16)))]
+    counts = {}
+    for i, (fn, args) in enumerate(cases):
+        report = ember.explain(fn, *args, target="triton")
+        (k,) = report.kernels
+        expected = "rmask = rindex < 1000" if i == 0 else "xmask = tl.full([XBLOCK], 1, tl.int1)"
+        assert expected in k.source, k.source
+        job = _compile_jobs(report, tmp_path, f"vec{i}")
+        for kernel in job["kernels"]:  # the tiles the heuristic gives these shapes
+            kernel["variants"] = [dict(BIG=False, XBLOCK=4, RBLOCK=1024, PERSISTENT=True, NPROG_BLOCK=1, num_warps=4)
+                                  if i == 0 else dict(BIG=False, XBLOCK=1024, RBLOCK=1, PERSISTENT=False,
+                                                      NPROG_BLOCK=1, num_warps=4)]
+        (tmp_path / f"job{i}.json").write_text(json.dumps(job))
+        (tmp_path / "vectors.py").write_text(_VECTOR_LOADS)
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        proc = subprocess.run([sys.executable, str(tmp_path / "vectors.py"), str(tmp_path / f"job{i}.json")],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        name, v4, scalar = proc.stdout.split()
+        counts[i] = int(v4), int(scalar)
+    # softmax: 4 rows x 1024 lanes over 128 threads, 32 elements a thread in 16-byte loads
+    assert counts[0] == (4, 0), counts
+    # the add: two inputs, 8 elements a thread, each one 16-byte load in whole blocks, and
+    # 2-byte loads only in the last block's branch
+    assert counts[1][0] == 2 and counts[1][1] == 16, counts

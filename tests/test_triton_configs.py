@@ -72,6 +72,10 @@ def test_heuristic_keeps_the_gpu_busy_and_rows_whole():
     assert first("rows", 16384, 1024, ROWS)["XBLOCK"] == 4
     assert first("rows", 16384, 1024, ROWS, sms=4096)["XBLOCK"] == 2
     assert first("rows", 300, 32000, ROWS_WRITTEN)["XBLOCK"] == 1
+    # warps count a row's real elements, not its padding: rows of 5120 (padded to 8192) take 8
+    # warps, as 4096 do; 4 rows of 768 (padded to 1024) take 4, where 4 rows of 1024 take 8
+    assert first("rows", 16384, 5120, ROWS)["num_warps"] == first("rows", 16384, 4096, ROWS)["num_warps"] == 8
+    assert first("rows", 65536, 768, ROWS)["num_warps"] == 4 and first("rows", 65536, 1024, ROWS)["num_warps"] == 8
     # rows up to 16384 wide stay whole; wider rows loop
     assert first("rows", 4096, 16384, ROWS)["PERSISTENT"] and first("rows", 4096, 16384, ROWS)["num_warps"] == 32
     assert not first("rows", 4096, 16385, ROWS)["PERSISTENT"]
@@ -104,8 +108,10 @@ def test_heuristic_configs_are_valid_for_any_shape(kind):
             for k in ("XBLOCK", "RBLOCK", "num_warps"):
                 assert c[k] >= 1 and c[k] & (c[k] - 1) == 0, (kind, outer, inner, h, c)
             # at most 16 elements per thread (compile time grows with them), except one-warp rows
-            # and column sums (32, as full tuning chose)
-            per_thread = 32 if c["num_warps"] == 1 or (h.columns and kind == "rows") else 16
+            # and column sums (32, as full tuning chose), and rows in registers padded to a power
+            # of two (their warps count the real elements: 16 to 32 a thread)
+            padded = c["PERSISTENT"] and inner & (inner - 1) != 0
+            per_thread = 32 if c["num_warps"] == 1 or (h.columns and kind == "rows") or padded else 16
             assert c["XBLOCK"] * c["RBLOCK"] <= 32 * c["num_warps"] * per_thread, (kind, outer, inner, h, c)
             assert c["num_warps"] <= 32 and c["XBLOCK"] * c["RBLOCK"] <= tc.MAX_PERSISTENT * 4
             if c["PERSISTENT"]:  # the whole row must fit the block

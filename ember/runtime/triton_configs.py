@@ -198,8 +198,13 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         # narrow rows share a program: tiles of 4096 elements, 16 per thread (at 4096 wide,
         # one row and 8 warps was fastest or within 1% for every norm, softmax and backward;
         # 32 per thread compile ~1.6x longer)
+        #
+        # Warps count the row's real elements, not its padding to a power of two: rows of 5120
+        # padded to 8192 took 16 warps, 10 real elements a thread (H100, bf16, kernel us: LayerNorm
+        # 110.3 -> 93.8 with 8 warps, softmax 95.1 -> 89.4; 1536 wide, 2 rows: 93.9 -> 90.8 with 4;
+        # bench/launch_sweep.py ODD_WIDTHS)
         xblock = _fill(outer, max(1, min(4096 // width, rows)), sms)
-        warps = max(4, min(32, xblock * width // 512))
+        warps = max(4, min(32, _prev_pow2(max(1, xblock * inner // 512))))
         return [_config(xblock, width, warps, persistent=True), safe]
     if hints.writes_rows and not hints.reduces:
         # wide rows read once and written, nothing reduced (CE's gradient from its saved row
