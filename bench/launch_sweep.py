@@ -131,6 +131,17 @@ ODD_WIDTHS = {
 }
 
 
+TRANSPOSES = {
+    # pointwise kernels reading along one dimension and writing along another: 2D tiles
+    "transpose_copy": _rows(lambda x: (x.t() * 2).contiguous(), 8192, 8192),
+    "batched_mT_add": (lambda x, y: x.mT + y, lambda: (torch.randn(64, 512, 512, device="cuda", dtype=BF16),
+                                                       torch.randn(64, 512, 512, device="cuda", dtype=BF16)),
+                       lambda a: 3 * a[0].numel() * 2),
+    "permute_021": (lambda x: (x.permute(0, 2, 1) * 2).contiguous(),
+                    lambda: (torch.randn(64, 1000, 1024, device="cuda", dtype=BF16),), _read_write),
+}
+
+
 def _pool(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """The ragged suite's mean pooling, on values and offsets (ember.ragged.segment_mean's formula)."""
     sums = torch.ops.ember.segment_reduce(values.float(), offsets, "sum")
@@ -181,7 +192,8 @@ def main() -> int:
     args = p.parse_args()
     from triton.testing import do_bench
     os.environ.setdefault("EMBER_CACHE_DIR", "/tmp/ember-sweep")
-    fn, make, nbytes = {**cases(1.0), **LONG_ROWS, **EPILOGUES, **SHORT_ROWS, **ODD_WIDTHS, **RAGGED}[args.case]
+    every = {**cases(1.0), **LONG_ROWS, **EPILOGUES, **SHORT_ROWS, **ODD_WIDTHS, **TRANSPOSES, **RAGGED}
+    fn, make, nbytes = every[args.case]
     torch.manual_seed(0)
     inputs = make()
     ref = fn(*[x.double() if x.is_floating_point() else x for x in inputs])

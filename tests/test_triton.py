@@ -57,6 +57,10 @@ CASES = {
     "jagged_softmax": (lambda r: ragged.jagged_softmax(r).values,
                        lambda: (ragged.from_list([torch.randn(n) for n in (3, 0, 40, 1, 2)],
                                                  offsets_dtype=torch.int32),)),
+    # pointwise kernels reading along one dim and writing along another run in 2D tiles
+    "transpose": (lambda x: (x.t() * 2).contiguous(), lambda: (torch.randn(70, 33).bfloat16(),)),
+    "batched_mT_add": (lambda x, b: x.mT + b, lambda: (torch.randn(3, 40, 17), torch.randn(17, 1))),
+    "permute_021": (lambda x: (x.permute(0, 2, 1) * 2).contiguous(), lambda: (torch.randn(2, 19, 65),)),
     "int_ops": (lambda a, b: (a // b, a % b, (a * 3).sum(-1)),
                 lambda: (torch.randint(-50, 50, (8, 9)), torch.randint(1, 7, (8, 9)))),
 }
@@ -70,8 +74,25 @@ def test_fusion_patterns(name, options):
     assert report.kernels and all(k.backend == "triton" for k in report.kernels)
     assert all("@triton.jit" in k.source for k in report.kernels)
     if name in ("relu_add", "rmsnorm_bf16", "softmax", "layer_norm", "giou", "ragged_giou", "segment_mean",
-                "jagged_softmax"):
+                "jagged_softmax", "transpose", "batched_mT_add", "permute_021"):
         assert len(report.kernels) == 1
+    tiled = [k for k in report.kernels if "tiles of XBLOCK rows x RBLOCK columns" in k.source]
+    assert len(tiled) == (name in ("transpose", "batched_mT_add", "permute_021")), [k.source for k in tiled]
+
+
+def test_transposed_tiles_cover_every_element_at_any_size():
+    # symbolic rows and columns, tiles partly past either end, sizes 0 and 1 and odd ones
+    f = lambda x, y: x.t() + y  # noqa: E731
+    fast = ember.compile(f, options=TRITON, dynamic=True)
+    for m, n in [(100, 50), (33, 77), (1, 20), (20, 1), (0, 5), (130, 129)]:
+        x, y = torch.randn(m, n), torch.randn(n, m)
+        torch.testing.assert_close(fast(x, y), f(x, y))
+    (k,) = ember.explain(f, torch.randn(100, 50), torch.randn(50, 100), target="triton", dynamic=True).kernels
+    assert "xmask = (xindex < OUTER) & (rindex < INNER)" in k.source, k.source
+    # a kernel that reads and writes along its last dim keeps 1D blocks; short dims too
+    for g, args in ((lambda x: x * 2, (torch.randn(64, 64),)), (lambda x: x.t() * 2, (torch.randn(64, 8),))):
+        (k,) = ember.explain(g, *args, target="triton").kernels
+        assert "tiles of XBLOCK" not in k.source, k.source
 
 
 def test_online_softmax_reads_rows_once():
@@ -346,6 +367,8 @@ def _compile_jobs(report, tmp_path, tag):
                                   num_warps=8, num_stages=2)]
         elif kind == "full":
             variants = [dict(BIG=True, XBLOCK=1, RBLOCK=1024, PERSISTENT=False, NPROG_BLOCK=64)]
+        elif kind == "tiles":
+            variants = [dict(BIG=False, XBLOCK=64, RBLOCK=64, PERSISTENT=False, NPROG_BLOCK=1, num_warps=8)]
         else:
             variants = [dict(BIG=False, XBLOCK=1024, RBLOCK=1, PERSISTENT=False, NPROG_BLOCK=1)]
         kernels.append({"name": k.name, "signature": signature, "variants": variants})
@@ -410,7 +433,8 @@ for kernel in job["kernels"]:
 def test_odd_sizes_still_load_16_bytes_at_a_time(tmp_path):
     """Triton vectorizes a masked load only as far as it can prove the mask constant: rows of
     1000 bf16 and a tensor of 4095 elements were read 2 bytes an instruction. A static row length
-    is now a literal in the mask, and a pointwise kernel's whole blocks run unmasked."""
+    is now a literal in the mask, and a pointwise kernel's whole blocks run unmasked. A transpose
+    in 1D blocks read 2 bytes a lane from a different row; in 2D tiles it reads 16."""
     import json
     import os
     import subprocess
@@ -418,18 +442,20 @@ def test_odd_sizes_still_load_16_bytes_at_a_time(tmp_path):
 
     bf16 = torch.bfloat16
     cases = [(lambda x: torch.softmax(x, -1), (torch.randn(64, 1000, dtype=bf16),)),
-             (torch.add, (torch.randn(4095, dtype=bf16), torch.randn(4095, dtype=bf16)))]
+             (torch.add, (torch.randn(4095, dtype=bf16), torch.randn(4095, dtype=bf16))),
+             (lambda x: (x.t() * 2).contiguous(), (torch.randn(256, 256, dtype=bf16),))]
     counts = {}
     for i, (fn, args) in enumerate(cases):
         report = ember.explain(fn, *args, target="triton")
         (k,) = report.kernels
-        expected = "rmask = rindex < 1000" if i == 0 else "xmask = tl.full([XBLOCK], 1, tl.int1)"
+        expected = ("rmask = rindex < 1000", "xmask = tl.full([XBLOCK], 1, tl.int1)", "tile = ")[i]
         assert expected in k.source, k.source
         job = _compile_jobs(report, tmp_path, f"vec{i}")
         for kernel in job["kernels"]:  # the tiles the heuristic gives these shapes
-            kernel["variants"] = [dict(BIG=False, XBLOCK=4, RBLOCK=1024, PERSISTENT=True, NPROG_BLOCK=1, num_warps=4)
-                                  if i == 0 else dict(BIG=False, XBLOCK=1024, RBLOCK=1, PERSISTENT=False,
-                                                      NPROG_BLOCK=1, num_warps=4)]
+            kernel["variants"] = [(dict(XBLOCK=4, RBLOCK=1024, PERSISTENT=True, num_warps=4),
+                                   dict(XBLOCK=1024, RBLOCK=1, PERSISTENT=False, num_warps=4),
+                                   dict(XBLOCK=64, RBLOCK=64, PERSISTENT=False, num_warps=8))[i]
+                                  | dict(BIG=False, NPROG_BLOCK=1)]
         (tmp_path / f"job{i}.json").write_text(json.dumps(job))
         (tmp_path / "vectors.py").write_text(_VECTOR_LOADS)
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -443,3 +469,6 @@ def test_odd_sizes_still_load_16_bytes_at_a_time(tmp_path):
     # the add: two inputs, 8 elements a thread, each one 16-byte load in whole blocks, and
     # 2-byte loads only in the last block's branch
     assert counts[1][0] == 2 and counts[1][1] == 16, counts
+    # the transpose: a 64 x 64 tile over 256 threads, 16 elements a thread; read along its rows,
+    # written along its columns, both 16 bytes at a time (Triton transposes through shared memory)
+    assert counts[2] == (2, 0), counts

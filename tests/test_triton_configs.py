@@ -94,7 +94,7 @@ def test_heuristic_keeps_the_gpu_busy_and_rows_whole():
                                                                          PERSISTENT=False, num_stages=1)
 
 
-@pytest.mark.parametrize("kind", ["pointwise", "rows", "full"])
+@pytest.mark.parametrize("kind", ["pointwise", "rows", "full", "tiles"])
 def test_heuristic_configs_are_valid_for_any_shape(kind):
     sizes = [1, 2, 3, 7, 16, 100, 129, 1000, 4096, 5000, 16384, 32000, 65536, 1 << 20, 3 << 24]
     hints = [tc.KernelHints(itemsize=b, columns=c, writes_rows=s)

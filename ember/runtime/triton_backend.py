@@ -146,7 +146,7 @@ class Launcher:
         sizes = args[self.n_params:]
         outer, inner = int(self.outer(*sizes)), int(self.inner(*sizes))
         if outer == 0 and not (self.meta.get("chunks") or self.meta.get("row_reductions")) or (
-                self.kind == "pointwise" and inner == 0):
+                self.kind in ("pointwise", "tiles") and inner == 0):
             return  # (with no rows, a chunked kernel still zeroes its partials, a reduction over
             # the rows still stores its neutral result)
         # The steady state is one dict lookup: the shape bucket's launch (config, grid, workspace)
@@ -214,6 +214,8 @@ class Launcher:
                     grid = (max(nprog, 1),)
                 elif self.meta.get("chunks"):  # a program per run of rows
                     nprog, grid = 1, (self.meta["chunks"],)
+                elif kind == "tiles":  # a program per (row tile, column tile), row-major
+                    nprog, grid = 1, (triton_cdiv(outer, xblock) * triton_cdiv(inner, rblock),)
                 else:
                     nprog = split
                     grid = (triton_cdiv(outer, xblock), split) if split > 1 else (max(1, triton_cdiv(outer, xblock)),)
