@@ -371,6 +371,11 @@ def _compile_jobs(report, tmp_path, tag):
             variants = [dict(BIG=False, XBLOCK=64, RBLOCK=64, PERSISTENT=False, NPROG_BLOCK=1, num_warps=8)]
         else:
             variants = [dict(BIG=False, XBLOCK=1024, RBLOCK=1, PERSISTENT=False, NPROG_BLOCK=1)]
+        # symbolic sizes: launched divided by their power-of-two divisors, 1 and 8 here
+        aligns = re.findall(r"(ALIGN_\w+): tl.constexpr", k.source)
+        signature.update((name, "constexpr") for name in aligns)
+        if aligns:
+            variants = [v | {name: a for name in aligns} for v in variants for a in (1, 8)]
         kernels.append({"name": k.name, "signature": signature, "variants": variants})
     return {"module": f"ember_sm90_{tag}", "path": str(path), "kernels": kernels}
 
@@ -434,7 +439,8 @@ def test_odd_sizes_still_load_16_bytes_at_a_time(tmp_path):
     """Triton vectorizes a masked load only as far as it can prove the mask constant: rows of
     1000 bf16 and a tensor of 4095 elements were read 2 bytes an instruction. A static row length
     is now a literal in the mask, and a pointwise kernel's whole blocks run unmasked. A transpose
-    in 1D blocks read 2 bytes a lane from a different row; in 2D tiles it reads 16."""
+    in 1D blocks read 2 bytes a lane from a different row; in 2D tiles it reads 16. Symbolic sizes
+    arrive divided by their power-of-two divisors, which the kernel multiplies back."""
     import json
     import os
     import subprocess
@@ -443,19 +449,22 @@ def test_odd_sizes_still_load_16_bytes_at_a_time(tmp_path):
     bf16 = torch.bfloat16
     cases = [(lambda x: torch.softmax(x, -1), (torch.randn(64, 1000, dtype=bf16),)),
              (torch.add, (torch.randn(4095, dtype=bf16), torch.randn(4095, dtype=bf16))),
-             (lambda x: (x.t() * 2).contiguous(), (torch.randn(256, 256, dtype=bf16),))]
+             (lambda x: (x.t() * 2).contiguous(), (torch.randn(256, 256, dtype=bf16),)),
+             (lambda x: torch.softmax(x, -1), (torch.randn(64, 1000, dtype=bf16),))]
     counts = {}
     for i, (fn, args) in enumerate(cases):
-        report = ember.explain(fn, *args, target="triton")
+        report = ember.explain(fn, *args, target="triton", dynamic=i == 3)
         (k,) = report.kernels
-        expected = ("rmask = rindex < 1000", "xmask = tl.full([XBLOCK], 1, tl.int1)", "tile = ")[i]
+        expected = ("rmask = rindex < 1000", "xmask = tl.full([XBLOCK], 1, tl.int1)", "tile = ", "* ALIGN_INNER")[i]
         assert expected in k.source, k.source
         job = _compile_jobs(report, tmp_path, f"vec{i}")
         for kernel in job["kernels"]:  # the tiles the heuristic gives these shapes
+            aligns = {name: 8 for name in re.findall(r"(ALIGN_\w+): tl.constexpr", k.source)}  # 1000 = 8 * 125
             kernel["variants"] = [(dict(XBLOCK=4, RBLOCK=1024, PERSISTENT=True, num_warps=4),
                                    dict(XBLOCK=1024, RBLOCK=1, PERSISTENT=False, num_warps=4),
-                                   dict(XBLOCK=64, RBLOCK=64, PERSISTENT=False, num_warps=8))[i]
-                                  | dict(BIG=False, NPROG_BLOCK=1)]
+                                   dict(XBLOCK=64, RBLOCK=64, PERSISTENT=False, num_warps=8),
+                                   dict(XBLOCK=4, RBLOCK=1024, PERSISTENT=True, num_warps=4))[i]
+                                  | dict(BIG=False, NPROG_BLOCK=1) | aligns]
         (tmp_path / f"job{i}.json").write_text(json.dumps(job))
         (tmp_path / "vectors.py").write_text(_VECTOR_LOADS)
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -472,3 +481,12 @@ def test_odd_sizes_still_load_16_bytes_at_a_time(tmp_path):
     # the transpose: a 64 x 64 tile over 256 threads, 16 elements a thread; read along its rows,
     # written along its columns, both 16 bytes at a time (Triton transposes through shared memory)
     assert counts[2] == (2, 0), counts
+    # the softmax with a symbolic width and row stride: launched as quotients by 8, 16-byte loads
+    assert counts[3] == (4, 0), counts
+
+
+def test_symbolic_sizes_launch_as_quotients_by_their_power_of_two_divisors():
+    from ember.runtime.triton_backend import _align
+
+    assert [_align(v) for v in (1000, 48, 7, 2, 0, 1 << 20)] == [8, 16, 1, 2, 16, 16]
+    assert _align((1 << 31) + 8) == 1  # a quotient Triton could type as int32 would overflow
