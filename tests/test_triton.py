@@ -314,25 +314,31 @@ def test_launch_failure_falls_back_once(monkeypatch):
 _SHORT = {"f32": "*fp32", "f64": "*fp64", "bf16": "*bf16", "f16": "*fp16", "i64": "*i64", "i32": "*i32",
           "i16": "*i16", "i8": "*i8", "u8": "*u8", "b8": "*i1"}
 
-_COMPILER = """
-import importlib.util, json, sys
+_KERNELS = """
+import importlib.util, json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-jobs = json.load(open(sys.argv[1]))
+
+
+def kernels(jobs):
+    for job in jobs:
+        spec = importlib.util.spec_from_file_location(job["module"], job["path"])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[job["module"]] = module
+        spec.loader.exec_module(module)
+        for kernel in job["kernels"]:
+            yield getattr(module, kernel["name"]), kernel
+"""
+
+_COMPILER = _KERNELS + """
 done = 0
-for job in jobs:
-    spec = importlib.util.spec_from_file_location(job["module"], job["path"])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[job["module"]] = module
-    spec.loader.exec_module(module)
-    for kernel in job["kernels"]:
-        fn = getattr(module, kernel["name"])
-        for variant in kernel["variants"]:
-            options = {k: variant.pop(k) for k in ("num_warps", "num_stages") if k in variant}
-            triton.compile(ASTSource(fn=fn, signature=kernel["signature"], constexprs=variant),
-                           target=GPUTarget("cuda", 90, 32), options=options)
-            done += 1
+for fn, kernel in kernels(json.load(open(sys.argv[1]))):
+    for variant in kernel["variants"]:
+        options = {k: variant.pop(k) for k in ("num_warps", "num_stages") if k in variant}
+        triton.compile(ASTSource(fn=fn, signature=kernel["signature"], constexprs=variant),
+                       target=GPUTarget("cuda", 90, 32), options=options)
+        done += 1
 print(done)
 """
 
@@ -412,18 +418,8 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
     assert int(proc.stdout.strip().splitlines()[-1]) >= sum(len(j["kernels"]) for j in jobs)
 
 
-_VECTOR_LOADS = """
-import importlib.util, json, re, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-job = json.load(open(sys.argv[1]))
-spec = importlib.util.spec_from_file_location(job["module"], job["path"])
-module = importlib.util.module_from_spec(spec)
-sys.modules[job["module"]] = module
-spec.loader.exec_module(module)
-for kernel in job["kernels"]:
-    fn = getattr(module, kernel["name"])
+_VECTOR_LOADS = _KERNELS + """
+for fn, kernel in kernels([json.load(open(sys.argv[1]))]):
     variant = kernel["variants"][0]
     options = {k: variant.pop(k, 4 if k == "num_warps" else 1) for k in ("num_warps", "num_stages")}
     names = list(kernel["signature"])
