@@ -27,6 +27,9 @@ _test_ids = itertools.count()
 DEVICE = os.environ.get("EMBER_TEST_DEVICE", "cpu")
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
+# tests that run Triton kernels on CPU tensors: the interpreter is only set up in the CPU run
+INTERPRETED_TRITON = pytest.mark.skipif(
+    DEVICE != "cpu", reason="Triton on CPU tensors runs interpreted, as only the CPU test run sets up")
 os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
 
 import torch  # noqa: E402

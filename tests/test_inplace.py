@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import ember
 
-from .conftest import DEVICE
+from .conftest import INTERPRETED_TRITON
 from .helpers import assert_same, check
 
 
@@ -25,9 +25,8 @@ def swiglu(x, wg, wu):
     return F.silu(x @ wg) * (x @ wu)
 
 
-@pytest.mark.parametrize("options", [None, pytest.param({"target": "triton"}, marks=pytest.mark.skipif(
-    DEVICE != "cpu", reason="Triton on CPU tensors runs interpreted, as only the CPU test run sets up"))],
-    ids=["cpp", "triton"])
+@pytest.mark.parametrize("options", [None, pytest.param({"target": "triton"}, marks=INTERPRETED_TRITON)],
+                         ids=["cpp", "triton"])
 def test_epilogue_written_over_the_matmul_result(options):
     # the product dies in its epilogue kernel: the epilogue writes over it
     x, w, b = torch.randn(33, 16), torch.randn(16, 24), torch.randn(24)

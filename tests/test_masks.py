@@ -19,6 +19,7 @@ from ember.passes import cse, dce
 from ember.passes.masks import mask_multiplies
 from ember.workloads.giou import make_batch, padded_giou_loss
 
+from .conftest import INTERPRETED_TRITON
 from .helpers import check
 
 SKIP = {"skip_masked": True}
@@ -153,7 +154,7 @@ def test_else_branches_and_values_shared_by_two_wheres():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-@pytest.mark.parametrize("target", ["cpp", "triton"])
+@pytest.mark.parametrize("target", ["cpp", pytest.param("triton", marks=INTERPRETED_TRITON)])
 def test_nan_and_inf_in_the_untaken_branch_change_nothing(dtype, target):
     def f(x, m):
         return torch.where(m > 0, torch.log(x), torch.sqrt(x)), torch.where(m[:, :1] > 0, x.reciprocal(), 0).sum(-1)
@@ -164,6 +165,7 @@ def test_nan_and_inf_in_the_untaken_branch_change_nothing(dtype, target):
     check(f, x, m, options={"target": target})
 
 
+@INTERPRETED_TRITON
 def test_triton_masks_loads_with_a_rows_guard_and_strided_loads():
     def f(x, m, boxes, keep):
         rows = torch.where(m[:, None] > 0, x.exp(), 0).sum(-1)               # guard constant along rows
@@ -180,7 +182,7 @@ def test_triton_masks_loads_with_a_rows_guard_and_strided_loads():
 
 # ---- skip_masked on the padded GIoU loss ---------------------------------------------------------
 
-@pytest.mark.parametrize("target", ["cpp", "triton"])
+@pytest.mark.parametrize("target", ["cpp", pytest.param("triton", marks=INTERPRETED_TRITON)])
 def test_padded_giou_skips_padding_forward_and_backward(target):
     pred, _, padded = make_batch(16)
     options = {**SKIP, "target": target}

@@ -15,8 +15,11 @@ import ember
 from ember import ragged
 from ember.workloads.giou import make_batch, padded_giou_loss, ragged_giou_loss
 
+from .conftest import INTERPRETED_TRITON
 from .helpers import check
 from .test_ops import _program, _samples, check_op
+
+pytestmark = INTERPRETED_TRITON  # (the kernels run on CPU tensors)
 
 TRITON = {"target": "triton"}
 LOOPED = {"target": "triton", "triton_launch": {"PERSISTENT": False, "RBLOCK": 16}}
