@@ -65,10 +65,17 @@ def compute_type(dtype: dt.DType) -> str:
 
 
 def kind_of(kernel: Kernel) -> str:
+    kind = _loop_kind(kernel)
+    return "tiles" if kind == "pointwise" and transposed(kernel) else kind
+
+
+def _loop_kind(kernel: Kernel) -> str:
+    """The kind without the layout analysis of pointwise kernels (``transposed``), for checks
+    that only ask whether a kernel reduces rows or all of its elements."""
     if kernel.dots:
         return "matmul"  # codegen/triton_matmul.py
     if kernel.n_loops == 0:
-        return "tiles" if transposed(kernel) else "pointwise"
+        return "pointwise"
     return "rows" if kernel.outer else "full"
 
 
@@ -827,7 +834,7 @@ def multi_program(kernel: Kernel) -> bool:
     """Does a full reduction combine partials from many programs (else it runs as one)? Partials
     travel through a 64-bit workspace (float64, or int64 for integer reductions); arg-reductions
     run as one program."""
-    return (kind_of(kernel) == "full" and kernel.n_loops == 1
+    return (_loop_kind(kernel) == "full" and kernel.n_loops == 1
             and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) for v in kernel.reductions))
 
 
@@ -835,7 +842,7 @@ def split_rows(kernel: Kernel) -> bool:
     """Can a row kernel split its rows over several programs (``_looped(split=True)``)? One pass
     over the rows (``_one_pass``) and nothing written inside it, so partials combine in any order.
     Reductions over all rows (a mean loss) follow in the program that finishes each row block."""
-    return (kind_of(kernel) == "rows" and _one_pass(kernel)
+    return (_loop_kind(kernel) == "rows" and _one_pass(kernel)
             and not kernel.chunks and not (kernel.row_reductions and kernel.segment_length is not None)
             and bool(kernel.reductions)
             and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) for v in kernel.reductions)
