@@ -120,6 +120,9 @@ ODD_WIDTHS = {
     **{f"rmsnorm_{w}": (rmsnorm, lambda w=w: (torch.randn((1 << 26) // w, w, device="cuda", dtype=BF16),
                                               torch.randn(w, device="cuda", dtype=BF16)), _read_write)
        for w in (1536, 5120)},
+    # GPT-2's vocabulary: 50257 classes
+    "ce_50257": _ce(8192, 50257),
+    "softmax_50257": _rows(_softmax, 2048, 50257),
     # pointwise over an odd number of elements: no vector of the flat tensor is aligned to a
     # mask it can prove constant
     "relu_add_odd": (lambda x, y: torch.relu(x) + y + 1,
@@ -139,6 +142,19 @@ TRANSPOSES = {
                        lambda a: 3 * a[0].numel() * 2),
     "permute_021": (lambda x: (x.permute(0, 2, 1) * 2).contiguous(),
                     lambda: (torch.randn(64, 1000, 1024, device="cuda", dtype=BF16),), _read_write),
+}
+
+
+COLUMNS = {
+    # reductions over a dim that is not the last (pooling a (batch, seq, hidden) activation over
+    # its sequence), and full reductions, over element counts with and without a divisor
+    "sum_dim1_bf16": (lambda x: x.sum(1), lambda: (torch.randn(64, 2048, 768, device="cuda", dtype=BF16),), _read),
+    "mean_dim1_f32": (lambda x: x.mean(1), lambda: (torch.randn(32, 1024, 1024, device="cuda"),), _read),
+    "full_sum": (torch.sum, lambda: (torch.randn(64 << 20, device="cuda"),), _read),
+    "full_sum_odd": (torch.sum, lambda: (torch.randn((64 << 20) - 1, device="cuda"),), _read),
+    "full_sum_odd_bf16": (torch.sum, lambda: (torch.randn((64 << 20) - 1, device="cuda", dtype=BF16),), _read),
+    "layernorm_999": _layer_norm(1 << 16, 999),
+    "softmax_999": _rows(_softmax, 1 << 16, 999),
 }
 
 
@@ -192,7 +208,7 @@ def main() -> int:
     args = p.parse_args()
     from triton.testing import do_bench
     os.environ.setdefault("EMBER_CACHE_DIR", "/tmp/ember-sweep")
-    every = {**cases(1.0), **LONG_ROWS, **EPILOGUES, **SHORT_ROWS, **ODD_WIDTHS, **TRANSPOSES, **RAGGED}
+    every = {**cases(1.0), **LONG_ROWS, **EPILOGUES, **SHORT_ROWS, **ODD_WIDTHS, **TRANSPOSES, **COLUMNS, **RAGGED}
     fn, make, nbytes = every[args.case]
     torch.manual_seed(0)
     inputs = make()
@@ -233,7 +249,7 @@ def main() -> int:
         host = (time.perf_counter() - start) / 100 * 1e6
         torch.cuda.synchronize()
         print(f"{name:>20}: {ms * 1e3:7.1f} us {share:>12} host {host:5.1f} us err {err:.1e}  "
-              f"{kernel_times(call, []) if name not in ('eager', 'inductor') else ''}", flush=True)
+              f"{kernel_times(call, []) if name != 'eager' else ''}", flush=True)
     return 0
 
 

@@ -222,6 +222,70 @@ def test_launch_geometry():
     assert plan("single", 1, 10**7, sms, 1024) == (False, 1, 512)
 
 
+@needs_nvcc
+def test_transposed_kernels_stage_through_shared_memory_tiles(kernels_of, tmp_path):
+    """A pointwise kernel reading along its second-to-last dim runs in square tiles: the
+    transposed input staged through shared memory with the lanes along its rows, the statements
+    with the lanes along the columns; a transposed output goes back the same way."""
+    bf16 = torch.bfloat16
+    (k,), report = kernels_of(lambda x: (x.t() * 2).contiguous(), torch.randn(70, 33, dtype=bf16), dynamic=True)
+    src = report.kernels[0].source
+    assert "// strategy: tiles" in src and "__launch_bounds__(256)" in src
+    # (rows of 66 2-byte elements: 33 words, so a warp down a column touches every bank once)
+    assert re.search(r"__shared__ unsigned short ember_tile0\[64\]\[66\];  // arg\d+_1, read along the rows", src)
+    staged = r"ember_tile0\[threadIdx.y \+ ember_j\]\[threadIdx.x \+ ember_l\] = arg\d+_1\[o0 \+ o1\*s\d+\];"
+    assert re.search(staged, src), src  # lanes down x's rows
+    assert "ember_bf16_to_f32(ember_tile0[threadIdx.x + ember_l][threadIdx.y + ember_j])" in src
+    assert re.search(r"buf0\[o0\*s\d+ \+ o1\] = ", src)  # the output along its own rows: lanes along the columns
+    assert src.count("__syncthreads();") == 2  # staged, and free for the next tile
+    meta = cuda.launch_meta(k)  # 33 rows of 70 columns
+    assert (meta["strategy"], meta["max_threads"], meta["tile"]) == ("tiles", 256, 64)
+    assert (meta["outer"], meta["inner"]) == (str(k.outer[0]), str(k.outer[1]))  # the output's rows, columns
+    # a small static kernel: tiles of 32 (more of them to spread over the GPU)
+    (k,), report = kernels_of(lambda x: (x.t() * 2).contiguous(), torch.randn(70, 33, dtype=bf16))
+    assert cuda.launch_meta(k)["tile"] == 32 and "ember_tile0[32][34];" in report.kernels[0].source
+    # x.mT + y: x staged in, the output (laid out as x is, as eager does) staged out
+    (k,), report = kernels_of(lambda x, y: x.mT + y, torch.randn(4, 64, 48), torch.randn(4, 48, 64))
+    src = report.kernels[0].source
+    assert "ember_tile1[32][33];  // buf0, written along the rows" in src
+    assert "ember_tile1[threadIdx.x + ember_l][threadIdx.y + ember_j] = v2;" in src
+    assert "buf0[3072*o0 + 48*o2 + o1] = ember_tile1[threadIdx.y + ember_j][threadIdx.x + ember_l];" in src
+    assert src.count("__syncthreads();") == 3
+    # symbolic sizes take tiles of 64, but two float64 tiles of 64 x 65 would take 65 KB of
+    # shared memory: 32 x 33 ones
+    x, y = torch.randn(4, 64, 48), torch.randn(4, 48, 64)
+    (k,), _ = kernels_of(lambda x, y: x.mT + y, x, y, dynamic=True)
+    assert cuda.launch_meta(k)["tile"] == 64
+    (k,), report = kernels_of(lambda x, y: x.mT + y, x.double(), y.double(), dynamic=True)
+    assert cuda.launch_meta(k)["tile"] == 32 and "ember_tile1[32][33];" in report.kernels[0].source
+    # along the last dim, broadcast down the rows, or too short a dim: no tiles
+    for fn, args in ((lambda x: x * 2, (torch.randn(64, 64),)),
+                     (lambda x, b: x + b, (torch.randn(64, 64), torch.randn(64, 1))),
+                     (lambda x: x.t() * 2, (torch.randn(64, 8),))):
+        (k,), _ = kernels_of(fn, *args)
+        assert cuda.strategy(k) == "pointwise"
+    # every tiled kernel compiles for sm_90, in several dtypes, with symbolic sizes, 64-bit indices
+    kernels = []
+    for i, dtype in enumerate((torch.float32, torch.float64, bf16, torch.int64, torch.bool)):
+        x, y = torch.ones(3, 40, 65, dtype=dtype), torch.ones(3, 65, 40, dtype=dtype)
+        for j, dynamic in enumerate((False, True)):
+            kernels += sources(explain(lambda x, y, bool_=dtype == torch.bool: (x.permute(0, 2, 1) & y if bool_
+                                                                                 else x.permute(0, 2, 1) * y),
+                                       x, y, dynamic=dynamic),
+                               f"t{i}{j}")
+    assert all("// strategy: tiles" in s for s in kernels)
+    compile_batches(kernels, tmp_path, per_file=len(kernels))
+
+
+def test_tiles_launch_a_block_of_32_x_8_threads_a_tile():
+    """64 x 64 tiles (32 x 32 where shared memory is short), each a block of 32 x 8 threads."""
+    sms, plan = 132, cuda_backend.plan_launch
+    assert plan("tiles", 8192, 8192, sms, 256) == (False, 128 * 128, (32, 8))  # a tile a block, up to WAVES waves
+    assert plan("tiles", 8192, 8192, sms, 256, tile=32) == (False, -(-256 * 256 // 3), (32, 8))  # then a few
+    assert plan("tiles", 33, 70, sms, 256, tile=32) == (False, 2 * 3, (32, 8))  # tiles partly past either end
+    assert plan("tiles", 1 << 16, 1 << 16, sms, 256)[0] is True  # 64-bit indices
+
+
 @pytest.mark.parametrize("resident", [1, 7, 1056, 4224])
 def test_balanced_grids_take_one_tile_a_block_then_equal_shares(resident):
     """Every tile is covered; up to WAVES waves a block takes one tile; beyond, the blocks' shares

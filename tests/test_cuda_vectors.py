@@ -157,10 +157,13 @@ def test_unaligned_starts_and_rows_keep_scalar_accesses():
 
 def test_transposed_gathered_and_column_accesses_stay_scalar():
     # a transposed operand steps by its row length along the loop (and so does the output,
-    # which takes the transposed layout as eager's does)
-    (src,) = kernel_sources(lambda x, y: x.t() + y, torch.randn(64, 64), torch.randn(64, 64))
+    # which takes the transposed layout as eager's does); rows this short (8) run in the
+    # pointwise loop, longer ones in tiles (codegen/cuda_tiles.py)
+    (src,) = kernel_sources(lambda x, y: x.t() + y, torch.randn(8, 64), torch.randn(64, 8))
     assert vector_loads(src) == ["arg1_1"] and not vector_stores(src)
     assert "arg0_1[64*o1 + o0]" in src and "buf0[64*o1 + o0] = " in src
+    (src,) = kernel_sources(lambda x, y: x.t() + y, torch.randn(64, 64), torch.randn(64, 64))
+    assert "// strategy: tiles" in src and "EmberVec" not in src
     # an embedding's rows start at data: the gather is scalar, the output is not
     (src,) = kernel_sources(lambda w, i: w[i] * 2, torch.randn(10, 64), torch.randint(0, 10, (8,)))
     assert not vector_loads(src) and vector_stores(src) == ["buf0"]

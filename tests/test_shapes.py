@@ -74,6 +74,26 @@ def test_non_contiguous_inputs(dtype):
         check(lambda x: (x.t() + 1) if x.dim() == 2 else x - 1, v)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.bool], ids=str)
+def test_transposed_layouts(dtype):
+    """Kernels that read or write along a second-to-last dim (GPU backends: 2D tiles, the CUDA
+    C++ one through shared memory) at sizes that leave tiles partly past either end, with
+    transposed inputs and outputs, leading dims flattened, and symbolic sizes, 0 and 1 among them."""
+    def scale(x):
+        return x * 2 if dtype != torch.bool else ~x
+
+    def mix(x, y):
+        return x + y if dtype != torch.bool else x ^ y
+
+    check(lambda x: scale(x.t()).contiguous(), make((70, 33), dtype))
+    check(lambda x: scale(x.permute(0, 2, 1)).contiguous(), make((3, 40, 65), dtype))
+    check(lambda x, y: mix(x.mT, y), make((2, 17, 48), dtype), make((2, 48, 17), dtype))  # a transposed output
+    check(lambda x, y, z: (mix(x.t(), y), scale(z.t())), make((33, 20), dtype), make((20, 33), dtype),
+          make((33, 20), dtype))
+    for m, n in [(100, 50), (1, 20), (20, 1), (0, 40), (129, 130)]:
+        check(lambda x, y: mix(x.t(), y), make((m, n), dtype), make((n, m), dtype), dynamic=True)
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 def test_reductions_over_awkward_shapes(dtype):
     def fn(x):

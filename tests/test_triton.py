@@ -430,8 +430,32 @@ for fn, kernel in kernels([json.load(open(sys.argv[1]))]):
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if kernel["signature"][n].startswith("*")}
     ptx = triton.compile(ASTSource(fn=fn, signature=kernel["signature"], constexprs=variant, attrs=attrs),
                          target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
-    print(kernel["name"], len(re.findall(r"ld\\.global\\.v4\\.b32", ptx)), len(re.findall(r"ld\\.global\\.b16", ptx)))
+    print(kernel["name"], len(re.findall(r"ld\\.global\\.v4\\.b32", ptx)), len(re.findall(r"ld\\.global\\.b16", ptx)),
+          len(re.findall(r"@%p\\d+ ld\\.global", ptx)))
 """
+
+
+def _ptx_loads(report, tmp_path, tag: str, variant: dict) -> tuple[int, int, int]:
+    """Compile ``report``'s one kernel for sm_90 (no GPU needed) at launch ``variant`` and count
+    its global loads in the PTX: 16-byte ones, 2-byte ones, and those behind a predicate."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (k,) = report.kernels
+    job = _compile_jobs(report, tmp_path, tag)
+    aligns = {name: 8 for name in re.findall(r"(ALIGN_\w+): tl.constexpr", k.source)}  # 1000 = 8 * 125
+    for kernel in job["kernels"]:
+        kernel["variants"] = [variant | dict(BIG=False, NPROG_BLOCK=1) | aligns]
+    (tmp_path / f"job_{tag}.json").write_text(json.dumps(job))
+    (tmp_path / "vectors.py").write_text(_VECTOR_LOADS)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(tmp_path / "vectors.py"), str(tmp_path / f"job_{tag}.json")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _, v4, scalar, predicated = proc.stdout.split()
+    return int(v4), int(scalar), int(predicated)
 
 
 def test_odd_sizes_still_load_16_bytes_at_a_time(tmp_path):
@@ -440,38 +464,22 @@ def test_odd_sizes_still_load_16_bytes_at_a_time(tmp_path):
     is now a literal in the mask, and a pointwise kernel's whole blocks run unmasked. A transpose
     in 1D blocks read 2 bytes a lane from a different row; in 2D tiles it reads 16. Symbolic sizes
     arrive divided by their power-of-two divisors, which the kernel multiplies back."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     bf16 = torch.bfloat16
     cases = [(lambda x: torch.softmax(x, -1), (torch.randn(64, 1000, dtype=bf16),)),
              (torch.add, (torch.randn(4095, dtype=bf16), torch.randn(4095, dtype=bf16))),
              (lambda x: (x.t() * 2).contiguous(), (torch.randn(256, 256, dtype=bf16),)),
              (lambda x: torch.softmax(x, -1), (torch.randn(64, 1000, dtype=bf16),))]
+    variants = [dict(XBLOCK=4, RBLOCK=1024, PERSISTENT=True, num_warps=4),  # the heuristic's tiles
+                dict(XBLOCK=1024, RBLOCK=1, PERSISTENT=False, num_warps=4),
+                dict(XBLOCK=64, RBLOCK=64, PERSISTENT=False, num_warps=8),
+                dict(XBLOCK=4, RBLOCK=1024, PERSISTENT=True, num_warps=4)]
     counts = {}
     for i, (fn, args) in enumerate(cases):
         report = ember.explain(fn, *args, target="triton", dynamic=i == 3)
-        (k,) = report.kernels
-        expected = ("rmask = rindex < 1000", "xmask = tl.full([XBLOCK], 1, tl.int1)", "tile = ", "* ALIGN_INNER")[i]
-        assert expected in k.source, k.source
-        job = _compile_jobs(report, tmp_path, f"vec{i}")
-        for kernel in job["kernels"]:  # the tiles the heuristic gives these shapes
-            aligns = {name: 8 for name in re.findall(r"(ALIGN_\w+): tl.constexpr", k.source)}  # 1000 = 8 * 125
-            kernel["variants"] = [(dict(XBLOCK=4, RBLOCK=1024, PERSISTENT=True, num_warps=4),
-                                   dict(XBLOCK=1024, RBLOCK=1, PERSISTENT=False, num_warps=4),
-                                   dict(XBLOCK=64, RBLOCK=64, PERSISTENT=False, num_warps=8),
-                                   dict(XBLOCK=4, RBLOCK=1024, PERSISTENT=True, num_warps=4))[i]
-                                  | dict(BIG=False, NPROG_BLOCK=1) | aligns]
-        (tmp_path / f"job{i}.json").write_text(json.dumps(job))
-        (tmp_path / "vectors.py").write_text(_VECTOR_LOADS)
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        proc = subprocess.run([sys.executable, str(tmp_path / "vectors.py"), str(tmp_path / f"job{i}.json")],
-                              capture_output=True, text=True, env=env, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        name, v4, scalar = proc.stdout.split()
-        counts[i] = int(v4), int(scalar)
+        expected = ("rmask = eh.below(rindex, 1000, RBLOCK)", "xmask = tl.full([XBLOCK], 1, tl.int1)", "tile = ",
+                    "* ALIGN_INNER")[i]
+        assert expected in report.kernels[0].source, report.kernels[0].source
+        counts[i] = _ptx_loads(report, tmp_path, f"vec{i}", variants[i])[:2]
     # softmax: 4 rows x 1024 lanes over 128 threads, 32 elements a thread in 16-byte loads
     assert counts[0] == (4, 0), counts
     # the add: two inputs, 8 elements a thread, each one 16-byte load in whole blocks, and
@@ -482,6 +490,32 @@ def test_odd_sizes_still_load_16_bytes_at_a_time(tmp_path):
     assert counts[2] == (2, 0), counts
     # the softmax with a symbolic width and row stride: launched as quotients by 8, 16-byte loads
     assert counts[3] == (4, 0), counts
+
+
+def test_row_kernels_mask_only_what_may_fall_outside(tmp_path):
+    """A norm's weight is the same for every row of a tile: it loads once, [1, RBLOCK], not once
+    per row. Rows and blocks that tile their static extents exactly carry no mask at all."""
+    bf16 = torch.bfloat16
+
+    def layer_norm(x, w, b):
+        return F.layer_norm(x, (x.shape[-1],), w, b)
+
+    odd = ember.explain(layer_norm, torch.randn(64, 999, dtype=bf16), torch.randn(999, dtype=bf16),
+                        torch.randn(999, dtype=bf16), target="triton")
+    assert re.search(r"tl\.load\(arg1_1 \+ \(r0\), rmask, ", odd.kernels[0].source), odd.kernels[0].source
+    # rows of 999 start at odd addresses: 2-byte loads, 32 a thread for x (4 rows x 1024 lanes
+    # over 128 threads) and 8 each for the weight and the bias, where each took 32 as x does
+    v4, scalar, _ = _ptx_loads(odd, tmp_path, "odd", dict(XBLOCK=4, RBLOCK=1024, PERSISTENT=True, num_warps=4))
+    assert (v4, scalar) == (0, 48), (v4, scalar)
+    exact = ember.explain(layer_norm, torch.randn(64, 4096, dtype=bf16), torch.randn(4096, dtype=bf16),
+                          torch.randn(4096, dtype=bf16), target="triton")
+    assert "xmask = eh.below(xindex, 64, XBLOCK)" in exact.kernels[0].source
+    v4, scalar, predicated = _ptx_loads(exact, tmp_path, "exact", dict(XBLOCK=1, RBLOCK=4096, PERSISTENT=True,
+                                                                       num_warps=8))
+    # 16 elements a thread for x, the weight and the bias: 2 16-byte loads each, none predicated
+    assert (v4, scalar, predicated) == (6, 0, 0), (v4, scalar, predicated)
+    # a block past the rows (64 rows in blocks of 128) keeps its mask
+    assert _ptx_loads(exact, tmp_path, "partial", dict(XBLOCK=128, RBLOCK=32, PERSISTENT=False, num_warps=4))[2] > 0
 
 
 def test_symbolic_sizes_launch_as_quotients_by_their_power_of_two_divisors():

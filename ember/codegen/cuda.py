@@ -62,6 +62,7 @@ from .cuda_prelude import (  # noqa: F401 (cuda.MAX_BLOCKS, cuda.ROW_GROUP_THREA
     ROW_GROUP_THREADS,
     UNROLL,
 )
+from .cuda_tiles import LANES, TILE_ROWS, render_tiles, staged_accesses
 from .cuda_vectors import RowForms, VectorPlan
 
 # float32 math spelled with CUDA's float functions (IEEE-accurate or within a few ulp, unlike the
@@ -96,6 +97,8 @@ COMBINE = {Op.SUM: "EmberSumOp", Op.PROD: "EmberProdOp", Op.AMAX: "EmberMaxOp", 
 _STRATEGY = {
     "pointwise": "pointwise -- a grid-stride loop over the flattened outer domain, "
                  f"{UNROLL} elements per thread per iteration",
+    "tiles": "tiles -- square tiles of (the leading dims, flattened) x (the last dim), a block of "
+             f"{LANES} x {TILE_ROWS} threads each; accesses contiguous along the rows go through shared memory",
     "rows": "rows -- one block per outer index, or for short rows a group of a warp's lanes (blocks "
             "stride over the rows); threads stride over the inner domain, reductions across the row's "
             "threads after each loop",
@@ -158,7 +161,7 @@ class CudaKernelRenderer:
 
     def render(self) -> str:
         k = self.k
-        threads = POINTWISE_THREADS if self.strategy == "pointwise" else REDUCTION_THREADS
+        threads = {"pointwise": POINTWISE_THREADS, "tiles": LANES * TILE_ROWS}.get(self.strategy, REDUCTION_THREADS)
         self.emit(f"// {k.name}: fuses {', '.join(k.origins) or '-'}")
         self.emit(f"// outer {sh.fmt(k.outer)}, inner {sh.fmt(k.inner)}, {k.n_loops} inner loop(s)")
         self.emit(f"// strategy: {_STRATEGY[self.strategy]}")
@@ -170,6 +173,8 @@ class CudaKernelRenderer:
             self.emit(line)
         if self.strategy == "pointwise":
             self._pointwise()
+        elif self.strategy == "tiles":
+            render_tiles(self, staged_accesses(k), CUDA.storage)
         elif self.strategy in ("rows", "columns"):
             self._rows()
         else:

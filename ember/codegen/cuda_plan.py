@@ -14,15 +14,17 @@ from ..ir import shapes as sh
 from ..ir.ops import Op
 from ..schedule.kernel_ir import Kernel, inner_var, outer_var
 from .cuda_prelude import POINTWISE_THREADS, REDUCTION_THREADS, UNROLL
+from .cuda_tiles import LANES, TILE_ROWS, staged_accesses, tile_side
 from .cuda_vectors import RowForms, VectorPlan, plan_loop, row_forms
 from .wrapper import pexpr
 
 
 def strategy(kernel: Kernel) -> str:
-    """'pointwise'; 'rows' or 'columns' (an outer domain with reductions, a block per row or per
-    32 rows); 'full' (many blocks, combined by the last) or 'single' (one block)."""
+    """'pointwise', or 'tiles' where some access is transposed (cuda_tiles.py); 'rows' or
+    'columns' (an outer domain with reductions, a block per row or per 32 rows); 'full' (many
+    blocks, combined by the last) or 'single' (one block)."""
     if kernel.n_loops == 0:
-        return "pointwise"
+        return "tiles" if staged_accesses(kernel) else "pointwise"
     if kernel.outer:  # (chunked kernels and reductions over the rows: a block per row)
         return "columns" if _adjacent_rows(kernel) and not kernel.chunks and not kernel.row_reductions else "rows"
     return "full" if multi_block(kernel) else "single"
@@ -125,10 +127,13 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
     of the size symbols, the argument counts, and the entry points (32- and 64-bit indices)."""
     kind = strategy(kernel)
     width = vector_width(kernel)
+    # a tiled kernel's rows (its leading dims) and columns (its last dim), as the tiles see them
+    outer, inner = (sh.numel(kernel.outer[:-1]), kernel.outer[-1]) if kind == "tiles" else \
+        (sh.numel(kernel.outer), kernel.inner_hint)
     return {
         "strategy": kind,
-        "outer": pexpr(sh.numel(kernel.outer)),
-        "inner": pexpr(kernel.inner_hint),
+        "outer": pexpr(outer),
+        "inner": pexpr(inner),
         "sizes": [s.name for s in kernel.sizes],
         "n_params": len(kernel.params),
         "n_reductions": len(kernel.reductions) + len(kernel.row_reductions),
@@ -136,7 +141,8 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "row_reductions": len(kernel.row_reductions),
         "chunks": kernel.chunks,
         "row_groups": row_groups(kernel, width),
-        "max_threads": POINTWISE_THREADS if kind == "pointwise" else REDUCTION_THREADS,
+        "max_threads": {"pointwise": POINTWISE_THREADS, "tiles": LANES * TILE_ROWS}.get(kind, REDUCTION_THREADS),
         "vector": width,
         "kernels": {"i32": kernel.name, "i64": f"{kernel.name}_i64"},
+        **({"tile": tile_side(kernel)} if kind == "tiles" else {}),
     }

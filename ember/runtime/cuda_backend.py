@@ -302,14 +302,15 @@ def balanced_grid(tiles: int, resident: int) -> int:
 
 def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: int,
                 vector: int = 1, occupancy: Callable[[int], int] | None = None,
-                row_groups: bool = False) -> tuple[bool, int, int | tuple[int, int]]:
+                row_groups: bool = False, tile: int = 64) -> tuple[bool, int, int | tuple[int, int]]:
     """(64-bit indices?, grid, block) of one launch. Blocks are powers of two from 32 threads up to
     the kernel's limit, sized so that each thread has a few unrolled steps of work (of ``vector``
     elements each, where the kernel has a vector form); grids stride. ``occupancy(block)``: the
     blocks of that size the device runs at once, by the kernel's registers (the driver's
     occupancy); without it (or where it gives 0), by threads and blocks per SM alone.
     ``row_groups``: a row kernel whose short rows may go several to a block; the block is then
-    (threads a row, rows a block) where a row needs fewer than 32 threads."""
+    (threads a row, rows a block) where a row needs fewer than 32 threads. ``tile``: a tiled
+    kernel's tile side (codegen/cuda_tiles.py)."""
     big = outer * inner >= 2**31
     limit = max(32, min(_pow2_floor(max_threads), cuda.REDUCTION_THREADS))
     step = cuda.UNROLL * vector  # elements a thread takes per iteration
@@ -323,6 +324,9 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
     if strategy == "pointwise":
         block = threads(cuda.POINTWISE_THREADS, min(limit, cuda.POINTWISE_THREADS))
         return big, balanced_grid(_cdiv(outer, block * step), resident(block)), block
+    if strategy == "tiles":  # outer rows by inner columns, in square tiles of a fixed block each
+        tiles = _cdiv(outer, tile) * _cdiv(inner, tile)
+        return big, balanced_grid(tiles, resident(cuda.LANES * cuda.TILE_ROWS)), (cuda.LANES, cuda.TILE_ROWS)
     if strategy == "rows":  # one row per block: at least two unrolled steps per thread; in groups,
         # one step covering the row where the block can (its loops then read the row once)
         need = row_threads(inner, vector)
@@ -438,7 +442,8 @@ class CudaKernel:
             big, grid, block = plan_launch(self.strategy, outer, inner, state["sms"], state["max_threads"],
                                            self.meta.get("vector", 1),
                                            occupancy=lambda block: self._resident(state, big, block),
-                                           row_groups=self.meta.get("row_groups", False))
+                                           row_groups=self.meta.get("row_groups", False),
+                                           tile=self.meta.get("tile", 64))
             if self.meta.get("chunks"):  # a chunked row kernel: a block per run of rows
                 grid = self.meta["chunks"]
             if self.meta.get("row_reductions"):  # a workspace slot per block
