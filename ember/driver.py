@@ -200,7 +200,8 @@ def _build(graph: Graph, schedule: Schedule, fallbacks: dict[str, Callable[..., 
                                        pass_tensors=backend.pass_tensors)
         else:
             namespace[f"aten_{k.name}"] = fallbacks[k.name]
-            calls[k.name] = KernelCall(f"aten_{k.name}", fallback=True)
+            why = f"rendered for {target}, not built on this {device} machine" if render_only else "failed to build"
+            calls[k.name] = KernelCall(f"aten_{k.name}", fallback=True, why_aten=why)
             if not render_only:
                 report.fallbacks.extend(k.origins)
     namespace["__ember_keepalive__"] = built.keepalive

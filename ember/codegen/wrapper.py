@@ -103,6 +103,7 @@ class KernelCall:
     uses_error_flag: bool = False
     fallback: bool = False      # its build failed: an ATen implementation with the same arguments
     pass_tensors: bool = False  # tensors (Triton, ATen fallbacks) rather than data_ptr() ints
+    why_aten: str = "failed to build"  # why a fallback runs (explain's render-only targets)
 
 
 @dataclass
@@ -253,7 +254,7 @@ class WrapperWriter:
                 else:
                     self.emit(f"{self.var[root]}.copy_({self.var[source]})")
         if call.fallback:
-            self.emit(f"# {k.name} failed to build: its ops run through ATen")
+            self.emit(f"# {k.name} {call.why_aten}: its ops run through ATen")
         tensors = call.pass_tensors or call.fallback
         args = [p.name if tensors else f"{p.name}.data_ptr()" for p in k.params] + [s.name for s in k.sizes]
         if call.uses_error_flag:
