@@ -9,10 +9,13 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from torch.testing._internal.common_methods_invocations import op_db
 
 import ember
 from ember import ragged
+from ember.runtime import triton_helpers as eh
 from ember.workloads.giou import make_batch, padded_giou_loss, ragged_giou_loss
 
 from .conftest import INTERPRETED_TRITON
@@ -490,6 +493,22 @@ def test_odd_sizes_still_load_16_bytes_at_a_time(tmp_path):
     assert counts[2] == (2, 0), counts
     # the softmax with a symbolic width and row stride: launched as quotients by 8, 16-byte loads
     assert counts[3] == (4, 0), counts
+
+
+@triton.jit
+def _masks(out, BOUND: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + i, eh.below(i, BOUND, BLOCK).to(tl.int8))
+
+
+def test_exact_block_masks_keep_empty_extents_masked():
+    """eh.below drops a mask only where the grid's cdiv(bound, block) blocks tile the bound
+    exactly; a bound of 0 (a mean over no rows still launches a program) masks everything."""
+    for bound in (0, 64, 100):
+        out = torch.full((128,), 7, dtype=torch.int8)
+        programs = max(1, -(-bound // 64))
+        _masks[(programs,)](out, bound, 64)
+        assert out.tolist() == [1] * bound + [0] * (64 * programs - bound) + [7] * (128 - 64 * programs)
 
 
 def test_row_kernels_mask_only_what_may_fall_outside(tmp_path):

@@ -85,8 +85,9 @@ def below(index, bound: tl.constexpr, block: tl.constexpr):
     # index < bound, for a static bound: all true where blocks of ``block`` tile it exactly,
     # which Triton folds away, so the loads and stores of such kernels carry no predicate to
     # compute per element (H100, bf16, kernel us: a sum over dim 1 of (64, 2048, 768) 71.6 ->
-    # 68.7, a softmax over rows of 999 98.2 -> 94.0)
-    if bound % block == 0:
+    # 68.7, a softmax over rows of 999 98.2 -> 94.0). Grids launch cdiv(bound, block) blocks,
+    # and one where the bound is 0 (a mean over no rows still stores its result): all false
+    if bound > 0 and bound % block == 0:
         mask = tl.full(index.shape, 1, tl.int1)
     else:
         mask = index < bound
