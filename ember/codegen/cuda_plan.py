@@ -16,6 +16,7 @@ from ..schedule.kernel_ir import Kernel, inner_var, outer_var
 from .cuda_prelude import POINTWISE_THREADS, REDUCTION_THREADS, UNROLL
 from .cuda_tiles import LANES, TILE_ROWS, staged_accesses, tile_side
 from .cuda_vectors import RowForms, VectorPlan, plan_loop, row_forms
+from .layout import tile_counts
 from .wrapper import pexpr
 
 
@@ -127,9 +128,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
     of the size symbols, the argument counts, and the entry points (32- and 64-bit indices)."""
     kind = strategy(kernel)
     width = vector_width(kernel)
-    # a tiled kernel's rows (its leading dims) and columns (its last dim), as the tiles see them
-    outer, inner = (sh.numel(kernel.outer[:-1]), kernel.outer[-1]) if kind == "tiles" else \
-        (sh.numel(kernel.outer), kernel.inner_hint)
+    outer, inner = tile_counts(kernel) if kind == "tiles" else (sh.numel(kernel.outer), kernel.inner_hint)
     return {
         "strategy": kind,
         "outer": pexpr(outer),

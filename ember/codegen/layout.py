@@ -43,3 +43,9 @@ def transposed_accesses(kernel: Kernel) -> list[Value]:
         if along_second == 1 and along_last != 0 and along_last != 1 and not along_last.has(second, last):
             found.append(v)
     return found
+
+
+def tile_counts(kernel: Kernel) -> tuple[sympy.Expr, sympy.Expr]:
+    """A tiled kernel's rows (its leading dims, flattened) and columns (its last dim): the
+    outer and inner counts both backends' launchers size its grid by."""
+    return sh.numel(kernel.outer[:-1]), kernel.outer[-1]

@@ -34,7 +34,7 @@ from ..schedule.kernel_ir import (
     inner_var,
     outer_var,
 )
-from .layout import transposed_accesses, varies
+from .layout import tile_counts, transposed_accesses, varies
 from .wrapper import pexpr
 
 
@@ -926,14 +926,11 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         from .triton_matmul import matmul_meta
         return matmul_meta(kernel)
     kind = kind_of(kernel)
-    if kind == "tiles":  # rows (the leading dims) and columns (the last dim) of the tiles
-        outer, inner = pexpr(sh.numel(kernel.outer[:-1])), pexpr(kernel.outer[-1])
-    else:
-        outer, inner = pexpr(sh.numel(kernel.outer)), pexpr(kernel.inner_hint)
+    outer, inner = tile_counts(kernel) if kind == "tiles" else (sh.numel(kernel.outer), kernel.inner_hint)
     return {
         "kind": kind,
-        "outer": outer,
-        "inner": inner,
+        "outer": pexpr(outer),
+        "inner": pexpr(inner),
         "sizes": [s.name for s in kernel.sizes],
         "params": [p.name for p in kernel.params],
         "multi_program": multi_program(kernel),
