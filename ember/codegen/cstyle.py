@@ -177,6 +177,8 @@ def alu(lang: Language, v: Value, args: list[str]) -> str:
     a = args[0] if args else ""
     if op is Op.CAST:
         return cast(lang, src, dtype, a)
+    if op is Op.DIV and ctype == "float" and op in lang.fast_f32:
+        return lang.fast_f32[op].format(a, args[1])
     if op in _INFIX:
         expr = f"({a} {_INFIX[op]} {args[1]})"
         # C promotes narrow integers to int: bring results back to the element type
@@ -489,8 +491,21 @@ EMBER_LIMITS(uint8_t, 0, UINT8_MAX)
 
 // torch.maximum / torch.minimum: NaN wins.
 // Bitwise | rather than ||: no branch, so loops using them still vectorize.
+#if __CUDA_ARCH__ >= 800  // one instruction on the GPU (a NaN result is the canonical NaN)
+EMBER_FN float ember_max(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+EMBER_FN float ember_min(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+#else
 EMBER_FN float ember_max(float a, float b) { return ((a > b) | (a != a)) ? a : b; }
 EMBER_FN float ember_min(float a, float b) { return ((a < b) | (a != a)) ? a : b; }
+#endif
 EMBER_FN double ember_max(double a, double b) { return ((a > b) | (a != a)) ? a : b; }
 EMBER_FN double ember_min(double a, double b) { return ((a < b) | (a != a)) ? a : b; }
 template <typename T> EMBER_FN T ember_max(T a, T b) { return a > b ? a : b; }

@@ -65,17 +65,18 @@ from .cuda_prelude import (  # noqa: F401 (cuda.MAX_BLOCKS, cuda.ROW_GROUP_THREA
 from .cuda_tiles import LANES, TILE_ROWS, render_tiles, staged_accesses
 from .cuda_vectors import RowForms, VectorPlan
 
-# float32 math spelled with CUDA's float functions (IEEE-accurate or within a few ulp, unlike the
-# __expf-style intrinsics), so nothing silently promotes to double.
+# float32 math spelled with CUDA's float functions (IEEE-accurate or within a few ulp), so nothing
+# silently promotes to double; exp and division as Triton computes them (cuda_prelude.py).
 _F32_MATH = {
-    Op.EXP: "expf", Op.EXP2: "exp2f", Op.EXPM1: "expm1f", Op.LOG: "logf", Op.LOG2: "log2f",
+    Op.EXP: "ember_exp_approx", Op.DIV: "ember_div_full", Op.EXP2: "exp2f", Op.EXPM1: "expm1f",
+    Op.LOG: "logf", Op.LOG2: "log2f",
     Op.LOG10: "log10f", Op.LOG1P: "log1pf", Op.SQRT: "sqrtf", Op.RSQRT: "rsqrtf", Op.SIN: "sinf",
     Op.COS: "cosf", Op.TAN: "tanf", Op.ASIN: "asinf", Op.ACOS: "acosf", Op.ATAN: "atanf",
     Op.SINH: "sinhf", Op.COSH: "coshf", Op.TANH: "tanhf", Op.ASINH: "asinhf", Op.ACOSH: "acoshf",
     Op.ATANH: "atanhf", Op.ERF: "erff", Op.ERFC: "erfcf", Op.FLOOR: "floorf", Op.CEIL: "ceilf",
     Op.TRUNC: "truncf", Op.ROUND: "rintf", Op.ATAN2: "atan2f", Op.FMOD: "fmodf", Op.POW: "powf",
 }
-_BINARY = (Op.ATAN2, Op.FMOD, Op.POW)
+_BINARY = (Op.ATAN2, Op.FMOD, Op.POW, Op.DIV)
 
 CUDA = Language(
     name="cuda",
@@ -269,8 +270,8 @@ class CudaKernelRenderer:
                     self.emit(f"const EmberVec<{ctype}, {width}> {name} = {load};")
                     self.emit(f"if (ember_cached) {self.cached[key]}[ember_u] = {name};")
                 elif key in self.cached:  # an earlier loop of this row read it
-                    self.emit(f"const EmberVec<{ctype}, {width}> {name} = ember_cached ? {self.cached[key]}[ember_u] "
-                              f": {load};")
+                    reread = f"ember_reread<{self.loop}>({self.cached[key]}[ember_u])"
+                    self.emit(f"const EmberVec<{ctype}, {width}> {name} = ember_cached ? {reread} : {load};")
                 else:
                     self.emit(f"const EmberVec<{ctype}, {width}> {name} = {load};")
             else:

@@ -54,10 +54,17 @@ EMBER_FN void ember_atomic_add(int64_t* p, int64_t v) {
 // 16-bit floats are stored as their bits (unsigned short) and computed in float32.
 EMBER_FN float ember_bf16_to_f32(unsigned short h) { return __uint_as_float((unsigned int)h << 16); }
 EMBER_FN unsigned short ember_f32_to_bf16(float f) {
+#if __CUDA_ARCH__ >= 800
+  // one instruction (round to nearest even, a NaN stays a NaN), as eager's own conversion
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   // round to nearest even; a NaN stays a (quiet) NaN
   unsigned int u = __float_as_uint(f);
   unsigned int rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   return (unsigned short)(f != f ? ((u >> 16) | 0x40u) : rounded);
+#endif
 }
 EMBER_FN float ember_round_bf16(float f) { return ember_bf16_to_f32(ember_f32_to_bf16(f)); }
 EMBER_FN float ember_f16_to_f32(unsigned short h) {
@@ -80,7 +87,21 @@ EMBER_FN int64_t ember_floordiv(int64_t a, int64_t b) { int32_t unused = 0; retu
 EMBER_FN int64_t ember_fmod(int64_t a, int64_t b) { int32_t unused = 0; return ember_fmod(a, b, &unused); }
 EMBER_FN int64_t ember_mod(int64_t a, int64_t b) { int32_t unused = 0; return ember_mod(a, b, &unused); }
 
-EMBER_FN float ember_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+// float32 exp and division as Triton computes them (and so the Triton backend and Inductor):
+// exp as ex2.approx of x * log2(e), division as div.full.f32 (at most 2 ulp). CUDA's expf and
+// IEEE division take several times the instructions, and row kernels (a softmax: two exps and
+// a division an element) were bound by instruction issue, not memory.
+EMBER_FN float ember_exp_approx(float x) {
+  float y;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+}
+EMBER_FN float ember_div_full(float a, float b) {
+  float q;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b));
+  return q;
+}
+EMBER_FN float ember_sigmoid(float x) { return ember_div_full(1.0f, 1.0f + ember_exp_approx(-x)); }
 EMBER_FN double ember_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
 // ---- vector loads and stores ----------------------------------------------------------------
@@ -92,6 +113,22 @@ template <typename T, int N> EMBER_FN EmberVec<T, N> ember_load_vec(const T* p) 
 }
 template <typename T, int N> EMBER_FN void ember_store_vec(T* p, const EmberVec<T, N>& v) {
   *reinterpret_cast<EmberVec<T, N>*>(p) = v;
+}
+// A later loop of a row re-reads a group the first loop kept in registers. An empty asm hides
+// that the bits are the same, so the loop recomputes its values from them: otherwise the compiler
+// may keep every value an earlier loop computed from the group alive across the block reduction
+// (a LayerNorm's x - mean, 32 floats a thread: its registers went from 40 to 86). The asm names
+// its loop, so that two loops' re-reads are not one expression; it is not volatile, which would
+// cost the loads their read-only cache path.
+template <int LOOP, typename T, int N> EMBER_FN EmberVec<T, N> ember_reread(EmberVec<T, N> v) {
+  if constexpr (sizeof(v) % 4 == 0) {
+    union { EmberVec<T, N> vec; unsigned int words[sizeof(v) / 4]; } u;
+    u.vec = v;
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(v) / 4); ++i) asm("// re-read in loop %1" : "+r"(u.words[i]) : "n"(LOOP));
+    return u.vec;
+  }
+  return v;
 }
 
 // ---- block-wide reductions --------------------------------------------------------------------
