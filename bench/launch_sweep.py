@@ -80,6 +80,7 @@ LONG_ROWS = {
     "softmax_vocab_8": _rows(_softmax, 8, 128256),
     "softmax_vocab_64": _rows(_softmax, 64, 128256),
     "softmax_256": _rows(_softmax, 256, 32000),
+    "softmax_8192x32000": _rows(_softmax, 8192, 32000),
     "logsumexp_f32": _rows(lambda x: torch.logsumexp(x, -1), 64, 1 << 20, torch.float32, _read),
 }
 

@@ -151,9 +151,45 @@ def test_unaligned_starts_and_rows_keep_scalar_accesses():
                             torch.randn(4096, dtype=torch.bfloat16))
     assert "arg0_1" not in vector_loads(src) and "arg1_1" in vector_loads(src)
     assert re.search(r"arg0_1\[4097\*o0 \+ r0 \+ 1\]", src)
-    # rows of 4095: no group of 8 fits every row, so no vector form at all
-    (src,) = kernel_sources(softmax, torch.randn(16, 4095, dtype=torch.bfloat16))
-    assert "EmberVec" not in src and "vector form" not in src
+    assert "ember_r_head" not in src  # (peeling x's rows would give up the weight's groups)
+
+
+def test_odd_rows_peel_a_head_and_a_tail():
+    """Rows of 999: most start mid-vector. Each row's groups start where it is aligned; the
+    elements before (its head) and after the last whole group (its tail) go one at a time, by the
+    same thread in every loop, so they are kept in registers with the groups."""
+    (src,) = kernel_sources(softmax, torch.randn(64, 999, dtype=torch.bfloat16))
+    assert vector_loads(src) == ["arg0_1"] * 3 and vector_stores(src) == ["buf0"]
+    assert src.count("const I ember_r_head_at = (I)((8 - (999*o0) % 8) % 8);") == 3
+    assert src.count("const I ember_r_first = ember_r_head + ember_r_group * 8;") == 3
+    assert src.count("ember_r_rest_at < ember_r_head ? ember_r_rest_at : ember_r_rest_at + ember_r_groups * 8") == 3
+    assert conditions(src) == ["(((unsigned long long)arg0_1) & 15ull) == 0"] * 2 + [
+        "(((unsigned long long)arg0_1) & 15ull) == 0 && (((unsigned long long)buf0) & 15ull) == 0"]
+    # the first loop keeps the head and tail elements too; the later two read them back
+    assert "unsigned short ember_tail0[EMBER_UNROLL];" in src
+    assert src.count("if (ember_cached) ember_tail0[ember_u] = v0_e;") == 1
+    assert src.count("v0_e = ember_cached ? ember_tail0[ember_u] : arg0_1[999*o0 + r0];") == 2
+    assert "(I)blockDim.x * EMBER_UNROLL >= 14;" in src  # one iteration covers a head and a tail
+    # LayerNorm: x and the output move with the row, the weight and bias do not: x's alignment
+    # decides the groups, and the weight and bias are read an element at a time within them
+    x, w, b = torch.randn(64, 999, dtype=torch.bfloat16), torch.randn(999, dtype=torch.bfloat16), \
+        torch.randn(999, dtype=torch.bfloat16)
+    (src,) = kernel_sources(lambda x, w, b: F.layer_norm(x, (999,), w, b), x, w, b)
+    assert set(vector_loads(src)) == {"arg0_1"} and vector_stores(src) == ["buf0"]
+    assert re.search(r"ember_bf16_to_f32\(arg1_1\[r0\]\)", src)
+    # a row length known only at run time: groups from the row's start where it is a multiple
+    # of 8 (aligned rows run faster so), the scalar loop elsewhere
+    (src,) = kernel_sources(softmax, torch.randn(8, 1000, dtype=torch.bfloat16), dynamic=True)
+    assert "ember_r_head_at" not in src and all("% 8) == 0" in c for c in conditions(src))
+    # cross-entropy over GPT-2's 50257 classes: rows too long to keep, read in groups all the same
+    (src,) = kernel_sources(lambda x, t: F.cross_entropy(x, t), torch.randn(4, 50257, dtype=torch.bfloat16),
+                            torch.randint(0, 50257, (4,)))
+    assert vector_loads(src) and "ember_r_head_at" in src and "ember_tail" not in src
+    # rows shorter than 8 groups are not peeled: their head and tail would cost more than groups save
+    (src,) = kernel_sources(lambda x, t: F.cross_entropy(x, t), torch.randn(64, 10), torch.randint(0, 10, (64,)))
+    assert "EmberVec" not in src
+    (src,) = kernel_sources(softmax, torch.randn(64, 65, dtype=torch.bfloat16))
+    assert "ember_r_head_at" in src
 
 
 def test_transposed_gathered_and_column_accesses_stay_scalar():
@@ -185,10 +221,15 @@ def test_guarded_loads_stay_scalar():
 
 
 def test_symbolic_sizes_are_tested_at_run_time():
-    x = torch.randn(8, 1024, dtype=torch.bfloat16)
-    (src,) = kernel_sources(softmax, x, dynamic=True)
+    # a weight read by every row lines up with x's groups only where the row length is a multiple
+    x, w = torch.randn(8, 1024, dtype=torch.bfloat16), torch.randn(1024, dtype=torch.bfloat16)
+    (src,) = kernel_sources(lambda x, w: x * w + 1, x, w, dynamic=True)
     conds = conditions(src)
     assert conds and all(re.search(r"\(\(s\d+\) % 8\) == 0", c) for c in conds), conds
+    (src,) = kernel_sources(lambda x, w: torch.softmax(x * w, -1), x, w, dynamic=True)
+    conds = conditions(src)
+    assert conds and all(re.search(r"\(\(s\d+\) % 8\) == 0", c) for c in conds), conds
+    assert "ember_r_head" not in src
 
 
 def test_index_terms_that_must_be_multiples():
@@ -242,19 +283,24 @@ def test_grids_count_what_the_device_runs_at_once(monkeypatch):
 
 def test_launch_meta_carries_the_width(monkeypatch):
     seen = record_rendered(monkeypatch, cuda_backend.CudaBackend)
-    for fn, x, width in ((softmax, torch.randn(64, 4096, dtype=torch.bfloat16), 8),
-                         (softmax, torch.randn(64, 4095, dtype=torch.bfloat16), 1),
-                         (lambda x: x.sum(0), torch.randn(256, 64), 1)):  # columns
+    for fn, args, width in ((softmax, (torch.randn(64, 4096, dtype=torch.bfloat16),), 8),
+                            (softmax, (torch.randn(64, 4095, dtype=torch.bfloat16),), 8),  # peeled
+                            (lambda w, i: w[i].sum(-1), (torch.randn(10, 64), torch.randint(0, 10, (8,))), 1),
+                            (lambda x: x.sum(0), (torch.randn(256, 64),), 1)):  # columns
         seen.clear()
-        explain(fn, x)
+        explain(fn, *args)
         assert [cuda.launch_meta(k)["vector"] for k in seen] == [width]
 
 
 @needs_nvcc
-@pytest.mark.parametrize("case", ["softmax_bf16", "relu_add_f32", "layer_norm_f16_dynamic"])
+@pytest.mark.parametrize("case", ["softmax_bf16", "relu_add_f32", "layer_norm_f16_dynamic", "layer_norm_999_bf16"])
 def test_ptx_has_16_byte_loads_and_stores(case, tmp_path):
     if case == "softmax_bf16":
         report = explain(softmax, torch.randn(64, 4096, dtype=torch.bfloat16))
+    elif case == "layer_norm_999_bf16":  # peeled rows
+        x, w, b = torch.randn(8, 999, dtype=torch.bfloat16), torch.randn(999, dtype=torch.bfloat16), \
+            torch.randn(999, dtype=torch.bfloat16)
+        report = explain(lambda x, w, b: F.layer_norm(x, (999,), w, b), x, w, b)
     elif case == "relu_add_f32":
         report = explain(relu_add, torch.randn(1 << 12), torch.randn(1 << 12))
     else:
@@ -311,7 +357,7 @@ def test_vector_and_scalar_forms_match_eager_on_the_gpu(dtype):
         return torch.softmax(x * w, -1) + x.float().square().mean(-1, keepdim=True).to(x.dtype)
     options = {"gpu_backend": "cuda"}
     # multiples of 8 and 4 (one iteration covers the row), of 8 too long for that, then of
-    # neither (the scalar form)
+    # neither (16-bit rows: peeled; the shifted views too)
     for width in (4096, 4104, 4100, 20480, 8, 7):
         base = torch.randn(33, width + 1, dtype=dtype, device="cuda")
         w = torch.randn(width, dtype=dtype, device="cuda")
@@ -323,6 +369,33 @@ def test_vector_and_scalar_forms_match_eager_on_the_gpu(dtype):
     x = torch.randn(1 << 20, device="cuda", dtype=dtype)
     check(relu_add, x, x.flip(0), options=options)
     check(relu_add, x[1:], x[:-1], options=options)  # misaligned: the scalar loop
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="runs CUDA kernels: EMBER_TEST_DEVICE=cuda on a GPU machine")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_peeled_rows_match_eager_on_the_gpu(dtype):
+    """Rows whose groups start where each row is aligned: a head and a tail of single elements
+    around them, kept in registers with the groups where a block covers the row (999, 2051),
+    read again where it does not (20483, 50257), in row groups of a few lanes (33-130, the
+    shortest peeled), rows too short to peel (1-17); views starting mid-vector."""
+    def rows(x, w, b):
+        return torch.softmax(x, -1), F.layer_norm(x, (x.shape[-1],), w, b), x.float().square().sum(-1)
+
+    def loss(x, t):
+        return F.cross_entropy(x, t), F.cross_entropy(x.float(), t, reduction="none")
+
+    options = {"gpu_backend": "cuda"}
+    for width in (1, 5, 9, 15, 17, 33, 65, 71, 130, 999, 2051, 20483):
+        base = torch.randn(37 * width + 3, dtype=dtype, device="cuda")
+        w, b = torch.randn(width, dtype=dtype, device="cuda"), torch.randn(width, dtype=dtype, device="cuda")
+        for shift in (0, 1, 3):
+            x = base[shift:shift + 37 * width].view(37, width)
+            t = torch.randint(0, width, (37,), device="cuda")
+            check(rows, x, w, b, options=options)
+            check(loss, x, t, options=options)
+        check(rows, x, w, b, options=options, dynamic=True)
+    x = torch.randn(64, 50257, dtype=dtype, device="cuda")
+    check(loss, x, torch.randint(0, 50257, (64,), device="cuda"), options=options)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="runs CUDA kernels: EMBER_TEST_DEVICE=cuda on a GPU machine")

@@ -120,6 +120,17 @@ def test_online_softmax_reads_rows_once():
     check(lambda a, t: F.cross_entropy(a, t), logits, target, options=LOOPED)
 
 
+def test_online_sums_sharing_a_max_each_accumulate():
+    """A softmax and a logsumexp of one x: two sums (logsumexp's guard subtracts 0 for an
+    infinite max) against one running max. The second sum used to stay 0 (logsumexp -inf)."""
+    x = torch.randn(6, 70)
+    x[2, 3] = float("inf")
+    x[4] = float("-inf")
+    report = check(lambda x: (torch.softmax(x, -1), torch.logsumexp(x, -1)), x, options=LOOPED)
+    src = report.kernels[0].source
+    assert src.count("m_new = eh.maximum") == 1 and len(re.findall(r"row_sumv\d+ = row_sumv\d+ \*", src)) == 2
+
+
 @pytest.mark.parametrize("options", [TRITON, LOOPED], ids=["persistent", "looped"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reductions_of_loads_take_the_neutral_from_the_load(options, dtype):

@@ -49,6 +49,10 @@ def test_heuristic_matches_what_full_tuning_chose_on_an_h200():
     # rows read twice and written (a log-softmax backward that sums its rows): four rows per program
     assert first("rows", 8192, 32000, ROWS_WRITTEN) == dict(XBLOCK=4, RBLOCK=512, num_warps=8, PERSISTENT=False,
                                                             num_stages=2)
+    # a softmax over many wide rows (its max and sum in one loop, then its store loop): a row
+    # per program in 8192-wide chunks, 16 warps (H100, 2048 x 50257 and 8192 x 32000 bf16)
+    assert first("rows", 2048, 50257, tc.KernelHints(itemsize=2, writes_rows=True, online=True)) == dict(
+        XBLOCK=1, RBLOCK=8192, num_warps=16, PERSISTENT=False, num_stages=1)
     # its loss: one full reduction over 8192 rows
     assert first("full", 1, 8192, tc.KernelHints()) == dict(XBLOCK=1, RBLOCK=2048, num_warps=8,
                                                             PERSISTENT=False, num_stages=1)
@@ -273,9 +277,9 @@ def test_hints_read_from_the_kernel_ir(kernels_of):
     (k,) = kernels_of(rmsnorm, x, torch.randn(64, dtype=torch.bfloat16))
     assert tc.hints_of(k) == tc.KernelHints(itemsize=2, columns=False, writes_rows=True)
     (k,) = kernels_of(lambda a: torch.logsumexp(a, -1), torch.randn(8, 64))
-    assert tc.hints_of(k) == tc.KernelHints(itemsize=4)
+    assert tc.hints_of(k) == tc.KernelHints(itemsize=4, online=True)  # its max and sum may take one loop
     (k,) = kernels_of(lambda a, t: F.cross_entropy(a, t), torch.randn(8, 10), torch.randint(0, 10, (8,)))
-    assert tc.hints_of(k) == tc.KernelHints(itemsize=4, over_rows=True)  # its mean: over all rows
+    assert tc.hints_of(k) == tc.KernelHints(itemsize=4, over_rows=True, online=True)  # its mean: over all rows
     (k,) = kernels_of(lambda g, a: (g * a).sum(0), torch.randn(64, 8), torch.randn(64, 8))
     assert tc.hints_of(k).columns
     # a weight gradient reads per-row statistics too (contiguous in the reduced dim, the same for

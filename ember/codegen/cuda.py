@@ -14,15 +14,17 @@ intrinsics differ. The kernel IR's domains map to the GPU like codegen/triton.py
   per lane, its warps split the inner domain and combine per lane through shared memory;
 * full reductions (no outer domain): with one loop of float/bool reductions, a grid of blocks
   strides over the inner domain and writes per-block partials to a float64 workspace; the last
-  block to finish (an atomic counter) combines them and runs the epilogue. Anything else runs as
-  one block that does every loop.
+  block to finish (an atomic counter) combines them and runs the epilogue (cuda_combine.py).
+  Anything else runs as one block that does every loop.
 
 Every strided loop gives each thread EMBER_UNROLL elements per iteration, each behind its own
 bounds check, so the loads are predicated and in flight together. Where a loop's accesses step
 by one element along its fastest dimension, it also has a vector form (cuda_vectors.py): groups
 of consecutive elements, an access a 16-byte load or store per group, taken where the kernel
-finds every group aligned; row kernels whose loops read a row alike keep the first loop's groups
-in registers for the others when a block's one iteration covers the row. Each kernel's body is a device
+finds every group aligned (rows of a length that is no multiple of the group peel a head and a
+tail off each row); row kernels whose loops read a row alike keep the first loop's groups
+in registers for the others when a block's one iteration covers the row, and rows too long for
+that take a softmax's max and sum in one loop (cuda_online.py). Each kernel's body is a device
 function template over its index type ``I``; two ``extern "C"``
 entry points instantiate it: ``<name>`` with 32-bit unsigned flat indices (launched when
 outer * inner < 2^31) and ``<name>_i64`` with 64-bit ones. A compile builds one of them:
@@ -44,7 +46,9 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.ops import Op
 from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, outer_var
+from . import cuda_online
 from .cstyle import BodyRenderer, Language, acc_init, acc_type, device_size_lines, index_expr
+from .cuda_combine import COMBINE, combine_blocks, combine_rows
 from .cuda_plan import (  # noqa: F401 (cuda.launch_meta: the backend's name for it)
     kernel_row_forms,
     launch_meta,
@@ -92,9 +96,6 @@ CUDA = Language(
     search_hints=False,        # a thread handles too few elements for a hint to help
 )
 
-COMBINE = {Op.SUM: "EmberSumOp", Op.PROD: "EmberProdOp", Op.AMAX: "EmberMaxOp", Op.AMIN: "EmberMinOp",
-           Op.ARGMAX: "EmberArgMaxOp", Op.ARGMIN: "EmberArgMinOp", Op.ANY: "EmberAnyOp", Op.ALL: "EmberAllOp"}
-
 _STRATEGY = {
     "pointwise": "pointwise -- a grid-stride loop over the flattened outer domain, "
                  f"{UNROLL} elements per thread per iteration",
@@ -131,6 +132,14 @@ class CudaKernelRenderer:
         self.flag_tests = forms.flag_tests
         self.row_width = next(iter(self.plans.values())).width if self.plans else 0  # one width, when kept
         self.cached = {key: f"ember_cache{i}" for i, key in enumerate(self.first_loop)}
+        # a peeled row's head and tail elements kept too, where the first loop reading them peels
+        self.tails = {key: f"ember_tail{i}" for i, key in enumerate(self.first_loop)
+                      if self.plans[self.first_loop[key]].peel_from}
+        # online softmax (cuda_online.py): sum -> the max it accumulates with, in the max's loop
+        self.online = cuda_online.row_pairs(kernel, self.strategy, vector_width(kernel, forms),
+                                            bool(self.first_loop), self.row_groups)
+        self.maxima: list[tuple[Value, list[Value]]] = []  # the loop being rendered's online maxima, their sums
+        self.in_group = False  # rendering a vector group's element loop
         self.loop = 0  # the inner loop being rendered
 
     def emit(self, line: str) -> None:
@@ -253,9 +262,16 @@ class CudaKernelRenderer:
         """The loop over groups of ``plan.width`` consecutive elements: the plan's loads of a group
         at once, its elements' statements (reading and writing vector elements), its stores at once."""
         width = plan.width
-        self.emit(f"const I {flat}_groups = {count} / {width};  // {count} is a multiple of {width} here")
+        if plan.peel_from:
+            self.emit("// groups where the row is aligned: its first elements up to one (its head) and those after")
+            self.emit("// the last whole group (its tail) go an element at a time, after the groups")
+            self.emit(f"const I {flat}_head_at = (I)(({width} - ({plan.peel_from}) % {width}) % {width});")
+            self.emit(f"const I {flat}_head = {flat}_head_at < {count} ? {flat}_head_at : {count};")
+            self.emit(f"const I {flat}_groups = ({count} - {flat}_head) / {width};")
+        else:
+            self.emit(f"const I {flat}_groups = {count} / {width};  // {count} is a multiple of {width} here")
         self._unrolled(f"{flat}_group", f"{flat}_groups", start, spacing, stride, what, f"groups of {width} elements")
-        self.emit(f"const I {flat}_first = {flat}_group * {width};")
+        self.emit(f"const I {flat}_first = {f'{flat}_head + ' if plan.peel_from else ''}{flat}_group * {width};")
         first = [sympy.Symbol(f"{var(i).name}_g", integer=True, nonnegative=True) for i in range(len(extents))]
         self._decompose(f"{flat}_first", extents, lambda i: first[i])
         at_first = {var(i): first[i] for i in range(len(extents))}
@@ -280,23 +296,57 @@ class CudaKernelRenderer:
         for v in self.k.chunk_stores:
             if id(v) in self.kept and v.loop == self.loop:  # (this form runs under ember_cached)
                 self.body.kept_partials[id(v)] = f"{self.kept[id(v)]}[ember_u][ember_k]"
+        for m, _ in self.maxima:
+            self.emit(f"float {cuda_online.group_slot(m, self)}[{width}];  // the group's x, for online softmax")
         self.emit("#pragma unroll")
         self.open(f"for (int ember_k = 0; ember_k < {width}; ++ember_k) {{")
         declared = len(self.lines)
         for i in range(len(extents)):
             self.emit(f"const int64_t {var(i).name} = {first[i].name}{' + ember_k' if i == len(extents) - 1 else ''};")
+        self.in_group = True
         body()
+        self.in_group = False
         used = "\n".join(self.lines[declared + len(extents):])  # vector elements need no position
         self.lines[declared:declared + len(extents)] = [
             line for i, line in zip(range(len(extents)), self.lines[declared:])
             if re.search(rf"\b{var(i).name}\b", used)]
         self.close()
+        for m, sums in self.maxima:
+            cuda_online.group_update(self, m, sums, width)
         for v in plan.values:
             if v.kind == "store":
                 ctype = CUDA.storage[self.body.buffer_dtype[v.arg.buffer]]
                 self.emit(f"ember_store_vec<{ctype}, {width}>({where[id(v)]}, {self.body.name(v)}_vec);")
         self.body.vector_access.clear()
         self.body.kept_partials.clear()
+        self.close(3)
+        if plan.peel_from:
+            self._head_and_tail(flat, count, start, spacing, stride, plan, extents, var, body)
+
+    def _head_and_tail(self, flat: str, count: str, start: str, spacing: str, stride: str, plan: VectorPlan,
+                       extents: tuple[sympy.Expr, ...], var: Callable[[int], sympy.Symbol],
+                       body: Callable[[], None]) -> None:
+        """A peeled loop's elements outside its whole groups, an element at a time: the threads
+        stride over them as over a row. Where the row is kept in registers, so are they."""
+        rest = f"{flat}_rest"
+        self.emit(f"const I {rest} = {count} - {flat}_groups * {plan.width};  // the head and the tail")
+        self._unrolled(f"{rest}_at", rest, start, spacing, stride, "the head and the tail")
+        self.emit(f"const I {flat} = {rest}_at < {flat}_head ? {rest}_at : {rest}_at + {flat}_groups * {plan.width};")
+        self._decompose(flat, extents, var)
+        for v in plan.values:
+            key = (v.arg.buffer, str(v.arg.index))
+            if v.kind != "load" or key not in self.tails:
+                continue
+            ctype, name = CUDA.storage[self.body.buffer_dtype[v.arg.buffer]], f"{self.body.name(v)}_e"
+            load = f"{v.arg.buffer}[{index_expr(sympy.sympify(v.arg.index))}]"
+            if self.first_loop[key] == self.loop:
+                self.emit(f"const {ctype} {name} = {load};")
+                self.emit(f"if (ember_cached) {self.tails[key]}[ember_u] = {name};")
+            else:
+                self.emit(f"const {ctype} {name} = ember_cached ? {self.tails[key]}[ember_u] : {load};")
+            self.body.vector_access[id(v)] = name
+        body()
+        self.body.vector_access.clear()
         self.close(3)
 
     def _pointwise(self) -> None:
@@ -325,6 +375,8 @@ class CudaKernelRenderer:
             self.emit("// every loop in groups, one iteration per thread (its block covers a row): the first loop")
             self.emit("// reading a group keeps it in registers for the later loops, and the row is read once;")
             self.emit("// the thread's share of the run's partial sums stays in registers too")
+            if self.tails:  # (a head and a tail hold up to two groups less one element each)
+                tests = (*tests, f"(I)blockDim.x * EMBER_UNROLL >= {2 * self.row_width - 2}")
             self.emit(f"const bool ember_cached = (I)blockDim.x * EMBER_UNROLL * {self.row_width} >= ember_inner"
                       f"{''.join(f' && {t}' for t in tests)};")
         if self.strategy == "rows":
@@ -341,6 +393,8 @@ class CudaKernelRenderer:
             for (buffer, _), name in self.cached.items():
                 self.emit(f"EmberVec<{CUDA.storage[self.body.buffer_dtype[buffer]]}, {self.row_width}> "
                           f"{name}[EMBER_UNROLL];")
+            for (buffer, _), name in self.tails.items():
+                self.emit(f"{CUDA.storage[self.body.buffer_dtype[buffer]]} {name}[EMBER_UNROLL];")
         else:
             self.emit("const unsigned ember_lane = threadIdx.x & 31u, ember_warp = threadIdx.x >> 5;")
             self.emit("const unsigned ember_warps = blockDim.x >> 5;")
@@ -356,41 +410,7 @@ class CudaKernelRenderer:
         if self.kept:
             self._store_kept_partials()
         if self.k.row_reductions:
-            self._combine_rows()
-
-    def _combine_rows(self) -> None:
-        """Each block's share of the reductions over all rows (every thread holds it) to the
-        workspace; the last block to finish combines them and computes (and thread 0 stores) what
-        comes after all rows."""
-        k = self.k
-        first = "threadIdx.x == 0"
-        if self.row_groups:
-            self._combine_groups(k.row_reductions)
-            first = "threadIdx.x == 0 && threadIdx.y == 0"
-        self._last_block_combines(k.row_reductions, first)
-        inputs, after = k.after_rows()
-        self._statements(inputs + [v for v in after if v.kind != "store"])
-        self.open(f"if ({first}) {{")
-        self._statements([v for v in after if v.kind == "store"])
-        self.emit("*counter = 0;  // ready for the next launch")
-        self.close(2)
-
-    def _combine_groups(self, values: list[Value]) -> None:
-        """A block of row groups (short rows): each group holds its own rows' share of ``values``;
-        every thread gets the block's, combined in group order through shared memory."""
-        acc = self.body.acc_names
-        self.open("if (blockDim.y > 1) {  // row groups: each holds its rows' share, combined in group order")
-        self.open("if (threadIdx.x == 0) {")
-        for i, v in enumerate(values):
-            self.emit(f"ember_groups{i}[threadIdx.y] = {acc[id(v)]};")
-        self.close()
-        self.emit("__syncthreads();")
-        for i, v in enumerate(values):
-            self.emit(f"{acc[id(v)]} = ember_groups{i}[0];")
-        self.open("for (unsigned ember_y = 1; ember_y < blockDim.y; ++ember_y) {")
-        for i, v in enumerate(values):
-            self.emit(f"{acc[id(v)]} = {COMBINE[v.arg.op]}()({acc[id(v)]}, ember_groups{i}[ember_y]);")
-        self.close(2)
+            combine_rows(self)
 
     def _chunk_rows(self) -> None:
         """Block c walks run c of the rows, its threads adding each row into the run's partial
@@ -446,9 +466,9 @@ class CudaKernelRenderer:
         outer_values = [v for v in k.values if not v.inner and v.kind != "reduce"]
         for stage in range(k.n_loops + 1):
             if stage > 0:
-                reductions = [v for v in k.reductions if v.loop == stage]
+                reductions = [v for v in k.reductions if v.loop == stage and v not in self.online]
                 if self.strategy == "full":
-                    self._combine_blocks(reductions)  # opens `if (ember_last) {`
+                    combine_blocks(self, reductions)  # opens `if (ember_last) {`
                 else:
                     self._block_reduce(reductions)
             self._outer(stage, [v for v in outer_values if v.stage == stage])
@@ -479,11 +499,16 @@ class CudaKernelRenderer:
     def _inner_loop(self, loop: int) -> None:
         k = self.k
         self.loop = loop
-        reductions = [v for v in k.reductions if v.loop == loop]
+        reductions = [v for v in k.reductions if v.loop == loop and v not in self.online]
         stores = [v for v in k.values if v.kind == "store" and v.inner and v.loop == loop]
-        for v in reductions:
+        if not reductions and not stores:
+            return  # its only work, an online softmax sum, moved into the loop before
+        self.maxima = [(m, self._online_sums(m)) for m in reductions if self._online_sums(m)]
+        for v in reductions + [s for _, sums in self.maxima for s in sums]:
             self.emit(self.body.reduce_decl(v))
-        what = f"loop {loop}: {', '.join(v.arg.op.value for v in reductions) or 'store'}"
+        online = {id(m): sums for m, sums in self.maxima}
+        what = f"loop {loop}: {', '.join(v.arg.op.value for v in reductions) or 'store'}" + (
+            " and its online softmax sum" if self.maxima else "")
         if self.strategy == "full":
             loop_args = (_GRID_START, "blockDim.x", _GRID_STRIDE, f"{what} -- the grid strides over the inner domain")
         elif self.strategy == "columns":
@@ -496,7 +521,12 @@ class CudaKernelRenderer:
         def body() -> None:
             self._statements(k.loop_values(loop))
             for v in reductions:
-                self.emit(self.body.reduce_update(v))
+                if id(v) not in online:
+                    self.emit(self.body.reduce_update(v))
+                elif self.in_group:
+                    cuda_online.group_element(self, v)
+                else:
+                    cuda_online.element_update(self, v, online[id(v)])
             if stores and self.strategy == "columns":
                 self.open("if (ember_active) {")
                 self._statements(stores)
@@ -506,6 +536,11 @@ class CudaKernelRenderer:
 
         plan = self.plans.get(loop) if self.strategy == "rows" else vector_plan(k, loop)
         self._strided("ember_r", "ember_inner", *loop_args, plan, k.inner, inner_var, body)
+        self.maxima = []
+
+    def _online_sums(self, m: Value) -> list[Value]:
+        """The online softmax sums accumulated with the max ``m`` (none: ``m`` is a plain max)."""
+        return [s for s, partner in self.online.items() if partner is m]
 
     def _reduce_line(self, v: Value) -> str:
         acc = self.body.acc_names[id(v)]
@@ -520,42 +555,11 @@ class CudaKernelRenderer:
         what = "the warps' partials of each row" if self.strategy == "columns" else "the threads' partials"
         self.emit(f"// combine {what}; every thread gets the results")
         for v in reductions:
+            if self._online_sums(v):
+                cuda_online.combine_threads(self, v, self._online_sums(v), self._reduce_line)
+                continue
             self.emit(self._reduce_line(v))
             self.emit(self.body.reduce_result(v))
-
-    def _combine_blocks(self, reductions: list[Value]) -> None:
-        """Block partials to the workspace; the last block to finish combines them and goes on
-        with the epilogue."""
-        self.emit("// this block's partials go to the workspace; the last block to finish combines them")
-        for v in reductions:
-            self.emit(self._reduce_line(v))
-        self._last_block_combines(reductions)
-
-    def _last_block_combines(self, values: list[Value], first: str = "threadIdx.x == 0") -> None:
-        """The ``first`` thread writes the accumulators of ``values`` (this block's partials) to the
-        workspace; opens ``if (ember_last) {``, in which the last block to finish strides over
-        every block's partials and reduces them across the block (each row group of it, where
-        it has groups), so every thread holds the totals."""
-        acc = self.body.acc_names
-        self.open(f"if ({first}) {{")
-        for i, v in enumerate(values):
-            self.emit(f"workspace[{i} * EMBER_MAX_BLOCKS + blockIdx.x] = (double){acc[id(v)]};")
-        self.emit("__threadfence();  // the partials are visible to every block before the count says so")
-        self.emit("ember_last = atomicAdd(counter, 1) == (int)gridDim.x - 1;")
-        self.close()
-        self.emit("__syncthreads();")
-        self.open("if (ember_last) {")
-        if values:
-            self.emit("__threadfence();")
-            for v in values:
-                self.emit(f"{acc[id(v)]} = {acc_init(CUDA, v)};")
-            self.open("for (unsigned ember_b = threadIdx.x; ember_b < gridDim.x; ember_b += blockDim.x) {")
-            for i, v in enumerate(values):
-                part = f"({acc_type(CUDA, v)})__ldcg(&workspace[{i} * EMBER_MAX_BLOCKS + ember_b])"
-                self.emit(f"{acc[id(v)]} = {COMBINE[v.arg.op]}()({acc[id(v)]}, {part});")
-            self.close()
-            self._block_reduce(values)
-
 
 def _as_index(e: sympy.Expr) -> str:
     """A size expression converted to the flat index type ``I``."""

@@ -78,7 +78,7 @@ def vector_plan(kernel: Kernel, loop: int) -> VectorPlan | None:
     if kind == "columns" or loop == 0:
         return None
     stores = [v for v in kernel.values if v.kind == "store" and v.inner and v.loop == loop]
-    return plan_loop(kernel, kernel.loop_values(loop) + stores, kernel.inner, inner=True)
+    return plan_loop(kernel, kernel.loop_values(loop) + stores, kernel.inner, inner=True, peel=kind == "rows")
 
 
 def kernel_row_forms(kernel: Kernel) -> RowForms:

@@ -35,6 +35,7 @@ from ..schedule.kernel_ir import (
     outer_var,
 )
 from .layout import tile_counts, transposed_accesses, varies
+from .online_softmax import guards_infinities, online_softmax_pairs
 from .wrapper import pexpr
 
 
@@ -591,11 +592,12 @@ class TritonKernelRenderer:
             if not reductions and not stores:
                 continue  # its only work moved into the previous loop (online softmax)
             partners = [s for s, m in online.items() if m in reductions]
-            for v in partners:  # a running (max, sum) per row, not per lane
+            for m in dict.fromkeys(online[v] for v in partners):  # a running max per row, not per lane
                 # (kept as [XBLOCK] vectors, expanded only against the chunk: a [XBLOCK, 1] value
                 # is held, and computed, once per element of the chunk a thread holds)
                 # (through eh.opaque: a constant start trips a Triton 3.6 compile crash, see there)
-                self.emit(f"row_max{self.name(online[v])} = eh.opaque(tl.full([XBLOCK], float('-inf'), tl.float32))")
+                self.emit(f"row_max{self.name(m)} = eh.opaque(tl.full([XBLOCK], float('-inf'), tl.float32))")
+            for v in partners:  # and a running sum each (a softmax and a logsumexp may share a max)
                 self.emit(f"row_sum{self.name(v)} = tl.full([XBLOCK], 0, tl.float32)")
             for v in reductions:
                 if any(online[p] is v for p in partners):
@@ -617,18 +619,20 @@ class TritonKernelRenderer:
             for v in reductions:
                 acc = f"acc{self.name(v)}"
                 fn = combine_fn(v.arg.op, v.srcs[0].dtype)
-                partner = next((s for s in partners if online[s] is v), None)
-                if partner is not None:
-                    # the row's max so far, and its sum of exp rescaled whenever the max grows:
-                    # one pass over the row instead of two, one exp per element
-                    m, s_ = f"row_max{self.name(v)}", f"row_sum{self.name(partner)}"
+                sums = [s for s in partners if online[s] is v]
+                if sums:
+                    # the row's max so far, and its sums of exp rescaled whenever the max grows:
+                    # one pass over the row instead of two, one exp per element and sum
+                    m = f"row_max{self.name(v)}"
                     x = self._masked(v)
                     self.emit(f"chunk = {x}")
                     self.emit(f"m_new = eh.maximum({m}, tl.reduce(chunk, 1, eh.maximum))")
-                    # exp(x - max) with the max taken as 0 while the row is all -inf so far (then
-                    # every term is exp(-inf) = 0), as the graph's guard has it: a select per row
-                    self.emit(f"m_use = {max_in_use(partner, 'm_new')}")
-                    self.emit(f"{s_} = {s_} * tl.exp({m} - m_use) + tl.sum(eh.exp_ftz(chunk - m_use[:, None]), 1)")
+                    for partner in sums:
+                        # exp(x - max) with the max taken as 0 while the row is all -inf so far (then
+                        # every term is exp(-inf) = 0), as the graph's guard has it: a select per row
+                        s_ = f"row_sum{self.name(partner)}"
+                        self.emit(f"m_use = {max_in_use(partner, 'm_new')}")
+                        self.emit(f"{s_} = {s_} * tl.exp({m} - m_use) + tl.sum(eh.exp_ftz(chunk - m_use[:, None]), 1)")
                     self.emit(f"{m} = m_new")
                 elif v.arg.op in (Op.ARGMAX, Op.ARGMIN):
                     self.emit(f"{acc}, {acc}_i = {fn}({acc}, {acc}_i, {self._masked(v)}, {self._position(v)})")
@@ -771,50 +775,11 @@ class TritonKernelRenderer:
         self.depth -= 1
 
 
-def _exp_of_difference(s: Value) -> Value | None:
-    """The x - m of a sum(exp(x - m)), else None."""
-    e = s.srcs[0]
-    if e.kind == "alu" and e.arg is Op.CAST and e.srcs[0].dtype.is_float:
-        e = e.srcs[0]
-    if e.kind == "alu" and e.arg is Op.EXP and e.srcs[0].kind == "alu" and e.srcs[0].arg is Op.SUB:
-        return e.srcs[0]
-    return None
-
-
-def _inf_guarded(m: Value) -> Value | None:
-    """The max behind logsumexp's guard, where(|max| == inf, 0, max); else None."""
-    if not (m.kind == "alu" and m.arg is Op.WHERE):
-        return None
-    cond, zero, mx = m.srcs
-    if not (zero.kind == "const" and zero.arg == 0 and cond.kind == "alu" and cond.arg is Op.EQ):
-        return None
-    a, b = cond.srcs
-    if a.kind == "alu" and a.arg is Op.ABS and a.srcs[0] is mx and b.kind == "const" and b.arg == math.inf:
-        return mx
-    return None
-
-
-def online_softmax_pairs(kernel: Kernel) -> dict[Value, Value]:
-    """sum(exp(x - m)) reductions whose m is an amax of the same x in the loop before (or
-    logsumexp's guarded where(|amax| == inf, 0, amax)): the two can accumulate together in one
-    pass over x (online softmax)."""
-    pairs: dict[Value, Value] = {}
-    for s in kernel.reductions:
-        if s.arg.op is not Op.SUM or not s.srcs[0].dtype.is_float or _exp_of_difference(s) is None:
-            continue
-        x, m = _exp_of_difference(s).srcs
-        m = _inf_guarded(m) or m
-        is_max_of_x = m.kind == "reduce" and m.arg.op is Op.AMAX and m.srcs[0] is x
-        if is_max_of_x and m.loop == s.loop - 1 and dt.compute_dtype(x.dtype) == dt.float32:
-            pairs[s] = m
-    return pairs
-
-
 def max_in_use(s: Value, m: str) -> str:
     """The max an online softmax sum ``s`` subtracts, given the running max ``m``: as the graph
     has it, 0 where the max is -inf (every term so far is exp(-inf) = 0) and, behind logsumexp's
     guard, where it is +inf too; else the max itself."""
-    if _inf_guarded(_exp_of_difference(s).srcs[1]) is not None:
+    if guards_infinities(s):
         return f"tl.where(tl.abs({m}) == float('inf'), 0.0, {m})"
     return f"tl.where({m} == float('-inf'), 0.0, {m})"
 

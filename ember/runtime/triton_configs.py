@@ -27,6 +27,7 @@ from typing import Any
 
 import sympy
 
+from ..codegen.online_softmax import online_softmax_pairs
 from ..schedule.kernel_ir import Kernel, indirect_var, inner_var, is_indirect_var
 
 MAX_PERSISTENT = 32768    # widest row any candidate keeps whole in registers (elements)
@@ -50,6 +51,7 @@ class KernelHints:
     splittable: bool = False          # its rows may split over programs (codegen's split_rows)
     segments: bool = False            # its rows are a ragged tensor's (lengths read from offsets)
     over_rows: bool = False           # reduces over all rows too (a loss's mean): programs combine
+    online: bool = False              # a softmax's max and sum in one loop (codegen/online_softmax.py)
 
 
 def hints_of(kernel: Kernel) -> KernelHints:
@@ -91,7 +93,7 @@ def _hints_of(kernel: Kernel) -> KernelHints:
                        reads_rows=any(v.inner for v in kernel.values if v.kind == "load"),
                        accumulates=any(getattr(v.arg, "accumulate", False) for v in stores),
                        reduces=bool(kernel.reductions), segments=kernel.segment_length is not None,
-                       over_rows=bool(kernel.row_reductions))
+                       over_rows=bool(kernel.row_reductions), online=bool(online_softmax_pairs(kernel)))
 
 
 @functools.cache
@@ -226,6 +228,12 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         # tiles below: 8 x 128256 194.4 -> 27.0, 64 x 128256 206.4 -> 27.4, 256 x 32000 53.9 ->
         # 12.0; bench/launch_sweep.py --case softmax_vocab_8)
         return [_config(1, min(width, 8192), 16, stages=2), safe]
+    if hints.writes_rows and hints.online:
+        # a softmax over many wide rows: its max and sum in one loop, then its store loop; a row
+        # per program in 8192-wide chunks, 16 warps, as for few rows above (H100, bf16, kernel
+        # us: 2048 x 50257 427 -> 257, Inductor 312; 8192 x 32000 570 -> 468, Inductor 579;
+        # 4096-wide chunks and 8 warps 279 and 529; bench/launch_sweep.py --case softmax_50257)
+        return [_config(1, min(width, 8192), 16), safe]
     if hints.writes_rows:
         # wide rows read twice and written (a log-softmax backward): 4 rows per program in
         # 512-wide chunks, 8 warps (300 us against 357 for one warp per row, 8192 x 32000 bf16)

@@ -1,0 +1,89 @@
+"""Reductions across the blocks of a CUDA C++ kernel: a full reduction's blocks, and a row
+kernel's reductions over all its rows (a loss's mean). Each block writes its partials to a float64
+workspace and counts itself done on a counter; the last block to finish combines every block's
+partials and runs what comes after (codegen/cuda.py renders the rest of the kernel)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..ir.ops import Op
+from ..schedule.kernel_ir import Value
+from .cstyle import acc_init, acc_type
+
+if TYPE_CHECKING:
+    from .cuda import CudaKernelRenderer
+
+COMBINE = {Op.SUM: "EmberSumOp", Op.PROD: "EmberProdOp", Op.AMAX: "EmberMaxOp", Op.AMIN: "EmberMinOp",
+           Op.ARGMAX: "EmberArgMaxOp", Op.ARGMIN: "EmberArgMinOp", Op.ANY: "EmberAnyOp", Op.ALL: "EmberAllOp"}
+
+
+def combine_rows(r: CudaKernelRenderer) -> None:
+    """Each block's share of the reductions over all rows (every thread holds it) to the
+    workspace; the last block to finish combines them and computes (and thread 0 stores) what
+    comes after all rows."""
+    k = r.k
+    first = "threadIdx.x == 0"
+    if r.row_groups:
+        _combine_groups(r, k.row_reductions)
+        first = "threadIdx.x == 0 && threadIdx.y == 0"
+    _last_block_combines(r, k.row_reductions, first)
+    inputs, after = k.after_rows()
+    r._statements(inputs + [v for v in after if v.kind != "store"])
+    r.open(f"if ({first}) {{")
+    r._statements([v for v in after if v.kind == "store"])
+    r.emit("*counter = 0;  // ready for the next launch")
+    r.close(2)
+
+
+def _combine_groups(r: CudaKernelRenderer, values: list[Value]) -> None:
+    """A block of row groups (short rows): each group holds its own rows' share of ``values``;
+    every thread gets the block's, combined in group order through shared memory."""
+    acc = r.body.acc_names
+    r.open("if (blockDim.y > 1) {  // row groups: each holds its rows' share, combined in group order")
+    r.open("if (threadIdx.x == 0) {")
+    for i, v in enumerate(values):
+        r.emit(f"ember_groups{i}[threadIdx.y] = {acc[id(v)]};")
+    r.close()
+    r.emit("__syncthreads();")
+    for i, v in enumerate(values):
+        r.emit(f"{acc[id(v)]} = ember_groups{i}[0];")
+    r.open("for (unsigned ember_y = 1; ember_y < blockDim.y; ++ember_y) {")
+    for i, v in enumerate(values):
+        r.emit(f"{acc[id(v)]} = {COMBINE[v.arg.op]}()({acc[id(v)]}, ember_groups{i}[ember_y]);")
+    r.close(2)
+
+
+def combine_blocks(r: CudaKernelRenderer, reductions: list[Value]) -> None:
+    """Block partials to the workspace; the last block to finish combines them and goes on
+    with the epilogue."""
+    r.emit("// this block's partials go to the workspace; the last block to finish combines them")
+    for v in reductions:
+        r.emit(r._reduce_line(v))
+    _last_block_combines(r, reductions)
+
+
+def _last_block_combines(r: CudaKernelRenderer, values: list[Value], first: str = "threadIdx.x == 0") -> None:
+    """The ``first`` thread writes the accumulators of ``values`` (this block's partials) to the
+    workspace; opens ``if (ember_last) {``, in which the last block to finish strides over
+    every block's partials and reduces them across the block (each row group of it, where
+    it has groups), so every thread holds the totals."""
+    acc = r.body.acc_names
+    r.open(f"if ({first}) {{")
+    for i, v in enumerate(values):
+        r.emit(f"workspace[{i} * EMBER_MAX_BLOCKS + blockIdx.x] = (double){acc[id(v)]};")
+    r.emit("__threadfence();  // the partials are visible to every block before the count says so")
+    r.emit("ember_last = atomicAdd(counter, 1) == (int)gridDim.x - 1;")
+    r.close()
+    r.emit("__syncthreads();")
+    r.open("if (ember_last) {")
+    if values:
+        r.emit("__threadfence();")
+        for v in values:
+            r.emit(f"{acc[id(v)]} = {acc_init(r.body.lang, v)};")
+        r.open("for (unsigned ember_b = threadIdx.x; ember_b < gridDim.x; ember_b += blockDim.x) {")
+        for i, v in enumerate(values):
+            part = f"({acc_type(r.body.lang, v)})__ldcg(&workspace[{i} * EMBER_MAX_BLOCKS + ember_b])"
+            r.emit(f"{acc[id(v)]} = {COMBINE[v.arg.op]}()({acc[id(v)]}, {part});")
+        r.close()
+        r._block_reduce(values)
