@@ -45,6 +45,8 @@ VARIANTS = [
     ("auto", {}),
     ("rc132", {"row_chunks": 132}),
     ("rc528", {"row_chunks": 528}),
+    ("rc1056", {"row_chunks": 1056}),
+    ("rc2112", {"row_chunks": 2112}),
     ("rc264 w16", {"row_chunks": 264, "triton_launch": {"num_warps": 16, "only": ONLY}}),
     ("rc264 x2 w16", {"row_chunks": 264, "triton_launch": {"XBLOCK": 2, "num_warps": 16, "only": ONLY}}),
     ("rc264 w4", {"row_chunks": 264, "triton_launch": {"num_warps": 4, "only": ONLY}}),
