@@ -213,6 +213,8 @@ def test_chunked_cuda_kernels_compile_for_sm90(tmp_path):
                                    options={"row_chunks": 4})
         chunked = [k for k in report.kernels if "ember_chunk" in k.source]
         assert chunked and all("// strategy: rows" in k.source for k in chunked)
-        assert all("gridDim.x" not in k.source.split("ember_per")[1].split("ember_end")[0] for k in chunked)
+        # block c takes rows c, c + chunks, ... (the grid is a block per run)
+        assert all("for (I ember_row = blockIdx.x; ember_row < ember_rows; ember_row += gridDim.x) {" in k.source
+                   and "const int64_t ember_chunk = (int64_t)blockIdx.x;" in k.source for k in chunked)
         kernels += sources(report, f"chunk{i}")
     compile_batches(kernels, tmp_path, per_file=len(kernels))
