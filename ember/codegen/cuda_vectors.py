@@ -71,7 +71,7 @@ def plan_loop(kernel: Kernel, values: list[Value], extents: tuple[sympy.Expr, ..
     at its start (rows of 999 or 50257 elements: most rows start mid-vector), where that gains
     more accesses."""
     exact = _exact_plan(kernel, values, extents, inner)
-    if not peel or len(extents) != 1 or kernel.chunks or kernel.chunk_stores:
+    if not peel or len(extents) != 1 or kernel.chunks or kernel.chunk_stores or kernel.segment_length is not None:
         return exact  # (a chunked kernel's run partials belong to fixed positions in a group)
     peeled = _peeled_plan(kernel, values, extents)
     if peeled is None or exact is None:
