@@ -17,6 +17,7 @@ from ember.ir import GraphBuilder, Op, dtypes, structurally_equal, verify
 from ember.passes.chunks import chunk_column_sums
 from ember.passes.pipeline import pipeline_for
 
+from .conftest import INTERPRETED_TRITON
 from .helpers import assert_same
 from .test_cuda import compile_batches, needs_nvcc, sources
 
@@ -134,7 +135,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("name,fn,shape,dtype", CASES, ids=[c[0] for c in CASES])
-@pytest.mark.parametrize("target", ["cpp", "triton", "triton-looped", "triton-4rows"])
+@pytest.mark.parametrize("target", ["cpp", *(pytest.param(t, marks=INTERPRETED_TRITON)  # (CPU tensors)
+                                    for t in ("triton", "triton-looped", "triton-4rows"))])
 def test_norm_backward_sums_columns_in_its_row_kernel(name, fn, shape, dtype, target):
     torch.manual_seed(0)
     n_params = 1 if fn is rmsnorm else 2
