@@ -138,6 +138,9 @@ class CudaKernelRenderer:
         # online softmax (cuda_online.py): sum -> the max it accumulates with, in the max's loop
         self.online = cuda_online.row_pairs(kernel, self.strategy, vector_width(kernel, forms),
                                             bool(self.first_loop), self.row_groups)
+        self.online_sums: dict[int, list[Value]] = {}  # a max's id -> the sums accumulated with it
+        for total, m in self.online.items():
+            self.online_sums.setdefault(id(m), []).append(total)
         self.maxima: list[tuple[Value, list[Value]]] = []  # the loop being rendered's online maxima, their sums
         self.in_group = False  # rendering a vector group's element loop
         self.loop = 0  # the inner loop being rendered
@@ -502,7 +505,7 @@ class CudaKernelRenderer:
         stores = [v for v in k.values if v.kind == "store" and v.inner and v.loop == loop]
         if not reductions and not stores:
             return  # its only work, an online softmax sum, moved into the loop before
-        self.maxima = [(m, self._online_sums(m)) for m in reductions if self._online_sums(m)]
+        self.maxima = [(m, self.online_sums[id(m)]) for m in reductions if id(m) in self.online_sums]
         for v in reductions + [s for _, sums in self.maxima for s in sums]:
             self.emit(self.body.reduce_decl(v))
         online = {id(m): sums for m, sums in self.maxima}
@@ -537,10 +540,6 @@ class CudaKernelRenderer:
         self._strided("ember_r", "ember_inner", *loop_args, plan, k.inner, inner_var, body)
         self.maxima = []
 
-    def _online_sums(self, m: Value) -> list[Value]:
-        """The online softmax sums accumulated with the max ``m`` (none: ``m`` is a plain max)."""
-        return [s for s, partner in self.online.items() if partner is m]
-
     def _reduce_line(self, v: Value) -> str:
         acc = self.body.acc_names[id(v)]
         if self.strategy == "columns":
@@ -554,8 +553,8 @@ class CudaKernelRenderer:
         what = "the warps' partials of each row" if self.strategy == "columns" else "the threads' partials"
         self.emit(f"// combine {what}; every thread gets the results")
         for v in reductions:
-            if self._online_sums(v):
-                cuda_online.combine_threads(self, v, self._online_sums(v), self._reduce_line)
+            if id(v) in self.online_sums:
+                cuda_online.combine_threads(self, v, self.online_sums[id(v)], self._reduce_line)
                 continue
             self.emit(self._reduce_line(v))
             self.emit(self.body.reduce_result(v))

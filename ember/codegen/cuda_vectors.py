@@ -70,10 +70,19 @@ def plan_loop(kernel: Kernel, values: list[Value], extents: tuple[sympy.Expr, ..
     a row kernel's loop, whose groups may start where the row's accesses are aligned rather than
     at its start (rows of 999 or 50257 elements: most rows start mid-vector), where that gains
     more accesses."""
-    exact = _exact_plan(kernel, values, extents, inner)
-    if not peel or len(extents) != 1 or kernel.chunks or kernel.chunk_stores or kernel.segment_length is not None:
+    if not extents or kernel.segment_length is not None:
+        return None
+    var = (inner_var if inner else outer_var)(len(extents) - 1)
+    candidates = _candidates(kernel, values, var)
+    if not candidates:
+        return None
+    width = _width(kernel, candidates)
+    if width < 2:
+        return None
+    exact = _exact_plan(kernel, candidates, extents, var, width)
+    if not peel or len(extents) != 1 or kernel.chunks or kernel.chunk_stores:
         return exact  # (a chunked kernel's run partials belong to fixed positions in a group)
-    peeled = _peeled_plan(kernel, values, extents)
+    peeled = _peeled_plan(kernel, candidates, extents[0], var, width)
     if peeled is None or exact is None:
         return peeled or exact
     # Only for more accesses in groups: a row that is aligned anyway runs 5-15% slower peeled
@@ -107,19 +116,15 @@ def _aligned_pointer(kernel: Kernel, v: Value, width: int) -> str:
     return f"(((unsigned long long){v.arg.buffer}) & {nbytes - 1}ull) == 0"
 
 
-def _peeled_plan(kernel: Kernel, values: list[Value], extents: tuple[sympy.Expr, ...]) -> VectorPlan | None:
+def _peeled_plan(kernel: Kernel, candidates: list[Value], extent: sympy.Expr, var: sympy.Symbol,
+                 width: int) -> VectorPlan | None:
     """Groups aligned in memory rather than to the row's start: the accesses whose element 0 lies
     a multiple of the width from the leader's go a group at a time; the leader's offset decides
     the row's head. The leader is the access with the most such partners that move with the row
     (a norm's input and output over a weight and a bias read by every row alike), then the most
     partners, then the first."""
-    var = inner_var(0)
-    candidates = _candidates(kernel, values, var)
-    if not candidates:
-        return None
-    width = _width(kernel, candidates)
-    extent = sympy.sympify(extents[0])
-    if width < 2 or (extent.is_number and int(extent) < PEEL_GROUPS * width):
+    extent = sympy.sympify(extent)
+    if extent.is_number and int(extent) < PEEL_GROUPS * width:
         return None
     loop_vars = _loop_vars(kernel)
     starts = [sympy.expand(sympy.sympify(v.arg.index).subs(var, 0)) for v in candidates]
@@ -139,18 +144,9 @@ def _peeled_plan(kernel: Kernel, values: list[Value], extents: tuple[sympy.Expr,
     return VectorPlan(width, tuple(chosen), tuple(dict.fromkeys(conditions)), index_expr(starts[leader]))
 
 
-def _exact_plan(kernel: Kernel, values: list[Value], extents: tuple[sympy.Expr, ...],
-                inner: bool) -> VectorPlan | None:
+def _exact_plan(kernel: Kernel, candidates: list[Value], extents: tuple[sympy.Expr, ...], var: sympy.Symbol,
+                width: int) -> VectorPlan | None:
     """Groups from the start of the loop's domain: every chosen access aligned there."""
-    if not extents or kernel.segment_length is not None:
-        return None
-    var = (inner_var if inner else outer_var)(len(extents) - 1)
-    candidates = _candidates(kernel, values, var)
-    if not candidates:
-        return None
-    width = _width(kernel, candidates)
-    if width < 2:
-        return None
     loop_vars = _loop_vars(kernel)
     conditions: list[str] = []
     last = _multiple_of(sympy.sympify(extents[-1]), width, loop_vars)
