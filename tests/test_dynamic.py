@@ -95,3 +95,30 @@ def test_kernel_source_is_shared_across_sizes():
     _, r2 = run(rmsnorm, torch.randn(9, 11), torch.randn(11), dynamic=True)
     assert r1.kernels[0].source == r2.kernels[0].source
     assert ember.stats()["kernels_built"] == 0 and ember.stats()["cache_hits"] >= 1
+
+
+def test_sizes_equal_under_other_symbols_broadcast():
+    # Transposed targets get size symbols of their own: their flattened (s0*s1) rows meet the
+    # logits' (s2*s3) rows in cross-entropy. ATen checked they are equal (a guard), so the
+    # broadcast is valid; ember had refused it and run the graph through ATen.
+    torch.manual_seed(0)
+    emb, head = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50, bias=False)
+
+    def loss(idx, targets):
+        return torch.nn.functional.cross_entropy(head(emb(idx)).flatten(0, 1), targets.flatten(), ignore_index=-1)
+
+    fast, report = compile_checked(loss)
+    for b, t in ((2, 9), (3, 16), (4, 7)):
+        idx, targets = torch.randint(0, 50, (b, t)), torch.randint(0, 50, (t, b)).t()
+        targets[0, 0] = -1
+        got = fast(idx, targets)
+        got.backward()
+        grads = [p.grad for p in (emb.weight, head.weight)]
+        emb.weight.grad = head.weight.grad = None
+        want = loss(idx, targets)
+        want.backward()
+        assert_same(got, want)
+        for g, p in zip(grads, (emb.weight, head.weight)):
+            assert_same(g, p.grad)
+        emb.weight.grad = head.weight.grad = None
+    assert_clean(report)

@@ -147,3 +147,36 @@ def test_kernels_never_need_each_other():
         return (o * w).sum(), w * torch.exp(x - o)
 
     check(fn, torch.randn(5, 5, dtype=torch.float64))
+
+
+def test_a_buffer_and_its_transpose_for_two_matmuls():
+    # Attention's probabilities feed one batched matmul and, transposed, another (the backward's
+    # dV = P^T @ dO). The transpose is replayed as an ATen view of the buffer. It had been a root
+    # of the buffer's own kernel, reading it at another point: the plan never converged (10 x
+    # the graph's nodes tries, 15 minutes for a 2-layer GPT's training graph), and the graph
+    # ran through ATen.
+    def fn(scores, v):
+        p = scores.softmax(-1).reshape(6, 5, 5)
+        return torch.bmm(p, v), torch.bmm(p.transpose(1, 2), v)
+
+    report = check(fn, torch.randn(2, 3, 5, 5), torch.randn(6, 5, 4))
+    assert report.fallbacks == ["aten.bmm", "aten.bmm"]
+    assert kernel_count(report) == 1
+    (graph,) = report.graphs
+    assert ".permute((0, 2, 1))" in graph.wrapper
+
+
+def test_softmax_regrouped_for_a_batched_matmul_is_one_kernel():
+    # (B, H, T, T) probabilities reshaped to (B*H, T, T): a row kernel over the reshape's rows,
+    # whose statistics read each row at its (b, h); one pass, not a statistics kernel and a
+    # normalizing one. Symbolic sizes too.
+    def fn(scores, v):
+        b, h, t, _ = scores.shape
+        return torch.bmm(scores.softmax(-1).reshape(b * h, t, t), v)
+
+    report = check(fn, torch.randn(2, 3, 7, 7), torch.randn(6, 7, 4))
+    assert kernel_count(report) == 1
+    assert "loop 3" in report.kernels[0].kernel_ir  # max, sum, then the normalized store
+    for t in (7, 9):
+        report = check(fn, torch.randn(2, 3, t, t), torch.randn(6, t, 4), dynamic=True)
+        assert kernel_count(report) == 1

@@ -24,7 +24,7 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.node import Node, row_ids_offsets, view_base
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
-from .indexing import Point, Strided, compose_strided, map_view, offset
+from .indexing import Point, Strided, compose_strided, map_view, offset, recombine
 from .kernel_ir import (
     CHUNK,
     FINAL_STAGE,
@@ -133,6 +133,8 @@ class KernelBuilder:
         return value
 
     def load(self, node: Node, index: sympy.Expr) -> Value:
+        if index.has(FloorDiv):  # rows split into dims and joined again: (o0 // 3, o0 % 3) is o0
+            index = recombine(index)
         info = self.buffers[node]
         self._reads[info.name] = node.dtype
         bound = tuple(sorted((s for s in index.free_symbols if is_indirect_var(s)), key=lambda s: s.name))

@@ -21,7 +21,7 @@ from torch.utils._sympy.functions import FloorDiv
 
 from ..config import Config
 from ..ir import shapes as sh
-from ..ir.node import Graph, Node, fill_value, ragged_totals, row_ids_offsets, view_base
+from ..ir.node import Graph, Node, fill_value, ragged_totals, row_ids_offsets
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
 from .build import ACROSS_OPS, AcrossFailed, BufferInfo, Conflict, GroupSpec, KernelBuilder, NeedsBuffer
 from .device_sizes import read_totals_on_device
@@ -116,13 +116,40 @@ class Planner:
         if node.op in BUFFER_OPS:
             return
         if node.op in VIEW_OPS:
-            base = view_base(node)
-            if base.op in BUFFER_OPS or base in self.buffered or base in self._output_set:
+            base = self._tensor_below(node)
+            if base is not None:
                 self.views[node] = base
                 if base.op not in BUFFER_OPS:
                     self.buffered.add(base)
                 return
         self.buffered.add(node)
+
+    def _tensor_below(self, view: Node) -> Node | None:
+        """The nearest tensor down ``view``'s chain of views that the program has anyway (an
+        input, an ATen result, a buffer, an output), from which ATen can replay the chain."""
+        n = view.inputs[0]
+        while True:
+            if n in self.views:
+                return self.views[n]
+            if n.op in BUFFER_OPS or n in self.buffered or n in self._output_set:
+                return n
+            if n.op not in VIEW_OPS:
+                return None
+            n = n.inputs[0]
+
+    def _replay_views(self) -> None:
+        """Buffered views whose chain now reaches a buffer (buffered since, for sharing or for a
+        reduction): replayed from it, not copied by a kernel. A kernel computing both a buffer
+        and a permuted copy of it would read its own root at another point."""
+        for node in sorted((n for n in self.buffered if n.op in VIEW_OPS), key=self.order.__getitem__):
+            base = self._tensor_below(node)
+            if base is not None:
+                self.buffered.discard(node)
+                self.views[node] = base
+        for view, base in self.views.items():  # (views replayed from one of those: from its base)
+            while base in self.views:
+                base = self.views[base]
+            self.views[view] = base
 
     def _choose_initial_buffers(self) -> None:
         self._output_set = {o for i, o in enumerate(self.graph.outputs)
@@ -219,6 +246,9 @@ class Planner:
                         return rows.outer, rows.inner, _place(root.shape, outer_var), rows.ref
                 if sh.shapes_equal(_drop_ones(root.shape), outer):
                     return outer, inner, _place(root.shape, outer_var), (full, dims)
+                regrouped = _regrouped_rows(root, full, dims)
+                if regrouped is not None:
+                    return regrouped
             else:
                 return outer, inner, _inner_home(full, dims), (full, dims)
         # pure pointwise: join a matmul's epilogue over its (M, N), or a reduction group over the
@@ -540,6 +570,7 @@ class Planner:
 
     def plan(self) -> Schedule:
         for _attempt in range(10 * len(self.graph.nodes) + 10):
+            self._replay_views()
             groups = self.form_groups()
             extra = self.costly_shared(groups) - self.released
             if extra:
@@ -578,13 +609,20 @@ class Planner:
         return local
 
     def _separate(self, e: Conflict, groups: list[GroupSpec]) -> None:
-        reader_roots = [r for g in groups if e.root in g.roots for r in g.roots
-                        if r is not e.root and (r is e.reader or e.reader in self.subtree(r))]
-        if not reader_roots:
+        """Make the next plan differ where a kernel read one of its roots at another point: the
+        roots reading it go to other kernels, or the reader gets a buffer of its own."""
+        group = next(g for g in groups if e.root in g.roots)
+        reader_roots = [r for r in group.roots if r is not e.root and (
+            r is e.reader or e.reader in self.subtree(r)
+            # read through views, with no pointwise reader between (a permuted copy of the root)
+            or e.reader is e.root and e.root in self.reads(r))]
+        pairs = {frozenset((r, e.root)) for r in reader_roots}
+        if pairs - self.apart:
+            self.apart |= pairs
+        elif e.reader not in self.buffered:
             self.buffered.add(e.reader)  # the root reads itself shifted: split at the reader
-            return
-        for r in reader_roots:
-            self.apart.add(frozenset((r, e.root)))
+        else:  # nothing left to change: fail now (the graph runs through ATen), not after 10N tries
+            raise RuntimeError(f"ember: fusion did not converge: {e}")
 
     def _build(self, spec: GroupSpec, infos: dict[Node, BufferInfo], index: int) -> Kernel:
         kernel = KernelBuilder(spec, infos, "").build()
@@ -684,6 +722,22 @@ def _row_home(shape: tuple[sympy.Expr, ...]) -> Point:
     """Where a segment kernel computes a packed (T, *feature) value: at its row's start (the
     kernel's first indirect variable) + r0, its features on the outer dims after the row."""
     return (indirect_var(0) + inner_var(0), *_place(shape[1:], lambda i: outer_var(i + 1)))
+
+
+def _regrouped_rows(root: Node, full: sh.Shape, dims: tuple[int, ...]) -> tuple[tuple, tuple, Point, tuple] | None:
+    """A reshape of values over the reduction's domain that regroups only its rows (softmax's
+    (B, H, T, T) probabilities as (B*H, T, T), for a batched matmul): a row kernel over the
+    root's own rows, whose reductions read each row at its (b, h) again, so the statistics and
+    the normalized values come from one pass over the row, not from two kernels."""
+    k = len(dims)
+    if (root.op is not Op.RESHAPE or root.rank <= k or sorted(dims) != list(range(len(full) - k, len(full)))
+            or not sh.shapes_equal(root.inputs[0].shape, full)
+            or not sh.shapes_equal(root.shape[root.rank - k:], full[len(full) - k:])):
+        return None
+    ref = (tuple(root.shape), tuple(range(root.rank - k, root.rank)))
+    outer = _drop_ones(ref[0][:root.rank - k])
+    inner = tuple(s for s in ref[0][root.rank - k:] if not sh.is_one(s))
+    return outer, inner, _inner_home(*ref), ref
 
 
 def _inner_home(full: tuple[sympy.Expr, ...], dims: tuple[int, ...]) -> Point:
