@@ -291,6 +291,19 @@ def test_symbolic_sizes():
     assert len(report.graphs) == 1
 
 
+def test_a_power_of_two_and_the_sizes_past_it_are_launched_alike():
+    # A launch configuration serves the sizes up to one power of two: a persistent row block of
+    # 512 holds rows of 257..512. The launches were bucketed by bit_length(), which puts 512 with
+    # 513..1023, so rows of 515 after rows of 512 ran in 512-wide blocks: 3 columns never read,
+    # silently wrong (a GPT's causal softmax came out NaN on a GPU).
+    report = ember.Report()
+    fast = ember.compile(lambda x: torch.softmax(x, -1) * 2, dynamic=True, options=TRITON, report=report)
+    for rows, cols in [(3, 512), (3, 515), (64, 33), (65, 33)]:
+        x = torch.randn(rows, cols)
+        torch.testing.assert_close(fast(x), torch.softmax(x, -1) * 2)
+    assert len(report.graphs) == 1
+
+
 OPS = ["abs", "exp", "log1p", "tanh", "sigmoid", "erf", "round", "trunc", "sign", "nn.functional.gelu",
        "add", "mul", "div", "floor_divide", "remainder", "pow", "maximum", "where", "clamp", "bitwise_xor",
        "sum", "amax", "argmin", "var", "softmax", "log_softmax", "nn.functional.layer_norm", "any",

@@ -152,7 +152,10 @@ class Launcher:
         # The steady state is one dict lookup: the shape bucket's launch (config, grid, workspace)
         # is prepared, and tuned, the first time the bucket is seen. (A program runs on one
         # device: Dynamo compiles another for tensors on another.)
-        key = (outer.bit_length(), inner.bit_length(), outer * inner >= 2**31)
+        # (buckets are the configurations' own: sizes up to the same power of two, 257..512,
+        # whose persistent blocks of next_pow2(size) hold every one of them; 512 and 515 are not
+        # one bucket, as bit_length() would have them)
+        key = ((outer - 1).bit_length(), (inner - 1).bit_length(), outer * inner >= 2**31)
         launch = self._launches.get(key)
         try:
             if launch is None:
@@ -189,7 +192,7 @@ class Launcher:
                     return buffers[stream]
                 # sized for any row count of this shape bucket; each launch leaves its counts at
                 # zero for the next
-                most = 1 << outer.bit_length()
+                most = tc.next_pow2(outer)
                 programs = triton_cdiv(most, xblock)  # row blocks
                 floats = counts = 0
                 if split > 1:  # every row's partials from each slice, a count per row block
