@@ -304,6 +304,25 @@ def test_a_power_of_two_and_the_sizes_past_it_are_launched_alike():
     assert len(report.graphs) == 1
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiles Triton kernels for a GPU")
+def test_new_specializations_compile_in_the_background():
+    # Sizes of another alignment, or of another shape bucket, need another compiled kernel. After
+    # a kernel's first compile, those compile in a background thread while the call runs through
+    # ATen: no call waits seconds for Triton as the sequence length changes.
+    report = ember.Report()
+    fast = ember.compile(lambda x: torch.softmax(x, -1) * 2, dynamic=True, report=report,
+                         options={"gpu_backend": "triton", "background_compile": True})
+    before = ember.stats()["calls_while_compiling"]
+    for cols, in_background in [(512, False), (515, True), (515, False), (520, True), (528, True), (1000, False)]:
+        x = torch.randn(64, cols, device="cuda")
+        torch.testing.assert_close(fast(x), torch.softmax(x, -1) * 2)
+        now = ember.stats()["calls_while_compiling"]
+        assert now - before == int(in_background), cols
+        before = now
+        assert ember.wait_for_kernels(timeout=60)
+    assert len(report.graphs) == 1 and all(k.built for k in report.kernels)
+
+
 OPS = ["abs", "exp", "log1p", "tanh", "sigmoid", "erf", "round", "trunc", "sign", "nn.functional.gelu",
        "add", "mul", "div", "floor_divide", "remainder", "pow", "maximum", "where", "clamp", "bitwise_xor",
        "sum", "amax", "argmin", "var", "softmax", "log_softmax", "nn.functional.layer_norm", "any",

@@ -33,7 +33,7 @@ from . import stats
 from . import triton_configs as tc
 from .backend import Backend, BuildError, BuiltKernels, fall_back
 from .triton_direct import direct_launcher
-from .triton_matmul import MatmulLauncher
+from .triton_matmul import MatmulLauncher, _submit
 
 _tuning_lock = threading.Lock()
 
@@ -124,6 +124,43 @@ class Launcher:
         self.device_index: int | None = None
         self._launches: dict[tuple[int, int, bool], Callable[..., None]] = {}
         self._workspace: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._compiled_once = False  # the first kernel compiles on the calling thread
+        self._timing = False         # (timing runs must run the kernel itself)
+        self._bad: set[str] = set()  # configurations that failed to compile in the background
+        self._stubs: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+    def _may_compile_later(self, device: torch.device) -> bool:
+        """Compile a new specialization (sizes of another alignment, a new shape bucket's
+        configuration) in a background thread, running this call through ATen meanwhile? Not
+        for a kernel's first compile, not while timing or capturing a CUDA graph."""
+        cfg = self.cfg
+        return (self._compiled_once and not self._timing and self.fallback is not None and cfg is not None
+                and cfg.background_compile and device.type == "cuda"
+                and not torch.cuda.is_current_stream_capturing())
+
+    def _stub(self, t: Any) -> Any:
+        """A tiny tensor Triton specializes as it would ``t`` (dtype, 16-byte alignment), so a
+        background compile holds no activation alive."""
+        if not isinstance(t, torch.Tensor):
+            return t
+        base = self._stubs.get((t.dtype, t.device))
+        if base is None:
+            base = self._stubs[(t.dtype, t.device)] = torch.empty(32, dtype=t.dtype, device=t.device)
+        return base if t.data_ptr() % 16 == 0 else base[1:]
+
+    def _compiled_later(self, job: Any, spec: tuple[Any, ...], compiled: dict, pending: dict, failed: set,
+                        config: dict[str, Any], bucket_key: tuple[int, int, bool]) -> None:
+        try:
+            compiled[spec] = job.result()
+        except Exception as e:  # noqa: BLE001 -- compiled on the calling thread next time, where it
+            # falls back as any kernel that fails to build; a configuration that never compiled is
+            # dropped, so the bucket is prepared again with the next one
+            log(1, f"{self.name}: background compile of {config} failed ({type(e).__name__}: {e})", self.cfg)
+            failed.add(spec)
+            if not compiled:
+                self._bad.add(repr(sorted(config.items())))
+                self._launches.pop(bucket_key, None)
+        pending.pop(spec, None)
 
     def candidates(self, outer: int, inner: int) -> list[dict[str, Any]]:
         return tc.candidates(self.kind, outer, inner, self.hints, self.tuning, tc.sm_count(self.device_index),
@@ -152,10 +189,7 @@ class Launcher:
         # The steady state is one dict lookup: the shape bucket's launch (config, grid, workspace)
         # is prepared, and tuned, the first time the bucket is seen. (A program runs on one
         # device: Dynamo compiles another for tensors on another.)
-        # (buckets are the configurations' own: sizes up to the same power of two, 257..512,
-        # whose persistent blocks of next_pow2(size) hold every one of them; 512 and 515 are not
-        # one bucket, as bit_length() would have them)
-        key = ((outer - 1).bit_length(), (inner - 1).bit_length(), outer * inner >= 2**31)
+        key = _bucket(outer, inner)
         launch = self._launches.get(key)
         try:
             if launch is None:
@@ -182,6 +216,8 @@ class Launcher:
             stages = c.get("num_stages", 1)
             split = c.get("SPLIT", 1) if kind == "rows" and self.hints.splittable and not persistent else 1
             compiled: dict[tuple[Any, ...], Any] = {}
+            pending: dict[tuple[Any, ...], Any] = {}  # specializations compiling in the background
+            failed: set[tuple[Any, ...]] = set()      # ... and those that failed there (compiled here)
             quotients: dict[tuple[int, ...], tuple[Any, ...]] = {}  # (aligns, sizes, outer, inner) by sizes
             buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per stream
 
@@ -208,6 +244,7 @@ class Launcher:
                 return buffers[stream]
 
             def launch(args: tuple[Any, ...], outer: int, inner: int) -> None:
+                given, bucket_key = args, _bucket(outer, inner)
                 # int32 offsets unless some tensor is too large for them
                 big = outer * inner >= 2**31
                 if not big:
@@ -252,9 +289,25 @@ class Launcher:
                     if interpreting:  # the interpreter runs the Python function itself
                         fn[grid](*args, outer, inner, ws_, counter_, **constexprs)
                         return
+                    const = (big, xblock, rblock, persistent, nblock, *aligns)
+                    if spec not in failed and self._may_compile_later(device):
+                        if spec not in pending:
+                            stubs = (*(self._stub(t) for t in args[:n]), *args[n:], outer, inner, ws_, counter_)
+
+                            def build(stubs=stubs, grid=grid, constexprs=constexprs, const=const) -> Any:
+                                with torch.cuda.device(device):  # (the thread's current device)
+                                    return _runner(fn.run(*stubs, grid=grid, warmup=True, **constexprs), device, const)
+
+                            pending[spec] = _submit(build)
+                            pending[spec].add_done_callback(
+                                lambda job, spec=spec: self._compiled_later(job, spec, compiled, pending, failed,
+                                                                            c, bucket_key))
+                        stats.bump("calls_while_compiling")
+                        self.fallback(*given)
+                        return
                     binary = fn.run(*args, outer, inner, ws_, counter_, grid=grid, warmup=True, **constexprs)
-                    kernel = compiled[spec] = _runner(binary, device, (big, xblock, rblock, persistent, nblock,
-                                                                       *aligns))
+                    kernel = compiled[spec] = _runner(binary, device, const)
+                    self._compiled_once = True
                 kernel(grid[0], split, stream, (*args, outer, inner, ws_, counter_))
 
             return launch
@@ -287,6 +340,7 @@ class Launcher:
                 launches[key](args, outer, inner)
 
             chosen: dict[str, Any] | None = None
+            self._timing = True
             try:
                 chosen = self.tuner.pick(bucket, configs, run, self.cfg)
             except Exception as e:  # noqa: BLE001 -- timing is an optimization (do_bench's 256 MB
@@ -294,6 +348,7 @@ class Launcher:
                 log(1, f"{self.name}: timing its launch configurations failed ({type(e).__name__}: {e}); "
                        "taking the first that compiles", self.cfg)
             finally:
+                self._timing = False
                 for t, copy in saved:
                     t.copy_(copy)
             if chosen is not None:
@@ -303,7 +358,7 @@ class Launcher:
         # compile (a compile error is raised before anything runs).
         stored = self.tuner.best.get(bucket)
         error: Exception | None = None
-        for c in ([stored] if stored else []) + configs:
+        for c in [c for c in ([stored] if stored else []) + configs if repr(sorted(c.items())) not in self._bad]:
             launch = launch_with(c)
             try:
                 launch(args, outer, inner)
@@ -345,6 +400,13 @@ def _runner(binary: Any, device: torch.device, constexprs: tuple[Any, ...]) -> C
                    *constexprs)
 
     return through_triton
+
+
+def _bucket(outer: int, inner: int) -> tuple[int, int, bool]:
+    """A launch's shape bucket. Buckets end at powers of two, as the configurations' blocks do:
+    sizes 257..512 share persistent blocks of 512; 512 and 515 do not (bit_length() would put
+    them together, and rows of 515 after rows of 512 ran in 512-wide blocks)."""
+    return (outer - 1).bit_length(), (inner - 1).bit_length(), outer * inner >= 2**31
 
 
 def _align(v: int) -> int:
