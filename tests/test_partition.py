@@ -99,6 +99,30 @@ def test_graphs_forward_one_kernel_backward_reads_no_input():
     assert len(reports["backward"].kernels) == 1 and not reports["backward"].fallbacks
 
 
+def test_cross_entropy_and_its_gradient_are_one_row_kernel_in_the_forward(always_in_forward):
+    # A linear head's logits, cast to float32 for the loss (as a language model's training step
+    # writes it): the forward computes the loss and the logits' gradient in one pass over each row.
+    # The log-softmax had been counted as too costly to recompute (its statistics' exp and log
+    # included) and stored whole, float32, for the loss's gather and the gradient to read back.
+    torch.manual_seed(0)
+    w = torch.randn(16, 1000, dtype=torch.bfloat16) * 0.2
+
+    def loss(h, w, targets):
+        return F.cross_entropy((h @ w).float(), targets, ignore_index=-1)
+
+    h = torch.randn(128, 16, dtype=torch.bfloat16).requires_grad_()
+    targets = torch.randint(0, 1000, (128,))
+    targets[:3] = -1
+    report = ember.Report()
+    ember.reset_stats()
+    mine = _grads(ember.compile(loss, report=report), [h, w.requires_grad_(), targets])
+    assert ember.stats()["grads_in_forward"] == 1
+    assert_same(mine, _grads(loss, [h, w, targets]), rtol=2e-2, atol=2e-3)
+    (forward,) = [g for g in report.graphs if g.kind == "forward"]
+    assert len(forward.kernels) == 1, [k.name for k in forward.kernels]
+    assert "log_softmax" in forward.kernels[0].name and "nll_loss_backward" in forward.kernels[0].name
+
+
 def test_mse_loss():
     x, y = torch.randn(64, 32, requires_grad=True), torch.randn(64, 32)
     assert _chosen(F.mse_loss, [x, y])

@@ -9,10 +9,12 @@ the epilogue: the float32 sums plus the bias are rounded once, as cuBLAS rounds 
 Which matmuls (the ``matmul_epilogues`` option): 'auto', the default, rewrites matmuls that share
 their first operand with another of the same shape (a gated MLP's two projections, parallel
 projections of one input). A lone matmul stays cuBLAS's, its epilogue a kernel of its own: on an
-H200 with Triton 3.6, Triton's matmul runs at 600-620 TFLOP/s where cuBLAS's runs at 700-750, and
-the bytes of the product saved do not make up for it at any K measured (gelu(x @ W + b), 8192 rows
-and 4096 columns: fused 447-458 µs against cuBLAS plus an epilogue kernel 407 µs at K = 4096, 166
-against 151 at K = 1024; bench/matmul_probe.py --interleaved). Two products sharing their loads
+H200 with Triton 3.6 the fused kernel lost at every K measured (gelu(x @ W + b), 8192 rows and
+4096 columns: fused 447-458 µs against cuBLAS plus an epilogue kernel 407 µs at K = 4096, 166
+against 151 at K = 1024; bench/matmul_probe.py --interleaved). On an H100 it wins at K = 1024
+(1.18x) and with 16384 columns (1.09x) and loses at the suite's shape (0.96x;
+bench/matmul_sweep.py). Triton's matmul alone is within 1-4% of cuBLAS there: gelu's math, which
+does not overlap the next tile's products, costs the rest. Two products sharing their loads
 come out ahead on device time (silu·mul: the fused kernel 2169 µs, cuBLAS's two products alone
 2 x 1083-1101 before their epilogue kernel) and at parity in wall time (0.99-1.04x Inductor over
 two runs; bench/RESULTS.md, ninth run). 'all' rewrites every matmul with an epilogue; 'off' none.

@@ -515,20 +515,19 @@ class Planner:
 
     # ---- 3. recomputation ------------------------------------------------------------------
     def costly_shared(self, groups: list[GroupSpec]) -> set[Node]:
-        """Inlined nodes that several kernels would each recompute, and that cost too much."""
+        """Inlined nodes that several kernels would each recompute, and that cost too much.
+        Reductions first: what a value costs to recompute is counted once they have buffers (a
+        log-softmax, x - max - log(sum), is a few ops over its row statistics, not the sum's exp
+        and log again; counted with them, a loss and its gradient over a (8192, 32000) matrix
+        stored the log-softmax and read back its 1 GB of float32)."""
         reached: dict[Node, set[int]] = {}
         for gi, g in enumerate(groups):
             for root in g.roots:
                 for n in self.subtree(root):
                     reached.setdefault(n, set()).add(gi)
-        extra: set[Node] = set()
-        for n, gs in reached.items():
-            if len(gs) < 2 or n.op in VIEW_OPS or n.op is Op.CONST:
-                continue
-            if (n.op in REDUCE_OPS or n.op in (Op.SEGMENT_REDUCE, Op.MATMUL)
-                    or self._cost(n) > self.cfg.max_recompute_ops):
-                extra.add(n)
-        return extra
+        shared = [n for n, gs in reached.items() if len(gs) > 1 and n.op not in VIEW_OPS and n.op is not Op.CONST]
+        reductions = {n for n in shared if n.op in REDUCE_OPS or n.op in (Op.SEGMENT_REDUCE, Op.MATMUL)}
+        return reductions or {n for n in shared if self._cost(n) > self.cfg.max_recompute_ops}
 
     def _cost(self, node: Node) -> int:
         total = 0
