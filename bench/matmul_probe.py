@@ -85,20 +85,26 @@ ONE = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4)]
 TWO = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4)]
 
 
+def problem(M: int, K: int, N: int, dual: bool):
+    """Random bf16 operands (x, W, W2, bias) and the function: gelu(x @ W + b), or with ``dual``
+    silu(x @ W) * (x @ W2)."""
+    bf = torch.bfloat16
+    x = torch.randn(M, K, device="cuda", dtype=bf) * 0.05
+    w = torch.randn(K, N, device="cuda", dtype=bf) * 0.05
+    w2 = torch.randn(K, N, device="cuda", dtype=bf) * 0.05
+    b = torch.randn(N, device="cuda", dtype=bf) * 0.05
+    if dual:
+        return x, w, w2, b, lambda x, w, w2, b: F.silu(x @ w) * (x @ w2)
+    return x, w, w2, b, lambda x, w, w2, b: F.gelu(x @ w + b)
+
+
 def main() -> None:
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     torch.manual_seed(0)
     bf = torch.bfloat16
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for dual, (M, K, N) in ((False, (8192, 4096, 4096)), (True, (8192, 4096, 11008))):
-        x = torch.randn(M, K, device="cuda", dtype=bf) * 0.05
-        w = torch.randn(K, N, device="cuda", dtype=bf) * 0.05
-        w2 = torch.randn(K, N, device="cuda", dtype=bf) * 0.05
-        b = torch.randn(N, device="cuda", dtype=bf) * 0.05
-        if dual:
-            fn = lambda x, w, w2, b: F.silu(x @ w) * (x @ w2)  # noqa: E731
-        else:
-            fn = lambda x, w, w2, b: F.gelu(x @ w + b)  # noqa: E731
+        x, w, w2, b, fn = problem(M, K, N, dual)
         ref = fn(x.double(), w.double(), w2.double(), b.double())
         ind = torch.compile(fn)
         out = torch.empty(M, N, device="cuda", dtype=bf)

@@ -22,7 +22,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 from bench.common import interleaved_gpu_times, rel_error, table
-from bench.matmul_probe import _epilogue, _products, _tile
+from bench.matmul_probe import _epilogue, _products, _tile, problem
 
 
 @triton.jit
@@ -129,19 +129,11 @@ TWO = {
 
 
 def run_shape(M: int, K: int, N: int, dual: bool, top: int, rounds: int, only: str = "") -> None:
-    bf = torch.bfloat16
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     torch.manual_seed(0)
-    x = torch.randn(M, K, device="cuda", dtype=bf) * 0.05
-    w = torch.randn(K, N, device="cuda", dtype=bf) * 0.05
-    w2 = torch.randn(K, N, device="cuda", dtype=bf) * 0.05
-    b = torch.randn(N, device="cuda", dtype=bf) * 0.05
-    if dual:
-        fn = lambda x, w, w2, b: F.silu(x @ w) * (x @ w2)  # noqa: E731
-    else:
-        fn = lambda x, w, w2, b: F.gelu(x @ w + b)  # noqa: E731
+    x, w, w2, b, fn = problem(M, K, N, dual)
     ref = fn(x.double(), w.double(), w2.double(), b.double())
-    out = torch.empty(M, N, device="cuda", dtype=bf)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
     ind = torch.compile(fn)
     flops = 2 * M * K * N * (2 if dual else 1)
     anchors = {"Inductor": lambda: ind(x, w, w2, b), "cuBLAS mm alone": lambda: x @ w}
