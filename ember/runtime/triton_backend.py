@@ -33,7 +33,7 @@ from . import stats
 from . import triton_configs as tc
 from .backend import Backend, BuildError, BuiltKernels, fall_back
 from .triton_direct import direct_launcher
-from .triton_matmul import MatmulLauncher, _submit
+from .triton_matmul import MatmulLauncher, submit_compile
 
 _tuning_lock = threading.Lock()
 
@@ -210,6 +210,7 @@ class Launcher:
         aligned = self.meta.get("aligned", False)
         align_names = (*self.meta["sizes"], "OUTER", "INNER")
         interpreting = _interpreting()
+        bucket_key = _bucket(outer, inner)  # (every launch made here serves this bucket)
 
         def launch_with(c: dict[str, Any]) -> Callable[..., None]:
             xblock, rblock, warps, persistent = c["XBLOCK"], c["RBLOCK"], c["num_warps"], c["PERSISTENT"]
@@ -244,7 +245,7 @@ class Launcher:
                 return buffers[stream]
 
             def launch(args: tuple[Any, ...], outer: int, inner: int) -> None:
-                given, bucket_key = args, _bucket(outer, inner)
+                given = args
                 # int32 offsets unless some tensor is too large for them
                 big = outer * inner >= 2**31
                 if not big:
@@ -298,7 +299,7 @@ class Launcher:
                                 with torch.cuda.device(device):  # (the thread's current device)
                                     return _runner(fn.run(*stubs, grid=grid, warmup=True, **constexprs), device, const)
 
-                            pending[spec] = _submit(build)
+                            pending[spec] = submit_compile(build)
                             pending[spec].add_done_callback(
                                 lambda job, spec=spec: self._compiled_later(job, spec, compiled, pending, failed,
                                                                             c, bucket_key))

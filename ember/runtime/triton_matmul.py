@@ -60,7 +60,9 @@ def wait_for_kernels(timeout: float | None = None) -> bool:
     return not not_done
 
 
-def _submit(fn: Callable[[], dict[str, Any]]) -> cf.Future:
+def submit_compile(fn: Callable[[], Any]) -> cf.Future:
+    """Run a compile on the background pool (matmul kernels, other Triton kernels' variants for
+    new sizes); ``wait_for_kernels()`` waits for it."""
     job = _compiler.submit(fn)
     with _pending_lock:
         _pending.add(job)
@@ -204,7 +206,7 @@ class MatmulLauncher:
                     with torch.cuda.device(device):
                         init()
 
-            job = self._jobs[bucket] = _submit(lambda: self._first(configs, tma, compile_and_load))
+            job = self._jobs[bucket] = submit_compile(lambda: self._first(configs, tma, compile_and_load))
             cf.wait([job], timeout=FIRST_WAIT_S)
         if not job.done():
             stats.bump("calls_while_compiling")
