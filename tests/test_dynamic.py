@@ -100,7 +100,9 @@ def test_kernel_source_is_shared_across_sizes():
 def test_sizes_equal_under_other_symbols_broadcast():
     # Transposed targets get size symbols of their own: their flattened (s0*s1) rows meet the
     # logits' (s2*s3) rows in cross-entropy. ATen checked they are equal (a guard), so the
-    # broadcast is valid; ember had refused it and run the graph through ATen.
+    # broadcast is valid; ember had refused it and run the graph through ATen. The one-hot
+    # scatter of nll_loss's backward is lowered too, proved equal from Dynamo's guards: through
+    # ATen it filled and copied a float32 tensor of the logits' size (1.7 ms of a GPT's step).
     torch.manual_seed(0)
     emb, head = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50, bias=False)
 
@@ -122,3 +124,4 @@ def test_sizes_equal_under_other_symbols_broadcast():
             assert_same(g, p.grad)
         emb.weight.grad = head.weight.grad = None
     assert_clean(report)
+    assert not [f for f in report.fallbacks if "scatter" in f], report.fallbacks

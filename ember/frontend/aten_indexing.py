@@ -41,8 +41,9 @@ def _scatter(ctx: Context, x: Node, dim: int, index: Node, src: Any) -> Node:
     is a select per element: out[p] = src[q] where index[q] == p[dim], else x[p]."""
     dim = dim % max(x.rank, 1)
     m = sh.static(index.shape[dim]) if index.rank == x.rank else None
+    x_sizes, index_sizes = ctx.arg_metas[0].shape, ctx.arg_metas[2].shape
     if x.rank == 0 or m is None or m > 8 or not all(
-            sh.equal(a, b) for d, (a, b) in enumerate(zip(index.shape, x.shape)) if d != dim):
+            ctx.known(a == b) for d, (a, b) in enumerate(zip(index_sizes, x_sizes)) if d != dim):
         raise Unsupported("scatter of many entries per row (or into a larger tensor)")
     dtype, shape = ctx.out_dtype, ctx.out_shape
     positions = ctx.make(Op.IOTA, (), (shape[dim], 0, 1), dtype=dt.int64)
@@ -196,11 +197,6 @@ def _index_add(ctx: Context, x: Node, dim: int, index: Node, source: Any, *, alp
     return _put(ctx, x, dim, [ctx.cast(index, dt.int64)], source, True, 4)
 
 
-def _at_most(a: sympy.Expr, b: sympy.Expr) -> bool:
-    if sh.equal(a, b):
-        return True
-    sa, sb = sh.static(a), sh.static(b)
-    return sa is not None and sb is not None and sa <= sb
 
 
 @register(aten.scatter_add.default)
@@ -210,8 +206,9 @@ def _scatter_add(ctx: Context, x: Node, dim: int, index: Node, src: Node) -> Nod
     if x.rank == 0 or index.rank != x.rank or src.rank != x.rank or not index.dtype.is_int:
         raise Unsupported("scatter_add of a 0-d tensor or with an index of another rank")
     dim = dim % x.rank
-    if not all(_at_most(i, s) for i, s in zip(index.shape, src.shape)) or not all(
-            _at_most(i, s) for d, (i, s) in enumerate(zip(index.shape, x.shape)) if d != dim):
+    x_sizes, index_sizes, src_sizes = (ctx.arg_metas[i].shape for i in (0, 2, 3))
+    if not all(ctx.known(i <= s) for i, s in zip(index_sizes, src_sizes)) or not all(
+            ctx.known(i <= s) for d, (i, s) in enumerate(zip(index_sizes, x_sizes)) if d != dim):
         raise Unsupported("scatter_add whose index is not provably within src and self")
     for d, (i, s) in enumerate(zip(index.shape, src.shape)):
         if not sh.equal(i, s):  # only the part of src the index covers is added

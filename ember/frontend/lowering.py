@@ -117,6 +117,15 @@ class Context:
         return self.make(Op.RESHAPE, (x,), new)
 
     # ---- what Dynamo recorded -------------------------------------------------------------
+    @staticmethod
+    def known(fact: Any) -> bool:
+        """Whether a relation between recorded sizes (``meta.shape[0] == other.shape[0]``, a
+        SymBool or a bool) holds on every call of this graph: proved from Dynamo's guards, adding
+        none. Sizes under different symbols can be equal this way (a target's ``s0*s1`` rows and
+        the logits' ``s2*s3``, checked equal by ATen while tracing) where sympy alone cannot tell."""
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+        return statically_known_true(fact)
+
     @property
     def out_dtype(self) -> dt.DType:
         return meta_dtype(self.out)
