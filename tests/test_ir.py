@@ -7,7 +7,7 @@ import sympy
 
 from ember.ir import Graph, GraphBuilder, IRError, Op, VerifyError, dtypes, make, verify
 from ember.ir.node import Node
-from ember.schedule.indexing import map_reshape, reshape_groups
+from ember.schedule.indexing import _view_strides, map_reshape, reshape_groups
 
 s0 = sympy.Symbol("s0", integer=True, positive=True)
 
@@ -73,3 +73,34 @@ def test_reshape_point_mapping_round_trips():
     values = {(a, b): tuple(int(p.subs({i: a, j: b})) for p in point) for a in range(6) for b in range(4)}
     assert values[(4, 2)] == (1, 1, 2)
     assert len(set(values.values())) == 24
+
+
+def test_view_strides_follow_atens_view_rule():
+    # Whether a replayed chain of views copies is decided by ATen's rule for view(), run on
+    # integer sizes: it must agree with torch on permuted, sliced and size-1 dims.
+    import random
+
+    import torch
+    rng = random.Random(0)
+    for _ in range(2000):
+        t = torch.empty([rng.choice([1, 2, 3, 4, 6]) for _ in range(rng.randint(1, 4))])
+        order = list(range(t.dim()))
+        rng.shuffle(order)
+        t = t.permute(order)
+        if rng.random() < 0.3 and t.shape[-1] > 1:
+            t = t[..., ::2]
+        rest, new = t.numel(), []
+        for f in (2, 3, 2):
+            if rest % f == 0 and rng.random() < 0.6:
+                new.append(f)
+                rest //= f
+        new.append(rest)
+        rng.shuffle(new)
+        try:
+            want = list(t.view(new).stride())
+        except RuntimeError:
+            want = None
+        got = _view_strides(list(t.shape), list(t.stride()), new)
+        assert (got is None) == (want is None), (t.shape, t.stride(), new)
+        if want is not None:  # (a size-1 dim's stride is free)
+            assert all(a == b or n == 1 for a, b, n in zip(got, want, new)), (t.shape, t.stride(), new)

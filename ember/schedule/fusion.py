@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import sympy
-from torch.utils._sympy.functions import FloorDiv
+from torch.utils._sympy.functions import FloorDiv, Max
 
 from ..config import Config
 from ..ir import shapes as sh
@@ -26,7 +26,7 @@ from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
 from .build import ACROSS_OPS, AcrossFailed, BufferInfo, Conflict, GroupSpec, KernelBuilder, NeedsBuffer
 from .device_sizes import read_totals_on_device
 from .guards import guard_branches
-from .indexing import Point, map_reshape
+from .indexing import Point, map_reshape, replay_copies
 from .kernel_ir import CHUNK, SEGMENT_LENGTH, Kernel, indirect_var, inner_var, outer_var
 from .loops import collapse_dims
 
@@ -98,6 +98,7 @@ class Planner:
         self.order = {n: i for i, n in enumerate(graph.nodes)}
         self.buffered: set[Node] = set()       # compute nodes that get a buffer
         self.views: dict[Node, Node] = {}      # replayed views -> their buffered base
+        self.copied_views: set[Node] = set()   # views ATen would copy: a kernel copies them
         self.apart: set[frozenset[Node]] = set()  # root pairs that must not share a kernel
         self.unrolled: dict[Node, int] = {}    # roots storing a small dim position by position
         self.segment_of: dict[Node, tuple[Node, sympy.Expr]] = {}  # segment roots -> (offsets, T)
@@ -117,6 +118,11 @@ class Planner:
             return
         if node.op in VIEW_OPS:
             base = self._tensor_below(node)
+            if base is not None and base.op in BUFFER_OPS and replay_copies(node, base):
+                # ATen's reshape would copy it anyway: a kernel copies it, tiled where it
+                # transposes (ATen's strided copies of a GPT's heads ran at 20-45% of copy bandwidth)
+                self.copied_views.add(node)
+                base = None
             if base is not None:
                 self.views[node] = base
                 if base.op not in BUFFER_OPS:
@@ -141,7 +147,8 @@ class Planner:
         """Buffered views whose chain now reaches a buffer (buffered since, for sharing or for a
         reduction): replayed from it, not copied by a kernel. A kernel computing both a buffer
         and a permuted copy of it would read its own root at another point."""
-        for node in sorted((n for n in self.buffered if n.op in VIEW_OPS), key=self.order.__getitem__):
+        for node in sorted((n for n in self.buffered if n.op in VIEW_OPS and n not in self.copied_views),
+                           key=self.order.__getitem__):
             base = self._tensor_below(node)
             if base is not None:
                 self.buffered.discard(node)
@@ -560,6 +567,11 @@ class Planner:
         for node, strides in zip(self.graph.outputs, self.graph.output_strides):
             if node is None or strides is None or node in wanted or len(strides) != node.rank:
                 continue
+            # torch writes a contiguous stride as max(1, sizes after it): 1 matters only where
+            # those sizes are 0, and then nothing is stored
+            strides = tuple(sh.expr(st).replace(lambda e: isinstance(e, Max) and 1 in e.args,
+                                                lambda e: Max(*[a for a in e.args if a != 1]))
+                            for st in strides)
             if any(sh.equal(st, 0) and not sh.is_one(size) for st, size in zip(strides, node.shape)):
                 continue
             if any(not sh.equal(a, b) for a, b, size in zip(strides, sh.contiguous_strides(node.shape), node.shape)

@@ -157,3 +157,83 @@ def compose_strided(node: Node, base: Strided) -> Strided | None:
                 out[i] = inner_stride * s
         return tuple(out), off
     raise AssertionError(node.op)
+
+
+# Sizes given to every size symbol when asking whether a chain of views copies: two unrelated
+# values, so that a chain copies at both only when its sizes do not happen to line up.
+VIEW_SAMPLES = (61, 97)
+
+
+def replay_copies(view: Node, base: Node) -> bool:
+    """Whether ATen, replaying the views from a contiguous ``base`` up to ``view``, would copy: a
+    reshape merges dims that are not adjacent in memory (attention's heads, (B, T, H, D) permuted
+    to (B, H, T, D) and flattened to (B*H, T, D) for ``bmm``). Judged by ATen's view rule with the
+    size symbols at sample values, and only where both samples copy: where that is wrong, a copy
+    is made that a view could have been, never a different value."""
+    chain: list[Node] = []
+    n = view
+    while n is not base:
+        chain.append(n)
+        n = n.inputs[0]
+    return all(_replay_copies_at(chain[::-1], base, sample) for sample in VIEW_SAMPLES)
+
+
+def _replay_copies_at(steps: list[Node], base: Node, sample: int) -> bool:
+    def size(e: object) -> int:
+        e = sh.expr(e)
+        return int(e.subs({s: sample for s in e.free_symbols}))
+
+    copies = False
+    try:
+        shape = [size(d) for d in base.shape]
+        strides = _contiguous(shape)
+        for v in steps:
+            new = [size(d) for d in v.shape]
+            if v.op is Op.RESHAPE:
+                viewed = _view_strides(shape, strides, new)
+                copies = copies or viewed is None
+                strides = viewed or _contiguous(new)
+            elif v.op is Op.PERMUTE:
+                strides = [strides[d] for d in v.arg]
+            elif v.op is Op.EXPAND:
+                lead = len(new) - len(shape)
+                strides = [0] * lead + [0 if old == 1 and n != 1 else st
+                                        for old, n, st in zip(shape, new[lead:], strides)]
+            else:
+                dim, _start, step, _length = v.arg
+                strides = strides[:dim] + [strides[dim] * size(step)] + strides[dim + 1:]
+            shape = new
+    except (TypeError, ValueError):  # a size the sample does not make an integer: cannot tell
+        return False
+    return copies
+
+
+def _contiguous(shape: list[int]) -> list[int]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return out[::-1]
+
+
+def _view_strides(shape: list[int], strides: list[int], new: list[int]) -> list[int] | None:
+    """The strides of ``new`` as a view of a tensor of ``shape`` and ``strides``, or None where
+    torch's ``view`` refuses (a merged run of dims that are not adjacent in memory)."""
+    if 0 in shape or not shape:
+        return _contiguous(new)
+    out = [0] * len(new)
+    view_d = len(new) - 1
+    chunk_stride, tensor_numel, view_numel = strides[-1], 1, 1
+    for d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[d]
+        # a chunk of dims ends where the next one out is not laid right after it
+        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or new[view_d] == 1):
+                out[view_d] = view_numel * chunk_stride
+                view_numel *= new[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_stride, tensor_numel, view_numel = strides[d - 1], 1, 1
+    return out if view_d == -1 else None
