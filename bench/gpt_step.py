@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import time
 import warnings
 
@@ -72,6 +73,30 @@ def worst_error(model: nn.Module, ref: nn.Module) -> float:
     return worst
 
 
+def trace_kernels(run, pattern: str) -> None:
+    """Print each CUDA kernel of one ``run()`` whose name matches ``pattern`` with its device µs, the
+    op that launched it (and that op's callers) and the Python lines of the stack in ember or here."""
+    from torch.profiler import ProfilerActivity, profile
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
+                 with_stack=True) as prof:
+        run()
+        torch.cuda.synchronize()
+    for e in prof.events():
+        for k in getattr(e, "kernels", ()):
+            if not re.search(pattern, k.name):
+                continue
+            chain, up = [], e
+            while up is not None and len(chain) < 6:
+                chain.append(f"{up.name}{list(up.input_shapes) if up.input_shapes else ''}")
+                up = up.cpu_parent
+            frames = [f for f in (e.stack or []) if "ember" in f or "gpt_step" in f or "torch/_" in f][:10]
+            print(f"  {k.name[:60]} {k.duration:.1f} µs\n    ops: {' <- '.join(chain)}")
+            for f in frames:
+                print(f"    {f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
@@ -85,6 +110,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--backends", default="triton", help="ember GPU backends to time, e.g. triton,cuda")
     ap.add_argument("--profile", type=int, default=0, help="print each variant's N costliest kernels of a step")
+    ap.add_argument("--host-profile", type=int, default=0, help="print the N functions with the most host time "
+                    "over 20 steps of each ember variant (cProfile)")
+    ap.add_argument("--trace", default="", help="for kernels whose name matches this regex, print the op and the "
+                    "Python lines that launched them (ember variants)")
     a = ap.parse_args()
     import ember
 
@@ -158,6 +187,25 @@ def main() -> None:
                 top = sorted(k.items(), key=lambda kv: -kv[1])[:a.profile]
                 print(f"{n}: the costliest kernels of a step (µs)")
                 print(table([(name, f"{us:.1f}") for name, us in top], ["kernel", "µs"]))
+        if a.trace:
+            for n in fns:
+                if n.startswith("ember"):
+                    print(f"{n}: where the kernels matching {a.trace!r} come from")
+                    trace_kernels(lambda n=n: step(models[n], fns[n], idx, tgt), a.trace)
+    if a.host_profile:
+        import cProfile
+        import pstats
+        for n in fns:
+            if n.startswith("ember") or n == "Inductor":
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(20):
+                    step(models[n], fns[n], idx, tgt)
+                prof.disable()
+                if dev == "cuda":
+                    torch.cuda.synchronize()
+                print(f"{n}: host time of 20 steps by function (cProfile)")
+                pstats.Stats(prof).sort_stats("tottime").print_stats(a.host_profile)
     base_train, base_infer = t_train["Inductor"], t_infer["Inductor"]
     rows = [(n, f"{t_train[n] * 1e3:.2f}", f"{base_train / t_train[n]:.2f}x", f"{t_infer[n] * 1e3:.2f}",
              f"{base_infer / t_infer[n]:.2f}x", str(kernels.get(n, "-"))) for n in fns]
