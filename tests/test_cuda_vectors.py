@@ -127,6 +127,29 @@ def test_norm_backward_keeps_its_run_partials_in_registers():
     assert len(re.findall(r"ember_chunk \+ r0\] = \w+\[20480\*ember_chunk \+ r0\] \+", src)) == 1
 
 
+def test_chunked_loops_of_mixed_widths_keep_their_partials_in_registers():
+    """A residual add, LayerNorm and its backward under a float32 loss: one loop's loads are all
+    bf16 (groups of 8), another's are float32 (groups of 4). The loops take one width, the
+    narrowest, so a thread's groups are the same in every loop and the weight gradients' run
+    partials add up in registers; the loops adding run partials had gone scalar, adding every
+    row into memory (a GPT's kernel of this kind took 7x Triton's time on an H100)."""
+    def step(x, r, w, b, g):
+        h = x + r
+        (F.layer_norm(h, (h.shape[-1],), w, b).float() * g).sum().backward()
+
+    def bf16(*shape):
+        return torch.randn(*shape, dtype=torch.bfloat16, requires_grad=True)
+
+    report = ember.explain(step, bf16(512, 1024), bf16(512, 1024), bf16(1024), bf16(1024), torch.randn(512, 1024),
+                           target="cuda", options={"row_chunks": 16})
+    (src,) = [k.source for k in report.kernels if "ember_chunk" in k.source]
+    assert re.findall(r"float ember_part\d\[EMBER_UNROLL\]\[(\d)\] = \{\};", src) == ["4", "4"], src
+    groups = set(re.findall(r"EmberVec<[^,]*, (\d)>", src))
+    assert groups == {"4"}, groups
+    vector = src[src.index("if (ember_cached) {"):src.index("} else {", src.index("if (ember_cached) {"))]
+    assert re.search(r"ember_part\d\[ember_u\]\[ember_k\] \+= v\d+;", vector)
+
+
 def test_pointwise_float32_groups_of_four():
     x, y = torch.randn(1 << 12), torch.randn(1 << 12)
     (src,) = kernel_sources(relu_add, x, y)
@@ -432,7 +455,11 @@ def test_norm_gradients_with_partials_in_registers_match_eager_on_the_gpu(dtype)
     def rms_norm(x, w, b):
         return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w + b
 
-    for fn in (layer_norm, rms_norm):
+    def residual_layer_norm_float(x, w, b):  # a float32 gradient in: loops of two group widths
+        y = F.layer_norm(x + x.flip(0), (x.shape[-1],), w, b)
+        return y if y.dtype == torch.float64 else y.float()
+
+    for fn in (layer_norm, rms_norm, residual_layer_norm_float):
         compiled = ember.compile(fn, options={"gpu_backend": "cuda"})
         for rows, width, shift in ((1000, 4096, 0), (1000, 4096, 1), (300, 20480, 0), (1000, 1000, 0)):
             base = torch.randn(rows * width + shift, dtype=dtype, device="cuda")
@@ -444,7 +471,8 @@ def test_norm_gradients_with_partials_in_registers_match_eager_on_the_gpu(dtype)
                 leaves = [t.detach().to(kind).requires_grad_() for t in (x, w, b)]
                 if shift and kind == dtype:  # keep x misaligned: a leaf viewing the shifted storage
                     leaves[0] = base.detach().clone()[shift:].view(rows, width).requires_grad_()
-                f(*leaves).backward(g.to(kind))
+                out = f(*leaves)
+                out.backward(g.to(out.dtype))
                 grads.append([t.grad.double() for t in leaves])
             # the weights' gradients sum 1000 rows of 16-bit products: no worse than eager's
             for i, (ref, eager, got) in enumerate(zip(*grads)):

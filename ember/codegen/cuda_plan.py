@@ -69,21 +69,31 @@ def _unit_step(index: sympy.Expr, var: sympy.Symbol) -> bool:
         return False
 
 
-def vector_plan(kernel: Kernel, loop: int) -> VectorPlan | None:
+def vector_plan(kernel: Kernel, loop: int, most: int | None = None) -> VectorPlan | None:
     """The vector form of loop ``loop`` of ``kernel`` (0: a pointwise kernel's one loop), or None.
-    Column kernels' lanes take rows, not consecutive elements: they keep the scalar loops."""
+    Column kernels' lanes take rows, not consecutive elements: they keep the scalar loops.
+    ``most``: the widest group allowed."""
     kind = strategy(kernel)
     if kind == "pointwise":
-        return plan_loop(kernel, kernel.values, kernel.outer, inner=False) if loop == 0 else None
+        return plan_loop(kernel, kernel.values, kernel.outer, inner=False, most=most) if loop == 0 else None
     if kind == "columns" or loop == 0:
         return None
     stores = [v for v in kernel.values if v.kind == "store" and v.inner and v.loop == loop]
-    return plan_loop(kernel, kernel.loop_values(loop) + stores, kernel.inner, inner=True, peel=kind == "rows")
+    return plan_loop(kernel, kernel.loop_values(loop) + stores, kernel.inner, inner=True, peel=kind == "rows",
+                     most=most)
 
 
 def kernel_row_forms(kernel: Kernel) -> RowForms:
-    """A row kernel's loop plans and what its rows keep in registers (cuda_vectors.row_forms)."""
+    """A row kernel's loop plans and what its rows keep in registers (cuda_vectors.row_forms).
+    A chunked kernel's loops take one group width, the narrowest of theirs: its run partials
+    add up in registers only where a thread's groups are the same elements in every loop, and
+    otherwise those loops go scalar, adding every row into the partials in memory (a GPT's
+    LayerNorm and its backward, bf16 loads in 8s and float32 stores in 4s: 7x Triton's time)."""
     plans = {i: p for i in range(1, kernel.n_loops + 1) if (p := vector_plan(kernel, i)) is not None}
+    widths = {p.width for p in plans.values()}
+    if kernel.chunk_stores and len(widths) > 1:
+        narrowest = min(widths)
+        plans = {i: p for i in range(1, kernel.n_loops + 1) if (p := vector_plan(kernel, i, narrowest)) is not None}
     return row_forms(kernel, plans, REDUCTION_THREADS * UNROLL)
 
 

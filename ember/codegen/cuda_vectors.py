@@ -64,19 +64,19 @@ class VectorPlan:
 
 
 def plan_loop(kernel: Kernel, values: list[Value], extents: tuple[sympy.Expr, ...],
-              inner: bool, peel: bool = False) -> VectorPlan | None:
+              inner: bool, peel: bool = False, most: int | None = None) -> VectorPlan | None:
     """The vector plan of a loop over ``extents`` (the kernel's inner domain when ``inner``, else
     its flattened outer domain) computing ``values``; None where no access would gain. ``peel``:
     a row kernel's loop, whose groups may start where the row's accesses are aligned rather than
     at its start (rows of 999 or 50257 elements: most rows start mid-vector), where that gains
-    more accesses."""
+    more accesses. ``most``: the widest group allowed (one width for every loop of a row)."""
     if not extents or kernel.segment_length is not None:
         return None
     var = (inner_var if inner else outer_var)(len(extents) - 1)
     candidates = _candidates(kernel, values, var)
     if not candidates:
         return None
-    width = _width(kernel, candidates)
+    width = min(_width(kernel, candidates), most or MAX_WIDTH)
     if width < 2:
         return None
     exact = _exact_plan(kernel, candidates, extents, var, width)
