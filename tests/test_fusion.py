@@ -213,6 +213,24 @@ def test_a_pointwise_value_that_cannot_join_a_column_sum_walks_its_own_shape():
     assert "inner []  loops 0" in gelu.kernel_ir.splitlines()[1], gelu.kernel_ir
 
 
+def test_positions_stored_for_an_embedding_are_recomputed_by_a_causal_mask():
+    # torch.arange(T) feeds a position embedding (an ATen call: it gets a buffer) and, the same
+    # iota after CSE, the causal mask of tril(ones(T, T)). The softmax kernel computes the
+    # positions from its loop indices; it had loaded them, 8 bytes an element, more than the
+    # scores themselves (and int64 groups of 2 made the CUDA C++ loops read the scores 2 at a time).
+    def fn(scores, table):
+        t = scores.shape[-1]
+        positions = torch.arange(t)
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        return scores.masked_fill(~causal, float("-inf")).softmax(-1), F.embedding(positions, table)
+
+    for dynamic in (False, True):
+        report = check(fn, torch.randn(2, 3, 9, 9), torch.randn(16, 4), dynamic=dynamic)
+        (softmax,) = [k for k in report.kernels if "softmax" in k.name]
+        assert not re.search(r"i64 = load", softmax.kernel_ir), softmax.kernel_ir
+        assert "index r0" in softmax.kernel_ir
+
+
 def test_softmax_regrouped_for_a_batched_matmul_is_one_kernel():
     # (B, H, T, T) probabilities reshaped to (B*H, T, T): a row kernel over the reshape's rows,
     # whose statistics read each row at its (b, h); one pass, not a statistics kernel and a
