@@ -17,10 +17,16 @@ elements: most rows start mid-vector) are *peeled* instead: each row's groups st
 row's accesses are aligned in memory, and the elements before the first group (the head) and
 after the last (the tail) go one at a time.
 
-Accesses left scalar inside a vector loop: gathers (their index is data), guarded loads (their
-guard may be what keeps the address valid), accumulating stores and the column sums' stores,
-stores to a buffer another store of the loop writes too, and any access not unit-step along the
-fastest dimension (a broadcast or transposed operand).
+A guarded load (a value only a ``where``'s taken branch needs: schedule/guards.py) goes a group
+at a time too: its index is affine in the loop, so every address of the group is valid whatever
+the guard (cat's and pad's loads are clamped into their inputs), and the group is loaded whole
+while the work on it stays under the guard. A causal softmax's masked scores, loaded one at a
+time where unmasked, took 2.3x Triton's time (H100, a GPT's attention); whole groups read the
+masked half of each row too, and keep the row in registers for the later loops.
+
+Accesses left scalar inside a vector loop: gathers (their index is data), accumulating stores
+and the column sums' stores, stores to a buffer another store of the loop writes too, and any
+access not unit-step along the fastest dimension (a broadcast or transposed operand).
 Segment kernels (ragged rows, whose start comes from the offsets) keep the scalar loop.
 
 Row kernels go further where a block's one iteration covers a row (``row_forms``): every thread
@@ -168,8 +174,6 @@ def _exact_plan(kernel: Kernel, candidates: list[Value], extents: tuple[sympy.Ex
 def _vectorizable(v: Value, var: sympy.Symbol) -> bool:
     """A plain load or store whose index is ``var`` plus terms without it."""
     if v.kind not in ("load", "store") or v.arg.bindings:
-        return False
-    if v.kind == "load" and v.guard is not None:
         return False
     if v.kind == "store" and (v.arg.accumulate or v.srcs[0].kind == "chunksum"):
         return False
