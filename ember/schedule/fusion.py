@@ -1,7 +1,8 @@
 """Fusion: which nodes get a buffer, and which buffers one kernel computes together.
 
 1. Buffers are needed for graph outputs and ATen-call arguments (a view of a node that has a
-   buffer anyway is replayed as an ATen view instead, keeping eager's aliasing).
+   buffer anyway is replayed as an ATen view instead, keeping eager's aliasing, unless ATen's
+   reshape would copy it anyway: attention's heads flattened for ``bmm`` are copied by a kernel).
 2. Each buffered node is a *root*. A root's kernel domain is its reduction's (outer rows x inner
    reduce extent) when its unbuffered inputs contain a reduction, else its own shape. Roots with
    the same domain share a kernel (softmax = one kernel with three loops; the padded GIoU loss =
