@@ -197,8 +197,6 @@ def _index_add(ctx: Context, x: Node, dim: int, index: Node, source: Any, *, alp
     return _put(ctx, x, dim, [ctx.cast(index, dt.int64)], source, True, 4)
 
 
-
-
 @register(aten.scatter_add.default)
 def _scatter_add(ctx: Context, x: Node, dim: int, index: Node, src: Node) -> Node:
     """out[.., index[p], ..] += src[p] over index's elements p: an index_put whose other indices
