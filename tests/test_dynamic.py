@@ -102,7 +102,8 @@ def test_sizes_equal_under_other_symbols_broadcast():
     # logits' (s2*s3) rows in cross-entropy. ATen checked they are equal (a guard), so the
     # broadcast is valid; ember had refused it and run the graph through ATen. The one-hot
     # scatter of nll_loss's backward is lowered too, proved equal from Dynamo's guards: through
-    # ATen it filled and copied a float32 tensor of the logits' size (1.7 ms of a GPT's step).
+    # ATen it filled, copied and read back a float32 tensor of the logits' size (about 1.6 ms of
+    # a GPT's training step on an H100).
     torch.manual_seed(0)
     emb, head = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50, bias=False)
 
