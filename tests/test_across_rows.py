@@ -183,12 +183,12 @@ def test_passes_off_names_passes():
 @pytest.mark.parametrize("target", ["cpp", "triton", "triton-looped"])
 def test_cross_entropy_gradient_walks_rows_once(target, monkeypatch):
     """CE's gradient over long rows reads each row's statistics (max, log-sum, target) once, as a
-    row kernel with one loop and no reduction (schedule/fusion.py: _broadcast_rows), not once per
+    row kernel with one loop and no reduction (schedule/domains.py: _broadcast_rows), not once per
     element as a flat pointwise kernel would; only with rows enough to fill the GPU. (The
     thresholds are lowered here, as the interpreter runs the kernels.)"""
-    from ember.schedule import fusion
-    monkeypatch.setattr(fusion, "LONG_ROW", 64)
-    monkeypatch.setattr(fusion, "MIN_ROWS", 16)
+    from ember.schedule import domains
+    monkeypatch.setattr(domains, "LONG_ROW", 64)
+    monkeypatch.setattr(domains, "MIN_ROWS", 16)
     torch.manual_seed(0)
     x, t = ce_inputs(32, 100, torch.bfloat16)
     a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -214,9 +214,9 @@ def test_cross_entropy_gradient_walks_rows_once(target, monkeypatch):
 @needs_nvcc
 def test_cross_entropy_gradient_row_kernel_compiles_for_sm90(tmp_path, monkeypatch):
     """The same row kernel with one loop and no reduction, in CUDA C++."""
-    from ember.schedule import fusion
-    monkeypatch.setattr(fusion, "LONG_ROW", 64)
-    monkeypatch.setattr(fusion, "MIN_ROWS", 16)
+    from ember.schedule import domains
+    monkeypatch.setattr(domains, "LONG_ROW", 64)
+    monkeypatch.setattr(domains, "MIN_ROWS", 16)
     x, t = ce_inputs(32, 100, torch.bfloat16)
     report = ember.Report()
     with warnings.catch_warnings():
