@@ -14,6 +14,8 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.utils._sympy.functions import Max
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
@@ -123,7 +125,6 @@ class Context:
         SymBool or a bool) holds on every call of this graph: proved from Dynamo's guards, adding
         none. Sizes under different symbols can be equal this way (a target's ``s0*s1`` rows and
         the logits' ``s2*s3``, checked equal by ATen while tracing) where sympy alone cannot tell."""
-        from torch.fx.experimental.symbolic_shapes import statically_known_true
         return statically_known_true(fact)
 
     @property
@@ -161,6 +162,14 @@ def _sym_dtype(val: Any) -> dt.DType:
     if isinstance(val, torch.SymFloat | float):
         return dt.float64
     return dt.int64
+
+
+def _strides(meta: torch.Tensor) -> sh.Shape:
+    """A fake tensor's strides. torch writes a contiguous stride as max(1, the sizes after it):
+    the 1 matters only where those sizes are 0, and then nothing is stored there."""
+    return tuple(st.replace(lambda e: isinstance(e, Max) and 1 in e.args,
+                            lambda e: Max(*[a for a in e.args if a != 1]))
+                 for st in sh.shape(meta.stride()))
 
 
 def _is_sym(val: Any) -> bool:
@@ -205,7 +214,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
         elif fx_node.op == "output":
             for i, out in enumerate(_flat_outputs(fx_node.args[0])):
                 meta = out.meta.get("val") if isinstance(out, torch.fx.Node) else None
-                output_strides.append(sh.shape(meta.stride()) if isinstance(meta, torch.Tensor) else None)
+                output_strides.append(_strides(meta) if isinstance(meta, torch.Tensor) else None)
                 value = env[out] if isinstance(out, torch.fx.Node) else out
                 if value is None:
                     outputs.append(None)

@@ -178,11 +178,15 @@ class KernelBuilder:
             if node in self.spec.unrolled or tuple(point) != tuple(self.spec.homes[node]):
                 raise Conflict(node, self._reader or node)
             return self.compute(node, point)
-        if node in self.buffers and node.op is not Op.IOTA:
+        if self._loaded(node):
             return self.load(node, offset(point, self.buffers[node].strides))
-        # (positions stored for an ATen call, torch.arange for an embedding, are recomputed
-        # from the loop's index, not loaded: a causal mask comparing them loaded 8 bytes an element)
         return self.compute(node, point)
+
+    def _loaded(self, node: Node) -> bool:
+        """Is ``node`` read from its buffer? Positions stored for an ATen call (torch.arange for
+        an embedding) are recomputed from the loop's index instead: a causal mask comparing
+        them loaded 8 bytes an element."""
+        return node in self.buffers and node.op is not Op.IOTA
 
     def compute(self, node: Node, point: Point) -> Value:
         key = (node, tuple(point))
@@ -349,7 +353,7 @@ class KernelBuilder:
         if node in self._strided:
             return self._strided[node]
         result = None
-        if node in self.buffers and node not in self.spec.homes and node.op is not Op.IOTA:
+        if self._loaded(node) and node not in self.spec.homes:
             result = (node, (self.buffers[node].strides, sympy.Integer(0)))
         elif node.op in VIEW_OPS and node not in self.spec.homes:
             below = self.strided(node.inputs[0])

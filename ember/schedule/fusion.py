@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import sympy
-from torch.utils._sympy.functions import Max
 
 from ..config import Config
 from ..ir import shapes as sh
@@ -395,11 +394,6 @@ class Planner(DomainRules):
         for node, strides in zip(self.graph.outputs, self.graph.output_strides):
             if node is None or strides is None or node in wanted or len(strides) != node.rank:
                 continue
-            # torch writes a contiguous stride as max(1, sizes after it): 1 matters only where
-            # those sizes are 0, and then nothing is stored
-            strides = tuple(sh.expr(st).replace(lambda e: isinstance(e, Max) and 1 in e.args,
-                                                lambda e: Max(*[a for a in e.args if a != 1]))
-                            for st in strides)
             if any(sh.equal(st, 0) and not sh.is_one(size) for st, size in zip(strides, node.shape)):
                 continue
             if any(not sh.equal(a, b) for a, b, size in zip(strides, sh.contiguous_strides(node.shape), node.shape)
