@@ -47,6 +47,10 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     for op in (aten.native_layer_norm.default, aten.gelu.default, aten.var_mean.correction,
                aten.var.correction, aten.index_add.default):
         table.pop(op, None)
+    # Its decomposition returns the attention weights where the op returns the log-sum-exp. In a
+    # training graph the op's backward (never decomposed) then reads the weights as the
+    # log-sum-exp, and every gradient is wrong, silently. It runs through ATen, as in Inductor.
+    table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     return table
 
 
