@@ -82,3 +82,24 @@ def test_graph_level_fallback_when_ember_cannot_compile(monkeypatch):
     assert_same(out, x.sin() + 1)
     assert ember.stats()["graph_fallbacks"] == 1
     assert "simulated scheduler bug" in report.graphs[0].error
+
+
+def test_a_plan_that_cannot_progress_stops_at_once(monkeypatch):
+    # A kernel asking for a buffer its value already has would be planned the same way again and
+    # again (a Llama block spent 40 s in 10 x nodes attempts): the planner stops at the first
+    # repeat and the graph runs through ATen with one warning.
+    import time
+
+    from ember.schedule import build, fusion
+
+    def needs_its_own_buffer(self):
+        raise build.NeedsBuffer(self.spec.roots[0])
+
+    monkeypatch.setattr(fusion.KernelBuilder, "build", needs_its_own_buffer)
+    x = torch.randn(4, 8)
+    start = time.perf_counter()
+    with pytest.warns(RuntimeWarning, match="runs through ATen"):
+        out, report = run(lambda a: (a.sin() + 1).softmax(-1), x)
+    assert_same(out, (x.sin() + 1).softmax(-1))
+    assert "fusion planning is stuck" in report.graphs[0].error
+    assert time.perf_counter() - start < 10

@@ -207,6 +207,34 @@ def test_auto_fuses_the_gated_mlp():
     the_matmul_kernel(check(swiglu, x, wg, wu, options={"target": "triton"}), dots=2)
 
 
+@on_the_interpreter
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_gated_mlp_after_a_norm_in_inference(dynamic):
+    # a Llama block's MLP: the normalized x feeds both projections; computed in their two-dot
+    # kernel it would put the norm's reduction under the matmuls, so it gets a buffer of its own
+    # (the plan did not converge before: the block's inference graph ran through ATen, after 40 s)
+    def mlp(x, w, wg, wu, wd):
+        xf = x.float()
+        h = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * w
+        return x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
+
+    w = torch.rand(64, dtype=F16) + 0.5
+    wg, wu, wd = (torch.randn(96, 64, dtype=F16) * 0.2, torch.randn(96, 64, dtype=F16) * 0.2,
+                  torch.randn(64, 96, dtype=F16) * 0.1)
+    report = ember.Report()
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = ember.compile(mlp, dynamic=dynamic, options={"target": "triton"}, report=report)
+        for tokens in (20, 9):  # (2 x 9 rows: above a tile's smallest side, as statically compiled)
+            x = torch.randn(2, tokens, 64, dtype=F16)
+            # (products of magnitude ~5, rounded to float16 in eager before the multiply)
+            assert_same(compiled(x, w, wg, wu, wd), mlp(x, w, wg, wu, wd), rtol=1e-2, atol=1e-2)
+    assert not [w for w in caught if "ember" in str(w.message)], [str(w.message) for w in caught]
+    assert not [g.error for g in report.graphs if g.error]
+    dots = [k.kernel_ir.count("= dot ") for k in report.kernels]
+    assert 2 in dots and report.fallbacks == ["aten.mm"] * len(report.graphs), (dots, report.fallbacks)
+
+
 def test_bad_option_value_is_refused():
     with pytest.raises(ValueError, match="matmul_epilogues"):
         ember.compile(swiglu, options={"matmul_epilogues": True})

@@ -393,6 +393,13 @@ class KernelBuilder:
         o0, o1, k = outer_var(0), outer_var(1), inner_var(0)
         if (not self.spec.matmul or tuple(point) != (o0, o1) or len(self.spec.inner) != 1
                 or not sh.equal(a.shape[1], self.spec.inner[0])):
+            if node in self.spec.homes:
+                # a matmul stored as its own root outside a matmul's tiles: an operand computed in
+                # this kernel put a reduction under it (an RMSNorm before two projections), and the
+                # operand gets the buffer (buffering the matmul again would change nothing)
+                for x in (a, b):
+                    if not self._loaded(view_base(x)):
+                        raise NeedsBuffer(view_base(x))
             raise NeedsBuffer(node)
         previous, self._reader = self._reader, node
         operands = [self.value_of(a, (o0, k)), self.value_of(b, (k, o1))]

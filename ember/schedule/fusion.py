@@ -414,6 +414,10 @@ class Planner(DomainRules):
             try:
                 kernels = [self._build(g, infos, i) for i, g in enumerate(groups)]
             except NeedsBuffer as e:
+                if e.node in self.buffered and (not isinstance(e, AcrossFailed) or e.node in self.not_across):
+                    # the next attempt would plan the same groups and fail the same way
+                    raise RuntimeError(f"ember: fusion planning is stuck: {e.node} needs a buffer it already "
+                                       "has") from e
                 self.buffered.add(e.node)
                 if isinstance(e, AcrossFailed):
                     self.not_across.add(e.node)
