@@ -6,6 +6,9 @@ gradient against a float32 copy of the model, with sequence lengths that change 
 recompiles after the first few), then times a forward + backward step and a forward alone
 (CUDA events, medians of interleaved rounds) and counts the kernels of a step.
 
+``--model llama`` runs a Llama-style model instead: rotary positions, grouped-query attention through
+``F.scaled_dot_product_attention`` (ATen's fused attention kernels), RMSNorm and a SwiGLU MLP.
+
     PYTHONPATH=. python bench/gpt_step.py [--device cuda] [--dtype bf16] [--layers 2] [--width 768]
 """
 
@@ -58,6 +61,73 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, width: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(width)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, -1)
+    return torch.cat([-b, a], -1)
+
+
+class LlamaBlock(nn.Module):
+    """Rotary positions, grouped-query attention through F.scaled_dot_product_attention (its
+    flash or memory-efficient kernel, run through ATen), RMSNorm and a SwiGLU MLP, no biases."""
+
+    def __init__(self, width: int, heads: int, kv_heads: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, width // heads
+        self.n1, self.n2 = RMSNorm(width), RMSNorm(width)
+        self.q = nn.Linear(width, width, bias=False)
+        self.kv = nn.Linear(width, 2 * kv_heads * self.hd, bias=False)
+        self.o = nn.Linear(width, width, bias=False)
+        hidden = 8 * width // 3 // 64 * 64
+        self.gate, self.up = nn.Linear(width, hidden, bias=False), nn.Linear(width, hidden, bias=False)
+        self.down = nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.n1(x)
+        q = self.q(h).view(b, t, self.heads, self.hd).transpose(1, 2)
+        k, v = (z.view(b, t, self.kv_heads, self.hd).transpose(1, 2) for z in self.kv(h).chunk(2, -1))
+        cos, sin = cos[:t].to(x.dtype), sin[:t].to(x.dtype)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        rep = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(y.transpose(1, 2).reshape(b, t, d))
+        h = self.n2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab: int, width: int, heads: int, layers: int, max_len: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList(LlamaBlock(width, heads, max(1, heads // 3)) for _ in range(layers))
+        self.norm, self.head = RMSNorm(width), nn.Linear(width, vocab, bias=False)
+        hd = width // heads
+        freq = torch.outer(torch.arange(max_len).float(), 1.0 / 10000 ** (torch.arange(0, hd, 2).float() / hd))
+        self.register_buffer("cos", torch.cat([freq, freq], -1).cos(), persistent=False)
+        self.register_buffer("sin", torch.cat([freq, freq], -1).sin(), persistent=False)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx)
+        for block in self.blocks:
+            x = block(x, self.cos, self.sin)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+
+
+MODELS = {"gpt": GPT, "llama": Llama}
+
+
 def step(model: nn.Module, fn, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     for p in model.parameters():
         p.grad = None
@@ -101,6 +171,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--model", default="gpt", choices=sorted(MODELS),
+                    help="gpt: attention written out, LayerNorm, gelu; llama: rotary positions, grouped-query "
+                    "F.scaled_dot_product_attention, RMSNorm, SwiGLU")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--heads", type=int, default=12)
@@ -119,16 +192,17 @@ def main() -> None:
 
     dev, dtype = a.device, {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     torch.manual_seed(0)
-    ref = GPT(a.vocab, a.width, a.heads, a.layers, a.seq).to(dev)
-    models = {"eager": GPT(a.vocab, a.width, a.heads, a.layers, a.seq).to(dev, dtype)}
+    model_class = MODELS[a.model]
+    ref = model_class(a.vocab, a.width, a.heads, a.layers, a.seq).to(dev)
+    models = {"eager": model_class(a.vocab, a.width, a.heads, a.layers, a.seq).to(dev, dtype)}
     models["eager"].load_state_dict(ref.state_dict())
     fns = {"eager": models["eager"]}
-    models["Inductor"] = GPT(a.vocab, a.width, a.heads, a.layers, a.seq).to(dev, dtype)
+    models["Inductor"] = model_class(a.vocab, a.width, a.heads, a.layers, a.seq).to(dev, dtype)
     models["Inductor"].load_state_dict(ref.state_dict())
     fns["Inductor"] = torch.compile(models["Inductor"], dynamic=True)
     for backend in a.backends.split(","):
         name = f"ember-{backend}"
-        models[name] = GPT(a.vocab, a.width, a.heads, a.layers, a.seq).to(dev, dtype)
+        models[name] = model_class(a.vocab, a.width, a.heads, a.layers, a.seq).to(dev, dtype)
         models[name].load_state_dict(ref.state_dict())
         fns[name] = ember.compile(models[name], options={"gpu_backend": backend})
 
@@ -150,7 +224,7 @@ def main() -> None:
                 rows.append((name, str(t), f"{loss:.5f}", f"{abs(loss - loss_ref) / abs(loss_ref):.1e}",
                              f"{worst_error(models[name], ref):.1e}", f"{first:.0f}"))
     print(f"{torch.cuda.get_device_name() if dev == 'cuda' else dev}, torch {torch.__version__}, {a.dtype}, "
-          f"{a.layers} layers of width {a.width}, batch {a.batch}")
+          f"{a.model}, {a.layers} layers of width {a.width}, batch {a.batch}")
     print(table(rows, ["variant", "T", "loss", "loss rel err", "worst grad rel err", "step ms (first: compile)"]))
     stats = ember.stats()
     print("ember:", {k: stats[k] - stats0.get(k, 0) for k in ("graphs_compiled", "graph_fallbacks", "build_failures")

@@ -11,6 +11,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 import ember
 
+from .conftest import DEVICE
 from .helpers import assert_same
 
 # Ops whose gradients ember generates (their backward graphs are pointwise/reduction work).
@@ -77,7 +78,8 @@ SDPA_CASES = {
 def test_scaled_dot_product_attention_gradients_match_eager(case, dynamic):
     """F.scaled_dot_product_attention in a training graph. On CPU it is a flash-attention op whose
     core-ATen decomposition returns the attention weights in place of the log-sum-exp that the
-    op's backward reads: decomposed, every gradient came out wrong while the loss was right."""
+    op's backward reads: decomposed, every gradient came out wrong while the loss was right.
+    (On a GPU, EMBER_TEST_DEVICE=cuda, ATen's fused attention kernels.)"""
     opts = dict(SDPA_CASES[case])
     mask_kind, kv_heads = opts.pop("mask", None), opts.pop("kv_heads", 4)
     torch.manual_seed(0)
@@ -91,13 +93,13 @@ def test_scaled_dot_product_attention_gradients_match_eager(case, dynamic):
     torch._dynamo.reset()
     compiled = ember.compile(attention, dynamic=dynamic)
     for length in (7, 12, 1):
-        q = torch.randn(2, 4, length, 8, requires_grad=True)
-        k, v = (torch.randn(2, kv_heads, length, 8, requires_grad=True) for _ in range(2))
+        q = torch.randn(2, 4, length, 8, device=DEVICE, requires_grad=True)
+        k, v = (torch.randn(2, kv_heads, length, 8, device=DEVICE, requires_grad=True) for _ in range(2))
         mask = None
         if mask_kind == "float":
-            mask = torch.randn(length, length)
+            mask = torch.randn(length, length, device=DEVICE)
         elif mask_kind == "bool":
-            mask = torch.rand(length, length) > 0.3
+            mask = torch.rand(length, length, device=DEVICE) > 0.3
             mask.diagonal().fill_(True)  # (a row with no key is NaN in eager)
         ref_outs, ref_grads, g = _grads(attention, [q, k, v, mask])
         outs, grads, _ = _grads(compiled, [q, k, v, mask], g)
