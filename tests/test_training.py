@@ -107,6 +107,51 @@ def test_scaled_dot_product_attention_gradients_match_eager(case, dynamic):
         assert_same(grads, ref_grads, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("op", ["conv", "max_pool", "model"])
+def test_channels_last_activations_saved_for_the_backward(op):
+    """An ATen result that kernels read densely is saved for the backward in eager's layout:
+    returned dense, the backward's kernels (traced with channels_last strides) read it in the
+    wrong order and every gradient through it was wrong."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
+    w, g = torch.randn(4, 3, 1, 1), torch.randn(4, requires_grad=True)
+    if op == "conv":
+        fn = lambda x, w, g: F.conv2d(x, w) * g[:, None, None]  # noqa: E731
+    elif op == "max_pool":
+        fn = lambda x, w, g: F.max_pool2d(x, 2) * g[:3, None, None]  # noqa: E731
+    else:
+        fn = SmallCNN().to(memory_format=torch.channels_last)
+        x, g = torch.randn(5, 3, 8, 8).to(memory_format=torch.channels_last), None
+    args = (x,) if g is None else (x, w, g)
+    ref_outs, ref_grads, up = _grads(fn, args) if g is not None else (None, None, None)
+    if g is None:  # the model's parameters
+        ref = fn(x)
+        up = [torch.randn_like(ref)]
+        ref_grads = torch.autograd.grad(ref, list(fn.parameters()), up)
+        out = ember.compile(fn)(x)
+        grads = torch.autograd.grad(out, list(fn.parameters()), up)
+        assert_same(out, ref, rtol=1e-4, atol=1e-5)
+    else:
+        outs, grads, _ = _grads(ember.compile(fn), args, up)
+        assert_same(outs, ref_outs)
+    assert_same(list(grads), list(ref_grads), rtol=1e-4, atol=1e-5)
+
+
+def test_a_backward_reads_inputs_in_the_layout_it_was_traced_with(monkeypatch):
+    """The backward copies an input laid out otherwise than traced into that layout (here the
+    forward is made to return its saved convolution dense, as it did before the fix above)."""
+    from ember.codegen import wrapper
+
+    monkeypatch.setattr(wrapper.WrapperWriter, "_dense_for_kernels", lambda self, node: self.emit(
+        f"{self.var[node]} = {self.var[node]}.contiguous()") if self.var[node] in self.kernel_reads else None)
+    x = torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
+    w, g = torch.randn(4, 3, 1, 1), torch.randn(4, requires_grad=True)
+    fn = lambda x, w, g: F.conv2d(x, w) * g[:, None, None]  # noqa: E731
+    ref_outs, ref_grads, up = _grads(fn, (x, w, g))
+    outs, grads, _ = _grads(ember.compile(fn), (x, w, g), up)
+    assert_same(grads, ref_grads, rtol=1e-4, atol=1e-5)
+
+
 def _train(model, data, target, steps, optimizer_cls, compiled, **opt_kwargs):
     torch.manual_seed(1)
     opt = optimizer_cls(model.parameters(), **opt_kwargs)

@@ -189,9 +189,15 @@ class WrapperWriter:
                 self.emit(f"{node.arg.name} = {node.arg.name}.to({node.arg.to_device!r}, non_blocking=True)"
                           "  # a 0-d CPU tensor used as a scalar")
         self.bind_sizes()
+        if g.name.startswith("backward"):
+            self._check_layouts()
         last_use = self.last_use = self._last_uses()
-        outputs = {o for o in g.outputs if o is not None}
+        outputs = self.outputs = {o for o in g.outputs if o is not None}
         self.output_vars = self._output_vars(outputs)
+        # ATen results that kernels read densely, where the graph also returns them or a view of
+        # them: the variable holding the result as ATen laid it out
+        self.eager_layout: dict[Node, str] = {}
+        self.viewed_for_outputs = {s.base for s in self.s.steps if isinstance(s, ViewStep) and s.node in outputs}
         for i, step in enumerate(self.s.steps):
             if isinstance(step, KernelStep):
                 self._kernel(step, i)
@@ -205,6 +211,27 @@ class WrapperWriter:
         self.emit("return (" + "".join(self._output(i, o) + ", " for i, o in enumerate(g.outputs)) + ")")
         return Wrapper("\n".join(self.lines) + "\n", self.constants)
 
+    def _check_layouts(self) -> None:
+        """A backward's inputs are the forward's saved tensors and the gradients autograd passes,
+        with no guard on their strides, and its kernels read them with the strides it was traced
+        with. Where a tensor comes in laid out otherwise, it is copied into that layout first:
+        read in another layout its values would be silently wrong. (Dims of size 1 may have any
+        stride; overlapping layouts are read correctly from any copy of their values.)"""
+        for node in self.s.graph.inputs:
+            spec = node.arg
+            if spec.kind != "tensor" or spec.name not in self.kernel_reads or spec.strides is None:
+                continue
+            dims = [i for i, size in enumerate(node.shape) if not sh.is_one(size)]
+            if any(sh.equal(spec.strides[i], 0) for i in dims) or not dims:
+                continue
+            if len(dims) == node.rank:
+                got, want = f"{spec.name}.stride()", shape_tuple(spec.strides)
+            else:
+                got = "(" + ", ".join(f"{spec.name}.stride({i})" for i in dims) + ("," if len(dims) == 1 else "") + ")"
+                want = shape_tuple(tuple(spec.strides[i] for i in dims))
+            self.emit(f"if {got} != {want}:  # laid out otherwise than traced: copied into that layout")
+            self.emit(f"{spec.name} = relayout({spec.name}, {shape_tuple(spec.strides)})", depth=2)
+
     def _output_vars(self, outputs: set[Node]) -> set[str]:
         return {self.var[o] for o in outputs if o in self.var}
 
@@ -214,7 +241,7 @@ class WrapperWriter:
         if i in self.s.graph.scalar_outputs:
             value = node.arg
             return pexpr(value) if isinstance(value, sympy.Basic) else repr(value)
-        return self.var[node]
+        return self.eager_layout.get(node, self.var[node])
 
     def _reads(self, step: Any) -> list[str]:
         if isinstance(step, KernelStep):
@@ -331,17 +358,26 @@ class WrapperWriter:
         args += [f"{k}={self._template(v, node)}" for k, v in call.kwargs.items()]
         result = f"{target}({', '.join(args)})"
         if node.shape is not None:
-            name = self.var[node]
-            self.emit(f"{name} = {result}")
-            if name in self.kernel_reads:
-                self.emit(f"{name} = {name}.contiguous()  # kernels read it densely")
+            self.emit(f"{self.var[node]} = {result}")
+            self._dense_for_kernels(node)
             return
         tmp = f"res{len(self.lines)}"
         self.emit(f"{tmp} = {result}")
         for getitem in [n for n in self.s.buffers if n.op is Op.GETITEM and n.inputs[0] is node]:
-            name = self.var[getitem]
-            dense = ".contiguous()" if name in self.kernel_reads else ""
-            self.emit(f"{name} = {tmp}[{getitem.arg}]{dense}")
+            self.emit(f"{self.var[getitem]} = {tmp}[{getitem.arg}]")
+            self._dense_for_kernels(getitem)
+
+    def _dense_for_kernels(self, node: Node) -> None:
+        """Kernels read an ATen result densely. What the graph returns keeps eager's layout: a
+        backward program was traced with it (a channels_last convolution saved for its backward:
+        returned dense, the backward kernels read it as channels_last, every gradient wrong)."""
+        name = self.var[node]
+        if name not in self.kernel_reads:
+            return
+        if node in self.outputs or node in self.viewed_for_outputs:
+            self.eager_layout[node] = f"{name}_eager"
+            self.emit(f"{name}_eager = {name}  # returned as eager lays it out")
+        self.emit(f"{name} = {name}.contiguous()  # kernels read it densely")
 
     def _template(self, t: Any, node: Node) -> str:
         if isinstance(t, ArgRef):
@@ -368,7 +404,9 @@ class WrapperWriter:
         while n is not step.base:
             chain.append(n)
             n = n.inputs[0]
-        expr = self.var[step.base]
+        # (an output's view is taken of eager's layout, as the graph reading it was traced)
+        expr = self.eager_layout.get(step.base, self.var[step.base]) if step.node in self.outputs else (
+            self.var[step.base])
         for v in reversed(chain):
             if v.op is Op.RESHAPE:
                 expr = f"{expr}.reshape({shape_tuple(v.shape)})"

@@ -99,6 +99,12 @@ def group_fallback(step: KernelStep, schedule: Schedule) -> Callable[..., None]:
     return run
 
 
+def relayout(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+    """``t``'s values in a tensor of the given strides (a backward's input laid out otherwise
+    than the graph was traced with, codegen/wrapper.py)."""
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+
+
 def boxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:
     """``fn(*args)`` in AOTAutograd's boxed convention (for graphs that run through ATen)."""
 
@@ -154,7 +160,7 @@ class CompiledProgram:
             self.timings.setdefault(kernel, []).append(ms)
             log(4, f"{name}: {kernel} {ms:.3f} ms", cfg)
 
-        ns = {"torch": torch, **_fast_allocators(), "advise_huge": make_advise_huge(cfg),
+        ns = {"torch": torch, **_fast_allocators(), "advise_huge": make_advise_huge(cfg), "relayout": relayout,
               "error_flag": ctypes.addressof(flag),
               "check_error_flag": check_error_flag, "timed": timed, **namespace}
         filename = f"<ember wrapper {name}>"
