@@ -72,6 +72,10 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
             original = chain[-1]
             if original is e or isinstance(original, torch._dynamo.exc.TorchDynamoException):
                 raise
+            if type(original) is AssertionError:
+                # a check in one of torch's Python decompositions (cross_entropy's weight length);
+                # the eager op's own check raises RuntimeError
+                original = RuntimeError(str(original))
             raise _named(original, "\n".join(str(c) for c in chain)) from None
 
     return run

@@ -60,6 +60,40 @@ def test_cross_entropy_target_out_of_range_matches_eager():
         ember.compile(fn)(x, t)
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_value_checks_run_as_in_eager(dynamic):
+    """Checks that return nothing (one_hot's class bounds, torch._assert_async) run: dropped as
+    dead code, one_hot gave an all-zero row for a class out of range."""
+    import torch.nn.functional as F
+    one_hot = lambda t: F.one_hot(t, 4).float() * 2  # noqa: E731
+    positive = lambda x: (torch._assert_async((x > 0).all(), "x must be positive"), x * 2)[1]  # noqa: E731
+    compiled_one_hot = ember.compile(one_hot, dynamic=dynamic)
+    compiled_positive = ember.compile(positive, dynamic=dynamic)
+    ember.reset_stats()
+    good = torch.tensor([0, 3, 1])
+    assert torch.equal(compiled_one_hot(good), one_hot(good))
+    for bad, match in ((torch.tensor([0, 5, 1]), "smaller than num_classes"),
+                       (torch.tensor([0, -1, 2]), "non-negative")):
+        assert _eager_error(one_hot, bad) is RuntimeError
+        with pytest.raises(RuntimeError, match=match):
+            compiled_one_hot(bad)
+    assert torch.equal(compiled_positive(torch.tensor([1.0, 2.0])), torch.tensor([2.0, 4.0]))
+    with pytest.raises(RuntimeError, match="x must be positive"):
+        compiled_positive(torch.tensor([1.0, -1.0]))
+    assert ember.stats()["graph_fallbacks"] == 0  # (compiled, not run through ATen)
+
+
+def test_checks_in_torchs_decompositions_raise_eagers_runtime_error():
+    """A class weight of the wrong length fails an assert in torch's Python decomposition of the
+    loss; eager's own check raises RuntimeError, and so does ember (it raised AssertionError)."""
+    import torch.nn.functional as F
+    fn = lambda x, t, w: F.cross_entropy(x, t, weight=w)  # noqa: E731
+    args = torch.randn(8, 5), torch.randint(0, 5, (8,)), torch.rand(4)
+    assert _eager_error(fn, *args) is RuntimeError
+    with pytest.raises(RuntimeError):
+        ember.compile(fn)(*args)
+
+
 def test_unknown_option_is_a_clear_type_error():
     with pytest.raises(TypeError, match="unknown ember option"):
         ember.compile(lambda x: x, options={"fuse_everything": True})

@@ -150,3 +150,42 @@ def test_backward_writes_over_saved_products_on_the_gpu(backend):
     for a, r, e in zip(args, ref_args, exact):
         mine, theirs = (((t.grad.double() - e.grad).norm() / e.grad.norm()).item() for t in (a, r))
         assert mine <= 2 * theirs + 1e-6, (mine, theirs)
+
+
+FRESH_CASES = {
+    "clone of an input": lambda x: x.clone(),
+    "contiguous copy of a transposed input": lambda x: x.t().contiguous(),
+    "contiguous copy of an expanded input": lambda x: x.unsqueeze(0).expand(2, *x.shape).contiguous(),
+    "two equal results": lambda x: (x * 2, x * 2),
+    "two clones": lambda x: (x.clone(), x.clone()),
+    "a result and its clone": lambda x: (lambda y: (y, y.clone()))(x + 1),
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("case", FRESH_CASES, ids=str)
+def test_outputs_eager_returns_fresh_share_no_memory(case, dynamic):
+    # ember's IR makes a clone its source and CSE makes equal values one node: returned as they
+    # were, a user's in-place change of one result changed the input, or the other result
+    fn = FRESH_CASES[case]
+    x = torch.randn(3, 16)
+    keep = x.clone()
+    outs = ember.compile(fn, dynamic=dynamic)(x)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    refs = fn(keep)
+    refs = refs if isinstance(refs, tuple) else (refs,)
+    for out, ref in zip(outs, refs):
+        assert out.stride() == ref.stride(), (out.stride(), ref.stride())
+        out.add_(1)  # (as eager: a tensor of its own, dense where eager's is)
+    assert_same(x, keep)
+    for out, ref in zip(outs, refs):
+        assert_same(out, ref + 1)
+
+
+def test_outputs_that_alias_stay_views():
+    # a view of an input, or of another output, is returned as the view eager returns
+    x = torch.randn(3, 16)
+    y = ember.compile(lambda x: x.t())(x)
+    assert y.data_ptr() == x.data_ptr() and y.stride() == (1, 16)
+    a, b = ember.compile(lambda x: (lambda y: (y, y.t()))(x * 2))(x)
+    assert a.data_ptr() == b.data_ptr()

@@ -208,8 +208,40 @@ class WrapperWriter:
             dead = [v for v, last in last_use.items() if last == i and v not in self.output_vars]
             if dead:
                 self.emit("del " + ", ".join(sorted(dead)))
-        self.emit("return (" + "".join(self._output(i, o) + ", " for i, o in enumerate(g.outputs)) + ")")
+        returned = [self._output(i, o) for i, o in enumerate(g.outputs)]
+        for i in self._shared_outputs():
+            returned[i] = self._fresh_copy(i, returned[i])
+        self.emit("return (" + "".join(r + ", " for r in returned) + ")")
         return Wrapper("\n".join(self.lines) + "\n", self.constants)
+
+    def _shared_outputs(self) -> list[int]:
+        """Outputs eager returns in memory of their own (``Graph.fresh_outputs``) that would come
+        back as an input, a constant, or memory another output already returns: a clone is its
+        source in ember's IR, and CSE makes equal values one. Returned so, a user's in-place
+        change of the result would change the input or the other output too."""
+        g = self.s.graph
+        base_of = {step.node: step.base for step in self.s.steps if isinstance(step, ViewStep)}
+        claimed: set[Node] = set()
+        shared = []
+        for i, node in enumerate(g.outputs):
+            if node is None or i in g.scalar_outputs:
+                continue
+            base = base_of.get(node, node)
+            if i in g.fresh_outputs and (base.op in (Op.INPUT, Op.TENSOR) or base in claimed):
+                shared.append(i)
+            claimed.add(base)
+        return shared
+
+    def _fresh_copy(self, i: int, var: str) -> str:
+        """Output ``i`` copied into memory of its own, laid out as eager returns it."""
+        node, strides = self.s.graph.outputs[i], self.s.graph.output_strides[i]
+        name = f"out{i}"
+        if (strides is not None and sh.free_symbols(strides) <= set(self.symbols)
+                and not any(sh.equal(st, 0) and not sh.is_one(n) for st, n in zip(strides, node.shape))):
+            self.emit(f"{name} = relayout({var}, {shape_tuple(strides)})  # a copy of its own, as eager returns it")
+        else:
+            self.emit(f"{name} = {var}.clone(memory_format=torch.contiguous_format)  # a copy of its own")
+        return name
 
     def _check_layouts(self) -> None:
         """A backward's inputs are the forward's saved tensors and the gradients autograd passes,

@@ -194,11 +194,16 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
     outputs: list[Node | None] = []
     scalar_outputs: set[int] = set()
     output_strides: list[sh.Shape | None] = []
+    fresh_outputs: set[int] = set()
+    effects: list[Node] = []  # checks that return nothing (Graph.effects)
+    storages: dict[Any, int] = {}  # fake storages of the inputs and the outputs so far
 
     for fx_node in gm.graph.nodes:
         val = fx_node.meta.get("val")
         if fx_node.op == "placeholder":
             node = _placeholder(fx_node, len(inputs), val, ctx.device, len(inputs) in donated)
+            if isinstance(val, torch.Tensor):
+                storages.setdefault(_storage(val), -1)
             inputs.append(node)
             ctx.nodes.append(node)
             env[fx_node] = ctx.const(val, _sym_dtype(val)) if _is_sym(val) else node
@@ -211,10 +216,16 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
             env[fx_node] = node
         elif fx_node.op == "call_function":
             env[fx_node] = _call(ctx, fx_node, env, val)
+            if fx_node.target in _EFFECTS and isinstance(env[fx_node], Node):
+                effects.append(env[fx_node])
         elif fx_node.op == "output":
             for i, out in enumerate(_flat_outputs(fx_node.args[0])):
                 meta = out.meta.get("val") if isinstance(out, torch.fx.Node) else None
                 output_strides.append(_strides(meta) if isinstance(meta, torch.Tensor) else None)
+                if isinstance(meta, torch.Tensor) and _storage(meta) not in storages:
+                    fresh_outputs.add(i)
+                if isinstance(meta, torch.Tensor):
+                    storages.setdefault(_storage(meta), i)
                 value = env[out] if isinstance(out, torch.fx.Node) else out
                 if value is None:
                     outputs.append(None)
@@ -228,7 +239,23 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
                     scalar_outputs.add(i)
         else:
             raise Unsupported(f"FX node kind {fx_node.op}")
-    return record_ragged_totals(Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs), output_strides))
+    return record_ragged_totals(Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs), output_strides,
+                                      fresh_outputs=frozenset(fresh_outputs), effects=effects))
+
+
+# ATen calls that return nothing and must still run: eager's checks of values (one_hot's class
+# bounds, torch._assert_async); through ATen they raise as eager does (on a GPU, a device assert)
+_EFFECTS = frozenset({torch.ops.aten._assert_async.msg, torch.ops.aten._assert_async.default})
+
+
+def _storage(meta: torch.Tensor) -> Any:
+    """A fake tensor's storage, compared by identity: views share their base's."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    try:
+        return StorageWeakRef(meta.untyped_storage())
+    except (NotImplementedError, RuntimeError):  # (a tensor subclass without one: its own)
+        return id(meta)
 
 
 def _flat_outputs(out: Any) -> list[Any]:

@@ -288,11 +288,17 @@ class Graph:
     saved for backward must have them: the backward graph was traced assuming them.
     ``totals``: ragged total lengths recorded before passes could remove what revealed them (see
     ``ragged_totals``), size symbol -> position of the offsets among the inputs.
+    ``fresh_outputs``: outputs that eager returns in memory of their own (a clone, a new result),
+    sharing it with no input and no other output, though ember's IR may have made them the same
+    node as an input or another output (a clone is the value it copies; CSE merges equal values).
+    ``effects``: ATen calls that return nothing but must run, in graph order (the checks of
+    ``torch._assert_async``: one_hot's class bounds).
     """
 
     def __init__(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node],
                  name: str = "graph", scalar_outputs: frozenset[int] = frozenset(),
-                 output_strides: Sequence[sh.Shape | None] = (), totals: dict[sympy.Symbol, int] | None = None):
+                 output_strides: Sequence[sh.Shape | None] = (), totals: dict[sympy.Symbol, int] | None = None,
+                 fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = ()):
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes = list(nodes)
@@ -300,15 +306,18 @@ class Graph:
         self.scalar_outputs = scalar_outputs
         self.output_strides = tuple(output_strides)
         self.totals = dict(totals or {})
+        self.fresh_outputs = fresh_outputs
+        self.effects = tuple(effects)
 
     @classmethod
     def from_outputs(cls, inputs: Sequence[Node], outputs: Sequence[Node | None], name: str = "graph",
                      scalar_outputs: frozenset[int] = frozenset(),
                      output_strides: Sequence[sh.Shape | None] = (),
-                     totals: dict[sympy.Symbol, int] | None = None) -> Graph:
-        """A graph holding exactly the nodes the outputs need (plus all inputs)."""
-        return cls(inputs, outputs, toposort(list(inputs) + [o for o in outputs if o is not None]),
-                   name, scalar_outputs, output_strides, totals)
+                     totals: dict[sympy.Symbol, int] | None = None,
+                     fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = ()) -> Graph:
+        """A graph holding exactly the nodes the outputs and effects need (plus all inputs)."""
+        return cls(inputs, outputs, toposort(list(inputs) + [o for o in outputs if o is not None] + list(effects)),
+                   name, scalar_outputs, output_strides, totals, fresh_outputs, effects)
 
     def users(self) -> dict[Node, list[Node]]:
         result: dict[Node, list[Node]] = {n: [] for n in self.nodes}
@@ -317,8 +326,10 @@ class Graph:
                 result[i].append(n)
         return result
 
-    def with_nodes(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node]) -> Graph:
-        return Graph(inputs, outputs, nodes, self.name, self.scalar_outputs, self.output_strides, self.totals)
+    def with_nodes(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node],
+                   effects: Sequence[Node] | None = None) -> Graph:
+        return Graph(inputs, outputs, nodes, self.name, self.scalar_outputs, self.output_strides, self.totals,
+                     self.fresh_outputs, self.effects if effects is None else effects)
 
     def __str__(self) -> str:
         from .printer import format_graph
@@ -371,7 +382,7 @@ def rewrite(graph: Graph, rule: Rule) -> Graph:
         new_nodes.extend(toposort([replacement], seen))
     inputs = [mapping[i] for i in graph.inputs]
     outputs = [mapping[o] if o is not None else None for o in graph.outputs]
-    return graph.with_nodes(inputs, outputs, new_nodes)
+    return graph.with_nodes(inputs, outputs, new_nodes, [mapping[e] for e in graph.effects])
 
 
 def view_base(node: Node) -> Node:
@@ -466,4 +477,4 @@ def record_ragged_totals(graph: Graph) -> Graph:
     is still offsets[-1] once nothing searches the offsets."""
     totals = {s: graph.inputs.index(n) for s, n in ragged_totals(graph).items()}
     return Graph(graph.inputs, graph.outputs, graph.nodes, graph.name, graph.scalar_outputs,
-                 graph.output_strides, totals)
+                 graph.output_strides, totals, graph.fresh_outputs, graph.effects)

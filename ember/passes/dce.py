@@ -7,4 +7,4 @@ from ..ir.node import Graph
 
 def dce(graph: Graph) -> Graph:
     return Graph.from_outputs(graph.inputs, graph.outputs, graph.name, graph.scalar_outputs, graph.output_strides,
-                             graph.totals)
+                             graph.totals, graph.fresh_outputs, graph.effects)
