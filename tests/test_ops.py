@@ -13,7 +13,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .conftest import DEVICE
-from .helpers import assert_same, run
+from .helpers import assert_same, on_the_interpreter, run
 
 UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
          "reciprocal", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
@@ -103,3 +103,41 @@ def check_op(op, dtypes, options=None):
             raise AssertionError(f"{_id(op)} [{dtype}]: {e}") from None
         if dtype == torch.float32 and op.name in MUST_GENERATE:
             assert report.kernels, f"{_id(op)}: no kernel generated; ATen ran {report.fallbacks}"
+
+
+SPECIAL_OPS = {
+    "sign": torch.sign, "sgn": torch.sgn, "abs": torch.abs, "relu": torch.relu, "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "floor": torch.floor,
+    "clamp": lambda x: x.clamp(-1, 1), "nan_to_num": torch.nan_to_num, "isnan": torch.isnan,
+    "maximum": lambda x: torch.maximum(x, x.flip(0)), "minimum": lambda x: torch.minimum(x, x.flip(0)),
+}
+
+
+@pytest.mark.parametrize("target", [None, pytest.param("triton", marks=on_the_interpreter)], ids=["native", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_special_values_match_eager(dtype, target):
+    # NaN, infinities and signed zeros: sign(nan) is 0 in eager, and was NaN in ember (a masked
+    # L1 loss over targets with NaN holes then had NaN gradients where eager's are 0)
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.5, -2.0, 3e38], dtype=dtype,
+                     device=DEVICE)
+    ops = list(SPECIAL_OPS.values())
+    fn = lambda x: [op(x) for op in ops]  # noqa: E731
+    out, report = run(fn, x, options={"target": target} if target else None)
+    assert not [g.error for g in report.graphs if g.error]
+    for name, o, r in zip(SPECIAL_OPS, out, fn(x)):
+        try:
+            assert_same(o, r)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {e}") from None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_tensors_compare_with_python_floats_rounded_to_16_bits(dtype):
+    # eager rounds the float to the tensor's dtype before comparing (bf16 0.3 == 0.3); compared
+    # in float32 with the float as written, masks (and hardshrink) came out different
+    x = torch.tensor([0.1, 0.3, 0.7, -0.3, 0.5], dtype=dtype, device=DEVICE)
+    fn = lambda x: [x == 0.3, x != 0.7, x > 0.1, x <= -0.3, x.masked_fill(x > 0.1, 0),  # noqa: E731
+                    torch.nn.functional.hardshrink(x, 0.3)]
+    out, report = run(fn, x)
+    assert not [g.error for g in report.graphs if g.error]
+    assert_same(out, fn(x))

@@ -528,9 +528,8 @@ EMBER_FN uint8_t ember_abs(uint8_t a) { return a; }
 EMBER_FN bool ember_abs(bool a) { return a; }
 EMBER_FN float ember_abs(float a) { return a < 0.0f ? -a : (a == 0.0f ? 0.0f : a); }
 EMBER_FN double ember_abs(double a) { return a < 0.0 ? -a : (a == 0.0 ? 0.0 : a); }
+// (NaN -> 0, as eager's sign)
 template <typename T> EMBER_FN T ember_sign(T a) { return (T)((T(0) < a) - (a < T(0))); }
-EMBER_FN float ember_sign(float a) { return a != a ? a : (float)((0.0f < a) - (a < 0.0f)); }
-EMBER_FN double ember_sign(double a) { return a != a ? a : (double)((0.0 < a) - (a < 0.0)); }
 EMBER_FN bool ember_isinf(float a) { return a == INFINITY || a == -INFINITY; }
 EMBER_FN bool ember_isinf(double a) { return a == INFINITY || a == -INFINITY; }
 EMBER_FN float ember_rsqrt(float a) { return 1.0f / sqrtf(a); }

@@ -153,8 +153,19 @@ def _binary(op: Op, *, compute: str = "result"):
         dtype = ctx.out_dtype if compute == "result" else ctx.promoted(0, 1)
         _check_dtype(op, dtype)
         shape = ctx.out_shape
+        if compute == "promoted" and dtype.is_low_precision:
+            # eager compares a 16-bit tensor with a Python float rounded to 16 bits (bf16 0.3 ==
+            # 0.3 holds), while arithmetic takes the float as it is
+            a, b = (_rounded_to(x, dtype) for x in (a, b))
         return ctx.make(op, (ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)))
     return lower
+
+
+def _rounded_to(x: Any, dtype: dt.DType) -> Any:
+    """A Python float as the nearest value of a 16-bit float ``dtype``; anything else as it is."""
+    if isinstance(x, float):
+        return float(torch.tensor(x, dtype=dt.to_torch(dtype)))
+    return x
 
 
 for _packet, _op in {

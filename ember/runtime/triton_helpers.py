@@ -377,8 +377,8 @@ def erf_lowp(x):
 
 
 @triton.jit
-def sign(x):
-    return tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, x)).to(x.dtype)
+def sign(x):  # (NaN -> 0, as eager's sign)
+    return tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, 0.0)).to(x.dtype)
 
 
 @triton.jit
