@@ -123,6 +123,24 @@ def test_cross_entropy_and_its_gradient_are_one_row_kernel_in_the_forward(always
     assert "log_softmax" in forward.kernels[0].name and "nll_loss_backward" in forward.kernels[0].name
 
 
+@pytest.mark.parametrize("loss", ["cross_entropy", "nll_loss", "nan_to_num"])
+def test_a_batch_with_every_target_ignored_has_zero_gradients(loss):
+    # The loss is 0 / 0 = NaN and eager's gradient 0: its backward masks the ignored rows after
+    # dividing by the total weight. The gradient in the forward is scaled by that division
+    # afterwards, and zeros times 1 / 0 had made every gradient NaN (one padding-only batch
+    # poisons the weights).
+    fn = {"cross_entropy": lambda x, t: F.cross_entropy(x, t),
+          "nll_loss": lambda x, t: F.nll_loss(x.log_softmax(1), t),
+          "nan_to_num": lambda x, t: torch.nan_to_num(F.cross_entropy(x, t))}[loss]
+    x, targets = torch.randn(4, 5), torch.full((4,), -100)
+    ember.reset_stats()
+    compiled = ember.compile(fn)
+    assert_same(_grads(compiled, [x.requires_grad_(), targets]), _grads(fn, [x, targets]))
+    assert ember.stats()["grads_in_forward"] == 1
+    targets[1:] = torch.tensor([0, 3, 4])  # (and a batch with real targets, the same program)
+    assert_same(_grads(compiled, [x, targets]), _grads(fn, [x, targets]))
+
+
 def test_mse_loss():
     x, y = torch.randn(64, 32, requires_grad=True), torch.randn(64, 32)
     assert _chosen(F.mse_loss, [x, y])

@@ -170,7 +170,9 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
             user.replace_input_with(scale, one)
 
     # grad_i = K_i * u, in the gradient's dtype; u as a 0-d tensor so it neither broadcasts K_i
-    # to more dims nor promotes K_i's dtype.
+    # to more dims nor promotes K_i's dtype. Where K_i is 0, so is grad_i: eager masks after
+    # scaling (cross-entropy's ignored rows: where(target != ignore, g / total_weight, 0)), and
+    # with every row ignored u is g / 0, whose product with the zeros is NaN, not eager's 0.
     scaled: dict[fx.Node, fx.Node] = {}
     with graph.inserting_before(output), fake_mode:
         u = scale
@@ -180,6 +182,9 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
             if not isinstance(g, fx.Node) or g is scale or g in scaled:
                 continue
             product = _call(graph, aten.mul.Tensor, g, u)
+            zero = graph.call_function(aten.full.default, ([], 0), {**full_kwargs, "dtype": product.meta["val"].dtype})
+            zero.meta["val"] = aten.full.default([], 0, **{**full_kwargs, "dtype": product.meta["val"].dtype})
+            product = _call(graph, aten.where.self, _call(graph, aten.ne.Scalar, g, 0), product, zero)
             if product.meta["val"].dtype != g.meta["val"].dtype:
                 product = _call(graph, prims.convert_element_type.default, product, g.meta["val"].dtype)
             scaled[g] = product
