@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import ember
@@ -126,3 +127,33 @@ def test_sizes_equal_under_other_symbols_broadcast():
         emb.weight.grad = head.weight.grad = None
     assert_clean(report)
     assert not [f for f in report.fallbacks if "scatter" in f], report.fallbacks
+
+
+SIZE_ARGUMENT_CASES = {
+    # sizes computed from a dynamic size reach the lowering as scalar nodes (glu's half, F.pad's
+    # amounts, a slice at x.shape[1] // 2), and saved tensors' strides as max(1, ...): each sent
+    # the whole graph through ATen
+    "glu": (lambda x: torch.nn.functional.glu(x, -1), (6, 8), (6, 12)),
+    "pad_circular": (lambda x: torch.nn.functional.pad(x, (2, 1, 1, 2), mode="circular"), (2, 3, 5, 6), (2, 3, 7, 5)),
+    "pixel_shuffle": (lambda x: torch.nn.functional.pixel_shuffle(x, 2), (2, 8, 3, 4), (2, 12, 5, 3)),
+    "group_norm": (lambda x: torch.nn.functional.group_norm(x, 2), (3, 4, 5), (3, 6, 7)),
+    "regrouped_rows": (lambda x: x.reshape(x.shape[0] * 2, -1).softmax(-1).reshape(x.shape), (4, 6), (6, 10)),
+    "select_from_the_end": (lambda x: x.select(1, x.shape[1] - 2) * x[:, x.shape[1] // 2:].sum(1), (3, 8), (5, 6)),
+}
+
+
+@pytest.mark.parametrize("case", SIZE_ARGUMENT_CASES, ids=str)
+def test_size_arguments_and_saved_strides_of_dynamic_graphs(case):
+    fn, *shapes = SIZE_ARGUMENT_CASES[case]
+    ember.reset_stats()
+    compiled = ember.compile(fn, dynamic=True)
+    for shape in shapes:
+        x = torch.randn(shape)
+        g = torch.randn_like(fn(x))
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out, ref = compiled(a), fn(b)
+        out.backward(g)
+        ref.backward(g)
+        assert_same(out, ref)
+        assert_same(a.grad, b.grad)
+    assert ember.stats()["graph_fallbacks"] == 0

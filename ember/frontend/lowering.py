@@ -285,7 +285,7 @@ def _placeholder(fx_node: torch.fx.Node, index: int, val: Any, device: str, dona
         on_host = str(val.device) == "cpu" and device != "cpu"
         # (a dense copy keeps its strides; .to() of any other layout would not)
         moved = device if on_host and (val.dim() == 0 or val.is_contiguous() and _only_indexes(fx_node)) else None
-        spec = InputSpec(index, name, "tensor", sh.shape(val.stride()), to_device=moved, donated=donated and not moved)
+        spec = InputSpec(index, name, "tensor", _strides(val), to_device=moved, donated=donated and not moved)
         return make(Op.INPUT, (), spec, dtype=dtype, shape=sh.shape(val.shape), device=moved or str(val.device))
     if _is_sym(val) or isinstance(val, int | float | bool):
         spec = InputSpec(index, name, "symint", expr=sh.expr(val) if _is_sym(val) or isinstance(val, int) else None)
