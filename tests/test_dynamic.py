@@ -157,3 +157,26 @@ def test_size_arguments_and_saved_strides_of_dynamic_graphs(case):
         assert_same(out, ref)
         assert_same(a.grad, b.grad)
     assert ember.stats()["graph_fallbacks"] == 0
+
+
+def test_sizes_only_an_aten_result_knows(monkeypatch):
+    # A mixture of experts' routing: each expert's token count comes from nonzero, a size no
+    # input has (an unbacked u0). The host program reads it from the result; the graph ran
+    # through ATen ("cannot bind size symbols") before.
+    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
+
+    def route(x, logits, w):
+        top = logits.argmax(-1)
+        out = torch.zeros_like(x)
+        for e in range(w.shape[0]):
+            idx = (top == e).nonzero().squeeze(-1)
+            out.index_add_(0, idx, torch.tanh(x[idx] @ w[e]))
+        return out
+
+    x, w = torch.randn(16, 8), torch.randn(3, 8, 8)
+    ember.reset_stats()
+    compiled = ember.compile(route)
+    for logits in (torch.randn(16, 3), torch.randn(16, 3), torch.tensor([[1.0, 0.0, 0.0]]).repeat(16, 1)):
+        assert_same(compiled(x, logits, w), route(x, logits, w))  # (the last: two experts get no token)
+    stats = ember.stats()
+    assert stats["graph_fallbacks"] == 0 and stats["graphs_compiled"] == 1, stats

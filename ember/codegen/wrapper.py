@@ -154,7 +154,7 @@ class WrapperWriter:
                 needed |= _template_symbols(node.arg.args) | _template_symbols(node.arg.kwargs)
             if node.op is Op.CONST and isinstance(node.arg, sympy.Basic):
                 needed |= node.arg.free_symbols
-        bound: dict[sympy.Symbol, str] = {}
+        bound: dict[sympy.Symbol, str | None] = {}
         for node in self.s.graph.inputs:
             spec = node.arg
             if spec.kind == "symint" and spec.expr is not None and spec.expr.is_Symbol:
@@ -169,12 +169,22 @@ class WrapperWriter:
             for i, e in enumerate(spec.strides or ()):
                 if e.is_Symbol:
                     bound.setdefault(e, f"{spec.name}.stride({i})")
+        # sizes only an ATen result knows (unbacked: nonzero's count, a mixture of experts'
+        # tokens per expert) are read from it once it exists
+        self.bind_after: dict[Node, list[tuple[sympy.Symbol, str]]] = {}
+        for node in self.s.graph.nodes:
+            if node.op in (Op.EXTERN, Op.GETITEM) and node.shape is not None and node in self.var:
+                for i, e in enumerate(node.shape):
+                    if e.is_Symbol and e in needed and e not in bound:
+                        bound[e] = None
+                        self.bind_after.setdefault(node, []).append((e, f"{self.var[node]}.size({i})"))
         missing = sorted(str(s) for s in needed - set(bound))
         if missing:
             raise WrapperError(f"cannot bind size symbol(s) {missing} from the inputs")
         self.symbols = sorted(needed, key=lambda s: s.name)
         for sym in self.symbols:
-            self.emit(f"{sym.name} = {bound[sym]}")
+            if bound[sym] is not None:
+                self.emit(f"{sym.name} = {bound[sym]}")
 
     # ---- steps ----------------------------------------------------------------------------
     def write(self) -> Wrapper:
@@ -391,13 +401,19 @@ class WrapperWriter:
         result = f"{target}({', '.join(args)})"
         if node.shape is not None:
             self.emit(f"{self.var[node]} = {result}")
+            self._bind_from(node)
             self._dense_for_kernels(node)
             return
         tmp = f"res{len(self.lines)}"
         self.emit(f"{tmp} = {result}")
         for getitem in [n for n in self.s.buffers if n.op is Op.GETITEM and n.inputs[0] is node]:
             self.emit(f"{self.var[getitem]} = {tmp}[{getitem.arg}]")
+            self._bind_from(getitem)
             self._dense_for_kernels(getitem)
+
+    def _bind_from(self, node: Node) -> None:
+        for sym, source in self.bind_after.get(node, ()):
+            self.emit(f"{sym.name} = {source}  # a size only this result knows")
 
     def _dense_for_kernels(self, node: Node) -> None:
         """Kernels read an ATen result densely. What the graph returns keeps eager's layout: a
