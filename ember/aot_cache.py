@@ -80,7 +80,7 @@ def cached_backend(compile_graph: GraphCompiler, cfg: Config) -> Backend:
         # a fresh AOTAutograd per graph: it wraps the backward compiler it is given in place
         made: list[EmberOutputCode] = []
         aot = make_backend(compile_graph, cfg, wrap=functools.partial(_serializable, cfg=cfg, made=made))
-        with _settings(cache_tag(cfg)):
+        with _settings(cache_tag(cfg) + _aliasing(example_inputs)):
             compiled = aot(gm, example_inputs)
         # the entry is saved by now (the backward was compiled with the forward), or never will
         # be: the IR need not stay alive with the program
@@ -112,6 +112,32 @@ def cache_tag(cfg: Config) -> str:
              str(torch.are_deterministic_algorithms_enabled()),
              str(torch.is_deterministic_algorithms_warn_only_enabled()))
     return "ember-" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _aliasing(example_inputs: Sequence[Any]) -> str:
+    """Which inputs share memory, and how: AOTAutograd compiles inputs that alias each other
+    differently (one storage, written once), and torch's cache key leaves it out, so a plan
+    compiled for ``f(x, x)`` was loaded for ``f(x, y)``, and one for ``f(x, y)`` for ``f(x, x)``:
+    wrong values, or a crash. Empty where nothing aliases (the common case keeps its key)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    first: dict[Any, int] = {}
+    shared = []
+    for i, x in enumerate(example_inputs):
+        if not isinstance(x, torch.Tensor) or x.is_sparse:
+            continue
+        try:
+            storage = StorageWeakRef(x.untyped_storage())
+        except (NotImplementedError, RuntimeError):  # (a tensor subclass without one)
+            continue
+        j = first.setdefault(storage, i)
+        if j != i:
+            shared.append((j, i))
+    if not shared:
+        return ""
+    layout = {i: (example_inputs[i].storage_offset(), tuple(example_inputs[i].stride()))
+              for pair in shared for i in pair}
+    return "|aliasing:" + hashlib.sha256(repr((shared, sorted(layout.items()))).encode()).hexdigest()[:16]
 
 
 def _source_digest() -> str:

@@ -95,6 +95,31 @@ def test_symbolic_shapes_from_the_cache():
         assert _aot("autograd_cache_hit") == 1
 
 
+@pytest.mark.parametrize("first", ["apart", "aliased"])
+def test_inputs_that_share_memory_never_load_an_entry_for_inputs_that_do_not(first):
+    # AOTAutograd compiles aliasing inputs differently (one storage, written once); torch's key
+    # leaves aliasing out, so f(y, y) had loaded the entry compiled for f(a, b): [1, 1, 1] for
+    # eager's [2, 2, 2], and the other way round, a crash or a write into the wrong tensor
+    def f(a, b):
+        a.add_(1)
+        return a + b
+
+    def call(kind):
+        if kind == "apart":
+            a, b = torch.zeros(3), torch.zeros(3)
+        else:
+            a = torch.zeros(3)
+            b = a.view(3)
+        ref_a, ref_b = (a.clone(), b.clone()) if kind == "apart" else (lambda t: (t, t.view(3)))(a.clone())
+        out = _compile_run(f, a, b)
+        assert_same(out, f(ref_a, ref_b))
+        assert_same([a, b], [ref_a, ref_b])
+
+    call(first)
+    call("aliased" if first == "apart" else "apart")
+    assert _aot("autograd_cache_hit") == 0
+
+
 def test_changed_settings_miss():
     x, w = torch.randn(5, 16), torch.randn(16)
     _compile_run(rmsnorm, x, w)
