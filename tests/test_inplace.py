@@ -189,3 +189,11 @@ def test_outputs_that_alias_stay_views():
     assert y.data_ptr() == x.data_ptr() and y.stride() == (1, 16)
     a, b = ember.compile(lambda x: (lambda y: (y, y.t()))(x * 2))(x)
     assert a.data_ptr() == b.data_ptr()
+    # a broadcast of a computed value is the broadcast view eager returns, not every repeated
+    # element stored (an in-place change of it is eager's error, not a silent success)
+    for fn in (lambda x: x.sum(0).expand(3, 16), lambda x: (x * 2)[None].expand(2, 3, 16)):
+        out, ref = ember.compile(fn)(x), fn(x)
+        assert out.stride() == ref.stride() and out.untyped_storage().nbytes() == ref.untyped_storage().nbytes()
+        assert_same(out, ref)
+        with pytest.raises(RuntimeError, match="more than one element"):
+            out.add_(1)

@@ -22,7 +22,7 @@ import sympy
 
 from ..config import Config
 from ..ir import shapes as sh
-from ..ir.node import Graph, Node, fill_value, ragged_totals
+from ..ir.node import Graph, Node, fill_value, ragged_totals, view_base
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
 from .build import AcrossFailed, BufferInfo, Conflict, GroupSpec, KernelBuilder, NeedsBuffer
 from .device_sizes import read_totals_on_device
@@ -160,6 +160,15 @@ class Planner(DomainRules):
                 self.buffered.add(node)
         for node in self._output_set:
             self._need_tensor(node)
+        for node, strides in zip(self.graph.outputs, self.graph.output_strides):
+            if node in self.buffered and node.op in VIEW_OPS and strides is not None and any(
+                    sh.equal(st, 0) and not sh.is_one(n) for st, n in zip(strides, node.shape)):
+                # eager returns a broadcast view (x.sum(0).expand(3, 4)): so does the program, of
+                # its base's buffer, rather than storing every repeated element
+                base = view_base(node)
+                self.buffered.discard(node)
+                self.buffered.add(base)
+                self.views[node] = base
         for node in self.graph.nodes:
             if node.op is Op.EXTERN:
                 for x in node.inputs:
