@@ -84,12 +84,28 @@ def test_rendered_kernels_load_the_total(target):
     report = ember.explain(ragged_giou_loss, pred.requires_grad_(), r, target=target)
     sources = [k.source for g in report.graphs for k in g.kernels]
     assert len(sources) == 2  # the forward and the backward kernel
-    # T = offsets[B]: Triton spells it tl.load(offsets + B), C and CUDA (int64_t)offsets[B]
-    element = f"+ {r.batch_size})" if target == "triton" else f"[{r.batch_size}];"
+    # T = offsets[B]: Triton spells it tl.load(offsets + B), C and CUDA (int64_t)offsets[B]; never
+    # more than the host's T, which sized the buffers
+    element = f"+ {r.batch_size})" if target == "triton" else f"[{r.batch_size}])"
     load = "tl.load(" if target == "triton" else "(int64_t)"
+    smaller = "tl.minimum(" if target == "triton" else "ember_imin("
     for source in sources:
         loads = [line for line in source.splitlines() if "ragged total" in line]
-        assert len(loads) == 1 and load in loads[0] and element in loads[0], source
+        assert len(loads) == 1 and load in loads[0] and element in loads[0] and smaller in loads[0], source
+
+
+@pytest.mark.parametrize("options", TARGETS, ids=TARGET_IDS)
+def test_searches_over_a_range_read_as_ragged_stay_in_bounds(options):
+    # searchsorted(offsets[1:], arange(n), right=True) is what row_ids() writes, so n is read as
+    # the ragged total offsets[-1]. Where n is less, the kernel wrote past its output (heap
+    # corruption); offsets that are a strided view were read as dense.
+    f = lambda o, v: torch.searchsorted(o[1:], torch.arange(v.shape[0], device=o.device), right=True)  # noqa: E731
+    compiled = ember.compile(f, dynamic=True, options=options)
+    table = torch.tensor([[0, 9], [3, 9], [3, 9], [5, 9], [8, 9]], device=DEVICE)
+    for offsets, n in ((torch.tensor([0, 3, 5, 8], device=DEVICE), 8), (torch.tensor([0, 2, 9], device=DEVICE), 5),
+                       (torch.tensor([0, 5, 6, 9], device=DEVICE), 4), (table[:, 0], 8)):
+        values = torch.empty(n, device=DEVICE)
+        assert torch.equal(compiled(offsets, values), f(offsets, values))
 
 
 def _host_sizes(fn, *args) -> list[capture.ProgramRun]:

@@ -144,7 +144,8 @@ def index_expr(e: sympy.Expr) -> str:
 def device_size_lines(kernel: Kernel) -> list[str]:
     """C statements that load a kernel's ragged totals from their offsets (see
     schedule/device_sizes.py); they replace the host's values before anything uses them."""
-    return [f"{s.name} = (int64_t){name}[{index_expr(index)}];  // the ragged total, read on the device"
+    return [f"{s.name} = ember_imin({s.name}, (int64_t){name}[{index_expr(index)}]);  // the ragged total, read "
+            "on the device (never past the host's, which sized the buffers)"
             for s, (name, index) in kernel.device_sizes.items()]
 
 

@@ -497,7 +497,8 @@ class TritonKernelRenderer:
         if not k.device_sizes:
             return
         for s, (name, index) in k.device_sizes.items():
-            self.emit(f"{s.name} = tl.load({name} + {pexpr(index)}).to(tl.int64)  # ragged total, read on the device")
+            self.emit(f"{s.name} = tl.minimum({s.name}, tl.load({name} + {pexpr(index)}).to(tl.int64))"
+                      "  # ragged total, read on the device (never past the host's, which sized the buffers)")
         totals = set(k.device_sizes)
         outer = sh.expr(sh.numel(k.outer))
         if outer.free_symbols & totals:

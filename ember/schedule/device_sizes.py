@@ -6,7 +6,9 @@ for the T it was captured at. A ``Ragged``'s offsets end at T, so a kernel over 
 divides by T, as a mean does) can load T from ``offsets[-1]`` instead (``ir.node.ragged_totals``
 finds the pairs). The host's T then only sizes the grid and the buffers: a program captured with
 a capacity C >= T, its buffers holding C rows, computes every batch of at most C rows exactly,
-the rows past T left alone (``ember.cuda_graph``).
+the rows past T left alone (``ember.cuda_graph``). A kernel takes the smaller of the two: code
+that searches offsets over an ``arange(n)`` of some other n, as ``row_ids()`` does over T, is read
+as ragged, and where n < offsets[-1] the device's value would take the kernel past its buffers.
 
 Matmul kernels keep the host's sizes: their tiles and TMA descriptors are fixed at launch.
 """
@@ -34,6 +36,7 @@ def read_totals_on_device(kernel: Kernel, totals: dict[sympy.Symbol, Node], info
         if all(p.name != name for p in kernel.params):
             first_output = next((i for i, p in enumerate(kernel.params) if p.is_output), len(kernel.params))
             kernel.params.insert(first_output, Param(name, offsets.dtype, False))
-        index = sympy.expand(sh.expr(offsets.shape[0]) - 1)
+        # (offsets may be a strided view: a Ragged accepts them)
+        index = sympy.expand((sh.expr(offsets.shape[0]) - 1) * sh.expr(infos[offsets].strides[0]))
         kernel.device_sizes[symbol] = (name, index)
         kernel.sizes = sorted(set(kernel.sizes) | index.free_symbols, key=lambda s: s.name)
