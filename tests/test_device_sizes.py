@@ -344,3 +344,26 @@ def test_cuda_graph_reads_static_args_where_they_are():
         assert len(graphed.captures) == 1
         graphed(Ragged(values.detach().clone().requires_grad_(), offsets), upstream)
         assert len(graphed.captures) == 2  # other tensors: another capture
+
+
+def test_kernels_reading_a_total_on_the_device_never_run_through_aten_meanwhile(tmp_path):
+    # A new Triton specialization compiles in the background while calls run through ATen; a
+    # kernel that reads its ragged total on the device runs under ember.cuda_graph on buffers of
+    # more rows than the total, which ATen reads whole: the GIoU step's capture hit a device
+    # assert (an index out of bounds) in that ATen run
+    from ember.config import Config
+    from ember.runtime.triton_backend import Launcher, Tuner
+
+    meta = {"kind": "rows", "outer": "s0", "inner": "4", "sizes": ["s0"], "params": ["a"], "multi_program": False,
+            "split_rows": False, "n_reductions": 1, "chunks": 0, "row_reductions": 0, "aligned": False}
+    cfg = Config(background_compile=True)
+    plain = Launcher("k", None, meta, "h", Tuner(tmp_path / "t.json"), fallback=lambda *a: None, cfg=cfg)
+    ragged = Launcher("k", None, {**meta, "device_sizes": True}, "h", Tuner(tmp_path / "t.json"),
+                      fallback=lambda *a: None, cfg=cfg)
+    plain._compiled_once = ragged._compiled_once = True
+    assert not ragged._may_compile_later(torch.device("cuda"))
+    if torch.cuda.is_available():  # (asking whether a stream is capturing needs CUDA)
+        assert plain._may_compile_later(torch.device("cuda"))
+    pred, r = _giou_batch()
+    report = ember.explain(ragged_giou_loss, pred, r, target="triton")
+    assert "read on the device" in report.graphs[0].kernels[0].kernel_ir

@@ -905,6 +905,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "chunks": kernel.chunks,
         "row_reductions": len(kernel.row_reductions),
         "aligned": bool(aligned_sizes(kernel)),
+        "device_sizes": bool(kernel.device_sizes),
     }
 
 

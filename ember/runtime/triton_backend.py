@@ -132,10 +132,13 @@ class Launcher:
     def _may_compile_later(self, device: torch.device) -> bool:
         """Compile a new specialization (sizes of another alignment, a new shape bucket's
         configuration) in a background thread, running this call through ATen meanwhile? Not
-        for a kernel's first compile, not while timing or capturing a CUDA graph."""
+        for a kernel's first compile, not while timing or capturing a CUDA graph, and not for a
+        kernel that reads a ragged total on the device: ``ember.cuda_graph`` runs it on buffers
+        of more rows than the total (its capacity), which ATen would read whole (an index out of
+        bounds, a device assert)."""
         cfg = self.cfg
         return (self._compiled_once and not self._timing and self.fallback is not None and cfg is not None
-                and cfg.background_compile and device.type == "cuda"
+                and cfg.background_compile and device.type == "cuda" and not self.meta.get("device_sizes")
                 and not torch.cuda.is_current_stream_capturing())
 
     def _stub(self, t: Any) -> Any:
