@@ -41,6 +41,7 @@ import torch
 from . import driver
 from .config import Config
 from .frontend.dynamo import GraphCompiler, make_backend
+from .frontend.lowering import storage_of
 from .runtime import capture
 from .runtime.program import CompiledProgram
 
@@ -119,18 +120,12 @@ def _aliasing(example_inputs: Sequence[Any]) -> str:
     differently (one storage, written once), and torch's cache key leaves it out, so a plan
     compiled for ``f(x, x)`` was loaded for ``f(x, y)``, and one for ``f(x, y)`` for ``f(x, x)``:
     wrong values, or a crash. Empty where nothing aliases (the common case keeps its key)."""
-    from torch.multiprocessing.reductions import StorageWeakRef
-
     first: dict[Any, int] = {}
     shared = []
     for i, x in enumerate(example_inputs):
         if not isinstance(x, torch.Tensor) or x.is_sparse:
             continue
-        try:
-            storage = StorageWeakRef(x.untyped_storage())
-        except (NotImplementedError, RuntimeError):  # (a tensor subclass without one)
-            continue
-        j = first.setdefault(storage, i)
+        j = first.setdefault(storage_of(x), i)
         if j != i:
             shared.append((j, i))
     if not shared:

@@ -203,7 +203,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
         if fx_node.op == "placeholder":
             node = _placeholder(fx_node, len(inputs), val, ctx.device, len(inputs) in donated)
             if isinstance(val, torch.Tensor):
-                storages.setdefault(_storage(val), -1)
+                storages.setdefault(storage_of(val), -1)
             inputs.append(node)
             ctx.nodes.append(node)
             env[fx_node] = ctx.const(val, _sym_dtype(val)) if _is_sym(val) else node
@@ -222,10 +222,10 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
             for i, out in enumerate(_flat_outputs(fx_node.args[0])):
                 meta = out.meta.get("val") if isinstance(out, torch.fx.Node) else None
                 output_strides.append(_strides(meta) if isinstance(meta, torch.Tensor) else None)
-                if isinstance(meta, torch.Tensor) and _storage(meta) not in storages:
-                    fresh_outputs.add(i)
                 if isinstance(meta, torch.Tensor):
-                    storages.setdefault(_storage(meta), i)
+                    if storage_of(meta) not in storages:  # (not an input's, nor an earlier output's)
+                        fresh_outputs.add(i)
+                    storages.setdefault(storage_of(meta), i)
                 value = env[out] if isinstance(out, torch.fx.Node) else out
                 if value is None:
                     outputs.append(None)
@@ -248,14 +248,15 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
 _EFFECTS = frozenset({torch.ops.aten._assert_async.msg, torch.ops.aten._assert_async.default})
 
 
-def _storage(meta: torch.Tensor) -> Any:
-    """A fake tensor's storage, compared by identity: views share their base's."""
+def storage_of(tensor: torch.Tensor) -> Any:
+    """A (fake or real) tensor's storage, hashable and compared by identity: views share their
+    base's. A tensor subclass without a storage is its own."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
     try:
-        return StorageWeakRef(meta.untyped_storage())
-    except (NotImplementedError, RuntimeError):  # (a tensor subclass without one: its own)
-        return id(meta)
+        return StorageWeakRef(tensor.untyped_storage())
+    except (NotImplementedError, RuntimeError):  # (a tensor subclass without one)
+        return id(tensor)
 
 
 def _flat_outputs(out: Any) -> list[Any]:

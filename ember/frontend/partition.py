@@ -182,8 +182,9 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
             if not isinstance(g, fx.Node) or g is scale or g in scaled:
                 continue
             product = _call(graph, aten.mul.Tensor, g, u)
-            zero = graph.call_function(aten.full.default, ([], 0), {**full_kwargs, "dtype": product.meta["val"].dtype})
-            zero.meta["val"] = aten.full.default([], 0, **{**full_kwargs, "dtype": product.meta["val"].dtype})
+            zero_kwargs = {**full_kwargs, "dtype": product.meta["val"].dtype}
+            zero = graph.call_function(aten.full.default, ([], 0), zero_kwargs)
+            zero.meta["val"] = aten.full.default([], 0, **zero_kwargs)
             product = _call(graph, aten.where.self, _call(graph, aten.ne.Scalar, g, 0), product, zero)
             if product.meta["val"].dtype != g.meta["val"].dtype:
                 product = _call(graph, prims.convert_element_type.default, product, g.meta["val"].dtype)
