@@ -264,7 +264,7 @@ class CudaGraphStep:
         call_args, call_kwargs = (tuple(statics), {}) if isinstance(spec, int) else pytree.tree_unflatten(statics, spec)
         side = self._stream
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), capture.totals_on_device():
             for _ in range(self.warmup - 1):
                 self.fn(*call_args, **call_kwargs)
             reason = self._checked_run(call_args, call_kwargs, capacities)
@@ -276,7 +276,7 @@ class CudaGraphStep:
             return None
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(entry.graph, pool=self._pool, stream=side):
+        with torch.cuda.graph(entry.graph, pool=self._pool, stream=side), capture.totals_on_device():
             entry.outputs = self.fn(*call_args, **call_kwargs)
         return entry
 

@@ -58,7 +58,7 @@ def test_ragged_totals_pairs_the_row_ids_length_with_its_offsets():
     assert ragged_totals(_row_ids_graph(sympy.Integer(7))) == {}  # a static T needs no reading
     pred, r = _giou_batch()
     report = ember.explain(ragged_giou_loss, pred, r)
-    assert "(read on the device)" in report.graphs[0].kernels[0].kernel_ir
+    assert "(read on the device in graphed steps)" in report.graphs[0].kernels[0].kernel_ir
 
 
 @pytest.mark.parametrize("options", TARGETS, ids=TARGET_IDS)
@@ -72,10 +72,17 @@ def test_kernels_read_the_total_from_the_offsets(options):
     ref.backward()
     f(p, r)  # compiled with T = r.total_length ...
     p.grad = None
-    loss = f(p, _with_capacity(r, r.total_length + 37))  # ... and run with more rows than T
-    loss.backward()
+    with capture.totals_on_device():  # ... and run as ember.cuda_graph runs it, with more rows than T
+        loss = f(p, _with_capacity(r, r.total_length + 37))
+        loss.backward()
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(p.grad, p_ref.grad)
+    # outside a graphed step the host's T counts: the rows past the offsets' end belong to no
+    # image, and index past the predictions, as in eager (checked where an index error is no
+    # device assert, which would end the test process)
+    for fn in (ragged_giou_loss, f) if options is None else ():
+        with pytest.raises(IndexError):
+            fn(p.detach(), _with_capacity(r, r.total_length + 37))
 
 
 @pytest.mark.parametrize("target", ["cpp", "cuda", "triton"])
@@ -86,24 +93,30 @@ def test_rendered_kernels_load_the_total(target):
     assert len(sources) == 2  # the forward and the backward kernel
     # T = offsets[B]: Triton spells it tl.load(offsets + B), C and CUDA (int64_t)offsets[B]; never
     # more than the host's T, which sized the buffers
-    element = f"+ {r.batch_size})" if target == "triton" else f"[{r.batch_size}])"
+    # (B, the offsets' length less 1, is a size symbol: batch sizes change too)
+    element = " + s" if target == "triton" else " - 1])"
     load = "tl.load(" if target == "triton" else "(int64_t)"
     smaller = "tl.minimum(" if target == "triton" else "ember_imin("
+    # only in ember.cuda_graph steps: the host passes device_totals = 1 there, 0 elsewhere
+    graphed = "(1 - device_totals)" if target == "triton" else "if (device_totals)"
     for source in sources:
         loads = [line for line in source.splitlines() if "ragged total" in line]
         assert len(loads) == 1 and load in loads[0] and element in loads[0] and smaller in loads[0], source
+        assert graphed in loads[0], source
 
 
 @pytest.mark.parametrize("options", TARGETS, ids=TARGET_IDS)
 def test_searches_over_a_range_read_as_ragged_stay_in_bounds(options):
     # searchsorted(offsets[1:], arange(n), right=True) is what row_ids() writes, so n is read as
     # the ragged total offsets[-1]. Where n is less, the kernel wrote past its output (heap
-    # corruption); offsets that are a strided view were read as dense.
+    # corruption); where n is more (bucketing n items), the rows past offsets[-1] were left
+    # uncomputed; offsets that are a strided view were read as dense.
     f = lambda o, v: torch.searchsorted(o[1:], torch.arange(v.shape[0], device=o.device), right=True)  # noqa: E731
     compiled = ember.compile(f, dynamic=True, options=options)
     table = torch.tensor([[0, 9], [3, 9], [3, 9], [5, 9], [8, 9]], device=DEVICE)
     for offsets, n in ((torch.tensor([0, 3, 5, 8], device=DEVICE), 8), (torch.tensor([0, 2, 9], device=DEVICE), 5),
-                       (torch.tensor([0, 5, 6, 9], device=DEVICE), 4), (table[:, 0], 8)):
+                       (torch.tensor([0, 5, 6, 9], device=DEVICE), 4), (table[:, 0], 8),
+                       (torch.tensor([0, 2, 4], device=DEVICE), 9), (table[:, 0], 13)):
         values = torch.empty(n, device=DEVICE)
         assert torch.equal(compiled(offsets, values), f(offsets, values))
 

@@ -139,6 +139,37 @@ def test_ragged_giou_loss_is_one_kernel_without_recompiles(offsets_dtype):
     assert "ember_search" in report.kernels[0].source
 
 
+def test_batch_sizes_that_change_compile_once():
+    """A token-budget sampler (or an epoch's last batch) changes B every batch: a Ragged's
+    offsets are dynamic from the first call, so functions of ragged inputs compile once, and a
+    dense partner of the boxes recompiles once (then both sizes are symbolic) and its gradient
+    stays one gather kernel."""
+    def pooled(r):
+        return ragged.segment_mean(r).sum(1), ragged.segment_max(r), (r.values * r.values.sum()).sum()
+
+    report = ember.Report()
+    fast = ember.compile(pooled, report=report)
+    for batch in (5, 9, 2, 17, 3):  # (B + 1 and T above 1: Dynamo specializes sizes 0 and 1)
+        r = ragged.from_list([torch.randn(n % 4, 3) for n in range(1, batch + 1)])
+        assert_same(fast(r), pooled(r))
+    assert len(report.graphs) == 1 and report.fallbacks == []
+
+    report = ember.Report()
+    step = ember.compile(ragged_giou_loss, report=report)
+    for batch in (24, 32, 7, 48):
+        pred, targets, _ = _ragged_batch(batch, batch)
+        mine, ref = pred.clone().requires_grad_(), pred.clone().requires_grad_()
+        loss = step(mine, targets)
+        loss.backward()
+        want = ragged_giou_loss(ref, targets)
+        want.backward()
+        assert_same([loss, mine.grad], [want, ref.grad])
+    assert [g.kind for g in report.graphs].count("forward") == 2  # (pred's B: static, then symbolic)
+    assert report.fallbacks == []
+    backward = [g for g in report.graphs if g.kind == "backward"][-1]
+    assert len(backward.kernels) == 1 and "zero_()" not in backward.wrapper
+
+
 def test_ragged_giou_loss_gradient_matches_eager():
     pred, targets, _ = _ragged_batch(48, 3)
     fast = ember.compile(ragged_giou_loss)

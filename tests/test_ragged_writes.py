@@ -93,11 +93,35 @@ def test_the_total_stays_known_once_the_searches_are_gone():
     assert ragged_totals(dce(ragged_writes_as_gathers(_write_graph()))) == {}  # nothing recorded
 
 
-@pytest.mark.parametrize("case", ["positions of other offsets", "more rows than sequences"])
-def test_other_writes_stay_writes(case):
-    graph = _write_graph(other_offsets=case == "positions of other offsets",
-                         batch=B + 2 if case == "more rows than sequences" else B)
+def test_other_writes_stay_writes():
+    graph = _write_graph(other_offsets=True)  # positions within other offsets' sequences
     assert structurally_equal(ragged_writes_as_gathers(graph), graph)
+
+
+R = sympy.Symbol("s1", integer=True, positive=True)
+
+
+@pytest.mark.parametrize("rows", [B + 2, B - 1, R], ids=["more rows", "fewer rows", "symbolic rows"])
+def test_dense_rows_other_than_the_sequences_gather_too(rows):
+    """R dense rows and B sequences need not be one size (a batch size that changes is another
+    symbol): rows past B keep the dense values, and sequences past R raise if they have rows."""
+    after = ragged_writes_as_gathers(_write_graph(batch=rows))
+    verify(after)
+    assert not [n for n in after.nodes if n.op is Op.INDEX_PUT]
+    r = 2 if rows == R else int(rows)
+    for offsets in ([0, 2, 2, 6], [0, 2, 6, 6], [0, 0, 0, 0]):
+        offsets = torch.tensor(offsets)
+        values, dense = torch.randn(int(offsets[-1]), F), torch.randn(r, N, F)
+        rows_ids = torch.searchsorted(offsets[1:], torch.arange(len(values)), right=True)
+        positions = torch.arange(len(values)) - offsets[rows_ids]
+        try:
+            want = dense.index_put((rows_ids, positions), values, accumulate=True)
+        except IndexError:  # a sequence past the dense rows has rows
+            with pytest.raises(IndexError):
+                run_graph(after, [offsets, values, dense, offsets], {T: len(values), R: r})
+            continue
+        (got,) = run_graph(after, [offsets, values, dense, offsets], {T: len(values), R: r})
+        torch.testing.assert_close(got, want)
 
 
 def _ragged(lengths, feature=(F,), dtype=torch.float32, offsets_dtype=torch.int64, seed=0):
@@ -148,16 +172,24 @@ def test_one_program_serves_every_total_and_writes_without_a_copy_or_atomics():
     assert "atomic" not in report.kernels[0].source and "copy_(" not in report.graphs[0].wrapper
 
 
-def test_batch_sizes_that_change_keep_the_write():
+def test_batch_sizes_that_change_write_by_gathers_without_recompiling():
     """Dense rows and sequences counted by two size symbols (a batch size that changes between
-    calls): nothing proves that every dense row has a sequence, so the write stays a write."""
+    calls, and dense rows that may outnumber the sequences): still one gather, no atomics, and
+    one graph for every batch size."""
     fn, report = compile_checked(_accumulate, dynamic=True)
-    for lengths in ([2, 0, 6, 1], [1, 5], [3, 0, 0, 2, 2]):
+    for lengths, rows in (([2, 0, 6, 1], 4), ([1, 5], 2), ([3, 0, 0, 2, 2], 5), ([3, 1], 6), ([2, 0, 0], 2)):
         r = _ragged(lengths)
-        dense = torch.randn(len(lengths), 6, F).to(DEVICE)
+        dense = torch.randn(rows, 6, F).to(DEVICE)
         assert_same(fn(dense, r), _accumulate(dense, r))
     assert_clean(report)
-    assert len(report.graphs) == 1
+    assert len(report.graphs) == 1 and len(report.kernels) == 1
+    assert "atomic" not in report.kernels[0].source
+    if DEVICE == "cpu":  # (a device assert on the GPU would end the process's CUDA context)
+        dense, r = torch.zeros(2, 6, F), _ragged([1, 0, 2])  # the third sequence has no dense row
+        with pytest.raises(IndexError):
+            _accumulate(dense, r)
+        with pytest.raises(IndexError):
+            fn(dense, r)
 
 
 def test_a_sequence_longer_than_the_dense_rows_raises_as_eager_does():

@@ -29,6 +29,7 @@ from torch.utils._sympy.functions import (
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.ops import Op
+from ..schedule.device_sizes import DEVICE_TOTALS
 from ..schedule.kernel_ir import Kernel, Value
 
 
@@ -142,10 +143,12 @@ def index_expr(e: sympy.Expr) -> str:
 
 
 def device_size_lines(kernel: Kernel) -> list[str]:
-    """C statements that load a kernel's ragged totals from their offsets (see
-    schedule/device_sizes.py); they replace the host's values before anything uses them."""
-    return [f"{s.name} = ember_imin({s.name}, (int64_t){name}[{index_expr(index)}]);  // the ragged total, read "
-            "on the device (never past the host's, which sized the buffers)"
+    """C statements that load a kernel's ragged totals from their offsets in ember.cuda_graph
+    steps (see schedule/device_sizes.py); they replace the host's values before anything uses
+    them."""
+    flag = DEVICE_TOTALS.name
+    return [f"if ({flag}) {s.name} = ember_imin({s.name}, (int64_t){name}[{index_expr(index)}]);  // the ragged "
+            "total, read on the device (never past the host's, which sized the buffers)"
             for s, (name, index) in kernel.device_sizes.items()]
 
 

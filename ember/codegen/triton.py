@@ -25,6 +25,7 @@ import sympy
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.ops import Op
+from ..schedule.device_sizes import DEVICE_TOTALS
 from ..schedule.kernel_ir import (
     CHUNK,
     FINAL_STAGE,
@@ -497,8 +498,11 @@ class TritonKernelRenderer:
         if not k.device_sizes:
             return
         for s, (name, index) in k.device_sizes.items():
-            self.emit(f"{s.name} = tl.minimum({s.name}, tl.load({name} + {pexpr(index)}).to(tl.int64))"
-                      "  # ragged total, read on the device (never past the host's, which sized the buffers)")
+            # (branch-free: a kernel's sizes may be constexprs or int32, and an if would need one type)
+            self.emit(f"{s.name} = tl.minimum({s.name}, tl.load({name} + {pexpr(index)}).to(tl.int64)"
+                      f" + {s.name} * (1 - {DEVICE_TOTALS.name}))"
+                      "  # ragged total, read on the device in graphed steps (never past the host's, which "
+                      "sized the buffers)")
         totals = set(k.device_sizes)
         outer = sh.expr(sh.numel(k.outer))
         if outer.free_symbols & totals:

@@ -39,6 +39,7 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.node import ArgRef, Node
 from ..ir.ops import Op
+from ..schedule.device_sizes import DEVICE_TOTALS
 from ..schedule.fusion import ExternStep, KernelStep, Schedule, ViewStep
 from ..schedule.inplace import writes_in_place
 
@@ -169,6 +170,8 @@ class WrapperWriter:
             for i, e in enumerate(spec.strides or ()):
                 if e.is_Symbol:
                     bound.setdefault(e, f"{spec.name}.stride({i})")
+        # 1 inside an ember.cuda_graph step, where kernels read ragged totals on the device
+        bound[DEVICE_TOTALS] = "in_graphed_step()"
         # sizes only an ATen result knows (unbacked: nonzero's count, a mixture of experts'
         # tokens per expert) are read from it once it exists
         self.bind_after: dict[Node, list[tuple[sympy.Symbol, str]]] = {}

@@ -16,6 +16,12 @@ no ragged total from the host either.
 
 Eager raises IndexError when a sequence is longer than N; the gather keeps that check by reading
 each length through ``iota(N + 1)`` at the length itself, an index the kernel checks.
+
+The dense tensor's R rows and the B sequences are often counted by different size symbols (a
+batch size that changes between calls, or dense rows static while the offsets are dynamic).
+Then row b reads its extent at offsets[min(b, B)] .. offsets[min(b + 1, B)]: rows past B are
+empty, as in eager. Sequences past R that have rows would be written out of bounds, where eager
+raises IndexError; their rows, offsets[B] - offsets[min(R, B)], join every length's check.
 """
 
 from __future__ import annotations
@@ -36,19 +42,19 @@ def ragged_writes_as_gathers(graph: Graph) -> Graph:
         offsets = row_ids_offsets(rows)
         if offsets is None or positions_offsets(positions) is not offsets or dense.rank < 2:
             return None
-        batch = sympy.expand(offsets.shape[0] - 1)
-        if not sh.equal(dense.shape[0], batch):
-            return None
+        if any(sh.static(d) == 0 for d in dense.shape[:2]):
+            return None  # no place of the plane runs the checks (symbolic sizes are never 0)
         return _gather(dense, values, offsets, accumulate=bool(node.arg[1]), origin=node.origin)
 
     return rewrite(graph, rule)
 
 
 def _gather(dense: Node, values: Node, offsets: Node, *, accumulate: bool, origin: str | None) -> Node:
-    batch, width = dense.shape[:2]
+    rows, width = dense.shape[:2]
+    batch = sympy.expand(offsets.shape[0] - 1)
     total = values.shape[0]
     feature = dense.shape[2:]
-    plane = (batch, width)
+    plane = (rows, width)
 
     def node(op: Op, *inputs: Node, arg: object = None, dtype: dt.DType | None = None) -> Node:
         return make(op, inputs, arg, dtype=dtype, device=dense.device, origin=origin)
@@ -63,15 +69,32 @@ def _gather(dense: Node, values: Node, offsets: Node, *, accumulate: bool, origi
     def int64(x: Node) -> Node:
         return x if x.dtype == dt.int64 else node(Op.CAST, x, dtype=dt.int64)
 
-    starts = int64(node(Op.SLICE, offsets, arg=(0, sympy.Integer(0), sympy.Integer(1), batch)))
-    ends = int64(node(Op.SLICE, offsets, arg=(0, sympy.Integer(1), sympy.Integer(1), batch)))
-    lengths = node(Op.SUB, ends, starts)
+    def offsets_at(index: Node) -> Node:
+        return int64(node(Op.INDEX, offsets, index, arg=0))
+
+    if sh.equal(rows, batch):
+        starts = int64(node(Op.SLICE, offsets, arg=(0, sympy.Integer(0), sympy.Integer(1), batch)))
+        ends = int64(node(Op.SLICE, offsets, arg=(0, sympy.Integer(1), sympy.Integer(1), batch)))
+        lengths = node(Op.SUB, ends, starts)
+    else:
+        b = node(Op.IOTA, arg=(rows, 0, 1), dtype=dt.int64)
+        last = const(batch, dt.int64, (rows,))
+        starts = offsets_at(node(Op.MIN, b, last))
+        ends = offsets_at(node(Op.MIN, node(Op.ADD, b, const(1, dt.int64, (rows,))), last))
+        lengths = node(Op.SUB, ends, starts)
+        if not sh.equal(sympy.Max(rows, batch), rows):
+            # the rows of sequences past R push every length past N + 1: the check below raises
+            end = node(Op.INDEX, offsets, const(batch, dt.int64, ()), arg=0)
+            kept = node(Op.INDEX, offsets, const(sympy.Min(rows, batch), dt.int64, ()), arg=0)
+            lost = int64(node(Op.SUB, end, kept))
+            lengths = node(Op.ADD, lengths, node(Op.MUL, node(Op.EXPAND, lost, arg=(rows,)),
+                                                 const(sympy.expand(width + 1), dt.int64, (rows,))))
     # a length above N raises, as eager's write past the end does: iota(N + 1)[length] is the
     # length itself, read through an index the kernel checks
     checked = node(Op.INDEX, node(Op.IOTA, arg=(sympy.expand(width + 1), 0, 1), dtype=dt.int64), lengths, arg=0)
     place = on_plane(node(Op.IOTA, arg=(width, 0, 1), dtype=dt.int64), (1, width))
-    inside = node(Op.LT, place, on_plane(checked, (batch, 1)))
-    row = node(Op.ADD, on_plane(starts, (batch, 1)), place)
+    inside = node(Op.LT, place, on_plane(checked, (rows, 1)))
+    row = node(Op.ADD, on_plane(starts, (rows, 1)), place)
     # outside a sequence the gather is not computed (a where's untaken branch), but its index is
     # checked: point it at one row of padding, so that T = 0 stays in range too
     row = node(Op.WHERE, inside, row, const(total, dt.int64, plane))

@@ -60,6 +60,7 @@ class Ragged:
         self.offsets = offsets
         self._max_length = int(max_length)
         _total_length_varies(values)
+        _batch_size_varies(offsets)
         self._values_buffer = None
         self._offsets_buffer = None
 
@@ -71,6 +72,7 @@ class Ragged:
         r = cls.__new__(cls)
         r.values, r.offsets, r._max_length = values, offsets, max_length
         _total_length_varies(values)
+        _batch_size_varies(offsets)
         r._values_buffer, r._offsets_buffer = values_buffer, offsets_buffer
         return r
 
@@ -223,6 +225,14 @@ def _total_length_varies(values: Any) -> None:
     compiled graph already has a symbolic T and later batches reuse it (no recompile)."""
     if isinstance(values, torch.Tensor) and values.dim() > 0 and not torch.compiler.is_compiling():
         torch._dynamo.maybe_mark_dynamic(values, 0)
+
+
+def _batch_size_varies(offsets: Any) -> None:
+    """So does the batch size B (a token-budget sampler, an epoch's last batch): the offsets'
+    length is marked dynamic too. Kernels index the offsets with a symbolic B, and a dense
+    partner of another row count still gathers (passes/ragged.py)."""
+    if isinstance(offsets, torch.Tensor) and offsets.dim() == 1 and not torch.compiler.is_compiling():
+        torch._dynamo.maybe_mark_dynamic(offsets, 0)
 
 
 def _check_structure(values: Any, offsets: Any, max_length: Any) -> None:

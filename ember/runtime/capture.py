@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 import sympy
 
 from ..ir import shapes as sh
-from ..ir.node import Graph
+from ..ir.node import Graph, ragged_totals
 from ..ir.ops import Op
+from ..schedule.device_sizes import DEVICE_TOTALS
 from ..schedule.fusion import ExternStep, KernelStep, Schedule, ViewStep
 
 
@@ -36,9 +37,9 @@ def host_symbols(graph: Graph, schedule: Schedule, failed: set[str]) -> set[symp
         if isinstance(step, KernelStep):
             k = step.kernel
             if k.name in failed:
-                used |= set(k.sizes)
+                used |= set(k.sizes) - {DEVICE_TOTALS}
             else:
-                used |= set(k.sizes) - set(k.device_sizes)
+                used |= set(k.sizes) - set(k.device_sizes) - {DEVICE_TOTALS}
         elif isinstance(step, ExternStep):
             for node in (step.node, *step.node.inputs):
                 used |= sh.free_symbols(node.shape or ())
@@ -50,7 +51,11 @@ def host_symbols(graph: Graph, schedule: Schedule, failed: set[str]) -> set[symp
     for i, out in enumerate(graph.outputs):
         if out is not None and i not in graph.scalar_outputs and i < len(graph.output_strides):
             used |= sh.free_symbols(graph.output_strides[i] or ())
-    return used
+    # a batch size B (the length B + 1 of a ragged total's offsets) is no total: cuda_graph
+    # copies offsets at their exact length and captures again for another B
+    totals = ragged_totals(graph)
+    batch_sizes = sh.free_symbols([d for offsets in totals.values() for d in offsets.shape]) - set(totals)
+    return used - batch_sizes
 
 
 def host_size_inputs(graph: Graph, used: set[sympy.Symbol]) -> tuple[dict[int, str], bool]:
@@ -78,6 +83,25 @@ class ProgramCheck:
 
 
 active: list[ProgramCheck] = []
+# how many ember.cuda_graph steps are running (warm-up, check and capture): kernels read their
+# ragged totals on the device only then (schedule/device_sizes.py)
+_graphed_steps = [0]
+
+
+def in_graphed_step() -> int:
+    """The ``device_totals`` size host programs pass to kernels that can read a total on the device."""
+    return 1 if _graphed_steps[0] else 0
+
+
+@contextlib.contextmanager
+def totals_on_device() -> Iterator[None]:
+    """Kernels inside read their ragged totals from the offsets: the step's buffers hold a
+    capacity's rows, of which the offsets' last element says how many are the batch's."""
+    _graphed_steps[0] += 1
+    try:
+        yield
+    finally:
+        _graphed_steps[0] -= 1
 RANGE_PREFIX = "ember program "  # the profiler range a program runs in while a check is on
 
 

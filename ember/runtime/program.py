@@ -161,6 +161,7 @@ class CompiledProgram:
             log(4, f"{name}: {kernel} {ms:.3f} ms", cfg)
 
         ns = {"torch": torch, **_fast_allocators(), "advise_huge": make_advise_huge(cfg), "relayout": relayout,
+              "in_graphed_step": capture.in_graphed_step,
               "error_flag": ctypes.addressof(flag),
               "check_error_flag": check_error_flag, "timed": timed, **namespace}
         filename = f"<ember wrapper {name}>"

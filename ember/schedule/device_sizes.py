@@ -10,6 +10,11 @@ the rows past T left alone (``ember.cuda_graph``). A kernel takes the smaller of
 that searches offsets over an ``arange(n)`` of some other n, as ``row_ids()`` does over T, is read
 as ragged, and where n < offsets[-1] the device's value would take the kernel past its buffers.
 
+Only ``ember.cuda_graph`` steps read the totals on the device: such kernels take one more size,
+``device_totals``, which the host program sets to 1 inside a graphed step (runtime/capture.py)
+and to 0 elsewhere. A plain call computes every one of the host's n rows, so code that searches
+offsets ending before n (bucketing n items) gets eager's answer for the rows past the end.
+
 Matmul kernels keep the host's sizes: their tiles and TMA descriptors are fixed at launch.
 """
 
@@ -21,6 +26,9 @@ from ..ir import shapes as sh
 from ..ir.node import Node
 from .build import BufferInfo
 from .kernel_ir import Kernel, Param
+
+# the size that switches reading the totals on the device on (1, in ember.cuda_graph steps) or off
+DEVICE_TOTALS = sympy.Symbol("device_totals", integer=True, nonnegative=True)
 
 
 def read_totals_on_device(kernel: Kernel, totals: dict[sympy.Symbol, Node], infos: dict[Node, BufferInfo]) -> None:
@@ -39,4 +47,4 @@ def read_totals_on_device(kernel: Kernel, totals: dict[sympy.Symbol, Node], info
         # (offsets may be a strided view: a Ragged accepts them)
         index = sympy.expand((sh.expr(offsets.shape[0]) - 1) * sh.expr(infos[offsets].strides[0]))
         kernel.device_sizes[symbol] = (name, index)
-        kernel.sizes = sorted(set(kernel.sizes) | index.free_symbols, key=lambda s: s.name)
+        kernel.sizes = sorted(set(kernel.sizes) | index.free_symbols | {DEVICE_TOTALS}, key=lambda s: s.name)

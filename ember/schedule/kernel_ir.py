@@ -244,7 +244,8 @@ def format_kernel(k: Kernel) -> str:
     lines = [f"kernel {k.name}({params}; sizes {', '.join(map(str, k.sizes)) or '-'})",
              f"  outer {sh.fmt(k.outer)}  inner {sh.fmt(k.inner)}  loops {k.n_loops}"
              + (f"  rows in {k.chunks} runs" if k.chunks else "")]
-    lines += [f"  {s} = {name}[{index}] (read on the device)" for s, (name, index) in k.device_sizes.items()]
+    lines += [f"  {s} = {name}[{index}] (read on the device in graphed steps)"
+              for s, (name, index) in k.device_sizes.items()]
     for v in k.values:
         where = f"loop {v.loop}" if v.kind in ("reduce", "store", "chunksum", "dot") and v.loop else (
             "inner" if v.inner else "after all rows" if v.stage == FINAL_STAGE else f"stage {v.stage}")
