@@ -9,6 +9,8 @@ import torch
 
 import ember
 
+from .helpers import assert_same, run
+
 
 def _eager_error(fn, *args):
     with pytest.raises(Exception) as info:
@@ -40,6 +42,55 @@ def test_dtype_error_matches_eager():
     eager = _eager_error(fn, a, b)
     with pytest.raises(eager, match="bitwise_and"):
         ember.compile(fn)(a, b)
+
+
+@pytest.mark.parametrize("case", ["var of ints", "std of ints", "argmax of bools", "argmin of bools",
+                                  "abs of bools"])
+def test_dtypes_eager_rejects_raise_its_error(case):
+    fn, x = {"var of ints": (lambda x: x.var(), torch.arange(5)),
+             "std of ints": (lambda x: x.std(0), torch.arange(10).reshape(2, 5)),
+             "argmax of bools": (lambda x: x.argmax(), torch.tensor([True, False])),
+             "argmin of bools": (lambda x: x.argmin(0), torch.tensor([True, False])),
+             "abs of bools": (lambda x: x.abs(), torch.tensor([True, False]))}[case]
+    eager = _eager_error(fn, x)
+    with pytest.raises(eager):
+        ember.compile(fn)(x)
+
+
+_U8 = torch.tensor([0, 1, 255, 128], dtype=torch.uint8)
+_I8 = torch.tensor([-3, 4, 100, -128], dtype=torch.int8)
+_MASK = torch.tensor([True, False, True, False])
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_scalars_that_overflow_their_dtype_raise_as_in_eager(dynamic):
+    """clamp's bounds, fill values and add's alpha are converted with an overflow check in eager;
+    ember wrapped them (uint8 clamp(-5, 300) gave 44 everywhere). Arithmetic with a Python int
+    wraps in eager too, and still compiles."""
+    raising = [(lambda x: x.clamp(-5, 300), _U8), (lambda x: x.clamp(min=-200), _I8),
+               (lambda x: x.masked_fill(_MASK, 300), _I8), (lambda x: torch.where(_MASK, x, 300), _U8),
+               (lambda x: torch.full_like(x, 300), _U8), (lambda x: x.clone().fill_(300), _U8),
+               (lambda x: torch.nn.functional.threshold(x, 50, 300), _I8),
+               (lambda x: torch.add(x, x, alpha=300), _I8),
+               (lambda x: x.clamp(max=1e5), _U8.to(torch.float16))]
+    for fn, x in raising:
+        assert _eager_error(fn, x) is RuntimeError
+        with pytest.raises(RuntimeError, match="without overflow"):
+            ember.compile(fn, dynamic=dynamic)(x)
+    wrapping = lambda x: [x + 256, x | -1, x.clamp(-5, 200), x.clamp(max=255.0)]  # noqa: E731
+    out, report = run(wrapping, _U8, dynamic=dynamic)
+    assert not report.fallbacks and not [g.error for g in report.graphs if g.error]
+    assert_same(out, wrapping(_U8))
+
+
+def test_integer_division_by_zero_raises_inside_a_where():
+    """A where's untaken branch is skipped in ember's kernels (conditional execution), but eager
+    evaluates both: an integer division by zero there raises."""
+    for fn in (lambda x, y: torch.where(y != 0, x // y, 0), lambda x, y: torch.where(y != 0, x % y, x)):
+        x, y = torch.arange(4), torch.tensor([1, 0, 2, 0])
+        assert _eager_error(fn, x, y) is RuntimeError
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            ember.compile(fn)(x, y)
 
 
 def test_index_error_matches_eager():

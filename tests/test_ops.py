@@ -132,6 +132,33 @@ def test_special_values_match_eager(dtype, target):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_products_and_quotients_read_a_0d_tensor_of_another_dtype_in_float32(dtype):
+    # eager's CPU kernels (and its GPU kernels, for a CPU scalar) read a 0-d second operand of
+    # another dtype as a float32 scalar; rounded to 16 bits first, 1e5 became inf and a masked
+    # mean's count of 100000 gave 0
+    x = torch.tensor([1.0, 2.0, -0.3, 0.5, 1.2314453125, 3.5, 7.0], dtype=dtype, device=DEVICE)
+    scalars = [torch.tensor(100000), torch.tensor(1e5, dtype=torch.float64), torch.tensor(3.3), torch.tensor(0.1)]
+    fn = lambda x, s: [x * s, x / s, x // s, torch.div(x, s, rounding_mode="trunc"), (x.exp() * s).sum()]  # noqa: E731
+    for s in scalars:
+        out, report = run(fn, x, s)
+        assert not [g.error for g in report.graphs if g.error]
+        assert_same(out, fn(x, s))
+    valid = torch.ones(100000, dtype=dtype, device=DEVICE)
+    masked_mean = lambda v: (v * (v > 0)).sum() / (v > 0).sum()  # noqa: E731
+    assert_same(run(masked_mean, valid)[0], masked_mean(valid))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_remainders_by_python_floats_round_the_float(dtype):
+    # eager takes x % 0.1 with 0.1 rounded to the tensor's dtype: 1000 % 0.1 is 0.044 in float16
+    x = torch.tensor([1000.0, 3.0, -7.5, 0.25], dtype=dtype, device=DEVICE)
+    fn = lambda x: [x % 0.1, torch.fmod(x, 0.3), torch.remainder(x, -0.7), 3.7 % x]  # noqa: E731
+    out, report = run(fn, x)
+    assert not [g.error for g in report.graphs if g.error]
+    assert_same(out, fn(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_16_bit_tensors_compare_with_python_floats_rounded_to_16_bits(dtype):
     # eager rounds the float to the tensor's dtype before comparing (bf16 0.3 == 0.3); compared
     # in float32 with the float as written, masks (and hardshrink) came out different

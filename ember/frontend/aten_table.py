@@ -138,7 +138,7 @@ def _elu(ctx: Context, x: Node, alpha: float = 1.0, scale: float = 1.0, input_sc
 # Ops whose ATen kernels reject some dtypes: such calls stay ATen calls, so the user gets eager's
 # own error (a meta kernel does not check dtypes, so Dynamo traces them happily).
 _INTEGER_ONLY = {Op.BITAND, Op.BITOR, Op.BITXOR, Op.SHL, Op.SHR, Op.BITNOT}
-_NO_BOOL = {Op.SUB, Op.NEG, Op.SHL, Op.SHR, Op.MOD, Op.FMOD, Op.ATAN2}
+_NO_BOOL = {Op.SUB, Op.NEG, Op.ABS, Op.SHL, Op.SHR, Op.MOD, Op.FMOD, Op.ATAN2}
 
 
 def _check_dtype(op: Op, dtype: dt.DType) -> None:
@@ -153,10 +153,13 @@ def _binary(op: Op, *, compute: str = "result"):
         dtype = ctx.out_dtype if compute == "result" else ctx.promoted(0, 1)
         _check_dtype(op, dtype)
         shape = ctx.out_shape
-        if compute == "promoted" and dtype.is_low_precision:
+        if dtype.is_low_precision and (compute == "promoted" or op in (Op.MOD, Op.FMOD)):
             # eager compares a 16-bit tensor with a Python float rounded to 16 bits (bf16 0.3 ==
-            # 0.3 holds), while arithmetic takes the float as it is
+            # 0.3 holds), and takes remainders by the rounded float too; products and quotients
+            # take the float as it is
             a, b = (_rounded_to(x, dtype) for x in (a, b))
+        if op is Op.MUL and _read_in_float32(b, dtype):
+            return _in_float32(ctx, op, a, b, dtype, shape)
         return ctx.make(op, (ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)))
     return lower
 
@@ -166,6 +169,20 @@ def _rounded_to(x: Any, dtype: dt.DType) -> Any:
     if isinstance(x, float):
         return float(torch.tensor(x, dtype=dt.to_torch(dtype)))
     return x
+
+
+def _read_in_float32(b: Any, dtype: dt.DType) -> bool:
+    """Whether eager reads the second operand ``b`` of a 16-bit product or quotient as a float32
+    scalar: a 0-d tensor of another dtype on the CPU (its CPU kernels' scalar path), or one a
+    GPU kernel takes from the host (a CPU scalar). Rounded to 16 bits first, 1e5 would be inf."""
+    if not (dtype.is_low_precision and isinstance(b, Node) and b.rank == 0 and b.dtype != dtype):
+        return False
+    return b.device == "cpu" or b.op is Op.INPUT and b.arg.to_device is not None
+
+
+def _in_float32(ctx: Context, op: Op, a: Any, b: Node, dtype: dt.DType, shape: sh.Shape) -> Node:
+    out = ctx.make(op, (ctx.operand(a, dt.float32, shape), ctx.operand(b, dt.float32, shape)))
+    return ctx.cast(out, dtype)
 
 
 for _packet, _op in {
@@ -197,6 +214,7 @@ def _add_sub(ctx: Context, a: Any, b: Any, alpha: Any = 1) -> Node:
     if ctx.aten == "aten.sub":
         _check_dtype(Op.SUB, dtype)
     lhs, rhs = ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)
+    alpha = _checked(alpha, dtype)
     if alpha != 1:
         rhs = ctx.make(Op.MUL, (rhs, ctx.operand(alpha, dtype, shape)))
     return ctx.make(Op.ADD if ctx.aten == "aten.add" else Op.SUB, (lhs, rhs))
@@ -207,10 +225,13 @@ def _div(ctx: Context, a: Any, b: Any, rounding_mode: str | None = None) -> Node
     dtype, shape = ctx.out_dtype, ctx.out_shape
     if rounding_mode is None:
         dtype = _float_of(dtype)
-        return ctx.make(Op.DIV, (ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)))
-    if dtype.is_bool:
+        op = Op.DIV
+    elif dtype.is_bool:
         raise Unsupported("rounding division of bools")
-    op = Op.FLOORDIV if rounding_mode == "floor" else Op.TRUNCDIV
+    else:
+        op = Op.FLOORDIV if rounding_mode == "floor" else Op.TRUNCDIV
+    if _read_in_float32(b, dtype):
+        return _in_float32(ctx, op, a, b, dtype, shape)
     return ctx.make(op, (ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)))
 
 
@@ -247,8 +268,26 @@ def _where(ctx: Context, cond: Any, a: Any, b: Any) -> Node:
                                ctx.operand(b, dtype, shape)))
 
 
+def _checked(value: Any, dtype: dt.DType) -> Any:
+    """A Python scalar argument ATen converts with an overflow check (clamp's bounds, a fill
+    value, add's alpha): out of ``dtype``'s range, the op runs through ATen, which raises
+    "value cannot be converted to type ... without overflow" as in eager."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or dtype.is_bool:
+        return value
+    if dtype.is_float:
+        fits = not math.isfinite(value) or abs(value) <= torch.finfo(dt.to_torch(dtype)).max
+    else:
+        info = torch.iinfo(dt.to_torch(dtype))
+        # (c10 lets an unsigned type take negatives down to minus its maximum, wrapped)
+        fits = math.isfinite(value) and (-info.max if info.min == 0 else info.min) <= value <= info.max
+    if not fits:
+        raise Unsupported(f"{value} does not fit {dtype}: ATen raises")
+    return value
+
+
 def _clamp(ctx: Context, x: Node, lo: Any = None, hi: Any = None) -> Node:
     dtype, shape = ctx.out_dtype, ctx.out_shape
+    lo, hi = _checked(lo, dtype), _checked(hi, dtype)
     out = ctx.operand(x, dtype, shape)
     if lo is not None:
         out = ctx.make(Op.MAX, (out, ctx.operand(lo, dtype, shape)))
@@ -295,17 +334,17 @@ def _copy(ctx: Context, dst: Node, src: Node, non_blocking: bool = False) -> Nod
 
 @register(aten.full.default)
 def _full(ctx: Context, size: Sequence[Any], value: Any, **_: Any) -> Node:
-    return ctx.operand(value, ctx.out_dtype, ctx.out_shape)
+    return ctx.operand(_checked(value, ctx.out_dtype), ctx.out_dtype, ctx.out_shape)
 
 
 @register(aten.full_like.default)
 def _full_like(ctx: Context, x: Node, value: Any, **_: Any) -> Node:
-    return ctx.operand(value, ctx.out_dtype, ctx.out_shape)
+    return ctx.operand(_checked(value, ctx.out_dtype), ctx.out_dtype, ctx.out_shape)
 
 
 @register(aten.scalar_tensor.default)
 def _scalar_tensor(ctx: Context, value: Any, **_: Any) -> Node:
-    return ctx.const(value, ctx.out_dtype)
+    return ctx.const(_checked(value, ctx.out_dtype), ctx.out_dtype)
 
 
 @register(aten.arange.start_step, aten.arange.start, aten.arange.default)
@@ -486,6 +525,8 @@ def _max_dim(ctx: Context, x: Node, dim: int, keepdim: bool = False) -> tuple[No
 @register(aten.argmax.default, aten.argmin.default)
 def _argmax(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) -> Node:
     op = Op.ARGMAX if ctx.aten == "aten.argmax" else Op.ARGMIN
+    if x.dtype.is_bool:
+        raise Unsupported(f"ATen's {op.value} rejects bool")
     if dim is None:
         flat = ctx.reshape(x, [sh.numel(x.shape)])
         out = _reduce(ctx, op, flat, (0,), True)
@@ -503,6 +544,8 @@ def _any_all(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) -> N
 def _var(ctx: Context, x: Node, dims: tuple[int, ...], correction: Any, keepdim: bool) -> tuple[Node, Node]:
     """Two-pass variance: mean first, then the sum of squared deviations (both fuse into one
     kernel: the second loop reads what the first computed)."""
+    if not x.dtype.is_float:
+        raise Unsupported("ATen's var and std reject integer and bool inputs")
     x = ctx.cast(x, dt.compute_dtype(x.dtype))
     n = _count(x, dims)
     total = ctx.make(Op.SUM, (x,), dims)

@@ -9,9 +9,10 @@ and inf included, because the skipped values are never selected.
 
 Where a value feeds several guarded places, its guard is their union (an OR, up to
 ``MAX_GUARDS`` of them). A value stays unguarded when anything else uses it: a store, a
-reduction, an index check (eager raises for an out-of-range index even in the untaken branch), or
-a where's condition. The padded GIoU loss (``loss * mask``) becomes a where, and so gets skipped,
-through ``passes/masks.py`` when the ``skip_masked`` option asks for it.
+reduction, an index check (eager raises for an out-of-range index even in the untaken branch), an
+integer division or remainder (eager raises for a zero divisor there too), or a where's
+condition. The padded GIoU loss (``loss * mask``) becomes a where, and so gets skipped, through
+``passes/masks.py`` when the ``skip_masked`` option asks for it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ MAX_GUARDS = 4
 # Cheap to compute anywhere: never worth a guard.
 _FREE_KINDS = frozenset({"const", "index"})
 _NEVER_GUARDED = frozenset({"store", "reduce", "chunksum", "rowreduce", "checkindex"})
+_RAISING_ALU = frozenset({Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD})  # on integers, by zero
 
 
 def guard_branches(kernel: Kernel) -> Kernel:
@@ -87,6 +89,8 @@ def guard_branches(kernel: Kernel) -> Kernel:
     needs = stage_needs()
     for v in reversed(values):
         if v.kind in _NEVER_GUARDED or v.kind in _FREE_KINDS or v is kernel.segment_length:
+            continue
+        if v.kind == "alu" and v.arg in _RAISING_ALU and not v.dtype.is_float:
             continue
         g = wanted(v)
         if g is None or not g.dtype.is_bool or _depends(g, v):
