@@ -73,6 +73,32 @@ SDPA_CASES = {
 }
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_activation_checkpointing_around_random_ops_compiles(dynamic):
+    """Checkpointed blocks with dropout (or CPU attention) wrap their random ops in
+    run_and_save_rng_state, whose result nests a tuple in a tuple: the graphs ran through ATen
+    with a KeyError. The recompute replays the forward's mask: same seed, same values as eager."""
+    from torch.utils.checkpoint import checkpoint
+
+    def block(x, w):
+        h = checkpoint(lambda t: F.dropout((t @ w).sin(), 0.5, True), x, use_reentrant=False)
+        a = checkpoint(lambda t: F.scaled_dot_product_attention(t, t, t, is_causal=True), h.view(2, 2, 4, 8),
+                       use_reentrant=False)
+        return (h * h).sum() + a.sum()
+
+    x, w = torch.randn(16, 8, device=DEVICE), torch.randn(8, 8, device=DEVICE)
+    report = ember.Report()
+    results = []
+    for fn in (block, ember.compile(block, dynamic=dynamic, report=report)):
+        torch.manual_seed(3)
+        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+        out = fn(xx, ww)
+        out.backward()
+        results.append([out, xx.grad, ww.grad])
+    assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+    assert_same(results[1], results[0])
+
+
 @pytest.mark.parametrize("case", SDPA_CASES, ids=str)
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_scaled_dot_product_attention_gradients_match_eager(case, dynamic):

@@ -135,7 +135,10 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
         call = node.arg
         return call.target(*fill_template(call.args, args, sizes), **fill_template(call.kwargs, args, sizes))
     if op is Op.GETITEM:
-        return args[0][node.arg]
+        out = args[0]
+        for i in node.arg if isinstance(node.arg, tuple) else (node.arg,):
+            out = out[i]
+        return out
     raise ValueError(f"cannot evaluate {op.value}")
 
 

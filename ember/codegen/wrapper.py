@@ -410,7 +410,8 @@ class WrapperWriter:
         tmp = f"res{len(self.lines)}"
         self.emit(f"{tmp} = {result}")
         for getitem in [n for n in self.s.buffers if n.op is Op.GETITEM and n.inputs[0] is node]:
-            self.emit(f"{self.var[getitem]} = {tmp}[{getitem.arg}]")
+            path = getitem.arg if isinstance(getitem.arg, tuple) else (getitem.arg,)
+            self.emit(f"{self.var[getitem]} = {tmp}{''.join(f'[{i}]' for i in path)}")
             self._bind_from(getitem)
             self._dense_for_kernels(getitem)
 

@@ -300,6 +300,8 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
     kwargs = torch.fx.node.map_arg(fx_node.kwargs, lambda n: env[n])
     if target is operator.getitem and isinstance(args[0], (tuple, list)):
         return args[0][args[1]]
+    if target is operator.getitem and _is_tuple_result(args[0]) and isinstance(args[1], int):
+        return _item(ctx, args[0], args[1], val)
     if _is_sym(val):
         # Size arithmetic (sym_size, operator.mul on SymInts, ...): known from its expression.
         ctx.aten = ctx.origin = op_name(target)
@@ -334,6 +336,28 @@ def _finish(ctx: Context, result: Any, val: Any) -> Any:
     return result
 
 
+def _is_tuple_result(x: Any) -> bool:
+    """An ATen call's result that is a tuple ember did not unpack (a higher-order op such as
+    run_and_save_rng_state, whose node carries no fake result), or an item of one that is."""
+    return isinstance(x, Node) and x.op in (Op.EXTERN, Op.GETITEM) and x.shape is None
+
+
+def _item(ctx: Context, result: Node, index: int, val: Any) -> Node:
+    """Item ``index`` of a tuple result: a GETITEM of the ATen call at a path, nested tuples
+    included (checkpointed dropout: (rng state, (output, mask)))."""
+    call, path = result, ()
+    if result.op is Op.GETITEM:
+        call, path = result.inputs[0], result.arg if isinstance(result.arg, tuple) else (result.arg,)
+    at = (*path, index)
+    tensor = isinstance(val, torch.Tensor)
+    dtype = dt.from_torch(val.dtype) if tensor and dt.is_supported_torch(val.dtype) else None
+    node = make(Op.GETITEM, (call,), at[0] if len(at) == 1 else at, dtype=dtype,
+                shape=sh.shape(val.shape) if tensor else None, device=str(val.device) if tensor else call.device,
+                origin=call.origin)
+    ctx.nodes.append(node)
+    return node
+
+
 def _extern(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any) -> Node | tuple[Node, ...]:
     tensors: list[Node] = []
 
@@ -362,17 +386,26 @@ def _extern(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any) -> Node
     if isinstance(val, (tuple, list)):
         node = make(Op.EXTERN, tensors, call, dtype=None, shape=None, device=device, origin=origin)
         ctx.nodes.append(node)
-        outs = []
-        for i, v in enumerate(val):
-            if isinstance(v, torch.Tensor):
-                dtype = dt.from_torch(v.dtype) if dt.is_supported_torch(v.dtype) else None
-                item = make(Op.GETITEM, (node,), i, dtype=dtype, shape=sh.shape(v.shape),
-                            device=str(v.device), origin=origin)
-                ctx.nodes.append(item)
-                outs.append(item)
-            else:
-                outs.append(v)
-        return tuple(outs)
+
+        def items(vals: Any, path: tuple[int, ...]) -> tuple[Any, ...]:
+            # nested results too: run_and_save_rng_state (checkpointed dropout) returns
+            # (rng state, (output, mask)); a GETITEM's arg is its path into the result
+            outs = []
+            for i, v in enumerate(vals):
+                if isinstance(v, torch.Tensor):
+                    dtype = dt.from_torch(v.dtype) if dt.is_supported_torch(v.dtype) else None
+                    at = i if not path else (*path, i)
+                    item = make(Op.GETITEM, (node,), at, dtype=dtype, shape=sh.shape(v.shape),
+                                device=str(v.device), origin=origin)
+                    ctx.nodes.append(item)
+                    outs.append(item)
+                elif isinstance(v, (tuple, list)):
+                    outs.append(items(v, (*path, i)))
+                else:
+                    outs.append(v)
+            return tuple(outs)
+
+        return items(val, ())
     if isinstance(val, torch.Tensor):
         dtype = dt.from_torch(val.dtype) if dt.is_supported_torch(val.dtype) else None
         shape = sh.shape(val.shape)
