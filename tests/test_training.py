@@ -73,6 +73,50 @@ SDPA_CASES = {
 }
 
 
+def test_kernels_that_need_each_other_through_an_aten_matmul_stay_apart():
+    """With the gradient in the forward, the loss's sums and the second weight's gradient are
+    one kernel's roots, while the first layer's gradient (a matmul run by ATen) reads one of them
+    and another reads it back: a cycle through the ATen call the planner did not see ("kernels
+    that need each other's results"), and the graph ran through ATen."""
+    def loss(x, w1, b1, w2, b2, y, g):
+        return F.linear(F.linear(x, w1, b1).relu(), w2, b2).sum() + (y * g).sum()
+
+    args = [torch.randn(3, 6), torch.randn(6, 6), torch.randn(6), torch.randn(2, 6), torch.randn(2),
+            torch.randn(8, 20), torch.randn(20)]
+    grad = [False, True, True, True, True, False, True]
+    mine = [a.to(DEVICE).requires_grad_(r) for a, r in zip(args, grad)]
+    ref = [a.to(DEVICE).requires_grad_(r) for a, r in zip(args, grad)]
+    report = ember.Report()
+    out = ember.compile(loss, report=report)(*mine)
+    out.backward()
+    want = loss(*ref)
+    want.backward()
+    assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+    assert_same([out] + [a.grad for a in mine if a.requires_grad], [want] + [a.grad for a in ref if a.requires_grad])
+
+
+def test_grad_scaler_unscale_compiles():
+    """GradScaler's unscale (a functionalized foreach op returning a list inside a tuple) ran
+    through ATen: its result's list was read as a scalar output."""
+    def unscale(grads, found_inf, inv_scale):
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+        return found_inf
+
+    report = ember.Report()
+    compiled = ember.compile(unscale, report=report)
+    for bad in (False, True):
+        grads = [torch.randn(5, device=DEVICE), torch.randn(2, 2, device=DEVICE)]
+        if bad:
+            grads[1][0, 1] = float("inf")
+        mine, ref = [g.clone() for g in grads], [g.clone() for g in grads]
+        inv = torch.tensor([1 / 1024.0], device=DEVICE)
+        found = [torch.zeros(1, device=DEVICE), torch.zeros(1, device=DEVICE)]
+        compiled(mine, found[0], inv)
+        unscale(ref, found[1], inv)
+        assert_same([mine, found[0]], [ref, found[1]])
+    assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+
+
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_activation_checkpointing_around_random_ops_compiles(dynamic):
     """Checkpointed blocks with dropout (or CPU attention) wrap their random ops in

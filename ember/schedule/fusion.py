@@ -226,11 +226,31 @@ class Planner(DomainRules):
 
     def _acyclic(self, groups: list[GroupSpec]) -> bool:
         index = {r: i for i, g in enumerate(groups) for r in g.roots}
+        made_by: dict[Node, set[int]] = {}
+
+        def producers(x: Node) -> set[int]:
+            """The groups ``x`` needs: its own, or, for what no kernel computes (an ATen call such
+            as a matmul, a view), the groups its inputs need."""
+            if x in index:
+                return {index[x]}
+            if x not in made_by:
+                made_by[x] = set()  # (a DAG: no node reaches itself)
+                made_by[x] = set().union(*(producers(i) for i in x.inputs)) if x.inputs else set()
+            return made_by[x]
+
         needs: list[set[int]] = []
         for i, g in enumerate(groups):
             read = {x for r in g.roots for x in self.reads(r)}
             read |= {self.views.get(b, b) for b in (copied_base(r) for r in g.roots if r.op is Op.INDEX_PUT)}
-            needs.append({index[x] for x in read if x in index} - {i})
+            need: set[int] = set()
+            for x in read:
+                if x in index:
+                    need.add(index[x])
+                elif i in producers(x):
+                    return False  # it reads an ATen result computed from its own results
+                else:
+                    need |= producers(x)
+            needs.append(need - {i})
         state = [0] * len(groups)  # 0 new, 1 on the path, 2 done
 
         def visit(i: int) -> bool:
