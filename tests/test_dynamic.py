@@ -180,3 +180,41 @@ def test_sizes_only_an_aten_result_knows(monkeypatch):
         assert_same(compiled(x, logits, w), route(x, logits, w))  # (the last: two experts get no token)
     stats = ember.stats()
     assert stats["graph_fallbacks"] == 0 and stats["graphs_compiled"] == 1, stats
+
+
+def _adamw_step(params, grads, ms, vs, step, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, wd=1e-2):
+    """A hand-written AdamW step with a Python int step count, as training loops write it."""
+    with torch.no_grad():
+        step += 1
+        for p, g, m, v in zip(params, grads, ms, vs):
+            p.mul_(1 - lr * wd)
+            m.lerp_(g, 1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            bias1, bias2 = 1 - b1 ** step, 1 - b2 ** step
+            p.addcdiv_(m, (v.sqrt() / bias2 ** 0.5).add_(eps), value=-lr / bias1)
+
+
+@pytest.mark.parametrize("options", [None, {"target": "triton"}], ids=["cpp", "triton"])
+def test_float_math_of_sizes_and_specialized_floats(options):
+    """With dynamic=True an int step count is a size, so 0.9 ** step is a float power of a size
+    ("FloatPow has no C spelling"), and Dynamo specializes the float lr in the code while its
+    recorded value keeps lr's symbol, which no input carries ("cannot bind zf41"): both graphs
+    ran through ATen."""
+    shapes = [(4, 3), (3,), (5, 2, 2)]
+    params = [torch.randn(*s) for s in shapes]
+    state = [[torch.zeros(*s) for s in shapes] for _ in range(2)]
+    mine = [[t.clone() for t in ts] for ts in (params, *state)]
+    report = ember.Report()
+    step = ember.compile(_adamw_step, dynamic=True, options=options, report=report)
+    for count in range(1, 5):
+        grads = [torch.randn(*s) for s in shapes]
+        _adamw_step(params, grads, *state, count)
+        step(*mine[0:1], grads, *mine[1:], count)
+        assert_same(mine, [params, *state])
+    assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+    bias = lambda p, m, count: p.add(m, alpha=-0.001 / (1 - 0.9 ** count))  # noqa: E731
+    p, m = torch.randn(4), torch.randn(4)
+    for count in (1, 2, 7):
+        out, report = run(bias, p, m, count, dynamic=True, options=options)
+        assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+        assert_same(out, bias(p, m, count))

@@ -17,6 +17,7 @@ from typing import Any
 import sympy
 from torch.utils._sympy.functions import (
     CleanDiv,
+    FloatPow,
     FloatTrueDiv,
     FloorDiv,
     IntTrueDiv,
@@ -132,6 +133,8 @@ def index_expr(e: sympy.Expr) -> str:
         return f"((double){_atom(e.args[0])} / (double){_atom(e.args[1])})"
     if isinstance(e, ToFloat):
         return f"((double){_atom(e.args[0])})"
+    if isinstance(e, FloatPow):  # sizes in float math (an optimizer's 1 - 0.9 ** step)
+        return f"pow((double){_atom(e.args[0])}, (double){_atom(e.args[1])})"
     if isinstance(e, (sympy.Max, sympy.Min)):
         fn = "ember_imax" if isinstance(e, sympy.Max) else "ember_imin"
         args = [index_expr(a) for a in e.args]

@@ -93,7 +93,7 @@ def literal(value: Any, dtype: dt.DType) -> str:
         if value.is_Number and not value.is_Integer:
             value = float(value)
         else:
-            return f"tl.full([1], {pexpr(value)}, {compute_type(dtype)})"
+            return f"tl.full([1], {pexpr(value, in_triton=True)}, {compute_type(dtype)})"
     if dtype.is_bool:
         text = "1" if value else "0"
     elif dtype.is_int:

@@ -26,6 +26,7 @@ import sympy
 import torch
 from torch.utils._sympy.functions import (
     CleanDiv,
+    FloatPow,
     FloatTrueDiv,
     FloorDiv,
     IntTrueDiv,
@@ -51,12 +52,18 @@ class WrapperError(ValueError):
     """The graph needs something the wrapper cannot express (e.g. a size it cannot bind)."""
 
 
-def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min")) -> str:
-    """A size expression as Python (``minmax``: how to spell max/min, e.g. for Triton tensors)."""
+def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = False) -> str:
+    """A size expression as Python (``minmax``: how to spell max/min, e.g. for Triton tensors;
+    ``in_triton``: float powers and conversions of sizes spelled for a Triton kernel)."""
     e = sympy.sympify(e)
 
     def p(x: Any) -> str:
-        return pexpr(x, minmax)
+        return pexpr(x, minmax, in_triton)
+
+    if isinstance(e, FloatPow):  # sizes in float math (an optimizer's 1 - 0.9 ** step)
+        return f"eh.pow({p(e.args[0])}, {p(e.args[1])})" if in_triton else f"({p(e.args[0])} ** {p(e.args[1])})"
+    if isinstance(e, ToFloat) and in_triton:
+        return f"({p(e.args[0])}).to(tl.float64)"
 
     if isinstance(e, (sympy.Max, sympy.Min)):
         fn = minmax[0] if isinstance(e, sympy.Max) else minmax[1]
@@ -164,6 +171,8 @@ class WrapperWriter:
             spec = node.arg
             if spec.kind != "tensor":
                 continue
+            if spec.item is not None:
+                bound.setdefault(spec.item, None if spec.to_device else f"{spec.name}.item()")
             for i, e in enumerate(node.shape):
                 if e.is_Symbol:
                     bound.setdefault(e, f"{spec.name}.size({i})")
@@ -199,6 +208,8 @@ class WrapperWriter:
         self.emit("args.clear()  # inputs die as soon as nothing needs them")
         for node in g.inputs:
             if node.arg.kind == "tensor" and node.arg.to_device:
+                if node.arg.item is not None:  # (read while on the host: no sync)
+                    self.emit(f"{node.arg.item.name} = {node.arg.name}.item()")
                 self.emit(f"{node.arg.name} = {node.arg.name}.to({node.arg.to_device!r}, non_blocking=True)"
                           "  # a 0-d CPU tensor used as a scalar")
         self.bind_sizes()

@@ -15,7 +15,7 @@ import sympy
 import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
-from torch.utils._sympy.functions import Max
+from torch.utils._sympy.functions import FloatPow, FloatTrueDiv, Max, ToFloat
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
@@ -58,6 +58,7 @@ class Context:
         self.origin: str | None = None      # the op the user wrote, recorded on nodes for names
         self.out: Any = None                # meta value of the current FX node
         self.arg_metas: list[Any] = []      # meta values of its positional args
+        self.bindable: set[sympy.Symbol] = set()  # symbols the graph's inputs carry
 
     # ---- building -------------------------------------------------------------------------
     def make(self, op: Op, inputs: Sequence[Node] = (), arg: Any = None, **kw: Any) -> Node:
@@ -202,6 +203,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
         val = fx_node.meta.get("val")
         if fx_node.op == "placeholder":
             node = _placeholder(fx_node, len(inputs), val, ctx.device, len(inputs) in donated)
+            ctx.bindable |= _carried_symbols(node)
             if isinstance(val, torch.Tensor):
                 storages.setdefault(storage_of(val), -1)
             inputs.append(node)
@@ -286,12 +288,47 @@ def _placeholder(fx_node: torch.fx.Node, index: int, val: Any, device: str, dona
         on_host = str(val.device) == "cpu" and device != "cpu"
         # (a dense copy keeps its strides; .to() of any other layout would not)
         moved = device if on_host and (val.dim() == 0 or val.is_contiguous() and _only_indexes(fx_node)) else None
-        spec = InputSpec(index, name, "tensor", _strides(val), to_device=moved, donated=donated and not moved)
+        spec = InputSpec(index, name, "tensor", _strides(val), to_device=moved, donated=donated and not moved,
+                         item=_item_symbol(fx_node, val))
         return make(Op.INPUT, (), spec, dtype=dtype, shape=sh.shape(val.shape), device=moved or str(val.device))
     if _is_sym(val) or isinstance(val, int | float | bool):
         spec = InputSpec(index, name, "symint", expr=sh.expr(val) if _is_sym(val) or isinstance(val, int) else None)
         return make(Op.INPUT, (), spec, dtype=_sym_dtype(val), shape=())
     return make(Op.INPUT, (), InputSpec(index, name, "opaque"), dtype=None, shape=None)
+
+
+_SYM_ARITHMETIC: dict[Any, Callable[..., sympy.Expr]] = {
+    operator.add: lambda a, b: a + b, operator.sub: lambda a, b: a - b, operator.mul: lambda a, b: a * b,
+    operator.neg: lambda a: -a, operator.truediv: lambda a, b: FloatTrueDiv(ToFloat(a) if a.is_integer else a,
+                                                                            ToFloat(b) if b.is_integer else b),
+    operator.pow: lambda a, b: FloatPow(ToFloat(a) if a.is_integer else a, ToFloat(b) if b.is_integer else b),
+    torch.sym_float: lambda a: ToFloat(a) if a.is_integer else a,
+}
+
+
+def _carried_symbols(node: Node) -> set[sympy.Symbol]:
+    spec = node.arg
+    if spec.kind == "symint":
+        return sh.free_symbols([spec.expr]) if spec.expr is not None else set()
+    if spec.kind != "tensor":
+        return set()
+    return sh.free_symbols([*node.shape, *(spec.strides or ())]) | ({spec.item} if spec.item is not None else set())
+
+
+def _item_symbol(fx_node: torch.fx.Node, val: torch.Tensor) -> sympy.Symbol | None:
+    """The symbol a 0-d CPU input's ``.item()`` gives in the graph, if it gives one."""
+    if val.dim() != 0 or str(val.device) != "cpu":
+        return None
+    for user in fx_node.users:
+        out = user.meta.get("val")
+        if user.target is torch.ops.aten._local_scalar_dense.default and _is_sym(out) and out.node.expr.is_Symbol:
+            return out.node.expr
+        if (user.target is torch.ops.prims.convert_element_type.default and isinstance(out, torch.Tensor)
+                and out.dtype == val.dtype):  # (the decomposition of .item() copies first)
+            found = _item_symbol(user, val)
+            if found is not None:
+                return found
+    return None
 
 
 def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], val: Any) -> Any:
@@ -305,6 +342,13 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
     if _is_sym(val):
         # Size arithmetic (sym_size, operator.mul on SymInts, ...): known from its expression.
         ctx.aten = ctx.origin = op_name(target)
+        if not sh.expr(val).free_symbols <= ctx.bindable and target in _SYM_ARITHMETIC:
+            # a float Dynamo specialized in the code (an optimizer's lr: -0.001 / bias correction)
+            # keeps its symbol in the recorded value, which no input carries: compute it from the
+            # arguments, as the code does
+            exprs = [a.arg if isinstance(a, Node) and a.op is Op.CONST else a for a in args]
+            if all(isinstance(e, (sympy.Basic, int, float)) for e in exprs):
+                return ctx.const(_SYM_ARITHMETIC[target](*(sympy.sympify(e) for e in exprs)), _sym_dtype(val))
         return ctx.const(val, _sym_dtype(val))
     fn = lookup(target)
     if fn is not None:

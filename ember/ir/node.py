@@ -43,6 +43,9 @@ class InputSpec:
     # a backward's saved tensor that nothing else can see (AOTAutograd's donated buffers): once
     # read for the last time, a kernel may write its output over it
     donated: bool = False
+    # a 0-d CPU tensor whose value the graph reads as this symbol (Dynamo passes the Python floats
+    # of a dynamic=True compile, an optimizer's lr, as such tensors and calls .item() on them)
+    item: sympy.Symbol | None = None
 
 
 @dataclass(frozen=True)
