@@ -444,7 +444,10 @@ class WrapperWriter:
 
     def _template(self, t: Any, node: Node) -> str:
         if isinstance(t, ArgRef):
-            return self.var[node.inputs[t.index]]
+            x = node.inputs[t.index]
+            if x not in self.var and x.op is Op.INPUT and x.arg.kind == "opaque":
+                return x.arg.name  # passed through as given (the CUDA generator a checkpointed dropout replays)
+            return self.var[x]
         if isinstance(t, list):
             return "[" + ", ".join(self._template(x, node) for x in t) + "]"
         if isinstance(t, tuple):
