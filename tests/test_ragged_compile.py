@@ -170,6 +170,20 @@ def test_batch_sizes_that_change_compile_once():
     assert len(backward.kernels) == 1 and "zero_()" not in backward.wrapper
 
 
+def test_from_padded_with_lengths_that_change():
+    """Lengths given as a list make sizes Dynamo writes with its own Max (Max(3, s21, s81)),
+    which had no Python spelling: the graph ran through ATen."""
+    def packed_sum(padded, lengths):
+        return ragged.from_padded(padded, lengths).values.sum(0)
+
+    padded = torch.randn(3, 5, 2)
+    report = ember.Report()
+    fast = ember.compile(packed_sum, report=report)
+    for lengths in ([3, 1, 5], [2, 2, 2], [5, 0, 4]):
+        assert_same(fast(padded, lengths), packed_sum(padded, lengths))
+    assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+
+
 def test_ragged_giou_loss_gradient_matches_eager():
     pred, targets, _ = _ragged_batch(48, 3)
     fast = ember.compile(ragged_giou_loss)

@@ -226,3 +226,55 @@ def test_gradients_of_a_gather_from_a_dense_partner(options):
     (backward,) = [g for g in report.graphs if g.kind == "backward"]
     writes = [k for k in backward.kernels if k.source.count("atomic") or "zero_()" in backward.wrapper]
     assert not writes, backward.wrapper
+
+
+@pytest.mark.parametrize("options", TARGETS, ids=TARGET_IDS)
+def test_positions_computed_inside_the_gather_match_eager(options):
+    """The gather reads the values padded by one row at a clamped place; positions (and
+    anything else computed from a range) read there were taken as 0: writes of positions, a
+    positional weight's gradient and d[i] + v all came out wrong, silently."""
+    r = Ragged(torch.ones(6, dtype=torch.float64).to(DEVICE), torch.tensor([0, 3, 4, 6]).to(DEVICE))
+    base = (torch.arange(12, dtype=torch.float64) * 100).reshape(3, 4).to(DEVICE)
+
+    def write_positions(r, d):
+        return d.index_put((r.row_ids(), r.positions()), r.positions().double())
+
+    def weighted_gradient(r, d):
+        d = d.clone().requires_grad_()
+        weighted = d[r.row_ids(), r.positions()] * (1.0 + r.positions().double())
+        return torch.autograd.grad(weighted.sum(), d)[0]
+
+    def padded_positions(r):
+        return Ragged._make(r.values * r.positions(), r.offsets, r.max_length).to_padded()
+
+    def read_and_write(r, d):
+        at = (r.row_ids(), r.positions())
+        return d.index_put(at, d[at] + r.values), d.index_put(at, d[at] * 2)
+
+    for fn, args in ((write_positions, (r, base)), (weighted_gradient, (r, base)), (padded_positions, (r,)),
+                     (read_and_write, (r, base))):
+        check(fn, *args, options=options)
+
+
+@pytest.mark.parametrize("options", TARGETS, ids=TARGET_IDS)
+def test_empty_rows_index_nothing(options):
+    """A segment kernel checks a row's lookups once, before its loop over the row: an empty row
+    (whose lookups eager never makes) raised IndexError."""
+    def gather(r, d):
+        return d[r.row_ids(), r.positions()] * r.values
+
+    def lookup(r, table, classes):
+        return r.values * table[classes[r.row_ids()]]
+
+    values = torch.randn(4, 3, dtype=torch.float64).to(DEVICE)
+    check(gather, Ragged(values[:2], torch.tensor([0, 2, 2]).to(DEVICE)),
+          torch.randn(1, 4, 3, dtype=torch.float64).to(DEVICE), options=options)  # row 1: no dense row, empty
+    check(lookup, Ragged(values, torch.tensor([0, 2, 2, 4]).to(DEVICE)),
+          torch.randn(5, 3, dtype=torch.float64).to(DEVICE), torch.tensor([0, 99, 1]).to(DEVICE), options=options)
+    if options is None:  # a row with elements still checks (Triton kernels clamp, as on the GPU)
+        r = Ragged(torch.randn(5, 3, dtype=torch.float64), torch.tensor([0, 2, 3, 5]))
+        table, classes = torch.randn(5, 3, dtype=torch.float64), torch.tensor([0, 99, 1])
+        with pytest.raises(IndexError):
+            lookup(r, table, classes)
+        with pytest.raises(IndexError):
+            ember.compile(lookup, options=options)(r, table, classes)

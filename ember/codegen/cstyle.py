@@ -135,8 +135,8 @@ def index_expr(e: sympy.Expr) -> str:
         return f"((double){_atom(e.args[0])})"
     if isinstance(e, FloatPow):  # sizes in float math (an optimizer's 1 - 0.9 ** step)
         return f"pow((double){_atom(e.args[0])}, (double){_atom(e.args[1])})"
-    if isinstance(e, (sympy.Max, sympy.Min)):
-        fn = "ember_imax" if isinstance(e, sympy.Max) else "ember_imin"
+    if isinstance(e, (*sh.MAXES, *sh.MINS)):
+        fn = "ember_imax" if isinstance(e, sh.MAXES) else "ember_imin"
         args = [index_expr(a) for a in e.args]
         out = args[0]
         for a in args[1:]:
@@ -380,6 +380,11 @@ class BodyRenderer:
             index = self.name(v.srcs[0])
             expr = (f"ember_check_index((int64_t){index}, {bound}, {v.arg[2]}, ember_err)" if lang.checks_indices
                     else f"ember_clamp_index((int64_t){index}, {bound})")
+            length = self.kernel.segment_length
+            if lang.checks_indices and length is not None and not v.inner:
+                # checked once per row, before the row's loop: an empty row indexes nothing in eager
+                expr = (f"ember_check_index_if({self.name(length)} > 0, (int64_t){index}, {bound}, {v.arg[2]}, "
+                        "ember_err)")
         elif v.kind == "search":
             a = v.arg
             args = (f"{a.buffer} + ({index_expr(a.start)}), {index_expr(a.length)}, {index_expr(a.stride)}, "
@@ -594,6 +599,11 @@ EMBER_FN int64_t ember_mod(int64_t a, int64_t b, int32_t* err) {
 EMBER_FN int64_t ember_check_index(int64_t i, int64_t n, int32_t code, int32_t* err) {
   bool bad = (i < 0) | (i >= n);
   if (bad) *err = code;
+  return bad ? 0 : i;
+}
+EMBER_FN int64_t ember_check_index_if(bool used, int64_t i, int64_t n, int32_t code, int32_t* err) {
+  bool bad = (i < 0) | (i >= n);
+  if (bad && used) *err = code;
   return bad ? 0 : i;
 }
 // searchsorted in a sorted sequence of n elements, stride apart: how many are < v (<= v when

@@ -65,8 +65,8 @@ def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = Fa
     if isinstance(e, ToFloat) and in_triton:
         return f"({p(e.args[0])}).to(tl.float64)"
 
-    if isinstance(e, (sympy.Max, sympy.Min)):
-        fn = minmax[0] if isinstance(e, sympy.Max) else minmax[1]
+    if isinstance(e, (*sh.MAXES, *sh.MINS)):
+        fn = minmax[0] if isinstance(e, sh.MAXES) else minmax[1]
         out = p(e.args[0])
         for a in e.args[1:]:
             out = f"{fn}({out}, {p(a)})"

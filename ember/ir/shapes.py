@@ -8,9 +8,14 @@ from collections.abc import Iterable, Sequence
 from functools import reduce
 
 import sympy
+from torch.utils._sympy.functions import Max as _TorchMax
+from torch.utils._sympy.functions import Min as _TorchMin
 
 Expr = sympy.Expr
 Shape = tuple[sympy.Expr, ...]
+# sympy's max and min, and torch's (Dynamo's shapes use its own: Max(3, s21, s81))
+MAXES = (sympy.Max, _TorchMax)
+MINS = (sympy.Min, _TorchMin)
 
 
 def expr(value: object) -> sympy.Expr:

@@ -145,20 +145,30 @@ class KernelBuilder:
         """An index expression as a value. Indirect variables in it (a position inside a ragged
         row: its loaded start + r0) are loaded values, added as such."""
         expr = sympy.expand(expr)
-        bound = sorted((s for s in expr.free_symbols if is_indirect_var(s)), key=lambda s: s.name)
-        rest = expr.subs({s: 0 for s in bound}) if bound else expr
-        value = None if bound and rest == 0 else self._emit("index", dtype, (), rest, expr=rest)
-        for s in bound:
-            coeff = expr.coeff(s)
-            if coeff.has(*bound):  # iota, cat and pad points are linear in them
-                raise RuntimeError(f"index {expr} is not linear in its loaded values")
-            term = self._indirect[s]
-            if term.dtype != dtype:
-                term = self._emit("alu", dtype, (term,), Op.CAST)
-            if coeff != 1:
-                term = self._emit("alu", dtype, (term, self._emit("const", dtype, (), coeff)), Op.MUL)
-            value = term if value is None else self._emit("alu", dtype, (value, term), Op.ADD)
-        return value
+        if not _has_indirect(expr):
+            return self._emit("index", dtype, (), expr, expr=expr)
+        if expr.is_Symbol:
+            term = self._indirect[expr]
+            return term if term.dtype == dtype else self._emit("alu", dtype, (term,), Op.CAST)
+        if isinstance(expr, (sympy.Add, sympy.Mul)):
+            # sums and products of loaded values, with the terms that load nothing as one index
+            fixed = expr.func(*(a for a in expr.args if not _has_indirect(a)))
+            parts = [self.index_value(a, dtype) for a in expr.args if _has_indirect(a)]
+            if fixed != (0 if expr.is_Add else 1):
+                parts.append(self.index_value(fixed, dtype) if expr.is_Add else self._emit("const", dtype, (), fixed))
+            value = parts[0]
+            for part in parts[1:]:
+                value = self._emit("alu", dtype, (value, part), Op.ADD if expr.is_Add else Op.MUL)
+            return value
+        if isinstance(expr, (*sh.MAXES, *sh.MINS)):
+            # a pad's clamped point at a loaded place (the gather of packed rows reads row T,
+            # its padding, where a sequence ends): positions computed there must clamp too
+            parts = [self.index_value(a, dtype) for a in expr.args]
+            value = parts[0]
+            for part in parts[1:]:
+                value = self._emit("alu", dtype, (value, part), Op.MAX if isinstance(expr, sh.MAXES) else Op.MIN)
+            return value
+        raise RuntimeError(f"index {expr} has no form ember computes from its loaded values")
 
     def indirect(self, index: Value, bound: sympy.Expr, label: str, error: int = 2) -> sympy.Symbol:
         """An index variable holding ``index``, checked against [0, bound); ``error`` is the code
