@@ -23,6 +23,7 @@ from ember.workloads.giou import make_batch, ragged_giou_loss
 from ember.workloads.giou_bench import pack
 
 from .conftest import DEVICE
+from .helpers import assert_same
 
 # the compiled targets of the test device (Triton runs interpreted on the CPU)
 TARGETS = [None, {"target": "triton"}] if DEVICE == "cpu" else [{"gpu_backend": "triton"}, {"gpu_backend": "cuda"}]
@@ -46,7 +47,7 @@ def _row_ids_graph(length, start: int = 1):
     b = GraphBuilder()
     offsets = b.input((5,), dt.int64)
     iota = b.op(Op.IOTA, arg=(length, 0, 1), dtype=dt.int64)
-    return b.build(b.op(Op.SEARCH, b.slice(offsets, 0, start, 1, 4), iota, arg=True))
+    return b.build(b.op(Op.SEARCH, b.slice(offsets, 0, start, 1, 4), iota, arg=(True, True)))
 
 
 def test_ragged_totals_pairs_the_row_ids_length_with_its_offsets():
@@ -106,19 +107,32 @@ def test_rendered_kernels_load_the_total(target):
 
 
 @pytest.mark.parametrize("options", TARGETS, ids=TARGET_IDS)
-def test_searches_over_a_range_read_as_ragged_stay_in_bounds(options):
-    # searchsorted(offsets[1:], arange(n), right=True) is what row_ids() writes, so n is read as
-    # the ragged total offsets[-1]. Where n is less, the kernel wrote past its output (heap
-    # corruption); where n is more (bucketing n items), the rows past offsets[-1] were left
-    # uncomputed; offsets that are a strided view were read as dense.
-    f = lambda o, v: torch.searchsorted(o[1:], torch.arange(v.shape[0], device=o.device), right=True)  # noqa: E731
-    compiled = ember.compile(f, dynamic=True, options=options)
-    table = torch.tensor([[0, 9], [3, 9], [3, 9], [5, 9], [8, 9]], device=DEVICE)
-    for offsets, n in ((torch.tensor([0, 3, 5, 8], device=DEVICE), 8), (torch.tensor([0, 2, 9], device=DEVICE), 5),
-                       (torch.tensor([0, 5, 6, 9], device=DEVICE), 4), (table[:, 0], 8),
-                       (torch.tensor([0, 2, 4], device=DEVICE), 9), (table[:, 0], 13)):
-        values = torch.empty(n, device=DEVICE)
-        assert torch.equal(compiled(offsets, values), f(offsets, values))
+def test_searches_like_row_ids_of_other_offsets_match_eager(options):
+    """searchsorted(o[1:], arange(n), right=True) is what row_ids() runs, but written by hand it
+    may search offsets that start past 0 or end before or past n (bucketing n items). Read as
+    ragged rows, such code wrote past its output (n < o[-1]), left rows uncomputed (n > o[-1]),
+    and gave segment kernels, segment sums and gathers wrong rows (o[0] > 0). Only Ragged's own
+    row ids (ember::row_ids) are read so."""
+    search = lambda o, n: torch.searchsorted(o[1:], torch.arange(n, device=o.device), right=True)  # noqa: E731
+
+    def buckets(o, x, table):
+        return x * table[search(o, x.shape[0])].unsqueeze(-1)
+
+    def summed(o, x):
+        return torch.zeros(o.shape[0] - 1, x.shape[1], dtype=x.dtype, device=x.device).index_add(
+            0, search(o, x.shape[0]), x)
+
+    compiled = [ember.compile(f, dynamic=True, options=options) for f in (buckets, summed, search)]
+    strided = torch.tensor([[0, 9], [3, 9], [3, 9], [5, 9], [8, 9]], device=DEVICE)[:, 0]
+    cases = [(torch.tensor(o, device=DEVICE), n) for o, n in (([0, 3, 5, 8], 8), ([0, 2, 9], 5), ([0, 5, 6, 9], 4),
+                                                            ([0, 2, 4], 9), ([3, 4, 6, 9], 9), ([0, 2, 5, 5, 7], 10))]
+    for o, n in [*cases, (strided, 8)]:
+        x = torch.randn(n, 3, dtype=torch.float64, device=DEVICE)
+        weights = torch.randn(o.shape[0], dtype=torch.float64, device=DEVICE)  # B + 1: row B exists
+        assert_same(compiled[0](o, x, weights), buckets(o, x, weights))
+        assert_same(compiled[2](o, n), search(o, n))
+        if int(o[-1]) >= n:  # (else eager raises: a row id past the sums)
+            assert_same(compiled[1](o, x), summed(o, x))
 
 
 def _host_sizes(fn, *args) -> list[capture.ProgramRun]:

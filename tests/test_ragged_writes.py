@@ -34,7 +34,7 @@ def _write_graph(*, accumulate: bool = True, other_offsets: bool = False, batch:
     dense = b.input((batch, N, F))
     other = b.input((B + 1,), dt.int64)
     iota = b.op(Op.IOTA, arg=(T, 0, 1), dtype=dt.int64)
-    rows = b.op(Op.SEARCH, b.slice(offsets, 0, 1, 1, B), iota, arg=True)
+    rows = b.op(Op.SEARCH, b.slice(offsets, 0, 1, 1, B), iota, arg=(True, True))
     starts = b.slice(other if other_offsets else offsets, 0, 0, 1, B)
     positions = b.sub(iota, b.op(Op.INDEX, starts, rows, arg=0))
     put = b.op(Op.INDEX_PUT, dense, values, rows, positions, arg=(0, accumulate, 3))

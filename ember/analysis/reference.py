@@ -130,7 +130,7 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
             return torch.mm(a, b, out_dtype=torch.float32)
         return torch.mm(a.float(), b.float())
     if op is Op.SEARCH:
-        return torch.searchsorted(args[0], args[1], right=node.arg, out_int32=node.dtype == dt.int32)
+        return torch.searchsorted(args[0], args[1], right=node.arg[0], out_int32=node.dtype == dt.int32)
     if op is Op.EXTERN:
         call = node.arg
         return call.target(*fill_template(call.args, args, sizes), **fill_template(call.kwargs, args, sizes))

@@ -113,7 +113,20 @@ def _search(ctx: Context, seq: Node, values: Any, out_int32: bool, right: bool) 
     if seq.rank != 1 or seq.dtype.is_low_precision or seq.dtype.is_bool or seq.dtype != values.dtype:
         raise Unsupported("searchsorted over a sequence that is not 1-d, or of another dtype")
     dtype = dt.int32 if out_int32 else dt.int64
-    return ctx.make(Op.SEARCH, (seq, values), bool(right), dtype=dtype)
+    return ctx.make(Op.SEARCH, (seq, values), (bool(right), False), dtype=dtype)
+
+
+@register(torch.ops.ember.row_ids.default)
+def _ragged_row_ids(ctx: Context, offsets: Node, total: Any) -> Node:
+    """A Ragged's row ids: the search row_ids() runs, marked as the row ids of offsets that start
+    at 0 and end at T (what segment kernels and the gathers of passes/ragged.py rely on)."""
+    if offsets.rank != 1 or not offsets.dtype.is_int:
+        raise Unsupported("row ids of offsets that are not a 1-d integer tensor")
+    length = sh.expr(total.arg if isinstance(total, Node) else total)
+    batch = sympy.expand(offsets.shape[0] - 1)
+    ends = ctx.make(Op.SLICE, (offsets,), (0, sympy.Integer(1), sympy.Integer(1), batch))
+    iota = ctx.make(Op.IOTA, (), (length, 0, 1), dtype=offsets.dtype)
+    return ctx.make(Op.SEARCH, (ends, iota), (True, True), dtype=dt.int64)
 
 
 @register(aten.searchsorted.Tensor)

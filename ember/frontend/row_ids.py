@@ -1,12 +1,12 @@
 """Ragged row ids and positions in training graphs: recomputed in the backward, never saved.
 
-``Ragged.row_ids()`` is searchsorted(offsets[1:], arange(T), right=True). AOTAutograd's min-cut
-partitioner may only recompute ops on its allowlist, and searchsorted is not on it, so by default
+``Ragged.row_ids()`` is ``ember::row_ids`` (searchsorted(offsets[1:], arange(T), right=True) of
+offsets a Ragged validated). AOTAutograd's min-cut partitioner may only recompute ops on its
+allowlist, and that op is not on it, so by default
 the forward saves the row ids (8 bytes a packed row, written and read again) and the backward
 sees an opaque tensor where it needs the pattern: inside a segment kernel over the offsets, a row
 id is the row itself, and an add by row ids is a segment sum (no atomics). Marking the row ids
-and what they are computed from (an arange and a slice of the offsets, both free) for
-recomputation keeps the pattern visible in the backward graph. The mark is the one activation
+for recomputation keeps the pattern visible in the backward graph. The mark is the one activation
 checkpointing uses (``node.meta["recompute"]``), which the partitioner honors.
 
 ``Ragged.positions()`` (arange(T) - offsets[:-1][row_ids]) gets the same mark: saved, it is 8 more
@@ -20,8 +20,11 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from ..ragged import ops as _ragged_ops  # noqa: F401 -- registers torch.ops.ember.row_ids
+
 aten = torch.ops.aten
 prims = torch.ops.prims
+_ROW_IDS = torch.ops.ember.row_ids.default
 
 _CASTS = (prims.convert_element_type.default, aten._to_copy.default)
 
@@ -43,26 +46,21 @@ def _arange_end(node: object) -> object:
     return None
 
 
+def _row_ids(node: object) -> tuple[fx.Node, object] | None:
+    """(offsets placeholder, T) when ``node`` is ``ember::row_ids(offsets, T)`` of a graph input."""
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is _ROW_IDS):
+        return None
+    offsets = node.args[0]
+    if not (isinstance(offsets, fx.Node) and offsets.op == "placeholder"):
+        return None
+    return offsets, node.args[1]
+
+
 def row_ids_nodes(node: fx.Node) -> list[fx.Node] | None:
-    """``node`` and the nodes it is computed from, when it is searchsorted(offsets[1:],
-    arange(T), right=True) of a graph input's offsets; else None."""
-    if node.op != "call_function" or node.target is not aten.searchsorted.Tensor:
-        return None
-    if not node.kwargs.get("right", False) or node.kwargs.get("sorter") is not None or len(node.args) != 2:
-        return None
-    seq, values = node.args
-    arange = _strip_casts(values)
-    if not (isinstance(seq, fx.Node) and seq.target is aten.slice.Tensor and tuple(seq.args[1:3]) == (0, 1)
-            and (len(seq.args) < 5 or seq.args[4] == 1) and isinstance(seq.args[0], fx.Node)
-            and seq.args[0].op == "placeholder"):
-        return None
-    if _arange_end(arange) is None:
-        return None
-    cone, x = [node, seq], values
-    while isinstance(x, fx.Node) and x is not arange:
-        cone.append(x)
-        x = x.args[0]
-    return [*cone, arange]
+    """``[node]`` when it is ``Ragged.row_ids()`` (``ember::row_ids``) of a graph input's offsets;
+    else None. (A hand-written searchsorted may search offsets of another start or end: it is
+    no row ids, and gets no special treatment.)"""
+    return [node] if _row_ids(node) is not None else None
 
 
 def positions_nodes(node: fx.Node) -> list[fx.Node] | None:
@@ -79,11 +77,12 @@ def positions_nodes(node: fx.Node) -> list[fx.Node] | None:
             and isinstance(starts.args[0], fx.Node) and starts.args[0].op == "placeholder"
             and isinstance(indices[0], fx.Node)):
         return None
-    rows = row_ids_nodes(_strip_casts(indices[0]))
+    rows = _strip_casts(indices[0])
+    found = _row_ids(rows)
     end = _arange_end(arange)
-    if rows is None or rows[1].args[0] is not starts.args[0] or end is None or end != _arange_end(rows[-1]):
+    if found is None or found[0] is not starts.args[0] or end is None or end != found[1]:
         return None
-    cone = [node, taken, starts, arange, *rows]
+    cone = [node, taken, starts, arange, rows]
     for a in node.args:  # the casts between
         while isinstance(a, fx.Node) and a not in cone:
             cone.append(a)

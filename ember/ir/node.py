@@ -410,12 +410,14 @@ def fill_value(node: Node) -> float | int | bool | None:
 
 def row_ids_offsets(index: Node) -> Node | None:
     """The offsets ``index`` is the row ids of, when it is ``ragged.row_ids()``:
-    searchsorted(offsets[1:], arange(T), right=True), through casts. Inside a segment kernel over
-    those offsets the row id of a position of the row is the row itself, and a sum by row ids is
-    a segment sum."""
+    searchsorted(offsets[1:], arange(T), right=True) of offsets a Ragged validated (the SEARCH's
+    arg says so: (right, ragged)), through casts. Inside a segment kernel over those offsets the
+    row id of a position of the row is the row itself, and a sum by row ids is a segment sum.
+    A hand-written search of the same form may search offsets of another start or end: it stays
+    a search."""
     while index.op is Op.CAST:
         index = index.inputs[0]
-    if index.op is not Op.SEARCH or not index.arg:
+    if index.op is not Op.SEARCH or not index.arg[1]:
         return None
     seq, values = index.inputs
     while values.op is Op.CAST:

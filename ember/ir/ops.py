@@ -107,8 +107,9 @@ class Op(Enum):
     GATHER = "gather"          # (x, index), arg: dim. out[p] = x[p with p[dim] = index[p]]
     INDEX = "index"            # (x, i0, .., ik-1), arg: first indexed dim d; indices of one shape I,
     #                            in range: out[a, j, b] = x[a, i0[j], .., ik-1[j], b], len(a) = d
-    SEARCH = "search"          # (seq, values), arg: right. seq 1-d, sorted: out[p] = how many
-    #                            elements of seq are < values[p] (<= when right): searchsorted
+    SEARCH = "search"          # (seq, values), arg: (right, ragged). seq 1-d, sorted: out[p] = how
+    #                            many elements of seq are < values[p] (<= when right): searchsorted;
+    #                            ragged: a Ragged's row ids (ir.node.row_ids_offsets)
     INDEX_PUT = "index_put"    # (x, src, i0, .., ik-1), arg: (first indexed dim d, accumulate, error
     #                            code of a bad index). The inverse of INDEX: out = x, then
     #                            out[a, i0[j], .., b] = src[a, j, b] (+= when accumulating: atomic adds)

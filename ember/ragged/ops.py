@@ -52,9 +52,24 @@ def identity(reduce: str, dtype: torch.dtype) -> float | int:
 
 
 def row_ids(offsets: torch.Tensor, total: int | torch.SymInt) -> torch.Tensor:
-    """(T,) int64: the row of each packed position (a binary search in the offsets, no sync)."""
+    """(T,) int64: the row of each packed position (a binary search in the offsets, no sync).
+
+    One op, ``ember::row_ids``, rather than the searchsorted it runs: ember compiles the row ids
+    of offsets that a ``Ragged`` validated (starting at 0, ending at T) into segment kernels,
+    segment sums and gathers that rely on that. Hand-written searches of other offsets stay
+    searches, computed as such."""
+    return torch.ops.ember.row_ids(offsets, total)
+
+
+@torch.library.custom_op("ember::row_ids", mutates_args=())
+def _row_ids(offsets: torch.Tensor, total: int) -> torch.Tensor:
     index = torch.arange(total, device=offsets.device, dtype=offsets.dtype)
     return torch.searchsorted(offsets[1:], index, right=True)
+
+
+@_row_ids.register_fake
+def _row_ids_fake(offsets: torch.Tensor, total: int) -> torch.Tensor:
+    return offsets.new_empty((total,), dtype=torch.int64)
 
 
 @torch.library.custom_op("ember::segment_reduce", mutates_args=())

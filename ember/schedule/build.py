@@ -282,7 +282,7 @@ class KernelBuilder:
         previous, self._reader = self._reader, node
         value = self.value_of(values, point)
         self._reader = previous
-        arg = SearchArg(info.name, sympy.expand(start), sympy.expand(strides[0]), seq.shape[0], bool(node.arg))
+        arg = SearchArg(info.name, sympy.expand(start), sympy.expand(strides[0]), seq.shape[0], bool(node.arg[0]))
         return self._emit("search", node.dtype, (value,), arg)
 
     def _known_row(self, index: Node, point: Point, size: sympy.Expr) -> sympy.Expr | None:
