@@ -119,6 +119,9 @@ def explain(fn: Callable[..., Any], *args: Any, options: dict[str, Any] | None =
             dynamic: bool | None = None, target: str | None = None, **kwargs: Any) -> Report:
     """Compile ``fn`` for ``args`` and report what ember did: the IR after every pass, the kernels
     (name, backend, source, fused ATen ops) and the ops that run through ATen. ``fn`` runs once.
+    It clears Dynamo's caches before and after (so that ``fn`` is captured afresh): functions
+    already compiled in this process, by ember or by torch.compile, trace and compile again at
+    their next call. Call it beside a training loop, not inside one.
 
     ``target`` ('cpp', 'cuda' or 'triton') renders kernels for that backend; GPU kernels render
     on any machine (a CPU-only laptop too), built and run only where a GPU is present."""

@@ -150,6 +150,16 @@ class Config:
             raise TypeError(f"unknown ember option(s) {sorted(unknown)}; known: {sorted(known)}")
         if "cache_dir" in overrides:
             overrides["cache_dir"] = Path(overrides["cache_dir"])
+        for name, value in list(overrides.items()):
+            # switches and counts by their defaults' types ("debug": "1" failed later as
+            # "'<' not supported between instances of 'str' and 'int'")
+            current = getattr(self, name)
+            if isinstance(current, bool):
+                if value not in (True, False) or not isinstance(value, (bool, int)):
+                    raise TypeError(f"ember option {name!r} is a switch (True or False), got {value!r}")
+                overrides[name] = bool(value)
+            elif isinstance(current, int) and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"ember option {name!r} takes an int, got {value!r}")
         if overrides.get("gpu_backend", "triton") not in GPU_BACKENDS:
             raise ValueError(f"gpu_backend must be one of {GPU_BACKENDS}, got {overrides['gpu_backend']!r}")
         if overrides.get("triton_tuning", "heuristic") not in TRITON_TUNINGS:

@@ -50,3 +50,14 @@ def test_cache_key_covers_flags(tmp_path):
     other_flags = cfg.replace(cxx_flags=("-O1", "-shared", "-fPIC"))
     assert cpp_build.cache_key(source, cfg) != cpp_build.cache_key(source, other_flags)
     assert cpp_build.cache_key(source, cfg) != cpp_build.cache_key(source + " ", cfg)
+
+
+
+def test_a_damaged_cached_library_is_built_again(tmp_path):
+    """A cached .so damaged outside ember (truncated) failed to load in every later process, and
+    every graph ran through ATen; it is now built again."""
+    _run(tmp_path)
+    (lib,) = (tmp_path / "cpp").glob("*.so")
+    lib.write_bytes(lib.read_bytes()[:100])
+    again = _run(tmp_path)
+    assert again["graph_fallbacks"] == 0 and again["kernels_built"] >= 1

@@ -156,3 +156,10 @@ def test_checks_in_torchs_decompositions_raise_eagers_runtime_error():
 def test_unknown_option_is_a_clear_type_error():
     with pytest.raises(TypeError, match="unknown ember option"):
         ember.compile(lambda x: x, options={"fuse_everything": True})
+    # options of the wrong type are named ("debug": "1" failed at the first compile, with
+    # "'<' not supported between instances of 'str' and 'int'")
+    with pytest.raises(TypeError, match="'debug' takes an int"):
+        ember.compile(lambda x: x, options={"debug": "1"})
+    with pytest.raises(TypeError, match="'fusion' is a switch"):
+        ember.compile(lambda x: x, options={"fusion": "off"})
+    assert ember.config.replace(fusion=0).fusion is False  # (0 and 1 are switches too)

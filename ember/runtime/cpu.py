@@ -29,9 +29,20 @@ class CppBackend(Backend):
             path, cached = cpp_build.build(source, cfg)
         except cpp_build.BuildError as e:
             raise BuildError(str(e)) from None
+        try:
+            lib = cpp_build.load(path)
+        except OSError:
+            if not cached:
+                raise
+            # a cached library damaged outside ember (truncated, another machine's): build again
+            path.unlink(missing_ok=True)
+            try:
+                path, cached = cpp_build.build(source, cfg)
+            except cpp_build.BuildError as e:
+                raise BuildError(str(e)) from None
+            lib = cpp_build.load(path)
         stats.bump("cache_hits" if cached else "kernels_built", len(kernels))
         log(1, f"{'loaded' if cached else 'built'} {len(kernels)} CPU kernel(s) from {path}", cfg)
-        lib = cpp_build.load(path)
         functions = {k.name: bind_kernel(lib, k.name, len(k.params), len(k.sizes), self.uses_error_flag(k))
                      for k in kernels}
         return BuiltKernels(functions, module_source=source, keepalive=[lib])
