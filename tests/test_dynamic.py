@@ -218,3 +218,32 @@ def test_float_math_of_sizes_and_specialized_floats(options):
         out, report = run(bias, p, m, count, dynamic=True, options=options)
         assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
         assert_same(out, bias(p, m, count))
+
+
+@pytest.mark.parametrize("options", [None, {"target": "triton"}], ids=["cpp", "triton"])
+def test_sizes_rounded_back_to_ints(options):
+    """Vision code rounds sizes: interpolate by 1.5 (TruncToInt(1.5 * h)), a pad up to a multiple
+    of 32 (CeilToInt(h / 32)), int/round/floor of a size. They had no C, Python or Triton
+    spelling, and with sizes that change every such graph ran through ATen."""
+    import math
+
+    import torch.nn.functional as F
+
+    def upsampled(x):
+        return F.interpolate(x, scale_factor=1.5, mode="bilinear").relu() * 2
+
+    def padded_to_32(x):
+        h, w = x.shape[-2:]
+        return F.pad(x, (0, math.ceil(w / 32) * 32 - w, 0, math.ceil(h / 32) * 32 - h)).sin()
+
+    def rounded(x):
+        h = x.shape[-1]
+        return x.new_zeros(int(h * 1.5), round(h / 3), math.floor(h / 2.5)) + x.sum()
+
+    for fn in (upsampled, padded_to_32, rounded):
+        report = ember.Report()
+        compiled = ember.compile(fn, dynamic=True, options=options, report=report)
+        for shape in ((1, 2, 8, 8), (1, 2, 10, 13), (2, 1, 33, 7)):
+            x = torch.randn(*shape, dtype=torch.float64)
+            assert_same(compiled(x), fn(x))
+        assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]

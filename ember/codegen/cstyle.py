@@ -16,15 +16,19 @@ from typing import Any
 
 import sympy
 from torch.utils._sympy.functions import (
+    CeilToInt,
     CleanDiv,
     FloatPow,
     FloatTrueDiv,
     FloorDiv,
+    FloorToInt,
     IntTrueDiv,
     Mod,
     ModularIndexing,
     PythonMod,
+    RoundToInt,
     ToFloat,
+    TruncToInt,
 )
 
 from ..ir import dtypes as dt
@@ -135,6 +139,11 @@ def index_expr(e: sympy.Expr) -> str:
         return f"((double){_atom(e.args[0])})"
     if isinstance(e, FloatPow):  # sizes in float math (an optimizer's 1 - 0.9 ** step)
         return f"pow((double){_atom(e.args[0])}, (double){_atom(e.args[1])})"
+    if isinstance(e, (FloorToInt, CeilToInt)) and isinstance(e.args[0], IntTrueDiv) and e.args[0].args[1].is_Integer:
+        a, b = (_atom(x) for x in e.args[0].args)  # a size over a positive integer (a pad to 32)
+        return f"{a} / {b}" if isinstance(e, FloorToInt) else f"({a} + {b} - 1) / {b}"
+    if isinstance(e, tuple(_TO_INT)):  # sizes rounded back to ints (interpolate's 1.5 * h)
+        return f"((int64_t){_TO_INT[type(e)]}((double){_atom(e.args[0])}))"
     if isinstance(e, (*sh.MAXES, *sh.MINS)):
         fn = "ember_imax" if isinstance(e, sh.MAXES) else "ember_imin"
         args = [index_expr(a) for a in e.args]
@@ -143,6 +152,10 @@ def index_expr(e: sympy.Expr) -> str:
             out = f"{fn}({out}, {a})"
         return out
     raise NotImplementedError(f"index expression {e!r} ({type(e).__name__}) has no C spelling")
+
+
+# (nearbyint: halves to even, as Python's round)
+_TO_INT = {TruncToInt: "trunc", FloorToInt: "floor", CeilToInt: "ceil", RoundToInt: "nearbyint"}
 
 
 def device_size_lines(kernel: Kernel) -> list[str]:

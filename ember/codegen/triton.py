@@ -37,7 +37,12 @@ from ..schedule.kernel_ir import (
 )
 from .layout import tile_counts, transposed_accesses, varies
 from .online_softmax import guards_infinities, online_softmax_pairs
-from .wrapper import pexpr
+from .wrapper import pexpr as host_pexpr
+
+
+def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min")) -> str:
+    """A size expression as it is spelled inside a Triton kernel."""
+    return host_pexpr(e, minmax, in_triton=True)
 
 
 class RenderError(ValueError):
@@ -93,7 +98,7 @@ def literal(value: Any, dtype: dt.DType) -> str:
         if value.is_Number and not value.is_Integer:
             value = float(value)
         else:
-            return f"tl.full([1], {pexpr(value, in_triton=True)}, {compute_type(dtype)})"
+            return f"tl.full([1], {pexpr(value)}, {compute_type(dtype)})"
     if dtype.is_bool:
         text = "1" if value else "0"
     elif dtype.is_int:
@@ -899,8 +904,8 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
     outer, inner = tile_counts(kernel) if kind == "tiles" else (sh.numel(kernel.outer), kernel.inner_hint)
     return {
         "kind": kind,
-        "outer": pexpr(outer),
-        "inner": pexpr(inner),
+        "outer": host_pexpr(outer),
+        "inner": host_pexpr(inner),
         "sizes": [s.name for s in kernel.sizes],
         "params": [p.name for p in kernel.params],
         "multi_program": multi_program(kernel),

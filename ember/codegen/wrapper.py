@@ -25,15 +25,19 @@ from typing import Any
 import sympy
 import torch
 from torch.utils._sympy.functions import (
+    CeilToInt,
     CleanDiv,
     FloatPow,
     FloatTrueDiv,
     FloorDiv,
+    FloorToInt,
     IntTrueDiv,
     Mod,
     ModularIndexing,
     PythonMod,
+    RoundToInt,
     ToFloat,
+    TruncToInt,
 )
 
 from ..ir import dtypes as dt
@@ -64,6 +68,16 @@ def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = Fa
         return f"eh.pow({p(e.args[0])}, {p(e.args[1])})" if in_triton else f"({p(e.args[0])} ** {p(e.args[1])})"
     if isinstance(e, ToFloat) and in_triton:
         return f"({p(e.args[0])}).to(tl.float64)"
+    if isinstance(e, (FloorToInt, CeilToInt)) and _size_quotient(e.args[0]):  # a pad to a multiple of 32
+        a, b = (p(x) for x in e.args[0].args)
+        return f"({a} // {b})" if isinstance(e, FloorToInt) else f"(({a} + {b} - 1) // {b})"
+    if isinstance(e, (TruncToInt, FloorToInt, CeilToInt, RoundToInt)):  # (interpolate's 1.5 * h)
+        x = p(e.args[0])
+        if in_triton:
+            fn = {TruncToInt: "", FloorToInt: "tl.floor", CeilToInt: "tl.ceil", RoundToInt: "eh.rint"}[type(e)]
+            return f"{fn}({x}).to(tl.int64)"
+        return {TruncToInt: f"int({x})", FloorToInt: f"int(({x}) // 1)", CeilToInt: f"(-int(-({x}) // 1))",
+                RoundToInt: f"round({x})"}[type(e)]
 
     if isinstance(e, (*sh.MAXES, *sh.MINS)):
         fn = minmax[0] if isinstance(e, sh.MAXES) else minmax[1]
@@ -80,7 +94,8 @@ def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = Fa
     if e.is_Symbol:
         return e.name
     if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) >= 0:
-        return f"({p(e.base)} ** {int(e.exp)})"
+        # (products: Triton's scalars take no **)
+        return "(" + " * ".join([p(e.base)] * int(e.exp)) + ")" if int(e.exp) else "1"
     if isinstance(e, (FloorDiv, CleanDiv)):
         return f"({p(e.args[0])} // {p(e.args[1])})"
     if isinstance(e, ModularIndexing):
@@ -96,6 +111,12 @@ def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = Fa
     if e.is_Number:
         return repr(float(e))
     raise WrapperError(f"size expression {e} has no Python spelling here")
+
+
+def _size_quotient(e: sympy.Expr) -> bool:
+    """A size divided by a positive integer as floats (h / 32): its floor and ceiling are integer
+    divisions, exact in every spelling (sizes are not negative)."""
+    return isinstance(e, IntTrueDiv) and e.args[1].is_Integer and int(e.args[1]) > 0
 
 
 def shape_tuple(shape: tuple[sympy.Expr, ...]) -> str:
