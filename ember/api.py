@@ -72,13 +72,23 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
             original = chain[-1]
             if original is e or isinstance(original, torch._dynamo.exc.TorchDynamoException):
                 raise
-            if type(original) is AssertionError:
-                # a check in one of torch's Python decompositions (cross_entropy's weight length);
-                # the eager op's own check raises RuntimeError
+            if type(original) is AssertionError or type(original) is ValueError and _raised_in_refs(original):
+                # a check in one of torch's Python decompositions (cross_entropy's weight length,
+                # a view's size against its strides); the eager op's own check raises RuntimeError
                 original = RuntimeError(str(original))
             raise _named(original, "\n".join(str(c) for c in chain)) from None
 
     return run
+
+
+def _raised_in_refs(e: BaseException) -> bool:
+    """Whether ``e`` was raised in torch's Python references of ATen ops (torch/_refs, _prims),
+    not by a Python-level function that raises ValueError in eager too (F.interpolate's)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    name = tb.tb_frame.f_code.co_filename.replace("\\", "/") if tb is not None else ""
+    return "/torch/_refs/" in name or "/torch/_prims" in name
 
 
 def _exception_chain(e: BaseException) -> list[BaseException]:

@@ -93,6 +93,18 @@ def test_integer_division_by_zero_raises_inside_a_where():
             ember.compile(fn)(x, y)
 
 
+def test_a_view_of_incompatible_strides_raises_runtime_error():
+    """x.view(n, -1) of a channels_last tensor: torch's reference raises ValueError while
+    tracing, eager's view RuntimeError."""
+    fn = lambda x: x.view(2, -1) * 1  # noqa: E731
+    x = torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
+    assert _eager_error(fn, x) is RuntimeError
+    with pytest.raises(RuntimeError, match="view"):
+        ember.compile(fn)(x)
+    with pytest.raises(ValueError):  # a Python-level check raises ValueError in eager too
+        ember.compile(lambda x: torch.nn.functional.interpolate(x, mode="nope"))(x)
+
+
 def test_index_error_matches_eager():
     fn = lambda a: a.select(0, 10)  # noqa: E731
     a = torch.randn(4, 3)

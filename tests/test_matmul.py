@@ -8,6 +8,7 @@ bfloat16), so bfloat16 is checked on the GPU (test_bfloat16_on_the_gpu, and benc
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 
@@ -21,6 +22,10 @@ from ember.ir.node import make
 from ember.passes.matmul import fold_matmul_adds, matmul_epilogues
 
 from .helpers import assert_same, check, on_the_interpreter
+
+# fused matmul kernels are the Triton backend's: the CUDA C++ backend leaves products to cuBLAS
+TRITON_MATMULS = pytest.mark.skipif(os.environ.get("EMBER_GPU_BACKEND") == "cuda",
+                                    reason="fused matmul kernels are the Triton backend's")
 
 aten = torch.ops.aten
 F16 = torch.float16
@@ -261,6 +266,7 @@ def test_explain_renders_tma_and_pointer_paths():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bfloat16 matmul kernels need a GPU (see the docstring)")
+@TRITON_MATMULS
 @pytest.mark.parametrize("shape", [(256, 512, 384), (1000, 72, 200), (17, 4096, 24)])
 def test_bfloat16_on_the_gpu(shape):
     m, k, n = shape
@@ -410,6 +416,7 @@ def test_sum_of_two_products_is_one_addmm():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bfloat16 matmul kernels need a GPU (see the docstring)")
+@TRITON_MATMULS
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gated_mlp_on_the_gpu(dtype):
     # the default ('auto') path users get: (batch, tokens, features) inputs with a varying token
