@@ -102,6 +102,8 @@ def totals_on_device() -> Iterator[None]:
         yield
     finally:
         _graphed_steps[0] -= 1
+
+
 RANGE_PREFIX = "ember program "  # the profiler range a program runs in while a check is on
 
 
