@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import shutil
 import statistics
 import sys
@@ -81,7 +82,10 @@ def _parse_shapes(text: str) -> list[tuple[int, ...]]:
     shapes = []
     for part in text.split(","):
         part = part.strip()
-        shapes.append(() if part in ("", "scalar", "()") else tuple(int(d) for d in part.lower().split("x")))
+        try:
+            shapes.append(() if part in ("", "scalar", "()") else tuple(int(d) for d in part.lower().split("x")))
+        except ValueError:
+            raise SystemExit(f"--shapes: {part!r} is no shape; write sizes joined by x, e.g. 64x128") from None
     return shapes
 
 
@@ -106,9 +110,15 @@ def explain(args: argparse.Namespace) -> int:
     import ember
 
     fn = _load_function(args.target)
-    dtype = getattr(torch, args.dtype)
+    dtype = getattr(torch, args.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise SystemExit(f"--dtype: {args.dtype!r} is no torch dtype (float32, bfloat16, int64, ...)")
     inputs = [torch.randn(s, dtype=torch.float64).to(dtype) if dtype.is_floating_point
               else torch.randint(0, 10, s, dtype=dtype) for s in _parse_shapes(args.shapes)]
+    needed = [p for p in inspect.signature(fn).parameters.values()
+              if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(inputs) < len(needed):
+        raise SystemExit(f"{args.target} takes {len(needed)} input(s); --shapes gives {len(inputs)}")
     options = {"debug": 0}
     report = ember.explain(fn, *inputs, options=options, dynamic=True if args.dynamic else None)
     print(report if args.full else report.summary())

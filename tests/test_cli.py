@@ -38,6 +38,12 @@ def test_explain_a_function_in_a_file(tmp_path):
 def test_explain_reports_bad_targets(tmp_path):
     proc = _ember("explain", "missing.py:f", "--shapes", "3", cwd=tmp_path)
     assert proc.returncode != 0 and "no such file" in proc.stderr
+    # bad shapes, dtypes and input counts are usage errors, not tracebacks
+    (tmp_path / "model.py").write_text("def add(x, y):\n    return x + y\n")
+    for args, message in ((("--shapes", "4xa,8"), "'4xa' is no shape"), (("--shapes", "4", "--dtype", "foo"),
+                          "'foo' is no torch dtype"), (("--shapes", "4"), "takes 2 input(s)")):
+        proc = _ember("explain", "model.py:add", *args, cwd=tmp_path)
+        assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_cache_info():

@@ -68,6 +68,16 @@ def test_kernel_build_failure_falls_back_with_one_warning(tmp_path):
     assert "aten.relu" in report.fallbacks
 
 
+def test_a_compiler_asked_for_by_name_is_used_or_named(tmp_path):
+    # options={"cxx": ...} (or EMBER_CXX) naming no compiler fell back to g++ without a word
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = check(lambda a: torch.relu(a) + 1, torch.randn(5), expect_built=False,
+                       options={"cache_dir": tmp_path, "cxx": "no-such-compiler++"})
+    assert [w for w in caught if "'no-such-compiler++'" in str(w.message)]
+    assert report.kernels and not report.kernels[0].built
+
+
 def test_graph_level_fallback_when_ember_cannot_compile(monkeypatch):
     from ember import driver
 

@@ -25,7 +25,12 @@ class BuildError(RuntimeError):
 
 @functools.cache
 def find_compiler(preferred: str = "") -> str:
-    for name in ([preferred] if preferred else []) + ["g++", "c++", "clang++"]:
+    if preferred:  # asked for by name (EMBER_CXX, options={"cxx": ...}): that one, or an error
+        path = shutil.which(preferred)
+        if path is None:
+            raise BuildError(f"the C++ compiler {preferred!r} (EMBER_CXX or the cxx option) is not on PATH")
+        return path
+    for name in ("g++", "c++", "clang++"):
         path = shutil.which(name)
         if path:
             return path
