@@ -68,7 +68,7 @@ def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = Fa
         return f"eh.pow({p(e.args[0])}, {p(e.args[1])})" if in_triton else f"({p(e.args[0])} ** {p(e.args[1])})"
     if isinstance(e, ToFloat) and in_triton:
         return f"({p(e.args[0])}).to(tl.float64)"
-    if isinstance(e, (FloorToInt, CeilToInt)) and _size_quotient(e.args[0]):  # a pad to a multiple of 32
+    if isinstance(e, (FloorToInt, CeilToInt)) and sh.size_quotient(e.args[0]):  # a pad to a multiple of 32
         a, b = (p(x) for x in e.args[0].args)
         return f"({a} // {b})" if isinstance(e, FloorToInt) else f"(({a} + {b} - 1) // {b})"
     if isinstance(e, (TruncToInt, FloorToInt, CeilToInt, RoundToInt)):  # (interpolate's 1.5 * h)
@@ -111,12 +111,6 @@ def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = Fa
     if e.is_Number:
         return repr(float(e))
     raise WrapperError(f"size expression {e} has no Python spelling here")
-
-
-def _size_quotient(e: sympy.Expr) -> bool:
-    """A size divided by a positive integer as floats (h / 32): its floor and ceiling are integer
-    divisions, exact in every spelling (sizes are not negative)."""
-    return isinstance(e, IntTrueDiv) and e.args[1].is_Integer and int(e.args[1]) > 0
 
 
 def shape_tuple(shape: tuple[sympy.Expr, ...]) -> str:

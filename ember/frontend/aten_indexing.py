@@ -23,7 +23,7 @@ from ..ir import shapes as sh
 from ..ir.node import Node, fill_value, row_ids_offsets
 from ..ir.ops import Op
 from ..ragged import ops as _ragged_ops  # noqa: F401 -- registers torch.ops.ember.segment_reduce
-from .lowering import Context, Unsupported, register
+from .lowering import Context, Unsupported, register, size_arg
 
 aten = torch.ops.aten
 
@@ -122,7 +122,7 @@ def _ragged_row_ids(ctx: Context, offsets: Node, total: Any) -> Node:
     at 0 and end at T (what segment kernels and the gathers of passes/ragged.py rely on)."""
     if offsets.rank != 1 or not offsets.dtype.is_int:
         raise Unsupported("row ids of offsets that are not a 1-d integer tensor")
-    length = sh.expr(total.arg if isinstance(total, Node) else total)
+    length = size_arg(total)
     batch = sympy.expand(offsets.shape[0] - 1)
     ends = ctx.make(Op.SLICE, (offsets,), (0, sympy.Integer(1), sympy.Integer(1), batch))
     iota = ctx.make(Op.IOTA, (), (length, 0, 1), dtype=offsets.dtype)

@@ -18,7 +18,7 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.node import Node
 from ..ir.ops import Op
-from .lowering import Context, Unsupported, register
+from .lowering import Context, Unsupported, register, size_arg
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -384,19 +384,10 @@ def _squeeze_unsqueeze(ctx: Context, x: Node, *_: Any) -> Node:
     return ctx.reshape(x, ctx.out_shape)
 
 
-def _size_arg(value: Any) -> sympy.Expr:
-    """An int argument of an op as a size expression: a Python int, or a SymInt, which the
-    lowering receives as the scalar CONST node of its expression (glu's half, F.pad's amounts
-    computed from a dynamic size)."""
-    if isinstance(value, Node) and value.op is Op.CONST and value.shape == ():
-        return sh.expr(value.arg)
-    return sh.expr(value)
-
-
 def _slice_start(start: Any, size: sympy.Expr) -> sympy.Expr:
     if start is None:
         return sympy.Integer(0)
-    start = _size_arg(start)
+    start = size_arg(start)
     if start.is_Integer and int(start) < 0:
         start = size + start
         if start.is_Integer and int(start) < 0:
@@ -419,7 +410,7 @@ def _slice(ctx: Context, x: Node, dim: int = 0, start: Any = None, end: Any = No
 @register(aten.select.int)
 def _select(ctx: Context, x: Node, dim: int, index: Any) -> Node:
     dim = dim % x.rank
-    index = _size_arg(index)
+    index = size_arg(index)
     size = sh.static(x.shape[dim])
     if index.is_Integer and size is not None and not -size <= int(index) < size:
         # (torch before 2.13 traces it without eager's check): ATen raises eager's IndexError
@@ -457,7 +448,7 @@ def _cat(ctx: Context, tensors: Sequence[Any], dim: int = 0) -> Node:
 def _constant_pad(ctx: Context, x: Node, pad: Sequence[Any], value: Any = 0) -> Node:
     pairs = [(sympy.Integer(0), sympy.Integer(0))] * x.rank
     for i in range(len(pad) // 2):  # pad lists the last dim first, (lo, hi) each
-        pairs[x.rank - 1 - i] = (_size_arg(pad[2 * i]), _size_arg(pad[2 * i + 1]))
+        pairs[x.rank - 1 - i] = (size_arg(pad[2 * i]), size_arg(pad[2 * i + 1]))
     return ctx.make(Op.PAD, (x, ctx.const(value, x.dtype)), tuple(pairs))
 
 

@@ -306,6 +306,15 @@ _SYM_ARITHMETIC: dict[Any, Callable[..., sympy.Expr]] = {
 }
 
 
+def size_arg(value: Any) -> sympy.Expr:
+    """An int argument of an op as a size expression: a Python int, or a SymInt, which the
+    lowering receives as the scalar CONST node of its expression (glu's half, F.pad's amounts
+    computed from a dynamic size, row_ids' T)."""
+    if isinstance(value, Node) and value.op is Op.CONST and value.shape == ():
+        return sh.expr(value.arg)
+    return sh.expr(value)
+
+
 def _carried_symbols(node: Node) -> set[sympy.Symbol]:
     spec = node.arg
     if spec.kind == "symint":
@@ -346,9 +355,9 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
             # a float Dynamo specialized in the code (an optimizer's lr: -0.001 / bias correction)
             # keeps its symbol in the recorded value, which no input carries: compute it from the
             # arguments, as the code does
-            exprs = [a.arg if isinstance(a, Node) and a.op is Op.CONST else a for a in args]
-            if all(isinstance(e, (sympy.Basic, int, float)) for e in exprs):
-                return ctx.const(_SYM_ARITHMETIC[target](*(sympy.sympify(e) for e in exprs)), _sym_dtype(val))
+            if all(isinstance(a, (int, float)) or isinstance(a, Node) and a.op is Op.CONST for a in args):
+                exprs = [sympy.sympify(a) if isinstance(a, float) else size_arg(a) for a in args]
+                return ctx.const(_SYM_ARITHMETIC[target](*exprs), _sym_dtype(val))
         return ctx.const(val, _sym_dtype(val))
     fn = lookup(target)
     if fn is not None:
@@ -392,10 +401,15 @@ def _item(ctx: Context, result: Node, index: int, val: Any) -> Node:
     call, path = result, ()
     if result.op is Op.GETITEM:
         call, path = result.inputs[0], result.arg if isinstance(result.arg, tuple) else (result.arg,)
-    at = (*path, index)
+    return _getitem(ctx, call, (*path, index), val)
+
+
+def _getitem(ctx: Context, call: Node, path: tuple[int, ...], val: Any) -> Node:
+    """The item of ATen call ``call``'s result at ``path`` (an int arg for a top-level item),
+    typed by its fake value ``val``: a tensor, or a tuple whose items are taken later."""
     tensor = isinstance(val, torch.Tensor)
     dtype = dt.from_torch(val.dtype) if tensor and dt.is_supported_torch(val.dtype) else None
-    node = make(Op.GETITEM, (call,), at[0] if len(at) == 1 else at, dtype=dtype,
+    node = make(Op.GETITEM, (call,), path[0] if len(path) == 1 else path, dtype=dtype,
                 shape=sh.shape(val.shape) if tensor else None, device=str(val.device) if tensor else call.device,
                 origin=call.origin)
     ctx.nodes.append(node)
@@ -437,12 +451,7 @@ def _extern(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any) -> Node
             outs = []
             for i, v in enumerate(vals):
                 if isinstance(v, torch.Tensor):
-                    dtype = dt.from_torch(v.dtype) if dt.is_supported_torch(v.dtype) else None
-                    at = i if not path else (*path, i)
-                    item = make(Op.GETITEM, (node,), at, dtype=dtype, shape=sh.shape(v.shape),
-                                device=str(v.device), origin=origin)
-                    ctx.nodes.append(item)
-                    outs.append(item)
+                    outs.append(_getitem(ctx, node, (*path, i), v))
                 elif isinstance(v, (tuple, list)):
                     outs.append(items(v, (*path, i)))
                 else:

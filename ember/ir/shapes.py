@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from functools import reduce
 
 import sympy
+from torch.utils._sympy.functions import IntTrueDiv as _IntTrueDiv
 from torch.utils._sympy.functions import Max as _TorchMax
 from torch.utils._sympy.functions import Min as _TorchMin
 
@@ -16,6 +17,12 @@ Shape = tuple[sympy.Expr, ...]
 # sympy's max and min, and torch's (Dynamo's shapes use its own: Max(3, s21, s81))
 MAXES = (sympy.Max, _TorchMax)
 MINS = (sympy.Min, _TorchMin)
+
+
+def size_quotient(e: object) -> bool:
+    """A size divided by a positive integer as floats (h / 32, Dynamo's IntTrueDiv): its floor
+    and ceiling are integer divisions, exact in every spelling (sizes are not negative)."""
+    return isinstance(e, _IntTrueDiv) and e.args[1].is_Integer and int(e.args[1]) > 0
 
 
 def expr(value: object) -> sympy.Expr:

@@ -59,8 +59,7 @@ class Ragged:
         self.values = values
         self.offsets = offsets
         self._max_length = int(max_length)
-        _total_length_varies(values)
-        _batch_size_varies(offsets)
+        _sizes_vary(values, offsets)
         self._values_buffer = None
         self._offsets_buffer = None
 
@@ -71,8 +70,7 @@ class Ragged:
         in a tree_map) and internal paths whose layout is correct by construction."""
         r = cls.__new__(cls)
         r.values, r.offsets, r._max_length = values, offsets, max_length
-        _total_length_varies(values)
-        _batch_size_varies(offsets)
+        _sizes_vary(values, offsets)
         r._values_buffer, r._offsets_buffer = values_buffer, offsets_buffer
         return r
 
@@ -220,18 +218,17 @@ class Ragged:
         return Ragged._make(self.values.clone(), self.offsets.clone(), self.max_length)
 
 
-def _total_length_varies(values: Any) -> None:
-    """The packed length T changes every batch: tell torch.compile so up front, so the first
-    compiled graph already has a symbolic T and later batches reuse it (no recompile)."""
-    if isinstance(values, torch.Tensor) and values.dim() > 0 and not torch.compiler.is_compiling():
+def _sizes_vary(values: Any, offsets: Any) -> None:
+    """The packed length T changes every batch, and so may the batch size B (a token-budget
+    sampler, an epoch's last batch): tell torch.compile so up front, so the first compiled graph
+    is already symbolic in both and later batches reuse it (no recompile). Kernels index the
+    offsets with a symbolic B, and a dense partner of another row count still gathers
+    (passes/ragged.py)."""
+    if torch.compiler.is_compiling():
+        return
+    if isinstance(values, torch.Tensor) and values.dim() > 0:
         torch._dynamo.maybe_mark_dynamic(values, 0)
-
-
-def _batch_size_varies(offsets: Any) -> None:
-    """So does the batch size B (a token-budget sampler, an epoch's last batch): the offsets'
-    length is marked dynamic too. Kernels index the offsets with a symbolic B, and a dense
-    partner of another row count still gathers (passes/ragged.py)."""
-    if isinstance(offsets, torch.Tensor) and offsets.dim() == 1 and not torch.compiler.is_compiling():
+    if isinstance(offsets, torch.Tensor) and offsets.dim() == 1:
         torch._dynamo.maybe_mark_dynamic(offsets, 0)
 
 

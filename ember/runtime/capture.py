@@ -36,10 +36,7 @@ def host_symbols(graph: Graph, schedule: Schedule, failed: set[str]) -> set[symp
     for step in schedule.steps:
         if isinstance(step, KernelStep):
             k = step.kernel
-            if k.name in failed:
-                used |= set(k.sizes) - {DEVICE_TOTALS}
-            else:
-                used |= set(k.sizes) - set(k.device_sizes) - {DEVICE_TOTALS}
+            used |= set(k.sizes) if k.name in failed else set(k.sizes) - set(k.device_sizes)
         elif isinstance(step, ExternStep):
             for node in (step.node, *step.node.inputs):
                 used |= sh.free_symbols(node.shape or ())
@@ -55,7 +52,7 @@ def host_symbols(graph: Graph, schedule: Schedule, failed: set[str]) -> set[symp
     # copies offsets at their exact length and captures again for another B
     totals = ragged_totals(graph)
     batch_sizes = sh.free_symbols([d for offsets in totals.values() for d in offsets.shape]) - set(totals)
-    return used - batch_sizes
+    return used - batch_sizes - {DEVICE_TOTALS}  # (the switch, not a size)
 
 
 def host_size_inputs(graph: Graph, used: set[sympy.Symbol]) -> tuple[dict[int, str], bool]:

@@ -6,14 +6,12 @@ for the T it was captured at. A ``Ragged``'s offsets end at T, so a kernel over 
 divides by T, as a mean does) can load T from ``offsets[-1]`` instead (``ir.node.ragged_totals``
 finds the pairs). The host's T then only sizes the grid and the buffers: a program captured with
 a capacity C >= T, its buffers holding C rows, computes every batch of at most C rows exactly,
-the rows past T left alone (``ember.cuda_graph``). A kernel takes the smaller of the two: code
-that searches offsets over an ``arange(n)`` of some other n, as ``row_ids()`` does over T, is read
-as ragged, and where n < offsets[-1] the device's value would take the kernel past its buffers.
+the rows past T left alone (``ember.cuda_graph``). A kernel takes the smaller of the two, so it
+never runs past the buffers the host sized.
 
 Only ``ember.cuda_graph`` steps read the totals on the device: such kernels take one more size,
 ``device_totals``, which the host program sets to 1 inside a graphed step (runtime/capture.py)
-and to 0 elsewhere. A plain call computes every one of the host's n rows, so code that searches
-offsets ending before n (bucketing n items) gets eager's answer for the rows past the end.
+and to 0 elsewhere. A plain call computes every one of the host's T rows, as eager does.
 
 Matmul kernels keep the host's sizes: their tiles and TMA descriptors are fixed at launch.
 """
