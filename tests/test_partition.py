@@ -269,6 +269,55 @@ def test_option_off():
     assert not _chosen(padded_giou_loss, _giou_batch(), options={"grad_in_forward": False})
 
 
+def _after_inplace_change(fn, change, x, y):
+    """What ``loss.backward()`` gives after ``change(x, y)`` modified an input in place between
+    forward and backward: ("raised", error type) or ("grad", the gradient of x)."""
+    x, y = x.detach().clone().requires_grad_(), y.clone()
+    loss = fn(x, y)
+    change(x, y)
+    try:
+        loss.backward()
+    except RuntimeError as e:
+        assert "modified by an inplace operation" in str(e)
+        return ("raised", RuntimeError)
+    return ("grad", x.grad)
+
+
+def _change_y(x, y):
+    y.add_(1)
+
+
+def _change_x(x, y):
+    with torch.no_grad():
+        x.mul_(2)
+
+
+@pytest.mark.parametrize("change", [_change_x, _change_y])
+@pytest.mark.parametrize("loss", [F.mse_loss, lambda x, y: (x * x.sigmoid() * y).sum()], ids=["mse", "silu_mul"])
+def test_inputs_changed_in_place_before_backward_raise_as_in_eager(loss, change):
+    # the backward reads only the saved K_i, but the inputs eager's backward reads are saved
+    # too, so autograd checks their versions
+    x, y = torch.randn(64, 32), torch.randn(64, 32)
+    ember.reset_stats()
+    got = _after_inplace_change(ember.compile(loss), change, x, y)
+    assert ember.stats()["grads_in_forward"] == 1
+    assert got == _after_inplace_change(loss, change, x, y) == ("raised", RuntimeError)
+
+
+def test_inputs_eager_does_not_save_may_change_in_place(always_in_forward):
+    # sigmoid's backward reads its output, not x: eager keeps the gradient at the old values
+    def loss(x, y):
+        return (x.sigmoid() * 3).sum() + y.sum()
+
+    x, y = torch.randn(64, 32), torch.randn(64, 32)
+    ember.reset_stats()
+    got = _after_inplace_change(ember.compile(loss), _change_x, x, y)
+    assert ember.stats()["grads_in_forward"] == 1
+    expected = _after_inplace_change(loss, _change_x, x, y)
+    assert got[0] == expected[0] == "grad"
+    assert_same(got[1], expected[1])
+
+
 @pytest.mark.parametrize("launch", [None, {"RBLOCK": 64}, {"PERSISTENT": False, "RBLOCK": 16}])
 def test_triton_forward_and_backward_one_kernel_each(launch):
     # Triton kernels run on CPU tensors under Triton's interpreter (conftest.py)

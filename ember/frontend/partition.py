@@ -16,6 +16,8 @@ plus the scalars ``u`` needs; layout ops that end a ``K_i`` (the ``stack`` of 4 
 an ``expand``) are left to the backward, so the forward saves the columns its loss loop produces.
 The backward is left with ``u`` and ``grad_i = K_i * u``: one pointwise kernel that reads no
 input. It never writes into a saved ``K_i``, so ``backward(retain_graph=True)`` can run again.
+The inputs eager's backward would read are saved too, unread: autograd then checks their
+versions, and an input changed in place between forward and backward raises as in eager.
 
 **Cost model.** Both plans are measured on their actual graphs, with symbolic sizes at their hints:
 
@@ -151,6 +153,7 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
         log(1, f"partition: min-cut ({reason})", cfg)
         return None
 
+    witnesses = _version_witnesses(fwd_outputs, grads, tangent)
     scale, kept = _scale(graph, tangent, dependent)
     scale_val = scale.meta["val"]
     fake_mode = detect_fake_mode([scale_val])
@@ -202,8 +205,68 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
     # The same extraction min-cut ends with: forward outputs = real outputs + saved tensors +
     # saved SymInts (plus the symbols the saved tensors' sizes need); backward inputs = saved
     # SymInts + saved tensors + tangents.
-    return _extract_fwd_bwd_modules(joint, saved_tensors, saved_sym_nodes=saved_syms,
-                                    num_fwd_outputs=num_fwd_outputs)
+    fw, bw = _extract_fwd_bwd_modules(joint, saved_tensors, saved_sym_nodes=saved_syms,
+                                      num_fwd_outputs=num_fwd_outputs)
+    try:
+        _save_unread(fw, bw, witnesses, num_fwd_outputs)
+    except Exception:  # noqa: BLE001 -- a torch whose graphs look otherwise: no version checks, as before
+        fw, bw = _extract_fwd_bwd_modules(joint, saved_tensors, saved_sym_nodes=saved_syms,
+                                          num_fwd_outputs=num_fwd_outputs)
+        log(1, f"partition: inputs not saved for version checks:\n{traceback.format_exc()}", cfg)
+    return fw, bw
+
+
+def _version_witnesses(fwd_outputs: Sequence[Any], grads: Sequence[Any], tangent: fx.Node) -> list[fx.Node]:
+    """The inputs eager's backward reads: those read by joint-graph nodes that only the gradients
+    need. The plan's backward reads none of them, but saving them (they are inputs: no bytes
+    written) lets autograd check their versions, so a step that changes one in place between
+    forward and backward raises eager's "modified by an inplace operation" instead of getting
+    the gradient at the old values."""
+    backward_only = _ancestors(grads) - _ancestors(fwd_outputs)
+    witnesses = {a: None for n in backward_only if n.op == "call_function" for a in n.all_input_nodes
+                 if a.op == "placeholder" and a is not tangent and isinstance(a.meta.get("val"), torch.Tensor)}
+    return list(witnesses)
+
+
+def _save_unread(fw: fx.GraphModule, bw: fx.GraphModule, inputs: list[fx.Node], num_fwd_outputs: int) -> None:
+    """Add ``inputs`` (joint-graph placeholders) to the saved tensors of the extracted graphs:
+    first among the forward's saved outputs (those autograd saves with version checks) and
+    as backward inputs nobody reads. The extraction drops saved values the backward does not
+    read, so they are added after it, keeping its conventions (forward outputs: real outputs,
+    saved tensors, saved SymInts; backward inputs: saved SymInts, saved tensors, tangents)."""
+    output = fw.graph.output_node()
+    outs = list(output.args[0])
+    already = {o.name for o in outs[num_fwd_outputs:] if isinstance(o, fx.Node)}
+    fw_inputs = {n.name: n for n in fw.graph.find_nodes(op="placeholder")}
+    new = [fw_inputs[n.name] for n in inputs if n.name in fw_inputs and n.name not in already]
+    if not new:
+        return
+    bw_inputs = list(bw.graph.find_nodes(op="placeholder"))
+    first_tensor = next(n for n in bw_inputs if not _is_sym(n))  # a saved tensor or the tangent
+    for node in new:
+        with bw.graph.inserting_before(first_tensor):
+            placeholder = bw.graph.placeholder(node.name)
+        placeholder.meta = dict(node.meta)
+    descs = output.meta.get("desc")
+    if descs is not None:  # torch's descriptions of the outputs: saved ones are numbered
+        from torch._functorch._aot_autograd.descriptors import SavedForBackwardsAOTOutput
+        saved = [type(d)(d.idx + len(new)) for d in descs[num_fwd_outputs:]]
+        output.meta["desc"] = (descs[:num_fwd_outputs] + [SavedForBackwardsAOTOutput(i) for i in range(len(new))]
+                               + saved)
+    output.args = (tuple(outs[:num_fwd_outputs] + new + outs[num_fwd_outputs:]),)
+    fw.recompile()
+    bw.recompile()
+
+
+def _ancestors(roots: Sequence[Any]) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    stack = [r for r in roots if isinstance(r, fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(node.all_input_nodes)
+    return seen
 
 
 def _saved_for(node: fx.Node) -> list[fx.Node]:
