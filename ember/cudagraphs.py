@@ -401,7 +401,7 @@ def _copy_in(entry: _Capture, leaves: list[Any], copier: DriverCopies | None = N
             start, values_start = layout
             end = values_start + leaf.values.nbytes
             if copier is not None:
-                copies.append((packed.data_ptr() + start, leaf.offsets.data_ptr(), end - start))
+                copies.append((packed.data_ptr() + start, leaf.offsets.data_ptr(), end - start, True))
                 host.append(leaf.offsets)  # a view of the whole buffer: it keeps the values alive too
             else:
                 source = leaf.offsets.view(torch.uint8).as_strided((end - start,), (1,), start)

@@ -240,7 +240,7 @@ def test_cuda_graph_copies_a_packed_batch_into_its_buffers_at_once():
 
 def test_driver_copies_take_dense_prefixes_only():
     dst, src = torch.empty(9, 4), torch.randn(5, 4)
-    assert tensor_copy(dst, src) == (dst.data_ptr(), src.data_ptr(), 80)
+    assert tensor_copy(dst, src) == (dst.data_ptr(), src.data_ptr(), 80, True)
     assert tensor_copy(torch.empty(3), torch.randn(3)) is not None
     assert tensor_copy(dst, src.double()) is None            # a cast: copy_
     assert tensor_copy(dst, torch.randn(4, 5).t()) is None   # strided: copy_

@@ -3,9 +3,11 @@
 A captured step replays in about 25 µs of GPU time, so its host path must stay below that for
 the GPU to be fed back to back. PyTorch's ``copy_`` costs 15-30 µs of host time a call on the
 GPU machines' hosts (dispatch, stream and pinned-memory bookkeeping), and a cuda-python call a
-few µs of argument conversion; ``cuMemcpyAsync`` called through ctypes with fixed argument types
+few µs of argument conversion; the driver's copy called through ctypes with fixed argument types
 costs well under one. The copies into a capture's static buffers go that way, on PyTorch's
-current stream, which the replay then runs on.
+current stream, which the replay then runs on. They name their direction (``cuMemcpyHtoDAsync``,
+``cuMemcpyDtoDAsync``): ``cuMemcpyAsync`` first looks up where both addresses live, 2.5 µs more
+of host time a copy on an H200's host (``bench/graph_copy_probe.py``).
 
 A host source must outlive its asynchronous copy (from pinned memory the copy runs later, and
 the tensor's block may be handed out again once the caller drops it): like PyTorch's host
@@ -25,7 +27,7 @@ import torch
 from .backend import BuildError
 from .cuda_backend import _current_stream, make_context_current
 
-Copy = tuple[int, int, int]  # (destination address, source address, bytes)
+Copy = tuple[int, int, int, bool]  # (device destination address, source address, bytes, source on the host)
 RELEASE_EVERY = 8  # host sources held before asking which copies have run (one query per call is host time)
 
 _SUCCESS, _NOT_READY, _INVALID_CONTEXT = 0, 600, 201  # CUresult values
@@ -40,7 +42,8 @@ def _libcuda() -> Any:
     except OSError as e:
         raise BuildError(f"the CUDA driver library cannot be loaded ({e})") from None
     u64, ptr = ctypes.c_uint64, ctypes.c_void_p
-    for name, args in (("cuMemcpyAsync", [u64, u64, ctypes.c_size_t, ptr]), ("cuEventRecord", [ptr, ptr]),
+    for name, args in (("cuMemcpyHtoDAsync_v2", [u64, u64, ctypes.c_size_t, ptr]),
+                       ("cuMemcpyDtoDAsync_v2", [u64, u64, ctypes.c_size_t, ptr]), ("cuEventRecord", [ptr, ptr]),
                        ("cuEventQuery", [ptr]), ("cuEventCreate", [ctypes.POINTER(ptr), ctypes.c_uint]),
                        ("cuEventSynchronize", [ptr])):
         fn = getattr(lib, name)
@@ -54,7 +57,7 @@ def _check(err: int, what: str) -> None:
 
 
 class DriverCopies:
-    """Copies on ``device``'s current stream with ``cuMemcpyAsync``; host sources kept alive."""
+    """Copies to ``device`` on its current stream; host sources kept alive."""
 
     def __init__(self, device: torch.device):
         self.lib = _libcuda()
@@ -65,13 +68,14 @@ class DriverCopies:
     def copy(self, copies: list[Copy], host_sources: list[torch.Tensor]) -> None:
         lib = self.lib
         stream = _current_stream(self.device)
-        for dst, src, n in copies:
+        for dst, src, n, from_host in copies:
             if n:
-                err = lib.cuMemcpyAsync(dst, src, n, stream)
+                copy = lib.cuMemcpyHtoDAsync_v2 if from_host else lib.cuMemcpyDtoDAsync_v2
+                err = copy(dst, src, n, stream)
                 if err == _INVALID_CONTEXT:  # a thread without a current context
                     make_context_current(self.device)
-                    err = lib.cuMemcpyAsync(dst, src, n, stream)
-                _check(err, "cuMemcpyAsync")
+                    err = copy(dst, src, n, stream)
+                _check(err, "cuMemcpy" + ("HtoD" if from_host else "DtoD"))
         if host_sources:
             if len(self._pending) >= RELEASE_EVERY:
                 self._release()
@@ -105,11 +109,14 @@ class DriverCopies:
 
 
 def tensor_copy(dst: torch.Tensor, src: torch.Tensor) -> Copy | None:
-    """``dst[:len(src)].copy_(src)`` as one byte copy, when both are contiguous, of one dtype,
-    and ``src``'s rows are a prefix of ``dst``'s (or the shapes are equal); None when it needs
-    PyTorch's ``copy_``."""
+    """``dst[:len(src)].copy_(src)`` (``dst`` on a GPU) as one byte copy, when both are
+    contiguous, of one dtype, ``src`` is on the host or ``dst``'s GPU, and ``src``'s rows are a
+    prefix of ``dst``'s (or the shapes are equal); None when it needs PyTorch's ``copy_``."""
     rows = dst.shape == src.shape or (dst.dim() > 0 and dst.dim() == src.dim() and dst.shape[1:] == src.shape[1:]
                                       and src.shape[0] <= dst.shape[0])
     if dst.dtype != src.dtype or not rows or not (dst.is_contiguous() and src.is_contiguous()):
         return None
-    return dst.data_ptr(), src.data_ptr(), src.nbytes
+    from_host = src.is_cpu
+    if not from_host and src.get_device() != dst.get_device():  # another GPU: a peer copy
+        return None
+    return dst.data_ptr(), src.data_ptr(), src.nbytes, from_host
