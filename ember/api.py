@@ -54,7 +54,8 @@ def compile(model: Callable[..., Any] | None = None, *, options: dict[str, Any] 
         return functools.partial(compile, options=options, dynamic=dynamic, fullgraph=fullgraph, report=report)
     backend = _backend(cfg, report.graphs if report is not None else None)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
-    if isinstance(model, torch.nn.Module):
+    if isinstance(model, torch.nn.Module):  # stays a module (parameters, state_dict, train/eval)
+        compiled.forward = _unwrap_errors(compiled.forward)
         return compiled
     return _unwrap_errors(compiled)
 

@@ -36,6 +36,23 @@ def test_matmul_shape_error():
         ember.compile(fn)(a, b)
 
 
+def test_compiled_modules_raise_eagers_error_too():
+    # ember.compile(module) stays a module; its errors are the op's own, as a function's are
+    bn, ln = torch.nn.BatchNorm1d(4), torch.nn.LayerNorm(8)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        bn(torch.randn(1, 4))
+    with pytest.raises(ValueError, match="more than 1 value per channel") as info:
+        ember.compile(bn)(torch.randn(1, 4))
+    assert type(info.value) is ValueError
+    assert _eager_error(ln, torch.randn(3, 5)) is RuntimeError
+    with pytest.raises(RuntimeError) as info:
+        ember.compile(ln)(torch.randn(3, 5))
+    assert type(info.value) is RuntimeError
+    compiled = ember.compile(bn)
+    assert isinstance(compiled, torch.nn.Module)
+    assert [id(p) for p in compiled.parameters()] == [id(p) for p in bn.parameters()]
+
+
 def test_dtype_error_matches_eager():
     fn = lambda a, b: torch.bitwise_and(a, b)  # noqa: E731
     a, b = torch.randn(4), torch.randn(4)

@@ -197,3 +197,44 @@ def test_outputs_that_alias_stay_views():
         assert_same(out, ref)
         with pytest.raises(RuntimeError, match="more than one element"):
             out.add_(1)
+
+
+def test_a_value_returned_with_its_detach_keeps_its_gradient():
+    # ember's IR has no detach: y and y.detach() were one tensor object, and the detach's
+    # "no gradient" reached y, so the view y.t() rebuilt from it had no gradient at all
+    def view_and_detach(x):
+        y = x + 1
+        return y.t(), y.detach()
+
+    outs, grads = [], []
+    for fn in (view_and_detach, ember.compile(view_and_detach)):
+        x = torch.randn(4, 3, requires_grad=True)
+        a, b = fn(x)
+        (a * torch.arange(12.0).view(3, 4)).sum().backward()
+        outs.append((a.detach(), b, a.requires_grad, b.requires_grad))
+        grads.append(x.grad)
+    assert grads[1] is not None
+    assert_same(grads[1], grads[0])
+    assert outs[1][2:] == outs[0][2:] == (True, False)
+
+
+def test_detached_views_and_repeated_outputs_are_tensors_of_their_own():
+    def detached_view(x):
+        y = x.exp()
+        return y, y.t().detach()
+
+    x = torch.randn(3, 3, requires_grad=True)
+    y, d = ember.compile(detached_view)(x)
+    assert not d.requires_grad
+    d.add_(1)  # eager allows it; a view made under the compiled forward's no_grad raised
+    assert_same(y.detach(), x.detach().exp() + 1)  # d is y's memory, as in eager
+
+    def three_of_one(x):
+        y = x + 1
+        return y, y.detach(), y.view_as(y)
+
+    a, b, c = ember.compile(three_of_one)(torch.randn(3))
+    assert a is not b and a is not c and b is not c
+    a.unsqueeze_(0)  # metadata of one output only, as in eager
+    assert b.shape == c.shape == (3,)
+    assert a.data_ptr() == b.data_ptr() == c.data_ptr()

@@ -248,8 +248,10 @@ class WrapperWriter:
             if dead:
                 self.emit("del " + ", ".join(sorted(dead)))
         returned = [self._output(i, o) for i, o in enumerate(g.outputs)]
-        for i in self._shared_outputs():
+        fresh = self._shared_outputs()
+        for i in fresh:
             returned[i] = self._fresh_copy(i, returned[i])
+        self._distinct_outputs(returned, fresh)
         self.emit("return (" + "".join(r + ", " for r in returned) + ")")
         return Wrapper("\n".join(self.lines) + "\n", self.constants)
 
@@ -270,6 +272,26 @@ class WrapperWriter:
                 shared.append(i)
             claimed.add(base)
         return shared
+
+    def _distinct_outputs(self, returned: list[str], fresh: list[int]) -> None:
+        """Outputs that come back as a view the wrapper made, or as a variable an earlier output
+        returns (``y`` and ``y.detach()``: a detach is its source in ember's IR), are returned
+        detached: tensors of their own over the same memory, with no view relation, as the
+        graph's outputs are in eager (views of the graph's own results reach the user rebuilt by
+        AOTAutograd from their base, whatever the graph returned). One object returned twice
+        would share what autograd marks on it (the detached output's "no gradient" reached the
+        other output, and a view rebuilt from it lost its gradient), and a view made under the
+        compiled function's no_grad carries that mode: changing it in place raises."""
+        views = {step.node for step in self.s.steps if isinstance(step, ViewStep)}
+        seen: set[str] = set()
+        for i, (node, var) in enumerate(zip(self.s.graph.outputs, returned)):
+            if node is None or i in self.s.graph.scalar_outputs or i in fresh:
+                continue
+            if var in seen or node in views:
+                name = f"out{i}"
+                self.emit(f"{name} = {var}.detach()  # the same memory, a tensor of its own")
+                returned[i] = name
+            seen.add(var)
 
     def _fresh_copy(self, i: int, var: str) -> str:
         """Output ``i`` copied into memory of its own, laid out as eager returns it."""
