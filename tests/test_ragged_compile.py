@@ -104,6 +104,17 @@ def test_bucketize_matches_eager():
     check(lambda x, b: torch.bucketize(x, b) + torch.bucketize(x, b, right=True), x, boundaries)
 
 
+@pytest.mark.parametrize("options", [None, {"target": "triton"}])
+def test_searches_of_nan_sort_it_last_as_eager(options):
+    # eager compares !(x >= v): a NaN query lands after every bound (left searches gave 0)
+    inf, nan = float("inf"), float("nan")
+    queries = torch.tensor([0.25, nan, 2.0, -inf, inf, 1.0, nan])
+    bounds = torch.tensor([-1.0, 0.0, 0.5, 1.0])
+    report = check(lambda b, q: torch.stack([torch.searchsorted(b, q), torch.searchsorted(b, q, right=True),
+                                             torch.bucketize(q, b)]), bounds, queries, options=options)
+    assert report.fallbacks == []
+
+
 # ---- ragged programs -------------------------------------------------------------------------
 
 def _ragged_batch(batch: int, seed: int, offsets_dtype=torch.int64):

@@ -620,7 +620,8 @@ EMBER_FN int64_t ember_check_index_if(bool used, int64_t i, int64_t n, int32_t c
   return bad ? 0 : i;
 }
 // searchsorted in a sorted sequence of n elements, stride apart: how many are < v (<= v when
-// right). The search halves a size every lane shares, so all lanes take the same steps.
+// right), compared as eager compares (!(x >= v), !(x > v)): a NaN v sorts after every element.
+// The search halves a size every lane shares, so all lanes take the same steps.
 template <typename T, typename V>
 EMBER_FN int64_t ember_search(const T* seq, int64_t n, int64_t stride, V v, bool right) {
   if (n <= 0) return 0;
@@ -628,11 +629,11 @@ EMBER_FN int64_t ember_search(const T* seq, int64_t n, int64_t stride, V v, bool
   while (size > 1) {
     int64_t half = size / 2;
     T x = seq[(lo + half) * stride];
-    if (right ? !(v < x) : (x < v)) lo += half;
+    if (right ? !(x > v) : !(x >= v)) lo += half;
     size -= half;
   }
   T x = seq[lo * stride];
-  return lo + ((right ? !(v < x) : (x < v)) ? 1 : 0);
+  return lo + ((right ? !(x > v) : !(x >= v)) ? 1 : 0);
 }
 // The same answer, starting from a hint (the previous answer of this thread). Any hint is safe:
 // it is used only when every element before it is below v; a few linear steps find the answer
@@ -643,11 +644,11 @@ EMBER_FN int64_t ember_search_from(const T* seq, int64_t n, int64_t stride, V v,
   if (lo < 0 || lo > n) lo = 0;
   if (lo > 0) {
     T x = seq[(lo - 1) * stride];
-    if (!(right ? !(v < x) : (x < v))) lo = 0;
+    if (!(right ? !(x > v) : !(x >= v))) lo = 0;
   }
   for (int step = 0; lo < n; ++step, ++lo) {
     T x = seq[lo * stride];
-    if (!(right ? !(v < x) : (x < v))) break;
+    if (!(right ? !(x > v) : !(x >= v))) break;
     if (step == 8) { lo += ember_search(seq + lo * stride, n - lo, stride, v, right); break; }
   }
   *hint = lo;

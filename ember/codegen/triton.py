@@ -366,16 +366,17 @@ class TritonKernelRenderer:
         the loop is uniform and each lane keeps only its lower bound."""
         a, name, x = v.arg, self.name(v), self.name(v.srcs[0])
         seq, n = f"{a.buffer} + ({pexpr(a.start)})", pexpr(a.length)  # size ends at min(n, 1)
-        hit = "<=" if a.right else "<"
+        # eager's comparisons, negated: a NaN sorts last (a NaN query finds n, a NaN bound is passed)
+        hit = ">" if a.right else ">="
         self.emit(f"{name}_lo = tl.zeros({x}.shape, tl.int64)")
         self.emit(f"{name}_size = tl.full([], {n}, tl.int64)")
         self.emit(f"while {name}_size > 1:")
         self.emit(f"    {name}_half = {name}_size // 2")
         self.emit(f"    {name}_at = tl.load({seq} + ({name}_lo + {name}_half) * ({pexpr(a.stride)}))")
-        self.emit(f"    {name}_lo = tl.where({name}_at {hit} {x}, {name}_lo + {name}_half, {name}_lo)")
+        self.emit(f"    {name}_lo = tl.where(~({name}_at {hit} {x}), {name}_lo + {name}_half, {name}_lo)")
         self.emit(f"    {name}_size -= {name}_half")
         self.emit(f"{name}_at = tl.load({seq} + {name}_lo * ({pexpr(a.stride)}), mask={name}_size > 0, other=0)")
-        self.emit(f"{name} = ({name}_lo + (({name}_size > 0) & ({name}_at {hit} {x})).to(tl.int64))"
+        self.emit(f"{name} = ({name}_lo + (({name}_size > 0) & ~({name}_at {hit} {x})).to(tl.int64))"
                   f".to({compute_type(v.dtype)})")
 
     def statements(self, values: list[Value]) -> None:
