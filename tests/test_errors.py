@@ -130,6 +130,22 @@ def test_index_error_matches_eager():
         ember.compile(fn)(a)
 
 
+@pytest.mark.parametrize("bad", [7, -1])
+def test_scatter_index_out_of_range_raises_as_in_eager(bad):
+    # scatter of a few entries per row is a select per element; a bad index matched no
+    # position and wrote nothing, where eager raises
+    x, src = torch.zeros(2, 4), torch.ones(2, 1)
+    index = torch.tensor([[1], [bad]])
+    for fn in (lambda x, i, s: x.scatter(1, i, s), lambda x, i, s: x.scatter(1, i, 5.0) * 2):
+        assert _eager_error(fn, x, index, src) is RuntimeError
+        with pytest.raises(RuntimeError, match="scatter: index out of bounds"):
+            ember.compile(fn)(x, index, src)
+    good = torch.tensor([[1], [3]])
+    out, report = run(lambda x, i, s: x.scatter(1, i, s) * 2, x, good, src)
+    assert_same(out, x.scatter(1, good, src) * 2)
+    assert report.fallbacks == []
+
+
 def test_cross_entropy_target_out_of_range_matches_eager():
     """The target class is gathered inside the fused loss kernel; out of range it is eager's
     IndexError (with ignore_index still ignored)."""

@@ -53,6 +53,9 @@ def _scatter(ctx: Context, x: Node, dim: int, index: Node, src: Any) -> Node:
     for j in range(m):  # later entries win, as a sequential scatter writes them last
         one = sympy.Integer(1)
         idx_j = ctx.make(Op.SLICE, (index,), (dim, sympy.Integer(j), one, one))
+        # the positions gathered at the index: the index itself, checked against the size as
+        # eager checks it (an index matching no position would silently write nothing)
+        idx_j = ctx.make(Op.GATHER, (positions, idx_j), dim)
         hit = ctx.make(Op.EQ, (positions, ctx.expand_to(idx_j, shape)))
         if isinstance(src, Node):
             val = ctx.expand_to(ctx.cast(ctx.make(Op.SLICE, (src,), (dim, sympy.Integer(j), one, one)), dtype), shape)

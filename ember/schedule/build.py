@@ -173,7 +173,7 @@ class KernelBuilder:
     def indirect(self, index: Value, bound: sympy.Expr, label: str, error: int = 2) -> sympy.Symbol:
         """An index variable holding ``index``, checked against [0, bound); ``error`` is the code
         flagged when it is not (2: gather's RuntimeError, 3: indexing's IndexError, 5: a loss's
-        target class, IndexError)."""
+        target class, IndexError, 6: scatter's RuntimeError)."""
         checked = self._emit("checkindex", dt.int64, (index,), (bound, label, error))
         for sym, value in self._indirect.items():
             if value is checked:
@@ -239,7 +239,8 @@ class KernelBuilder:
             previous, self._reader = self._reader, node
             idx = self.value_of(index, point)
             # a loss's target class out of range is eager's IndexError; any other gather's, RuntimeError
-            error = 5 if node.origin and "nll_loss" in node.origin else 2
+            origin = node.origin or ""
+            error = 5 if "nll_loss" in origin else 6 if "scatter" in origin else 2
             sym = self.indirect(idx, x.shape[dim], f"{node.origin or 'gather'} dim {dim}", error)
             value = self.value_of(x, point[:dim] + (sym,) + point[dim + 1:])
             self._reader = previous
