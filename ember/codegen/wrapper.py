@@ -339,7 +339,11 @@ class WrapperWriter:
     def _reads(self, step: Any) -> list[str]:
         if isinstance(step, KernelStep):
             bufs = {p.name for p in step.kernel.params if not p.is_output}
-            copied = {self.var[x] for x in step.fills.values() if isinstance(x, Node)}
+            # a write at indices into a view (``cache[1][:, :, pos] = k``) copies the view, which
+            # has no variable until its step runs: until then it is its base's memory
+            view_base = {s.node: s.base for s in self.s.steps if isinstance(s, ViewStep)}
+            copied = {self.var[x if x in self.var else view_base[x]] for x in step.fills.values()
+                      if isinstance(x, Node)}
             return sorted({v for n, v in self.var.items() if v in bufs} | copied)
         if isinstance(step, ExternStep):
             return [self.var[x] for x in step.node.inputs if x in self.var]
