@@ -32,6 +32,22 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
     return _backend(_config(options), None)(gm, example_inputs)
 
 
+_SHARED_BACKENDS: dict[str, Callable[..., Any]] = {}
+
+
+def _shared_backend(cfg: Config) -> Callable[..., Any]:
+    """One backend per configuration. Dynamo keeps a frame's compiled entries per backend, and
+    the instances of a module class share their code: with a new backend per ``ember.compile``
+    call, each instance compiled separately was another entry of that code, and past Dynamo's
+    limit of 8 the rest ran eagerly. A shared one lets them share a graph, as a named backend
+    (``torch.compile(m, backend="ember")``) does."""
+    key = repr(cfg)
+    backend = _SHARED_BACKENDS.get(key)
+    if backend is None:
+        backend = _SHARED_BACKENDS[key] = _backend(cfg, None)
+    return backend
+
+
 def _backend(cfg: Config, sink: list[GraphReport] | None) -> Callable[..., Any]:
     def compile_one(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
         return compile_graph(gm, example_inputs, kind, cfg, sink)
@@ -52,7 +68,7 @@ def compile(model: Callable[..., Any] | None = None, *, options: dict[str, Any] 
     cfg = _config(options)
     if model is None:
         return functools.partial(compile, options=options, dynamic=dynamic, fullgraph=fullgraph, report=report)
-    backend = _backend(cfg, report.graphs if report is not None else None)
+    backend = _backend(cfg, report.graphs) if report is not None else _shared_backend(cfg)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(model, torch.nn.Module):  # stays a module (parameters, state_dict, train/eval)
         compiled.forward = _unwrap_errors(compiled.forward)

@@ -75,3 +75,25 @@ def test_in_place_updates_of_inputs():
     ref = f(x2, y2)
     assert_same(out, ref)
     assert_same((x, y), (x2, y2))
+
+
+def test_instances_of_a_module_compiled_one_by_one_share_a_graph():
+    # Dynamo keeps a code object's entries per backend: a backend per ember.compile call made
+    # each instance another entry, and past Dynamo's limit of 8 the rest ran eagerly
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.relu(self.proj(x)) * 2 + x
+
+    torch._dynamo.reset()
+    ember.reset_stats()
+    blocks = [Block() for _ in range(12)]
+    compiled = [ember.compile(b) for b in blocks]
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for block, fast in zip(blocks, compiled):
+            assert_same(fast(x), block(x))
+    assert ember.stats()["graphs_compiled"] == 1
