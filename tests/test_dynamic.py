@@ -247,3 +247,31 @@ def test_sizes_rounded_back_to_ints(options):
             x = torch.randn(*shape, dtype=torch.float64)
             assert_same(compiled(x), fn(x))
         assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+
+
+@pytest.mark.parametrize("options", [None, {"target": "triton"}], ids=["cpp", "triton"])
+def test_graphs_returning_size_tests_and_float_functions_of_sizes(options):
+    """``is_causal=q.shape[2] > 1`` (Hugging Face's attention) makes Dynamo end a graph that
+    returns the test; an attention scale 1 / math.sqrt(d) comes back as a 0-d tensor of it. Both
+    had no spelling ("s0 > 1 has no Python spelling", "OpaqueUnaryFn_sqrt has no C spelling")
+    and their graphs ran through ATen, with a warning."""
+    import math
+
+    import torch.nn.functional as F
+
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1)
+
+    def tests(x):
+        return x * 2, x.shape[1] == 1, x.shape[1] >= 3 and x.shape[0] != 2
+
+    def scaled(x):
+        return x * 2, math.sqrt(x.shape[1]), x / math.sqrt(x.shape[-1])
+
+    for fn in (attention, tests, scaled):
+        report = ember.Report()
+        compiled = ember.compile(fn, dynamic=True, options=options, report=report)
+        for t in (7, 1, 16):
+            args = [torch.randn(1, 2, t, 8) for _ in range(3)] if fn is attention else [torch.randn(3, t)]
+            assert_same(compiled(*args), fn(*args))
+        assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]

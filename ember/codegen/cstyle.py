@@ -139,6 +139,8 @@ def index_expr(e: sympy.Expr) -> str:
         return f"((double){_atom(e.args[0])})"
     if isinstance(e, FloatPow):  # sizes in float math (an optimizer's 1 - 0.9 ** step)
         return f"pow((double){_atom(e.args[0])}, (double){_atom(e.args[1])})"
+    if sh.unary_float_fn(e):  # math.sqrt(h): an attention scale
+        return f"{sh.unary_float_fn(e)}((double){_atom(e.args[0])})"
     if isinstance(e, (FloorToInt, CeilToInt)) and sh.size_quotient(e.args[0]):
         a, b = (_atom(x) for x in e.args[0].args)  # a size over a positive integer (a pad to 32)
         return f"{a} / {b}" if isinstance(e, FloorToInt) else f"({a} + {b} - 1) / {b}"

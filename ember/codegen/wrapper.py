@@ -108,9 +108,22 @@ def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = Fa
         return f"float({p(e.args[0])})"
     if e in (sympy.true, sympy.false):
         return str(bool(e))
+    if isinstance(e, sympy.core.relational.Relational) and e.rel_op in _COMPARISONS:
+        # a graph returning a size test (``is_causal=q.shape[2] > 1`` split off by Dynamo)
+        return f"({p(e.lhs)} {_COMPARISONS[e.rel_op]} {p(e.rhs)})"
+    if isinstance(e, (sympy.And, sympy.Or)):
+        return "(" + (" and " if isinstance(e, sympy.And) else " or ").join(p(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Not):
+        return f"(not {p(e.args[0])})"
+    fn = sh.unary_float_fn(e)
+    if fn is not None:  # math.sqrt(h): an attention scale
+        return f"tl.{fn}(({p(e.args[0])}).to(tl.float64))" if in_triton else f"math.{fn}({p(e.args[0])})"
     if e.is_Number:
         return repr(float(e))
     raise WrapperError(f"size expression {e} has no Python spelling here")
+
+
+_COMPARISONS = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 
 
 def shape_tuple(shape: tuple[sympy.Expr, ...]) -> str:

@@ -25,6 +25,20 @@ def size_quotient(e: object) -> bool:
     return isinstance(e, _IntTrueDiv) and e.args[1].is_Integer and int(e.args[1]) > 0
 
 
+# float functions of sizes (``math.sqrt(x.shape[-1])``, an attention scale) that C, Python's
+# math and Triton all spell by this name; torch's sympy calls them OpaqueUnaryFn_<name>
+UNARY_FLOAT_FNS = frozenset({"sqrt", "exp", "log", "sin", "cos"})
+
+
+def unary_float_fn(e: object) -> str | None:
+    """The function name of one of torch's ``OpaqueUnaryFn_*`` size expressions, or None."""
+    name = type(e).__name__
+    if not name.startswith("OpaqueUnaryFn_"):
+        return None
+    fn = name[len("OpaqueUnaryFn_"):]
+    return fn if fn in UNARY_FLOAT_FNS else None
+
+
 def expr(value: object) -> sympy.Expr:
     """An int, a sympy expression, or a torch SymInt (via its ``node.expr``) as a sympy expr."""
     if isinstance(value, sympy.Basic):

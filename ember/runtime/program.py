@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import linecache
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -163,8 +164,8 @@ class CompiledProgram:
             self.timings.setdefault(kernel, []).append(ms)
             log(4, f"{name}: {kernel} {ms:.3f} ms", cfg)
 
-        ns = {"torch": torch, **_fast_allocators(), "advise_huge": make_advise_huge(cfg), "relayout": relayout,
-              "in_graphed_step": capture.in_graphed_step,
+        ns = {"torch": torch, "math": math, **_fast_allocators(), "advise_huge": make_advise_huge(cfg),
+              "relayout": relayout, "in_graphed_step": capture.in_graphed_step,
               "error_flag": ctypes.addressof(flag),
               "check_error_flag": check_error_flag, "timed": timed, **namespace}
         filename = f"<ember wrapper {name}>"
