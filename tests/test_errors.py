@@ -146,6 +146,18 @@ def test_scatter_index_out_of_range_raises_as_in_eager(bad):
     assert report.fallbacks == []
 
 
+@pytest.mark.parametrize("write", [
+    lambda x, i, v: x.index_put((i,), v), lambda x, i, v: x.index_put((i,), v.long(), accumulate=True),
+    lambda x, i, v: x.index_add(0, i, v), lambda x, i, v: x.index_copy(0, i, v),
+    lambda x, i, v: x.scatter_add(0, i[:, None].expand(2, 3), v), lambda x, i, v: x.scatter(0, i[:, None], v[:, :1]),
+], ids=["index_put", "index_put_accumulate", "index_add", "index_copy", "scatter_add", "scatter"])
+def test_writes_of_a_source_of_another_dtype_raise_as_in_eager(write):
+    x, i, v = torch.zeros(4, 3), torch.tensor([0, 2]), torch.ones(2, 3, dtype=torch.float64)
+    assert _eager_error(write, x, i, v) is RuntimeError
+    with pytest.raises(RuntimeError, match="dtype|scalar type"):
+        ember.compile(write)(x, i, v)
+
+
 def test_cross_entropy_target_out_of_range_matches_eager():
     """The target class is gathered inside the fused loss kernel; out of range it is eager's
     IndexError (with ignore_index still ignored)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -245,3 +246,15 @@ def test_softmax_regrouped_for_a_batched_matmul_is_one_kernel():
     for t in (7, 9):
         report = check(fn, torch.randn(2, 3, t, t), torch.randn(6, t, 4), dynamic=True)
         assert kernel_count(report) == 1
+
+
+@pytest.mark.parametrize("options", [None, {"target": "triton"}], ids=["cpp", "triton"])
+def test_a_total_added_to_a_tensor_of_another_shape_builds(options):
+    # a mixture-of-experts router's aux loss added to its (T, D) output: the total of a column
+    # sum, which the column sum's kernel finishes after its rows, was also asked to add it to
+    # every element of (T, D) there, with no loops over them ("o1 was not declared")
+    def f(a, p):
+        m = p.sum(0)
+        return a + m.sum(), m
+
+    check(f, torch.randn(16, 8), torch.randn(16, 4), options=options)

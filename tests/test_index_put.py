@@ -99,6 +99,13 @@ def test_bad_indices_raise_like_eager():
         ember.compile(lambda x, i: x.index_put((i,), torch.ones(3), accumulate=True))(x, torch.tensor([4]))
     with pytest.raises(RuntimeError, match="out of bounds"):  # index_add takes no negative index
         ember.compile(lambda x, i: x.index_add(0, i, torch.ones(1, 3)))(x, torch.tensor([-1]))
+    # eager's index_add raises IndexError into a 1-d self or with an int32 index
+    for dst, index, src in ((torch.zeros(4), torch.tensor([7]), torch.ones(1)),
+                            (x, torch.tensor([-1], dtype=torch.int32), torch.ones(1, 3))):
+        with pytest.raises(IndexError):
+            dst.index_add(0, index, src)
+        with pytest.raises(IndexError, match="index_add: index out of range"):
+            ember.compile(lambda x, i, s: x.index_add(0, i, s) * 2)(dst, index, src)
     with pytest.raises(RuntimeError, match="out of bounds"):
         ember.compile(lambda x, i: x.scatter_add(0, i, torch.ones(1, 1)))(x, torch.tensor([[7]]))
 

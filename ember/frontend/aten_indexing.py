@@ -45,6 +45,7 @@ def _scatter(ctx: Context, x: Node, dim: int, index: Node, src: Any) -> Node:
     if x.rank == 0 or m is None or m > 8 or not all(
             ctx.known(a == b) for d, (a, b) in enumerate(zip(index_sizes, x_sizes)) if d != dim):
         raise Unsupported("scatter of many entries per row (or into a larger tensor)")
+    _source_dtype_matches("scatter", x, src)
     dtype, shape = ctx.out_dtype, ctx.out_shape
     positions = ctx.make(Op.IOTA, (), (shape[dim], 0, 1), dtype=dt.int64)
     positions = ctx.expand_to(ctx.reshape(positions, [s if d == dim else 1 for d, s in enumerate(shape)]), shape)
@@ -173,6 +174,13 @@ def _put(ctx: Context, x: Node, start: int, indices: list[Node], src: Any, accum
     return ctx.cast(out, dtype)
 
 
+def _source_dtype_matches(op: str, x: Node, src: Any) -> None:
+    """Eager's writes at indices take a source of the destination's dtype only (a setitem casts
+    before it writes); another goes to ATen, which raises eager's error."""
+    if isinstance(src, Node) and src.dtype != x.dtype:
+        raise Unsupported(f"{op} of a {src.dtype} source into {x.dtype} (eager's error)")
+
+
 def _sum_by_row_ids(ctx: Context, x: Node, start: int, indices: list[Node], src: Any,
                     accumulate: bool) -> Node | None:
     """x + (src added up by ``ragged.row_ids()``) is x + a segment sum of src: each row reduced
@@ -197,6 +205,7 @@ def _index_put(ctx: Context, x: Node, indices: Sequence[Any], values: Any, accum
     """``x[i0, i1, ...] = values`` (``+=`` when accumulating), integer index tensors on adjacent
     dims (``x.index_put_``, and in-place ``x[i] += v`` after functionalization)."""
     present = _adjacent_indices(x, indices, "index_put")
+    _source_dtype_matches("index_put", x, values)
     wrapped = [_wrapped(ctx, indices[d], x.shape[d]) for d in present]
     return _put(ctx, x, present[0], wrapped, values, bool(accumulate), 3)
 
@@ -207,10 +216,13 @@ def _index_add(ctx: Context, x: Node, dim: int, index: Node, source: Any, *, alp
     in eager (a RuntimeError)."""
     if x.rank == 0 or index.rank != 1 or not isinstance(source, Node) or source.rank != x.rank:
         raise Unsupported("index_add into a 0-d tensor, or with a 0-d source")
+    _source_dtype_matches("index_add", x, source)
     dim = dim % x.rank
     if alpha != 1:
         source = ctx.make(Op.MUL, (source, ctx.operand(alpha, source.dtype, source.shape)))
-    return _put(ctx, x, dim, [ctx.cast(index, dt.int64)], source, True, 4)
+    # eager's error is an IndexError for a 1-d self or an int32 index, else a RuntimeError
+    error = 7 if x.rank == 1 or index.dtype == dt.int32 else 4
+    return _put(ctx, x, dim, [ctx.cast(index, dt.int64)], source, True, error)
 
 
 @register(aten.scatter_add.default)
@@ -219,6 +231,7 @@ def _scatter_add(ctx: Context, x: Node, dim: int, index: Node, src: Node) -> Nod
     are the positions themselves."""
     if x.rank == 0 or index.rank != x.rank or src.rank != x.rank or not index.dtype.is_int:
         raise Unsupported("scatter_add of a 0-d tensor or with an index of another rank")
+    _source_dtype_matches("scatter_add", x, src)
     dim = dim % x.rank
     x_sizes, index_sizes, src_sizes = (ctx.arg_metas[i].shape for i in (0, 2, 3))
     if not all(ctx.known(i <= s) for i, s in zip(index_sizes, src_sizes)) or not all(

@@ -150,6 +150,9 @@ class CompiledProgram:
             if code == 5:
                 raise IndexError("nll_loss / cross_entropy: a target is out of bounds (negative and not "
                                  "ignore_index, or not smaller than the number of classes)")
+            if code == 7:
+                raise IndexError("index_add: index out of range in self (an index is negative or not smaller "
+                                 "than the size of the dimension it indexes)")
             if code == 6:
                 raise RuntimeError("scatter: index out of bounds (an index is negative or not smaller than the "
                                    "size of the dimension it indexes)")

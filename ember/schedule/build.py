@@ -172,8 +172,9 @@ class KernelBuilder:
 
     def indirect(self, index: Value, bound: sympy.Expr, label: str, error: int = 2) -> sympy.Symbol:
         """An index variable holding ``index``, checked against [0, bound); ``error`` is the code
-        flagged when it is not (2: gather's RuntimeError, 3: indexing's IndexError, 5: a loss's
-        target class, IndexError, 6: scatter's RuntimeError)."""
+        flagged when it is not (2: gather's RuntimeError, 3: indexing's IndexError, 4 and 7:
+        index_add's RuntimeError and IndexError, 5: a loss's target class, IndexError, 6:
+        scatter's RuntimeError; runtime/program.py raises them)."""
         checked = self._emit("checkindex", dt.int64, (index,), (bound, label, error))
         for sym, value in self._indirect.items():
             if value is checked:

@@ -154,7 +154,9 @@ class DomainRules:
         """The row kernel whose rows a scalar root's full reductions (a loss's mean over per-row
         values) reduce over, when it can finish them: partials per program, combined by the last."""
         full = [r for r in reductions if all(sh.is_one(s) for s in r.shape)]
-        if (not self.cfg.fusion or not full or any(r in self.not_across or r.op not in ACROSS_OPS for r in full)
+        # (only a scalar: what runs after every row has no loops over a root of its own shape)
+        if (not self.cfg.fusion or not full or not all(sh.is_one(s) for s in root.shape)
+                or any(r in self.not_across or r.op not in ACROSS_OPS for r in full)
                 or root in self.not_across):
             return None
         for g in groups:
