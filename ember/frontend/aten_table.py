@@ -213,6 +213,10 @@ def _add_sub(ctx: Context, a: Any, b: Any, alpha: Any = 1) -> Node:
     dtype, shape = ctx.out_dtype, ctx.out_shape
     if ctx.aten == "aten.sub":
         _check_dtype(Op.SUB, dtype)
+    if dtype.is_low_precision and ctx.device == "cpu":
+        # eager's CPU kernels add a 16-bit tensor and a Python float rounded to 16 bits (bf16
+        # 1.703 + 1000.3 is 1000, not 1004); its GPU kernels, like its products, take it as is
+        a, b = (_rounded_to(x, dtype) for x in (a, b))
     lhs, rhs = ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)
     alpha = _checked(alpha, dtype)
     if alpha != 1:

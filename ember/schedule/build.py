@@ -221,6 +221,8 @@ class KernelBuilder:
             previous, self._reader = self._reader, node
             srcs = [self.value_of(i, point) for i in node.inputs]
             self._reader = previous
+            if op in _ROUNDED_FIRST:
+                srcs = [self._as_eager_holds(s) for s in srcs]
             return self._emit("alu", node.dtype, srcs, op)
         if op in VIEW_OPS:
             strided = self.strided(node)
@@ -394,8 +396,20 @@ class KernelBuilder:
         previous, self._reader = self._reader, node
         src = self.value_of(x, tuple(in_point))
         self._reader = previous
+        if node.op in (Op.ARGMAX, Op.ARGMIN):  # (ties as eager's rounded values make them)
+            src = self._as_eager_holds(src)
         position = offset(tuple(inner_var(j) for j in range(len(dims))), sh.contiguous_strides(extents))
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.op, position))
+
+    def _as_eager_holds(self, v: Value) -> Value:
+        """A 16-bit float value rounded to its dtype, as eager holds it. ember computes 16-bit
+        math in float32 and rounds where a value is stored or cast to 16 bits; conversions and
+        ops whose result jumps with their input (a comparison, a rounding, an argmax's ties) read
+        it rounded, or ``(x * 1000).int()`` and ``x * 1000 > 300`` differ from eager by whole
+        units. Loads, constants and casts to 16 bits are rounded already."""
+        if not v.dtype.is_low_precision or v.kind in ("load", "const") or (v.kind == "alu" and v.arg is Op.CAST):
+            return v
+        return self._emit("alu", v.dtype, (v,), Op.CAST)
 
     def _matmul(self, node: Node, point: Point) -> Value:
         """A matmul at its kernel's (o0, o1): a dot of its operands' loads at (o0, r0) and (r0, o1).
@@ -614,6 +628,12 @@ def _exprs(v: Value) -> list[sympy.Expr]:
 
 def _drop_ones(shape: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
     return tuple(s for s in shape if not sh.is_one(s))
+
+
+# pointwise ops that read a 16-bit input as eager holds it (rounded): those whose result jumps
+# with it, and conversions ((x + 1000.3).float() is the bfloat16 sum, 1000.0)
+_ROUNDED_FIRST = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.FLOOR, Op.CEIL, Op.ROUND, Op.TRUNC,
+                            Op.SIGN, Op.ISINF, Op.CAST})
 
 
 def _has_indirect(e: sympy.Expr) -> bool:
