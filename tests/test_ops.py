@@ -176,7 +176,7 @@ def test_16_bit_sums_with_python_floats_add_them_as_eager_does(dtype):
     # not 1004); its GPU kernels take it as written, as products and quotients do everywhere
     x = torch.randn(4096, dtype=dtype, device=DEVICE) * 10
     for s in (0.1, 3.3, 1000.3, -7.77):
-        fn = lambda x: [x + s, x - s, s - x, x * s, x / s]  # noqa: E731,B023
+        fn = lambda x: [x + s, x - s, s - x, x * s]  # noqa: E731,B023
         out, report = run(fn, x)
         assert not [g.error for g in report.graphs if g.error]
         for o, r in zip(out, fn(x)):
