@@ -275,3 +275,25 @@ def test_graphs_returning_size_tests_and_float_functions_of_sizes(options):
             args = [torch.randn(1, 2, t, 8) for _ in range(3)] if fn is attention else [torch.randn(3, t)]
             assert_same(compiled(*args), fn(*args))
         assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+
+
+def test_sizes_read_with_item_inside_the_graph():
+    """With capture_scalar_outputs, ``.item()`` of a computed tensor is a size only the data
+    knows (u0). Its call was dropped as unused ("cannot bind u0"), and a slice to it has a
+    length nothing computes (u1): both graphs ran through ATen."""
+    def first_rows(x):
+        n = int(x.argmax(0)[0].item()) + 1
+        return x[:n].sum(0) * 2
+
+    def positives(x):
+        return torch.zeros(int((x > 0).sum().item())) + 1
+
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for fn in (first_rows, positives):
+            report = ember.Report()
+            compiled = ember.compile(fn, report=report)
+            for seed in range(3):
+                x = torch.randn(6, 5, generator=torch.Generator().manual_seed(seed))
+                assert_same(compiled(x), fn(x))
+            assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+            assert report.kernels

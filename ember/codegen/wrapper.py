@@ -213,6 +213,8 @@ class WrapperWriter:
         # tokens per expert) are read from it once it exists
         self.bind_after: dict[Node, list[tuple[sympy.Symbol, str]]] = {}
         for node in self.s.graph.nodes:
+            if node.op is Op.EXTERN and node.arg.binds is not None:  # .item(): bound by its call
+                bound.setdefault(node.arg.binds, None)
             if node.op in (Op.EXTERN, Op.GETITEM) and node.shape is not None and node in self.var:
                 for i, e in enumerate(node.shape):
                     if e.is_Symbol and e in needed and e not in bound:
@@ -467,6 +469,9 @@ class WrapperWriter:
         args = [self._template(a, node) for a in call.args]
         args += [f"{k}={self._template(v, node)}" for k, v in call.kwargs.items()]
         result = f"{target}({', '.join(args)})"
+        if call.binds is not None:
+            self.emit(f"{call.binds.name} = {result}  # a size only the data knows")
+            return
         if node.shape is not None:
             self.emit(f"{self.var[node]} = {result}")
             self._bind_from(node)

@@ -14,7 +14,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 from torch.utils._sympy.functions import FloatPow, FloatTrueDiv, Max, ToFloat
 
 from ..ir import dtypes as dt
@@ -59,6 +59,7 @@ class Context:
         self.out: Any = None                # meta value of the current FX node
         self.arg_metas: list[Any] = []      # meta values of its positional args
         self.bindable: set[sympy.Symbol] = set()  # symbols the graph's inputs carry
+        self.effects: list[Node] = []       # calls that must run though no value reads them
 
     # ---- building -------------------------------------------------------------------------
     def make(self, op: Op, inputs: Sequence[Node] = (), arg: Any = None, **kw: Any) -> Node:
@@ -196,7 +197,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
     scalar_outputs: set[int] = set()
     output_strides: list[sh.Shape | None] = []
     fresh_outputs: set[int] = set()
-    effects: list[Node] = []  # checks that return nothing (Graph.effects)
+    effects = ctx.effects  # checks that return nothing, sizes read with .item() (Graph.effects)
     storages: dict[Any, int] = {}  # fake storages of the inputs and the outputs so far
 
     for fx_node in gm.graph.nodes:
@@ -348,6 +349,16 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
         return args[0][args[1]]
     if target is operator.getitem and _is_tuple_result(args[0]) and isinstance(args[1], int):
         return _item(ctx, args[0], args[1], val)
+    if (target is torch.ops.aten._local_scalar_dense.default and _is_sym(val) and sh.expr(val).is_Symbol
+            and sh.expr(val) not in ctx.bindable and isinstance(args[0], Node)):
+        # .item() of a computed tensor (capture_scalar_outputs): a size only the data knows,
+        # read by the ATen call when the program runs and used from then on
+        symbol = sh.expr(val)
+        node = _extern(ctx, target, args, kwargs, None)
+        object.__setattr__(node.arg, "binds", symbol)
+        ctx.effects.append(node)
+        ctx.bindable.add(symbol)
+        return ctx.const(val, _sym_dtype(val))
     if _is_sym(val):
         # Size arithmetic (sym_size, operator.mul on SymInts, ...): known from its expression.
         ctx.aten = ctx.origin = op_name(target)
@@ -360,6 +371,10 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
                 return ctx.const(_SYM_ARITHMETIC[target](*exprs), _sym_dtype(val))
         return ctx.const(val, _sym_dtype(val))
     fn = lookup(target)
+    if fn is not None and _unknown_unbacked_sizes(ctx, val):
+        # a size the data decides that nothing before gives (x[:n] with n from .item(): the
+        # slice's length): ATen computes the result, and the program reads the size from it
+        fn = None
     if fn is not None:
         # a decomposed op's parts carry the op the user wrote (softmax, not amax/sub/exp/sum)
         original = fx_node.meta.get("original_aten")
@@ -374,6 +389,12 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
         except Unsupported:
             del ctx.nodes[mark:]  # drop what the declined lowering built
     return _extern(ctx, target, args, kwargs, val)
+
+
+def _unknown_unbacked_sizes(ctx: Context, val: Any) -> bool:
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    return any(isinstance(v, torch.Tensor) and not free_unbacked_symbols(v) <= ctx.bindable
+               for v in vals)
 
 
 def _finish(ctx: Context, result: Any, val: Any) -> Any:
@@ -452,6 +473,7 @@ def _extern(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any) -> Node
             for i, v in enumerate(vals):
                 if isinstance(v, torch.Tensor):
                     outs.append(_getitem(ctx, node, (*path, i), v))
+                    ctx.bindable |= sh.free_symbols(outs[-1].shape)
                 elif isinstance(v, (tuple, list)):
                     outs.append(items(v, (*path, i)))
                 else:
@@ -466,4 +488,6 @@ def _extern(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any) -> Node
         dtype, shape = None, None
     node = make(Op.EXTERN, tensors, call, dtype=dtype, shape=shape, device=device, origin=origin)
     ctx.nodes.append(node)
+    if shape is not None:  # the program reads sizes only this result knows from it
+        ctx.bindable |= sh.free_symbols(shape)
     return node

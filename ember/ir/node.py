@@ -63,6 +63,7 @@ class ExternCall:
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     impure: bool = False  # random ops: never merged by CSE
+    binds: Any = None     # ``.item()`` of a computed tensor: the size symbol its result is
 
     @property
     def name(self) -> str:

@@ -552,13 +552,24 @@ class Planner(DomainRules):
         return value if value is not None else copied_base(put)
 
     def _step_reads(self, step: Step) -> list[Node]:
+        """What ``step`` needs to have run: what it reads, and the ``.item()`` calls that bind
+        the sizes it uses (a size only the data knows: nothing reads the call's value)."""
         if isinstance(step, KernelStep):
             copied = {x for x in step.fills.values() if isinstance(x, Node)}
-            return sorted(({x for r in step.roots for x in self.reads(r)} | copied) - set(step.roots),
-                          key=self.order.__getitem__)
-        if isinstance(step, ExternStep):
-            return list(step.node.inputs)
-        return [step.base]
+            reads = sorted(({x for r in step.roots for x in self.reads(r)} | copied) - set(step.roots),
+                           key=self.order.__getitem__)
+            symbols = set(step.kernel.sizes) | _symbols(set(step.nodes))
+        elif isinstance(step, ExternStep):
+            reads = list(step.node.inputs)
+            symbols = _symbols({step.node}) | _template_symbols((step.node.arg.args, step.node.arg.kwargs))
+        else:
+            reads = [step.base]
+            symbols = _symbols({step.node})
+        binders = self._item_binders()
+        return reads + [binders[s] for s in symbols if s in binders and binders[s] is not getattr(step, "node", None)]
+
+    def _item_binders(self) -> dict[sympy.Symbol, Node]:
+        return {n.arg.binds: n for n in self.graph.nodes if n.op is Op.EXTERN and n.arg.binds is not None}
 
 
 def _symbols(nodes: set[Node]) -> set[sympy.Symbol]:
@@ -576,6 +587,17 @@ def _symbols(nodes: set[Node]) -> set[sympy.Symbol]:
         if n.op is not Op.EXTERN:
             visit(n.arg)
     return found
+
+
+def _template_symbols(template: object) -> set[sympy.Symbol]:
+    """Symbols in an ATen call's argument template (sizes are evaluated when it runs)."""
+    if isinstance(template, sympy.Basic):
+        return set(template.free_symbols)
+    if isinstance(template, (tuple, list)):
+        return set().union(*(_template_symbols(t) for t in template)) if template else set()
+    if isinstance(template, dict):
+        return _template_symbols(list(template.values()))
+    return set()
 
 
 def plan(graph: Graph, cfg: Config) -> Schedule:
