@@ -220,3 +220,30 @@ def test_unknown_option_is_a_clear_type_error():
     with pytest.raises(TypeError, match="'fusion' is a switch"):
         ember.compile(lambda x: x, options={"fusion": "off"})
     assert ember.config.replace(fusion=0).fusion is False  # (0 and 1 are switches too)
+
+
+def test_threads_get_their_own_errors():
+    # kernels release the GIL; one error flag per program gave one thread's bad index to
+    # another thread's call, and left the first with garbage and no error
+    import threading
+
+    fn = ember.compile(lambda x, i: torch.gather(x, 1, i) * 2 + 1)
+    x = torch.randn(64, 4096)
+    good, bad = torch.randint(0, 4096, (64, 4096)), torch.full((64, 4096), 5000)
+    fn(x, good)
+    outcomes = {"bad": [], "good": []}
+
+    def calls(name, index):
+        for _ in range(60):
+            try:
+                out = fn(x, index)
+                outcomes[name].append("ok" if torch.equal(out, torch.gather(x, 1, good) * 2 + 1) else "wrong")
+            except RuntimeError:
+                outcomes[name].append("raised")
+
+    threads = [threading.Thread(target=calls, args=("bad", bad)), threading.Thread(target=calls, args=("good", good))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(outcomes["bad"]) == {"raised"} and set(outcomes["good"]) == {"ok"}, outcomes

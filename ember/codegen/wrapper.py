@@ -236,6 +236,8 @@ class WrapperWriter:
         if names:
             self.emit(", ".join(names) + ("," if len(names) == 1 else "") + " = args")
         self.emit("args.clear()  # inputs die as soon as nothing needs them")
+        if any(call.uses_error_flag for call in self.calls.values()):
+            self.emit("error_flag = thread_error_flag()  # where kernels flag a bad index (one per thread)")
         for node in g.inputs:
             if node.arg.kind == "tensor" and node.arg.to_device:
                 if node.arg.item is not None:  # (read while on the host: no sync)
@@ -403,7 +405,7 @@ class WrapperWriter:
             line = f"timed({call.name!r}, lambda: {line})"
         self.emit(line)
         if call.uses_error_flag:
-            self.emit("check_error_flag()")
+            self.emit("check_error_flag(error_flag)")
 
     def _reuse(self, step: KernelStep, i: int) -> dict[Node, Node]:
         """Outputs of this kernel that it may write over an input dying in it (see the module

@@ -10,6 +10,7 @@ import ctypes
 import linecache
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -116,6 +117,46 @@ def boxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:
     return call
 
 
+_THREAD = threading.local()
+
+
+def thread_error_flag() -> int:
+    """The address of this thread's error flag, which CPU kernels set on a bad index or an
+    integer division by zero. One per thread: kernels release the GIL, so calls of one program
+    from two threads run at once, and one shared flag gave one thread's error to the other."""
+    address = getattr(_THREAD, "address", None)
+    if address is None:
+        _THREAD.flag = ctypes.c_int32(0)
+        address = _THREAD.address = ctypes.addressof(_THREAD.flag)
+    return address
+
+
+def _raise_error_code(code: int) -> None:
+    """Raise the error a kernel flagged (0: none), as eager raises it."""
+    if code == 1:
+        raise RuntimeError("ZeroDivisionError")
+    if code in _INDEX_ERRORS:
+        kind, message = _INDEX_ERRORS[code]
+        raise kind(message)
+
+
+# codes kernels flag for a bad index (schedule/build.py: ``indirect``), with eager's exception type
+_INDEX_ERRORS = {
+    2: (RuntimeError, "gather: index out of bounds (an index is negative or not smaller than the size of the "
+                      "dimension it indexes)"),
+    3: (IndexError, "index: index out of bounds (an index is below minus the size of the dimension it indexes, "
+                    "or not smaller than that size)"),
+    4: (RuntimeError, "index_add/scatter_add: index out of bounds (an index is negative or not smaller than the "
+                      "size of the dimension it indexes)"),
+    5: (IndexError, "nll_loss / cross_entropy: a target is out of bounds (negative and not ignore_index, or not "
+                    "smaller than the number of classes)"),
+    6: (RuntimeError, "scatter: index out of bounds (an index is negative or not smaller than the size of the "
+                      "dimension it indexes)"),
+    7: (IndexError, "index_add: index out of range in self (an index is negative or not smaller than the size of "
+                    "the dimension it indexes)"),
+}
+
+
 class CompiledProgram:
     """Callable with AOTAutograd's boxed convention (takes the argument list, may clear it)."""
 
@@ -134,31 +175,11 @@ class CompiledProgram:
         # size inputs (index -> symbol) whose host value a result depends on (runtime/capture.py)
         self.host_sizes = host_sizes or {}
         self.opaque_sizes = opaque_sizes
-        flag = ctypes.c_int32(0)
-        self._flag = flag
 
-        def check_error_flag() -> None:
+        def check_error_flag(address: int) -> None:
+            flag = ctypes.c_int32.from_address(address)
             code, flag.value = flag.value, 0
-            if code == 1:
-                raise RuntimeError("ZeroDivisionError")
-            if code == 2:
-                raise RuntimeError("gather: index out of bounds (an index is negative or not smaller "
-                                   "than the size of the dimension it indexes)")
-            if code == 3:
-                raise IndexError("index: index out of bounds (an index is below minus the size of the "
-                                 "dimension it indexes, or not smaller than that size)")
-            if code == 5:
-                raise IndexError("nll_loss / cross_entropy: a target is out of bounds (negative and not "
-                                 "ignore_index, or not smaller than the number of classes)")
-            if code == 7:
-                raise IndexError("index_add: index out of range in self (an index is negative or not smaller "
-                                 "than the size of the dimension it indexes)")
-            if code == 6:
-                raise RuntimeError("scatter: index out of bounds (an index is negative or not smaller than the "
-                                   "size of the dimension it indexes)")
-            if code == 4:
-                raise RuntimeError("index_add/scatter_add: index out of bounds (an index is negative or not "
-                                   "smaller than the size of the dimension it indexes)")
+            _raise_error_code(code)
 
         def timed(kernel: str, fn: Callable[[], None]) -> None:
             start = time.perf_counter()
@@ -169,7 +190,7 @@ class CompiledProgram:
 
         ns = {"torch": torch, "math": math, **_fast_allocators(), "advise_huge": make_advise_huge(cfg),
               "relayout": relayout, "in_graphed_step": capture.in_graphed_step,
-              "error_flag": ctypes.addressof(flag),
+              "thread_error_flag": thread_error_flag,
               "check_error_flag": check_error_flag, "timed": timed, **namespace}
         filename = f"<ember wrapper {name}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
