@@ -96,14 +96,30 @@ def _load_function(spec: str) -> Callable[..., Any]:
     file = Path(path)
     if not file.exists():
         raise SystemExit(f"no such file: {file}")
-    module_spec = importlib.util.spec_from_file_location(file.stem, file)
+    module_spec = importlib.util.spec_from_file_location(file.stem, file) if file.is_file() else None
+    if module_spec is None or module_spec.loader is None:
+        raise SystemExit(f"{file} is not a Python file (FILE.py:FUNCTION)")
     module = importlib.util.module_from_spec(module_spec)
     sys.path.insert(0, str(file.parent.resolve()))
     module_spec.loader.exec_module(module)
     fn = getattr(module, name, None)
     if fn is None:
         raise SystemExit(f"{file} has no function {name!r}")
+    if not callable(fn):
+        raise SystemExit(f"{file}: {name!r} is a {type(fn).__name__}, not a function")
     return fn
+
+
+def _random_input(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A random input of ``shape`` and ``dtype`` (explain's --shapes, --dtype)."""
+    try:
+        if dtype == torch.bool:
+            return torch.randint(0, 2, shape).bool()
+        if dtype.is_floating_point or dtype.is_complex:
+            return torch.randn(shape, dtype=torch.complex128 if dtype.is_complex else torch.float64).to(dtype)
+        return torch.randint(0, 10, shape, dtype=dtype)
+    except (RuntimeError, TypeError) as e:
+        raise SystemExit(f"--shapes/--dtype: no random {dtype} input of shape {shape} ({e})") from None
 
 
 def explain(args: argparse.Namespace) -> int:
@@ -113,12 +129,18 @@ def explain(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise SystemExit(f"--dtype: {args.dtype!r} is no torch dtype (float32, bfloat16, int64, ...)")
-    inputs = [torch.randn(s, dtype=torch.float64).to(dtype) if dtype.is_floating_point
-              else torch.randint(0, 10, s, dtype=dtype) for s in _parse_shapes(args.shapes)]
-    needed = [p for p in inspect.signature(fn).parameters.values()
-              if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(inputs) < len(needed):
-        raise SystemExit(f"{args.target} takes {len(needed)} input(s); --shapes gives {len(inputs)}")
+    inputs = [_random_input(s, dtype) for s in _parse_shapes(args.shapes)]
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a callable whose signature Python cannot read: it will say
+        params = None
+    if params is not None:
+        needed = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(inputs) < len(needed):
+            raise SystemExit(f"{args.target} takes {len(needed)} input(s); --shapes gives {len(inputs)}")
+        if len(inputs) > len(positional) and not any(p.kind is p.VAR_POSITIONAL for p in params):
+            raise SystemExit(f"{args.target} takes at most {len(positional)} input(s); --shapes gives {len(inputs)}")
     options = {"debug": 0}
     report = ember.explain(fn, *inputs, options=options, dynamic=True if args.dynamic else None)
     print(report if args.full else report.summary())
@@ -132,22 +154,45 @@ def cache(args: argparse.Namespace) -> int:
     import ember
 
     root = Path(ember.config.cache_dir)
+    # only what ember writes there: EMBER_CACHE_DIR may name a directory that holds other things
+    parts = [root / name for name in CACHE_PARTS]
     if args.action == "clear":
-        shutil.rmtree(root, ignore_errors=True)
-        print(f"cleared {root}")
+        for part in parts:
+            shutil.rmtree(part, ignore_errors=True)
+        try:
+            root.rmdir()  # (only if nothing else is left in it)
+        except OSError:
+            pass
+        print(f"cleared ember's kernels ({', '.join(CACHE_PARTS)}) from {root}")
         return 0
-    libs = list(root.rglob("*.so")) if root.exists() else []
-    size = sum(p.stat().st_size for p in libs)
-    print(f"{root}: {len(libs)} built module(s), {size / 1e6:.1f} MB")
+    files = [f for part in parts if part.is_dir() for f in part.rglob("*") if f.is_file()]
+    size = sum(f.stat().st_size for f in files)
+    built = sum(1 for f in files if f.suffix in (".so", ".cubin", ".py"))
+    print(f"{root}: {built} built module(s), {size / 1e6:.1f} MB")
     return 0
+
+
+CACHE_PARTS = ("cpp", "cuda", "triton")  # the kernel caches under cache_dir (runtime/)
 
 
 def bench_giou(args: argparse.Namespace) -> int:
     from .workloads import giou_bench
 
+    if args.from_json and not Path(args.from_json).is_file():
+        raise SystemExit(f"--from-json: no such file: {args.from_json}")
     return giou_bench.main(device=args.device, batch=args.batch, dtype=args.dtype, reps=args.reps,
                            recompile_batches=args.batches_for_recompiles, variants=args.variants,
                            json_path=args.json, plot_path=args.plot, from_json=args.from_json)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -156,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = sub.add_parser("demo", help="compile a small model and the padded GIoU loss, time them")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    p.add_argument("--batch", type=int, default=1024, help="images in the GIoU batch")
+    p.add_argument("--batch", type=_positive_int, default=1024, help="images in the GIoU batch")
     p.set_defaults(func=demo)
 
     p = sub.add_parser("explain", help="show what ember does with a function")
@@ -175,11 +220,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = p.add_subparsers(dest="bench", required=True)
     p = bench.add_parser("giou", help="the seed article's GIoU study on this machine (tables, JSON, bar chart)")
     p.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda if present, else cpu")
-    p.add_argument("--batch", type=int, default=1024, help="images per batch (default 1024)")
+    p.add_argument("--batch", type=_positive_int, default=1024, help="images per batch (default 1024)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default: bf16 on cuda, fp32 on cpu")
-    p.add_argument("--reps", type=int, help="timed runs per variant (default 50 on cuda, 20 on cpu; "
+    p.add_argument("--reps", type=_positive_int, help="timed runs per variant (default 50 on cuda, 20 on cpu; "
                                             "the per-sample loop runs at most 3)")
-    p.add_argument("--batches-for-recompiles", type=int, default=100,
+    p.add_argument("--batches-for-recompiles", type=_positive_int, default=100,
                    help="batches with different box counts run through ember(ragged) to count recompiles")
     p.add_argument("--variants", help="comma-separated subset of: loop,concat,pad,inductor,ember-pad,"
                                       "ember-pad-skip,ember-ragged")

@@ -46,6 +46,29 @@ def test_explain_reports_bad_targets(tmp_path):
         assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_explain_reports_bad_files_functions_and_counts(tmp_path):
+    (tmp_path / "model.py").write_text("def none():\n    return 1\nnotfn = 3\n")
+    (tmp_path / "model.txt").write_text("def f(x):\n    return x\n")
+    for target, message in (("model.py:notfn", "not a function"), ("model.txt:f", "not a Python file"),
+                            ("model.py:none", "takes at most 0 input(s)")):
+        proc = _ember("explain", target, "--shapes", "3", cwd=tmp_path)
+        assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    proc = _ember("demo", "--batch", "-1")
+    assert proc.returncode == 2 and "not positive" in proc.stderr
+
+
 def test_cache_info():
     proc = _ember("cache", "info")
     assert proc.returncode == 0 and "built module(s)" in proc.stdout
+
+
+def test_cache_clear_removes_only_embers_kernels(tmp_path):
+    # EMBER_CACHE_DIR may name a directory that holds other things: clear removed all of it
+    root = tmp_path / "cache"
+    (root / "cpp").mkdir(parents=True)
+    (root / "cpp" / "k.so").write_bytes(b"x")
+    (root / "notes.txt").write_text("keep me")
+    proc = subprocess.run([sys.executable, "-m", "ember.cli", "cache", "clear"], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, EMBER_CACHE_DIR=str(root)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (root / "cpp").exists() and (root / "notes.txt").read_text() == "keep me"
