@@ -26,6 +26,7 @@ settings ours.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import io
@@ -108,8 +109,11 @@ def _settings(tag: str) -> Iterator[None]:
 
 
 def cache_tag(cfg: Config) -> str:
-    """What of ember decides a compiled graph, beyond what torch's key holds already."""
-    parts = (_SOURCE_DIGEST, repr(cfg), os.environ.get("TRITON_INTERPRET", "0"),
+    """What of ember decides a compiled graph, beyond what torch's key holds already. Not the
+    cache directory: a plan rebuilds its kernels from whichever one it runs with, so a cache
+    copied or restored elsewhere (another $HOME, a CI cache) still hits."""
+    settings = repr(dataclasses.replace(cfg, cache_dir=Path()))
+    parts = (_SOURCE_DIGEST, settings, os.environ.get("TRITON_INTERPRET", "0"),
              str(torch.are_deterministic_algorithms_enabled()),
              str(torch.is_deterministic_algorithms_warn_only_enabled()))
     return "ember-" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]

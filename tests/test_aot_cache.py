@@ -146,6 +146,15 @@ def test_cache_tag_covers_what_ember_reads(monkeypatch):
     assert tag != aot_cache.cache_tag(cfg)
 
 
+def test_a_kernel_cache_elsewhere_still_hits(tmp_path):
+    # the plan rebuilds its kernels from whichever cache directory it runs with: a copied or
+    # restored cache (another $HOME, a CI cache) missed every entry
+    x, w = torch.randn(5, 16), torch.randn(16)
+    _compile_run(rmsnorm, x, w, options={"cache_dir": str(tmp_path / "a")})
+    assert_same(_compile_run(rmsnorm, x, w, options={"cache_dir": str(tmp_path / "b")}), rmsnorm(x, w))
+    assert _aot("autograd_cache_hit") == 1
+
+
 @pytest.mark.skipif(not hasattr(debugging, "AOTEagerOutputCode"), reason="this torch's aot_eager has no cached mode")
 def test_entries_never_mix_with_another_backends():
     """aot_eager's bundled entries (its cached mode) are keyed on the same Dynamo graph: ember
