@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._dynamo.eval_frame import OptimizedModule
 
 from . import config as config_module
 from .aot_cache import cached_backend
@@ -35,7 +36,27 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
 _SHARED_BACKENDS: dict[str, Callable[..., Any]] = {}
 
 
-def _shared_backend(cfg: Config) -> Callable[..., Any]:
+class EmberBackend:
+    """ember's Dynamo backend for one configuration. An object rather than a closure so that a
+    compiled module pickles (``torch.save``) and deep-copies: it is rebuilt from its settings."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self._compile: Callable[..., Any] | None = None
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        if self._compile is None:
+            self._compile = _backend(self.cfg, None)
+        return self._compile(gm, example_inputs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"cfg": self.cfg}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.cfg, self._compile = state["cfg"], None
+
+
+def _shared_backend(cfg: Config) -> EmberBackend:
     """One backend per configuration. Dynamo keeps a frame's compiled entries per backend, and
     the instances of a module class share their code: with a new backend per ``ember.compile``
     call, each instance compiled separately was another entry of that code, and past Dynamo's
@@ -44,8 +65,17 @@ def _shared_backend(cfg: Config) -> Callable[..., Any]:
     key = repr(cfg)
     backend = _SHARED_BACKENDS.get(key)
     if backend is None:
-        backend = _SHARED_BACKENDS[key] = _backend(cfg, None)
+        backend = _SHARED_BACKENDS[key] = EmberBackend(cfg)
     return backend
+
+
+class EmberModule(OptimizedModule):
+    """What ``ember.compile(module)`` returns: torch's compiled module, whose errors are the op's
+    own (``_unwrap_errors``), also after ``copy.deepcopy`` or unpickling (which rebuild it)."""
+
+    def _initialize(self) -> None:
+        super()._initialize()
+        self.forward = _unwrap_errors(self.forward)
 
 
 def _backend(cfg: Config, sink: list[GraphReport] | None) -> Callable[..., Any]:
@@ -70,9 +100,8 @@ def compile(model: Callable[..., Any] | None = None, *, options: dict[str, Any] 
         return functools.partial(compile, options=options, dynamic=dynamic, fullgraph=fullgraph, report=report)
     backend = _backend(cfg, report.graphs) if report is not None else _shared_backend(cfg)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
-    if isinstance(model, torch.nn.Module):  # stays a module (parameters, state_dict, train/eval)
-        compiled.forward = _unwrap_errors(compiled.forward)
-        return compiled
+    if isinstance(compiled, OptimizedModule):  # stays a module (parameters, state_dict, train/eval)
+        return EmberModule(compiled._orig_mod, compiled.dynamo_ctx)
     return _unwrap_errors(compiled)
 
 

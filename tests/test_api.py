@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import ember
@@ -97,3 +98,23 @@ def test_instances_of_a_module_compiled_one_by_one_share_a_graph():
         for block, fast in zip(blocks, compiled):
             assert_same(fast(x), block(x))
     assert ember.stats()["graphs_compiled"] == 1
+
+
+def test_compiled_modules_pickle_and_deep_copy():
+    # the backend was a closure (torch.save of a compiled module failed) and a deep copy lost
+    # the error unwrapping (Dynamo's TorchRuntimeError instead of the op's RuntimeError)
+    import copy
+    import io
+    import pickle
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU())
+    compiled = ember.compile(model)
+    x = torch.randn(3, 4)
+    buffer = io.BytesIO()
+    torch.save(compiled, buffer)
+    for other in (pickle.loads(pickle.dumps(compiled)), copy.deepcopy(compiled)):
+        with torch.no_grad():
+            assert_same(other(x), other._orig_mod(x))
+        with pytest.raises(RuntimeError) as info:
+            other(torch.randn(3, 5))
+        assert type(info.value) is RuntimeError
