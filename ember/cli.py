@@ -185,14 +185,18 @@ def bench_giou(args: argparse.Namespace) -> int:
                            json_path=args.json, plot_path=args.plot, from_json=args.from_json)
 
 
-def _positive_int(text: str) -> int:
+def _positive_int(text: str, least: int = 1) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} is not positive" if least == 1 else f"{value} is negative")
     return value
+
+
+def _count(text: str) -> int:
+    return _positive_int(text, least=0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -224,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default: bf16 on cuda, fp32 on cpu")
     p.add_argument("--reps", type=_positive_int, help="timed runs per variant (default 50 on cuda, 20 on cpu; "
                                             "the per-sample loop runs at most 3)")
-    p.add_argument("--batches-for-recompiles", type=_positive_int, default=100,
+    p.add_argument("--batches-for-recompiles", type=_count, default=100,
                    help="batches with different box counts run through ember(ragged) to count recompiles")
     p.add_argument("--variants", help="comma-separated subset of: loop,concat,pad,inductor,ember-pad,"
                                       "ember-pad-skip,ember-ragged")
