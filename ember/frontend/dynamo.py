@@ -34,24 +34,35 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
         aten._native_batch_norm_legit,
         aten.native_batch_norm,
         aten.native_group_norm,
-        aten.std.correction,
         aten.hardswish,
         aten.hardsigmoid,
     ]))
     # Softmax and log-softmax are split into their reductions and pointwise parts: then the
     # training partitioner sees that only the row statistics need saving (it cannot look inside
     # a whole _log_softmax, and would save the full output for the backward).
-    table.update(get_decompositions([aten._softmax, aten._log_softmax]))
+    # (of floats: ATen's kernels reject integer inputs, whose decomposition would compute them)
+    table.update({op: _floats_only(fn) for op, fn in get_decompositions([aten._softmax, aten._log_softmax]).items()})
     # ember lowers these itself, keeping the whole op visible to fusion and to kernel names
     # (index_add also keeps eager's errors: its decomposition wraps negative indices).
     for op in (aten.native_layer_norm.default, aten.gelu.default, aten.var_mean.correction,
-               aten.var.correction, aten.index_add.default):
+               aten.var.correction, aten.std.correction, aten.std_mean.correction, aten.index_add.default):
         table.pop(op, None)
     # Its decomposition returns the attention weights where the op returns the log-sum-exp. In a
     # training graph the op's backward (never decomposed) then reads the weights as the
     # log-sum-exp, and every gradient is wrong, silently. It runs through ATen, as in Inductor.
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     return table
+
+
+def _floats_only(decomposition: Callable[..., Any]) -> Callable[..., Any]:
+    """``decomposition`` for floating-point inputs; other inputs keep the op (NotImplemented
+    tells the tracer so), which ATen then runs and rejects as eager does."""
+    @functools.wraps(decomposition)
+    def decompose(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if not x.dtype.is_floating_point:
+            return NotImplemented
+        return decomposition(x, *args, **kwargs)
+    return decompose
 
 
 def make_backend(compile_graph: GraphCompiler, cfg: Config | None = None, wrap: Callable[..., Any] | None = None
