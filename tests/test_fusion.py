@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ember.workloads.giou import make_batch, padded_giou_loss
 
-from .helpers import assert_same, check, compile_checked, kernel_count
+from .helpers import assert_same, check, compile_checked, kernel_count, on_the_interpreter
 
 
 def test_relu_add_is_one_kernel():
@@ -248,7 +248,8 @@ def test_softmax_regrouped_for_a_batched_matmul_is_one_kernel():
         assert kernel_count(report) == 1
 
 
-@pytest.mark.parametrize("options", [None, {"target": "triton"}], ids=["cpp", "triton"])
+@pytest.mark.parametrize("options", [None, pytest.param({"target": "triton"}, marks=on_the_interpreter)],
+                         ids=["cpp", "triton"])
 def test_a_total_added_to_a_tensor_of_another_shape_builds(options):
     # a mixture-of-experts router's aux loss added to its (T, D) output: the total of a column
     # sum, which the column sum's kernel finishes after its rows, was also asked to add it to

@@ -217,11 +217,25 @@ def _add_sub(ctx: Context, a: Any, b: Any, alpha: Any = 1) -> Node:
         # eager's CPU kernels add a 16-bit tensor and a Python float rounded to 16 bits (bf16
         # 1.703 + 1000.3 is 1000, not 1004); its GPU kernels, like its products, take it as is
         a, b = (_rounded_to(x, dtype) for x in (a, b))
-    lhs, rhs = ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)
+    op = Op.ADD if ctx.aten == "aten.add" else Op.SUB
     alpha = _checked(alpha, dtype)
+    if dtype.is_low_precision and ctx.device != "cpu" and any(_host_scalar(x, dtype) for x in (a, b)):
+        # a GPU kernel reads a CPU scalar of another dtype (a float Dynamo passes as a 0-d
+        # tensor) in float32, as it reads a Python float
+        lhs, rhs = ctx.operand(a, dt.float32, shape), ctx.operand(b, dt.float32, shape)
+        if alpha != 1:
+            rhs = ctx.make(Op.MUL, (rhs, ctx.operand(alpha, dt.float32, shape)))
+        return ctx.cast(ctx.make(op, (lhs, rhs)), dtype)
+    lhs, rhs = ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)
     if alpha != 1:
         rhs = ctx.make(Op.MUL, (rhs, ctx.operand(alpha, dtype, shape)))
-    return ctx.make(Op.ADD if ctx.aten == "aten.add" else Op.SUB, (lhs, rhs))
+    return ctx.make(op, (lhs, rhs))
+
+
+def _host_scalar(x: Any, dtype: dt.DType) -> bool:
+    """A 0-d CPU tensor of another dtype that a GPU kernel takes from the host as a scalar."""
+    return (isinstance(x, Node) and x.rank == 0 and x.dtype != dtype and x.op is Op.INPUT
+            and x.arg.to_device is not None)
 
 
 @register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
