@@ -7,7 +7,8 @@ few µs of argument conversion; the driver's copy called through ctypes with fix
 costs well under one. The copies into a capture's static buffers go that way, on PyTorch's
 current stream, which the replay then runs on. They name their direction (``cuMemcpyHtoDAsync``,
 ``cuMemcpyDtoDAsync``): ``cuMemcpyAsync`` first looks up where both addresses live, 2.5 µs more
-of host time a copy on an H200's host (``bench/graph_copy_probe.py``).
+of host time a copy measured alone on an H200's host (``bench/graph_copy_probe.py``; within a
+whole GIoU step the difference was lost in the host's noise).
 
 A host source must outlive its asynchronous copy (from pinned memory the copy runs later, and
 the tensor's block may be handed out again once the caller drops it): like PyTorch's host
