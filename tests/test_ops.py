@@ -247,3 +247,34 @@ def test_softmax_of_integers_raises_as_in_eager():
             fn(x)
         with pytest.raises(NotImplementedError):
             ember.compile(fn)(x)
+
+
+@pytest.mark.parametrize("target", [None, pytest.param("triton", marks=on_the_interpreter)], ids=["native", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_vector_norms_fuse_with_what_reads_them(dtype, target):
+    # the 2-norm and 1-norm are sums over the reduced dims: F.normalize is one kernel (the norm
+    # ran through ATen before, and split it in two); other orders still run through ATen
+    import torch.nn.functional as F
+
+    x = torch.randn(7, 33, dtype=dtype, device=DEVICE)
+    x[2] = 0
+    options = {"target": target} if target else None
+    out, report = run(lambda x: F.normalize(x, dim=-1), x, options=options)
+    assert report.fallbacks == [] and len(report.kernels) == 1
+    assert_same(out, F.normalize(x, dim=-1))
+    fns = [lambda x: torch.linalg.vector_norm(x, 1, dim=(0, 1), keepdim=True), lambda x: x.norm(dim=0),
+           lambda x: torch.linalg.vector_norm(x), lambda x: torch.linalg.vector_norm(x[:, :0], dim=1),
+           lambda x: torch.linalg.vector_norm(x, float("inf"), dim=1)]
+    for fn in fns:
+        out, report = run(fn, x, options=options)
+        assert_same(out, fn(x))
+    # and its gradient, as a cosine-similarity loss trains it
+    def loss(a, b):
+        return (1 - F.cosine_similarity(a, b, dim=-1)).mean()
+
+    grads = []
+    for f in (loss, ember.compile(loss, options=options)):
+        a, b = x.float().clone().requires_grad_(), x.float().flip(0).clone().requires_grad_()
+        f(a, b).backward()
+        grads.append((a.grad, b.grad))
+    assert_same(grads[1], grads[0])

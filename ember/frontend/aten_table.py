@@ -589,6 +589,21 @@ def _var_mean(ctx: Context, x: Node, dim: Any = None, *, correction: Any = None,
     return _var(ctx, x, _dims(dim, x.rank), correction, keepdim)
 
 
+@register(aten.linalg_vector_norm.default)
+def _vector_norm(ctx: Context, x: Node, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,
+                 dtype: Any = None) -> Node:
+    """The 2-norm (F.normalize, cosine similarity) and 1-norm as a sum over the reduced dims, so
+    they fuse with what reads them; other orders and dtype arguments run through ATen."""
+    if ord not in (1, 2) or dtype is not None or not x.dtype.is_float or x.rank == 0:
+        raise Unsupported(f"vector_norm of order {ord!r} (dtype={dtype})")
+    dims = _dims(dim, x.rank)
+    x = ctx.cast(x, dt.compute_dtype(x.dtype))
+    terms = ctx.make(Op.MUL, (x, x)) if ord == 2 else ctx.make(Op.ABS, (x,))
+    total = ctx.make(Op.SUM, (terms,), dims)
+    norm = ctx.make(Op.SQRT, (total,)) if ord == 2 else total
+    return _keepdim_or_squeeze(ctx, norm, dims, keepdim)
+
+
 @register(aten.std.correction, aten.std_mean.correction)
 def _std(ctx: Context, x: Node, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
     """The root of a variance held in float64 until then, as eager's CPU kernel holds it: a
