@@ -24,7 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import table  # noqa: E402
+from common import synced_us, table  # noqa: E402
 
 import ember  # noqa: E402
 from ember.cudagraphs import _copy_in  # noqa: E402
@@ -32,20 +32,6 @@ from ember.ragged import Ragged, collate, to_device  # noqa: E402
 from ember.workloads.giou import make_batch, padded_giou_loss, ragged_giou_loss  # noqa: E402
 from ember.workloads.giou_bench import pack, random_targets  # noqa: E402
 from ember.workloads.timing import wall_time  # noqa: E402
-
-
-def synced_us(step, steps: int) -> float:
-    """Median µs of one synchronized step (CUDA events around each)."""
-    times = []
-    for _ in range(steps):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
 
 
 def kernel_us(step, steps: int) -> tuple[float, int]:

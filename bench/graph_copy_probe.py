@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import ctypes
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import synced_us  # noqa: E402
 
 from ember.runtime.cuda_backend import _current_stream
 from ember.runtime.driver_copies import DriverCopies, _libcuda
@@ -31,19 +36,6 @@ def host_us(fn, n: int = 200) -> float:
         fn()
         times.append((time.perf_counter() - t) * 1e6)
         torch.cuda.synchronize()
-    return statistics.median(times)
-
-
-def synced_us(fn, n: int = 200) -> float:
-    times = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) * 1e3)
     return statistics.median(times)
 
 

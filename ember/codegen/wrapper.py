@@ -165,6 +165,7 @@ class WrapperWriter:
         self.node_of = {info.name: node for node, info in schedule.buffers.items()}
         # buffers something views: their memory outlives their last direct read
         self.viewed = {schedule.buffers[s.base].name for s in schedule.steps if isinstance(s, ViewStep)}
+        self.view_base = {s.node: s.base for s in schedule.steps if isinstance(s, ViewStep)}  # replayed views
 
     def _const(self, value: Any, hint: str = "c") -> str:
         name = hint if hint not in self.constants else f"{hint}_{len(self.constants)}"
@@ -278,13 +279,12 @@ class WrapperWriter:
         source in ember's IR, and CSE makes equal values one. Returned so, a user's in-place
         change of the result would change the input or the other output too."""
         g = self.s.graph
-        base_of = {step.node: step.base for step in self.s.steps if isinstance(step, ViewStep)}
         claimed: set[Node] = set()
         shared = []
         for i, node in enumerate(g.outputs):
             if node is None or i in g.scalar_outputs:
                 continue
-            base = base_of.get(node, node)
+            base = self.view_base.get(node, node)
             if i in g.fresh_outputs and (base.op in (Op.INPUT, Op.TENSOR) or base in claimed):
                 shared.append(i)
             claimed.add(base)
@@ -299,12 +299,11 @@ class WrapperWriter:
         would share what autograd marks on it (the detached output's "no gradient" reached the
         other output, and a view rebuilt from it lost its gradient), and a view made under the
         compiled function's no_grad carries that mode: changing it in place raises."""
-        views = {step.node for step in self.s.steps if isinstance(step, ViewStep)}
         seen: set[str] = set()
         for i, (node, var) in enumerate(zip(self.s.graph.outputs, returned)):
             if node is None or i in self.s.graph.scalar_outputs or i in fresh:
                 continue
-            if var in seen or node in views:
+            if var in seen or node in self.view_base:
                 name = f"out{i}"
                 self.emit(f"{name} = {var}.detach()  # the same memory, a tensor of its own")
                 returned[i] = name
@@ -358,8 +357,7 @@ class WrapperWriter:
             bufs = {p.name for p in step.kernel.params if not p.is_output}
             # a write at indices into a view (``cache[1][:, :, pos] = k``) copies the view, which
             # has no variable until its step runs: until then it is its base's memory
-            view_base = {s.node: s.base for s in self.s.steps if isinstance(s, ViewStep)}
-            copied = {self.var[x if x in self.var else view_base[x]] for x in step.fills.values()
+            copied = {self.var[x if x in self.var else self.view_base[x]] for x in step.fills.values()
                       if isinstance(x, Node)}
             return sorted({v for n, v in self.var.items() if v in bufs} | copied)
         if isinstance(step, ExternStep):

@@ -172,9 +172,10 @@ def _rounded_to(x: Any, dtype: dt.DType) -> Any:
 
 
 def _read_in_float32(b: Any, dtype: dt.DType) -> bool:
-    """Whether eager reads the second operand ``b`` of a 16-bit product or quotient as a float32
-    scalar: a 0-d tensor of another dtype on the CPU (its CPU kernels' scalar path), or one a
-    GPU kernel takes from the host (a CPU scalar). Rounded to 16 bits first, 1e5 would be inf."""
+    """Whether eager reads the second operand ``b`` of a 16-bit product or quotient (on a GPU,
+    either operand of a sum too) as a float32 scalar: a 0-d tensor of another dtype on the CPU
+    (its CPU kernels' scalar path), or one a GPU kernel takes from the host (a CPU scalar).
+    Rounded to 16 bits first, 1e5 would be inf."""
     if not (dtype.is_low_precision and isinstance(b, Node) and b.rank == 0 and b.dtype != dtype):
         return False
     return b.device == "cpu" or b.op is Op.INPUT and b.arg.to_device is not None
@@ -219,23 +220,16 @@ def _add_sub(ctx: Context, a: Any, b: Any, alpha: Any = 1) -> Node:
         a, b = (_rounded_to(x, dtype) for x in (a, b))
     op = Op.ADD if ctx.aten == "aten.add" else Op.SUB
     alpha = _checked(alpha, dtype)
-    if dtype.is_low_precision and ctx.device != "cpu" and any(_host_scalar(x, dtype) for x in (a, b)):
-        # a GPU kernel reads a CPU scalar of another dtype (a float Dynamo passes as a 0-d
-        # tensor) in float32, as it reads a Python float
-        lhs, rhs = ctx.operand(a, dt.float32, shape), ctx.operand(b, dt.float32, shape)
-        if alpha != 1:
-            rhs = ctx.make(Op.MUL, (rhs, ctx.operand(alpha, dt.float32, shape)))
-        return ctx.cast(ctx.make(op, (lhs, rhs)), dtype)
-    lhs, rhs = ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)
+    # a GPU kernel reads a CPU scalar of another dtype (a float Dynamo passes as a 0-d tensor)
+    # in float32, as it reads a Python float (eager's CPU kernels cast it, as above)
+    wide = ctx.device != "cpu" and any(_read_in_float32(x, dtype) for x in (a, b))
+    compute = dt.float32 if wide else dtype
+    rhs = ctx.operand(b, compute, shape)
     if alpha != 1:
-        rhs = ctx.make(Op.MUL, (rhs, ctx.operand(alpha, dtype, shape)))
-    return ctx.make(op, (lhs, rhs))
-
-
-def _host_scalar(x: Any, dtype: dt.DType) -> bool:
-    """A 0-d CPU tensor of another dtype that a GPU kernel takes from the host as a scalar."""
-    return (isinstance(x, Node) and x.rank == 0 and x.dtype != dtype and x.op is Op.INPUT
-            and x.arg.to_device is not None)
+        rhs = ctx.make(Op.MUL, (rhs, ctx.operand(alpha, compute, shape)))
+    if wide:
+        return _in_float32(ctx, op, a, rhs, dtype, shape)
+    return ctx.make(op, (ctx.operand(a, dtype, shape), rhs))
 
 
 @register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import sympy
@@ -565,10 +566,12 @@ class Planner(DomainRules):
         else:
             reads = [step.base]
             symbols = _symbols({step.node})
-        binders = self._item_binders()
+        binders = self._item_binders
         return reads + [binders[s] for s in symbols if s in binders and binders[s] is not getattr(step, "node", None)]
 
+    @functools.cached_property
     def _item_binders(self) -> dict[sympy.Symbol, Node]:
+        """The ``.item()`` call binding each size the data decides."""
         return {n.arg.binds: n for n in self.graph.nodes if n.op is Op.EXTERN and n.arg.binds is not None}
 
 
