@@ -26,6 +26,7 @@ settings ours.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -82,8 +83,12 @@ def cached_backend(compile_graph: GraphCompiler, cfg: Config) -> Backend:
         # a fresh AOTAutograd per graph: it wraps the backward compiler it is given in place
         made: list[EmberOutputCode] = []
         aot = make_backend(compile_graph, cfg, wrap=functools.partial(_serializable, cfg=cfg, made=made))
-        with _settings(cache_tag(cfg) + _aliasing(example_inputs)):
-            compiled = aot(gm, example_inputs)
+        loading = _loading_cfg.set(cfg)
+        try:
+            with _settings(cache_tag(cfg) + _aliasing(example_inputs)):
+                compiled = aot(gm, example_inputs)
+        finally:
+            _loading_cfg.reset(loading)
         # the entry is saved by now (the backward was compiled with the forward), or never will
         # be: the IR need not stay alive with the program
         for code in made:
@@ -91,6 +96,12 @@ def cached_backend(compile_graph: GraphCompiler, cfg: Config) -> Backend:
         return compiled
 
     return backend
+
+
+# The configuration of the compile under way. An entry holds the settings it was compiled with,
+# which equal these but for the cache directory (not in the tag): a hit builds its kernels in this
+# compile's directory, never in the one of the process that saved the entry.
+_loading_cfg: contextvars.ContextVar[Config | None] = contextvars.ContextVar("ember_loading_cfg", default=None)
 
 
 def _torch_caches_on() -> bool:
@@ -229,6 +240,7 @@ class EmberOutputCode(OutputCode):
         """On a cache hit: build the program from the plan. Any failure propagates, and torch
         then compiles the graph afresh."""
         if self._program is None:
+            self._cfg = _loading_cfg.get() or self._cfg
             graph, schedule = _load_plan(self._plan_bytes)
             self._set_program(driver.rebuild_graph(graph, schedule, self._kind, self._cfg))
 

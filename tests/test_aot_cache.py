@@ -45,11 +45,12 @@ def _compile_run(fn, *args, options=None, dynamic=None):
     return ember.compile(fn, options=options, dynamic=dynamic)(*args)
 
 
-def _step(fn, args, compiled=True):
+def _step(fn, args, compiled=True, options=None):
     """Loss and gradients of one training step on copies of the leaves."""
     logits, target, w = args
     leaves = [logits.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()]
-    loss = (_compile_run(fn, leaves[0], target, leaves[1]) if compiled else fn(leaves[0], target, leaves[1]))
+    loss = (_compile_run(fn, leaves[0], target, leaves[1], options=options) if compiled
+            else fn(leaves[0], target, leaves[1]))
     loss.backward()
     return [loss.detach(), leaves[0].grad, leaves[1].grad]
 
@@ -153,6 +154,20 @@ def test_a_kernel_cache_elsewhere_still_hits(tmp_path):
     _compile_run(rmsnorm, x, w, options={"cache_dir": str(tmp_path / "a")})
     assert_same(_compile_run(rmsnorm, x, w, options={"cache_dir": str(tmp_path / "b")}), rmsnorm(x, w))
     assert _aot("autograd_cache_hit") == 1
+    # ... and builds them in the directory of the compile that hit, not the one the entry was
+    # saved from (which another user, or a finished test, may own)
+    assert sorted(p.name for p in (tmp_path / "b" / "cpp").glob("*.so")) == \
+        sorted(p.name for p in (tmp_path / "a" / "cpp").glob("*.so"))
+
+
+def test_a_hit_builds_forward_and_backward_in_its_own_cache_directory(tmp_path):
+    args = _training_args()
+    _step(loss_fn, args, options={"cache_dir": str(tmp_path / "a")})
+    got = _step(loss_fn, args, options={"cache_dir": str(tmp_path / "b")})
+    assert _aot("autograd_cache_hit") == 1
+    assert_same(got, _step(loss_fn, args, compiled=False))
+    built = [sorted(p.name for p in (tmp_path / d / "cpp").glob("*.so")) for d in "ab"]
+    assert len(built[0]) >= 2 and built[0] == built[1]
 
 
 @pytest.mark.skipif(not hasattr(debugging, "AOTEagerOutputCode"), reason="this torch's aot_eager has no cached mode")

@@ -63,7 +63,10 @@ def test_debug_levels(tmp_path):
     )
     outputs = {}
     for level in (1, 2, 3, 4):
-        env = {"EMBER_DEBUG": str(level), "EMBER_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+        # torch's caches private to the test too: an AOTAutograd entry from an earlier run (the
+        # default is one directory per machine user) would rebuild the graph, not compile it
+        env = {"EMBER_DEBUG": str(level), "EMBER_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin",
+               "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch")}
         proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         outputs[level] = proc.stderr
