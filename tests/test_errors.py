@@ -146,6 +146,34 @@ def test_scatter_index_out_of_range_raises_as_in_eager(bad):
     assert report.fallbacks == []
 
 
+@pytest.mark.parametrize("fn, unused", [
+    (lambda x, i: x[i][:1] * 2, 3), (lambda x, i: (x[i] + 1)[1:].sum(), 0), (lambda x, i: x[i].t()[:, :1], 3),
+    (lambda x, i: torch.gather(x, 1, i[:, None].expand(4, 3))[:, :1] + 1, 2),
+    (lambda x, i: x[i][torch.tensor([0, 0])], 3), (lambda x, i: x[i].sum(1)[:2] * 2, 2),
+], ids=["sliced", "sliced_after_add", "sliced_after_permute", "gather_sliced", "indexed_again", "sum_sliced"])
+def test_an_index_used_only_in_part_is_checked_whole(fn, unused):
+    # the kernel reading x[i][:1] inlined the gather at the first index only: an index out of
+    # range elsewhere went unchecked (garbage, or a read out of bounds), where eager raises
+    x, bad = torch.randn(5, 3), torch.tensor([0, 1, 2, 3])
+    bad[unused] = 7  # an index whose row the result never shows
+    kind = _eager_error(fn, x, bad)
+    with pytest.raises(kind, match="index out of bounds"):
+        ember.compile(fn)(x, bad)
+    good = torch.tensor([2, 0, 1, 2])
+    out, report = run(fn, x, good)
+    assert_same(out, fn(x, good))
+    assert report.fallbacks == []
+
+
+def test_slices_past_the_indexed_dims_leave_the_gather_inlined():
+    # a box's coordinates sliced from x[rows, pos] read every index element: no buffer for it
+    fn = lambda x, r, p: (x[r, p][:, 0] - x[r, p][:, 2]).abs()  # noqa: E731
+    x, r, p = torch.randn(3, 5, 4), torch.tensor([0, 2, 2, 1]), torch.tensor([4, 0, 1, 3])
+    out, report = run(fn, x, r, p)
+    assert_same(out, fn(x, r, p))
+    assert len(report.kernels) == 1
+
+
 @pytest.mark.parametrize("write", [
     lambda x, i, v: x.index_put((i,), v), lambda x, i, v: x.index_put((i,), v.long(), accumulate=True),
     lambda x, i, v: x.index_add(0, i, v), lambda x, i, v: x.index_copy(0, i, v),

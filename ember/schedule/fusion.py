@@ -183,6 +183,40 @@ class Planner(DomainRules):
                 self.buffered.add(node)
             if node.op is Op.CHUNK_SUM:  # partials for another kernel to add up: always stored
                 self.buffered.add(node)
+        for node in self.graph.nodes:
+            if node.op in (Op.GATHER, Op.INDEX) and node not in self.buffered and self._index_read_partly(node):
+                self.buffered.add(node)
+
+    def _index_read_partly(self, gather: Node) -> bool:
+        """Whether a kernel inlining ``gather`` may evaluate it at only some of its index's
+        elements (``x[i][:2]``, ``torch.gather(x, 1, i)[:, :1]``): an index out of range there
+        would go unchecked, where eager raises. Such a gather gets a buffer, computed and checked
+        whole. A slice along dims the index does not cover (a box's coordinates,
+        ``x[rows, pos][:, 0]``) reads every index element still."""
+        indexed = (set(range(gather.rank)) if gather.op is Op.GATHER
+                   else set(range(gather.arg, gather.arg + gather.inputs[1].rank)))
+        # (node, whether its dims are the gather's own): past a reshape, permute or broadcast,
+        # any narrowing slice counts
+        stack, seen = [(gather, True)], set()
+        while stack:
+            n, own_dims = stack.pop()
+            for user in self.users.get(n, ()):
+                if (user, own_dims) in seen:
+                    continue
+                seen.add((user, own_dims))
+                if user.op is Op.SLICE:
+                    dim = user.arg[0]
+                    if not sh.equal(user.shape[dim], n.shape[dim]) and (not own_dims or dim in indexed):
+                        return True
+                    same = own_dims
+                elif user.op in (Op.GATHER, Op.INDEX) and user.inputs[0] is n:
+                    return True  # read at data-dependent points
+                else:  # (a reduction's rows, a concatenation's part: what is sliced later counts)
+                    same = own_dims and user.op in POINTWISE_OPS and len(user.shape) == len(n.shape) and all(
+                        sh.equal(a, b) for a, b in zip(user.shape, n.shape))
+                if user not in self.buffered:  # (a buffer is computed whole: its readers read it)
+                    stack.append((user, same))
+        return False
 
     # ---- 2. domains and groups ------------------------------------------------------------
     def subtree(self, root: Node) -> list[Node]:
