@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import json, torch, ember
     def f(x, y):
@@ -53,11 +55,30 @@ def test_cache_key_covers_flags(tmp_path):
 
 
 
-def test_a_damaged_cached_library_is_built_again(tmp_path):
+def test_a_library_whose_bytes_changed_is_not_loaded(tmp_path):
+    import ember
+    from ember.runtime import cpp_build
+
+    cfg = ember.config.replace(cache_dir=tmp_path)
+    source = 'extern "C" int answer() { return 42; }\n'
+    path, cached = cpp_build.build(source, cfg)
+    assert not cached and cpp_build.build(source, cfg) == (path, True)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit in the middle: loading it may crash or mislead
+    path.write_bytes(bytes(data))
+    assert cpp_build.build(source, cfg) == (path, False)
+    assert cpp_build.load(path).answer() == 42
+
+
+@pytest.mark.parametrize("damage", [
+    lambda b: b[:100], lambda b: b[:1000],
+], ids=["headers_cut", "cut_after_headers"])
+def test_a_damaged_cached_library_is_built_again(tmp_path, damage):
     """A cached .so damaged outside ember (truncated) failed to load in every later process, and
-    every graph ran through ATen; it is now built again."""
+    every graph ran through ATen; cut after its headers it crashed the process inside dlopen
+    (SIGBUS). Its checksum no longer matches: it is built again."""
     _run(tmp_path)
     (lib,) = (tmp_path / "cpp").glob("*.so")
-    lib.write_bytes(lib.read_bytes()[:100])
+    lib.write_bytes(damage(lib.read_bytes()))
     again = _run(tmp_path)
     assert again["graph_fallbacks"] == 0 and again["kernels_built"] >= 1

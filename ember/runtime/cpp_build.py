@@ -3,6 +3,9 @@
 The cache key covers the source, the compiler's identity, the flags and the host CPU (kernels
 are built with -march=native), so a second process with the same graphs builds nothing. Files
 are written to a temporary name and renamed, so concurrent processes never see half a library.
+Each library has its SHA-256 beside it (``.sha256``): a cached library whose bytes differ (a
+cache copied in part, a full disk, a damaged file) is built again, never loaded: a truncated
+library crashed the process inside dlopen (SIGBUS), where no Python error can be caught.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ def library_path(source: str, cfg: Config) -> Path:
 def build(source: str, cfg: Config) -> tuple[Path, bool]:
     """Compile ``source`` to a shared library; returns (path, came_from_cache)."""
     target = library_path(source, cfg)
-    if target.exists():
+    if target.exists() and _intact(target):
         return target, True
     target.parent.mkdir(parents=True, exist_ok=True)
     compiler = find_compiler(cfg.cxx)
@@ -93,8 +96,28 @@ def build(source: str, cfg: Config) -> tuple[Path, bool]:
         if proc.returncode != 0:
             raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
         shutil.copyfile(src, target.with_suffix(".cpp"))
+        stamp = Path(tmp) / "kernels.sha256"
+        stamp.write_text(_sha256(out))
+        os.replace(stamp, _stamp_path(target))
         os.replace(out, target)
     return target, False
+
+
+def _stamp_path(library: Path) -> Path:
+    return library.with_suffix(".sha256")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(library: Path) -> bool:
+    """Whether a cached library holds the bytes its build wrote (its stamp; a library without
+    one, from an older ember, is built again once)."""
+    try:
+        return _stamp_path(library).read_text().strip() == _sha256(library)
+    except OSError:
+        return False
 
 
 def load(path: Path) -> ctypes.CDLL:
