@@ -191,6 +191,12 @@ class WrapperWriter:
                 needed |= _template_symbols(node.arg.args) | _template_symbols(node.arg.kwargs)
             if node.op is Op.CONST and isinstance(node.arg, sympy.Basic):
                 needed |= node.arg.free_symbols
+        for step in self.s.steps:  # the starts of a replayed view's slices (x[i] at a symbolic i)
+            if isinstance(step, ViewStep):
+                n = step.node
+                while n is not step.base:
+                    needed |= _template_symbols(n.arg)
+                    n = n.inputs[0]
         bound: dict[sympy.Symbol, str | None] = {}
         for node in self.s.graph.inputs:
             spec = node.arg
@@ -284,11 +290,25 @@ class WrapperWriter:
         for i, node in enumerate(g.outputs):
             if node is None or i in g.scalar_outputs:
                 continue
-            base = self.view_base.get(node, node)
+            base = self._memory_of(node)
             if i in g.fresh_outputs and (base.op in (Op.INPUT, Op.TENSOR) or base in claimed):
                 shared.append(i)
             claimed.add(base)
         return shared
+
+    def _memory_of(self, node: Node) -> Node:
+        """The node whose memory ``node`` comes back in: through replayed views, and through ATen
+        calls that return a view of an argument (``x.clone().diagonal()`` is diagonal of ``x``
+        in ember's IR, where a clone is its source)."""
+        while True:
+            if node in self.view_base:
+                node = self.view_base[node]
+            elif node.op is Op.GETITEM and node.inputs and node.inputs[0].op is Op.EXTERN:
+                node = node.inputs[0]
+            elif node.op is Op.EXTERN and (aliased := _aliased_input(node)) is not None:
+                node = aliased
+            else:
+                return node
 
     def _distinct_outputs(self, returned: list[str], fresh: list[int]) -> None:
         """Outputs that come back as a view the wrapper made, or as a variable an earlier output
@@ -550,6 +570,20 @@ class WrapperWriter:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _aliased_input(node: Node) -> Node | None:
+    """The input an ATen call returns a view of, without writing it (diagonal, unfold,
+    as_strided, a dtype view, unbind): its schema's return shares an argument's alias set."""
+    schema = getattr(node.arg.target, "_schema", None)
+    returned = schema.returns[0].alias_info if schema is not None and schema.returns else None
+    if returned is None or returned.is_write:
+        return None
+    for j, argument in enumerate(schema.arguments):
+        if argument.alias_info is not None and not argument.alias_info.is_write:
+            value = node.arg.args[j] if j < len(node.arg.args) else node.arg.kwargs.get(argument.name)
+            return node.inputs[value.index] if isinstance(value, ArgRef) else None
+    return None
 
 
 def _template_symbols(t: Any) -> set[sympy.Symbol]:

@@ -20,10 +20,10 @@ import torch
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import Node, fill_value, row_ids_offsets
+from ..ir.node import Node, fill_value, row_ids_offsets, view_base
 from ..ir.ops import Op
 from ..ragged import ops as _ragged_ops  # noqa: F401 -- registers torch.ops.ember.segment_reduce
-from .lowering import Context, Unsupported, register, size_arg
+from .lowering import Context, Unsupported, register, size_arg, storage_of
 
 aten = torch.ops.aten
 
@@ -100,6 +100,52 @@ def _index(ctx: Context, x: Node, indices: Sequence[Any]) -> Node:
     shape = out[start:len(out) - (x.rank - start - k)]
     wrapped = [ctx.expand_to(_wrapped(ctx, indices[d], x.shape[d]), shape) for d in present]
     return ctx.make(Op.INDEX, (x, *wrapped), start)
+
+
+@register(aten.as_strided.default)
+def _as_strided(ctx: Context, x: Node, size: Sequence[Any], stride: Sequence[Any], storage_offset: Any = None) -> Node:
+    """as_strided reads the memory under its argument. Of memory the program holds (an input, an
+    ATen result) it is ATen's view of it; of a computed value, whose buffer ember lays out its
+    own way, it is a gather from that value's elements in eager's memory order (which the traced
+    value records): out[i] = flat[offset + sum(i_k * stride_k)]."""
+    meta = ctx.arg_metas[0]
+    if not isinstance(meta, torch.Tensor) or storage_of(meta) in ctx.input_storages:
+        raise Unsupported("as_strided of an input: ATen's view of its memory")
+    if view_base(x).op in (Op.EXTERN, Op.GETITEM, Op.TENSOR):
+        raise Unsupported("as_strided of an ATen result: ATen's view of its memory")
+    # the value whose memory it is: the argument itself where it fills its memory (a clone),
+    # else the value its views start from (a slice of an exp: the exp), traced over the same memory
+    base, base_meta = x, meta
+    if not _fills_its_memory(meta):
+        base = view_base(x)
+        base_meta = ctx.metas.get(base)
+    static = [] if base_meta is None else [
+        sh.static(sh.expr(v)) for v in (*base_meta.shape, *base_meta.stride(), base_meta.storage_offset(),
+                                        *size, *stride, *([storage_offset] if storage_offset is not None else []))]
+    if (base_meta is None or None in static or storage_of(base_meta) != storage_of(meta)
+            or not sh.shapes_equal(base.shape, sh.shape(base_meta.shape)) or not _fills_its_memory(base_meta)):
+        # (any failure here sends the whole graph through ATen, with one warning: the IR could
+        # only read the buffer in ember's own order, which is not eager's)
+        raise NotImplementedError("as_strided of a computed value whose memory order the trace does not fix")
+    # the value's elements in memory order: its dims from the largest stride to the smallest
+    order = sorted(range(base.rank), key=lambda d: -int(base_meta.stride()[d]))
+    flat = ctx.reshape(ctx.make(Op.PERMUTE, (base,), tuple(order)) if order != list(range(base.rank)) else base,
+                       [sh.numel(base.shape)])
+    shape = sh.shape(size)
+    offset = int(storage_offset if storage_offset is not None else meta.storage_offset())
+    position = ctx.operand(offset, dt.int64, shape)
+    for d, (n, st) in enumerate(zip(shape, stride)):
+        iota = ctx.make(Op.IOTA, (), (n, 0, int(st)), dtype=dt.int64)
+        along = ctx.expand_to(ctx.reshape(iota, [n if k == d else 1 for k in range(len(shape))]), shape)
+        position = ctx.make(Op.ADD, (position, along))
+    return ctx.make(Op.INDEX, (flat, position), 0)
+
+
+def _fills_its_memory(meta: torch.Tensor) -> bool:
+    """A traced value that is all of its memory: from offset 0, dense, nothing else in it."""
+    numel, nbytes = sh.static(sh.expr(meta.numel())), sh.static(sh.expr(meta.untyped_storage().nbytes()))
+    return (numel is not None and nbytes == numel * meta.element_size() and meta.storage_offset() == 0
+            and torch._prims_common.is_non_overlapping_and_dense_or_false(meta))
 
 
 @register(aten.index_select.default)

@@ -396,24 +396,41 @@ def _squeeze_unsqueeze(ctx: Context, x: Node, *_: Any) -> Node:
     return ctx.reshape(x, ctx.out_shape)
 
 
-def _slice_start(start: Any, size: sympy.Expr) -> sympy.Expr:
+def _start_in_metas(ctx: Context, dim: int) -> sympy.Expr | None:
+    """Where a slice or select starts along ``dim``, as the traced op computed it: the distance
+    between the output's and the input's storage offsets, in strides. Torch wraps a negative start
+    and clamps it to the size under its shape guards (``x[-k:]`` with a symbolic ``k``, ``x[-5:]``
+    recompiled for a size under 5), which the op's arguments alone do not say. None where the
+    stride cannot tell (a broadcast dim)."""
+    x, out = ctx.arg_metas[0] if ctx.arg_metas else None, ctx.out
+    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return None
+    stride = sh.expr(x.stride()[dim])
+    if stride.is_Integer and int(stride) <= 0 or not (stride.is_Integer or ctx.known(x.stride()[dim] > 0)):
+        return None
+    start = sympy.cancel((sh.expr(out.storage_offset()) - sh.expr(x.storage_offset())) / stride)
+    return start if sympy.fraction(start)[1] == 1 else None
+
+
+def _slice_start(ctx: Context, dim: int, start: Any, size: sympy.Expr) -> sympy.Expr:
+    traced = _start_in_metas(ctx, dim)
+    if traced is not None:
+        return traced
     if start is None:
         return sympy.Integer(0)
     start = size_arg(start)
-    if start.is_Integer and int(start) < 0:
-        start = size + start
-        if start.is_Integer and int(start) < 0:
-            start = sympy.Integer(0)
-    if start.is_Integer and size.is_Integer and int(start) > int(size):
-        start = size
-    return start
+    if not start.is_Integer:
+        raise Unsupported("slice with a symbolic start whose sign and range the traced op does not record")
+    if int(start) < 0:  # from the end, and from 0 where the size is shorter
+        start = sympy.Max(0, size + start)
+    return sympy.Min(start, size)
 
 
 @register(aten.slice.Tensor)
 def _slice(ctx: Context, x: Node, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Node:
     dim = dim % x.rank
     length = ctx.out_shape[dim]
-    first = _slice_start(start, x.shape[dim])
+    first = _slice_start(ctx, dim, start, x.shape[dim])
     if sh.equal(first, 0) and step == 1 and sh.equal(length, x.shape[dim]):
         return x
     return ctx.make(Op.SLICE, (x,), (dim, first, sympy.Integer(step), length))
@@ -427,7 +444,12 @@ def _select(ctx: Context, x: Node, dim: int, index: Any) -> Node:
     if index.is_Integer and size is not None and not -size <= int(index) < size:
         # (torch before 2.13 traces it without eager's check): ATen raises eager's IndexError
         raise Unsupported("select index out of range")
-    if index.is_Integer and int(index) < 0:
+    traced = _start_in_metas(ctx, dim)
+    if traced is not None:
+        index = traced
+    elif not index.is_Integer:
+        raise Unsupported("select at a symbolic index whose sign the traced op does not record")
+    elif int(index) < 0:
         index = x.shape[dim] + index
     one = ctx.make(Op.SLICE, (x,), (dim, index, sympy.Integer(1), sympy.Integer(1)))
     return ctx.reshape(one, ctx.out_shape)

@@ -60,6 +60,8 @@ class Context:
         self.arg_metas: list[Any] = []      # meta values of its positional args
         self.bindable: set[sympy.Symbol] = set()  # symbols the graph's inputs carry
         self.effects: list[Node] = []       # calls that must run though no value reads them
+        self.input_storages: set[Any] = set()  # the fake storages of the graph's tensor inputs
+        self.metas: dict[Node, Any] = {}    # the traced value of each op's result node
 
     # ---- building -------------------------------------------------------------------------
     def make(self, op: Op, inputs: Sequence[Node] = (), arg: Any = None, **kw: Any) -> Node:
@@ -207,6 +209,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
             ctx.bindable |= _carried_symbols(node)
             if isinstance(val, torch.Tensor):
                 storages.setdefault(storage_of(val), -1)
+                ctx.input_storages.add(storage_of(val))
             inputs.append(node)
             ctx.nodes.append(node)
             env[fx_node] = ctx.const(val, _sym_dtype(val)) if _is_sym(val) else node
@@ -219,6 +222,8 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
             env[fx_node] = node
         elif fx_node.op == "call_function":
             env[fx_node] = _call(ctx, fx_node, env, val)
+            if isinstance(env[fx_node], Node) and isinstance(val, torch.Tensor):
+                ctx.metas.setdefault(env[fx_node], val)
             if fx_node.target in _EFFECTS and isinstance(env[fx_node], Node):
                 effects.append(env[fx_node])
         elif fx_node.op == "output":

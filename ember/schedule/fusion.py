@@ -159,6 +159,17 @@ class Planner(DomainRules):
         for node in self._output_set:
             if node.op not in VIEW_OPS and node.op not in BUFFER_OPS:
                 self.buffered.add(node)
+        # outputs that are views of one value (y = x.exp(); return y[1:], y[:2]) share its memory
+        # in eager, where a write into one shows in the other: the value gets a buffer they are
+        # replayed from (where eager's values were distinct and CSE merged them, the wrapper
+        # copies: codegen/wrapper.py, _shared_outputs)
+        viewed: dict[Node, int] = {}
+        for node in self._output_set:
+            if node.op in VIEW_OPS:
+                base = view_base(node)
+                viewed[base] = viewed.get(base, 0) + 1
+                if viewed[base] == 2 and base.op not in BUFFER_OPS:
+                    self.buffered.add(base)
         for node in self._output_set:
             self._need_tensor(node)
         for node, strides in zip(self.graph.outputs, self.graph.output_strides):
