@@ -219,3 +219,72 @@ def test_saved_column_views_keep_eager_strides_for_backward():
     ember.compile(fn)(mine, i).backward()
     fn(ref, i).backward()
     torch.testing.assert_close(mine.grad, ref.grad)
+
+
+
+@pytest.mark.parametrize("write, good, bad", [
+    (lambda r, v: torch.zeros(r.batch_size, 6).index_put((r.row_ids(), r.positions()), v), (9,), [(4,), (20,)]),
+    (lambda r, v: torch.ones(r.batch_size, 3).index_put((r.row_ids(),), v, accumulate=True), (9, 3),
+     [(4, 3), (20, 3)]),
+], ids=["put", "accumulate"])
+def test_values_that_do_not_fit_the_rows_raise_as_in_eager(write, good, bad):
+    # T is symbolic, and the trace does not check a value's size against it: the kernel read
+    # past a 4-row value for T = 9 rows (garbage), or used 9 rows of 20
+    r = ragged.from_list([torch.randn(3), torch.randn(0), torch.randn(4), torch.randn(2)])
+    fast = ember.compile(write)
+    v = torch.randn(good)
+    assert_same(fast(r, v), write(r, v))
+    for shape in bad:
+        v = torch.randn(shape)
+        with pytest.raises(RuntimeError, match="shape mismatch"):
+            write(r, v)
+        with pytest.raises(RuntimeError, match="shape mismatch"):
+            fast(r, v)
+
+
+def test_a_per_row_lookup_next_to_a_segment_sum_checks_empty_rows():
+    # eager looks up table[cls] for every row; the segment kernel checked lookups only for rows
+    # with elements (right for lookups the elements make), so row 1's 99 read table[0]
+    def f(r, cls, table):
+        return ragged.segment_sum(r) + table[cls]
+
+    r = ragged.from_list([torch.ones(3, 2), torch.ones(0, 2), torch.ones(4, 2)])
+    table = torch.arange(10.).view(5, 2)
+    fast = ember.compile(f)
+    assert_same(fast(r, torch.tensor([1, 4, 0]), table), f(r, torch.tensor([1, 4, 0]), table))
+    with pytest.raises(IndexError):
+        f(r, torch.tensor([1, 99, 0]), table)
+    with pytest.raises(IndexError, match="out of bounds"):
+        fast(r, torch.tensor([1, 99, 0]), table)
+
+
+def test_gradients_through_a_nested_tensor():
+    # the offsets came back from the forward as a detached copy, which the backward handed back
+    # as the gradient's offsets: torch gave it another nested size (j3 for j2) and raised
+    def f(n):
+        return ragged.Ragged.from_nested(n).values * 2
+
+    vals = torch.randn(7, 3, requires_grad=True)
+    n = torch.nested.nested_tensor_from_jagged(vals, torch.tensor([0, 2, 7]))
+    ember.compile(f)(n).sum().backward()
+    assert_same(vals.grad, torch.full((7, 3), 2.0))
+
+
+def test_a_backward_binds_the_batch_size_from_the_offsets():
+    # the backward's only tensor of B rows had been the offsets, of B + 1: "cannot bind size
+    # symbol(s)", and the backward ran through ATen
+    def loss(r, tgt):
+        h = torch.exp(r.values)
+        return ((ragged.segment_sum(ragged.Ragged(h, r.offsets, r.max_length, validate=False)) - tgt) ** 2).mean()
+
+    fast = ember.compile(loss, dynamic=True)
+    before = ember.stats()["graph_fallbacks"]
+    for lengths in ([5, 3, 2], [4, 1, 3, 2]):
+        r = ragged.from_list([torch.randn(n, 4) for n in lengths])
+        tgt = torch.randn(len(lengths), 4)
+        mine = ragged.Ragged(r.values.clone().requires_grad_(), r.offsets)
+        ref = ragged.Ragged(r.values.clone().requires_grad_(), r.offsets)
+        fast(mine, tgt).backward()
+        loss(ref, tgt).backward()
+        assert_same(mine.values.grad, ref.values.grad)
+    assert ember.stats()["graph_fallbacks"] == before

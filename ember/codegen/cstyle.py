@@ -396,7 +396,7 @@ class BodyRenderer:
             expr = (f"ember_check_index((int64_t){index}, {bound}, {v.arg[2]}, ember_err)" if lang.checks_indices
                     else f"ember_clamp_index((int64_t){index}, {bound})")
             length = self.kernel.segment_length
-            if lang.checks_indices and length is not None and not v.inner:
+            if lang.checks_indices and length is not None and not v.inner and v.arg[3]:
                 # checked once per row, before the row's loop: an empty row indexes nothing in eager
                 expr = (f"ember_check_index_if({self.name(length)} > 0, (int64_t){index}, {bound}, {v.arg[2]}, "
                         "ember_err)")

@@ -214,6 +214,15 @@ class WrapperWriter:
             for i, e in enumerate(spec.strides or ()):
                 if e.is_Symbol:
                     bound.setdefault(e, f"{spec.name}.stride({i})")
+        for node in self.s.graph.inputs:
+            # then sizes an input holds only shifted: a batch size B from offsets of B + 1 (in a
+            # backward whose other inputs have T rows)
+            if node.arg.kind == "tensor":
+                for i, e in enumerate(node.shape):
+                    shifted = _shifted_symbol(e)
+                    if shifted is not None:
+                        sym, c = shifted
+                        bound.setdefault(sym, f"{node.arg.name}.size({i}) {'-' if c > 0 else '+'} {abs(c)}")
         # 1 inside an ember.cuda_graph step, where kernels read ragged totals on the device
         bound[DEVICE_TOTALS] = "in_graphed_step()"
         # sizes only an ATen result knows (unbacked: nonzero's count, a mixture of experts'
@@ -322,6 +331,12 @@ class WrapperWriter:
         seen: set[str] = set()
         for i, (node, var) in enumerate(zip(self.s.graph.outputs, returned)):
             if node is None or i in self.s.graph.scalar_outputs or i in fresh:
+                continue
+            if node.op is Op.INPUT:
+                # an input returned (as an output and as a tensor saved for the backward): the
+                # object itself, which AOTAutograd relates to the caller's (a nested tensor's
+                # offsets carry the nested size its gradient must have)
+                seen.add(var)
                 continue
             if var in seen or node in self.view_base:
                 name = f"out{i}"
@@ -570,6 +585,15 @@ class WrapperWriter:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _shifted_symbol(e: sympy.Expr) -> tuple[sympy.Symbol, int] | None:
+    """(s, c) for a size ``s + c``: the symbol is the size less c."""
+    if e.is_Add and len(e.args) == 2:
+        const, sym = sorted(e.args, key=lambda a: not a.is_Integer)
+        if const.is_Integer and sym.is_Symbol:
+            return sym, int(const)
+    return None
 
 
 def _aliased_input(node: Node) -> Node | None:

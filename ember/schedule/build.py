@@ -113,6 +113,7 @@ class KernelBuilder:
         self._reader: Node | None = None
         self._indirect: dict[sympy.Symbol, Value] = {}
         self._segment: tuple[sympy.Expr, sympy.Symbol, Value] | None = None  # (row, start var, length)
+        self._in_row = False  # building what only a segment row's elements need (not a per-row result)
         self._across: dict[int, Node] = {}  # rowreduce values -> their nodes
 
     # ---- value construction (hash-consed) -------------------------------------------------
@@ -175,7 +176,9 @@ class KernelBuilder:
         flagged when it is not (2: gather's RuntimeError, 3: indexing's IndexError, 4 and 7:
         index_add's RuntimeError and IndexError, 5: a loss's target class, IndexError, 6:
         scatter's RuntimeError; runtime/program.py raises them)."""
-        checked = self._emit("checkindex", dt.int64, (index,), (bound, label, error))
+        # (inside a segment reduction's row, an index only the row's elements read: eager never
+        # reads it for an empty row; the codegen checks it only where the row has elements)
+        checked = self._emit("checkindex", dt.int64, (index,), (bound, label, error, self._in_row))
         for sym, value in self._indirect.items():
             if value is checked:
                 return sym
@@ -470,8 +473,9 @@ class KernelBuilder:
             raise NeedsBuffer(node)
         start = self._segment[1]
         previous, self._reader = self._reader, node
+        in_row, self._in_row = self._in_row, True
         src = self.value_of(x, (start + inner_var(0), *point[1:]))
-        self._reader = previous
+        self._reader, self._in_row = previous, in_row
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.arg, inner_var(0)))
 
     def _chunk_sum(self, node: Node, point: Point) -> Value:
@@ -564,6 +568,9 @@ class KernelBuilder:
             self._segment_row(outer_var(0), self.spec.segment, self.spec.segment_total)
         for root in self.spec.roots:
             for home in self._homes(root):
+                # a root stored per element of a segment row (not per row): all it reads, the
+                # row's elements read
+                self._in_row = self.spec.segment is not None and any(_has_inner(p) for p in home)
                 if root.op is Op.INDEX_PUT:
                     self._put(root, home)
                     continue

@@ -110,8 +110,9 @@ class Value:
     expression as a value), 'alu' (arg: the pointwise Op; CAST converts to ``dtype``), 'reduce'
     (arg ReduceArg; accumulates its single source over the inner domain), 'store' (arg Access;
     a write at indices lists the index values after the value, and may add instead of write),
-    'checkindex' (arg: (bound, dim label, error code); its source clamped into [0, bound),
-    flagging the error code on the CPU when it was not), 'search' (arg SearchArg: the position of
+    'checkindex' (arg: (bound, dim label, error code, whether only a segment row's elements
+    read it); its source clamped into [0, bound), flagging the error code on the CPU when it was
+    not), 'search' (arg SearchArg: the position of
     its source in a sorted sequence, searchsorted's answer), 'chunksum' (arg ReduceArg: adds its
     source over the rows of a chunked kernel's run, per inner position; only a store reads it, and
     writes the run's total when the run ends), 'rowreduce' (arg ReduceArg: reduces its outer
