@@ -7,6 +7,8 @@ OpInfo provides them; test_shapes.py adds the awkward cases OpInfo leaves out.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
@@ -186,6 +188,78 @@ def test_16_bit_sums_with_python_floats_add_them_as_eager_does(dtype):
         assert not [g.error for g in report.graphs if g.error]
         for o, r in zip(out, fn(x)):
             assert torch.equal(o, r), (s, (o.float() - r.float()).abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_tensors_meet_python_ints_and_alphas_as_in_eager(dtype):
+    # a Python int is a number like a float: eager rounds it to 16 bits where it rounds floats
+    # (float16 2048 == 2049 holds; ember compared with 2049 exactly), and CPU sums round alpha
+    # (128 elements: eager's own CPU loop gives its last, unvectorized elements another alpha)
+    x = torch.tensor([2048., 1., 256., 3000., -130.625], dtype=dtype, device=DEVICE)[torch.arange(128) % 5]
+    y = torch.full_like(x, 0.1292724609375)
+
+    def fn(x, y):
+        return [x == 2049, x < 2049, x >= 257, x + 2049, x % 2049, torch.add(x, y, alpha=1000.3),
+                torch.sub(x, y, alpha=0.1)]
+
+    out, report = run(fn, x, y)
+    assert not [g.error for g in report.graphs if g.error]
+    for i, (o, r) in enumerate(zip(out, fn(x, y))):
+        assert torch.equal(o, r), (i, o, r)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_rounding_division_by_a_scalar_divides_in_float32(dtype):
+    # eager divides by a scalar (or, on the CPU, by one broadcast element) in float32 with the
+    # scalar unrounded: float16 128.375 // 0.1 is 1283, 16-bit steps gave 1282
+    x = (torch.randn(4096, device=DEVICE) * 200).to(dtype)
+    one = torch.tensor(0.37, dtype=dtype, device=DEVICE)
+    full = (torch.rand(4096, device=DEVICE) + 0.1).to(dtype)
+
+    def fn(x, one, full):
+        return [x // 0.1, torch.div(x, 0.1, rounding_mode="trunc"), x // 3, x // one,
+                torch.div(x, one, rounding_mode="trunc"), x // full, torch.div(x, full, rounding_mode="trunc")]
+
+    out, report = run(fn, x, one, full)
+    assert not [g.error for g in report.graphs if g.error]
+    for i, (o, r) in enumerate(zip(out, fn(x, one, full))):
+        assert torch.equal(o, r), (i, (o != r).sum())
+
+
+def test_float16_roots_by_pow_are_eagers():
+    # eager's CPU pow takes no root for float16 (pow(-inf, 0.5) is inf, sqrt's nan; pow(-0, -0.5)
+    # is inf, rsqrt's -inf); bool ** bool raises in eager
+    x = torch.tensor([float("-inf"), -0.0, 4.0, 0.25, float("nan")], dtype=torch.float16, device=DEVICE)
+    fn = lambda x: [x ** 0.5, x ** -0.5]  # noqa: E731
+    for o, r in zip(ember.compile(fn)(x), fn(x)):
+        assert torch.equal(o.isnan(), r.isnan()) and torch.equal(o[~o.isnan()], r[~r.isnan()])
+    b = torch.tensor([True, False], device=DEVICE)
+    with pytest.raises(NotImplementedError):
+        ember.compile(lambda a, c: a ** c)(b, b)
+
+
+def test_tanh_is_accurate_near_zero():
+    # 1 - 2 / (exp(2x) + 1) cancels for small x: 4000 ulp at 4.6e-4 (within allclose's atol)
+    x = torch.cat([torch.linspace(-1, 1, 20001, device=DEVICE), torch.tensor([4.5556e-4, -0.0], device=DEVICE)])
+    out = ember.compile(torch.tanh)(x)
+    exact = torch.tanh(x.double())
+    assert ((out.double() - exact).abs() / exact.abs().clamp_min(1e-30)).max() < 1e-6
+    assert torch.equal(out.signbit(), x.signbit())
+
+
+@pytest.mark.parametrize("target", [None, pytest.param("triton", marks=on_the_interpreter)], ids=["native", "triton"])
+def test_scalars_beyond_a_dtype_are_what_eager_makes_them(target):
+    # 1e40 is inf in float32 (the C literal was "inff": the kernel failed to build); an int
+    # beyond an int8 wraps as eager wraps it (Triton's literal crashed)
+    options = {"target": target} if target else None
+    f, i8 = torch.ones(3, device=DEVICE), torch.tensor([44, 1, -128], dtype=torch.int8, device=DEVICE)
+    fn = lambda f, i: [f * 1e40, f > 1e39, f - 1e39, i + 300, i == 300, i & 0x1ff]  # noqa: E731
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, _ = run(fn, f, i8, options=options)
+    assert not [w for w in caught if "ember" in str(w.message)], [str(w.message) for w in caught]
+    for o, r in zip(out, fn(f, i8)):
+        assert torch.equal(o, r), (o, r)
 
 
 @pytest.mark.parametrize("target", [None, pytest.param("triton", marks=on_the_interpreter)], ids=["native", "triton"])

@@ -90,14 +90,17 @@ def literal(value: Any, dtype: dt.DType, lang: Language) -> str:
             return f"INT64_C({v})" if v >= 0 else f"(-INT64_C({-v}))" if v != -2**63 else "INT64_MIN"
         return f"(({ctype}){v})"
     v = float(value)
+    if ctype == "float":
+        # the float32 eager would use: a finite double beyond float32's range (1e40) is inf
+        try:
+            v = struct.unpack("f", struct.pack("f", v))[0]
+        except OverflowError:
+            v = math.copysign(math.inf, v)
     if math.isnan(v):
         return f"(({ctype})NAN)"
     if math.isinf(v):
         return f"(({ctype})INFINITY)" if v > 0 else f"(-({ctype})INFINITY)"
-    if ctype == "float":
-        exact = struct.unpack("f", struct.pack("f", v))[0]  # the float32 eager would use
-        return f"{exact!r}f"
-    return repr(v)
+    return f"{v!r}f" if ctype == "float" else repr(v)
 
 
 def index_expr(e: sympy.Expr) -> str:

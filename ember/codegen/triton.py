@@ -93,6 +93,9 @@ def transposed(kernel: Kernel) -> bool:
     return bool(transposed_accesses(kernel))
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def literal(value: Any, dtype: dt.DType) -> str:
     if isinstance(value, sympy.Basic):
         if value.is_Number and not value.is_Integer:
@@ -105,6 +108,8 @@ def literal(value: Any, dtype: dt.DType) -> str:
         text = str(int(value))
     else:
         v = float(value)
+        if dt.compute_dtype(dtype) != dt.float64 and math.isfinite(v) and abs(v) > _FLOAT32_MAX:
+            v = math.copysign(math.inf, v)  # (1e40 in float32, as eager makes it)
         if math.isnan(v):
             text = "float('nan')"
         elif math.isinf(v):

@@ -165,9 +165,10 @@ def _binary(op: Op, *, compute: str = "result"):
 
 
 def _rounded_to(x: Any, dtype: dt.DType) -> Any:
-    """A Python float as the nearest value of a 16-bit float ``dtype``; anything else as it is."""
-    if isinstance(x, float):
-        return float(torch.tensor(x, dtype=dt.to_torch(dtype)))
+    """A Python number as the nearest value of a 16-bit float ``dtype`` (ints too: float16
+    2048 == 2049 holds in eager); anything else as it is."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(torch.tensor(float(x), dtype=dt.to_torch(dtype)))
     return x
 
 
@@ -220,6 +221,9 @@ def _add_sub(ctx: Context, a: Any, b: Any, alpha: Any = 1) -> Node:
         a, b = (_rounded_to(x, dtype) for x in (a, b))
     op = Op.ADD if ctx.aten == "aten.add" else Op.SUB
     alpha = _checked(alpha, dtype)
+    if dtype.is_low_precision and ctx.device == "cpu" and alpha != 1:
+        # (and alpha: its vectorized loop, the bulk of a tensor, multiplies by the rounded alpha)
+        alpha = _rounded_to(alpha, dtype)
     # a GPU kernel reads a CPU scalar of another dtype (a float Dynamo passes as a 0-d tensor)
     # in float32, as it reads a Python float (eager's CPU kernels cast it, as above)
     wide = ctx.device != "cpu" and any(_read_in_float32(x, dtype) for x in (a, b))
@@ -242,14 +246,34 @@ def _div(ctx: Context, a: Any, b: Any, rounding_mode: str | None = None) -> Node
         raise Unsupported("rounding division of bools")
     else:
         op = Op.FLOORDIV if rounding_mode == "floor" else Op.TRUNCDIV
+        if dtype.is_low_precision and (not isinstance(b, Node) or ctx.device == "cpu" and _one_element(b)):
+            # eager divides a 16-bit tensor by a scalar (a Python number; on the CPU any one
+            # element broadcast) in float32, the scalar unrounded: x // 0.1 of 128.375 is 1283,
+            # where the 16-bit steps of a tensor divisor give 1282
+            return _in_float32(ctx, op, a, ctx.const(b, dt.float32) if not isinstance(b, Node) else b, dtype, shape)
     if _read_in_float32(b, dtype):
         return _in_float32(ctx, op, a, b, dtype, shape)
     return ctx.make(op, (ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)))
 
 
+def _one_element(x: Node) -> bool:
+    """Whether every element of ``x`` is one element in memory (0-d, size-1 dims, or broadcast
+    with stride 0), which eager's CPU kernels read as a scalar."""
+    if x.op is Op.EXPAND:
+        x = x.inputs[0]
+    if all(sh.is_one(d) for d in x.shape):
+        return True
+    strides = x.arg.strides if x.op is Op.INPUT and x.arg.kind == "tensor" else None
+    return bool(strides) and all(sh.equal(st, 0) or sh.is_one(d) for st, d in zip(strides, x.shape))
+
+
 @register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def _pow(ctx: Context, base: Any, exponent: Any) -> Node:
     dtype, shape = ctx.out_dtype, ctx.out_shape
+    if dtype.is_bool or all(isinstance(v, Node) and v.dtype.is_bool for v in (base, exponent)):
+        raise Unsupported("pow of bools (ATen's NotImplementedError)")
+    if not dtype.is_float:  # (an exponent beyond the int type: ATen's overflow error)
+        base, exponent = (_checked(v, dtype) for v in (base, exponent))
     if isinstance(base, Node) and not isinstance(exponent, Node):
         x = ctx.operand(base, dtype, shape)
         # ATen's own fast paths, so results match eager bit for bit.
@@ -259,11 +283,13 @@ def _pow(ctx: Context, base: Any, exponent: Any) -> Node:
             return ctx.make(Op.MUL, (x, x))
         if exponent == 3:
             return ctx.make(Op.MUL, (ctx.make(Op.MUL, (x, x)), x))
-        if dtype.is_float:
+        # (eager's CPU kernel takes no root for float16: pow(-inf, 0.5) is inf, sqrt's nan)
+        if dtype.is_float and not (dtype == dt.float16 and ctx.device == "cpu"):
             if exponent == 0.5:
                 return ctx.make(Op.SQRT, (x,))
             if exponent == -0.5:
                 return ctx.make(Op.RSQRT, (x,))
+        if dtype.is_float:
             if exponent == -1:
                 return ctx.make(Op.RECIPROCAL, (x,))
             if exponent == -2:

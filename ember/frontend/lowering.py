@@ -92,7 +92,7 @@ class Context:
                 if value != value or value in (float("inf"), float("-inf")):
                     raise Unsupported("non-finite value cast to an integer type")
                 value = int(value)
-            value = int(value)
+            value = _wrapped_to(int(value), dtype)
         else:
             value = float(value)
         return self.make(Op.CONST, (), value, dtype=dtype)
@@ -310,6 +310,14 @@ _SYM_ARITHMETIC: dict[Any, Callable[..., sympy.Expr]] = {
     operator.pow: lambda a, b: FloatPow(ToFloat(a) if a.is_integer else a, ToFloat(b) if b.is_integer else b),
     torch.sym_float: lambda a: ToFloat(a) if a.is_integer else a,
 }
+
+
+def _wrapped_to(value: int, dtype: dt.DType) -> int:
+    """An int scalar as an int tensor of ``dtype`` holds it: wrapped, as eager converts it
+    (int8 + 300 adds 44). C wraps its casts alike; Triton's literals must be in range."""
+    info = torch.iinfo(dt.to_torch(dtype))
+    span = info.max - info.min + 1
+    return (value - info.min) % span + info.min
 
 
 def size_arg(value: Any) -> sympy.Expr:
