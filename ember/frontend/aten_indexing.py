@@ -214,14 +214,14 @@ def _put(ctx: Context, x: Node, start: int, indices: list[Node], src: Any, accum
     shape_i = sh.broadcast(*(i.shape for i in indices))
     shape = x.shape[:start] + shape_i + x.shape[start + len(indices):]
     indices = [ctx.expand_to(i, shape_i) for i in indices]
-    _broadcasts_to(src, shape)
+    _broadcasts_to(ctx, src, shape)
     values = ctx.operand(src, dtype, shape)
     wide = dt.float32 if accumulate and dtype.is_low_precision else dtype
     out = ctx.make(Op.INDEX_PUT, (ctx.cast(x, wide), ctx.cast(values, wide), *indices), (start, accumulate, error))
     return ctx.cast(out, dtype)
 
 
-def _broadcasts_to(src: Any, shape: sh.Shape) -> None:
+def _broadcasts_to(ctx: Context, src: Any, shape: sh.Shape) -> None:
     """Values written at indices must broadcast to the indexed shape, which the trace does not
     check where sizes are symbolic (a value of 4 rows written at a ragged batch's T row ids):
     unless it provably does, the write goes to ATen, which raises eager's error when it does not
@@ -232,7 +232,7 @@ def _broadcasts_to(src: Any, shape: sh.Shape) -> None:
     while len(dims) > len(shape) and sh.is_one(dims[0]):
         dims.pop(0)
     if len(dims) > len(shape) or not all(
-            sh.is_one(a) or sh.equal(a, b) for a, b in zip(dims, shape[len(shape) - len(dims):])):
+            sh.is_one(a) or ctx.known_equal(a, b) for a, b in zip(dims, shape[len(shape) - len(dims):])):
         raise Unsupported(f"writing values of shape {sh.fmt(src.shape)} at indices of shape {sh.fmt(shape)}")
 
 
@@ -255,7 +255,7 @@ def _sum_by_row_ids(ctx: Context, x: Node, start: int, indices: list[Node], src:
     if x.dtype.is_bool or x.dtype == dt.uint8 or indices[0].rank != 1:
         return None
     wide = dt.float32 if x.dtype.is_low_precision else x.dtype
-    _broadcasts_to(src, (indices[0].shape[0], *x.shape[1:]))
+    _broadcasts_to(ctx, src, (indices[0].shape[0], *x.shape[1:]))
     values = ctx.cast(ctx.operand(src, x.dtype, (indices[0].shape[0], *x.shape[1:])), wide)
     total = ctx.make(Op.SEGMENT_REDUCE, (values, offsets), Op.SUM)
     if fill_value(x) != 0:  # adding into zeros (a backward) adds nothing

@@ -246,10 +246,10 @@ def _div(ctx: Context, a: Any, b: Any, rounding_mode: str | None = None) -> Node
         raise Unsupported("rounding division of bools")
     else:
         op = Op.FLOORDIV if rounding_mode == "floor" else Op.TRUNCDIV
-        if dtype.is_low_precision and ctx.device == "cpu" and (not isinstance(b, Node) or _one_element(b)):
-            # eager's CPU kernels divide a 16-bit tensor by a scalar (a Python number, or any one
-            # element broadcast) in float32, the scalar unrounded: x // 0.1 of 128.375 is 1283,
-            # where the 16-bit steps of a tensor divisor give 1282 (its GPU kernels mix the two)
+        if dtype.is_low_precision and (not isinstance(b, Node) or ctx.device == "cpu" and _one_element(b)):
+            # eager divides a 16-bit tensor by a scalar (a Python number; on the CPU any one
+            # element broadcast too) in float32, the scalar unrounded: x // 0.1 of 128.375 is
+            # 1283, where the 16-bit steps of a tensor divisor give 1282
             return _in_float32(ctx, op, a, ctx.const(b, dt.float32) if not isinstance(b, Node) else b, dtype, shape)
     if _read_in_float32(b, dtype):
         return _in_float32(ctx, op, a, b, dtype, shape)

@@ -131,6 +131,28 @@ class Context:
         the logits' ``s2*s3``, checked equal by ATen while tracing) where sympy alone cannot tell."""
         return statically_known_true(fact)
 
+    def known_equal(self, a: sympy.Expr, b: sympy.Expr) -> bool:
+        """Whether two size expressions are equal on every call of this graph, where they may be
+        under different symbols (proved from the shape environment's guards, adding none)."""
+        if sh.equal(a, b):
+            return True
+        env = self._shape_env()
+        if env is None:
+            return False
+        try:
+            return env._maybe_evaluate_static(sympy.Eq(a, b)) == sympy.true
+        except Exception:  # noqa: BLE001 -- a private torch API: unknown, not equal
+            return False
+
+    def _shape_env(self) -> Any:
+        for meta in [self.out, *self.arg_metas]:
+            for t in meta if isinstance(meta, (list, tuple)) else [meta]:
+                if isinstance(t, torch.Tensor):
+                    for d in t.shape:
+                        if isinstance(d, torch.SymInt):
+                            return d.node.shape_env
+        return None
+
     @property
     def out_dtype(self) -> dt.DType:
         return meta_dtype(self.out)
