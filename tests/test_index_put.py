@@ -104,7 +104,9 @@ def test_bad_indices_raise_like_eager():
                             (x, torch.tensor([-1], dtype=torch.int32), torch.ones(1, 3))):
         with pytest.raises(IndexError):
             dst.index_add(0, index, src)
-        with pytest.raises(IndexError, match="index_add: index out of range"):
+        # (ember's kernel, or ATen's own where torch 2.11 traced the source under a symbol of
+        # its own: ember then cannot prove its fit)
+        with pytest.raises(IndexError, match="index out of range"):
             ember.compile(lambda x, i, s: x.index_add(0, i, s) * 2)(dst, index, src)
     with pytest.raises(RuntimeError, match="out of bounds"):
         ember.compile(lambda x, i: x.scatter_add(0, i, torch.ones(1, 1)))(x, torch.tensor([[7]]))

@@ -246,10 +246,12 @@ def _div(ctx: Context, a: Any, b: Any, rounding_mode: str | None = None) -> Node
         raise Unsupported("rounding division of bools")
     else:
         op = Op.FLOORDIV if rounding_mode == "floor" else Op.TRUNCDIV
-        if dtype.is_low_precision and (not isinstance(b, Node) or ctx.device == "cpu" and _one_element(b)):
-            # eager divides a 16-bit tensor by a scalar (a Python number; on the CPU any one
-            # element broadcast too) in float32, the scalar unrounded: x // 0.1 of 128.375 is
-            # 1283, where the 16-bit steps of a tensor divisor give 1282
+        on_cpu = ctx.device == "cpu"
+        if dtype.is_low_precision and (not isinstance(b, Node) or (_one_element(b) if on_cpu else op is Op.FLOORDIV)):
+            # eager divides a 16-bit tensor in float32 by a scalar (a Python number; on the CPU
+            # any one element broadcast), the scalar unrounded, and floor-divides by any divisor
+            # so on GPUs: x // 0.1 of 128.375 is 1283, where the CPU's 16-bit steps for a tensor
+            # divisor give 1282 (its GPU trunc division of tensors takes the steps too; measured)
             return _in_float32(ctx, op, a, ctx.const(b, dt.float32) if not isinstance(b, Node) else b, dtype, shape)
     if _read_in_float32(b, dtype):
         return _in_float32(ctx, op, a, b, dtype, shape)
