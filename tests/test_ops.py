@@ -223,6 +223,11 @@ def test_16_bit_rounding_division_by_a_scalar_divides_in_float32(dtype):
     out, report = run(fn, x, one, full)
     assert not [g.error for g in report.graphs if g.error]
     for i, (o, r) in enumerate(zip(out, fn(x, one, full))):
+        if i == 0 and DEVICE != "cpu" and dtype == torch.bfloat16:
+            # eager's GPU kernel multiplies by the divisor's reciprocal: a bfloat16 quotient
+            # near a rounding boundary may land one bfloat16 step away (52 of 4096 on the H200)
+            torch.testing.assert_close(o, r, rtol=2 ** -7, atol=0)
+            continue
         assert torch.equal(o, r), (i, (o != r).sum())
 
 
