@@ -162,9 +162,11 @@ class Planner(DomainRules):
         # outputs that are views of one value (y = x.exp(); return y[1:], y[:2]) share its memory
         # in eager, where a write into one shows in the other: the value gets a buffer they are
         # replayed from (where eager's values were distinct and CSE merged them, the wrapper
-        # copies: codegen/wrapper.py, _shared_outputs)
+        # copies: codegen/wrapper.py, _shared_outputs). Only in inference graphs: a training
+        # forward's outputs are mostly tensors saved for the backward (a loss's box columns),
+        # which no user sees, and AOTAutograd rebuilds the user's views of one value itself.
         viewed: dict[Node, int] = {}
-        for node in self._output_set:
+        for node in self._output_set if self.graph.name.startswith("inference") else ():
             if node.op in VIEW_OPS:
                 base = view_base(node)
                 viewed[base] = viewed.get(base, 0) + 1
@@ -204,29 +206,34 @@ class Planner(DomainRules):
         would go unchecked, where eager raises. Such a gather gets a buffer, computed and checked
         whole. A slice along dims the index does not cover (a box's coordinates,
         ``x[rows, pos][:, 0]``) reads every index element still."""
-        indexed = (set(range(gather.rank)) if gather.op is Op.GATHER
-                   else set(range(gather.arg, gather.arg + gather.inputs[1].rank)))
-        # (node, whether its dims are the gather's own): past a reshape, permute or broadcast,
-        # any narrowing slice counts
-        stack, seen = [(gather, True)], set()
+        indexed = (frozenset(range(gather.rank)) if gather.op is Op.GATHER
+                   else frozenset(range(gather.arg, gather.arg + gather.inputs[1].rank)))
+        # (node, its dims that are the gather's indexed dims; None past a reshape, permute or
+        # broadcast, where any narrowing slice counts)
+        stack: list[tuple[Node, frozenset[int] | None]] = [(gather, indexed)]
+        seen: set[tuple[Node, frozenset[int] | None]] = set()
         while stack:
-            n, own_dims = stack.pop()
+            n, dims = stack.pop()
             for user in self.users.get(n, ()):
-                if (user, own_dims) in seen:
-                    continue
-                seen.add((user, own_dims))
                 if user.op is Op.SLICE:
                     dim = user.arg[0]
-                    if not sh.equal(user.shape[dim], n.shape[dim]) and (not own_dims or dim in indexed):
+                    if not sh.equal(user.shape[dim], n.shape[dim]) and (dims is None or dim in dims):
                         return True
-                    same = own_dims
+                    follow = dims
                 elif user.op in (Op.GATHER, Op.INDEX) and user.inputs[0] is n:
                     return True  # read at data-dependent points
+                elif user.op is Op.GATHER or user.op is Op.INDEX and all(
+                        sh.shapes_equal(i.shape, n.shape) for i in user.inputs[1:]):
+                    # an index of another gather: its dims are that gather's indexed dims
+                    follow = None if dims is None else frozenset(
+                        d + (user.arg if user.op is Op.INDEX else 0) for d in dims)
                 else:  # (a reduction's rows, a concatenation's part: what is sliced later counts)
-                    same = own_dims and user.op in POINTWISE_OPS and len(user.shape) == len(n.shape) and all(
-                        sh.equal(a, b) for a, b in zip(user.shape, n.shape))
-                if user not in self.buffered:  # (a buffer is computed whole: its readers read it)
-                    stack.append((user, same))
+                    same = user.op in POINTWISE_OPS and sh.shapes_equal(user.shape, n.shape)
+                    follow = dims if same else None
+                if user not in self.buffered and (user, follow) not in seen:
+                    # (a buffer is computed whole: its readers read it)
+                    seen.add((user, follow))
+                    stack.append((user, follow))
         return False
 
     # ---- 2. domains and groups ------------------------------------------------------------
