@@ -102,3 +102,21 @@ def test_as_strided_of_a_value_sliced_from_a_transposed_input():
     fn = lambda x: x.clone().as_strided((2, 3), (1, 2))  # noqa: E731
     x = torch.randn(4, 3).t()
     assert_same(ember.compile(fn)(x), fn(x))
+
+
+def test_as_strided_with_symbolic_sizes_compiles():
+    # GroupNorm's decomposition as_strided a computed value to (batch, groups): with a batch
+    # size that changes, the symbolic size failed to lower and the whole graph ran through ATen
+    norm = torch.nn.GroupNorm(2, 4)
+    compiled = ember.compile(norm)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for batch in (4, 5, 7):
+            x = torch.randn(batch, 4, 5, requires_grad=True)
+            ref = x.detach().clone().requires_grad_()
+            out = compiled(x)
+            out.sum().backward()
+            expected = norm(ref)
+            expected.sum().backward()
+            assert_same(out, expected)
+            assert_same(x.grad, ref.grad)

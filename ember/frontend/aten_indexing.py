@@ -119,23 +119,19 @@ def _as_strided(ctx: Context, x: Node, size: Sequence[Any], stride: Sequence[Any
     if not _fills_its_memory(meta):
         base = view_base(x)
         base_meta = ctx.metas.get(base)
-    static = [] if base_meta is None else [
-        sh.static(sh.expr(v)) for v in (*base_meta.shape, *base_meta.stride(), base_meta.storage_offset(),
-                                        *size, *stride, *([storage_offset] if storage_offset is not None else []))]
-    if (base_meta is None or None in static or storage_of(base_meta) != storage_of(meta)
+    order = None if base_meta is None else _memory_order(base_meta)
+    if (order is None or storage_of(base_meta) != storage_of(meta)
             or not sh.shapes_equal(base.shape, sh.shape(base_meta.shape)) or not _fills_its_memory(base_meta)):
         # (any failure here sends the whole graph through ATen, with one warning: the IR could
         # only read the buffer in ember's own order, which is not eager's)
         raise NotImplementedError("as_strided of a computed value whose memory order the trace does not fix")
-    # the value's elements in memory order: its dims from the largest stride to the smallest
-    order = sorted(range(base.rank), key=lambda d: -int(base_meta.stride()[d]))
     flat = ctx.reshape(ctx.make(Op.PERMUTE, (base,), tuple(order)) if order != list(range(base.rank)) else base,
                        [sh.numel(base.shape)])
-    shape = sh.shape(size)
-    offset = int(storage_offset if storage_offset is not None else meta.storage_offset())
+    shape = ctx.out_shape  # (sizes as the trace has them: symbolic ones too, a GroupNorm's batch)
+    offset = size_arg(storage_offset if storage_offset is not None else meta.storage_offset())
     position = ctx.operand(offset, dt.int64, shape)
     for d, (n, st) in enumerate(zip(shape, stride)):
-        iota = ctx.make(Op.IOTA, (), (n, 0, int(st)), dtype=dt.int64)
+        iota = ctx.make(Op.IOTA, (), (n, 0, size_arg(st)), dtype=dt.int64)
         along = ctx.expand_to(ctx.reshape(iota, [n if k == d else 1 for k in range(len(shape))]), shape)
         position = ctx.make(Op.ADD, (position, along))
     return ctx.make(Op.INDEX, (flat, position), 0)
@@ -143,9 +139,21 @@ def _as_strided(ctx: Context, x: Node, size: Sequence[Any], stride: Sequence[Any
 
 def _fills_its_memory(meta: torch.Tensor) -> bool:
     """A traced value that is all of its memory: from offset 0, dense, nothing else in it."""
-    numel, nbytes = sh.static(sh.expr(meta.numel())), sh.static(sh.expr(meta.untyped_storage().nbytes()))
-    return (numel is not None and nbytes == numel * meta.element_size() and meta.storage_offset() == 0
+    numel = sh.numel(sh.shape(meta.shape))
+    nbytes = sh.expr(meta.untyped_storage().nbytes())
+    return (sh.equal(nbytes, numel * meta.element_size()) and sh.equal(sh.expr(meta.storage_offset()), 0)
             and torch._prims_common.is_non_overlapping_and_dense_or_false(meta))
+
+
+def _memory_order(meta: torch.Tensor) -> list[int] | None:
+    """A dense value's dims from the largest stride to the smallest: row-major where its strides
+    are (symbolic ones too), else by static strides; None where they cannot be ordered."""
+    shape, strides = sh.shape(meta.shape), sh.shape(meta.stride())
+    if all(sh.is_one(n) or sh.equal(st, sh.numel(shape[d + 1:])) for d, (n, st) in enumerate(zip(shape, strides))):
+        return list(range(len(shape)))
+    if any(sh.static(st) is None for st in strides):
+        return None
+    return sorted(range(len(shape)), key=lambda d: -int(strides[d]))
 
 
 @register(aten.index_select.default)
