@@ -439,3 +439,19 @@ def test_dataloader(num_workers):
             assert torch.equal(tokens[j], torch.arange(i % 4 + 1)) and boxes[j].shape == (i % 3, 4)
             seen.append(i)
     assert seen == list(range(10))
+
+
+def test_segment_sum_counts_bools_and_max_length_takes_any_integer():
+    # masked tokens per row: bool values are counted in int64, as Tensor.sum counts them (it
+    # raised "segment_reduce: torch.bool values are not supported"); a numpy max_length raised
+    import numpy as np
+
+    r = ragged.Ragged(torch.tensor([True, False, True, True]), torch.tensor([0, 3, 3, 4]), max_length=np.int64(5))
+    assert r.max_length == 5 and type(r.max_length) is int
+    import ember
+
+    expected = torch.tensor([2, 0, 1])
+    assert torch.equal(ragged.segment_sum(r), expected)
+    assert torch.equal(ember.compile(ragged.segment_sum)(r), expected)
+    with pytest.raises(TypeError, match="max_length"):
+        ragged.Ragged(torch.ones(4), torch.tensor([0, 4]), max_length=4.0)

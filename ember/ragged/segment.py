@@ -48,8 +48,11 @@ def _sum_rows(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
 
 
 def segment_sum(r: Ragged) -> torch.Tensor:
-    """(B, *feature): the sum of each row's values (0 for an empty row), in ``r.dtype``."""
+    """(B, *feature): the sum of each row's values (0 for an empty row), in ``r.dtype``; bool
+    values are counted, in int64 (as ``Tensor.sum`` counts them: masked tokens per row)."""
     r = _check(r, "segment_sum")
+    if r.dtype == torch.bool:
+        return _sum_rows(r.values.to(torch.int64), r.offsets)
     return _sum_rows(r.values, r.offsets).to(r.dtype)
 
 

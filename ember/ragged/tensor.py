@@ -248,8 +248,10 @@ def _check_structure(values: Any, offsets: Any, max_length: Any) -> None:
     if offsets.device != values.device:
         raise ValueError(f"Ragged offsets are on {offsets.device} but values are on {values.device}")
     if max_length is not None:
-        if isinstance(max_length, bool) or not isinstance(max_length, int):
+        # (any integer: numpy's too, as from a sampler's lengths array)
+        if isinstance(max_length, bool) or not hasattr(type(max_length), "__index__"):
             raise TypeError(f"max_length must be an int or None, got {type(max_length).__name__}")
+        max_length = operator.index(max_length)
         if max_length < 0:
             raise ValueError(f"max_length must be >= 0, got {max_length}")
 
