@@ -252,7 +252,7 @@ def _div(ctx: Context, a: Any, b: Any, rounding_mode: str | None = None) -> Node
             # any one element broadcast), the scalar unrounded, and floor-divides by any divisor
             # so on GPUs: x // 0.1 of 128.375 is 1283, where the CPU's 16-bit steps for a tensor
             # divisor give 1282 (its GPU trunc division of tensors takes the steps too; measured)
-            return _in_float32(ctx, op, a, ctx.const(b, dt.float32) if not isinstance(b, Node) else b, dtype, shape)
+            return _in_float32(ctx, op, a, b, dtype, shape)
     if _read_in_float32(b, dtype):
         return _in_float32(ctx, op, a, b, dtype, shape)
     return ctx.make(op, (ctx.operand(a, dtype, shape), ctx.operand(b, dtype, shape)))
@@ -434,7 +434,7 @@ def _start_in_metas(ctx: Context, dim: int) -> sympy.Expr | None:
     if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
         return None
     stride = sh.expr(x.stride()[dim])
-    if stride.is_Integer and int(stride) <= 0 or not (stride.is_Integer or ctx.known(x.stride()[dim] > 0)):
+    if (int(stride) <= 0) if stride.is_Integer else not ctx.known(x.stride()[dim] > 0):
         return None
     start = sympy.cancel((sh.expr(out.storage_offset()) - sh.expr(x.storage_offset())) / stride)
     return start if sympy.fraction(start)[1] == 1 else None

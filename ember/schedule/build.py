@@ -176,8 +176,9 @@ class KernelBuilder:
         flagged when it is not (2: gather's RuntimeError, 3: indexing's IndexError, 4 and 7:
         index_add's RuntimeError and IndexError, 5: a loss's target class, IndexError, 6:
         scatter's RuntimeError; runtime/program.py raises them)."""
-        # (inside a segment reduction's row, an index only the row's elements read: eager never
-        # reads it for an empty row; the codegen checks it only where the row has elements)
+        # (in a segment kernel, an index only a row's elements read, for a segment reduction or
+        # a per-element result: eager never reads it for an empty row, and the codegen checks it
+        # only where the row has elements; a per-row result's lookups are checked for every row)
         checked = self._emit("checkindex", dt.int64, (index,), (bound, label, error, self._in_row))
         for sym, value in self._indirect.items():
             if value is checked:
