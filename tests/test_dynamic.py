@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 import ember
 
-from .helpers import assert_clean, assert_same, compile_checked, run
+from .helpers import assert_clean, assert_same, compile_checked, on_the_interpreter, run
 
 
 def rmsnorm(x, w):
@@ -297,3 +299,24 @@ def test_sizes_read_with_item_inside_the_graph():
                 assert_same(compiled(x), fn(x))
             assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
             assert report.kernels
+
+
+@pytest.mark.parametrize("target", [None, pytest.param("triton", marks=on_the_interpreter)], ids=["native", "triton"])
+def test_size_arithmetic_of_negative_values_floors_as_python(target):
+    # C's and Triton's / and % truncate: an int argument's n % 3 was -1 for n = -1 (a narrow
+    # read before its tensor), (rows - 8) // 3 was -1 for 4 rows (Python: -2)
+    options = {"target": target} if target else None
+    narrow = lambda x, n: x.narrow(0, n % 3, 2) + 1  # noqa: E731
+    fast = ember.compile(narrow, options=options)
+    x = torch.arange(12.).reshape(6, 2)
+    for n in [2, 4, -1, -2, 5, -4]:
+        assert_same(fast(x, n), narrow(x, n))
+    arith = lambda x, n: (x * 0 + (n % 4) + 10 * (n // 3) + (n * 7) % 5 + n // -3 + n % -3  # noqa: E731
+                          + math.floor(n / 4) + math.ceil(n / 4))
+    fast = ember.compile(arith, options=options)
+    for n in [5, 7, -3, -1, -8, 0]:
+        assert_same(fast(torch.zeros(3), n), arith(torch.zeros(3), n))
+    sizes = lambda x: x * 0 + ((x.shape[0] - 8) // 3) + (x.shape[0] - 8) % 5  # noqa: E731
+    fast = ember.compile(sizes, dynamic=True, options=options)
+    for rows in (4, 6, 3, 9, 12):
+        assert_same(fast(torch.zeros(rows)), sizes(torch.zeros(rows)))

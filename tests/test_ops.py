@@ -231,6 +231,16 @@ def test_16_bit_rounding_division_by_a_scalar_divides_in_float32(dtype):
         assert torch.equal(o, r), (i, (o != r).sum())
 
 
+def test_any_and_all_over_no_dims_reduce_nothing():
+    # ATen's any/all over dims () reduce over none (sum's () means all): ember reduced them all
+    b, x = torch.rand(3, 4, device=DEVICE) > 0.5, torch.randn(3, 4, device=DEVICE)
+    for fn in (lambda b: torch.any(b, ()), lambda b: torch.all(b, (), keepdim=True), lambda b: torch.all(b, [])):
+        for a in (b, x):
+            out, report = run(fn, a)
+            assert not report.fallbacks and not [g.error for g in report.graphs if g.error]
+            assert_same(out, fn(a))
+
+
 def test_float16_roots_by_pow_are_eagers():
     # eager's CPU pow takes no root for float16 (pow(-inf, 0.5) is inf, sqrt's nan; pow(-0, -0.5)
     # is inf, rsqrt's -inf); bool ** bool raises in eager

@@ -585,3 +585,18 @@ def test_symbolic_sizes_launch_as_quotients_by_their_power_of_two_divisors():
 
     assert [_align(v) for v in (1000, 48, 7, 2, 0, 1 << 20)] == [8, 16, 1, 2, 16, 16]
     assert _align((1 << 31) + 8) == 1  # a quotient Triton could type as int32 would overflow
+
+
+@pytest.mark.parametrize("fn, make", [
+    (lambda x: x.argmax(0), lambda: torch.randn(1, 5).expand(4, 5)),
+    (lambda x: x.max(1), lambda: torch.randn(5, 1).expand(5, 6)),
+    (lambda v: (v[:, None] + torch.zeros(1, 5)).argmin(1), lambda: torch.randn(4)),
+    (lambda x: torch.zeros_like(x).argmax(1), lambda: torch.randn(3, 7)),
+    (lambda x: x.expand(3, 5000).argmin(1), lambda: torch.randn(3, 1)),
+], ids=["expanded_rows", "expanded_columns", "broadcast_sum", "constant", "looped"])
+def test_argmax_of_values_constant_along_the_reduction(fn, make):
+    # the positions were broadcast to the source's shape, one column where it does not vary along
+    # the reduction, while the masked values fill the tile: Triton refused the kernel
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="ember", category=RuntimeWarning)  # (no fallback)
+        check(fn, make(), options=TRITON)

@@ -128,14 +128,15 @@ def index_expr(e: sympy.Expr) -> str:
         return "*".join(_atom(a) for a in sorted(e.args, key=lambda t: (not t.is_Number, str(t))))
     if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
         return "*".join([_atom(e.base)] * int(e.exp))
+    # C's / and % truncate: right for indices (not negative), not for a size expression that may
+    # be negative (an int argument n % 3, (rows - 8) // 3), which Python floors
     if isinstance(e, (FloorDiv, CleanDiv)):
-        return f"{_atom(e.args[0])} / {_atom(e.args[1])}"
+        return _floordiv(*e.args)
     if isinstance(e, ModularIndexing):
         base, div, mod = e.args
-        inner = _atom(base) if div == 1 else f"({_atom(base)} / {_atom(div)})"
-        return f"{inner} % {_atom(mod)}"
+        return _mod(base if div == 1 else FloorDiv(base, div), mod)
     if isinstance(e, (Mod, PythonMod, sympy.Mod)):
-        return f"{_atom(e.args[0])} % {_atom(e.args[1])}"
+        return _mod(*e.args)
     if isinstance(e, (IntTrueDiv, FloatTrueDiv)):  # sizes divided as floats (x.shape[1] / 2)
         return f"((double){_atom(e.args[0])} / (double){_atom(e.args[1])})"
     if isinstance(e, ToFloat):
@@ -145,8 +146,8 @@ def index_expr(e: sympy.Expr) -> str:
     if sh.unary_float_fn(e):  # math.sqrt(h): an attention scale
         return f"{sh.unary_float_fn(e)}((double){_atom(e.args[0])})"
     if isinstance(e, (FloorToInt, CeilToInt)) and sh.size_quotient(e.args[0]):
-        a, b = (_atom(x) for x in e.args[0].args)  # a size over a positive integer (a pad to 32)
-        return f"{a} / {b}" if isinstance(e, FloorToInt) else f"({a} + {b} - 1) / {b}"
+        a, b = e.args[0].args  # a size over a positive integer (a pad to 32)
+        return _floordiv(a, b) if isinstance(e, FloorToInt) else f"-{_atom_text(_floordiv(-a, b))}"
     if isinstance(e, tuple(_TO_INT)):  # sizes rounded back to ints (interpolate's 1.5 * h)
         return f"((int64_t){_TO_INT[type(e)]}((double){_atom(e.args[0])}))"
     if isinstance(e, (*sh.MAXES, *sh.MINS)):
@@ -176,6 +177,26 @@ def device_size_lines(kernel: Kernel) -> list[str]:
 def _atom(e: sympy.Expr) -> str:
     text = index_expr(e)
     return text if (sympy.sympify(e).is_Atom or text.isidentifier()) else f"({text})"
+
+
+def _atom_text(text: str) -> str:
+    return text if text.isidentifier() or text.endswith(")") and text.count("(") == 1 else f"({text})"
+
+
+def _not_negative(a: sympy.Expr, b: sympy.Expr) -> bool:
+    return bool(sympy.sympify(a).is_nonnegative and sympy.sympify(b).is_positive)
+
+
+def _floordiv(a: sympy.Expr, b: sympy.Expr) -> str:
+    if _not_negative(a, b):
+        return f"{_atom(a)} / {_atom(b)}"
+    return f"ember_ifloordiv({index_expr(a)}, {index_expr(b)})"
+
+
+def _mod(a: sympy.Expr, b: sympy.Expr) -> str:
+    if _not_negative(a, b):
+        return f"{_atom(a)} % {_atom(b)}"
+    return f"ember_imod({index_expr(a)}, {index_expr(b)})"
 
 
 # ---- pointwise ops --------------------------------------------------------------------------
@@ -542,6 +563,17 @@ template <typename T> EMBER_FN T ember_max(T a, T b) { return a > b ? a : b; }
 template <typename T> EMBER_FN T ember_min(T a, T b) { return a < b ? a : b; }
 EMBER_FN int64_t ember_imax(int64_t a, int64_t b) { return a > b ? a : b; }
 EMBER_FN int64_t ember_imin(int64_t a, int64_t b) { return a < b ? a : b; }
+// Python's // and % of size expressions that may be negative (C's truncate)
+EMBER_FN int64_t ember_ifloordiv(int64_t a, int64_t b) {
+  if (b == 0) return 0;
+  int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+EMBER_FN int64_t ember_imod(int64_t a, int64_t b) {
+  if (b == 0) return 0;
+  int64_t m = a % b;
+  return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m;
+}
 
 // argmax/argmin: NaN counts as the largest (and smallest) value; ties keep the first index.
 template <typename T> EMBER_FN void ember_argmax_step(EmberArg<T>& a, T v, int64_t i) {

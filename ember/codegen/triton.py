@@ -425,7 +425,9 @@ class TritonKernelRenderer:
         return f"tl.where({mask}, {x}, {typed_neutral(v.arg.op, v.srcs[0].dtype)})"
 
     def _position(self, v: Value) -> str:
-        return f"tl.broadcast_to({self.index_as(v.arg.position, 'tl.int64')}, {self.name(v.srcs[0])}.shape)"
+        # (the shape of the masked values: a source that does not vary along the reduction, an
+        # expanded input's, is one column, which the mask widens to the tile)
+        return f"tl.broadcast_to({self.index_as(v.arg.position, 'tl.int64')}, ({self._masked(v)}).shape)"
 
     def reduce_block(self, v: Value, operand: str, position: str | None = None) -> str:
         fn = combine_fn(v.arg.op, v.srcs[0].dtype)

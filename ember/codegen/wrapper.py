@@ -69,8 +69,8 @@ def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = Fa
     if isinstance(e, ToFloat) and in_triton:
         return f"({p(e.args[0])}).to(tl.float64)"
     if isinstance(e, (FloorToInt, CeilToInt)) and sh.size_quotient(e.args[0]):  # a pad to a multiple of 32
-        a, b = (p(x) for x in e.args[0].args)
-        return f"({a} // {b})" if isinstance(e, FloorToInt) else f"(({a} + {b} - 1) // {b})"
+        a, b = e.args[0].args
+        return p(FloorDiv(a, b)) if isinstance(e, FloorToInt) else f"(-{p(FloorDiv(-a, b))})"
     if isinstance(e, (TruncToInt, FloorToInt, CeilToInt, RoundToInt)):  # (interpolate's 1.5 * h)
         x = p(e.args[0])
         if in_triton:
@@ -96,12 +96,16 @@ def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = Fa
     if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) >= 0:
         # (products: Triton's scalars take no **)
         return "(" + " * ".join([p(e.base)] * int(e.exp)) + ")" if int(e.exp) else "1"
-    if isinstance(e, (FloorDiv, CleanDiv)):
-        return f"({p(e.args[0])} // {p(e.args[1])})"
-    if isinstance(e, ModularIndexing):
-        return f"(({p(e.args[0])} // {p(e.args[1])}) % {p(e.args[2])})"
-    if isinstance(e, (Mod, PythonMod, sympy.Mod)):
-        return f"({p(e.args[0])} % {p(e.args[1])})"
+    if isinstance(e, (FloorDiv, CleanDiv, ModularIndexing, Mod, PythonMod, sympy.Mod)):
+        a, b = e.args[:2]
+        if isinstance(e, ModularIndexing):
+            a, b = FloorDiv(a, b) if b != 1 else a, e.args[2]
+        floor = isinstance(e, (FloorDiv, CleanDiv))
+        if in_triton and not (sympy.sympify(a).is_nonnegative and sympy.sympify(b).is_positive):
+            # Triton's // and % truncate as C's do: Python's, for a size expression that may be
+            # negative (an int argument n % 3)
+            return f"eh.{'floordiv_int' if floor else 'mod_int'}({p(a)}, {p(b)})"
+        return f"({p(a)} {'//' if floor else '%'} {p(b)})"
     if isinstance(e, (IntTrueDiv, FloatTrueDiv)):
         return f"({p(e.args[0])} / {p(e.args[1])})"
     if isinstance(e, ToFloat):

@@ -591,6 +591,8 @@ def _argmax(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) -> No
 def _any_all(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) -> Node:
     op = Op.ANY if ctx.aten == "aten.any" else Op.ALL
     x = ctx.cast(x, dt.bool_)
+    if isinstance(dim, (list, tuple)) and not dim:  # any(b, ()): over no dims, as in ATen
+        return x
     return _reduce(ctx, op, x, _dims(dim, x.rank), keepdim)
 
 

@@ -48,7 +48,7 @@ def inner_var(i: int) -> sympy.Symbol:
 def indirect_var(i: int) -> sympy.Symbol:
     """An index position that holds a loaded value (a gather's index): the load that uses it lists
     the index value among its sources, and renderers print the value's name in its place."""
-    return sympy.Symbol(f"ind{i}", integer=True)
+    return sympy.Symbol(f"ind{i}", integer=True, nonnegative=True)  # (checked or clamped in range)
 
 
 # The inner extent of a segment kernel (a row of a ragged tensor): a value each outer iteration
