@@ -24,11 +24,13 @@ def _config(options: dict[str, Any] | None) -> Config:
 
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
-                  options: dict[str, Any] | None = None) -> Callable[..., Any]:
+                  options: dict[str, Any] | None = None, mode: str | None = None) -> Callable[..., Any]:
     """The Dynamo backend ``torch.compile(fn, backend="ember")`` uses.
 
     ``options`` are ember settings (see ``ember.config.Config``), as in
-    ``torch.compile(fn, backend="ember", options={"debug": 2})``.
+    ``torch.compile(fn, backend="ember", options={"debug": 2})``. ``mode`` (Inductor's
+    "max-autotune", "reduce-overhead") is accepted and ignored, as other backends do: ember's
+    tuning is ``triton_tuning``, its CUDA graphs ``ember.cuda_graph``.
     """
     return _backend(_config(options), None)(gm, example_inputs)
 
@@ -185,7 +187,8 @@ def explain(fn: Callable[..., Any], *args: Any, options: dict[str, Any] | None =
     report = Report()
     backend = _backend(cfg, report.graphs)
     torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    # (an op's own error, as ember.compile raises it, not Dynamo's wrapper of it)
+    compiled = _unwrap_errors(torch.compile(fn, backend=backend, dynamic=dynamic))
     try:
         compiled(*args, **kwargs)
     finally:

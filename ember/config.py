@@ -149,7 +149,20 @@ class Config:
         if unknown:
             raise TypeError(f"unknown ember option(s) {sorted(unknown)}; known: {sorted(known)}")
         if "cache_dir" in overrides:
+            if not isinstance(overrides["cache_dir"], (str, os.PathLike)):
+                raise TypeError(f"ember option 'cache_dir' is a path, got {overrides['cache_dir']!r}")
             overrides["cache_dir"] = Path(overrides["cache_dir"])
+        for name in ("cxx", "gpu_backend", "triton_tuning", "matmul_epilogues"):
+            if name in overrides and not isinstance(overrides[name], str):
+                raise TypeError(f"ember option {name!r} is a string, got {overrides[name]!r}")
+        if "cxx_flags" in overrides:
+            flags = overrides["cxx_flags"]
+            if isinstance(flags, str) or not all(isinstance(f, str) for f in flags):
+                # ("-O2" was split into its characters: every build failed)
+                raise TypeError(f"ember option 'cxx_flags' is a list of strings, got {flags!r}")
+            overrides["cxx_flags"] = tuple(flags)
+        if overrides.get("triton_launch") is not None and not isinstance(overrides["triton_launch"], dict):
+            raise TypeError(f"ember option 'triton_launch' is a dict or None, got {overrides['triton_launch']!r}")
         for name, value in list(overrides.items()):
             # switches and counts by their defaults' types ("debug": "1" failed later as
             # "'<' not supported between instances of 'str' and 'int'")

@@ -192,15 +192,16 @@ def _build(graph: Graph, schedule: Schedule, fallbacks: dict[str, Callable[..., 
             continue
         k = step.kernel
         ok = k.name in built.functions
+        why = f"rendered for {target}, not built on this {device} machine" if render_only else "failed to build"
         report.kernels.append(rp.KernelReport(k.name, backend.name, backend.render(k) if detail else "",
-                                              list(k.origins), str(k) if detail else "", built=ok))
+                                              list(k.origins), str(k) if detail else "", built=ok,
+                                              not_built="" if ok else why))
         if ok:
             namespace[k.name] = built.functions[k.name]
             calls[k.name] = KernelCall(k.name, uses_error_flag=backend.uses_error_flag(k),
                                        pass_tensors=backend.pass_tensors)
         else:
             namespace[f"aten_{k.name}"] = fallbacks[k.name]
-            why = f"rendered for {target}, not built on this {device} machine" if render_only else "failed to build"
             calls[k.name] = KernelCall(f"aten_{k.name}", fallback=True, why_aten=why)
             if not render_only:
                 report.fallbacks.extend(k.origins)

@@ -14,7 +14,8 @@ class KernelReport:
     source: str
     aten_ops: list[str]      # the ATen ops fused into it
     kernel_ir: str = ""
-    built: bool = True       # False: the build failed and its ops ran through ATen
+    built: bool = True       # False: not built, its ops run through ATen (see not_built)
+    not_built: str = ""      # why: "failed to build", or rendered for a target this machine lacks
 
 
 @dataclass
@@ -38,7 +39,7 @@ class GraphReport:
             lines.append(f"-- after {p.name} ({p.nodes} nodes, {p.ms:.2f} ms)")
             lines.append(p.ir)
         for k in self.kernels:
-            state = "" if k.built else "  [build failed: runs through ATen]"
+            state = "" if k.built else f"  [{k.not_built or 'failed to build'}: runs through ATen]"
             lines.append(f"-- kernel {k.name} [{k.backend}] fuses {', '.join(k.aten_ops)}{state}")
             lines.append(k.source)
         lines.append("-- ATen calls: " + (", ".join(self.fallbacks) or "none"))

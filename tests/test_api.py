@@ -118,3 +118,27 @@ def test_compiled_modules_pickle_and_deep_copy():
         with pytest.raises(RuntimeError) as info:
             other(torch.randn(3, 5))
         assert type(info.value) is RuntimeError
+
+
+def test_option_values_of_the_wrong_type_are_clear_errors():
+    # "-O2" as cxx_flags was split into characters and every build failed; a number as cxx or
+    # cache_dir failed later without naming the option
+    for options, name in (({"cxx_flags": "-O2"}, "cxx_flags"), ({"cxx": 5}, "cxx"), ({"cache_dir": 5}, "cache_dir"),
+                          ({"gpu_backend": 1}, "gpu_backend"), ({"triton_launch": 3}, "triton_launch")):
+        with pytest.raises(TypeError, match=name):
+            ember.compile(lambda x: x + 1, options=options)
+
+
+def test_torch_compile_modes_are_accepted_and_explain_raises_the_ops_error():
+    fn = lambda x: torch.relu(x) + 1  # noqa: E731
+    x = torch.randn(8)
+    assert_same(torch.compile(fn, backend=ember.ember_backend, mode="max-autotune")(x), fn(x))
+    with pytest.raises(RuntimeError, match=r"shape '\[5, 7\]' is invalid"):  # (not Dynamo's wrapper)
+        ember.explain(lambda a: a.view(5, 7), torch.randn(4, 8))
+
+
+def test_a_report_says_why_kernels_rendered_for_another_target_run_through_aten():
+    report = ember.explain(lambda x: torch.relu(x) + 1, torch.randn(8), target="cuda")
+    (kernel,) = report.kernels
+    assert not kernel.built and "not built on this" in kernel.not_built
+    assert "build failed" not in str(report)
