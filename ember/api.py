@@ -79,6 +79,17 @@ class EmberModule(OptimizedModule):
         super()._initialize()
         self.forward = _unwrap_errors(self.forward)
 
+    # The state of the module it compiles, with that module's keys (torch's compiled module adds
+    # "_orig_mod." to each): a checkpoint saved from either loads into either.
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+        prefix = "_orig_mod."
+        if state_dict and all(k.startswith(prefix) for k in state_dict):  # (saved by torch.compile's)
+            state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
+        return self._orig_mod.load_state_dict(state_dict, *args, **kwargs)
+
 
 def _backend(cfg: Config, sink: list[GraphReport] | None) -> Callable[..., Any]:
     def compile_one(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
@@ -124,6 +135,9 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
                 # a check in one of torch's Python decompositions (cross_entropy's weight length,
                 # a view's size against its strides); the eager op's own check raises RuntimeError
                 original = RuntimeError(str(original))
+            elif type(original) is RuntimeError and _empty_reduction(original):
+                # amax/argmax/aminmax over an empty dim: eager's check is an IndexError
+                original = IndexError(str(original))
             raise _named(original, "\n".join(str(c) for c in chain)) from None
 
     return run
@@ -137,6 +151,21 @@ def _raised_in_refs(e: BaseException) -> bool:
         tb = tb.tb_next
     name = tb.tb_frame.f_code.co_filename.replace("\\", "/") if tb is not None else ""
     return "/torch/_refs/" in name or "/torch/_prims" in name
+
+
+def _empty_reduction(e: BaseException) -> bool:
+    """A reduction without identity over an empty dim, refused by torch's references or meta
+    functions (with a RuntimeError, where eager's own check raises IndexError)."""
+    text = str(e)
+    if "zero-size dimension" not in text and "Expected reduction dim" not in text:
+        return False
+    tb = e.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if "/torch/_refs/" in name or "/torch/_meta_registrations" in name:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _exception_chain(e: BaseException) -> list[BaseException]:

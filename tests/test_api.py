@@ -142,3 +142,18 @@ def test_a_report_says_why_kernels_rendered_for_another_target_run_through_aten(
     (kernel,) = report.kernels
     assert not kernel.built and "not built on this" in kernel.not_built
     assert "build failed" not in str(report)
+
+
+def test_a_compiled_modules_state_dict_has_the_modules_keys():
+    # torch's compiled module prefixes every key with "_orig_mod.": a checkpoint saved from it
+    # did not load into the plain module
+    make = lambda: torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))  # noqa: E731
+    compiled, plain = ember.compile(make()), make()
+    plain.load_state_dict(compiled.state_dict())
+    assert list(compiled.state_dict()) == list(plain.state_dict())
+    compiled.load_state_dict(plain.state_dict())
+    compiled.load_state_dict({"_orig_mod." + k: v for k, v in plain.state_dict().items()})
+    x = torch.randn(5, 3)
+    plain.eval()
+    compiled.eval()
+    assert_same(compiled(x), plain(x))

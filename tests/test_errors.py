@@ -275,3 +275,13 @@ def test_threads_get_their_own_errors():
     for t in threads:
         t.join()
     assert set(outcomes["bad"]) == {"raised"} and set(outcomes["good"]) == {"ok"}, outcomes
+
+
+@pytest.mark.parametrize("fn", [lambda e: e.amax(0), lambda e: e.argmax(), lambda e: torch.aminmax(e, dim=0)],
+                         ids=["amax", "argmax", "aminmax"])
+def test_reductions_over_an_empty_dim_raise_index_error_as_in_eager(fn):
+    # torch's references refuse them with a RuntimeError while tracing; eager's is an IndexError
+    e = torch.randn(0, 5)
+    assert _eager_error(fn, e) is IndexError
+    with pytest.raises(IndexError):
+        ember.compile(fn)(e)
