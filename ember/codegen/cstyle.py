@@ -134,7 +134,10 @@ def index_expr(e: sympy.Expr) -> str:
         return _floordiv(*e.args)
     if isinstance(e, ModularIndexing):
         base, div, mod = e.args
-        return _mod(base if div == 1 else FloorDiv(base, div), mod)
+        if _not_negative(base, div) and sh.nonnegative(mod):
+            inner = _atom(base) if div == 1 else f"({_atom(base)} / {_atom(div)})"
+            return f"{inner} % {_atom(mod)}"
+        return _mod(FloorDiv(base, div), mod)
     if isinstance(e, (Mod, PythonMod, sympy.Mod)):
         return _mod(*e.args)
     if isinstance(e, (IntTrueDiv, FloatTrueDiv)):  # sizes divided as floats (x.shape[1] / 2)
@@ -184,7 +187,8 @@ def _atom_text(text: str) -> str:
 
 
 def _not_negative(a: sympy.Expr, b: sympy.Expr) -> bool:
-    return bool(sympy.sympify(a).is_nonnegative and sympy.sympify(b).is_positive)
+    # (a divisor of 0 is an error either way: a size that may be 0 keeps C's spelling)
+    return sh.nonnegative(a) and sh.nonnegative(b)
 
 
 def _floordiv(a: sympy.Expr, b: sympy.Expr) -> str:

@@ -101,7 +101,7 @@ def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = Fa
         if isinstance(e, ModularIndexing):
             a, b = FloorDiv(a, b) if b != 1 else a, e.args[2]
         floor = isinstance(e, (FloorDiv, CleanDiv))
-        if in_triton and not (sympy.sympify(a).is_nonnegative and sympy.sympify(b).is_positive):
+        if in_triton and not (sh.nonnegative(a) and sh.nonnegative(b)):
             # Triton's // and % truncate as C's do: Python's, for a size expression that may be
             # negative (an int argument n % 3)
             return f"eh.{'floordiv_int' if floor else 'mod_int'}({p(a)}, {p(b)})"

@@ -8,15 +8,36 @@ from collections.abc import Iterable, Sequence
 from functools import reduce
 
 import sympy
+from torch.utils._sympy.functions import CleanDiv as _CleanDiv
+from torch.utils._sympy.functions import FloorDiv as _FloorDiv
 from torch.utils._sympy.functions import IntTrueDiv as _IntTrueDiv
 from torch.utils._sympy.functions import Max as _TorchMax
 from torch.utils._sympy.functions import Min as _TorchMin
+from torch.utils._sympy.functions import Mod as _TorchMod
+from torch.utils._sympy.functions import ModularIndexing as _ModularIndexing
+from torch.utils._sympy.functions import PythonMod as _PythonMod
 
 Expr = sympy.Expr
 Shape = tuple[sympy.Expr, ...]
 # sympy's max and min, and torch's (Dynamo's shapes use its own: Max(3, s21, s81))
 MAXES = (sympy.Max, _TorchMax)
 MINS = (sympy.Min, _TorchMin)
+
+
+def nonnegative(e: object) -> bool:
+    """Whether an integer size or index expression is never negative, as far as its symbols'
+    assumptions show (loop indices and sizes are not negative; an int argument may be): where it
+    is, C's truncating / and % agree with Python's flooring // and %."""
+    e = sympy.sympify(e)
+    if e.is_nonnegative:
+        return True
+    if isinstance(e, (_FloorDiv, _CleanDiv, _ModularIndexing, sympy.Add, sympy.Mul, *MINS)):
+        return all(nonnegative(a) for a in e.args)
+    if isinstance(e, (_TorchMod, _PythonMod, sympy.Mod)):  # (a floored remainder has the divisor's sign)
+        return nonnegative(e.args[1])
+    if isinstance(e, MAXES):
+        return any(nonnegative(a) for a in e.args)
+    return False
 
 
 def size_quotient(e: object) -> bool:
