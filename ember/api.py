@@ -15,12 +15,16 @@ from .config import Config
 from .driver import compile_graph
 from .frontend.dynamo import make_backend
 from .frontend.guard_profile import without_guard_profiling
+from .passes.pipeline import check_pass_names
 from .report import GraphReport, Report
 from .runtime import stats as stats_module
 
 
 def _config(options: dict[str, Any] | None) -> Config:
-    return config_module.config.replace(**(options or {}))
+    cfg = config_module.config.replace(**(options or {}))
+    if cfg.passes_off:  # (EMBER_PASSES_OFF, read at import: an unknown name fails here, not per graph)
+        check_pass_names(cfg.passes_off, "EMBER_PASSES_OFF")
+    return cfg
 
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],

@@ -5,6 +5,9 @@ apart (a row that needs the total) and awkward row counts."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -178,6 +181,11 @@ def test_passes_off_names_passes():
     with pytest.raises(ValueError, match="no pass named"):
         ember.compile(cross_entropy, options={"passes_off": ("one_hot_sum",)})
     assert ember.config.replace(passes_off="cse").passes_off == ("cse",)
+    # the variable, read when ember is imported: an error at compile, not a fallback per graph
+    script = "import torch, ember\nember.compile(lambda x: x + 1)(torch.ones(2))\n"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, EMBER_PASSES_OFF="bogus"))
+    assert proc.returncode != 0 and "ValueError: EMBER_PASSES_OFF: no pass named ['bogus']" in proc.stderr
 
 
 @pytest.mark.parametrize("target", ["cpp", "triton", "triton-looped"])
