@@ -150,7 +150,11 @@ def index_expr(e: sympy.Expr) -> str:
         return f"{sh.unary_float_fn(e)}((double){_atom(e.args[0])})"
     if isinstance(e, (FloorToInt, CeilToInt)) and sh.size_quotient(e.args[0]):
         a, b = e.args[0].args  # a size over a positive integer (a pad to 32)
-        return _floordiv(a, b) if isinstance(e, FloorToInt) else f"-{_atom_text(_floordiv(-a, b))}"
+        if isinstance(e, FloorToInt):
+            return _floordiv(a, b)
+        if sh.nonnegative(a):
+            return f"({_atom(a)} + {_atom(b)} - 1) / {_atom(b)}"
+        return f"-{_atom_text(_floordiv(-a, b))}"
     if isinstance(e, tuple(_TO_INT)):  # sizes rounded back to ints (interpolate's 1.5 * h)
         return f"((int64_t){_TO_INT[type(e)]}((double){_atom(e.args[0])}))"
     if isinstance(e, (*sh.MAXES, *sh.MINS)):

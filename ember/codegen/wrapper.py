@@ -70,7 +70,9 @@ def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = Fa
         return f"({p(e.args[0])}).to(tl.float64)"
     if isinstance(e, (FloorToInt, CeilToInt)) and sh.size_quotient(e.args[0]):  # a pad to a multiple of 32
         a, b = e.args[0].args
-        return p(FloorDiv(a, b)) if isinstance(e, FloorToInt) else f"(-{p(FloorDiv(-a, b))})"
+        if isinstance(e, FloorToInt):
+            return p(FloorDiv(a, b))
+        return f"(({p(a)} + {p(b)} - 1) // {p(b)})" if sh.nonnegative(a) else f"(-{p(FloorDiv(-a, b))})"
     if isinstance(e, (TruncToInt, FloorToInt, CeilToInt, RoundToInt)):  # (interpolate's 1.5 * h)
         x = p(e.args[0])
         if in_triton:
