@@ -147,29 +147,28 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _frames(e: BaseException) -> list[str]:
+    """The files of ``e``'s traceback, outermost first, with forward slashes."""
+    files, tb = [], e.__traceback__
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename.replace("\\", "/"))
+        tb = tb.tb_next
+    return files
+
+
 def _raised_in_refs(e: BaseException) -> bool:
     """Whether ``e`` was raised in torch's Python references of ATen ops (torch/_refs, _prims),
     not by a Python-level function that raises ValueError in eager too (F.interpolate's)."""
-    tb = e.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    name = tb.tb_frame.f_code.co_filename.replace("\\", "/") if tb is not None else ""
-    return "/torch/_refs/" in name or "/torch/_prims" in name
+    innermost = (_frames(e) or [""])[-1]
+    return "/torch/_refs/" in innermost or "/torch/_prims" in innermost
 
 
 def _empty_reduction(e: BaseException) -> bool:
     """A reduction without identity over an empty dim, refused by torch's references or meta
     functions (with a RuntimeError, where eager's own check raises IndexError)."""
     text = str(e)
-    if "zero-size dimension" not in text and "Expected reduction dim" not in text:
-        return False
-    tb = e.__traceback__
-    while tb is not None:
-        name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
-        if "/torch/_refs/" in name or "/torch/_meta_registrations" in name:
-            return True
-        tb = tb.tb_next
-    return False
+    return (("zero-size dimension" in text or "Expected reduction dim" in text)
+            and any("/torch/_refs/" in f or "/torch/_meta_registrations" in f for f in _frames(e)))
 
 
 def _exception_chain(e: BaseException) -> list[BaseException]:

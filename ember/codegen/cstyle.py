@@ -154,7 +154,7 @@ def index_expr(e: sympy.Expr) -> str:
             return _floordiv(a, b)
         if sh.nonnegative(a):
             return f"({_atom(a)} + {_atom(b)} - 1) / {_atom(b)}"
-        return f"-{_atom_text(_floordiv(-a, b))}"
+        return f"-({_floordiv(-a, b)})"
     if isinstance(e, tuple(_TO_INT)):  # sizes rounded back to ints (interpolate's 1.5 * h)
         return f"((int64_t){_TO_INT[type(e)]}((double){_atom(e.args[0])}))"
     if isinstance(e, (*sh.MAXES, *sh.MINS)):
@@ -184,10 +184,6 @@ def device_size_lines(kernel: Kernel) -> list[str]:
 def _atom(e: sympy.Expr) -> str:
     text = index_expr(e)
     return text if (sympy.sympify(e).is_Atom or text.isidentifier()) else f"({text})"
-
-
-def _atom_text(text: str) -> str:
-    return text if text.isidentifier() or text.endswith(")") and text.count("(") == 1 else f"({text})"
 
 
 def _not_negative(a: sympy.Expr, b: sympy.Expr) -> bool:

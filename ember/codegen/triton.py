@@ -417,17 +417,20 @@ class TritonKernelRenderer:
                 preselected.add(id(v))
         return other, preselected
 
+    def _mask(self) -> str:
+        return "xmask & rmask" if self.kind == "rows" else "rmask"
+
     def _masked(self, v: Value) -> str:
         x = self.name(v.srcs[0])
         if id(v) in self.preselected:  # its load's masked-off lanes hold the neutral already
             return x
-        mask = "xmask & rmask" if self.kind == "rows" else "rmask"
-        return f"tl.where({mask}, {x}, {typed_neutral(v.arg.op, v.srcs[0].dtype)})"
+        return f"tl.where({self._mask()}, {x}, {typed_neutral(v.arg.op, v.srcs[0].dtype)})"
 
     def _position(self, v: Value) -> str:
-        # (the shape of the masked values: a source that does not vary along the reduction, an
-        # expanded input's, is one column, which the mask widens to the tile)
-        return f"tl.broadcast_to({self.index_as(v.arg.position, 'tl.int64')}, ({self._masked(v)}).shape)"
+        # the masked values' shape: the mask's, which widens a source that does not vary along
+        # the reduction (an expanded input's one column) to the tile
+        shape = self.name(v.srcs[0]) if id(v) in self.preselected else f"({self._mask()})"
+        return f"tl.broadcast_to({self.index_as(v.arg.position, 'tl.int64')}, {shape}.shape)"
 
     def reduce_block(self, v: Value, operand: str, position: str | None = None) -> str:
         fn = combine_fn(v.arg.op, v.srcs[0].dtype)
