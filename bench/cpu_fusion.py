@@ -3,7 +3,8 @@
     python bench/cpu_fusion.py [--reps 25] [--quick] [--train]
 
 Cases: relu(x)+y+1 (16M fp32), RMSNorm 4096x4096 fp32 and softmax 4096x4096 fp32 (both the
-manual formulas of ../shared/BENCHMARKS.md), and the padded GIoU loss (1024 x 256 boxes).
+manual formulas of ../shared/BENCHMARKS.md), the padded GIoU loss (1024 x 256 boxes), and tanh
+and tanh-approximated GELU (16M fp32: ember's own tanh).
 Checks every variant against a float64 reference first, then prints median times and ratios.
 ``--train`` times the backward alone of RMSNorm and LayerNorm (4096 x 4096 fp32), with ember's
 column sums in the row kernel (passes/chunks.py) and without (``row_chunks=0``).
@@ -48,7 +49,13 @@ def cases(quick: bool):
         ("RMSNorm fp32 4096x4096", rmsnorm, lambda: (torch.randn(rows, 4096), torch.randn(4096))),
         ("softmax fp32 4096x4096", softmax, lambda: (torch.randn(rows, 4096),)),
         ("padded GIoU loss 1024x256", padded_giou_loss, lambda: (pred, padded)),
+        ("tanh(x) fp32 16M", torch.tanh, lambda: (torch.randn(n),)),
+        ("gelu(x, 'tanh') fp32 16M", gelu_tanh, lambda: (torch.randn(n),)),
     ]
+
+
+def gelu_tanh(x):
+    return torch.nn.functional.gelu(x, approximate="tanh")
 
 
 def layer_norm(x, w, b):
