@@ -89,7 +89,11 @@ def test_scalars_that_overflow_their_dtype_raise_as_in_eager(dynamic):
                (lambda x: torch.full_like(x, 300), _U8), (lambda x: x.clone().fill_(300), _U8),
                (lambda x: torch.nn.functional.threshold(x, 50, 300), _I8),
                (lambda x: torch.add(x, x, alpha=300), _I8),
-               (lambda x: x.clamp(max=1e5), _U8.to(torch.float16))]
+               (lambda x: x.clamp(max=1e5), _U8.to(torch.float16)),
+               # float16 fills of masked_fill / index_fill: torch's decompositions gave inf
+               (lambda x: x.masked_fill(_MASK, 1e5), _U8.to(torch.float16)),
+               (lambda x: x.index_fill(0, torch.tensor([0]), -7e4), _U8.to(torch.float16)),
+               (lambda x: x.index_fill(0, torch.tensor([1]), 128), _I8)]
     for fn, x in raising:
         assert _eager_error(fn, x) is RuntimeError
         with pytest.raises(RuntimeError, match="without overflow"):
@@ -285,3 +289,18 @@ def test_reductions_over_an_empty_dim_raise_index_error_as_in_eager(fn):
     assert _eager_error(fn, e) is IndexError
     with pytest.raises(IndexError):
         ember.compile(fn)(e)
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 3), (0, 3), ()], ids=["1d", "2d", "empty", "0d"])
+def test_logsumexp_over_no_dims_is_eagers(shape):
+    """``logsumexp(x, ())``: eager raises for a tensor with dims (and returns a 0-d result for
+    an empty one); torch's decomposition returned a (1, ..., 1) tensor. Those calls keep the op."""
+    fn = lambda x: torch.logsumexp(x * 2, ())  # noqa: E731
+    x = torch.randn(shape)
+    try:
+        expected = fn(x)
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="broadcast shape"):
+            ember.compile(fn)(x)
+        return
+    assert_same(ember.compile(fn)(x), expected)

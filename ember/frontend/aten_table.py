@@ -312,17 +312,21 @@ def _checked(value: Any, dtype: dt.DType) -> Any:
     """A Python scalar argument ATen converts with an overflow check (clamp's bounds, a fill
     value, add's alpha): out of ``dtype``'s range, the op runs through ATen, which raises
     "value cannot be converted to type ... without overflow" as in eager."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or dtype.is_bool:
-        return value
-    if dtype.is_float:
-        fits = not math.isfinite(value) or abs(value) <= torch.finfo(dt.to_torch(dtype)).max
-    else:
-        info = torch.iinfo(dt.to_torch(dtype))
-        # (c10 lets an unsigned type take negatives down to minus its maximum, wrapped)
-        fits = math.isfinite(value) and (-info.max if info.min == 0 else info.min) <= value <= info.max
-    if not fits:
+    if isinstance(value, (int, float)) and not scalar_fits(value, dt.to_torch(dtype)):
         raise Unsupported(f"{value} does not fit {dtype}: ATen raises")
     return value
+
+
+def scalar_fits(value: int | float, dtype: torch.dtype) -> bool:
+    """Does ATen convert the Python scalar ``value`` to ``dtype`` without its overflow error?
+    (c10's rule: floats take inf and nan; an unsigned type takes negatives down to minus its
+    maximum, wrapped; bool and complex take anything.)"""
+    if isinstance(value, bool) or dtype == torch.bool or dtype.is_complex:
+        return True
+    if dtype.is_floating_point:
+        return not math.isfinite(value) or abs(value) <= torch.finfo(dtype).max
+    info = torch.iinfo(dtype)
+    return math.isfinite(value) and (-info.max if info.min == 0 else info.min) <= value <= info.max
 
 
 def _clamp(ctx: Context, x: Node, lo: Any = None, hi: Any = None) -> Node:

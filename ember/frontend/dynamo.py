@@ -17,6 +17,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 
 from ..config import Config
+from .aten_table import scalar_fits
 from .partition import partition
 
 aten = torch.ops.aten
@@ -47,6 +48,11 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     for op in (aten.native_layer_norm.default, aten.gelu.default, aten.var_mean.correction,
                aten.var.correction, aten.std.correction, aten.std_mean.correction, aten.index_add.default):
         table.pop(op, None)
+    # Their decompositions drop a check eager makes: they keep the op (ATen raises as eager
+    # does) where it applies.
+    for op, fn in get_decompositions([aten.masked_fill.Scalar, aten.index_fill.int_Scalar]).items():
+        table[op] = _eager_when(fn, _fill_overflows)
+    table[aten.logsumexp.default] = _eager_when(table[aten.logsumexp.default], _over_no_dims)
     # Its decomposition returns the attention weights where the op returns the log-sum-exp. In a
     # training graph the op's backward (never decomposed) then reads the weights as the
     # log-sum-exp, and every gradient is wrong, silently. It runs through ATen, as in Inductor.
@@ -63,6 +69,31 @@ def _floats_only(decomposition: Callable[..., Any]) -> Callable[..., Any]:
             return NotImplemented
         return decomposition(x, *args, **kwargs)
     return decompose
+
+
+def _eager_when(decomposition: Callable[..., Any], keep_op: Callable[..., bool]) -> Callable[..., Any]:
+    """``decomposition``, except where ``keep_op(*args)``: NotImplemented then tells the tracer
+    to keep the op, which ATen runs (and rejects, or computes, as eager does)."""
+    @functools.wraps(decomposition)
+    def decompose(*args: Any, **kwargs: Any) -> Any:
+        if keep_op(*args, **kwargs):
+            return NotImplemented
+        return decomposition(*args, **kwargs)
+    return decompose
+
+
+def _fill_overflows(x: torch.Tensor, *args: Any, **_: Any) -> bool:
+    """masked_fill / index_fill with a Python scalar out of ``x``'s range: eager raises "value
+    cannot be converted ... without overflow", the decomposition's scalar_tensor gives inf."""
+    value = args[-1]
+    return isinstance(value, (int, float)) and not scalar_fits(value, x.dtype)
+
+
+def _over_no_dims(x: torch.Tensor, dim: Any = (), *_: Any, **__: Any) -> bool:
+    """logsumexp over ``dim=()`` of a tensor with dims: eager's kernel reduces its max over
+    every dim and then fails (or not, when empty) to broadcast it back; the decomposition
+    returns a (1, ..., 1) tensor where eager raises."""
+    return isinstance(dim, (list, tuple)) and len(dim) == 0 and x.dim() > 0
 
 
 def make_backend(compile_graph: GraphCompiler, cfg: Config | None = None, wrap: Callable[..., Any] | None = None
