@@ -96,6 +96,8 @@ class _Capture:
     # layout, ``_packed_layout``): a batch laid out alike is copied in one piece
     packed: dict[int, tuple[torch.Tensor, tuple[int, int]]] = field(default_factory=dict)
     graded: list[int] = field(default_factory=list)  # ragged leaves whose values require grad
+    # leaves copied into static buffers on each call (the others are read where they are)
+    copied: list[int] = field(default_factory=list)
 
 
 class CudaGraphStep:
@@ -113,6 +115,7 @@ class CudaGraphStep:
         self.capacity = capacity
         self.warmup = warmup
         self.static_args = frozenset(static_args)
+        self._last_static = max(self.static_args, default=-1)
         self.captures: dict[Any, _Capture] = {}
         self.exact_reason: str | None = None   # why T is captured exactly, once the check said so
         self.replays = 0
@@ -128,8 +131,8 @@ class CudaGraphStep:
         """Leaf positions of the arguments named in ``static_args``."""
         if not self.static_args:
             return frozenset()
-        if max(self.static_args) >= len(args):
-            raise ValueError(f"cuda_graph: static_args names argument {max(self.static_args)}, but the step "
+        if self._last_static >= len(args):
+            raise ValueError(f"cuda_graph: static_args names argument {self._last_static}, but the step "
                              f"got {len(args)} positional argument(s)")
         if fast:  # one leaf per argument
             return self.static_args
@@ -176,8 +179,13 @@ class CudaGraphStep:
         key: list[Any] = [spec if isinstance(spec, int) else str(spec)]  # a str hashes faster
         for i, leaf in enumerate(leaves):
             if i in in_place and isinstance(leaf, (Ragged, torch.Tensor)):  # read where it is
-                tensors = (leaf.values, leaf.offsets) if isinstance(leaf, Ragged) else (leaf,)
-                key.append(("in place", *((id(t), t.data_ptr(), t.shape, t.stride(), t.dtype) for t in tensors)))
+                # flat tuples, no generator: every call of a graphed step builds this key
+                if isinstance(leaf, Ragged):
+                    v, o = leaf.values, leaf.offsets
+                    key.append(("in place", id(v), v.data_ptr(), v.shape, v.stride(), v.dtype,
+                                id(o), o.data_ptr(), o.shape, o.stride(), o.dtype))
+                else:
+                    key.append(("in place", id(leaf), leaf.data_ptr(), leaf.shape, leaf.stride(), leaf.dtype))
             elif isinstance(leaf, Ragged):
                 values, offsets = leaf.values, leaf.offsets
                 grad = values.requires_grad
@@ -208,7 +216,11 @@ class CudaGraphStep:
 
     # ---- calls ----------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fast = not kwargs and all(isinstance(a, _LEAF_TYPES) for a in args)
+        fast = not kwargs
+        for a in args:  # a loop, not all() of a generator: host time of every call
+            if not isinstance(a, _LEAF_TYPES):
+                fast = False
+                break
         if fast:  # the common case, without pytree's cost (10-20 µs of a call's host time)
             leaves, spec = list(args), len(args)
         else:
@@ -248,6 +260,8 @@ class CudaGraphStep:
                 continue
             static, packed = _static(leaf, capacities.get(i), self.exact_reason is not None, device)
             entry.statics.append(static)
+            if static is not leaf:
+                entry.copied.append(i)
             if packed is not None:
                 entry.packed[i] = packed
             if isinstance(leaf, Ragged) and leaf.values.requires_grad:
@@ -395,7 +409,8 @@ def _copy_in(entry: _Capture, leaves: list[Any], copier: DriverCopies | None = N
     would cost every call the grad-mode switch)."""
     copies: list[Copy] = []
     host: list[torch.Tensor] = []
-    for i, (static, leaf) in enumerate(zip(entry.statics, leaves)):
+    for i in entry.copied:
+        static, leaf = entry.statics[i], leaves[i]
         packed, layout = entry.packed.get(i, (None, None))
         if packed is not None and _packed_layout(leaf) == layout:  # offsets and values at once
             start, values_start = layout
@@ -407,8 +422,6 @@ def _copy_in(entry: _Capture, leaves: list[Any], copier: DriverCopies | None = N
                 source = leaf.offsets.view(torch.uint8).as_strided((end - start,), (1,), start)
                 with torch.no_grad():
                     packed[start:end].copy_(source, non_blocking=True)
-            continue
-        if static is leaf:  # parameters, constants and static_args: used where they are
             continue
         if isinstance(leaf, Ragged):  # the values fill the static's first T rows
             pairs = [(static.values, leaf.values), (static.offsets, leaf.offsets)]

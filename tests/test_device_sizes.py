@@ -224,7 +224,7 @@ def test_cuda_graph_copies_a_packed_batch_into_its_buffers_at_once():
     assert layout is not None and layout[0] < layout[1]  # offsets first
     static, (packed, kept) = _static(first, 129, False, torch.device("cpu"))
     static.values.requires_grad_()  # as for values that require grad: copies stay out of autograd
-    entry = _Capture(None, [static], None, {0: 129}, {0: (packed, kept)})
+    entry = _Capture(None, [static], None, {0: 129}, {0: (packed, kept)}, copied=[0])
     for seed in range(4):
         r = batch(seed)[0]
         assert _packed_layout(r) == layout
