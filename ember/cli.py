@@ -78,7 +78,9 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_shapes(text: str) -> list[tuple[int, ...]]:
+def _parse_shapes(text: str | None) -> list[tuple[int, ...]]:
+    if text is None or text.strip().lower() == "none":  # a function of no inputs
+        return []
     shapes = []
     for part in text.split(","):
         part = part.strip()
@@ -210,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = sub.add_parser("explain", help="show what ember does with a function")
     p.add_argument("target", help="FILE.py:FUNCTION")
-    p.add_argument("--shapes", required=True, help="input shapes, e.g. 64x128,128 (random inputs)")
+    p.add_argument("--shapes", help="input shapes, e.g. 64x128,128 (random inputs); '' is one 0-d input; "
+                   "leave out (or 'none') for a function of no inputs")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--dynamic", action="store_true", help="compile with symbolic sizes")
     p.add_argument("--full", action="store_true", help="the IR after every pass, kernels, host program")

@@ -77,7 +77,7 @@ class Report:
                 lines.append(f"  {k.name} [{k.backend}]: {', '.join(k.aten_ops)}")
             if g.fallbacks:
                 lines.append(f"  ATen: {', '.join(g.fallbacks)}")
-        return "\n".join(lines)
+        return "\n".join(lines) if lines else "(nothing was compiled)"
 
     def __str__(self) -> str:
         return "\n\n".join(str(g) for g in self.graphs) if self.graphs else "(nothing was compiled)"

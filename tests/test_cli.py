@@ -35,6 +35,17 @@ def test_explain_a_function_in_a_file(tmp_path):
     assert "-- after cse" in full.stdout and "int64_t s" in full.stdout  # symbolic sizes as arguments
 
 
+def test_explain_a_function_of_no_inputs(tmp_path):
+    (tmp_path / "model.py").write_text(textwrap.dedent("""
+        import torch
+        def table():
+            return torch.arange(12.0).reshape(3, 4).exp().sum(0)
+    """))
+    proc = _ember("explain", "model.py:table", cwd=tmp_path)  # no --shapes: no inputs
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "1 kernel(s)" in proc.stdout and 'extern "C"' in proc.stdout
+
+
 def test_explain_reports_bad_targets(tmp_path):
     proc = _ember("explain", "missing.py:f", "--shapes", "3", cwd=tmp_path)
     assert proc.returncode != 0 and "no such file" in proc.stderr
