@@ -320,3 +320,21 @@ def test_size_arithmetic_of_negative_values_floors_as_python(target):
     fast = ember.compile(sizes, dynamic=True, options=options)
     for rows in (4, 6, 3, 9, 12):
         assert_same(fast(torch.zeros(rows)), sizes(torch.zeros(rows)))
+
+
+@pytest.mark.parametrize("target", [None, pytest.param("triton", marks=on_the_interpreter)], ids=["native", "triton"])
+def test_abs_and_bitwise_size_expressions_compile(target):
+    """``abs(n - 5)`` and ``n & 3`` of sizes had no C or Python spelling: the graph ran through
+    ATen with a warning. |a| is max(a, -a); &, | and ^ agree with Python's on int64."""
+    options = {"target": target} if target else None
+    fns = [lambda x: x[: abs(x.shape[0] - 5)] * 2,                       # a slice's end
+           lambda x: x[: x.shape[0] & 3] * 2,
+           lambda x: x * (x.shape[0] ^ 5) + (x.shape[0] | 2) - (x.shape[0] & -4)]  # values
+    for fn in fns:
+        report = ember.Report()
+        fast = ember.compile(fn, dynamic=True, options=options, report=report)
+        for rows in (3, 9, 6, 1):
+            x = torch.randn(rows, 4)
+            assert_same(fast(x), fn(x))
+        assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+        assert report.kernels

@@ -157,6 +157,10 @@ def index_expr(e: sympy.Expr) -> str:
         return f"-({_floordiv(-a, b)})"
     if isinstance(e, tuple(_TO_INT)):  # sizes rounded back to ints (interpolate's 1.5 * h)
         return f"((int64_t){_TO_INT[type(e)]}((double){_atom(e.args[0])}))"
+    if isinstance(e, sympy.Abs):
+        return index_expr(sh.abs_as_max(e))
+    if sh.bitwise_operator(e):
+        return f"({_atom(e.args[0])} {sh.bitwise_operator(e)} {_atom(e.args[1])})"
     if isinstance(e, (*sh.MAXES, *sh.MINS)):
         fn = "ember_imax" if isinstance(e, sh.MAXES) else "ember_imin"
         args = [index_expr(a) for a in e.args]

@@ -81,6 +81,10 @@ def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = Fa
         return {TruncToInt: f"int({x})", FloorToInt: f"int(({x}) // 1)", CeilToInt: f"(-int(-({x}) // 1))",
                 RoundToInt: f"round({x})"}[type(e)]
 
+    if isinstance(e, sympy.Abs):
+        return p(sh.abs_as_max(e))
+    if sh.bitwise_operator(e):
+        return f"({p(e.args[0])} {sh.bitwise_operator(e)} {p(e.args[1])})"
     if isinstance(e, (*sh.MAXES, *sh.MINS)):
         fn = minmax[0] if isinstance(e, sh.MAXES) else minmax[1]
         out = p(e.args[0])

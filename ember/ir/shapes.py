@@ -40,6 +40,22 @@ def nonnegative(e: object) -> bool:
     return False
 
 
+# integer bitwise functions of sizes (``n & 3``), torch's BitwiseFn_<name>: C, Python and Triton
+# spell them alike, and on int64 two's complement they agree with Python's ints
+_BITWISE = {"BitwiseFn_bitwise_and": "&", "BitwiseFn_bitwise_or": "|", "BitwiseFn_bitwise_xor": "^"}
+
+
+def bitwise_operator(e: object) -> str | None:
+    """The C/Python operator of one of torch's bitwise size functions, or None."""
+    return _BITWISE.get(type(e).__name__)
+
+
+def abs_as_max(e: sympy.Expr) -> sympy.Expr:
+    """|a| as max(a, -a), which every printer spells (``abs(n - 5)`` of a size)."""
+    (a,) = e.args
+    return sympy.Max(a, -a, evaluate=False)
+
+
 def size_quotient(e: object) -> bool:
     """A size divided by a positive integer as floats (h / 32, Dynamo's IntTrueDiv): its floor
     and ceiling are integer divisions, exact in every spelling (sizes are not negative)."""
