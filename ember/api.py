@@ -44,22 +44,25 @@ _SHARED_BACKENDS: dict[str, Callable[..., Any]] = {}
 
 class EmberBackend:
     """ember's Dynamo backend for one configuration. An object rather than a closure so that a
-    compiled module pickles (``torch.save``) and deep-copies: it is rebuilt from its settings."""
+    compiled module pickles (``torch.save``) and deep-copies: it is rebuilt from its settings.
+    ``sink``: a report's list of graphs, which each compile appends to; a copy or an unpickled
+    module compiles without it (a report collects one process's compiles)."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, sink: list[GraphReport] | None = None) -> None:
         self.cfg = cfg
+        self.sink = sink
         self._compile: Callable[..., Any] | None = None
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         if self._compile is None:
-            self._compile = _backend(self.cfg, None)
+            self._compile = _backend(self.cfg, self.sink)
         return self._compile(gm, example_inputs)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"cfg": self.cfg}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.cfg, self._compile = state["cfg"], None
+        self.cfg, self.sink, self._compile = state["cfg"], None, None
 
 
 def _shared_backend(cfg: Config) -> EmberBackend:
@@ -115,7 +118,7 @@ def compile(model: Callable[..., Any] | None = None, *, options: dict[str, Any] 
     cfg = _config(options)
     if model is None:
         return functools.partial(compile, options=options, dynamic=dynamic, fullgraph=fullgraph, report=report)
-    backend = _backend(cfg, report.graphs) if report is not None else _shared_backend(cfg)
+    backend = EmberBackend(cfg, report.graphs) if report is not None else _shared_backend(cfg)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(compiled, OptimizedModule):  # stays a module (parameters, state_dict, train/eval)
         return EmberModule(compiled._orig_mod, compiled.dynamo_ctx)

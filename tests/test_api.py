@@ -120,6 +120,21 @@ def test_compiled_modules_pickle_and_deep_copy():
         assert type(info.value) is RuntimeError
 
 
+def test_a_module_compiled_with_a_report_pickles():
+    # its backend was a closure over the report's list: torch.save failed
+    import pickle
+
+    report = ember.Report()
+    compiled = ember.compile(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU()), report=report)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        compiled(x)
+        assert report.graphs and "kernel(s)" in report.summary()
+        other = pickle.loads(pickle.dumps(compiled))  # compiles again, without the report
+        assert_same(other(x), compiled._orig_mod(x))
+    assert len(report.graphs) == 1
+
+
 def test_option_values_of_the_wrong_type_are_clear_errors():
     # "-O2" as cxx_flags was split into characters and every build failed; a number as cxx or
     # cache_dir failed later without naming the option
