@@ -141,6 +141,60 @@ def test_a_batch_with_every_target_ignored_has_zero_gradients(loss):
     assert_same(_grads(compiled, [x, targets]), _grads(fn, [x, targets]))
 
 
+class _ClipGrad(torch.autograd.Function):
+    """Identity forward whose backward clips the incoming gradient: not linear in it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.clamp(-0.01, 0.01)
+
+
+def _clipped_by_hook(x, w):
+    h = x * w
+    h.register_hook(lambda g: g.clamp(-0.01, 0.01))
+    return h.square().sum() * 0.001
+
+
+@pytest.mark.parametrize("fn", [lambda x, w: _ClipGrad.apply(x * w).square().sum() * 0.001, _clipped_by_hook],
+                         ids=["custom_backward", "hook"])
+def test_a_gradient_not_linear_in_the_incoming_one_uses_min_cut(fn, always_in_forward):
+    # grad(u) = u * grad(1) does not hold for a clipped gradient: the plan clipped the gradient
+    # at u = 1 and scaled it by 0.001 after, 1000x too small
+    x, w = torch.randn(8, 16), torch.randn(8, 16)
+    ember.reset_stats()
+    assert_same(_grads(ember.compile(fn), [x.requires_grad_(), w]), _grads(fn, [x, w]))
+    assert ember.stats()["grads_in_forward"] == 0
+
+
+def test_a_mean_over_an_empty_mask_has_eagers_nan_gradients(always_in_forward):
+    # the scale is 1 / 0; eager's gradient is inf * 0 = NaN, where a mask for cross-entropy's
+    # ignored rows (zeros stay zeros) had made it 0 for every loss, hiding the NaN
+    def masked_mse(pred, target, mask):
+        return ((pred - target) ** 2 * mask).sum() / mask.sum()
+
+    pred, target = torch.randn(4, 16), torch.randn(4, 16)
+    ember.reset_stats()
+    mine = _grads(ember.compile(masked_mse), [pred.requires_grad_(), target, torch.zeros(4, 16)])
+    assert ember.stats()["grads_in_forward"] == 1
+    assert mine[0].isnan() and mine[1].isnan().all()
+
+
+def test_a_float16_mean_of_many_elements_has_eagers_gradient(always_in_forward):
+    # the gradient at u = 1 folds a mean's 1 / 65536, which was 1 / inf = 0 in float16: every
+    # gradient was 0
+    def loss(x, w):
+        return (x * w).mean()
+
+    x, w = torch.randn(2, 1024, 64).half()
+    assert _chosen(loss, [x.requires_grad_(), w])
+    (grad,) = _grads(ember.compile(loss), [x, w])[1:]
+    assert (grad != 0).float().mean() > 0.9
+
+
 def test_mse_loss():
     x, y = torch.randn(64, 32, requires_grad=True), torch.randn(64, 32)
     assert _chosen(F.mse_loss, [x, y])

@@ -55,6 +55,18 @@ def test_fold_evaluates_constant_arithmetic_with_dtype_rounding():
     assert consts == [0.30000001192092896]
 
 
+def test_fold_computes_16_bit_constants_in_float32_and_rounds_once():
+    # a float16 mean's backward, 1 / 65536: the literal rounded to float16 first was inf, and
+    # every gradient 0; eager (and ember's kernels) divide in float32 and round the result
+    b = GraphBuilder()
+    x = b.input((3,), dtypes.float16)
+    scale = b.div(b.full(1.0, (3,), dtypes.float16), b.full(65536, (3,), dtypes.float16))
+    tenth = b.add(b.full(0.1, (3,), dtypes.bfloat16), b.full(0.0, (3,), dtypes.bfloat16))
+    after = dce(fold_constants(b.build(b.mul(x, scale), tenth)))
+    consts = [n.arg for n in after.nodes if n.op is Op.CONST]
+    assert consts == [2.0 ** -16, 0.10009765625]  # 0.1 as bfloat16 holds it
+
+
 def test_fold_removes_exact_identities_only():
     b = GraphBuilder()
     x = b.input((3,))

@@ -41,7 +41,8 @@ of a sum). Eager rounds after every op of the chain, so the result stays within 
 
 Anything else goes to min-cut unchanged: several tangents or a non-scalar one, mutating or random
 ops, RNG seed or backward-state inputs, higher-order ops, activation-checkpoint tags, a gradient
-that does not depend on the tangent, or the option ``grad_in_forward=False``
+that does not depend on the tangent or is not linear in it (a gradient hook or a custom backward
+that clips it: linearity.py), or the option ``grad_in_forward=False``
 (``EMBER_GRAD_IN_FORWARD=0``).
 """
 
@@ -63,6 +64,7 @@ from torch.fx.experimental import symbolic_shapes
 from ..config import Config, log
 from ..config import config as default_config
 from ..runtime import stats
+from .linearity import masks_gradient, nonlinear_op
 from .row_ids import mark_row_ids_for_recompute
 
 aten = torch.ops.aten
@@ -155,6 +157,11 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
 
     witnesses = _version_witnesses(fwd_outputs, grads, tangent)
     scale, kept = _scale(graph, tangent, dependent)
+    scaled_part = [n for n in graph.nodes if n in dependent and n not in kept]
+    nonlinear = nonlinear_op(scaled_part, dependent)
+    if nonlinear:  # (a gradient hook or a custom backward: grad(u) = u * grad(1) does not hold)
+        log(1, f"partition: min-cut (the gradient is not linear in the incoming one: {nonlinear})", cfg)
+        return None
     scale_val = scale.meta["val"]
     fake_mode = detect_fake_mode([scale_val])
 
@@ -173,9 +180,12 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
             user.replace_input_with(scale, one)
 
     # grad_i = K_i * u, in the gradient's dtype; u as a 0-d tensor so it neither broadcasts K_i
-    # to more dims nor promotes K_i's dtype. Where K_i is 0, so is grad_i: eager masks after
-    # scaling (cross-entropy's ignored rows: where(target != ignore, g / total_weight, 0)), and
-    # with every row ignored u is g / 0, whose product with the zeros is NaN, not eager's 0.
+    # to more dims nor promotes K_i's dtype. Where the chain masks (cross-entropy's ignored rows:
+    # where(target != ignore, g / total_weight, 0)), eager masks after scaling: with every row
+    # ignored u is g / 0, whose product with the zeros is NaN, not eager's 0, so there grad_i is 0
+    # where K_i is. Elsewhere a u of inf or NaN makes every product NaN, as in eager (a masked
+    # mean over an empty mask).
+    masked = masks_gradient(scaled_part)
     scaled: dict[fx.Node, fx.Node] = {}
     with graph.inserting_before(output), fake_mode:
         u = scale
@@ -185,10 +195,11 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
             if not isinstance(g, fx.Node) or g is scale or g in scaled:
                 continue
             product = _call(graph, aten.mul.Tensor, g, u)
-            zero_kwargs = {**full_kwargs, "dtype": product.meta["val"].dtype}
-            zero = graph.call_function(aten.full.default, ([], 0), zero_kwargs)
-            zero.meta["val"] = aten.full.default([], 0, **zero_kwargs)
-            product = _call(graph, aten.where.self, _call(graph, aten.ne.Scalar, g, 0), product, zero)
+            if masked:
+                zero_kwargs = {**full_kwargs, "dtype": product.meta["val"].dtype}
+                zero = graph.call_function(aten.full.default, ([], 0), zero_kwargs)
+                zero.meta["val"] = aten.full.default([], 0, **zero_kwargs)
+                product = _call(graph, aten.where.self, _call(graph, aten.ne.Scalar, g, 0), product, zero)
             if product.meta["val"].dtype != g.meta["val"].dtype:
                 product = _call(graph, prims.convert_element_type.default, product, g.meta["val"].dtype)
             scaled[g] = product

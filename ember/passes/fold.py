@@ -1,7 +1,8 @@
 """Constant folding and exact algebraic identities.
 
-* pointwise ops on constants are evaluated (with torch's own semantics, so dtype rounding matches
-  eager) and become constants; arithmetic on symbolic sizes stays symbolic;
+* pointwise ops on constants are evaluated (with torch's own semantics, 16-bit floats in float32
+  as kernels compute them, rounded once) and become constants; arithmetic on symbolic sizes stays
+  symbolic;
 * reductions over size-1 dims disappear;
 * identities that hold bit for bit, NaN and -0.0 included: x*1, x/1, x-0, x+(-0.0), integer x+0,
   -(-x), where(constant, a, b), and casts that round-trip through a wider type (bf16->f32->bf16).
@@ -76,9 +77,14 @@ def _fold(node: Node, inputs: tuple[Node, ...]) -> Node | None:
         return make(Op.EXPAND, (c,), rebuilt_shape, device=node.device) if rebuilt_shape else c
 
     if all(_is_literal(v) for v in values):
-        scalars = [make(Op.CONST, (), v, dtype=i.dtype, device=node.device) for v, i in zip(values, inputs)]
-        probe = make(op, scalars, node.arg, dtype=node.dtype, device="cpu")
-        return const(eval_node(probe, [eval_node(s, [], {}) for s in scalars], {}).item())
+        # 16-bit constants are evaluated as kernels compute them, in float32 with the literals
+        # as written (a mean's 1 / 65536 in float16 is 1.5e-5, not 1 / inf), then rounded to the
+        # result's dtype, as eager rounds each op's result
+        scalars = [make(Op.CONST, (), v, dtype=dt.compute_dtype(i.dtype), device=node.device)
+                   for v, i in zip(values, inputs)]
+        probe = make(op, scalars, node.arg, dtype=dt.compute_dtype(node.dtype), device="cpu")
+        value = eval_node(probe, [eval_node(s, [], {}) for s in scalars], {})
+        return const(value.to(dt.to_torch(node.dtype)).item())
     if all(v is not None for v in values) and node.dtype.is_int and op in _SYMBOLIC and all(
             i.dtype.is_int for i in inputs):
         return const(_SYMBOLIC[op](*(sh.expr(v) for v in values)))
