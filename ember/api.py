@@ -167,11 +167,23 @@ def _raised_in_refs(e: BaseException) -> bool:
 
 
 def _empty_reduction(e: BaseException) -> bool:
-    """A reduction without identity over an empty dim, refused by torch's references or meta
-    functions (with a RuntimeError, where eager's own check raises IndexError)."""
+    """A reduction without identity over an empty dim it names, refused by torch's references or
+    meta functions with a RuntimeError, where eager's own check raises IndexError. (Over every
+    dim, ``amin()``, eager's error is a RuntimeError too: "Expected reduction dim to be
+    specified"; ``argmax()``'s an IndexError.)"""
     text = str(e)
-    return (("zero-size dimension" in text or "Expected reduction dim" in text)
-            and any("/torch/_refs/" in f or "/torch/_meta_registrations" in f for f in _frames(e)))
+    if not ("zero-size dimension" in text or "Expected reduction dim" in text):
+        return False
+    if not any("/torch/_refs/" in f or "/torch/_meta_registrations" in f for f in _frames(e)):
+        return False
+    tb, caller = e.__traceback__, None
+    while tb is not None:  # the refs' _reduction: did its caller (amax, amin) name dims?
+        code = tb.tb_frame.f_code
+        if code.co_name == "_reduction" and "/torch/_refs/" in code.co_filename.replace("\\", "/"):
+            dims = caller.f_locals.get("dim", ()) if caller is not None else ()
+            return dims is not None and not (isinstance(dims, (list, tuple)) and len(dims) == 0)
+        caller, tb = tb.tb_frame, tb.tb_next
+    return True
 
 
 def _exception_chain(e: BaseException) -> list[BaseException]:

@@ -281,14 +281,53 @@ def test_threads_get_their_own_errors():
     assert set(outcomes["bad"]) == {"raised"} and set(outcomes["good"]) == {"ok"}, outcomes
 
 
-@pytest.mark.parametrize("fn", [lambda e: e.amax(0), lambda e: e.argmax(), lambda e: torch.aminmax(e, dim=0)],
-                         ids=["amax", "argmax", "aminmax"])
-def test_reductions_over_an_empty_dim_raise_index_error_as_in_eager(fn):
+@pytest.mark.parametrize("fn", [lambda e: e.amax(0), lambda e: e.argmax(), lambda e: torch.aminmax(e, dim=0),
+                                lambda e: e.amin(), lambda e: e.amax(()), lambda e: torch.aminmax(e)],
+                         ids=["amax", "argmax", "aminmax", "amin_all", "amax_no_dims", "aminmax_all"])
+def test_reductions_over_an_empty_dim_raise_eagers_error(fn):
     # torch's references refuse them with a RuntimeError while tracing; eager's is an IndexError
+    # for a dim named (or argmax()), a RuntimeError for a reduction over every dim
     e = torch.randn(0, 5)
-    assert _eager_error(fn, e) is IndexError
-    with pytest.raises(IndexError):
+    expected = _eager_error(fn, e)
+    with pytest.raises(expected) as info:
         ember.compile(fn)(e)
+    assert type(info.value) is expected
+
+
+def test_ops_eager_refuses_for_bools_raise_its_error():
+    # subtraction with a bool, clamp of bools and bool powers compiled to numbers; bool ** True
+    # is a bool copy in eager (int64 in ember, from the traced dtype)
+    b, i = torch.tensor([True, False]), torch.tensor([3, 4])
+    for fn, args in ((lambda a: a - True, (i,)), (lambda a, c: a - c, (i, b)), (lambda c: c - 1.5, (b,)),
+                     (lambda c: 2 - c, (b,)), (lambda c: torch.clamp_min(c, True), (b,)),
+                     (lambda c: torch.clamp(c, False, True), (b,)), (lambda c: True ** c, (b,))):
+        expected = _eager_error(fn, *args)
+        with pytest.raises(expected):
+            ember.compile(fn)(*args)
+    out = ember.compile(lambda c: c ** True)(b)
+    assert out.dtype == torch.bool and torch.equal(out, b)
+
+
+def test_python_ints_made_symbolic_are_checked_as_in_eager():
+    # a varying int argument becomes a size symbol: clamp's bound, a fill value and an integer
+    # exponent then went unchecked (int8 clamp_min(a, 300) gave 44 where eager raises)
+    a = torch.tensor([1, -5, 100], dtype=torch.int8)
+    for fn in (lambda a, s: torch.clamp_min(a, s), lambda a, s: torch.full_like(a, s), lambda a, s: a ** (6 - s)):
+        compiled = ember.compile(fn)
+        for s in (2, 3, 4):
+            assert_same(compiled(a, s), fn(a, s))
+        with pytest.raises(RuntimeError):
+            compiled(a, 300)
+
+
+def test_index_copy_of_a_negative_index_raises_as_in_eager():
+    # its decomposition into index_put wrapped -1 to the last row
+    x, s = torch.zeros(5, 2), torch.ones(2, 2)
+    fn = lambda x, i, s: x.index_copy(0, i, s) * 2  # noqa: E731
+    assert _eager_error(fn, x, torch.tensor([0, -1]), s) is IndexError
+    with pytest.raises(IndexError):
+        ember.compile(fn)(x, torch.tensor([0, -1]), s)
+    assert_same(ember.compile(fn)(x, torch.tensor([0, 3]), s), fn(x, torch.tensor([0, 3]), s))
 
 
 @pytest.mark.parametrize("shape", [(3,), (2, 3), (0, 3), ()], ids=["1d", "2d", "empty", "0d"])

@@ -231,6 +231,33 @@ def test_16_bit_rounding_division_by_a_scalar_divides_in_float32(dtype):
         assert torch.equal(o, r), (i, (o != r).sum())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_powers_by_python_floats_round_the_exponent(dtype):
+    # eager converts a scalar exponent to the tensor's dtype (checked): 2.0001 is 2.0 there, so
+    # (-3) ** 2.0001 is 9, not nan; float16 ** 1e10 raises "cannot be converted ... overflow"
+    x = torch.tensor([2.0, 4.0, -3.0, 0.0, 0.5], dtype=dtype, device=DEVICE)
+    for exponent in (2.0001, 1e-8, 0.3, 3, -1.0000001):
+        fn = lambda x, e=exponent: x ** e  # noqa: E731
+        out, report = run(fn, x)
+        assert not [g.error for g in report.graphs if g.error]
+        assert torch.equal(out.isnan(), fn(x).isnan()) and torch.equal(out.nan_to_num(), fn(x).nan_to_num()), exponent
+    if dtype == torch.float16:
+        with pytest.raises(RuntimeError, match="overflow"):
+            ember.compile(lambda x: x ** 1e10)(x)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="a GPU kernel reads the dividend as a float32 scalar")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_rounding_division_of_a_python_number_rounds_it_on_the_cpu(dtype):
+    # eager's CPU kernels convert a scalar dividend to the tensor's dtype: 70000.0 // x in
+    # float16 is inf // x, NaN (ember gave +-inf); bfloat16 rounds 70001 to 70144
+    x = torch.tensor([2.0, 4.0, -3.0, 7.0], dtype=dtype)
+    for fn in (lambda x: 70001.0 // x, lambda x: torch.div(70001.0, x, rounding_mode="trunc"),
+               lambda x: torch.div(0.1, x, rounding_mode="floor")):
+        out = ember.compile(fn)(x)
+        assert torch.equal(out.isnan(), fn(x).isnan()) and torch.equal(out.nan_to_num(), fn(x).nan_to_num())
+
+
 def test_any_and_all_over_no_dims_reduce_nothing():
     # ATen's any/all over dims () reduce over none (sum's () means all): ember reduced them all
     b, x = torch.rand(3, 4, device=DEVICE) > 0.5, torch.randn(3, 4, device=DEVICE)

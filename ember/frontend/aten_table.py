@@ -215,6 +215,8 @@ def _add_sub(ctx: Context, a: Any, b: Any, alpha: Any = 1) -> Node:
     dtype, shape = ctx.out_dtype, ctx.out_shape
     if ctx.aten == "aten.sub":
         _check_dtype(Op.SUB, dtype)
+        if any(isinstance(x, bool) or isinstance(x, Node) and x.dtype.is_bool for x in (a, b)):
+            raise Unsupported("subtraction with a bool (ATen's RuntimeError)")
     if dtype.is_low_precision and ctx.device == "cpu":
         # eager's CPU kernels add a 16-bit tensor and a Python float rounded to 16 bits (bf16
         # 1.703 + 1000.3 is 1000, not 1004); its GPU kernels, like its products, take it as is
@@ -247,6 +249,10 @@ def _div(ctx: Context, a: Any, b: Any, rounding_mode: str | None = None) -> Node
     else:
         op = Op.FLOORDIV if rounding_mode == "floor" else Op.TRUNCDIV
         on_cpu = ctx.device == "cpu"
+        if dtype.is_low_precision and on_cpu:
+            # a Python number dividend (70000.0 // x) is converted to the tensor's dtype on the
+            # CPU (float16: inf); a GPU kernel reads it as a float32 scalar
+            a = _rounded_to(a, dtype)
         if dtype.is_low_precision and (not isinstance(b, Node) or (_one_element(b) if on_cpu else op is Op.FLOORDIV)):
             # eager divides a 16-bit tensor in float32 by a scalar (a Python number; on the CPU
             # any one element broadcast), the scalar unrounded, and floor-divides by any divisor
@@ -272,10 +278,16 @@ def _one_element(x: Node) -> bool:
 @register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def _pow(ctx: Context, base: Any, exponent: Any) -> Node:
     dtype, shape = ctx.out_dtype, ctx.out_shape
-    if dtype.is_bool or all(isinstance(v, Node) and v.dtype.is_bool for v in (base, exponent)):
+    if dtype.is_bool or isinstance(base, bool) or isinstance(base, Node) and base.dtype.is_bool:
+        # (bool ** True is a bool copy in eager, its other bool powers NotImplementedError)
         raise Unsupported("pow of bools (ATen's NotImplementedError)")
     if not dtype.is_float:  # (an exponent beyond the int type: ATen's overflow error)
         base, exponent = (_checked(v, dtype) for v in (base, exponent))
+        if _symbolic(exponent) is not None and not sh.nonnegative(_symbolic(exponent)):
+            raise Unsupported("integer to a symbolic power that may be negative: ATen checks it")
+    elif isinstance(base, Node) and not isinstance(exponent, Node):
+        # eager converts a scalar exponent to the tensor's dtype (checked; 2.0001 is float16's 2)
+        exponent = _rounded_to(_checked(exponent, dtype), dtype) if dtype.is_low_precision else exponent
     if isinstance(base, Node) and not isinstance(exponent, Node):
         x = ctx.operand(base, dtype, shape)
         # ATen's own fast paths, so results match eager bit for bit.
@@ -314,7 +326,29 @@ def _checked(value: Any, dtype: dt.DType) -> Any:
     "value cannot be converted to type ... without overflow" as in eager."""
     if isinstance(value, (int, float)) and not scalar_fits(value, dt.to_torch(dtype)):
         raise Unsupported(f"{value} does not fit {dtype}: ATen raises")
+    if _symbolic(value) is not None and _narrower_than_a_size(dtype):
+        # a Python int Dynamo made symbolic: eager checks each call's value; ATen does here
+        raise Unsupported(f"symbolic scalar {_symbolic(value)} may not fit {dtype}: ATen checks it")
     return value
+
+
+def _symbolic(value: Any) -> sympy.Expr | None:
+    """The expression of a scalar argument Dynamo made symbolic (a constant of a size symbol)."""
+    if isinstance(value, Node) and value.op is Op.CONST:
+        value = value.arg
+    if isinstance(value, sympy.Basic) and not value.is_number:
+        return value
+    return None
+
+
+def _narrower_than_a_size(dtype: dt.DType) -> bool:
+    """Can an int64 size or Python int overflow ``dtype``? (Not float32/64 or bfloat16, whose
+    ranges hold every int64; float16 tops out at 65504.)"""
+    if dtype.is_bool:
+        return False
+    if dtype.is_float:
+        return dtype == dt.float16
+    return dtype.itemsize < 8 or dtype.kind == "u"
 
 
 def scalar_fits(value: int | float, dtype: torch.dtype) -> bool:
@@ -331,6 +365,8 @@ def scalar_fits(value: int | float, dtype: torch.dtype) -> bool:
 
 def _clamp(ctx: Context, x: Node, lo: Any = None, hi: Any = None) -> Node:
     dtype, shape = ctx.out_dtype, ctx.out_shape
+    if dtype.is_bool:
+        raise Unsupported("clamp of bools (ATen's NotImplementedError)")
     lo, hi = _checked(lo, dtype), _checked(hi, dtype)
     out = ctx.operand(x, dtype, shape)
     if lo is not None:

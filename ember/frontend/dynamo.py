@@ -44,9 +44,11 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # (of floats: ATen's kernels reject integer inputs, whose decomposition would compute them)
     table.update({op: _floats_only(fn) for op, fn in get_decompositions([aten._softmax, aten._log_softmax]).items()})
     # ember lowers these itself, keeping the whole op visible to fusion and to kernel names
-    # (index_add also keeps eager's errors: its decomposition wraps negative indices).
+    # (index_add and index_copy also keep eager's errors: their decompositions wrap negative
+    # indices; index_copy runs through ATen).
     for op in (aten.native_layer_norm.default, aten.gelu.default, aten.var_mean.correction,
-               aten.var.correction, aten.std.correction, aten.std_mean.correction, aten.index_add.default):
+               aten.var.correction, aten.std.correction, aten.std_mean.correction, aten.index_add.default,
+               aten.index_copy.default):
         table.pop(op, None)
     # Their decompositions drop a check eager makes: they keep the op (ATen raises as eager
     # does) where it applies.
