@@ -246,12 +246,11 @@ def test_16_bit_powers_by_python_floats_round_the_exponent(dtype):
             ember.compile(lambda x: x ** 1e10)(x)
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="a GPU kernel reads the dividend as a float32 scalar")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_16_bit_rounding_division_of_a_python_number_rounds_it_on_the_cpu(dtype):
-    # eager's CPU kernels convert a scalar dividend to the tensor's dtype: 70000.0 // x in
-    # float16 is inf // x, NaN (ember gave +-inf); bfloat16 rounds 70001 to 70144
-    x = torch.tensor([2.0, 4.0, -3.0, 7.0], dtype=dtype)
+def test_16_bit_rounding_division_of_a_python_number_rounds_it(dtype):
+    # eager's kernels convert a scalar dividend to the tensor's dtype (GPUs too): 70000.0 // x
+    # in float16 is inf // x, NaN (ember gave +-inf); bfloat16 rounds 70001 to 70144
+    x = torch.tensor([2.0, 4.0, -3.0, 7.0], dtype=dtype, device=DEVICE)
     for fn in (lambda x: 70001.0 // x, lambda x: torch.div(70001.0, x, rounding_mode="trunc"),
                lambda x: torch.div(0.1, x, rounding_mode="floor")):
         out = ember.compile(fn)(x)

@@ -249,9 +249,10 @@ def _div(ctx: Context, a: Any, b: Any, rounding_mode: str | None = None) -> Node
     else:
         op = Op.FLOORDIV if rounding_mode == "floor" else Op.TRUNCDIV
         on_cpu = ctx.device == "cpu"
-        if dtype.is_low_precision and on_cpu:
-            # a Python number dividend (70000.0 // x) is converted to the tensor's dtype on the
-            # CPU (float16: inf); a GPU kernel reads it as a float32 scalar
+        if dtype.is_low_precision:
+            # a Python number dividend (70000.0 // x) is converted to the tensor's dtype (float16:
+            # inf, and inf // x is NaN), on GPUs too (measured on an H100); only a scalar divisor
+            # is read in float32
             a = _rounded_to(a, dtype)
         if dtype.is_low_precision and (not isinstance(b, Node) or (_one_element(b) if on_cpu else op is Op.FLOORDIV)):
             # eager divides a 16-bit tensor in float32 by a scalar (a Python number; on the CPU
