@@ -210,6 +210,26 @@ def test_channels_last_activations_saved_for_the_backward(op):
     assert_same(list(grads), list(ref_grads), rtol=1e-4, atol=1e-5)
 
 
+def test_a_kernel_result_an_aten_op_reads_keeps_eagers_layout():
+    """relu of a channels_last activation into max_pool2d: the kernel wrote it row-major, so the
+    pool's result (which takes its input's layout) came back row-major where the graph after it
+    was traced channels_last: other strides, ``as_strided`` read the wrong elements, and
+    ``view(-1)`` of the (B, HW, C) tokens raised where eager's tokens are contiguous."""
+    def tokens(x):
+        y = F.max_pool2d(torch.relu(x), 2)
+        return y.permute(0, 2, 3, 1).reshape(y.shape[0], -1, y.shape[1])
+
+    def strided(x):
+        return F.max_pool2d(torch.relu(x), 2).as_strided((2, 64), (256, 1))
+
+    x = torch.randn(2, 16, 8, 8, device=DEVICE).to(memory_format=torch.channels_last)
+    for fn in (tokens, strided):
+        out, ref = ember.compile(fn)(x), fn(x)
+        assert out.stride() == ref.stride()
+        assert_same(out, ref)
+    ember.compile(tokens)(x).view(-1)
+
+
 def test_a_backward_reads_inputs_in_the_layout_it_was_traced_with(monkeypatch):
     """The backward copies an input laid out otherwise than traced into that layout (here the
     forward is made to return its saved convolution dense, as it did before the fix above)."""

@@ -198,6 +198,16 @@ def _strides(meta: torch.Tensor) -> sh.Shape:
                  for st in sh.shape(meta.stride()))
 
 
+def _eager_layout(meta: Any) -> sh.Shape | None:
+    """A traced tensor's strides where they are not row-major (size-1 dims aside), else None."""
+    if not isinstance(meta, torch.Tensor) or meta.is_sparse or meta.layout != torch.strided:
+        return None
+    strides, shape = _strides(meta), sh.shape(meta.shape)
+    if all(sh.equal(a, b) or sh.is_one(n) for a, b, n in zip(strides, sh.contiguous_strides(shape), shape)):
+        return None
+    return strides
+
+
 def _is_sym(val: Any) -> bool:
     return isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool)
 
@@ -494,7 +504,8 @@ def _extern(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any) -> Node
     t_kwargs = template(dict(kwargs))
     impure = isinstance(target, torch._ops.OpOverload) and (
         torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable)
-    call = ExternCall(target, t_args, t_kwargs, impure=impure)
+    call = ExternCall(target, t_args, t_kwargs, impure=impure, input_strides=tuple(
+        _eager_layout(ctx.metas.get(x)) for x in tensors))
     origin = op_name(target)
     device = str(val.device) if isinstance(val, torch.Tensor) else ctx.device
     if isinstance(val, (tuple, list)):

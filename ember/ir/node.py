@@ -64,6 +64,9 @@ class ExternCall:
     kwargs: dict[str, Any] = field(default_factory=dict)
     impure: bool = False  # random ops: never merged by CSE
     binds: Any = None     # ``.item()`` of a computed tensor: the size symbol its result is
+    # per tensor input (ArgRef index): the strides eager gave it where they are not contiguous
+    # (a channels_last activation into max_pool2d, whose result takes its input's layout)
+    input_strides: tuple[Any, ...] = ()
 
     @property
     def name(self) -> str:

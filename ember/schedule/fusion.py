@@ -470,10 +470,17 @@ class Planner(DomainRules):
 
     def _output_layouts(self) -> dict[Node, sh.Shape]:
         """Strides eager gives outputs, where they are not contiguous (a column of a matrix saved
-        for backward): the graph reading the output was traced with them. Overlapping layouts
-        (stride 0 on a dim longer than 1) are left contiguous: a kernel cannot store into them."""
+        for backward): the graph reading the output was traced with them. Likewise for a kernel's
+        result an ATen call reads: its result's layout may follow its input's (max_pool2d of a
+        channels_last activation), and the graph after it was traced with eager's. Overlapping
+        layouts (stride 0 on a dim longer than 1) are left contiguous: a kernel cannot store into
+        them."""
         wanted: dict[Node, sh.Shape] = {}
-        for node, strides in zip(self.graph.outputs, self.graph.output_strides):
+        pairs = list(zip(self.graph.outputs, self.graph.output_strides))
+        for node in self.graph.nodes:
+            if node.op is Op.EXTERN and node.arg.input_strides:
+                pairs += [(x, st) for x, st in zip(node.inputs, node.arg.input_strides) if x in self.buffered]
+        for node, strides in pairs:
             if node is None or strides is None or node in wanted or len(strides) != node.rank:
                 continue
             if any(sh.equal(st, 0) and not sh.is_one(size) for st, size in zip(strides, node.shape)):
