@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -139,9 +141,29 @@ def test_option_values_of_the_wrong_type_are_clear_errors():
     # "-O2" as cxx_flags was split into characters and every build failed; a number as cxx or
     # cache_dir failed later without naming the option
     for options, name in (({"cxx_flags": "-O2"}, "cxx_flags"), ({"cxx": 5}, "cxx"), ({"cache_dir": 5}, "cache_dir"),
-                          ({"triton_launch": 3}, "triton_launch")):
+                          ({"triton_launch": 3}, "triton_launch"), ({"cxx_flags": None}, "cxx_flags"),
+                          ({"passes_off": None}, "passes_off"), ({"passes_off": 5}, "passes_off"),
+                          ({"triton_launch": {"PERSISTENT": 1}}, "PERSISTENT")):
         with pytest.raises(TypeError, match=name):
             ember.compile(lambda x: x + 1, options=options)
+    # values of the right type out of range: a non-power-of-two RBLOCK failed every reduction's
+    # launch, an unknown launch key was ignored, cache_dir="" cached in the working directory
+    for options, name in (({"triton_launch": {"RBLOCK": 3}}, "RBLOCK"), ({"triton_launch": {"BOGUS": 3}}, "BOGUS"),
+                          ({"row_chunks": True}, "row_chunks"), ({"max_recompute_ops": -5}, "max_recompute_ops"),
+                          ({"debug": -1}, "debug"), ({"cache_dir": ""}, "cache_dir")):
+        with pytest.raises(ValueError, match=name):
+            ember.compile(lambda x: x + 1, options=options)
+
+
+def test_bad_choices_in_the_environment_are_ignored_with_a_message():
+    import subprocess
+    import sys
+
+    env = {**os.environ, "EMBER_GPU_BACKEND": "rocm", "EMBER_TRITON_TUNING": "fast"}
+    proc = subprocess.run([sys.executable, "-c", "import ember; print(ember.config.gpu_backend, "
+                           "ember.config.triton_tuning)"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.stdout.split() == ["triton", "heuristic"], proc.stderr
+    assert "ignoring EMBER_GPU_BACKEND='rocm'" in proc.stderr and "ignoring EMBER_TRITON_TUNING='fast'" in proc.stderr
 
 
 def test_torch_compile_modes_are_accepted_and_explain_raises_the_ops_error():

@@ -138,6 +138,9 @@ def test_full_tuning_offers_every_candidate_heuristic_one():
     # forced parameters (tests use them to reach every code path) filter or override
     forced = tc.candidates("rows", 64, 256, ROWS, "heuristic", SMS, {"PERSISTENT": False, "RBLOCK": 16})
     assert forced[0]["PERSISTENT"] is False and forced[0]["RBLOCK"] == 16
+    # a forced XBLOCK past a kernel's rows is cut to them: a full reduction's one row failed
+    # to compile with XBLOCK 4 (its stores are [1, 1])
+    assert all(c["XBLOCK"] == 1 for c in tc.candidates("rows", 1, 256, ROWS, "heuristic", SMS, {"XBLOCK": 4}))
 
 
 def test_large_pointwise_kernels_time_three_vector_widths():

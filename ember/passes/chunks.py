@@ -106,6 +106,8 @@ def chunk_column_sums(graph: Graph, chunks: int | None = None, per_sm: int = CHU
         if node.device not in chunks_of:
             chunks_of[node.device] = chunks or chunk_count(node.device, per_sm)
         runs = chunks_of[node.device]
+        if runs <= 1:
+            return None  # one run is one kernel's sums: as off (a (1, W) partial had no inner loop)
         rows = sh.static(sh.numel(x.shape[:lead]))
         if rows is not None and rows < 4 * runs:
             return None  # too few rows to split (the partials would rival the input): one kernel sums them

@@ -343,6 +343,8 @@ def candidates(kind: str, outer: int, inner: int, hints: KernelHints, tuning: st
         found = picked
     if not forced:
         return found
+    if "XBLOCK" in forced:  # (a kernel of fewer rows takes fewer: a full reduction's one row)
+        forced = {**forced, "XBLOCK": min(forced["XBLOCK"], next_pow2(max(outer, 1)))}
     pool = found + ([] if tuning == "full" else exhaustive(kind, outer, inner))
     matching = [c for c in pool if all(c.get(k) == v for k, v in forced.items())]
     return _dedupe(matching) or [{**found[0], **forced}]
