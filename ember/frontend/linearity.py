@@ -50,7 +50,7 @@ _FIRST = {
     aten._adaptive_avg_pool3d_backward.default, aten.embedding_dense_backward.default,
     aten.upsample_nearest2d_backward.default, aten.upsample_bilinear2d_backward.default,
     aten.select_backward.default, aten.slice_backward.default, aten.index_select_backward.default,
-    aten.as_strided_scatter.default, aten.masked_fill.Scalar, aten.masked_fill.Tensor,
+    aten.masked_fill.Scalar, aten.masked_fill.Tensor,
     aten.constant_pad_nd.default,
 }
 # linear in either operand, with the other not read from the gradient
@@ -61,7 +61,7 @@ _SUMS = {aten.add.Tensor, aten.sub.Tensor, aten.cat.default, aten.stack.default}
 _WRITES = {aten.scatter.src: (0, 3), aten.scatter_add.default: (0, 3), aten.index_add.default: (0, 3),
            aten.index_copy.default: (0, 3), aten.index_put.default: (0, 2), aten._unsafe_index_put.default: (0, 2),
            aten.slice_scatter.default: (0, 1), aten.select_scatter.default: (0, 1),
-           aten.diagonal_scatter.default: (0, 1)}
+           aten.diagonal_scatter.default: (0, 1), aten.as_strided_scatter.default: (0, 1)}
 # results that do not depend on their argument's values
 _SHAPE_ONLY = {aten.zeros_like.default, aten.empty_like.default, aten.new_zeros.default,
                aten.new_empty.default, aten.ones_like.default, aten.full_like.default, aten.new_full.default,
