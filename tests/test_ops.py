@@ -257,6 +257,19 @@ def test_16_bit_rounding_division_of_a_python_number_rounds_it(dtype):
         assert torch.equal(out.isnan(), fn(x).isnan()) and torch.equal(out.nan_to_num(), fn(x).nan_to_num())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_products_match_eager(dtype):
+    # eager's CPU prod multiplies in the 16-bit type (float16 300 * 300 * 0.001 is inf there;
+    # ember's float32 product was 90); its GPU kernels accumulate in float32, as ember's do
+    x = torch.cat([torch.tensor([[300.0, 300.0, 0.001]]), torch.rand(7, 3) + 0.5]).to(dtype).to(DEVICE)
+    fn = lambda x: x.prod(-1)  # noqa: E731
+    out = ember.compile(fn)(x)
+    if DEVICE == "cpu":
+        assert torch.equal(out, fn(x))
+    else:
+        assert_same(out, fn(x))
+
+
 def test_any_and_all_over_no_dims_reduce_nothing():
     # ATen's any/all over dims () reduce over none (sum's () means all): ember reduced them all
     b, x = torch.rand(3, 4, device=DEVICE) > 0.5, torch.randn(3, 4, device=DEVICE)

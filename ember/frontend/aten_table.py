@@ -585,6 +585,10 @@ def _sum(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False, *, dtype
 
 @register(aten.prod.default, aten.prod.dim_int)
 def _prod(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Node:
+    if ctx.out_dtype.is_low_precision and ctx.device == "cpu":
+        # eager's CPU kernel multiplies in the 16-bit type, rounding (and overflowing: float16
+        # 300 * 300 is inf) at every step, where ember's would accumulate in float32
+        raise Unsupported("a 16-bit product on the CPU (ATen rounds every step)")
     x = ctx.cast(x, dt.compute_dtype(ctx.out_dtype))
     return _reduce(ctx, Op.PROD, x, _dims(dim, x.rank), keepdim)
 
