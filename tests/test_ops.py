@@ -270,6 +270,37 @@ def test_16_bit_products_match_eager(dtype):
         assert_same(out, fn(x))
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="GPU kernels contract a * b + c (Triton and NVRTC, as Inductor's)")
+def test_products_are_rounded_before_they_are_added():
+    # gcc fused a * b - c * d into an FMA: equal products left 1e-8 (eager 0), inf - inf was
+    # -inf (eager NaN); the CPU kernels build with -ffp-contract=off
+    a, b = torch.tensor([0.1, 1 / 3, 1e30, 0.7]), torch.tensor([0.7, 3.0, 1e10, 0.1])
+    for dtype in (torch.float32, torch.float64):
+        x, y = a.to(dtype), b.to(dtype)
+        fn = lambda a, b, c, d: a * b - c * d  # noqa: E731
+        out = ember.compile(fn)(x, y, x.clone(), y.clone())
+        assert torch.equal(out.isnan(), fn(x, y, x, y).isnan())
+        assert torch.equal(out.nan_to_num(), fn(x, y, x, y).nan_to_num())
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="eager's CPU kernel: a double exponent, computed in double")
+def test_float32_powers_by_python_floats_compute_in_double_as_eager():
+    # the exponent rounded to float32 (1/3 as 0.33333334) was 7-13 ulp off at 1e30 and 1e-30
+    x = torch.tensor([1e-40, 1e-30, 1e30, 3e38, 7.5, 0.0, -8.0, float("inf")])
+    for exponent in (1 / 3, 1 / 2.4, 5, -0.75, 2.5):
+        fn = lambda x, e=exponent: x ** e  # noqa: E731
+        assert torch.equal(ember.compile(fn)(x).nan_to_num(), fn(x).nan_to_num()), exponent
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_clamp_bounds_are_16_bit_values(dtype):
+    # eager clamps float16 1.0 at 0.9999 rounded to float16 (1.0): 1 / (1 - 1) is inf; the
+    # fused kernel clamped at 0.9999 and gave 10000
+    x = torch.tensor([1.0, 0.5, -1.0, 0.99995], dtype=dtype, device=DEVICE)
+    fn = lambda x: 1 / (1 - torch.clamp(x, min=-0.9999, max=0.9999))  # noqa: E731
+    assert torch.equal(ember.compile(fn)(x), fn(x))
+
+
 def test_any_and_all_over_no_dims_reduce_nothing():
     # ATen's any/all over dims () reduce over none (sum's () means all): ember reduced them all
     b, x = torch.rand(3, 4, device=DEVICE) > 0.5, torch.randn(3, 4, device=DEVICE)

@@ -309,6 +309,11 @@ def _pow(ctx: Context, base: Any, exponent: Any) -> Node:
                 return ctx.make(Op.RECIPROCAL, (x,))
             if exponent == -2:
                 return ctx.make(Op.RECIPROCAL, (ctx.make(Op.MUL, (x, x)),))
+            if dtype == dt.float32 and ctx.device == "cpu" and isinstance(exponent, (int, float)):
+                # eager's CPU kernel takes a Python exponent as a double and computes in double:
+                # x ** (1/3) with the exponent rounded to float32 was 7-13 ulp off at 1e30
+                wide = ctx.make(Op.POW, (ctx.cast(x, dt.float64), ctx.operand(exponent, dt.float64, shape)))
+                return ctx.cast(wide, dtype)
         elif isinstance(exponent, (int, float)) and exponent < 0:
             raise Unsupported("integer to a negative power raises in ATen")
     return ctx.make(Op.POW, (ctx.operand(base, dtype, shape), ctx.operand(exponent, dtype, shape)))
@@ -369,6 +374,8 @@ def _clamp(ctx: Context, x: Node, lo: Any = None, hi: Any = None) -> Node:
     if dtype.is_bool:
         raise Unsupported("clamp of bools (ATen's NotImplementedError)")
     lo, hi = _checked(lo, dtype), _checked(hi, dtype)
+    if dtype.is_low_precision:  # (eager's bounds are 16-bit values: float16 0.9999 is 1.0)
+        lo, hi = _rounded_to(lo, dtype), _rounded_to(hi, dtype)
     out = ctx.operand(x, dtype, shape)
     if lo is not None:
         out = ctx.make(Op.MAX, (out, ctx.operand(lo, dtype, shape)))
