@@ -209,7 +209,10 @@ class Config:
 
 
 _LAUNCH_POWERS = ("XBLOCK", "RBLOCK", "num_warps")  # powers of two
-_LAUNCH_COUNTS = ("num_stages", "SPLIT")
+# (and the matmul kernels' tiles and programs: a tile Triton cannot take fails to build and falls
+# back, which tests use)
+_LAUNCH_COUNTS = ("num_stages", "SPLIT", "BM", "BN", "BK", "PROGRAMS")
+_LAUNCH_SWITCHES = ("PERSISTENT", "TMA")
 
 
 def _check_triton_launch(launch: Any) -> None:
@@ -222,14 +225,14 @@ def _check_triton_launch(launch: Any) -> None:
                     key in _LAUNCH_POWERS and value & (value - 1)):
                 what = "a power of two" if key in _LAUNCH_POWERS else "a positive int"
                 raise ValueError(f"ember option 'triton_launch': {key} must be {what}, got {value!r}")
-        elif key == "PERSISTENT":
-            if not isinstance(value, bool):
-                raise TypeError(f"ember option 'triton_launch': PERSISTENT is True or False, got {value!r}")
+        elif key in _LAUNCH_SWITCHES:
+            if not isinstance(value, int) or value not in (0, 1):  # (bench/launch_sweep.py passes 0/1)
+                raise TypeError(f"ember option 'triton_launch': {key} is True or False, got {value!r}")
         elif key == "only":
             if not isinstance(value, str):
                 raise TypeError(f"ember option 'triton_launch': only is a kernel name part, got {value!r}")
         else:
-            known = _LAUNCH_POWERS + _LAUNCH_COUNTS + ("PERSISTENT", "only")
+            known = _LAUNCH_POWERS + _LAUNCH_COUNTS + _LAUNCH_SWITCHES + ("only",)
             raise ValueError(f"ember option 'triton_launch': unknown key {key!r}; known: {known}")
 
 

@@ -143,7 +143,7 @@ def test_option_values_of_the_wrong_type_are_clear_errors():
     for options, name in (({"cxx_flags": "-O2"}, "cxx_flags"), ({"cxx": 5}, "cxx"), ({"cache_dir": 5}, "cache_dir"),
                           ({"triton_launch": 3}, "triton_launch"), ({"cxx_flags": None}, "cxx_flags"),
                           ({"passes_off": None}, "passes_off"), ({"passes_off": 5}, "passes_off"),
-                          ({"triton_launch": {"PERSISTENT": 1}}, "PERSISTENT")):
+                          ({"triton_launch": {"PERSISTENT": "yes"}}, "PERSISTENT")):
         with pytest.raises(TypeError, match=name):
             ember.compile(lambda x: x + 1, options=options)
     # values of the right type out of range: a non-power-of-two RBLOCK failed every reduction's
