@@ -58,21 +58,23 @@ template <typename T> EMBER_FN void ember_atomic_add(T* p, T v) {
   *p += v;
 }
 
+// The math helpers spell their fused multiply-adds (std::fma): kernels build with
+// -ffp-contract=off, so user arithmetic rounds as eager's, and the polynomials keep their FMAs.
 // exp for float32 without libm calls, so loops that use it vectorize: Cody-Waite reduction and
 // a degree-6 polynomial (max error ~1 ulp), 2^k applied in two halves to reach subnormals.
 EMBER_FN float ember_exp(float x) {
   float xc = x < -104.0f ? -104.0f : x;
   xc = xc > 89.0f ? 89.0f : xc;
   float k = std::nearbyint(xc * 1.44269504088896341f);
-  float r = xc - k * 0.693359375f;
-  r = r - k * -2.12194440e-4f;
+  float r = std::fma(-k, 0.693359375f, xc);
+  r = std::fma(k, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p * r, r, r) + 1.0f;
   int32_t ki = (int32_t)k;
   int32_t k1 = ki / 2, k2 = ki - k1;
   uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
@@ -87,16 +89,16 @@ EMBER_FN float ember_erf(float x) {
   float ax = x < 0.0f ? -x : x;
   float x2 = ax * ax;
   float p = 7.898210210e-05f;
-  p = p * x2 - 8.024354130e-04f; p = p * x2 + 5.190053578e-03f; p = p * x2 - 2.685480854e-02f;
-  p = p * x2 + 1.128361243e-01f; p = p * x2 - 3.761262884e-01f; p = p * x2 + 1.128379167e+00f;
+  p = std::fma(p, x2, -8.024354130e-04f); p = std::fma(p, x2, 5.190053578e-03f); p = std::fma(p, x2, -2.685480854e-02f);
+  p = std::fma(p, x2, 1.128361243e-01f); p = std::fma(p, x2, -3.761262884e-01f); p = std::fma(p, x2, 1.128379167e+00f);
   float small = ax * p;
   float t = 1.0f / (ax > 1.0f ? ax : 1.0f);
   float r = -3.821760497e-02f;
-  r = r * t + 2.646626344e-01f; r = r * t - 8.106041763e-01f; r = r * t + 1.424004878e+00f;
-  r = r * t - 1.524053963e+00f; r = r * t + 8.994859762e-01f; r = r * t - 6.926850943e-02f;
-  r = r * t - 2.851863083e-01f; r = r * t + 3.015458196e-03f; r = r * t + 5.637192283e-01f;
-  r = r * t + 2.596134788e-05f;
-  float large = 1.0f - ember_exp(-x2) * r;
+  r = std::fma(r, t, 2.646626344e-01f); r = std::fma(r, t, -8.106041763e-01f); r = std::fma(r, t, 1.424004878e+00f);
+  r = std::fma(r, t, -1.524053963e+00f); r = std::fma(r, t, 8.994859762e-01f); r = std::fma(r, t, -6.926850943e-02f);
+  r = std::fma(r, t, -2.851863083e-01f); r = std::fma(r, t, 3.015458196e-03f); r = std::fma(r, t, 5.637192283e-01f);
+  r = std::fma(r, t, 2.596134788e-05f);
+  float large = std::fma(-ember_exp(-x2), r, 1.0f);
   float y = ax < 1.0f ? small : (ax < 4.0f ? large : 1.0f);
   y = x < 0.0f ? -y : y;
   return x != x ? x : y;
@@ -109,13 +111,13 @@ EMBER_FN float ember_tanh(float x) {
   float ax = x < 0.0f ? -x : x;
   float z = ax * ax;
   float p = -0.0014558343682438135f;
-  p = p * z + 0.0035921279340982437f;
-  p = p * z - 0.0088632358238101f;
-  p = p * z + 0.021869488060474396f;
-  p = p * z - 0.05396825447678566f;
-  p = p * z + 0.13333334028720856f;
-  p = p * z - 0.3333333432674408f;
-  float small = ax + ax * z * p;
+  p = std::fma(p, z, 0.0035921279340982437f);
+  p = std::fma(p, z, -0.0088632358238101f);
+  p = std::fma(p, z, 0.021869488060474396f);
+  p = std::fma(p, z, -0.05396825447678566f);
+  p = std::fma(p, z, 0.13333334028720856f);
+  p = std::fma(p, z, -0.3333333432674408f);
+  float small = std::fma(ax * z, p, ax);
   float t = 1.0f - 2.0f / (ember_exp(2.0f * ax) + 1.0f);
   t = ax < 0.55f ? small : t;
   t = std::copysign(t, x);  // (tanh(-0) is -0)
