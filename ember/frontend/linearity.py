@@ -98,7 +98,7 @@ def _linear(node: fx.Node, dependent: set[fx.Node]) -> bool:
     reads = [i for i, a in enumerate(node.args) if _reads(a, dependent)]
     if target is operator.getitem or target in _SHAPE_ONLY:
         return True
-    if target in _FIRST or _is_view(target):
+    if target in _FIRST or is_view_op(target):
         if target in (aten.masked_fill.Scalar, aten.constant_pad_nd.default):
             return reads == [0] and _literal_zero(node.args[2] if len(node.args) > 2 else 0)
         if target is aten.masked_fill.Tensor:
@@ -131,7 +131,7 @@ def _reads(arg: Any, dependent: set[fx.Node]) -> bool:
 
 
 def _gradient_or_zero(arg: Any, dependent: set[fx.Node]) -> bool:
-    return _zero(arg) or (isinstance(arg, fx.Node) and arg in dependent) or _literal_zero(arg)
+    return _zero(arg) or (isinstance(arg, fx.Node) and arg in dependent)
 
 
 def _zero(arg: Any) -> bool:
@@ -146,7 +146,7 @@ def _zero(arg: Any) -> bool:
     if target in _ZERO_FILLS:
         position = _ZERO_FILLS[target]
         return len(arg.args) > position and _literal_zero(arg.args[position])
-    if _is_view(target) or target in (prims.convert_element_type.default, aten._to_copy.default, aten.clone.default):
+    if is_view_op(target) or target in (prims.convert_element_type.default, aten._to_copy.default, aten.clone.default):
         return _zero(arg.args[0])
     return False
 
@@ -155,6 +155,7 @@ def _literal_zero(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
 
 
-def _is_view(target: Any) -> bool:
+def is_view_op(target: Any) -> bool:
+    """An op whose result aliases an input (a view), by its schema."""
     return isinstance(target, torch._ops.OpOverload) and any(
         r.alias_info is not None and not r.alias_info.is_write for r in target._schema.returns)

@@ -64,7 +64,7 @@ from torch.fx.experimental import symbolic_shapes
 from ..config import Config, log
 from ..config import config as default_config
 from ..runtime import stats
-from .linearity import masks_gradient, nonlinear_op
+from .linearity import is_view_op, masks_gradient, nonlinear_op
 from .row_ids import mark_row_ids_for_recompute
 
 aten = torch.ops.aten
@@ -443,9 +443,7 @@ def _aliases_input(node: fx.Node) -> bool:
 
 
 def _is_view(node: fx.Node) -> bool:
-    target = node.target
-    return isinstance(target, torch._ops.OpOverload) and any(
-        r.alias_info is not None and not r.alias_info.is_write for r in target._schema.returns)
+    return is_view_op(node.target)
 
 
 def _is_tangent(node: fx.Node) -> bool:
