@@ -13,6 +13,7 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.ops import TRANSCENDENTAL_OPS, Op
 from ..schedule.kernel_ir import CHUNK, SEGMENT_LENGTH, Kernel, Value, inner_var, outer_var
+from ..schedule.loops import stash_recomputed
 from .cstyle import COMMON_PRELUDE, BodyRenderer, Language, device_size_lines, index_expr
 
 CPP = Language(
@@ -332,7 +333,10 @@ class CppKernelRenderer:
         has_arg = any(v.arg.op in (Op.ARGMAX, Op.ARGMIN) for v in reductions)
         n = len(k.inner)
         work = index_expr(sh.numel(k.inner) * self.cost)
-        self.emit(f"// loop {loop}: {', '.join(v.arg.op.value for v in reductions) or 'store'}")
+        later = {v.arg.buffer for v in k.values if v.kind == "store" and v.inner and v.loop > loop}
+        kept = [f"; keeps {self.body.name(v.srcs[0])} in {v.arg.buffer} for loop {k.n_loops}"
+                for v in stores if v.arg.buffer in later]  # (stash_recomputed)
+        self.emit(f"// loop {loop}: {', '.join(v.arg.op.value for v in reductions) or 'store'}{''.join(kept)}")
         if parallel:
             collapse = f" collapse({n - 1})" if n > 2 else ""
             simd = "" if has_arg or n > 1 else " simd"
@@ -376,8 +380,13 @@ def cost_per_element(kernel: Kernel) -> int:
     return max(1, weight // 4)
 
 
+# float32 and float64 values are stored as they are computed: a row kernel may keep one in its
+# output between loops instead of computing it again (schedule/loops.py: stash_recomputed)
+_STASHED = frozenset({dt.float32, dt.float64})
+
+
 def render_kernel(kernel: Kernel) -> str:
-    return CppKernelRenderer(kernel).render()
+    return CppKernelRenderer(stash_recomputed(kernel, _STASHED)).render()
 
 
 def render_module(kernels: list[Kernel]) -> str:

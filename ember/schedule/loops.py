@@ -13,6 +13,7 @@ import dataclasses
 import sympy
 
 from ..ir import shapes as sh
+from ..ir.ops import TRANSCENDENTAL_OPS
 from .kernel_ir import Kernel, ReduceArg, Value, inner_var, outer_var
 
 
@@ -81,3 +82,104 @@ def collapse_dims(kernel: Kernel) -> Kernel:
                 changed = True
                 break
     return kernel
+
+
+
+def stash_recomputed(kernel: Kernel, stash_dtypes: frozenset) -> Kernel:
+    """A row kernel's last loop recomputes what an earlier loop computed (a softmax's
+    exp(x - max): summed in loop 2, divided in loop 3). Where that costs a transcendental,
+    the earlier loop also stores the value into the output element the last loop writes, and
+    the last loop reads it back from there (the row was just written: it is in cache).
+
+    Only for an output whose dtype is the value's and in ``stash_dtypes`` (those stored as they
+    are computed, so the value reads back bit for bit), written once, at an inner index, by a
+    plain store in the last loop; and only when no later loop reads another buffer at that
+    index, so the kernel may still write its output over such an input (schedule/inplace.py).
+    """
+    last = kernel.n_loops
+    if last < 2 or kernel.dots or kernel.chunks:
+        return kernel
+    in_last = {id(v) for v in kernel.loop_values(last)}
+    for store in [v for v in kernel.values if v.kind == "store" and v.inner and v.loop == last]:
+        src, buffer = store.srcs[0], store.arg.buffer
+        if (store.arg.bindings or store.arg.accumulate or store.guard is not None or src.kind == "chunksum"
+                or store.dtype not in stash_dtypes
+                or sum(v.kind == "store" and v.arg.buffer == buffer for v in kernel.values) != 1):
+            continue
+        for loop in range(last - 1, 0, -1):
+            earlier = {id(v) for v in kernel.loop_values(loop)}
+            value = _frontier(src, earlier, in_last)
+            if (value is None or value.dtype != store.dtype or value.guard is not None
+                    or not any(v.kind == "alu" and v.arg in TRANSCENDENTAL_OPS for v in _cone(value, earlier))):
+                continue
+            stashed = _rewired(kernel, store, value, loop)
+            if stashed is not None:
+                return stashed
+    return kernel
+
+
+def _cone(v: Value, inside: set[int]) -> list[Value]:
+    """``v`` and the values it is computed from, within ``inside`` (ids)."""
+    out: list[Value] = []
+    seen: set[int] = set()
+    stack = [v]
+    while stack:
+        u = stack.pop()
+        if id(u) in seen or id(u) not in inside:
+            continue
+        seen.add(id(u))
+        out.append(u)
+        stack.extend(u.srcs)
+    return out
+
+
+def _frontier(src: Value, earlier: set[int], in_last: set[int]) -> Value | None:
+    """The value, computed by the earlier loop too, that the last loop's cone of ``src`` is
+    computed from; None when there are several (or none) besides loads and constants."""
+    found: dict[int, Value] = {}
+    seen: set[int] = set()
+    stack = [src]
+    while stack:
+        v = stack.pop()
+        if id(v) in seen or id(v) not in in_last:
+            continue
+        seen.add(id(v))
+        if id(v) in earlier:
+            if v.kind not in ("load", "const"):
+                found[id(v)] = v
+            continue
+        stack.extend(v.srcs)
+    return next(iter(found.values())) if len(found) == 1 else None
+
+
+def _rewired(kernel: Kernel, store: Value, value: Value, loop: int) -> Kernel | None:
+    """The kernel with ``value`` also stored at ``store``'s element in ``loop`` and read back
+    from there by the last loop; None when that would not be safe or would save nothing."""
+    last = kernel.n_loops
+    elsewhere = {id(v) for j in range(1, last) for v in kernel.loop_values(j)}
+    reread = Value("load", value.dtype, arg=store.arg, inner=True)
+    new: dict[int, Value] = {}
+    out: list[Value] = []
+    for v in kernel.values:
+        # only what the last loop alone computes reads the value back
+        if v.kind in ("reduce", "store"):
+            mine = v.loop == last and (v.inner or v.kind == "reduce")
+        else:
+            mine = v.inner and id(v) not in elsewhere
+        srcs = tuple(reread if s is value and mine else new[id(s)] for s in v.srcs)
+        if reread in srcs and reread not in out:
+            out.append(reread)
+        nv = v if srcs == v.srcs else dataclasses.replace(v, srcs=srcs)
+        new[id(v)] = nv
+        out.append(nv)
+        if v is value:
+            out.append(Value("store", store.dtype, (v,), store.arg, inner=True, loop=loop))
+    stashed = dataclasses.replace(kernel, values=out)
+    if any(v is value for v in stashed.loop_values(last)):
+        return None  # the last loop still computes it
+    index = sympy.expand(store.arg.index)
+    for j in range(loop + 1, last + 1):
+        for v in stashed.loop_values(j):
+            if v.kind == "load" and v is not reread and sympy.expand(v.arg.index) == index:
+                return None  # the output may be written over this input, read after the stash
+    return stashed

@@ -1,0 +1,121 @@
+"""A row kernel's last loop reads back what an earlier loop stored in its output instead of
+computing it again (schedule/loops.py: stash_recomputed, used by the CPU backend): a softmax's
+exp(x - max) is computed once per element. Checked against eager, with the kernel source read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+
+from .helpers import assert_same, check
+from .test_inplace import _written_over
+
+
+def manual_softmax(x):
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def _loops(source: str) -> list[str]:
+    """The bodies of a C++ kernel's inner loops, by their '// loop k' comments."""
+    parts = source.split("// loop ")[1:]
+    return [p.split("\n", 1)[1] for p in parts]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("fn", [
+    manual_softmax,
+    lambda x: torch.softmax(x, -1),
+    lambda x: torch.tanh(x) / torch.tanh(x).sum(-1, keepdim=True),
+], ids=["manual", "softmax", "tanh-normalized"])
+def test_the_last_loop_reads_back_what_the_earlier_loop_stored(fn, dtype):
+    x = torch.randn(37, 301, dtype=dtype)
+    report = check(fn, x)
+    (kernel,) = report.kernels
+    *earlier, last = _loops(kernel.source)
+    assert "ember_exp(" not in last and "tanh(" not in last, kernel.source
+    assert sum(s.count("buf0[") for s in earlier) == 1  # the stash: one store in the earlier loop
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_outputs_compute_again(dtype):
+    # the stored value would be rounded to 16 bits: the last loop computes it in float32 again
+    x = torch.randn(8, 64, dtype=dtype)
+    report = check(manual_softmax, x)
+    (kernel,) = report.kernels
+    assert "ember_exp(" in _loops(kernel.source)[-1]
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x - x.amax(-1, keepdim=True),                                  # nothing costly to keep
+    lambda x: F.log_softmax(x, -1),                                          # the last loop needs no exp
+], ids=["subtract", "log_softmax"])
+def test_cheap_or_unneeded_values_are_not_stored(fn):
+    x = torch.randn(16, 40)
+    report = check(fn, x)
+    for k in report.kernels:
+        assert all(s.count("buf") <= 1 for s in _loops(k.source)[:-1]), k.source
+
+
+def test_written_over_its_input_with_the_stash():
+    # the product dies in the softmax kernel, which writes its output over it: loop 2 stores
+    # exp over the product's element after reading it, loop 3 reads only the output
+    x, w = torch.randn(20, 8), torch.randn(8, 130)
+    report = check(lambda x, w: torch.softmax(x @ w, -1), x, w)
+    assert len(_written_over(report)) == 1
+    assert "ember_exp(" not in _loops(report.kernels[0].source)[-1]
+
+
+def test_no_stash_where_the_last_loop_reads_the_input_at_the_same_element():
+    # y * softmax(y): loop 3 reads y again, and the output may be written over y (it dies here),
+    # so loop 2 must not store into the output before it
+    x, w = torch.randn(20, 8), torch.randn(8, 130)
+
+    def fn(x, w):
+        y = x @ w
+        e = torch.exp(y - y.amax(-1, keepdim=True))
+        return y * e / e.sum(-1, keepdim=True)
+
+    report = check(fn, x, w)
+    assert "ember_exp(" in _loops(report.kernels[0].source)[-1]
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (1, 1), (4, 1), (2, 3, 17)])
+def test_awkward_shapes(shape):
+    check(lambda x: torch.softmax(x, -1), torch.randn(shape))
+
+
+def test_non_contiguous_and_symbolic_rows():
+    x = torch.randn(40, 30).t()
+    check(manual_softmax, x)
+    for n in (5, 19, 64):
+        check(manual_softmax, torch.randn(7, n), dynamic=True)
+
+
+def test_two_outputs_of_one_row():
+    # the softmax and its row sum both leave the kernel; the output that is stashed into is
+    # written once by the last loop
+    def fn(x):
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        s = e.sum(-1, keepdim=True)
+        return e / s, s, torch.sigmoid(e) * 2
+
+    check(fn, torch.randn(12, 50))
+
+
+def test_softmax_training_step():
+    # the backward's softmax gradient rows recompute exp too; gradients as eager's
+    x = torch.randn(16, 33)
+    w = torch.randn(33)
+
+    report = ember.Report()
+    compiled = ember.compile(lambda x, w: (torch.softmax(x * w, -1) * torch.arange(33.0)).sum(), report=report)
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    compiled(xs, ws).backward()
+    xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
+    (torch.softmax(xe * we, -1) * torch.arange(33.0)).sum().backward()
+    assert_same((xs.grad, ws.grad), (xe.grad, we.grad))
+    assert all(k.built for k in report.kernels)
