@@ -145,6 +145,9 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
             elif type(original) is RuntimeError and _empty_reduction(original):
                 # amax/argmax/aminmax over an empty dim: eager's check is an IndexError
                 original = IndexError(str(original))
+            elif type(original) is RuntimeError and _no_kernel_for_dtype(original):
+                # randn/normal_/log_normal_ of integers: eager finds no kernel for the dtype
+                original = NotImplementedError(str(original))
             raise _named(original, "\n".join(str(c) for c in chain)) from None
 
     return run
@@ -164,6 +167,14 @@ def _raised_in_refs(e: BaseException) -> bool:
     not by a Python-level function that raises ValueError in eager too (F.interpolate's)."""
     innermost = (_frames(e) or [""])[-1]
     return "/torch/_refs/" in innermost or "/torch/_prims" in innermost
+
+
+def _no_kernel_for_dtype(e: BaseException) -> bool:
+    """A dtype refused by a check in torch's references (sampling integers from a normal or
+    log-normal distribution), where eager has no kernel for it: NotImplementedError."""
+    text = str(e)
+    return (any("/torch/_refs/" in f or "/torch/_prims/" in f for f in _frames(e))
+            and ("expected a floating-point or complex dtype" in text or text.startswith("log_normal not implemented")))
 
 
 def _empty_reduction(e: BaseException) -> bool:

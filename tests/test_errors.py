@@ -343,3 +343,33 @@ def test_logsumexp_over_no_dims_is_eagers(shape):
             ember.compile(fn)(x)
         return
     assert_same(ember.compile(fn)(x), expected)
+
+
+@pytest.mark.parametrize("p", [
+    torch.tensor([0.5, 1.5]), torch.tensor([0.2, float("nan")]), torch.tensor([-1e-30, 0.5]),
+    torch.tensor([0, 1, 3]), torch.tensor([True, False]),
+], ids=["above_one", "nan", "negative", "ints", "bools"])
+def test_bernoulli_checks_its_probabilities_as_eager(p):
+    # its decomposition (rand < p) drew samples from any p; eager checks the range and the dtype
+    fn = lambda p: torch.bernoulli(p * 1)  # noqa: E731
+    expected = _eager_error(fn, p)
+    with pytest.raises(expected) as info:
+        ember.compile(fn)(p)
+    assert type(info.value) is expected
+    ok = torch.tensor([0.0, 1.0, 0.0, 1.0])
+    assert_same(ember.compile(fn)(ok), ok)
+
+
+@pytest.mark.parametrize("fn, arg", [
+    (lambda n: torch.randn(n, dtype=torch.int32), 3),
+    (lambda x: torch.randn_like(x), torch.arange(3)),
+    (lambda x: x.normal_(), torch.arange(3)),
+    (lambda x: torch.normal(x, 1.0), torch.arange(3)),
+    (lambda x: x.log_normal_(), torch.arange(3)),
+], ids=["randn", "randn_like", "normal_", "normal", "log_normal_"])
+def test_normal_samples_of_integers_raise_eagers_error(fn, arg):
+    # torch's references refuse the dtype with a RuntimeError; eager has no kernel for it
+    expected = _eager_error(fn, arg.clone() if isinstance(arg, torch.Tensor) else arg)
+    assert expected is NotImplementedError
+    with pytest.raises(NotImplementedError):
+        ember.compile(fn)(arg)

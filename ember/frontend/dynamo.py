@@ -59,6 +59,9 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # training graph the op's backward (never decomposed) then reads the weights as the
     # log-sum-exp, and every gradient is wrong, silently. It runs through ATen, as in Inductor.
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    # Its decomposition (rand < p) drops ATen's checks that p is a float tensor in [0, 1]: a p
+    # of 1.5 or NaN drew samples where eager raises. It runs through ATen (dropout does not use it).
+    table.pop(aten.bernoulli.default, None)
     return table
 
 
