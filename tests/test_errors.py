@@ -6,10 +6,11 @@ import inspect
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import ember
 
-from .helpers import assert_same, run
+from .helpers import assert_same, check, run
 
 
 def _eager_error(fn, *args):
@@ -373,3 +374,62 @@ def test_normal_samples_of_integers_raise_eagers_error(fn, arg):
     assert expected is NotImplementedError
     with pytest.raises(NotImplementedError):
         ember.compile(fn)(arg)
+
+
+@pytest.fixture
+def data_dependent_shapes(monkeypatch):
+    import torch._dynamo.config as dynamo_config
+
+    monkeypatch.setattr(dynamo_config, "capture_dynamic_output_shape_ops", True)
+    monkeypatch.setattr(dynamo_config, "capture_scalar_outputs", True)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.argmax(x[x > 5]), lambda x: torch.max(x[x > 5], 0), lambda x: torch.max(x[x > 5]),
+    lambda x: torch.amin(x[x > 5]) * 2,
+], ids=["argmax", "max_dim", "max", "amin"])
+def test_reductions_over_a_size_that_may_be_zero_raise(fn, data_dependent_shapes):
+    # a boolean mask's count is only known when the graph runs: the kernel over no elements gave
+    # -inf and index INT64_MAX where eager raises; such reductions run through ATen
+    x = torch.randn(8)
+    with pytest.raises((IndexError, RuntimeError)):
+        fn(x)
+    with pytest.raises((IndexError, RuntimeError)):
+        ember.compile(fn)(x)
+    y = torch.tensor([6.0, 1.0, 7.0, 9.0])
+    assert_same(ember.compile(fn)(y), fn(y))
+
+
+def test_torch_check_on_a_value_runs(data_dependent_shapes):
+    # torch._check of a value read with .item(): its assertion returns nothing, and was dropped
+    def fn(x):
+        n = x.sum().item()
+        torch._check(n > 0)
+        return x * n
+
+    compiled = ember.compile(fn)
+    assert_same(compiled(torch.ones(4)), fn(torch.ones(4)))
+    with pytest.raises(RuntimeError):
+        compiled(-torch.ones(4))
+
+
+@pytest.mark.parametrize("fn, x", [
+    (lambda x: F.pad(x, (1, 1), value=300), torch.tensor([[1, 2]], dtype=torch.uint8)),
+    (lambda x: F.pad(x, (1, 1), value=-1), torch.tensor([[1, 2]], dtype=torch.uint8)),  # (no wrap in a pad)
+    (lambda x: F.pad(x, (1, 1), value=255.9), torch.tensor([[1, 2]], dtype=torch.uint8)),
+    (lambda x: F.pad(x, (1, 1), value=200), torch.tensor([[1, 2]], dtype=torch.int8)),
+    (lambda x: F.pad(x, (1, 1), value=1e6), torch.zeros(1, 2).half()),
+    (lambda x: x.scatter(1, torch.zeros(1, 2, dtype=torch.long), 300), torch.tensor([[1, 2]], dtype=torch.uint8)),
+    (lambda x: x.masked_fill(x > 0, -0.5), torch.tensor([[1, 2]], dtype=torch.uint8)),  # (a float below 0)
+], ids=["pad_300", "pad_minus_one", "pad_fraction_above", "pad_int8", "pad_half", "scatter", "fill_negative_float"])
+def test_scalars_that_overflow_the_dtype_raise_as_eager(fn, x):
+    # the value was converted without eager's check: a uint8 border of 300 came out 44
+    assert _eager_error(fn, x) is RuntimeError
+    with pytest.raises(RuntimeError, match="overflow"):
+        ember.compile(fn)(x)
+
+
+def test_scalars_that_fit_still_compile():
+    u = torch.tensor([[1, 2]], dtype=torch.uint8)
+    for fn in (lambda x: F.pad(x, (1, 1), value=255), lambda x: x.scatter(1, torch.zeros(1, 2, dtype=torch.long), -1)):
+        check(fn, u)

@@ -283,6 +283,16 @@ def test_products_are_rounded_before_they_are_added():
         assert torch.equal(out.nan_to_num(), fn(x, y, x, y).nan_to_num())
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="eager's CPU kernels keep the first of equal values")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_maxima_of_signed_zeros_keep_the_first_as_eager(dtype):
+    # relu(-0.0) is -0.0 in eager and max([-0.0, 0.0]) is -0.0; ember's max returned the second
+    x = torch.tensor([[0.0, -0.0, 0.0], [-0.0, 0.0, 0.0]], dtype=dtype)
+    for fn in (torch.relu, lambda x: torch.clamp(x, min=0), lambda x: torch.max(x, 1).values,
+               lambda x: x.amax(1), lambda x: x.amin(1), lambda x: torch.minimum(x, x.flip(1))):
+        assert torch.equal(1 / ember.compile(fn)(x), 1 / fn(x))
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="eager's CPU kernel: a double exponent, computed in double")
 def test_float32_powers_by_python_floats_compute_in_double_as_eager():
     # the exponent rounded to float32 (1/3 as 0.33333334) was 7-13 ulp off at 1e30 and 1e-30

@@ -183,6 +183,21 @@ def test_a_mean_over_an_empty_mask_has_eagers_nan_gradients(always_in_forward):
     assert mine[0].isnan() and mine[1].isnan().all()
 
 
+@pytest.mark.parametrize("pick", [
+    lambda x: x.cummax(1).values, lambda x: x.cummin(1).values, lambda x: x.topk(2, 1).values,
+    lambda x: x.sort(1).values[:, :2], lambda x: torch.relu(x),
+], ids=["cummax", "cummin", "topk", "sort_slice", "relu"])
+def test_gradients_written_into_zeros_keep_the_zeros_under_an_inf_scale(pick, always_in_forward):
+    # loss / 0: eager's gradient is inf where an element was picked and 0 elsewhere (its
+    # backward writes the gradient into zeros: a scatter, a slice's backward); inf * 0 had made
+    # the zeros NaN
+    def loss(x, c):
+        return pick(x).sum() / c
+
+    x, c = torch.tensor([[1.0, 0.0, 2.0, -1.0], [0.5, 3.0, -2.0, 1.0]]), torch.tensor(0.0)
+    assert_same(_grads(ember.compile(loss), [x.requires_grad_(), c]), _grads(loss, [x, c]))
+
+
 def test_a_float16_mean_of_many_elements_has_eagers_gradient(always_in_forward):
     # the gradient at u = 1 folds a mean's 1 / 65536, which was 1 / inf = 0 in float16: every
     # gradient was 0

@@ -104,6 +104,19 @@ def test_bucketize_matches_eager():
     check(lambda x, b: torch.bucketize(x, b) + torch.bucketize(x, b, right=True), x, boundaries)
 
 
+@pytest.mark.parametrize("fn, args", [
+    (lambda s, q: torch.searchsorted(s * 2, q), (torch.tensor([1.0, 2, 3, 4]), torch.tensor([0.5, 2.5, 5, 1]))),
+    (lambda q: torch.bucketize(q, torch.arange(6)), (torch.tensor([0, 3, 7, -1]),)),
+    (lambda q: torch.bucketize(q, torch.linspace(0, 1, 8)), (torch.rand(8),)),
+], ids=["computed_same_shape", "arange", "linspace"])
+def test_searches_in_sequences_the_graph_computes(fn, args):
+    # a sequence computed over the queries' shape was planned into the search's own kernel, and
+    # an arange (recomputed from the index wherever it is read) was never stored: planning was
+    # stuck and the whole graph ran through ATen with a warning
+    report = check(fn, *args)
+    assert report.fallbacks == [] and len(report.kernels) == 2
+
+
 @pytest.mark.parametrize("options", [None, pytest.param({"target": "triton"}, marks=on_the_interpreter)])
 def test_searches_of_nan_sort_it_last_as_eager(options):
     # eager compares !(x >= v): a NaN query lands after every bound (left searches gave 0)

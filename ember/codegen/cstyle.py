@@ -561,12 +561,20 @@ EMBER_FN float ember_min(float a, float b) {
   asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
   return r;
 }
-#else
+#elif defined(__CUDACC__)
 EMBER_FN float ember_max(float a, float b) { return ((a > b) | (a != a)) ? a : b; }
 EMBER_FN float ember_min(float a, float b) { return ((a < b) | (a != a)) ? a : b; }
+#else  // eager's CPU kernels keep the first of equal values: relu(-0.0) and max([-0.0, 0.0]) are -0.0
+EMBER_FN float ember_max(float a, float b) { return ((a >= b) | (a != a)) ? a : b; }
+EMBER_FN float ember_min(float a, float b) { return ((a <= b) | (a != a)) ? a : b; }
 #endif
+#if defined(__CUDACC__)
 EMBER_FN double ember_max(double a, double b) { return ((a > b) | (a != a)) ? a : b; }
 EMBER_FN double ember_min(double a, double b) { return ((a < b) | (a != a)) ? a : b; }
+#else
+EMBER_FN double ember_max(double a, double b) { return ((a >= b) | (a != a)) ? a : b; }
+EMBER_FN double ember_min(double a, double b) { return ((a <= b) | (a != a)) ? a : b; }
+#endif
 template <typename T> EMBER_FN T ember_max(T a, T b) { return a > b ? a : b; }
 template <typename T> EMBER_FN T ember_min(T a, T b) { return a < b ? a : b; }
 EMBER_FN int64_t ember_imax(int64_t a, int64_t b) { return a > b ? a : b; }

@@ -23,6 +23,7 @@ from ..ir import shapes as sh
 from ..ir.node import Node, fill_value, row_ids_offsets, view_base
 from ..ir.ops import Op
 from ..ragged import ops as _ragged_ops  # noqa: F401 -- registers torch.ops.ember.segment_reduce
+from .aten_table import checked_scalar
 from .lowering import Context, Unsupported, register, size_arg, storage_of
 
 aten = torch.ops.aten
@@ -61,7 +62,7 @@ def _scatter(ctx: Context, x: Node, dim: int, index: Node, src: Any) -> Node:
         if isinstance(src, Node):
             val = ctx.expand_to(ctx.cast(ctx.make(Op.SLICE, (src,), (dim, sympy.Integer(j), one, one)), dtype), shape)
         else:
-            val = ctx.operand(src, dtype, shape)
+            val = ctx.operand(checked_scalar(src, dtype), dtype, shape)
         out = ctx.make(Op.WHERE, (hit, val, out))
     return out
 

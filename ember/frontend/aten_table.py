@@ -222,7 +222,7 @@ def _add_sub(ctx: Context, a: Any, b: Any, alpha: Any = 1) -> Node:
         # 1.703 + 1000.3 is 1000, not 1004); its GPU kernels, like its products, take it as is
         a, b = (_rounded_to(x, dtype) for x in (a, b))
     op = Op.ADD if ctx.aten == "aten.add" else Op.SUB
-    alpha = _checked(alpha, dtype)
+    alpha = checked_scalar(alpha, dtype)
     if dtype.is_low_precision and ctx.device == "cpu" and alpha != 1:
         # (and alpha: its vectorized loop, the bulk of a tensor, multiplies by the rounded alpha)
         alpha = _rounded_to(alpha, dtype)
@@ -283,12 +283,12 @@ def _pow(ctx: Context, base: Any, exponent: Any) -> Node:
         # (bool ** True is a bool copy in eager, its other bool powers NotImplementedError)
         raise Unsupported("pow of bools (ATen's NotImplementedError)")
     if not dtype.is_float:  # (an exponent beyond the int type: ATen's overflow error)
-        base, exponent = (_checked(v, dtype) for v in (base, exponent))
+        base, exponent = (checked_scalar(v, dtype) for v in (base, exponent))
         if _symbolic(exponent) is not None and not sh.nonnegative(_symbolic(exponent)):
             raise Unsupported("integer to a symbolic power that may be negative: ATen checks it")
     elif isinstance(base, Node) and not isinstance(exponent, Node):
         # eager converts a scalar exponent to the tensor's dtype (checked; 2.0001 is float16's 2)
-        exponent = _rounded_to(_checked(exponent, dtype), dtype) if dtype.is_low_precision else exponent
+        exponent = _rounded_to(checked_scalar(exponent, dtype), dtype) if dtype.is_low_precision else exponent
     if isinstance(base, Node) and not isinstance(exponent, Node):
         x = ctx.operand(base, dtype, shape)
         # ATen's own fast paths, so results match eager bit for bit.
@@ -326,7 +326,7 @@ def _where(ctx: Context, cond: Any, a: Any, b: Any) -> Node:
                                ctx.operand(b, dtype, shape)))
 
 
-def _checked(value: Any, dtype: dt.DType) -> Any:
+def checked_scalar(value: Any, dtype: dt.DType) -> Any:
     """A Python scalar argument ATen converts with an overflow check (clamp's bounds, a fill
     value, add's alpha): out of ``dtype``'s range, the op runs through ATen, which raises
     "value cannot be converted to type ... without overflow" as in eager."""
@@ -357,23 +357,25 @@ def _narrower_than_a_size(dtype: dt.DType) -> bool:
     return dtype.itemsize < 8 or dtype.kind == "u"
 
 
-def scalar_fits(value: int | float, dtype: torch.dtype) -> bool:
+def scalar_fits(value: int | float, dtype: torch.dtype, wraps: bool = True) -> bool:
     """Does ATen convert the Python scalar ``value`` to ``dtype`` without its overflow error?
-    (c10's rule: floats take inf and nan; an unsigned type takes negatives down to minus its
-    maximum, wrapped; bool and complex take anything.)"""
+    (c10's rule: floats take inf and nan; an unsigned type takes negative ints down to minus
+    its maximum, wrapped, unless ``wraps`` is False (constant_pad_nd's value), and no negative
+    float; bool and complex take anything.)"""
     if isinstance(value, bool) or dtype == torch.bool or dtype.is_complex:
         return True
     if dtype.is_floating_point:
         return not math.isfinite(value) or abs(value) <= torch.finfo(dtype).max
     info = torch.iinfo(dtype)
-    return math.isfinite(value) and (-info.max if info.min == 0 else info.min) <= value <= info.max
+    lowest = -info.max if info.min == 0 and wraps and isinstance(value, int) else info.min
+    return math.isfinite(value) and lowest <= value <= info.max
 
 
 def _clamp(ctx: Context, x: Node, lo: Any = None, hi: Any = None) -> Node:
     dtype, shape = ctx.out_dtype, ctx.out_shape
     if dtype.is_bool:
         raise Unsupported("clamp of bools (ATen's NotImplementedError)")
-    lo, hi = _checked(lo, dtype), _checked(hi, dtype)
+    lo, hi = checked_scalar(lo, dtype), checked_scalar(hi, dtype)
     if dtype.is_low_precision:  # (eager's bounds are 16-bit values: float16 0.9999 is 1.0)
         lo, hi = _rounded_to(lo, dtype), _rounded_to(hi, dtype)
     out = ctx.operand(x, dtype, shape)
@@ -422,17 +424,17 @@ def _copy(ctx: Context, dst: Node, src: Node, non_blocking: bool = False) -> Nod
 
 @register(aten.full.default)
 def _full(ctx: Context, size: Sequence[Any], value: Any, **_: Any) -> Node:
-    return ctx.operand(_checked(value, ctx.out_dtype), ctx.out_dtype, ctx.out_shape)
+    return ctx.operand(checked_scalar(value, ctx.out_dtype), ctx.out_dtype, ctx.out_shape)
 
 
 @register(aten.full_like.default)
 def _full_like(ctx: Context, x: Node, value: Any, **_: Any) -> Node:
-    return ctx.operand(_checked(value, ctx.out_dtype), ctx.out_dtype, ctx.out_shape)
+    return ctx.operand(checked_scalar(value, ctx.out_dtype), ctx.out_dtype, ctx.out_shape)
 
 
 @register(aten.scalar_tensor.default)
 def _scalar_tensor(ctx: Context, value: Any, **_: Any) -> Node:
-    return ctx.const(_checked(value, ctx.out_dtype), ctx.out_dtype)
+    return ctx.const(checked_scalar(value, ctx.out_dtype), ctx.out_dtype)
 
 
 @register(aten.arange.start_step, aten.arange.start, aten.arange.default)
@@ -559,7 +561,9 @@ def _constant_pad(ctx: Context, x: Node, pad: Sequence[Any], value: Any = 0) -> 
     pairs = [(sympy.Integer(0), sympy.Integer(0))] * x.rank
     for i in range(len(pad) // 2):  # pad lists the last dim first, (lo, hi) each
         pairs[x.rank - 1 - i] = (size_arg(pad[2 * i]), size_arg(pad[2 * i + 1]))
-    return ctx.make(Op.PAD, (x, ctx.const(value, x.dtype)), tuple(pairs))
+    if isinstance(value, (int, float)) and not scalar_fits(value, dt.to_torch(x.dtype), wraps=False):
+        raise Unsupported(f"pad value {value} does not fit {x.dtype}: ATen raises")
+    return ctx.make(Op.PAD, (x, ctx.const(checked_scalar(value, x.dtype), x.dtype)), tuple(pairs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -610,8 +614,8 @@ def _mean(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False, *, dtyp
 
 @register(aten.amax.default, aten.amin.default, aten.max.default, aten.min.default)
 def _amax_amin(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) -> Node:
-    if x.rank and any(sh.equal(s, 0) for s in x.shape):
-        raise Unsupported("max of an empty tensor raises in ATen")
+    if x.rank and not all(ctx.known_nonzero(s) for s in x.shape):
+        raise Unsupported("max of an empty tensor raises in ATen (its size may be 0)")
     op = Op.AMAX if ctx.aten in ("aten.amax", "aten.max") else Op.AMIN
     return _reduce(ctx, op, x, _dims(dim, x.rank), keepdim)
 
@@ -620,8 +624,8 @@ def _amax_amin(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) ->
 def _max_dim(ctx: Context, x: Node, dim: int, keepdim: bool = False) -> tuple[Node, Node]:
     is_max = ctx.aten == "aten.max"
     dims = _dims(dim, x.rank)
-    if x.rank and sh.equal(x.shape[dims[0]] if dims else 1, 0):
-        raise Unsupported("max over an empty dim raises in ATen")
+    if x.rank and not ctx.known_nonzero(x.shape[dims[0]] if dims else 1):
+        raise Unsupported("max over an empty dim raises in ATen (its size may be 0)")
     values = _reduce(ctx, Op.AMAX if is_max else Op.AMIN, x, dims, keepdim)
     indices = _reduce(ctx, Op.ARGMAX if is_max else Op.ARGMIN, x, dims, keepdim)
     return values, indices
@@ -632,6 +636,9 @@ def _argmax(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) -> No
     op = Op.ARGMAX if ctx.aten == "aten.argmax" else Op.ARGMIN
     if x.dtype.is_bool:
         raise Unsupported(f"ATen's {op.value} rejects bool")
+    reduced = sh.numel(x.shape) if dim is None else x.shape[_dims(dim, x.rank)[0]] if x.rank else 1
+    if not ctx.known_nonzero(reduced):
+        raise Unsupported(f"{op.value} over no elements raises in ATen (the size may be 0)")
     if dim is None:
         flat = ctx.reshape(x, [sh.numel(x.shape)])
         out = _reduce(ctx, op, flat, (0,), True)

@@ -70,10 +70,14 @@ _ZERO_FILLS = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.de
                aten.scalar_tensor.default: 0}
 
 
-# ops that select between the gradient and zero: with an incoming gradient of inf or NaN, eager's
-# zeros stay zeros (cross-entropy's ignored rows) where the plan's product with them is NaN
+# ops that select between the gradient and zero, or write it into zeros: with an incoming gradient
+# of inf or NaN, eager's zeros stay zeros (cross-entropy's ignored rows, the elements a cummax or
+# a topk did not pick, a relu's negatives) where the plan's product with them is NaN
 _MASKS = {aten.where.self, aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.nll_loss_backward.default,
-          aten.nll_loss2d_backward.default}
+          aten.nll_loss2d_backward.default, aten.threshold_backward.default, aten.hardtanh_backward.default,
+          aten.max_pool2d_with_indices_backward.default, aten.max_pool3d_with_indices_backward.default,
+          aten.select_backward.default, aten.slice_backward.default, aten.index_select_backward.default,
+          aten.embedding_dense_backward.default, aten.constant_pad_nd.default, *_WRITES}
 
 
 def nonlinear_op(nodes: Iterable[fx.Node], dependent: set[fx.Node]) -> str | None:

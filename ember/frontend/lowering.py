@@ -144,6 +144,18 @@ class Context:
         except Exception:  # noqa: BLE001 -- a private torch API: unknown, not equal
             return False
 
+    def known_nonzero(self, size: sympy.Expr) -> bool:
+        """Whether a size is nonzero on every call: a data-dependent size (nonzero's count, a
+        boolean mask's) can be 0, where a reduction without identity raises in ATen."""
+        size = sympy.sympify(size)
+        if size.is_Integer:
+            return int(size) != 0
+        env = self._shape_env()
+        try:
+            return env is not None and env._maybe_evaluate_static(sympy.Ne(size, 0)) == sympy.true
+        except Exception:  # noqa: BLE001 -- a private torch API: unknown, maybe zero
+            return False
+
     def _shape_env(self) -> Any:
         for meta in [self.out, *self.arg_metas]:
             for t in meta if isinstance(meta, (list, tuple)) else [meta]:
@@ -285,7 +297,11 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
 
 # ATen calls that return nothing and must still run: eager's checks of values (one_hot's class
 # bounds, torch._assert_async); through ATen they raise as eager does (on a GPU, a device assert)
-_EFFECTS = frozenset({torch.ops.aten._assert_async.msg, torch.ops.aten._assert_async.default})
+# torch.distributed's functional collectives (and their waits)
+_COLLECTIVES = frozenset({"_c10d_functional", "c10d_functional", "_c10d_functional_autograd"})
+
+_EFFECTS = frozenset({torch.ops.aten._assert_async.msg, torch.ops.aten._assert_async.default,
+                      torch.ops.aten._assert_scalar.default})
 
 
 def storage_of(tensor: torch.Tensor) -> Any:
@@ -502,8 +518,10 @@ def _extern(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any) -> Node
 
     t_args = template(tuple(args))
     t_kwargs = template(dict(kwargs))
+    # random ops, mutations and collectives (each rank must issue the same ones, in one order)
     impure = isinstance(target, torch._ops.OpOverload) and (
-        torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable)
+        torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable
+        or target.namespace in _COLLECTIVES)
     call = ExternCall(target, t_args, t_kwargs, impure=impure, input_strides=tuple(
         _eager_layout(ctx.metas.get(x)) for x in tensors))
     origin = op_name(target)

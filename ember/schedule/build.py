@@ -282,7 +282,11 @@ class KernelBuilder:
             return self.index_value(row, node.dtype)
         seq, values = node.inputs
         strided = self.strided(seq)
+        if strided is None and seq.op is Op.IOTA and seq in self.buffers and seq not in self.spec.homes:
+            strided = (seq, (self.buffers[seq].strides, sympy.Integer(0)))  # (stored for the search)
         if strided is None:
+            if seq in self.spec.homes:  # this kernel computes the sequence; the search needs all of it
+                raise Conflict(seq, node)
             raise NeedsBuffer(seq)
         base, (strides, start) = strided
         info = self.buffers[base]

@@ -621,12 +621,22 @@ class Planner(DomainRules):
             symbols = set(step.kernel.sizes) | _symbols(set(step.nodes))
         elif isinstance(step, ExternStep):
             reads = list(step.node.inputs)
+            if step.node in self._impure_before:  # random draws and collectives keep program order
+                reads.append(self._impure_before[step.node])
             symbols = _symbols({step.node}) | _template_symbols((step.node.arg.args, step.node.arg.kwargs))
         else:
             reads = [step.base]
             symbols = _symbols({step.node})
         binders = self._item_binders
         return reads + [binders[s] for s in symbols if s in binders and binders[s] is not getattr(step, "node", None)]
+
+    @functools.cached_property
+    def _impure_before(self) -> dict[Node, Node]:
+        """Each impure ATen call's previous one in program order. Collectives must be issued in
+        the same order on every rank (ranks whose plans differ, a last batch of one row, had
+        swapped two all-reduces), and random ops draw from the generator in eager's order."""
+        calls = [n for n in self.graph.nodes if n.op is Op.EXTERN and n.arg.impure]
+        return dict(zip(calls[1:], calls[:-1]))
 
     @functools.cached_property
     def _item_binders(self) -> dict[sympy.Symbol, Node]:
