@@ -145,6 +145,10 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
             elif type(original) is RuntimeError and _empty_reduction(original):
                 # amax/argmax/aminmax over an empty dim: eager's check is an IndexError
                 original = IndexError(str(original))
+            elif type(original) is ZeroDivisionError and _raised_in_decompositions(original):
+                # a size of 0 divided by in a decomposition (interpolate to no pixels): eager's
+                # kernel checks the sizes first and raises RuntimeError
+                original = RuntimeError(f"{original} (a size of 0)")
             elif type(original) is RuntimeError and _no_kernel_for_dtype(original):
                 # randn/normal_/log_normal_ of integers: eager finds no kernel for the dtype
                 original = NotImplementedError(str(original))
@@ -167,6 +171,11 @@ def _raised_in_refs(e: BaseException) -> bool:
     not by a Python-level function that raises ValueError in eager too (F.interpolate's)."""
     innermost = (_frames(e) or [""])[-1]
     return "/torch/_refs/" in innermost or "/torch/_prims" in innermost
+
+
+def _raised_in_decompositions(e: BaseException) -> bool:
+    innermost = (_frames(e) or [""])[-1]
+    return any(part in innermost for part in ("/torch/_decomp/", "/torch/_refs/", "/torch/_prims"))
 
 
 def _no_kernel_for_dtype(e: BaseException) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import pytest
 import torch
@@ -433,3 +434,51 @@ def test_scalars_that_fit_still_compile():
     u = torch.tensor([[1, 2]], dtype=torch.uint8)
     for fn in (lambda x: F.pad(x, (1, 1), value=255), lambda x: x.scatter(1, torch.zeros(1, 2, dtype=torch.long), -1)):
         check(fn, u)
+
+
+@pytest.mark.parametrize("fn, x", [
+    (lambda x: torch.lerp(x, x * 2, 0.5), torch.tensor([1, 0])),
+    (lambda x: torch.floor(x), torch.tensor([True, False])),
+    (lambda x: torch.round(x), torch.tensor([True, False])),
+    (lambda x: torch.relu(x), torch.tensor([True, False])),
+    (lambda x: F.gelu(x), torch.tensor([1, 2])),
+    (lambda x: F.silu(x), torch.tensor([1, 2])),
+    (lambda x: torch.logaddexp(x, x), torch.tensor([1, 2])),
+    (lambda x: torch.addcmul(x, x, x), torch.tensor([True, False])),
+], ids=["lerp_int", "floor_bool", "round_bool", "relu_bool", "gelu_int", "silu_int", "logaddexp_int", "addcmul_bool"])
+def test_dtypes_eager_has_no_kernel_for_raise_its_error(fn, x):
+    # the decompositions (or ember's lowerings) computed something for them
+    expected = _eager_error(fn, x)
+    with pytest.raises(expected) as info:
+        ember.compile(fn)(x)
+    assert type(info.value) is expected
+
+
+def test_ops_on_dtypes_ember_does_not_generate_run_through_aten_alone():
+    # a comparison of complex or uint32 operands (or isnan of a complex) made the whole graph
+    # run through ATen with a warning; the op alone runs there now, the rest compiles
+    for x in (torch.tensor([1 + 1j, 2j]), torch.tensor([3, 4], dtype=torch.uint32)):
+        for fn in (lambda x, y: ((x == x[0]) * y).exp(), lambda x, y: (torch.isnan(x) + y) * 2):
+            y = torch.randn(2)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                report = check(fn, x, y)
+            assert report.kernels
+
+
+def test_interpolation_to_no_pixels_raises_eagers_runtime_error():
+    # the decomposition divided by the output size: ZeroDivisionError
+    fn = lambda x: F.interpolate(x, size=(0, 3))  # noqa: E731
+    assert _eager_error(fn, torch.randn(2, 3, 4, 4)) is RuntimeError
+    with pytest.raises(RuntimeError):
+        ember.compile(fn)(torch.randn(2, 3, 4, 4))
+
+
+@pytest.mark.parametrize("size", [[2, 3, 1, 5], [2, 3, 4, 1], [2, 3, 1, 1]])
+def test_affine_grids_one_pixel_wide(size):
+    # the decomposition's torch.tensor(0) put an in-place detach_ in the graph: the compile failed
+    check(lambda t: F.affine_grid(t, size, align_corners=False) * 2, torch.randn(2, 2, 3))
+
+
+def test_pixel_unshuffle_of_an_empty_image_keeps_its_shape():
+    check(lambda x: F.pixel_unshuffle(x, 2), torch.randn(1, 3, 0, 0))

@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 import ember
 
 from .conftest import DEVICE
-from .helpers import assert_same, on_the_interpreter, run
+from .helpers import assert_same, check, on_the_interpreter, run
 
 UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
          "reciprocal", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
@@ -447,3 +447,40 @@ def test_vector_norms_fuse_with_what_reads_them(dtype, target):
         f(a, b).backward()
         grads.append((a.grad, b.grad))
     assert_same(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_tensors_made_in_the_graph_hold_16_bit_values(dtype):
+    # full/full_like/scalar_tensor of 0.1001 kept the float32 literal: it compared above a
+    # bfloat16 0.1001, and .long() of 257 gave 257 (bfloat16 holds 256)
+    a = torch.zeros(2, dtype=dtype, device=DEVICE)
+    for fn in (lambda a: torch.full_like(a, 0.1001) > 0.1001,
+               lambda a: torch.full((2,), 257, dtype=dtype, device=a.device).long(),
+               lambda a: torch.full_like(a, 1 / 3).float(),
+               lambda a: a.new_full((3,), 1e-8).float() * 1e8,
+               lambda a: (a + 0.333) >= torch.full((), 0.333, device=a.device).to(dtype),
+               lambda a: (a - 0.4921875 + torch.full((), 1 / 3, device=a.device)).float()):
+        assert_same(ember.compile(fn)(a), fn(a))
+
+
+@pytest.mark.parametrize("shifts, dims", [(3, 2), ((1, -4), (0, 3)), (12, -1), ((2, 2), (1, 1))])
+@pytest.mark.parametrize("layout", ["channels_last", "transposed"])
+def test_roll_is_a_cat_of_slices_that_fuses(shifts, dims, layout):
+    x = torch.randn(2, 5, 7, 9, device=DEVICE)
+    x = {"contiguous": x, "channels_last": x.to(memory_format=torch.channels_last),
+         "transposed": x.transpose(1, 3)}[layout]
+    report = check(lambda x: torch.roll(x, shifts, dims) * 2 + 1, x)
+    assert len(report.kernels) == 1 and report.fallbacks == []
+
+
+def test_roll_corners():
+    check(lambda x: torch.roll(x, 2, 0) + 1, torch.zeros(0, 3, device=DEVICE))
+    check(lambda x: torch.roll(x, 1, 0), torch.tensor([True, False, True], device=DEVICE))
+    check(lambda x: torch.roll(x, (1,)) * 2, torch.arange(6, device=DEVICE).view(2, 3))  # (flattened: ATen)
+    for n in (5, 8, 9):
+        check(lambda x: x.roll(2, 1) - x, torch.randn(3, n, device=DEVICE), dynamic=True)
+    x = torch.randn(4, 6, device=DEVICE, requires_grad=True)
+    compiled = ember.compile(lambda x: (torch.roll(x, 5, 1) * torch.arange(6.0, device=DEVICE)).sum())
+    compiled(x).backward()
+    expected = torch.roll(torch.arange(6.0, device=DEVICE).expand(4, 6), -5, 1)
+    assert_same(x.grad, expected)

@@ -64,7 +64,7 @@ _UNARY = {
 
 def _unary(op: Op):
     def lower(ctx: Context, x: Node) -> Node:
-        if op in (Op.FLOOR, Op.CEIL, Op.TRUNC) and x.dtype.is_int:
+        if op in (Op.FLOOR, Op.CEIL, Op.TRUNC) and x.dtype.is_int and not x.dtype.is_bool:
             return x  # identity on integers, as in ATen
         _check_dtype(op, ctx.out_dtype)
         return ctx.make(op, (ctx.cast(x, ctx.out_dtype),))
@@ -77,6 +77,7 @@ for _target, _op in _UNARY.items():
 
 @register(aten.round.default)
 def _round(ctx: Context, x: Node) -> Node:
+    _check_dtype(Op.ROUND, x.dtype)
     return x if x.dtype.is_int else ctx.make(Op.ROUND, (x,))
 
 
@@ -88,6 +89,8 @@ def _logical_not(ctx: Context, x: Node) -> Node:
 @register(aten.isnan.default, aten.isinf.default)
 def _isnan_isinf(ctx: Context, x: Node) -> Node:
     op = Op.ISNAN if "isnan" in (ctx.aten or "") else Op.ISINF
+    if x.dtype is None:
+        raise Unsupported(f"{op.value} of a dtype ember does not generate (complex)")
     if not x.dtype.is_float:
         return ctx.operand(False, dt.bool_, x.shape)
     return ctx.make(op, (x,))
@@ -95,11 +98,15 @@ def _isnan_isinf(ctx: Context, x: Node) -> Node:
 
 @register(aten.relu.default)
 def _relu(ctx: Context, x: Node) -> Node:
+    if x.dtype.is_bool:
+        raise Unsupported("relu of bools (ATen's RuntimeError)")
     return ctx.make(Op.MAX, (x, ctx.operand(0, x.dtype, x.shape)))
 
 
 @register(aten.gelu.default)
 def _gelu(ctx: Context, x: Node, approximate: str = "none") -> Node:
+    if not x.dtype.is_float:
+        raise Unsupported("gelu of integers (ATen's NotImplementedError)")
     x = ctx.cast(x, dt.compute_dtype(x.dtype))
     c = lambda v: ctx.operand(v, x.dtype, x.shape)  # noqa: E731
     if approximate == "tanh":
@@ -138,7 +145,8 @@ def _elu(ctx: Context, x: Node, alpha: float = 1.0, scale: float = 1.0, input_sc
 # Ops whose ATen kernels reject some dtypes: such calls stay ATen calls, so the user gets eager's
 # own error (a meta kernel does not check dtypes, so Dynamo traces them happily).
 _INTEGER_ONLY = {Op.BITAND, Op.BITOR, Op.BITXOR, Op.SHL, Op.SHR, Op.BITNOT}
-_NO_BOOL = {Op.SUB, Op.NEG, Op.ABS, Op.SHL, Op.SHR, Op.MOD, Op.FMOD, Op.ATAN2}
+_NO_BOOL = {Op.SUB, Op.NEG, Op.ABS, Op.SHL, Op.SHR, Op.MOD, Op.FMOD, Op.ATAN2, Op.FLOOR, Op.CEIL, Op.TRUNC,
+            Op.ROUND}
 
 
 def _check_dtype(op: Op, dtype: dt.DType) -> None:
@@ -422,19 +430,30 @@ def _copy(ctx: Context, dst: Node, src: Node, non_blocking: bool = False) -> Nod
     return ctx.operand(src, ctx.out_dtype, ctx.out_shape)
 
 
+def _filled_with(value: Any, dtype: dt.DType) -> Any:
+    """The value a new tensor of ``dtype`` holds: checked, and a 16-bit float's rounded (kernels
+    compute 16-bit values in float32, so a literal 0.1001 would compare above the tensor's)."""
+    value = checked_scalar(value, dtype)
+    if dtype.is_low_precision:
+        if _symbolic(value) is not None:
+            raise Unsupported(f"a 16-bit tensor filled with the symbolic {_symbolic(value)}: ATen rounds it")
+        value = _rounded_to(value, dtype)
+    return value
+
+
 @register(aten.full.default)
 def _full(ctx: Context, size: Sequence[Any], value: Any, **_: Any) -> Node:
-    return ctx.operand(checked_scalar(value, ctx.out_dtype), ctx.out_dtype, ctx.out_shape)
+    return ctx.operand(_filled_with(value, ctx.out_dtype), ctx.out_dtype, ctx.out_shape)
 
 
 @register(aten.full_like.default)
 def _full_like(ctx: Context, x: Node, value: Any, **_: Any) -> Node:
-    return ctx.operand(checked_scalar(value, ctx.out_dtype), ctx.out_dtype, ctx.out_shape)
+    return ctx.operand(_filled_with(value, ctx.out_dtype), ctx.out_dtype, ctx.out_shape)
 
 
 @register(aten.scalar_tensor.default)
 def _scalar_tensor(ctx: Context, value: Any, **_: Any) -> Node:
-    return ctx.const(checked_scalar(value, ctx.out_dtype), ctx.out_dtype)
+    return ctx.const(_filled_with(value, ctx.out_dtype), ctx.out_dtype)
 
 
 @register(aten.arange.start_step, aten.arange.start, aten.arange.default)
@@ -554,6 +573,30 @@ def _cat(ctx: Context, tensors: Sequence[Any], dim: int = 0) -> Node:
         raise Unsupported("cat of tensors of different ranks")
     parts = [t for t in parts if not sh.equal(t.shape[dim], 0)] or parts[:1]
     return parts[0] if len(parts) == 1 else ctx.make(Op.CAT, parts, dim)
+
+
+@register(aten.roll.default)
+def _roll(ctx: Context, x: Node, shifts: Any, dims: Any = ()) -> Node:
+    """roll along a dim of static size: the rows past the shift, then the rest (a cat of two
+    slices, which fuses with what reads it; the decomposition's index_select along another dim
+    than the first ran through ATen)."""
+    shifts = list(shifts) if isinstance(shifts, (list, tuple)) else [shifts]
+    dims = list(dims) if isinstance(dims, (list, tuple)) else [dims]
+    if not dims or len(shifts) != len(dims) or x.rank == 0:
+        raise Unsupported("roll of the flattened tensor (or shifts and dims of other lengths)")
+    out = x
+    for shift, dim in zip(shifts, dims):
+        dim, size, shift = dim % x.rank, sh.static(x.shape[dim % x.rank]), size_arg(shift)
+        if size is None or not shift.is_Integer:
+            raise Unsupported("roll along a symbolic size or by a symbolic shift")
+        if size == 0 or int(shift) % size == 0:
+            continue
+        keep = size - int(shift) % size
+        one = sympy.Integer(1)
+        tail = ctx.make(Op.SLICE, (out,), (dim, sympy.Integer(keep), one, sympy.Integer(size - keep)))
+        head = ctx.make(Op.SLICE, (out,), (dim, sympy.Integer(0), one, sympy.Integer(keep)))
+        out = ctx.make(Op.CAT, (tail, head), dim)
+    return out
 
 
 @register(aten.constant_pad_nd.default)

@@ -45,16 +45,30 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update({op: _floats_only(fn) for op, fn in get_decompositions([aten._softmax, aten._log_softmax]).items()})
     # ember lowers these itself, keeping the whole op visible to fusion and to kernel names
     # (index_add and index_copy also keep eager's errors: their decompositions wrap negative
-    # indices; index_copy runs through ATen).
+    # indices; index_copy runs through ATen; roll's index_select ran through ATen).
     for op in (aten.native_layer_norm.default, aten.gelu.default, aten.var_mean.correction,
                aten.var.correction, aten.std.correction, aten.std_mean.correction, aten.index_add.default,
-               aten.index_copy.default):
+               aten.index_copy.default, aten.roll.default):
         table.pop(op, None)
     # Their decompositions drop a check eager makes: they keep the op (ATen raises as eager
     # does) where it applies.
     for op, fn in get_decompositions([aten.masked_fill.Scalar, aten.index_fill.int_Scalar]).items():
         table[op] = _eager_when(fn, _fill_overflows)
     table[aten.logsumexp.default] = _eager_when(table[aten.logsumexp.default], _over_no_dims)
+    # ATen has no integer kernels for these (no bool one for addcmul); the decompositions compute
+    for op in (aten.lerp.Scalar, aten.lerp.Tensor, aten.silu.default, aten.logaddexp.default):
+        if op in table:
+            table[op] = _floats_only(table[op])
+    for op in (aten.addcmul.default, aten.addcdiv.default):
+        if op in table:
+            table[op] = _eager_when(table[op], _of_bools)
+    # Its decomposition makes a 1-pixel grid with torch.tensor(0), an in-place detach_ that
+    # AOTAutograd refuses (the compile failed); ATen makes those grids.
+    table[aten.affine_grid_generator.default] = _eager_when(table[aten.affine_grid_generator.default],
+                                                            _one_pixel_side)
+    # ATen returns an empty input as it is (shape included); the decompositions reshape it.
+    for op in (aten.pixel_shuffle.default, aten.pixel_unshuffle.default):
+        table[op] = _eager_when(table[op], _empty)
     # Its decomposition returns the attention weights where the op returns the log-sum-exp. In a
     # training graph the op's backward (never decomposed) then reads the weights as the
     # log-sum-exp, and every gradient is wrong, silently. It runs through ATen, as in Inductor.
@@ -92,6 +106,18 @@ def _fill_overflows(x: torch.Tensor, *args: Any, **_: Any) -> bool:
     cannot be converted ... without overflow", the decomposition's scalar_tensor gives inf."""
     value = args[-1]
     return isinstance(value, (int, float)) and not scalar_fits(value, x.dtype)
+
+
+def _one_pixel_side(theta: torch.Tensor, size: Sequence[Any], *_: Any, **__: Any) -> bool:
+    return any(isinstance(s, int) and s == 1 for s in size[2:])
+
+
+def _empty(x: torch.Tensor, *_: Any, **__: Any) -> bool:
+    return any(isinstance(s, int) and s == 0 for s in x.shape)
+
+
+def _of_bools(x: torch.Tensor, *_: Any, **__: Any) -> bool:
+    return x.dtype == torch.bool
 
 
 def _over_no_dims(x: torch.Tensor, dim: Any = (), *_: Any, **__: Any) -> bool:

@@ -101,7 +101,10 @@ class Context:
         if x.dtype == dtype:
             return x
         if x.op is Op.CONST and not isinstance(x.arg, sympy.Basic):
-            return self.const(x.arg, dtype)
+            value = x.arg
+            if dtype.is_low_precision and isinstance(value, float):  # (a cast rounds to 16 bits)
+                value = float(torch.tensor(value, dtype=dt.to_torch(dtype)))
+            return self.const(value, dtype)
         return self.make(Op.CAST, (x,), dtype=dtype)
 
     def expand_to(self, x: Node, shape: sh.Shape) -> Node:
@@ -183,6 +186,8 @@ class Context:
             result = torch.result_type(*vals[:2])
             for extra in vals[2:]:
                 result = torch.promote_types(result, torch.result_type(vals[0], extra))
+        if not dt.is_supported_torch(result):  # (complex, uint32 operands of a comparison)
+            raise Unsupported(f"operands promote to {result}, which ember does not generate")
         return dt.from_torch(result)
 
 
