@@ -9,6 +9,8 @@ shift 2
 for round in $(seq "$rounds"); do
   for tree in "$old" .; do
     echo "=== round $round, tree $tree ($(cat "$tree/REV" 2>/dev/null || echo working tree))"
-    PYTHONPATH="$tree:${EXTRA_PYTHONPATH:-}" "$@"
+    # (the repository root after the tree: the bench scripts import bench.common; the tree's
+    # ember comes first)
+    PYTHONPATH="$tree:.:${EXTRA_PYTHONPATH:-}" "$@"
   done
 done
