@@ -66,7 +66,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # AOTAutograd refuses (the compile failed); ATen makes those grids.
     table[aten.affine_grid_generator.default] = _eager_when(table[aten.affine_grid_generator.default],
                                                             _one_pixel_side)
-    # ATen returns an empty input as it is (shape included); the decompositions reshape it.
+    # ATen special-cases empty inputs (pixel_unshuffle returns them as they are, shape included).
     for op in (aten.pixel_shuffle.default, aten.pixel_unshuffle.default):
         table[op] = _eager_when(table[op], _empty)
     # Its decomposition returns the attention weights where the op returns the log-sum-exp. In a

@@ -84,7 +84,6 @@ def collapse_dims(kernel: Kernel) -> Kernel:
     return kernel
 
 
-
 def stash_recomputed(kernel: Kernel, stash_dtypes: frozenset) -> Kernel:
     """A row kernel's last loop recomputes what an earlier loop computed (a softmax's
     exp(x - max): summed in loop 2, divided in loop 3). Where that costs a transcendental,
