@@ -482,3 +482,19 @@ def test_affine_grids_one_pixel_wide(size):
 
 def test_pixel_unshuffle_of_an_empty_image_keeps_its_shape():
     check(lambda x: F.pixel_unshuffle(x, 2), torch.randn(1, 3, 0, 0))
+
+
+@pytest.mark.parametrize("fn, args", [
+    (lambda s, m, v: s.masked_fill(m, v), (torch.zeros(3, dtype=torch.int8), torch.tensor([True, False, True]),
+                                          torch.tensor(300))),
+    (lambda s, m, v: s.masked_fill(m, v).softmax(-1), (torch.randn(2, 3).half(), torch.tensor([False, True, False]),
+                                                       torch.tensor(torch.finfo(torch.float32).min))),
+], ids=["int8_of_300", "float16_of_float32_min"])
+def test_masked_fill_of_a_tensor_value_that_overflows_raises(fn, args):
+    # the value is known when the op runs: the decomposition had wrapped 300 to 44 and made
+    # float32's finfo.min -inf (a common attention-mask idiom on float16 scores)
+    assert _eager_error(fn, *args) is RuntimeError
+    with pytest.raises(RuntimeError, match="overflow"):
+        ember.compile(fn)(*args)
+    fits = (args[0], args[1], torch.tensor(7, dtype=args[0].dtype))
+    assert_same(ember.compile(fn)(*fits), fn(*fits))

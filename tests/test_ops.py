@@ -484,3 +484,13 @@ def test_roll_corners():
     compiled(x).backward()
     expected = torch.roll(torch.arange(6.0, device=DEVICE).expand(4, 6), -5, 1)
     assert_same(x.grad, expected)
+
+
+@pytest.mark.parametrize("dtype, n", [(torch.bfloat16, 300), (torch.float16, 2060)])
+def test_16_bit_aranges_hold_16_bit_values(dtype, n):
+    # an arange computed in a kernel was its exact index (bfloat16 257 where eager holds 256):
+    # cos(257) for cos(256), errors of order 1
+    one = torch.ones((), dtype=dtype, device=DEVICE)
+    for fn in (lambda s: torch.arange(n, dtype=dtype, device=DEVICE).cos() * s,
+               lambda s: torch.arange(1.5, n, 2.5, dtype=dtype, device=DEVICE) / 3 * s):
+        assert torch.equal(ember.compile(fn)(one), fn(one))

@@ -55,6 +55,9 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     for op, fn in get_decompositions([aten.masked_fill.Scalar, aten.index_fill.int_Scalar]).items():
         table[op] = _eager_when(fn, _fill_overflows)
     table[aten.logsumexp.default] = _eager_when(table[aten.logsumexp.default], _over_no_dims)
+    # A 0-d tensor value is checked against the filled dtype when the op runs (float32's
+    # finfo.min into float16 attention scores raises in eager; the decomposition gave -inf)
+    table[aten.masked_fill.Tensor] = _eager_when(table[aten.masked_fill.Tensor], _value_may_overflow)
     # ATen has no integer kernels for these (no bool one for addcmul); the decompositions compute
     for op in (aten.lerp.Scalar, aten.lerp.Tensor, aten.silu.default, aten.logaddexp.default):
         if op in table:
@@ -106,6 +109,20 @@ def _fill_overflows(x: torch.Tensor, *args: Any, **_: Any) -> bool:
     cannot be converted ... without overflow", the decomposition's scalar_tensor gives inf."""
     value = args[-1]
     return isinstance(value, (int, float)) and not scalar_fits(value, x.dtype)
+
+
+def _value_may_overflow(x: torch.Tensor, mask: torch.Tensor, value: torch.Tensor, *_: Any, **__: Any) -> bool:
+    """Can ``value``'s dtype hold values out of ``x``'s range (ATen's overflow error)?"""
+    into, of = x.dtype, value.dtype
+    if into in (torch.bool, of) or into.is_complex or of == torch.bool:
+        return False
+    if of.is_complex:
+        return True
+    high = (torch.finfo if of.is_floating_point else torch.iinfo)(of)
+    if into.is_floating_point:
+        return high.max > torch.finfo(into).max
+    limits = torch.iinfo(into)
+    return of.is_floating_point or high.max > limits.max or high.min < limits.min
 
 
 def _one_pixel_side(theta: torch.Tensor, size: Sequence[Any], *_: Any, **__: Any) -> bool:

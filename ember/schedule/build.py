@@ -220,6 +220,9 @@ class KernelBuilder:
             return self._emit("const", node.dtype, (), node.arg)
         if op is Op.IOTA:
             _length, start, step = node.arg
+            if node.dtype.is_low_precision:  # a 16-bit arange holds 16-bit values (bfloat16 257 is 256)
+                exact = self.index_value(sympy.expand(start + point[0] * step), dt.float32)
+                return self._emit("alu", node.dtype, (exact,), Op.CAST)
             return self.index_value(sympy.expand(start + point[0] * step), node.dtype)
         if op in POINTWISE_OPS:
             previous, self._reader = self._reader, node
