@@ -397,3 +397,24 @@ def test_triton_forward_and_backward_one_kernel_each(launch):
     assert_same(_grads(fn, [pred, padded]), _grads(padded_giou_loss, [pred, padded]))
     assert ember.stats()["grads_in_forward"] == 1
     assert [(g.kind, len(g.kernels), g.fallbacks) for g in report.graphs] == [("forward", 1, []), ("backward", 1, [])]
+
+
+def test_float16_gradients_use_min_cut():
+    # the gradient at u = 1 in float16 overflowed where the scaled gradient is 9 (a loss scaled
+    # by 1e-4), and went subnormal for small ones
+    def loss(x, y):
+        return (((x - y) * 300) ** 2).sum() * 1e-4
+
+    x, y = torch.tensor([0.5, -0.5, 0.4, 0.1]).half(), torch.zeros(4).half()
+    ember.reset_stats()
+    assert_same(_grads(ember.compile(loss), [x.requires_grad_(), y]), _grads(loss, [x, y]))
+    assert ember.stats()["grads_in_forward"] == 0
+
+
+def test_smooth_l1_gradient_of_a_nan_is_nan():
+    # the decomposition of its backward took sign(NaN) = 0
+    def loss(a, b):
+        return F.smooth_l1_loss(a, b, beta=0.5, reduction="sum")
+
+    a, b = torch.tensor([float("nan"), 0.2, 3.0]), torch.zeros(3)
+    assert_same(_grads(ember.compile(loss), [a.requires_grad_(), b]), _grads(loss, [a, b]))

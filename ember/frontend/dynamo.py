@@ -79,6 +79,16 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # Its decomposition (rand < p) drops ATen's checks that p is a float tensor in [0, 1]: a p
     # of 1.5 or NaN drew samples where eager raises. It runs through ATen (dropout does not use it).
     table.pop(aten.bernoulli.default, None)
+    # Losses whose decompositions differ from the op: smooth_l1's backward takes sign(NaN) = 0 (a
+    # NaN input's gradient came out 0); binary_cross_entropy's skips the check that inputs are in
+    # [0, 1].
+    for op in (aten.smooth_l1_loss_backward.default, aten.binary_cross_entropy.default):
+        table.pop(op, None)
+    table[aten.smooth_l1_loss.default] = _eager_when(table[aten.smooth_l1_loss.default], _negative_beta)
+    # eager takes int64 and uint8 targets (an int32 one raises in eager, not in the decomposition)
+    for op, at in ((aten.nll_loss_forward.default, 1), (aten.nll_loss2d_forward.default, 1),
+                   (aten.nll_loss_backward.default, 2), (aten.nll_loss2d_backward.default, 2)):
+        table[op] = _eager_when(table[op], functools.partial(_target_not_int64, at=at))
     return table
 
 
@@ -123,6 +133,14 @@ def _value_may_overflow(x: torch.Tensor, mask: torch.Tensor, value: torch.Tensor
         return high.max > torch.finfo(into).max
     limits = torch.iinfo(into)
     return of.is_floating_point or high.max > limits.max or high.min < limits.min
+
+
+def _negative_beta(x: torch.Tensor, target: torch.Tensor, reduction: int = 1, beta: float = 1.0) -> bool:
+    return isinstance(beta, (int, float)) and beta < 0
+
+
+def _target_not_int64(*args: Any, at: int, **_: Any) -> bool:
+    return args[at].dtype != torch.int64
 
 
 def _one_pixel_side(theta: torch.Tensor, size: Sequence[Any], *_: Any, **__: Any) -> bool:

@@ -155,6 +155,11 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
         log(1, f"partition: min-cut ({reason})", cfg)
         return None
 
+    if any(isinstance(g, fx.Node) and getattr(g.meta.get("val"), "dtype", None) == torch.float16 for g in grads):
+        # K is the gradient at u = 1 in the gradient's dtype: float16's range cuts it off (a
+        # loss scaled by 1e-4 had an inf K where K * u is 9; a small one went subnormal)
+        log(1, "partition: min-cut (float16 gradients)", cfg)
+        return None
     witnesses = _version_witnesses(fwd_outputs, grads, tangent)
     scale, kept = _scale(graph, tangent, dependent)
     scaled_part = [n for n in graph.nodes if n in dependent and n not in kept]
