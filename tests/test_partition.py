@@ -69,7 +69,8 @@ def test_padded_giou_16_bit_within_eager_error(dtype):
     reference = _grads(padded_giou_loss, [pred.double(), padded.double()])
     ember.reset_stats()
     mine = _grads(ember.compile(padded_giou_loss), [pred, padded])
-    assert ember.stats()["grads_in_forward"] == 1
+    # (float16 gradients use min-cut: the gradient at u = 1 could leave float16's range)
+    assert ember.stats()["grads_in_forward"] == (1 if dtype == torch.bfloat16 else 0)
     eager = _grads(padded_giou_loss, [pred, padded])
     for m, e, r in zip(mine, eager, reference):
         assert m.dtype == dtype
@@ -205,7 +206,7 @@ def test_a_float16_mean_of_many_elements_has_eagers_gradient(always_in_forward):
         return (x * w).mean()
 
     x, w = torch.randn(2, 1024, 64).half()
-    assert _chosen(loss, [x.requires_grad_(), w])
+    assert not _chosen(loss, [x.requires_grad_(), w])  # (float16 gradients: min-cut)
     (grad,) = _grads(ember.compile(loss), [x, w])[1:]
     assert (grad != 0).float().mean() > 0.9
 
