@@ -239,8 +239,13 @@ def _version_witnesses(fwd_outputs: Sequence[Any], grads: Sequence[Any], tangent
     forward and backward raises eager's "modified by an inplace operation" instead of getting
     the gradient at the old values."""
     backward_only = _ancestors(grads) - _ancestors(fwd_outputs)
-    witnesses = {a: None for n in backward_only if n.op == "call_function" for a in n.all_input_nodes
-                 if a.op == "placeholder" and a is not tangent and isinstance(a.meta.get("val"), torch.Tensor)}
+    witnesses: dict[fx.Node, None] = {}
+    for n in backward_only:
+        for a in n.all_input_nodes if n.op == "call_function" else ():
+            while a.op == "call_function" and is_view_op(a.target) and a.args and isinstance(a.args[0], fx.Node):
+                a = a.args[0]  # (a view of an input, t[:, None]: eager saves it, sharing t's version)
+            if a.op == "placeholder" and a is not tangent and isinstance(a.meta.get("val"), torch.Tensor):
+                witnesses[a] = None
     return list(witnesses)
 
 
