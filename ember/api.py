@@ -145,7 +145,7 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
             elif type(original) is RuntimeError and _empty_reduction(original):
                 # amax/argmax/aminmax over an empty dim: eager's check is an IndexError
                 original = IndexError(str(original))
-            elif type(original) is ZeroDivisionError and _raised_in_decompositions(original):
+            elif type(original) is ZeroDivisionError and _raised_in_refs(original, also_decompositions=True):
                 # a size of 0 divided by in a decomposition (interpolate to no pixels): eager's
                 # kernel checks the sizes first and raises RuntimeError
                 original = RuntimeError(f"{original} (a size of 0)")
@@ -166,24 +166,29 @@ def _frames(e: BaseException) -> list[str]:
     return files
 
 
-def _raised_in_refs(e: BaseException) -> bool:
-    """Whether ``e`` was raised in torch's Python references of ATen ops (torch/_refs, _prims),
-    not by a Python-level function that raises ValueError in eager too (F.interpolate's)."""
+def _raised_in_refs(e: BaseException, *, also_decompositions: bool = False) -> bool:
+    """Whether ``e`` was raised in torch's Python references of ATen ops (torch/_refs, _prims;
+    with ``also_decompositions``, torch/_decomp too), not by a Python-level function that
+    raises ValueError in eager too (F.interpolate's)."""
     innermost = (_frames(e) or [""])[-1]
-    return "/torch/_refs/" in innermost or "/torch/_prims" in innermost
+    parts = _REFS + (("/torch/_decomp/",) if also_decompositions else ())
+    return any(part in innermost for part in parts)
 
 
-def _raised_in_decompositions(e: BaseException) -> bool:
-    innermost = (_frames(e) or [""])[-1]
-    return any(part in innermost for part in ("/torch/_decomp/", "/torch/_refs/", "/torch/_prims"))
+_REFS = ("/torch/_refs/", "/torch/_prims")
+
+
+def _checked_in_refs(e: BaseException) -> bool:
+    """Whether any frame of ``e`` is in torch's references (a ``torch._check`` they call)."""
+    return any(part in f for f in _frames(e) for part in _REFS)
 
 
 def _no_kernel_for_dtype(e: BaseException) -> bool:
     """A dtype refused by a check in torch's references (sampling integers from a normal or
     log-normal distribution), where eager has no kernel for it: NotImplementedError."""
     text = str(e)
-    return (any("/torch/_refs/" in f or "/torch/_prims/" in f for f in _frames(e))
-            and ("expected a floating-point or complex dtype" in text or text.startswith("log_normal not implemented")))
+    return _checked_in_refs(e) and ("expected a floating-point or complex dtype" in text
+                                    or text.startswith("log_normal not implemented"))
 
 
 def _empty_reduction(e: BaseException) -> bool:

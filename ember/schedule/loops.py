@@ -109,7 +109,7 @@ def stash_recomputed(kernel: Kernel, stash_dtypes: frozenset) -> Kernel:
             earlier = {id(v) for v in kernel.loop_values(loop)}
             value = _frontier(src, earlier, in_last)
             if (value is None or value.dtype != store.dtype or value.guard is not None
-                    or not any(v.kind == "alu" and v.arg in TRANSCENDENTAL_OPS for v in _cone(value, earlier))):
+                    or not any(v.kind == "alu" and v.arg in TRANSCENDENTAL_OPS for v in _walk(value, earlier)[0])):
                 continue
             stashed = _rewired(kernel, store, value, loop)
             if stashed is not None:
@@ -117,38 +117,31 @@ def stash_recomputed(kernel: Kernel, stash_dtypes: frozenset) -> Kernel:
     return kernel
 
 
-def _cone(v: Value, inside: set[int]) -> list[Value]:
-    """``v`` and the values it is computed from, within ``inside`` (ids)."""
-    out: list[Value] = []
+def _walk(start: Value, inside: set[int], stop: set[int] = frozenset()) -> tuple[list[Value], list[Value]]:
+    """The values ``start`` is computed from within ``inside`` (ids): those walked through, and
+    those in ``stop``, where the walk ends."""
+    through: list[Value] = []
+    stopped: list[Value] = []
     seen: set[int] = set()
-    stack = [v]
+    stack = [start]
     while stack:
-        u = stack.pop()
-        if id(u) in seen or id(u) not in inside:
+        v = stack.pop()
+        if id(v) in seen or id(v) not in inside:
             continue
-        seen.add(id(u))
-        out.append(u)
-        stack.extend(u.srcs)
-    return out
+        seen.add(id(v))
+        if id(v) in stop:
+            stopped.append(v)
+            continue
+        through.append(v)
+        stack.extend(v.srcs)
+    return through, stopped
 
 
 def _frontier(src: Value, earlier: set[int], in_last: set[int]) -> Value | None:
     """The value, computed by the earlier loop too, that the last loop's cone of ``src`` is
     computed from; None when there are several (or none) besides loads and constants."""
-    found: dict[int, Value] = {}
-    seen: set[int] = set()
-    stack = [src]
-    while stack:
-        v = stack.pop()
-        if id(v) in seen or id(v) not in in_last:
-            continue
-        seen.add(id(v))
-        if id(v) in earlier:
-            if v.kind not in ("load", "const"):
-                found[id(v)] = v
-            continue
-        stack.extend(v.srcs)
-    return next(iter(found.values())) if len(found) == 1 else None
+    found = [v for v in _walk(src, in_last, earlier)[1] if v.kind not in ("load", "const")]
+    return found[0] if len(found) == 1 else None
 
 
 def _rewired(kernel: Kernel, store: Value, value: Value, loop: int) -> Kernel | None:
