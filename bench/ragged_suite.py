@@ -85,7 +85,6 @@ VARIANTS = {
     "ragged-ember": "ember ragged",
     "padded-inductorgraphs": "padded Inductor, reduce-overhead",
     "ragged-embergraph": "ember ragged, cuda_graph",
-    "ragged-embergraphreplay": "ember ragged, cuda_graph replaying the graph",
 }
 DEFAULT_VARIANTS = ("padded-eager", "padded-inductor", "padded-ember", "padded-emberskip", "ragged-eager",
                     "ragged-ember")
@@ -93,7 +92,7 @@ DEFAULT_VARIANTS = ("padded-eager", "padded-inductor", "padded-ember", "padded-e
 GPU_VARIANTS = (*DEFAULT_VARIANTS, "padded-inductorgraphs", "ragged-embergraph")
 # (ember variant, baseline) pairs of the ratio table, where both ran
 RATIOS = (("ragged-ember", "padded-inductor"), ("ragged-embergraph", "padded-inductor"),
-          ("ragged-embergraph", "padded-inductorgraphs"), ("ragged-embergraphreplay", "padded-inductor"))
+          ("ragged-embergraph", "padded-inductorgraphs"))
 CASES = ("pool", "softmax", "ce")
 
 
@@ -248,8 +247,8 @@ def _compiled(key: str, case: Case) -> Callable[..., torch.Tensor]:
 def _steps(key: str, case: Case, args: tuple[Any, ...], leaf: torch.Tensor,
            grad: torch.Tensor | None) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(forward under no_grad, forward + backward into ``leaf.grad``) of one variant."""
-    if key in ("ragged-embergraph", "ragged-embergraphreplay"):  # (the second: replay='graph' always)
-        return _ember_graph_steps(case, grad, "graph" if key.endswith("replay") else "auto")
+    if key == "ragged-embergraph":
+        return _ember_graph_steps(case, grad)
     fn = _compiled(key, case)
     graphs = key == "padded-inductorgraphs"
     if graphs:  # the suite's inputs never change: read in place, as ember's graphs read them
@@ -272,8 +271,7 @@ def _steps(key: str, case: Case, args: tuple[Any, ...], leaf: torch.Tensor,
     return fwd, train
 
 
-def _ember_graph_steps(case: Case, grad: torch.Tensor | None,
-                       replay: str = "auto") -> tuple[Callable[[], Any], Callable[[], Any]]:
+def _ember_graph_steps(case: Case, grad: torch.Tensor | None) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """ember on the ragged code inside ``ember.cuda_graph``, the forward and the training step
     each captured once. The suite's inputs never change, so every argument is in
     ``static_args``: read where it is, not copied (Inductor's graphs get the same, through
@@ -289,12 +287,12 @@ def _ember_graph_steps(case: Case, grad: torch.Tensor | None,
     extra = tuple(rows(t) for t in rest)
     upstream = rows(grad) if grad is not None and case.name == "softmax" else grad
 
-    @ember.cuda_graph(static_args=range(1 + len(extra)), replay=replay)
+    @ember.cuda_graph(static_args=range(1 + len(extra)))
     def forward(x: Ragged, *extra: Ragged) -> torch.Tensor:
         with torch.no_grad():
             return compiled(x, *(e.values for e in extra))
 
-    @ember.cuda_graph(static_args=range(2 + len(extra)), replay=replay)
+    @ember.cuda_graph(static_args=range(2 + len(extra)))
     def train(x: Ragged, up: Any, *extra: Ragged) -> torch.Tensor:
         x.values.grad = None
         out = compiled(x, *(e.values for e in extra))

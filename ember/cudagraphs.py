@@ -33,12 +33,6 @@ step's inputs; a ``Ragged`` among them is captured at its exact T. Non-tensor ar
 hashable and are part of the capture key. Outputs are the graph's static tensors, overwritten
 by the next call (clone what you keep).
 
-A call replays the captured graph, or, where every kernel in it is one that ember launched
-itself and there are at most ``LAUNCH_LIMIT`` of them, launches those kernels again with the
-captured arguments (runtime/launch_list.py): the same work, with a cheaper start than a graph
-launch. ``replay='graph'`` always replays the graph; ``replay='launches'`` launches ember's
-kernels whatever their number (a graph with anything else in it is still replayed as a graph).
-
 Before each capture the step runs ``warmup`` times on the batch (side effects included, as in
 any CUDA-graph warm-up), the last time under a check: a capacity replay is only right if nothing
 takes T from the host. The check records the sizes each ember program takes from the host
@@ -62,15 +56,12 @@ import torch
 import torch.utils._pytree as pytree
 
 from .ragged import Ragged
-from .runtime import capture, launch_list
+from .runtime import capture
 from .runtime import stats as stats_module
 from .runtime.backend import BuildError
 from .runtime.driver_copies import Copy, DriverCopies, tensor_copy
 
 MIN_CAPACITY = 65
-REPLAYS = ("auto", "graph", "launches")
-# 'auto' launches a graph of ember's kernels itself up to this many kernels (runtime/launch_list.py)
-LAUNCH_LIMIT = 8
 # arguments that are leaves of themselves: a call of only these skips pytree's flattening
 _LEAF_TYPES = (torch.Tensor, Ragged, type(None), bool, int, float, str)
 # ATen calls outside ember that may touch the ragged rows: views, allocations and copies keep
@@ -107,24 +98,19 @@ class _Capture:
     graded: list[int] = field(default_factory=list)  # ragged leaves whose values require grad
     # leaves copied into static buffers on each call (the others are read where they are)
     copied: list[int] = field(default_factory=list)
-    # the graph's kernels, when a call launches them itself instead of replaying the graph
-    launches: launch_list.LaunchList | None = None
 
 
 class CudaGraphStep:
     """``fn`` captured per capacity and replayed (see the module docstring)."""
 
     def __init__(self, fn: Callable[..., Any], *, capacity: int | None = None, warmup: int = 2,
-                 static_args: Sequence[int] = (), replay: str = "auto") -> None:
+                 static_args: Sequence[int] = ()) -> None:
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"cuda_graph: capacity must be a positive int or None, got {capacity!r}")
         if warmup < 1:
             raise ValueError(f"cuda_graph: warmup must be at least 1 (the check runs in it), got {warmup}")
         if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in static_args):
             raise ValueError(f"cuda_graph: static_args must be positions of arguments, got {static_args!r}")
-        if replay not in REPLAYS:
-            raise ValueError(f"cuda_graph: replay must be one of {', '.join(REPLAYS)}, got {replay!r}")
-        self.replay = replay
         self.fn = fn
         self.capacity = capacity
         self.warmup = warmup
@@ -251,10 +237,7 @@ class CudaGraphStep:
                 entry = self.captures.get(key) or self._capture(leaves, spec, capacities, in_place)
             self.captures[key] = entry
         _copy_in(entry, leaves, self._copier)
-        if entry.launches is not None:
-            entry.launches.replay()
-        else:
-            entry.graph.replay()
+        entry.graph.replay()
         self.replays += 1
         for i in entry.graded:  # the gradient of ragged values: the first T rows of the graph's
             leaf, static = leaves[i], entry.statics[i].values
@@ -267,8 +250,7 @@ class CudaGraphStep:
         if not torch.cuda.is_available():
             raise RuntimeError("cuda_graph: CUDA graphs need a CUDA device")
         device = _device_of(leaves)
-        graph, kept = _new_graph(keep=self.replay != "graph")
-        entry = _Capture(graph, [], None, capacities)
+        entry = _Capture(torch.cuda.CUDAGraph(), [], None, capacities)
         for i, leaf in enumerate(leaves):
             if i in in_place:
                 if isinstance(leaf, (torch.Tensor, Ragged)) and not (leaf.values if isinstance(leaf, Ragged)
@@ -308,29 +290,9 @@ class CudaGraphStep:
             return None
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with launch_list.record() as launches:
-            with torch.cuda.graph(entry.graph, pool=self._pool, stream=side), capture.totals_on_device():
-                entry.outputs = self.fn(*call_args, **call_kwargs)
-        entry.launches = self._launched(graph, launches, side, device) if kept else None
-        if entry.launches is None and kept:
-            graph.instantiate()  # now, not in the first replay (a kept graph is not yet)
+        with torch.cuda.graph(entry.graph, pool=self._pool, stream=side), capture.totals_on_device():
+            entry.outputs = self.fn(*call_args, **call_kwargs)
         return entry
-
-    def _launched(self, graph: torch.cuda.CUDAGraph, launches: launch_list.LaunchList, stream: torch.cuda.Stream,
-                  device: torch.device) -> launch_list.LaunchList | None:
-        """The captured kernels, when calls should launch them instead of replaying ``graph``:
-        every node of the graph is one of ember's launches (runtime/launch_list.py), and under
-        'auto' there are at most ``LAUNCH_LIMIT`` of them. None for a graph replay."""
-        if self.replay == "graph" or (self.replay == "auto" and len(launches) > LAUNCH_LIMIT):
-            return None
-        try:
-            raw = graph.raw_cuda_graph()
-        except (AttributeError, RuntimeError):  # a PyTorch without it
-            return None
-        if not launches.matches(launch_list.graph_kernel_nodes(raw), stream.cuda_stream):
-            return None
-        launches.prepare(device.index if device.index is not None else torch.cuda.current_device())
-        return launches
 
     def _checked_run(self, args: tuple[Any, ...], kwargs: dict[str, Any], capacities: dict[int, int]) -> str | None:
         """Run the step once under the check; why a capacity replay would be wrong, or None."""
@@ -364,23 +326,12 @@ class CudaGraphStep:
 
 
 def cuda_graph(fn: Callable[..., Any] | None = None, *, capacity: int | None = None, warmup: int = 2,
-               static_args: Sequence[int] = (), replay: str = "auto") -> Any:
+               static_args: Sequence[int] = ()) -> Any:
     """``fn`` (typically a whole training step around ember-compiled code) captured in CUDA graphs
     and replayed; usable as a decorator. See the docstring of ``ember.cudagraphs``."""
     if fn is None:
-        return lambda f: CudaGraphStep(f, capacity=capacity, warmup=warmup, static_args=static_args, replay=replay)
-    return CudaGraphStep(fn, capacity=capacity, warmup=warmup, static_args=static_args, replay=replay)
-
-
-def _new_graph(keep: bool) -> tuple[torch.cuda.CUDAGraph, bool]:
-    """A graph to capture into, and whether it is kept after the capture (``raw_cuda_graph``,
-    not yet instantiated): where calls may launch its kernels instead."""
-    if keep:
-        try:
-            return torch.cuda.CUDAGraph(keep_graph=True), True
-        except TypeError:  # a PyTorch without keep_graph: replays of the graph only
-            pass
-    return torch.cuda.CUDAGraph(), False
+        return lambda f: CudaGraphStep(f, capacity=capacity, warmup=warmup, static_args=static_args)
+    return CudaGraphStep(fn, capacity=capacity, warmup=warmup, static_args=static_args)
 
 
 def _divides(capacities: list[int], value: int) -> bool:

@@ -39,7 +39,7 @@ from ..codegen import cuda
 from ..codegen.cuda_plan import row_threads
 from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
-from . import launch_list, stats
+from . import stats
 from .backend import Backend, BuildError, BuiltKernels, fall_back
 
 NEEDS_CUDA_PYTHON = "the CUDA backend needs NVIDIA's cuda-python (cuda-bindings): pip install cuda-python"
@@ -467,8 +467,6 @@ class CudaKernel:
             if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread without a current context
                 make_context_current(device)
                 (err,) = driver.cuLaunchKernel(fn, grid, 1, 1, bx, by, 1, 0, stream, self._argv_address, 0)
-            if launch_list.recording_active() and err == driver.CUresult.CUDA_SUCCESS:
-                launch_list.note(self.name, fn, (grid, 1, 1), (bx, by, 1), 0, raw, slots)
         _check(driver, err, f"launching {self.name} (grid {grid}, block {bx} x {by})")
 
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from . import launch_list
 from .cuda_backend import _check, _driver, make_context_current
 
 _SCALARS: dict[str, Any] = {
@@ -102,7 +101,4 @@ class DirectLauncher:
                 make_context_current(self.device)
                 (err,) = self.driver.cuLaunchKernel(self.function, grid_x, grid_y, 1, self.threads, 1, 1,
                                                     self.shared, handle, self._argv_address, 0)
-            if launch_list.recording_active() and err == self.driver.CUresult.CUDA_SUCCESS:
-                launch_list.note(self.name, self.function, (grid_x, grid_y, 1), (self.threads, 1, 1), self.shared,
-                                 stream, slots)
         _check(self.driver, err, f"launching {self.name} (grid {grid_x}x{grid_y})")
