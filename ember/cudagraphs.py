@@ -14,24 +14,27 @@ after copying the batch into its static inputs.
     for pred, targets in batches:
         loss = step(pred, targets)         # one graph launch; loss is overwritten by the next call
 
-Arguments: tensors that require grad must be leaves passed again on every call (parameters):
-the graph uses them in place. Other tensors and ``Ragged`` values/offsets are copied into
-static buffers on the GPU; a tensor of a new shape, a ``Ragged`` of a new batch size, or a T
-above every capacity so far captures again. A ``Ragged`` whose values require grad (a leaf) is
-copied in like any other; after each call its ``values.grad`` is the first T rows of the
-graph's gradient buffer (assigned, not accumulated; overwritten by the next call). Tensors of
-T rows beside a ``Ragged`` (per-row targets, an upstream gradient) must be passed as ``Ragged``
-sharing its offsets tensor: such leaves get buffers of one capacity. Arguments still on the
-CPU (a DataLoader's pinned batch, ``ragged.collate``'s packed buffer) are copied straight into
-those buffers, asynchronously from pinned memory: no ``to_device`` first, and no second copy on
-the GPU. A ``Ragged`` whose offsets precede its values in one host buffer (``collate`` of one
-ragged field) is one copy: its static buffers keep that layout, so the batch's bytes up to its
-values' end land in place at once. Arguments named in ``static_args`` (positions) are not
-copied: the graph reads them where they are, as a hand-written capture reads its static inputs,
-so a call must pass the same tensors (other ones capture again) and their contents are the
-step's inputs; a ``Ragged`` among them is captured at its exact T. Non-tensor arguments must be
-hashable and are part of the capture key. Outputs are the graph's static tensors, overwritten
-by the next call (clone what you keep).
+Arguments: tensors that require grad must be leaves passed again on every call (parameters): the
+graph uses them in place. Their gradients follow eager's rules across captures and calls: after
+a call, every parameter the step's backward reached (an argument, or a closure's, such as a
+model's) has as ``.grad`` the buffer of the capture that ran, and a gradient set to None between
+calls (an optimizer's ``zero_grad()``) starts from zero where the step adds to it. Other tensors
+and ``Ragged`` values/offsets are copied into static buffers on the GPU; a tensor of a new
+shape, a ``Ragged`` of a new batch size, or a T above every capacity so far captures again. A
+``Ragged`` whose values require grad (a leaf) is copied in like any other; after each call its
+``values.grad`` is the first T rows of the graph's gradient buffer (assigned, not accumulated;
+overwritten by the next call). Tensors of T rows beside a ``Ragged`` (per-row targets, an
+upstream gradient) must be passed as ``Ragged`` sharing its offsets tensor: such leaves get
+buffers of one capacity. Arguments still on the CPU (a DataLoader's pinned batch,
+``ragged.collate``'s packed buffer) are copied straight into those buffers, asynchronously from
+pinned memory: no ``to_device`` first, and no second copy on the GPU. A ``Ragged`` whose offsets
+precede its values in one host buffer (``collate`` of one ragged field) is one copy: its static
+buffers keep that layout, so the batch's bytes up to its values' end land in place at once.
+Arguments named in ``static_args`` (positions) are not copied: the graph reads them where they
+are, as a hand-written capture reads its static inputs, so a call must pass the same tensors
+(other ones capture again) and their contents are the step's inputs; a ``Ragged`` among them is
+captured at its exact T. Non-tensor arguments must be hashable and are part of the capture key.
+Outputs are the graph's static tensors, overwritten by the next call (clone what you keep).
 
 Before each capture the step runs ``warmup`` times on the batch (side effects included, as in
 any CUDA-graph warm-up), the last time under a check: a capacity replay is only right if nothing
@@ -46,6 +49,7 @@ CUDA device.
 
 from __future__ import annotations
 
+import gc
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -98,6 +102,11 @@ class _Capture:
     graded: list[int] = field(default_factory=list)  # ragged leaves whose values require grad
     # leaves copied into static buffers on each call (the others are read where they are)
     copied: list[int] = field(default_factory=list)
+    # (parameter, the gradient buffer the graph writes): buffers the capture allocated (its
+    # backward started from .grad = None; the graph overwrites them), and gradients that existed
+    # before it and that it added to in place (``_grad_buffers``)
+    assigned: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    accumulated: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 class CudaGraphStep:
@@ -230,15 +239,30 @@ class CudaGraphStep:
         key = self._key(leaves, spec, capacities, in_place)
         entry = self.captures.get(key)
         if entry is None:
-            entry = self._capture(leaves, spec, capacities, in_place)
+            # the parameters, and which had no gradient before the warm-ups (runs of the step) gave them one
+            params = _grad_leaves()
+            unset = {id(t) for t in params if t.grad is None}
+            entry = self._capture(leaves, spec, capacities, in_place, params, unset)
             if entry is None:  # the check turned capacities off: capture this T exactly
                 capacities = self._capacities(leaves, in_place)
                 key = self._key(leaves, spec, capacities, in_place)
-                entry = self.captures.get(key) or self._capture(leaves, spec, capacities, in_place)
+                entry = self.captures.get(key) or self._capture(leaves, spec, capacities, in_place, params, unset)
             self.captures[key] = entry
         _copy_in(entry, leaves, self._copier)
+        for param, buffer in entry.accumulated:  # the graph adds to ``buffer``: make it .grad
+            grad = param.grad
+            if grad is not buffer:  # set to None (or replaced) since the last call
+                with torch.no_grad():
+                    if grad is None:
+                        buffer.zero_()
+                    else:
+                        buffer.copy_(grad)
+                param.grad = buffer
         entry.graph.replay()
         self.replays += 1
+        for param, buffer in entry.assigned:  # another capture's call, or zero_grad(), left another
+            if param.grad is not buffer:
+                param.grad = buffer
         for i in entry.graded:  # the gradient of ragged values: the first T rows of the graph's
             leaf, static = leaves[i], entry.statics[i].values
             if static.grad is not None:
@@ -246,7 +270,8 @@ class CudaGraphStep:
         return entry.outputs
 
     def _capture(self, leaves: list[Any], spec: Any, capacities: dict[int, int],
-                 in_place: frozenset[int] = frozenset()) -> _Capture | None:
+                 in_place: frozenset[int] = frozenset(), params: Sequence[torch.Tensor] = (),
+                 unset: frozenset[int] | set[int] = frozenset()) -> _Capture | None:
         if not torch.cuda.is_available():
             raise RuntimeError("cuda_graph: CUDA graphs need a CUDA device")
         device = _device_of(leaves)
@@ -290,8 +315,14 @@ class CudaGraphStep:
             return None
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
+        before = [(t, t.grad, None if t.grad is None else t.grad._version) for t in params]
         with torch.cuda.graph(entry.graph, pool=self._pool, stream=side), capture.totals_on_device():
             entry.outputs = self.fn(*call_args, **call_kwargs)
+        entry.assigned, entry.accumulated = _grad_buffers(before)
+        with torch.no_grad():
+            for param, buffer in entry.accumulated:
+                if id(param) in unset:  # this call's backward starts from None, as in eager: the
+                    buffer.zero_()      # warm-ups' gradients are not part of it
         return entry
 
     def _checked_run(self, args: tuple[Any, ...], kwargs: dict[str, Any], capacities: dict[int, int]) -> str | None:
@@ -332,6 +363,28 @@ def cuda_graph(fn: Callable[..., Any] | None = None, *, capacity: int | None = N
     if fn is None:
         return lambda f: CudaGraphStep(f, capacity=capacity, warmup=warmup, static_args=static_args)
     return CudaGraphStep(fn, capacity=capacity, warmup=warmup, static_args=static_args)
+
+
+def _grad_leaves() -> list[torch.Tensor]:
+    """Every leaf tensor of the process that requires grad: the step's parameters among them,
+    passed as arguments or read from a closure (a model's). A scan of the garbage collector's
+    objects, once per capture (tens of ms)."""
+    return [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and o.requires_grad and o.is_leaf]
+
+
+def _grad_buffers(before: list[tuple[torch.Tensor, torch.Tensor | None, int | None]]
+                  ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """From (parameter, its .grad, that gradient's version) before a capture: (parameters whose
+    gradient the capture allocated, with it; parameters whose existing gradient it changed in
+    place, with it). Parameters the step did not touch are in neither."""
+    assigned, accumulated = [], []
+    for param, grad, version in before:
+        now = param.grad
+        if now is not None and now is not grad:
+            assigned.append((param, now))
+        elif now is not None and now._version != version:
+            accumulated.append((param, now))
+    return assigned, accumulated
 
 
 def _divides(capacities: list[int], value: int) -> bool:

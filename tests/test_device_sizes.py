@@ -193,7 +193,7 @@ def test_cuda_graph_keys_scalar_arguments_without_pytree(monkeypatch):
 
     captured = []
 
-    def fake_capture(self, leaves, spec, capacities, in_place=frozenset()):
+    def fake_capture(self, leaves, spec, capacities, in_place=frozenset(), *parameters):
         captured.append(spec)
         return _Capture(type("Graph", (), {"replay": lambda self: None})(), list(leaves), len(captured), capacities)
 
