@@ -1,6 +1,7 @@
-"""Parameters' gradients under ``ember.cuda_graph``: each capture writes its own gradient
-buffers, so a call must hand on the buffer of the capture that ran, and a gradient the caller
-set to None (``zero_grad()``) must start from zero, as eager's backward would."""
+"""Calls of an ``ember.cuda_graph`` step: the last call's arguments again skip the capture key,
+and parameters' gradients follow eager's rules (each capture writes its own gradient buffers, so
+a call must hand on the buffer of the capture that ran, and a gradient the caller set to None,
+``zero_grad()``, must start from zero)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 import ember
-from ember.cudagraphs import _grad_buffers, _grad_leaves, capacity_for
+from ember import cudagraphs
+from ember.cudagraphs import CudaGraphStep, _Capture, _grad_buffers, _grad_leaves, capacity_for
 from ember.ragged import Ragged
 from ember.workloads.giou import make_batch, ragged_giou_loss
 from ember.workloads.giou_bench import pack
@@ -17,6 +19,60 @@ from .conftest import DEVICE
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available() or DEVICE != "cuda",
                          reason="CUDA graphs need a GPU (EMBER_TEST_DEVICE=cuda)")
+
+
+@pytest.fixture
+def fake_captures(monkeypatch):
+    """Captures faked (host-only): each returns a new entry numbered in order; ``keys`` counts
+    the keys built."""
+    made, keys = [], []
+
+    def fake_capture(self, leaves, spec, capacities, in_place=frozenset(), *parameters):
+        made.append(spec)
+        entry = _Capture(type("Graph", (), {"replay": lambda self: None})(), list(leaves), len(made), capacities)
+        # what a capture copies in: tensors not read in place and not parameters (no real copy here)
+        entry.copied = [i for i, leaf in enumerate(leaves) if i not in in_place and (
+            isinstance(leaf, Ragged) or isinstance(leaf, torch.Tensor) and not leaf.requires_grad)]
+        return entry
+
+    key = CudaGraphStep._key
+    monkeypatch.setattr(CudaGraphStep, "_capture", fake_capture)
+    monkeypatch.setattr(CudaGraphStep, "_key", lambda self, *a: keys.append(1) or key(self, *a))
+    return keys
+
+
+def test_the_same_arguments_again_skip_the_key(fake_captures):
+    """Arguments read in place (static_args), parameters and constants: the same objects again,
+    with the same storage and layout, replay the last capture without building its key."""
+    keys = fake_captures
+    x = torch.ones(4, 3)
+    w = torch.ones(3, requires_grad=True)
+    r = Ragged(torch.randn(5, 2), torch.tensor([0, 2, 5]))
+    step = ember.cuda_graph(lambda *a: None, static_args=(0, 2))
+    assert step(x, w, r, 1.5) == step(x, w, r, 1.5) == step(x, w, r, 1.5) == 1
+    assert len(keys) == 1
+    assert step(x, w, r, 2.5) == 2 and len(keys) == 2           # another constant
+    assert step(x, w, r, 2.5) == 2 and len(keys) == 2
+    assert step(x.clone(), w, r, 2.5) == 3 and len(keys) == 3   # another tensor
+    assert step(x, w, r, 2.5) == 2 and len(keys) == 4           # back: a key, the capture it had
+    x.resize_(3, 4)                                             # same object, another layout
+    assert step(x, w, r, 2.5) == 4 and len(keys) == 5
+    r.values = torch.randn(5, 2)                                # a Ragged's part replaced
+    assert step(x, w, r, 2.5) == 5 and len(keys) == 6
+    assert step(x, w, r, scale=2.5) == 6 and len(keys) == 7     # keywords: the key's path
+    assert step(x, w, r, scale=2.5) == 6 and len(keys) == 8
+
+
+def test_copied_arguments_always_build_the_key(fake_captures, monkeypatch):
+    """A copied argument (its contents go into the capture's buffers) may change shape or total
+    length between calls of the same object: every call builds the key and copies in."""
+    keys, copies = fake_captures, []
+    monkeypatch.setattr(cudagraphs, "_copy_in", lambda entry, leaves, copier=None: copies.append(1))
+    x = torch.ones(4, 3)
+    step = ember.cuda_graph(lambda x: None)
+    step(x)
+    step(x)
+    assert len(keys) == 2 and len(copies) == 2
 
 
 def test_grad_buffers_tell_assigned_accumulated_and_untouched_gradients():
