@@ -315,9 +315,17 @@ class CudaGraphStep:
         call_args, call_kwargs = (tuple(statics), {}) if isinstance(spec, int) else pytree.tree_unflatten(statics, spec)
         side = self._stream
         side.wait_stream(torch.cuda.current_stream())
+        graded = [statics[i].values for i in entry.graded]
+
+        def fresh() -> None:  # a call's ragged values are new leaves: no gradient to add to
+            for values in graded:
+                values.grad = None
+
         with torch.cuda.stream(side), capture.totals_on_device():
             for _ in range(self.warmup - 1):
+                fresh()
                 self.fn(*call_args, **call_kwargs)
+            fresh()
             reason = self._checked_run(call_args, call_kwargs, capacities)
         torch.cuda.current_stream().wait_stream(side)
         if reason is not None and self.exact_reason is None:
@@ -328,6 +336,7 @@ class CudaGraphStep:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         before = [(t, t.grad, None if t.grad is None else t.grad._version) for t in params]
+        fresh()  # the capture's backward allocates the gradient buffer each replay overwrites
         with torch.cuda.graph(entry.graph, pool=self._pool, stream=side), capture.totals_on_device():
             entry.outputs = self.fn(*call_args, **call_kwargs)
         entry.assigned, entry.accumulated = _grad_buffers(before)

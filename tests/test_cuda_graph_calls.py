@@ -5,6 +5,8 @@ a call must hand on the buffer of the capture that ran, and a gradient the calle
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -213,3 +215,29 @@ def test_gradients_accumulate_across_calls_as_in_eager():
 
 def _capacities(step) -> set[int]:
     return {c for entry in step.captures.values() for c in entry.capacities.values()}
+
+
+@gpu
+def test_ragged_values_gradients_are_each_calls_own():
+    """A step that never resets its ragged values' gradient (each call's values are new leaves,
+    as in eager): every call's ``values.grad`` is that batch's alone, not added to the warm-ups'
+    or an earlier replay's."""
+    w = torch.randn(16, device="cuda", requires_grad=True)
+    f = ember.compile(lambda w, r: (torch.tanh(r.values) * w).sum())
+
+    def step(w, r):
+        w.grad = None
+        loss = f(w, r)
+        loss.backward()
+        return loss
+
+    graphed = ember.cuda_graph(step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (whether T is read on the device is not this test's point)
+        for n in (40, 100, 40, 100, 40):
+            values = torch.randn(n, 16, device="cuda", requires_grad=True)
+            graphed(w, Ragged(values, torch.tensor([0, n // 2, n], device="cuda")))
+            ref_w, ref_values = w.detach().clone().requires_grad_(), values.detach().clone().requires_grad_()
+            (torch.tanh(ref_values) * ref_w).sum().backward()
+            torch.testing.assert_close(w.grad, ref_w.grad, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(values.grad, ref_values.grad, rtol=1e-4, atol=1e-4)
