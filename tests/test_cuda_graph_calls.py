@@ -5,6 +5,7 @@ a call must hand on the buffer of the capture that ran, and a gradient the calle
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -241,3 +242,194 @@ def test_ragged_values_gradients_are_each_calls_own():
             (torch.tanh(ref_values) * ref_w).sum().backward()
             torch.testing.assert_close(w.grad, ref_w.grad, rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(values.grad, ref_values.grad, rtol=1e-4, atol=1e-4)
+
+
+# ---- training loops as users write them, against eager (GPU) ---------------------------------
+
+class _Block(torch.nn.Module):
+    def __init__(self, d: int = 64, batchnorm: bool = False, dropout: float = 0.0):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d, 2 * d)
+        self.ln = torch.nn.LayerNorm(2 * d)
+        self.fc2 = torch.nn.Linear(2 * d, d)
+        self.bn = torch.nn.BatchNorm1d(d) if batchnorm else None
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.gelu(self.ln(self.fc1(x)))
+        h = torch.nn.functional.dropout(h, self.dropout, self.training) if self.dropout else h
+        y = self.fc2(h)
+        return self.bn(y) if self.bn is not None else y
+
+
+def _dense_batches(n: int, rows: int = 32, d: int = 64) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(rows, d, generator=g).cuda(), torch.randn(rows, d, generator=g).cuda()) for _ in range(n)]
+
+
+def _same_state(model: torch.nn.Module, ref: torch.nn.Module, tol: float = 2e-4) -> None:
+    for (name, a), b in zip(model.state_dict().items(), ref.state_dict().values()):
+        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@gpu
+@pytest.mark.parametrize("make_opt", [lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+                                      lambda p: torch.optim.Adam(p, lr=1e-3, capturable=True)],
+                         ids=["sgd-momentum", "adam-capturable"])
+def test_an_optimizer_step_inside_the_step(make_opt):
+    """zero_grad, forward, backward and the optimizer's update all in the graph: the model after
+    the calls is eager's after the same steps (plus the capture's one warm-up step)."""
+    model = _Block().cuda()
+    ref = copy.deepcopy(model)
+    opt, ref_opt = make_opt(model.parameters()), make_opt(ref.parameters())
+    forward = ember.compile(model)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=False)
+        loss = torch.nn.functional.mse_loss(forward(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    graphed = ember.cuda_graph(step, warmup=1)
+    data = _dense_batches(5)
+    for x, y in [data[0], *data]:  # the warm-up is one more step on the first batch
+        ref_opt.zero_grad(set_to_none=False)
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+    for x, y in data:
+        graphed(x, y)
+    _same_state(model, ref)
+
+
+@gpu
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_an_optimizer_outside_the_step(set_to_none):
+    """The graph computes loss and gradients; zero_grad and AdamW's step run outside it."""
+    model = _Block().cuda()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    forward = ember.compile(model)
+
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(forward(x), y)
+        loss.backward()
+        return loss
+
+    graphed = ember.cuda_graph(step)
+    for x, y in _dense_batches(5):
+        opt.zero_grad(set_to_none=set_to_none)
+        ref_opt.zero_grad(set_to_none=set_to_none)
+        loss = graphed(x, y)
+        ref_loss = torch.nn.functional.mse_loss(ref(x), y)
+        ref_loss.backward()
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-5)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        opt.step()
+        ref_opt.step()
+    _same_state(model, ref)
+
+
+@gpu
+def test_gradients_accumulate_over_micro_batches():
+    model = _Block().cuda()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    forward = ember.compile(model)
+
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(forward(x), y) / 2
+        loss.backward()
+        return loss
+
+    graphed = ember.cuda_graph(step)
+    data = _dense_batches(8)
+    for i in range(0, len(data), 2):
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        for x, y in data[i:i + 2]:
+            graphed(x, y)
+            (torch.nn.functional.mse_loss(ref(x), y) / 2).backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        opt.step()
+        ref_opt.step()
+    _same_state(model, ref)
+
+
+@gpu
+def test_batchnorm_statistics_and_dropout_masks_per_replay():
+    """A training-mode forward under no_grad: BatchNorm's running statistics are updated by every
+    replay as by eager calls; dropout draws a new mask each replay."""
+    model = _Block(batchnorm=True).cuda()
+    ref = copy.deepcopy(model)
+    forward = ember.compile(model)
+    graphed = ember.cuda_graph(lambda x: forward(x), warmup=1)
+    data = _dense_batches(4)
+    with torch.no_grad():
+        ref(data[0][0])  # the warm-up's update
+        for x, _ in data:
+            torch.testing.assert_close(graphed(x), ref(x), rtol=1e-4, atol=1e-4)
+    _same_state(model, ref, 1e-4)
+
+    dropped = ember.compile(_Block(dropout=0.5).cuda())
+    graphed = ember.cuda_graph(lambda x: dropped(x))
+    x = torch.randn(256, 64, device="cuda")
+    with torch.no_grad():
+        first = graphed(x).clone()
+        assert not torch.equal(first, graphed(x))
+
+
+@gpu
+def test_autocast_and_pytree_outputs():
+    model = _Block().cuda()
+    ref = copy.deepcopy(model)
+    forward = ember.compile(model)
+
+    def step(x, y):
+        for p in model.parameters():
+            p.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = forward(x)
+            loss = torch.nn.functional.mse_loss(out.float(), y)
+        loss.backward()
+        return {"loss": loss, "rows": (out.amax(-1), out.float().softmax(-1))}
+
+    graphed = ember.cuda_graph(step)
+    for x, y in _dense_batches(3):
+        got = graphed(x, y)
+        for p in ref.parameters():
+            p.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = ref(x)
+            loss = torch.nn.functional.mse_loss(out.float(), y)
+        loss.backward()
+        torch.testing.assert_close(got["loss"], loss, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(got["rows"][0], out.amax(-1), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(got["rows"][1], out.float().softmax(-1), rtol=2e-2, atol=2e-2)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=5e-2, atol=5e-3)
+
+
+@gpu
+def test_an_error_in_the_first_call_then_good_calls_and_strided_arguments():
+    f = ember.compile(lambda x, w: (x @ w).relu())
+    graphed = ember.cuda_graph(f)
+    x = torch.randn(8, 4, device="cuda")
+    with pytest.raises(RuntimeError, match="reduction dim|size mismatch|shapes cannot be multiplied"):
+        graphed(x, torch.randn(5, 3, device="cuda"))
+    w = torch.randn(4, 3, device="cuda")
+    torch.testing.assert_close(graphed(x, w), (x @ w).relu())
+
+    g = ember.compile(lambda x: torch.tanh(x) * 2)
+    base = torch.randn(64, 32, device="cuda")
+    in_place, copied = ember.cuda_graph(g, static_args=(0,)), ember.cuda_graph(g)
+    view = base.t()[:, 1:]  # read where it is: the graph sees each call's contents
+    for _ in range(2):
+        base.normal_()
+        torch.testing.assert_close(in_place(view), torch.tanh(view) * 2)
+        torch.testing.assert_close(copied(base.t()), torch.tanh(base.t()) * 2)
+        torch.testing.assert_close(copied(base[:, ::2]), torch.tanh(base[:, ::2]) * 2)
