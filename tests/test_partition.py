@@ -162,12 +162,45 @@ def _clipped_by_hook(x, w):
     return h.square().sum() * 0.001
 
 
-@pytest.mark.parametrize("fn", [lambda x, w: _ClipGrad.apply(x * w).square().sum() * 0.001, _clipped_by_hook],
-                         ids=["custom_backward", "hook"])
+class _ConstantGrad(torch.autograd.Function):
+    """A straight-through estimator with a constant gradient: a fill, no multiple of the incoming."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.sign()
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.full_like(g, 0.1)
+
+
+class _TruncatedGrad(torch.autograd.Function):
+    """A backward that rounds the gradient through int32: a cast that is not linear."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(torch.int32).to(g.dtype)
+
+
+def _compressed_by_hook(x, w):
+    # float16 gradient compression: at scale one the gradient overflows float16, scaled it fits
+    h = x * 1.0
+    h.register_hook(lambda g: g.half().float())
+    return (h * w * 1e5).sum() * 1e-4
+
+
+@pytest.mark.parametrize("fn", [lambda x, w: _ClipGrad.apply(x * w).square().sum() * 0.001, _clipped_by_hook,
+                                lambda x, w: (_ConstantGrad.apply(x) * w).sum() * 0.25,
+                                lambda x, w: (_TruncatedGrad.apply(x) * w * 6).sum() * 0.25, _compressed_by_hook],
+                         ids=["custom_backward", "hook", "constant_fill", "integer_cast", "float16_cast"])
 def test_a_gradient_not_linear_in_the_incoming_one_uses_min_cut(fn, always_in_forward):
     # grad(u) = u * grad(1) does not hold for a clipped gradient: the plan clipped the gradient
     # at u = 1 and scaled it by 0.001 after, 1000x too small
-    x, w = torch.randn(8, 16), torch.randn(8, 16)
+    x, w = torch.randn(8, 16), torch.randn(8, 16).abs() + 1
     ember.reset_stats()
     assert_same(_grads(ember.compile(fn), [x.requires_grad_(), w]), _grads(fn, [x, w]))
     assert ember.stats()["grads_in_forward"] == 0

@@ -27,7 +27,7 @@ prims = torch.ops.prims
 
 # linear in their first argument (the others are indices, sizes, or forward values)
 _FIRST = {
-    aten.clone.default, aten._to_copy.default, prims.convert_element_type.default, aten.neg.default,
+    aten.clone.default, aten.neg.default,
     aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.dim, aten.cumsum.default,
     aten.flip.default, aten.roll.default, aten.repeat.default, aten.index_select.default,
     aten.gather.default, aten.index.Tensor, aten.embedding.default, aten.mul.Scalar, aten.div.Scalar,
@@ -62,10 +62,12 @@ _WRITES = {aten.scatter.src: (0, 3), aten.scatter_add.default: (0, 3), aten.inde
            aten.index_copy.default: (0, 3), aten.index_put.default: (0, 2), aten._unsafe_index_put.default: (0, 2),
            aten.slice_scatter.default: (0, 1), aten.select_scatter.default: (0, 1),
            aten.diagonal_scatter.default: (0, 1), aten.as_strided_scatter.default: (0, 1)}
-# results that do not depend on their argument's values
+# results that do not depend on their argument's values, and are zero (or unset) at any scale of
+# it; a fill of another constant (ones_like, full_like(g, 0.1)) is no multiple of the gradient
 _SHAPE_ONLY = {aten.zeros_like.default, aten.empty_like.default, aten.new_zeros.default,
-               aten.new_empty.default, aten.ones_like.default, aten.full_like.default, aten.new_full.default,
-               aten.new_ones.default, aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int}
+               aten.new_empty.default, aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int}
+# casts: linear only from one floating dtype into another of at least float32's exponent range
+_CASTS = {aten._to_copy.default, prims.convert_element_type.default}
 _ZERO_FILLS = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2,
                aten.scalar_tensor.default: 0}
 
@@ -102,6 +104,10 @@ def _linear(node: fx.Node, dependent: set[fx.Node]) -> bool:
     reads = [i for i, a in enumerate(node.args) if _reads(a, dependent)]
     if target is operator.getitem or target in _SHAPE_ONLY:
         return True
+    if target in _ZERO_FILLS:  # a fill shaped like the gradient: linear if it is a fill of 0
+        return _zero(node)
+    if target in _CASTS:
+        return reads == [0] and _widening_cast(node)
     if target in _FIRST or is_view_op(target):
         if target in (aten.masked_fill.Scalar, aten.constant_pad_nd.default):
             return reads == [0] and _literal_zero(node.args[2] if len(node.args) > 2 else 0)
@@ -126,6 +132,22 @@ def _linear(node: fx.Node, dependent: set[fx.Node]) -> bool:
         return (_gradient_or_zero(base, dependent) and _gradient_or_zero(source, dependent)
                 and not any(_reads(a, dependent) for a in index_args))
     return False
+
+
+def _widening_cast(node: fx.Node) -> bool:
+    """A cast that keeps a multiple of the gradient a multiple: float to float, into a dtype
+    with float32's exponent range (bfloat16, float32, float64) or from one of its own. Integer and
+    bool casts truncate; into float16 the gradient at scale one overflows or flushes to zero where
+    the scaled one (a GradScaler's loss scale) would not."""
+    source, result = (_dtype(n) for n in (node.args[0], node))
+    if source is None or result is None or not (source.is_floating_point and result.is_floating_point):
+        return False
+    return result == source or result.itemsize >= 4 or result is torch.bfloat16
+
+
+def _dtype(arg: Any) -> torch.dtype | None:
+    value = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+    return value.dtype if isinstance(value, torch.Tensor) else None
 
 
 def _reads(arg: Any, dependent: set[fx.Node]) -> bool:
