@@ -422,6 +422,31 @@ def test_inputs_read_through_views_changed_in_place_raise_as_in_eager(loss, alwa
     assert got == _after_inplace_change(loss, _change_y, x, y) == ("raised", RuntimeError)
 
 
+@pytest.mark.parametrize("saved", [True, False])
+def test_outputs_eager_saves_changed_in_place_raise_as_in_eager(saved, always_in_forward):
+    # exp's backward reads its result, which the caller also gets (as a detached alias): eager
+    # raises when the caller changes it before backward. A returned value the backward does not
+    # read (a product's result here) may change.
+    def f(x, w):
+        y = (x * w).exp() if saved else x * w
+        return (y * w).sum(), y.detach()
+
+    def run(fn):
+        x, w = torch.randn(8, 4).requires_grad_(), torch.randn(8, 4)
+        loss, y = fn(x, w)
+        y.zero_()
+        try:
+            loss.backward()
+        except RuntimeError:
+            return "raised"
+        return "grad"
+
+    ember.reset_stats()
+    got = run(ember.compile(f))
+    assert ember.stats()["grads_in_forward"] == 1
+    assert got == run(f) == ("raised" if saved else "grad")
+
+
 def test_inputs_eager_does_not_save_may_change_in_place(always_in_forward):
     # sigmoid's backward reads its output, not x: eager keeps the gradient at the old values
     def loss(x, y):

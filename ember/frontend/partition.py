@@ -233,24 +233,39 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
 
 
 def _version_witnesses(fwd_outputs: Sequence[Any], grads: Sequence[Any], tangent: fx.Node) -> list[fx.Node]:
-    """The inputs eager's backward reads: those read by joint-graph nodes that only the gradients
-    need. The plan's backward reads none of them, but saving them (they are inputs: no bytes
-    written) lets autograd check their versions, so a step that changes one in place between
-    forward and backward raises eager's "modified by an inplace operation" instead of getting
-    the gradient at the old values."""
+    """What eager's backward reads that the caller can change in place: the inputs, and the
+    forward's outputs (or what they are views of), read by joint-graph nodes that only the
+    gradients need. The plan's backward reads none of them, but saving them (inputs and outputs:
+    no bytes written) lets autograd check their versions, so a step that changes one in place
+    between forward and backward (``y = f(x); y.zero_()``) raises eager's "modified by an inplace
+    operation" instead of getting the gradient at the old values."""
     backward_only = _ancestors(grads) - _ancestors(fwd_outputs)
+    returned: set[fx.Node] = set()  # the forward's outputs and the bases they are views of
+    for out in fwd_outputs:
+        while isinstance(out, fx.Node) and out not in returned:
+            returned.add(out)
+            out = _view_base(out)
     witnesses: dict[fx.Node, None] = {}
     for n in backward_only:
         for a in n.all_input_nodes if n.op == "call_function" else ():
-            while a.op == "call_function" and is_view_op(a.target) and a.args and isinstance(a.args[0], fx.Node):
-                a = a.args[0]  # (a view of an input, t[:, None]: eager saves it, sharing t's version)
-            if a.op == "placeholder" and a is not tangent and isinstance(a.meta.get("val"), torch.Tensor):
+            while (base := _view_base(a)) is not None:
+                a = base  # (a view of an input, t[:, None]: eager saves it, sharing t's version)
+            if a is tangent or not isinstance(a.meta.get("val"), torch.Tensor):
+                continue
+            if a.op == "placeholder" or a in returned:
                 witnesses[a] = None
     return list(witnesses)
 
 
+def _view_base(node: fx.Node) -> fx.Node | None:
+    """What ``node`` is a view of, if it is one."""
+    if node.op == "call_function" and is_view_op(node.target) and node.args and isinstance(node.args[0], fx.Node):
+        return node.args[0]
+    return None
+
+
 def _save_unread(fw: fx.GraphModule, bw: fx.GraphModule, inputs: list[fx.Node], num_fwd_outputs: int) -> None:
-    """Add ``inputs`` (joint-graph placeholders) to the saved tensors of the extracted graphs:
+    """Add ``inputs`` (joint-graph placeholders and forward outputs) to the saved tensors of the extracted graphs:
     first among the forward's saved outputs (those autograd saves with version checks) and
     as backward inputs nobody reads. The extraction drops saved values the backward does not
     read, so they are added after it, keeping its conventions (forward outputs: real outputs,
@@ -258,8 +273,8 @@ def _save_unread(fw: fx.GraphModule, bw: fx.GraphModule, inputs: list[fx.Node], 
     output = fw.graph.output_node()
     outs = list(output.args[0])
     already = {o.name for o in outs[num_fwd_outputs:] if isinstance(o, fx.Node)}
-    fw_inputs = {n.name: n for n in fw.graph.find_nodes(op="placeholder")}
-    new = [fw_inputs[n.name] for n in inputs if n.name in fw_inputs and n.name not in already]
+    fw_nodes = {n.name: n for n in fw.graph.nodes if n.op in ("placeholder", "call_function")}
+    new = [fw_nodes[n.name] for n in inputs if n.name in fw_nodes and n.name not in already]
     if not new:
         return
     bw_inputs = list(bw.graph.find_nodes(op="placeholder"))
