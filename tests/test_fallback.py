@@ -113,3 +113,44 @@ def test_a_plan_that_cannot_progress_stops_at_once(monkeypatch):
     assert_same(out, (x.sin() + 1).softmax(-1))
     assert "fusion planning is stuck" in report.graphs[0].error
     assert time.perf_counter() - start < 10
+
+
+def _cond(x):
+    y = torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x.cos(), (x,))
+    return (y * 2 + 1).softmax(-1)
+
+
+def _while(x):
+    from torch._higher_order_ops.while_loop import while_loop
+    _, y = while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 1.5 + 1), (torch.tensor(0), x))
+    return y.relu().sum(-1)
+
+
+@torch.compiler.nested_compile_region
+def _layer(x):
+    return torch.tanh(x) * 2
+
+
+@pytest.mark.parametrize("fn", [_cond, _while, lambda x: _layer(_layer(x)).softmax(-1)],
+                         ids=["cond", "while_loop", "nested_compile_region"])
+def test_higher_order_ops_run_through_aten_and_the_rest_fuses(fn):
+    # a higher-order op's subgraphs are graph attributes that are no tensors: the lowering took
+    # them for constants and the whole graph ran through ATen with a warning
+    for x in (torch.randn(8, 16), -torch.rand(8, 16)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            report = check(fn, x)
+        assert report.kernels
+
+
+def test_higher_order_op_in_training():
+    x = torch.randn(8, 16)
+    weights = torch.arange(16.0)
+    grads = []
+    for f in (ember.compile(_cond), _cond):
+        xg = x.clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (forward and backward compiled, neither through ATen whole)
+            (f(xg) * weights).sum().backward()
+        grads.append(xg.grad)
+    assert_same(grads[0], grads[1])

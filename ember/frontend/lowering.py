@@ -264,6 +264,9 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
             env[fx_node] = ctx.const(val, _sym_dtype(val)) if _is_sym(val) else node
         elif fx_node.op == "get_attr":
             tensor = getattr(gm, fx_node.target)
+            if not isinstance(tensor, torch.Tensor):  # a higher-order op's subgraph (cond's branches):
+                env[fx_node] = tensor                 # an argument of that op's ATen call
+                continue
             dtype = dt.from_torch(tensor.dtype) if dt.is_supported_torch(tensor.dtype) else None
             node = make(Op.TENSOR, (), TensorConst(fx_node.target, tensor), dtype=dtype,
                         shape=sh.shape(tensor.shape), device=str(tensor.device))
