@@ -445,7 +445,16 @@ def test_scalars_that_fit_still_compile():
     (lambda x: F.silu(x), torch.tensor([1, 2])),
     (lambda x: torch.logaddexp(x, x), torch.tensor([1, 2])),
     (lambda x: torch.addcmul(x, x, x), torch.tensor([True, False])),
-], ids=["lerp_int", "floor_bool", "round_bool", "relu_bool", "gelu_int", "silu_int", "logaddexp_int", "addcmul_bool"])
+    *[(fn, x) for fn in (lambda x: F.hardsigmoid(x * 3), lambda x: F.hardswish(x * 3), lambda x: F.softplus(x * 3),
+                         lambda x: F.leaky_relu(x * 3, 2), lambda x: torch.frac(x * 3), lambda x: F.glu(x * 3),
+                         lambda x: F.mish(x * 3), lambda x: F.celu(x * 3), lambda x: F.logsigmoid(x * 3),
+                         lambda x: F.prelu(x * 3, torch.ones(1, dtype=torch.int64)),
+                         lambda x: F.smooth_l1_loss(x * 3, x), lambda x: F.huber_loss(x * 3, x),
+                         lambda x: torch.heaviside(x * 3, x > 0))
+      for x in (torch.tensor([-3, 0, 2, 5]),)],
+], ids=["lerp_int", "floor_bool", "round_bool", "relu_bool", "gelu_int", "silu_int", "logaddexp_int", "addcmul_bool",
+        "hardsigmoid_int", "hardswish_int", "softplus_int", "leaky_relu_int", "frac_int", "glu_int", "mish_int",
+        "celu_int", "logsigmoid_int", "prelu_int", "smooth_l1_int", "huber_int", "heaviside_mixed"])
 def test_dtypes_eager_has_no_kernel_for_raise_its_error(fn, x):
     # the decompositions (or ember's lowerings) computed something for them
     expected = _eager_error(fn, x)

@@ -125,6 +125,8 @@ def _hardtanh(ctx: Context, x: Node, min_val: float = -1.0, max_val: float = 1.0
 
 @register(aten.leaky_relu.default)
 def _leaky_relu(ctx: Context, x: Node, slope: float = 0.01) -> Node:
+    if not x.dtype.is_float:
+        raise Unsupported("leaky_relu of integers (ATen's NotImplementedError)")
     zero = ctx.operand(0, x.dtype, x.shape)
     return ctx.make(Op.WHERE, (ctx.make(Op.GT, (x, zero)), x,
                                ctx.make(Op.MUL, (x, ctx.operand(slope, x.dtype, x.shape)))))
@@ -132,6 +134,8 @@ def _leaky_relu(ctx: Context, x: Node, slope: float = 0.01) -> Node:
 
 @register(aten.elu.default)
 def _elu(ctx: Context, x: Node, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Node:
+    if not x.dtype.is_float:
+        raise Unsupported("elu of integers (ATen's NotImplementedError)")
     c = lambda v: ctx.operand(v, x.dtype, x.shape)  # noqa: E731
     neg = ctx.make(Op.MUL, (c(alpha), ctx.make(Op.EXPM1, (ctx.make(Op.MUL, (x, c(input_scale))),))))
     pos = ctx.make(Op.GT, (x, c(0)))

@@ -59,9 +59,15 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # finfo.min into float16 attention scores raises in eager; the decomposition gave -inf)
     table[aten.masked_fill.Tensor] = _eager_when(table[aten.masked_fill.Tensor], _value_may_overflow)
     # ATen has no integer kernels for these (no bool one for addcmul); the decompositions compute
-    for op in (aten.lerp.Scalar, aten.lerp.Tensor, aten.silu.default, aten.logaddexp.default):
+    for op in (aten.lerp.Scalar, aten.lerp.Tensor, aten.silu.default, aten.logaddexp.default,
+               aten.hardsigmoid.default, aten.hardswish.default, aten.softplus.default, aten.frac.default,
+               aten.glu.default, aten.mish.default, aten.celu.default, aten.log_sigmoid_forward.default,
+               aten._prelu_kernel.default, aten.hardshrink.default, aten.softshrink.default,
+               aten.smooth_l1_loss.default, aten.huber_loss.default):
         if op in table:
             table[op] = _floats_only(table[op])
+    # its decomposition drops ATen's check that both operands have one dtype
+    table[aten.heaviside.default] = _eager_when(table[aten.heaviside.default], lambda x, v: x.dtype != v.dtype)
     for op in (aten.addcmul.default, aten.addcdiv.default):
         if op in table:
             table[op] = _eager_when(table[op], _of_bools)
