@@ -494,3 +494,17 @@ def test_16_bit_aranges_hold_16_bit_values(dtype, n):
     for fn in (lambda s: torch.arange(n, dtype=dtype, device=DEVICE).cos() * s,
                lambda s: torch.arange(1.5, n, 2.5, dtype=dtype, device=DEVICE) / 3 * s):
         assert torch.equal(ember.compile(fn)(one), fn(one))
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU backend's conversions (eager's GPU casts differ)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_float_to_integer_casts_of_nan_and_out_of_range_values_are_eagers(dtype):
+    # C++ leaves these undefined, and GCC folded (float)(int8_t)x into truncf(x): NaN stayed NaN,
+    # 300.7 came back 300 where eager's int8 is 44, -1 as uint8 came back -1
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 300.7, -1.0, -129.5, 3e9, -3e9, 1e20, -2.5,
+                      65535.9, 70000.0, 2147483648.0], dtype=torch.float32).to(dtype).repeat(70)
+    for to in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
+        for fn in (lambda x, to=to: x.to(to).float(), lambda x, to=to: x.to(to) * 0.5,
+                   lambda x, to=to: (x * 1).to(to)):
+            out = ember.compile(fn)(x)
+            assert out.dtype == fn(x).dtype and torch.equal(out, fn(x)), (to, out[:13], fn(x)[:13])

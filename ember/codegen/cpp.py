@@ -24,6 +24,7 @@ CPP = Language(
     math_prefix="std::",
     fast_f32={Op.EXP: "ember_exp({})", Op.TANH: "ember_tanh({})", Op.ERF: "ember_erf({})"},
     sum_acc_f32="double",
+    float_to_int="ember_float_to_int",
 )
 
 # Work (elements of a simple kernel) below which a kernel runs on one thread: waking the pool
@@ -53,6 +54,21 @@ EMBER_FN _Float16 ember_f32_to_f16(float f) { return (_Float16)f; }
 EMBER_FN float ember_round_f16(float f) { return (float)(_Float16)f; }
 EMBER_ROUNDED_DIVISION(bf16, ember_round_bf16)
 EMBER_ROUNDED_DIVISION(f16, ember_round_f16)
+// Float to integer as eager's casts give it on this CPU. C++ leaves NaN, infinities and values out
+// of range undefined, and GCC used that: (float)(int8_t)x became truncf(x). x86's conversion gives
+// the int32 (int64 for int64_t) minimum for them and narrower types keep that int32's low bits
+// (300.7 -> int8 44); AArch64's saturates, NaN to 0.
+template <typename T, typename F> EMBER_FN T ember_float_to_int(F v) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (sizeof(T) == 8)
+    return (T)(v >= (F)-9223372036854775808.0 && v < (F)9223372036854775808.0 ? (int64_t)v : INT64_MIN);
+  return (T)(v >= (F)-2147483648.0 && v < (F)2147483648.0 ? (int32_t)v : INT32_MIN);
+#else
+  if (sizeof(T) == 8) return (T)(v != v ? 0 : v >= (F)9223372036854775808.0 ? INT64_MAX
+                                 : v < (F)-9223372036854775808.0 ? INT64_MIN : (int64_t)v);
+  return (T)(v != v ? 0 : v >= (F)2147483648.0 ? INT32_MAX : v < (F)-2147483648.0 ? INT32_MIN : (int32_t)v);
+#endif
+}
 // index_put(accumulate=True): threads may add to one element
 template <typename T> EMBER_FN void ember_atomic_add(T* p, T v) {
   #pragma omp atomic

@@ -54,6 +54,9 @@ class Language:
     # searchsorted starts from the answer of the thread's previous element (a ``<name>_hint``
     # variable the loop keeps): sorted queries, like ragged row ids, then cost O(1) each
     search_hints: bool = True
+    # a helper template converting a float to an integer type (``name<int8_t>(x)``) with the
+    # results eager gives for NaN and out-of-range values; empty: a plain C cast
+    float_to_int: str = ""
 
     def compute(self, dtype: dt.DType) -> str:
         return "float" if dtype.is_low_precision else self.storage[dtype]
@@ -292,6 +295,8 @@ def cast(lang: Language, src: dt.DType, dst: dt.DType, a: str) -> str:
         return f"ember_round_f16((float){a})"
     if lang.compute(src) == lang.compute(dst):
         return a
+    if lang.float_to_int and src.is_float and not dst.is_float:
+        return f"{lang.float_to_int}<{lang.compute(dst)}>({a})"
     return f"(({lang.compute(dst)}){a})"
 
 
