@@ -600,3 +600,11 @@ def test_argmax_of_values_constant_along_the_reduction(fn, make):
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="ember", category=RuntimeWarning)  # (no fallback)
         check(fn, make(), options=TRITON)
+
+
+def test_bitwise_not_of_unsigned_bytes():
+    # ~a of a uint8 made the interpreter build -1 in uint8 (OverflowError): the kernel fell back
+    a = torch.tensor([0, 1, 200, 255], dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check(lambda a: (~a) + 1, a, options={"target": "triton"})

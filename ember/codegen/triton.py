@@ -875,8 +875,8 @@ def alu(v: Value, args: list[str]) -> str:
         return f"(-{a})"
     if op is Op.NOT or (op is Op.BITNOT and dtype.is_bool):
         return f"({a} == 0)"
-    if op is Op.BITNOT:
-        return f"(~{a})"
+    if op is Op.BITNOT:  # (unsigned: an xor with all ones; ~ made the interpreter's -1 overflow uint8)
+        return f"({a} ^ 0xFF)" if dtype == dt.uint8 else f"(~{a})"
     if op is Op.ISNAN:
         return f"({a} != {a})"
     if op is Op.RECIPROCAL:
