@@ -129,7 +129,9 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
     """Dynamo reports an op's error (wrong shapes, dtypes, devices) as TorchRuntimeError while
     tracing; re-raise the op's own exception, as eager would, with the op named."""
 
-    @functools.wraps(compiled)
+    # (the name and docstring, not the attributes: Dynamo marks the compiled function with its
+    # own, and compiling this wrapper again, ember.explain(fast, x), asserted on finding them)
+    @functools.wraps(compiled, updated=())
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return compiled(*args, **kwargs)
@@ -245,6 +247,10 @@ def _op_from_dynamo_message(message: str) -> str:
     return target
 
 
+def _fn_name(fn: Any) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
 def explain(fn: Callable[..., Any], *args: Any, options: dict[str, Any] | None = None,
             dynamic: bool | None = None, target: str | None = None, **kwargs: Any) -> Report:
     """Compile ``fn`` for ``args`` and report what ember did: the IR after every pass, the kernels
@@ -254,8 +260,15 @@ def explain(fn: Callable[..., Any], *args: Any, options: dict[str, Any] | None =
     their next call. Call it beside a training loop, not inside one.
 
     ``target`` ('cpp', 'cuda' or 'triton') renders kernels for that backend; GPU kernels render
-    on any machine (a CPU-only laptop too), built and run only where a GPU is present."""
-    cfg = _config({**(options or {}), **({"target": target} if target else {})})
+    on any machine (a CPU-only laptop too), built and run only where a GPU is present.
+    ``options``, ``dynamic`` and ``target`` are explain's own: a ``fn`` with arguments of those
+    names gets them through ``functools.partial`` (or a lambda)."""
+    for name, value, kind in (("options", options, dict), ("dynamic", dynamic, bool), ("target", target, str)):
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(f"ember.explain: {name}= is explain's own ({kind.__name__} or None), got "
+                            f"{type(value).__name__}; to pass {_fn_name(fn)} an argument named {name!r}, "
+                            f"bind it first: ember.explain(functools.partial(fn, {name}=...), ...)")
+    cfg = _config({**(options or {}), **({"target": target} if target is not None else {})})
     report = Report()
     backend = _backend(cfg, report.graphs)
     torch._dynamo.reset()

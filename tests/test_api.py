@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -194,3 +195,27 @@ def test_a_compiled_modules_state_dict_has_the_modules_keys():
     plain.eval()
     compiled.eval()
     assert_same(compiled(x), plain(x))
+
+
+def test_a_compiled_function_can_be_explained_and_compiled_again():
+    # the wrapper copied Dynamo's attributes of the compiled function, and compiling it again
+    # asserted on finding them
+    fast = ember.compile(lambda x: x.sin() + 1)
+    x = torch.randn(4)
+    fast(x)
+    report = ember.explain(fast, x)
+    assert report.kernels
+    assert_same(ember.compile(fast)(x), x.sin() + 1)
+    assert_same(torch.compile(fast, backend="ember")(x), x.sin() + 1)
+
+
+def test_explain_names_its_own_keywords_when_a_function_has_them():
+    def loss(input, target):
+        return torch.nn.functional.cross_entropy(input, target)
+
+    targets = torch.tensor([1, 0, 3, 2])
+    with pytest.raises(TypeError, match="functools.partial"):
+        ember.explain(loss, torch.randn(4, 5), target=targets)
+    assert ember.explain(functools.partial(loss, target=targets), torch.randn(4, 5)).kernels
+    with pytest.raises(ValueError, match="target must be one of"):
+        ember.explain(loss, torch.randn(4, 5), targets, target="")
