@@ -82,3 +82,32 @@ def test_a_damaged_cached_library_is_built_again(tmp_path, damage):
     lib.write_bytes(damage(lib.read_bytes()))
     again = _run(tmp_path)
     assert again["graph_fallbacks"] == 0 and again["kernels_built"] >= 1
+
+
+TRITON_SCRIPT = textwrap.dedent("""
+    import json, torch, ember
+    f = lambda x: (x * 2.5).sin() + 1
+    x = torch.randn(64)
+    assert torch.allclose(ember.compile(f, options={"target": "triton"})(x), f(x))
+    print(json.dumps(ember.stats()))
+""")
+
+
+@pytest.mark.parametrize("damage", [lambda s: s[:len(s) // 2], lambda s: ""], ids=["cut", "empty"])
+def test_a_damaged_cached_triton_module_is_written_again(tmp_path, damage):
+    """A cut-short Triton module was a cache hit in every later process, whose graph then ran
+    through ATen (the module had no LAUNCH table). Its text is checked against the source."""
+    env = dict(os.environ, EMBER_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="1")
+
+    def run() -> dict:
+        proc = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    run()
+    (module,) = (tmp_path / "triton").glob("k*.py")
+    module.write_text(damage(module.read_text()))
+    again = run()
+    assert again["graph_fallbacks"] == 0 and again["kernels_built"] >= 1
+    assert not list((tmp_path / "triton").glob("*.tmp"))

@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import os
 import sys
 import threading
 from collections import OrderedDict
@@ -470,10 +471,11 @@ class TritonBackend(Backend):
         _, source, hints = rendered
         digest = hashlib.sha256(source.encode()).hexdigest()[:32]
         path = Path(cfg.cache_dir) / "triton" / f"k{digest}.py"
-        cached = path.exists()
+        # the file is named by its source's hash: one that differs (cut short, damaged) is written again
+        cached = _holds(path, source)
         if not cached:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # (processes build at once)
             tmp.write_text(source)
             tmp.replace(path)
         try:
@@ -495,6 +497,13 @@ class TritonBackend(Backend):
         return BuiltKernels(functions, module_source=source, keepalive=[module])
 
 
+def _holds(path: Path, source: str) -> bool:
+    try:
+        return path.read_text() == source
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 _tuners: dict[Path, Tuner] = {}
 _rendered: OrderedDict[tuple[int, ...], tuple[list[Kernel], str, list[tc.KernelHints]]] = OrderedDict()
 
@@ -513,5 +522,9 @@ def _import(path: Path) -> Any:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # Triton looks kernels' globals up through their module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]  # (not served half-imported to the next build)
+        raise
     return module
