@@ -491,6 +491,9 @@ def test_cubins_are_cached_on_disk(tmp_path, monkeypatch):
         assert path.with_suffix(".cu").read_text() == source and path.parent == tmp_path / "cuda"
         again, cached, path2 = cuda_backend.compile_module(source, "sm_90", tmp_path)
         assert cached and again == image and path2 == path
+        path.write_bytes(image[:len(image) // 2])  # damaged outside ember: built again, not loaded
+        rebuilt, cached, _ = cuda_backend.compile_module(source, "sm_90", tmp_path)
+        assert not cached and rebuilt == image and path.read_bytes() == image
         assert cuda_backend.compile_module(source, "sm_80", tmp_path)[2] != path  # the key covers the arch
         # one entry point per compile: the 64-bit one only with EMBER_WIDE_INDEX
         wide, cached, wide_path = cuda_backend.compile_module(source, "sm_90", tmp_path, wide=True)

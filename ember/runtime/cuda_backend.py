@@ -3,7 +3,8 @@ architecture, loaded and launched through the CUDA driver API (NVIDIA's cuda-pyt
 
 Build: the module's source (codegen/cuda.py) is compiled to a cubin by NVRTC (``nvcc -cubin`` when
 NVRTC's Python bindings are missing), cached on disk as ``<key>.cu`` and ``<key>.cubin`` under
-``cache_dir/cuda``, the key a hash of source, architecture, compiler version and options.
+``cache_dir/cuda``, the key a hash of source, architecture, compiler version and options; the
+cubin's SHA-256 beside it (``<key>.sha256``) sends a damaged one to be built again.
 The build compiles each kernel's 32-bit-index entry point; the 64-bit ones (``EMBER_WIDE_INDEX``)
 are compiled, as a second module from the same source, at the first launch whose flat indices
 reach 2^31 (a failure there sends that kernel's ops through ATen, with one warning).
@@ -129,12 +130,18 @@ def compile_module(source: str, arch: str, cache_dir: Path, wide: bool = False) 
     compiler = compiler_id()
     options = NVRTC_OPTIONS + ((WIDE_INDEX,) if wide else ())
     path = Path(cache_dir) / "cuda" / f"{cache_key(source, arch, compiler, options)}.cubin"
-    if path.exists():
-        return path.read_bytes(), True, path
+    stamp = path.with_suffix(".sha256")  # the image's hash: a damaged cubin is built again
+    try:
+        image = path.read_bytes()
+        if stamp.read_text().strip() == hashlib.sha256(image).hexdigest():
+            return image, True, path
+    except OSError:
+        pass
     path.parent.mkdir(parents=True, exist_ok=True)
     compile_with = _compile_nvrtc if compiler.startswith("nvrtc") else _compile_nvcc
     image = compile_with(source, arch, options)
     _write_atomic(path.with_suffix(".cu"), source.encode())
+    _write_atomic(stamp, hashlib.sha256(image).hexdigest().encode())
     _write_atomic(path, image)
     return image, False, path
 
