@@ -167,9 +167,16 @@ def cache(args: argparse.Namespace) -> int:
             pass
         print(f"cleared ember's kernels ({', '.join(CACHE_PARTS)}) from {root}")
         return 0
-    files = [f for part in parts if part.is_dir() for f in part.rglob("*") if f.is_file()]
-    size = sum(f.stat().st_size for f in files)
-    built = sum(1 for f in files if f.suffix in (".so", ".cubin", ".py"))
+    size, built = 0, 0
+    for part in parts:
+        for f in part.rglob("*") if part.is_dir() else ():
+            if any(p.startswith(".") for p in f.relative_to(part).parts):
+                continue  # a build in progress (.build-*/, .*.tmp): not a module yet
+            try:
+                size += f.stat().st_size if f.is_file() else 0
+            except OSError:  # (removed meanwhile: another process builds or clears)
+                continue
+            built += f.suffix in (".so", ".cubin", ".py")
     print(f"{root}: {built} built module(s), {size / 1e6:.1f} MB")
     return 0
 

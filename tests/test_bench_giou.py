@@ -120,6 +120,18 @@ def test_cuda_without_a_gpu_is_an_error(capsys):
     assert code == 2 and "no CUDA device" in out
 
 
+def test_files_that_are_no_results_and_outputs_that_cannot_be_written_are_errors(capsys, tmp_path):
+    # tracebacks before (KeyError 'meta', JSONDecodeError), and an unwritable --json failed only
+    # after the whole study
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    (tmp_path / "text.json").write_text("not json")
+    for name, message in (("other.json", "no results"), ("text.json", "not JSON")):
+        code, out = run_cli(capsys, "--from-json", str(tmp_path / name))
+        assert code == 2 and message in out, out
+    code, out = run_cli(capsys, "--device", "cpu", "--batch", "4", "--json", str(tmp_path / "missing" / "r.json"))
+    assert code == 2 and "cannot write" in out and "GIoU study" not in out, out
+
+
 def load_suite():
     spec = importlib.util.spec_from_file_location("ragged_suite", ROOT / "bench" / "ragged_suite.py")
     module = importlib.util.module_from_spec(spec)

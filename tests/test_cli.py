@@ -73,6 +73,20 @@ def test_cache_info():
     assert proc.returncode == 0 and "built module(s)" in proc.stdout
 
 
+def test_cache_info_counts_modules_not_builds_in_progress(tmp_path):
+    # another process's build in a hidden directory was counted, and crashed the count when it
+    # vanished between listing and stat
+    root = tmp_path / "cache"
+    (root / "cpp" / ".build-x").mkdir(parents=True)
+    (root / "cpp" / ".build-x" / "kernels.so").write_bytes(b"x" * 10)
+    (root / "cpp" / "k.so").write_bytes(b"x" * 2_000_000)
+    (root / "triton").mkdir()
+    (root / "triton" / ".k1.py.12.34.tmp").write_text("x")
+    proc = subprocess.run([sys.executable, "-m", "ember.cli", "cache", "info"], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, EMBER_CACHE_DIR=str(root)))
+    assert proc.returncode == 0 and "1 built module(s), 2.0 MB" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_cache_clear_removes_only_embers_kernels(tmp_path):
     # EMBER_CACHE_DIR may name a directory that holds other things: clear removed all of it
     root = tmp_path / "cache"

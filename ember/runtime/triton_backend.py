@@ -475,7 +475,7 @@ class TritonBackend(Backend):
         cached = _holds(path, source)
         if not cached:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # (processes build at once)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # (processes at once)
             tmp.write_text(source)
             tmp.replace(path)
         try:

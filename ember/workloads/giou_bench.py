@@ -397,8 +397,29 @@ def format_results(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _writable(path: str | Path) -> bool:
+    """Whether ``path`` can be written (tried: permissions alone do not say, e.g. under /proc)."""
+    path = Path(path)
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError:
+        return False
+    if not existed:
+        path.unlink(missing_ok=True)
+    return True
+
+
 def load_json(path: str | Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())
+    """Results saved by ``--json``; ValueError for a file that is not such results."""
+    try:
+        results = json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not JSON ({e})") from None
+    if not (isinstance(results, dict) and {"meta", "rows"} <= results.keys()):
+        raise ValueError(f"{path} holds no results of `ember bench giou --json` (no 'meta' and 'rows')")
+    return results
 
 
 def plot(results: dict[str, Any], path: str | Path) -> str:
@@ -446,8 +467,16 @@ def main(device: str | None = None, batch: int = 1024, dtype: str | None = None,
          plot_path: str | None = None, from_json: str | None = None) -> int:
     """What ``ember bench giou`` runs: measure (or load), print, save, plot. Defaults follow the
     device: bf16 and 50 runs on a GPU (the article's setting), fp32 and 20 runs on a CPU."""
+    if json_path and not _writable(json_path):  # (before a study of minutes, not after it)
+        print(f"error: --json: cannot write {json_path}")
+        return 2
     if from_json:
-        results = load_json(from_json)
+        try:
+            results = load_json(from_json)
+            text = format_results(results)
+        except (ValueError, KeyError, TypeError) as e:
+            print(f"error: --from-json: {e if isinstance(e, ValueError) else f'{from_json} is malformed ({e!r})'}")
+            return 2
     else:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         cuda = torch.device(device).type == "cuda"
@@ -461,7 +490,8 @@ def main(device: str | None = None, batch: int = 1024, dtype: str | None = None,
         except ValueError as e:
             print(f"error: {e}")
             return 2
-    print(format_results(results), flush=True)
+        text = format_results(results)
+    print(text, flush=True)
     if json_path:
         save_json(results, json_path)
         print(f"wrote {json_path}")
