@@ -417,8 +417,8 @@ def load_json(path: str | Path) -> dict[str, Any]:
         results = json.loads(Path(path).read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path} is not JSON ({e})") from None
-    if not (isinstance(results, dict) and {"meta", "rows"} <= results.keys()):
-        raise ValueError(f"{path} holds no results of `ember bench giou --json` (no 'meta' and 'rows')")
+    if not (isinstance(results, dict) and {"meta", "variants"} <= results.keys()):
+        raise ValueError(f"{path} holds no results of `ember bench giou --json` (no 'meta' and 'variants')")
     return results
 
 
