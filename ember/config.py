@@ -72,12 +72,13 @@ class Config:
     cache_dir: Path = field(default_factory=lambda: Path(
         os.environ.get("EMBER_CACHE_DIR") or Path.home() / ".cache" / "ember"))
     cxx: str = field(default_factory=lambda: os.environ.get("EMBER_CXX", ""))
-    # Extra flags for CPU kernels; -march=native is part of the cache key through the host CPU.
-    # -ffp-contract=off: no a * b + c fused into one rounding (a * b - c * d of equal products
-    # is 0 in eager, and was 1e-8 with FMA; inf - inf was inf, not NaN).
-    cxx_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno",
-                                  "-fno-trapping-math", "-ffp-contract=off", "-fwrapv", "-fPIC", "-shared",
-                                  "-std=c++17")
+    # The compiler's optimization and math flags for CPU kernels (an option replaces them all;
+    # runtime/cpp_build.py always adds -shared -fPIC -fopenmp -std=c++17). -march=native is part
+    # of the cache key through the host CPU. -ffp-contract=off: no a * b + c fused into one
+    # rounding (a * b - c * d of equal products is 0 in eager, and was 1e-8 with FMA; inf - inf
+    # was inf, not NaN).
+    cxx_flags: tuple[str, ...] = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math",
+                                  "-ffp-contract=off", "-fwrapv")
     gpu_backend: str = field(default_factory=lambda: _env_choice("EMBER_GPU_BACKEND", GPU_BACKENDS))
     # Render kernels for this backend ('cpp', 'cuda', 'triton') whatever the device; a target
     # the device cannot run (CUDA kernels on a CPU-only machine) is rendered but not built, and

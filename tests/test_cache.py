@@ -111,3 +111,16 @@ def test_a_damaged_cached_triton_module_is_written_again(tmp_path, damage):
     again = run()
     assert again["graph_fallbacks"] == 0 and again["kernels_built"] >= 1
     assert not list((tmp_path / "triton").glob("*.tmp"))
+
+
+def test_cxx_flags_option_replaces_the_tuning_flags_only(tmp_path):
+    # the option replaced -shared -fPIC -fopenmp too: every kernel failed to link ("undefined
+    # reference to main") and ran through ATen
+    import torch
+
+    import ember
+    before = ember.stats()["build_failures"]
+    x = torch.randn(8)
+    out = ember.compile(lambda x: x.sin() * 2, options={"cxx_flags": ["-O2"], "cache_dir": tmp_path})(x)
+    assert torch.allclose(out, x.sin() * 2) and ember.stats()["build_failures"] == before
+    assert list((tmp_path / "cpp").glob("*.so"))

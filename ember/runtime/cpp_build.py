@@ -64,6 +64,10 @@ def _host_cpu() -> str:
     return f"{os.uname().machine}|{model}|{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
 
 
+# what every build needs whatever the options: a loadable library, OpenMP, the language level
+BUILD_FLAGS = ("-fopenmp", "-fPIC", "-shared", "-std=c++17")
+
+
 def cache_key(source: str, cfg: Config) -> str:
     compiler = find_compiler(cfg.cxx)
     h = hashlib.sha256()
@@ -88,7 +92,7 @@ def build(source: str, cfg: Config) -> tuple[Path, bool]:
         src = Path(tmp) / "kernels.cpp"
         out = Path(tmp) / "kernels.so"
         src.write_text(source)
-        cmd = [compiler, *cfg.cxx_flags, str(src), "-o", str(out)]
+        cmd = [compiler, *cfg.cxx_flags, *BUILD_FLAGS, str(src), "-o", str(out)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         except subprocess.TimeoutExpired as e:
