@@ -16,6 +16,10 @@ overrides any field for one compiled function.
   EMBER_ROW_CHUNKS  runs of rows a row kernel splits into to also sum columns (see row_chunks)
   EMBER_PROFILE_GUARDS  1 lets Dynamo time the guards of ember's frames (see profile_guards)
   EMBER_PASSES_OFF  comma-separated names of middle-end passes not to run (see passes_off)
+  EMBER_MATMUL_EPILOGUES  'auto', 'all' or 'off': which 16-bit matmuls ember generates with the
+                   pointwise ops that read them (see matmul_epilogues)
+  EMBER_BACKGROUND_COMPILE  0 compiles matmul kernels and new Triton variants at the call that
+                   needs them, not in a background thread (see background_compile)
 """
 
 from __future__ import annotations
