@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,10 +23,13 @@ from .runtime import stats as stats_module
 
 
 def _config(options: dict[str, Any] | None) -> Config:
-    cfg = config_module.config.replace(**(options or {}))
-    if cfg.passes_off:  # (EMBER_PASSES_OFF, read at import: an unknown name fails here, not per graph)
-        check_pass_names(cfg.passes_off, "EMBER_PASSES_OFF")
-    return cfg
+    base = config_module.config
+    if base.passes_off and isinstance(base.passes_off, tuple):  # (an unknown name fails here, not per graph)
+        check_pass_names(base.passes_off, "EMBER_PASSES_OFF" if os.environ.get("EMBER_PASSES_OFF")
+                         else "ember.config.passes_off")
+    # ember.config's values, which a program may set as attributes, are checked as options are
+    values = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    return base.replace(**{**values, **(options or {})})
 
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],

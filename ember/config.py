@@ -174,24 +174,30 @@ class Config:
             overrides["cxx_flags"] = tuple(flags)
         if overrides.get("triton_launch") is not None:
             _check_triton_launch(overrides["triton_launch"])
+        types = {f.name: f.type for f in dataclasses.fields(self)}
         for name, value in list(overrides.items()):
-            # switches and counts by their defaults' types ("debug": "1" failed later as
+            # switches and counts by their declared types ("debug": "1" failed later as
             # "'<' not supported between instances of 'str' and 'int'")
-            current = getattr(self, name)
-            if isinstance(current, bool):
+            if types[name] == "bool":
                 if value not in (True, False) or not isinstance(value, (bool, int)):
                     raise TypeError(f"ember option {name!r} is a switch (True or False), got {value!r}")
                 overrides[name] = bool(value)
-            elif isinstance(current, int) and (isinstance(value, bool) or not isinstance(value, int)):
+            elif types[name] == "int" and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(f"ember option {name!r} takes an int, got {value!r}")
-            elif isinstance(current, int) and value < 0:
+            elif types[name] == "int" and value < 0:
                 raise ValueError(f"ember option {name!r} is a count >= 0, got {value!r}")
+        for name in ("gpu_backend", "triton_tuning", "matmul_epilogues", "target"):  # (None: target's default)
+            value = overrides.get(name, "")
+            if not isinstance(value, str) and not (name == "target" and value is None):
+                raise TypeError(f"ember option {name!r} is a string, got {value!r}")
         if overrides.get("gpu_backend", "triton") not in GPU_BACKENDS:
             raise ValueError(f"gpu_backend must be one of {GPU_BACKENDS}, got {overrides['gpu_backend']!r}")
         if overrides.get("triton_tuning", "heuristic") not in TRITON_TUNINGS:
             raise ValueError(f"triton_tuning must be one of {TRITON_TUNINGS}, got {overrides['triton_tuning']!r}")
         chunks = overrides.get("row_chunks")
-        if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 0):
+        if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, int)):
+            raise TypeError(f"ember option 'row_chunks' is None or an int, got {chunks!r}")
+        if chunks is not None and chunks < 0:
             raise ValueError(f"row_chunks must be None (automatic), 0 (off) or a positive count, got {chunks!r}")
         if overrides.get("matmul_epilogues", "auto") not in MATMUL_EPILOGUES:
             raise ValueError(f"matmul_epilogues must be one of {MATMUL_EPILOGUES}, "

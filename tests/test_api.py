@@ -144,16 +144,33 @@ def test_option_values_of_the_wrong_type_are_clear_errors():
     for options, name in (({"cxx_flags": "-O2"}, "cxx_flags"), ({"cxx": 5}, "cxx"), ({"cache_dir": 5}, "cache_dir"),
                           ({"triton_launch": 3}, "triton_launch"), ({"cxx_flags": None}, "cxx_flags"),
                           ({"passes_off": None}, "passes_off"), ({"passes_off": 5}, "passes_off"),
-                          ({"triton_launch": {"PERSISTENT": "yes"}}, "PERSISTENT")):
+                          ({"triton_launch": {"PERSISTENT": "yes"}}, "PERSISTENT"),
+                          ({"row_chunks": True}, "row_chunks"), ({"row_chunks": 1.0}, "row_chunks"),
+                          ({"gpu_backend": None}, "gpu_backend"),
+                          ({"target": 3}, "target"), ({"matmul_epilogues": 1}, "matmul_epilogues")):
         with pytest.raises(TypeError, match=name):
             ember.compile(lambda x: x + 1, options=options)
     # values of the right type out of range: a non-power-of-two RBLOCK failed every reduction's
     # launch, an unknown launch key was ignored, cache_dir="" cached in the working directory
     for options, name in (({"triton_launch": {"RBLOCK": 3}}, "RBLOCK"), ({"triton_launch": {"BOGUS": 3}}, "BOGUS"),
-                          ({"row_chunks": True}, "row_chunks"), ({"max_recompute_ops": -5}, "max_recompute_ops"),
+                          ({"row_chunks": -1}, "row_chunks"), ({"max_recompute_ops": -5}, "max_recompute_ops"),
                           ({"debug": -1}, "debug"), ({"cache_dir": ""}, "cache_dir")):
         with pytest.raises(ValueError, match=name):
             ember.compile(lambda x: x + 1, options=options)
+
+
+def test_settings_assigned_to_ember_config_are_checked_as_options(monkeypatch):
+    # ember.config.debug = "1" failed inside Dynamo at the first call; passes_off = "cse" was
+    # split into letters and blamed on EMBER_PASSES_OFF
+    monkeypatch.setattr(ember.config, "debug", "1")
+    with pytest.raises(TypeError, match="'debug' takes an int"):
+        ember.compile(lambda x: x + 1)
+    monkeypatch.setattr(ember.config, "debug", 0)
+    monkeypatch.setattr(ember.config, "passes_off", "cse")
+    assert_same(ember.compile(lambda x: x * 2)(torch.ones(3)), torch.full((3,), 2.0))
+    monkeypatch.setattr(ember.config, "passes_off", ("nope",))
+    with pytest.raises(ValueError, match="ember.config.passes_off: no pass named"):
+        ember.compile(lambda x: x + 1)
 
 
 def test_bad_choices_in_the_environment_are_ignored_with_a_message():
