@@ -66,8 +66,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     stats.add_time("compile_seconds", report.compile_ms / 1e3)
     if sink is not None:
         sink.append(report)
-    log(1, f"{name}: {len(report.kernels)} kernel(s), {len(report.fallbacks)} ATen call(s), "
-           f"{report.compile_ms:.0f} ms", cfg)
+    rendered_only = report.kernels and all(k.not_built.startswith("rendered for") for k in report.kernels)
+    aten = "runs through ATen (kernels rendered only)" if rendered_only else f"{len(report.fallbacks)} ATen call(s)"
+    log(1, f"{name}: {len(report.kernels)} kernel(s), {aten}, {report.compile_ms:.0f} ms", cfg)
     return program
 
 
@@ -216,6 +217,9 @@ def _build(graph: Graph, schedule: Schedule, fallbacks: dict[str, Callable[..., 
     if render_only:
         log(1, f"{name}: rendered {len(schedule.kernels)} {target} kernel(s) without building them; "
                "the graph runs through ATen here", cfg)
+        if cfg.debug >= 3:  # (what explain's report holds: the sources, for reading)
+            sources = "\n\n".join(k.source for k in report.kernels)
+            log(3, f"{name} kernels ({target}, not built):\n{sources}\n{name} host program:\n{wrapper.source}", cfg)
         return None
     namespace.update(wrapper.constants)
     if cfg.debug >= 3:

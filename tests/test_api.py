@@ -236,3 +236,12 @@ def test_explain_names_its_own_keywords_when_a_function_has_them():
     assert ember.explain(functools.partial(loss, target=targets), torch.randn(4, 5)).kernels
     with pytest.raises(ValueError, match="target must be one of"):
         ember.explain(loss, torch.randn(4, 5), targets, target="")
+
+
+def test_debug_3_prints_kernels_rendered_for_another_target(capfd):
+    # a GPU target rendered on this machine printed neither kernel nor host program, and said
+    # "0 ATen call(s)" for a graph that runs through ATen
+    x = torch.randn(8)
+    assert_same(ember.compile(lambda x: x.sin() * 2, options={"target": "cuda", "debug": 3})(x), x.sin() * 2)
+    err = capfd.readouterr().err
+    assert "__global__" in err and "host program" in err and "runs through ATen (kernels rendered only)" in err
