@@ -223,7 +223,7 @@ def test_a_compiled_function_can_be_explained_and_compiled_again():
     report = ember.explain(fast, x)
     assert report.kernels
     assert_same(ember.compile(fast)(x), x.sin() + 1)
-    assert_same(torch.compile(fast, backend="ember")(x), x.sin() + 1)
+    assert_same(torch.compile(fast, backend=ember.ember_backend)(x), x.sin() + 1)
 
 
 def test_explain_names_its_own_keywords_when_a_function_has_them():
