@@ -242,6 +242,8 @@ def test_gated_mlp_after_a_norm_in_inference(dynamic):
 
 def test_bad_option_value_is_refused():
     with pytest.raises(ValueError, match="matmul_epilogues"):
+        ember.compile(swiglu, options={"matmul_epilogues": "some"})
+    with pytest.raises(TypeError, match="matmul_epilogues"):  # (not a string)
         ember.compile(swiglu, options={"matmul_epilogues": True})
 
 
