@@ -302,6 +302,34 @@ def test_sizes_read_with_item_inside_the_graph():
 
 
 @pytest.mark.parametrize("target", [None, pytest.param("triton", marks=on_the_interpreter)], ids=["native", "triton"])
+def test_floats_read_with_item_reach_kernels_as_floats(target):
+    """A float .item() (a clamp bound, a fill value) is a symbol the kernels read: it was passed
+    as an int64 size argument, and ctypes refused the Python float (ArgumentError)."""
+    options = {"target": target} if target else None
+    fns = [lambda a, s: a.clamp(max=s.item()), lambda a, s: torch.full((2,), a.sum().item()) + s,
+           lambda a, s: a.new_full((3,), a.mean().item()) * s, lambda a, s: a.double().clamp(min=s.item()) * 3]
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for fn in fns:
+            report = ember.Report()
+            compiled = ember.compile(fn, options=options, report=report)
+            for bound in (0.5, -0.123456789012345):
+                a, s = torch.randn(10), torch.tensor(bound, dtype=torch.float64)
+                assert_same(compiled(a, s), fn(a, s))
+            assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+            assert report.kernels
+
+
+def test_a_group_run_through_aten_reads_float_symbols_as_floats():
+    # the reference evaluator bound every symbol as an Integer: a fill of x.item() = -1.6 in a
+    # kernel that fell back to ATen came out -1
+    from torch.utils._sympy.symbol import SymT, make_symbol
+
+    from ember.analysis.reference import evaluate
+    f, n = make_symbol(SymT.UNBACKED_FLOAT, 0), make_symbol(SymT.SIZE, 0, integer=True)
+    assert evaluate(f * 2, {f: -1.6}) == -3.2 and evaluate(n + 1, {n: 4}) == 5
+
+
+@pytest.mark.parametrize("target", [None, pytest.param("triton", marks=on_the_interpreter)], ids=["native", "triton"])
 def test_size_arithmetic_of_negative_values_floors_as_python(target):
     # C's and Triton's / and % truncate: an int argument's n % 3 was -1 for n = -1 (a narrow
     # read before its tensor), (rows - 8) // 3 was -1 for 4 rows (Python: -2)

@@ -50,7 +50,9 @@ def evaluate(expr: Any, sizes: Sizes) -> Any:
     """A size expression (or plain number) as a Python int/float/bool."""
     if not isinstance(expr, sympy.Basic):
         return expr
-    value = expr.xreplace({s: sympy.Integer(v) for s, v in sizes.items()}) if expr.free_symbols else expr
+    # (a float read with x.item() stays a float: Integer(v) truncated it)
+    value = expr.xreplace({s: sympy.Float(v, 17) if isinstance(v, float) else sympy.Integer(v)
+                           for s, v in sizes.items()}) if expr.free_symbols else expr
     if value.free_symbols:
         raise KeyError(f"no value bound for {sorted(map(str, value.free_symbols))} in {expr}")
     if value.is_Integer or value.is_integer:

@@ -214,7 +214,7 @@ class CppKernelRenderer:
         for p in self.k.params:
             const = "" if p.is_output else "const "
             params.append(f"{const}{CPP.storage[p.dtype]}* {CPP.restrict} {p.name}")
-        params += [f"int64_t {s.name}" for s in self.k.sizes]
+        params += [f"{sh.size_ctype(s)} {s.name}" for s in self.k.sizes]
         if self.body.uses_err:
             params.append("int32_t* ember_err")
         return f'extern "C" void {self.k.name}({", ".join(params) or "void"})'

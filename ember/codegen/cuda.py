@@ -163,7 +163,7 @@ class CudaKernelRenderer:
         for p in self.k.params:
             const = "" if p.is_output else "const "
             out.append(f"{const}{CUDA.storage[p.dtype]}* {CUDA.restrict} {p.name}")
-        out += [f"int64_t {s.name}" for s in self.k.sizes]
+        out += [f"{sh.size_ctype(s)} {s.name}" for s in self.k.sizes]
         if uses_workspace(self.k):
             out += ["double* __restrict__ workspace", "int* __restrict__ counter"]
         return out

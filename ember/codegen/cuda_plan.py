@@ -144,6 +144,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "outer": pexpr(outer),
         "inner": pexpr(inner),
         "sizes": [s.name for s in kernel.sizes],
+        "float_sizes": [sh.is_float_symbol(s) for s in kernel.sizes],  # (doubles: x.item() of floats)
         "n_params": len(kernel.params),
         "n_reductions": len(kernel.reductions) + len(kernel.row_reductions),
         "workspace": uses_workspace(kernel),

@@ -156,6 +156,18 @@ def broadcast(*shapes: Sequence[sympy.Expr]) -> Shape:
     return tuple(out)
 
 
+def is_float_symbol(s: sympy.Symbol) -> bool:
+    """A float the program reads from the data (``x.item()`` of a float tensor), not a size:
+    kernels take it as a double."""
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+    return symbol_is_type(s, (SymT.FLOAT, SymT.UNBACKED_FLOAT))
+
+
+def size_ctype(s: sympy.Symbol) -> str:
+    """The C type of a kernel's size argument."""
+    return "double" if is_float_symbol(s) else "int64_t"
+
+
 def free_symbols(items: Iterable[object]) -> set[sympy.Symbol]:
     syms: set[sympy.Symbol] = set()
     for item in items:

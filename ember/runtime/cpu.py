@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..codegen import cpp
 from ..config import Config, log
+from ..ir import shapes as sh
 from ..schedule.kernel_ir import Kernel
 from . import cpp_build, stats
 from .backend import Backend, BuildError, BuiltKernels
@@ -43,6 +44,7 @@ class CppBackend(Backend):
             lib = cpp_build.load(path)
         stats.bump("cache_hits" if cached else "kernels_built", len(kernels))
         log(1, f"{'loaded' if cached else 'built'} {len(kernels)} CPU kernel(s) from {path}", cfg)
-        functions = {k.name: bind_kernel(lib, k.name, len(k.params), len(k.sizes), self.uses_error_flag(k))
+        functions = {k.name: bind_kernel(lib, k.name, len(k.params), [sh.is_float_symbol(s) for s in k.sizes],
+                                           self.uses_error_flag(k))
                      for k in kernels}
         return BuiltKernels(functions, module_source=source, keepalive=[lib])

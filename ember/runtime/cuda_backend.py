@@ -386,7 +386,7 @@ class CudaKernel:
         # Arguments live in ctypes slots whose addresses form the void*[] cuLaunchKernel reads; a
         # launch writes the values in place (the driver copies them before cuLaunchKernel returns).
         self._slots: list[Any] = [ctypes.c_void_p() for _ in range(self.n_params)]
-        self._slots += [ctypes.c_int64() for _ in meta["sizes"]]
+        self._slots += [ctypes.c_double() if f else ctypes.c_int64() for f in meta.get("float_sizes", [])]
         if meta["workspace"]:
             self._slots += [ctypes.c_void_p(), ctypes.c_void_p()]
         self._argv = (ctypes.c_void_p * max(1, len(self._slots)))(*[ctypes.addressof(s) for s in self._slots])

@@ -59,9 +59,12 @@ def make_advise_huge(cfg: Config) -> Callable[[torch.Tensor], torch.Tensor]:
     return advise
 
 
-def bind_kernel(lib: ctypes.CDLL, name: str, n_pointers: int, n_sizes: int, error_flag: bool) -> Callable[..., None]:
+def bind_kernel(lib: ctypes.CDLL, name: str, n_pointers: int, float_sizes: list[bool],
+                error_flag: bool) -> Callable[..., None]:
+    """A kernel of the CPU library: pointers, then its sizes (int64, or double for the floats a
+    program reads from the data), then the error flag if it raises."""
     fn = lib[name]
-    fn.argtypes = [ctypes.c_void_p] * n_pointers + [ctypes.c_int64] * n_sizes + (
+    fn.argtypes = [ctypes.c_void_p] * n_pointers + [ctypes.c_double if f else ctypes.c_int64 for f in float_sizes] + (
         [ctypes.c_void_p] if error_flag else [])
     fn.restype = None
     return fn

@@ -276,7 +276,7 @@ class Launcher:
                         if len(quotients) > 1024:
                             quotients.clear()
                         aligns = tuple(_align(v) for v in values)
-                        q = tuple(v // a for v, a in zip(values, aligns))
+                        q = tuple(v if a == 1 else v // a for v, a in zip(values, aligns))
                         found = quotients[values] = (aligns, q[:-2], q[-2], q[-1])
                     aligns, sizes, outer, inner = found
                     args = args[:n] + sizes
@@ -414,9 +414,12 @@ def _bucket(outer: int, inner: int) -> tuple[int, int, bool]:
     return (outer - 1).bit_length(), (inner - 1).bit_length(), outer * inner >= 2**31
 
 
-def _align(v: int) -> int:
+def _align(v: int | float) -> int:
     """The power of two up to 16 a size argument is launched divided by (codegen's
-    ``aligned_sizes``); 1 for sizes of 2^31 or more, whose quotient Triton might type as int32."""
+    ``aligned_sizes``); 1 for sizes of 2^31 or more, whose quotient Triton might type as int32,
+    and for floats (x.item() of a float tensor)."""
+    if isinstance(v, float):
+        return 1
     if v == 0:
         return 16
     return min(v & -v, 16) if v < 2**31 else 1
@@ -425,8 +428,8 @@ def _align(v: int) -> int:
 def _specialization(args: tuple[Any, ...], n_tensors: int, outer: int, inner: int) -> tuple[Any, ...]:
     """What Triton specializes a compiled kernel on: pointer alignment and small-int facts."""
     key = [t.data_ptr() & 15 for t in args[:n_tensors]]
-    for v in args[n_tensors:]:
-        key.append(1 if v == 1 else 16 if v & 15 == 0 else 0)
+    for v in args[n_tensors:]:  # (a float, x.item() of a float tensor, is specialized on nothing)
+        key.append("f" if isinstance(v, float) else 1 if v == 1 else 16 if v & 15 == 0 else 0)
     key.append(1 if outer == 1 else 16 if outer & 15 == 0 else 0)
     key.append(1 if inner == 1 else 16 if inner & 15 == 0 else 0)
     return tuple(key)
