@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
 
 import ember
 
-from .helpers import assert_clean, assert_same, compile_checked, on_the_interpreter, run
+from .helpers import assert_clean, assert_same, check, compile_checked, on_the_interpreter, run
 
 
 def rmsnorm(x, w):
@@ -317,6 +318,19 @@ def test_floats_read_with_item_reach_kernels_as_floats(target):
                 assert_same(compiled(a, s), fn(a, s))
             assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
             assert report.kernels
+
+
+def test_a_value_read_with_item_of_a_reduction_of_the_same_tensor():
+    # the reduction and the op using its .item() were planned as one kernel, which then needed
+    # its own result ("kernels that need each other's results"): the graph ran through ATen
+    fns = [lambda a: a.clamp(min=a.mean().item()), lambda a: a + (a > 0).sum().item(),
+           lambda a: torch.where(a > 0, a, a.mean().item())]
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for fn in fns:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                report = check(fn, torch.randn(10))
+            assert len(report.kernels) == 2
 
 
 def test_a_group_run_through_aten_reads_float_symbols_as_floats():

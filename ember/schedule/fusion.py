@@ -295,6 +295,9 @@ class Planner(DomainRules):
         for i, g in enumerate(groups):
             read = {x for r in g.roots for x in self.reads(r)}
             read |= {self.views.get(b, b) for b in (copied_base(r) for r in g.roots if r.op is Op.INDEX_PUT)}
+            if self._item_binders:  # the .item() calls binding the sizes its ops use (a.clamp(min=a.mean().item()))
+                nodes = {n for r in g.roots for n in (r, *self.subtree(r))}
+                read |= {self._item_binders[s] for s in _symbols(nodes) if s in self._item_binders}
             need: set[int] = set()
             for x in read:
                 if x in index:
