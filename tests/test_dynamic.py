@@ -333,6 +333,22 @@ def test_a_value_read_with_item_of_a_reduction_of_the_same_tensor():
             assert len(report.kernels) == 2
 
 
+def test_narrow_from_a_tensor_start_and_bools_read_with_item():
+    # narrow's start normalized where it may be negative is a Piecewise (no Python or C
+    # spelling), and a bool .item() is Eq(u0, 1), whose u0 nothing bound: both graphs ran
+    # through ATen with a warning
+    fns = [(lambda a, k: a.narrow(0, k, 4) + 1, torch.tensor(3)), (lambda a, k: a.narrow(0, k.item(), 4) * 2,
+                                                                     torch.tensor(-5)),
+           (lambda a, k: a * (a > k).any().item(), torch.tensor(0.0)),
+           (lambda a, k: torch.full((2,), (a > k).any().item()), torch.tensor(5.0))]
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for fn, k in fns:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                report = check(fn, torch.randn(10), k)
+            assert report.kernels
+
+
 def test_a_group_run_through_aten_reads_float_symbols_as_floats():
     # the reference evaluator bound every symbol as an Integer: a fill of x.item() = -1.6 in a
     # kernel that fell back to ATen came out -1

@@ -171,6 +171,19 @@ def index_expr(e: sympy.Expr) -> str:
         for a in args[1:]:
             out = f"{fn}({out}, {a})"
         return out
+    if isinstance(e, sympy.core.relational.Relational) and e.rel_op in ("==", "!=", "<", "<=", ">", ">="):
+        return f"({index_expr(e.lhs)} {e.rel_op} {index_expr(e.rhs)})"  # (a bool read with .item(): Eq(u0, 1))
+    if e in (sympy.true, sympy.false):
+        return "1" if e is sympy.true else "0"
+    if isinstance(e, (sympy.And, sympy.Or)):
+        return "(" + (" && " if isinstance(e, sympy.And) else " || ").join(index_expr(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Not):
+        return f"(!{_atom(e.args[0])})"
+    if isinstance(e, sympy.Piecewise):  # (narrow's start normalized where it may be negative)
+        out = index_expr(e.args[-1][0]) if e.args[-1][1] is sympy.true else "0"
+        for value, cond in reversed(e.args[:-1] if e.args[-1][1] is sympy.true else e.args):
+            out = f"({index_expr(cond)} ? {index_expr(value)} : {out})"
+        return out
     raise NotImplementedError(f"index expression {e!r} ({type(e).__name__}) has no C spelling")
 
 

@@ -125,6 +125,11 @@ def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = Fa
         return "(" + (" and " if isinstance(e, sympy.And) else " or ").join(p(a) for a in e.args) + ")"
     if isinstance(e, sympy.Not):
         return f"(not {p(e.args[0])})"
+    if isinstance(e, sympy.Piecewise) and not in_triton and e.args[-1][1] is sympy.true:
+        out = p(e.args[-1][0])  # (narrow's start normalized where it may be negative)
+        for value, cond in reversed(e.args[:-1]):
+            out = f"({p(value)} if {p(cond)} else {out})"
+        return out
     fn = sh.unary_float_fn(e)
     if fn is not None:  # math.sqrt(h): an attention scale
         return f"tl.{fn}(({p(e.args[0])}).to(tl.float64))" if in_triton else f"math.{fn}({p(e.args[0])})"

@@ -418,11 +418,11 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
         return args[0][args[1]]
     if target is operator.getitem and _is_tuple_result(args[0]) and isinstance(args[1], int):
         return _item(ctx, args[0], args[1], val)
-    if (target is torch.ops.aten._local_scalar_dense.default and _is_sym(val) and sh.expr(val).is_Symbol
-            and sh.expr(val) not in ctx.bindable and isinstance(args[0], Node)):
+    item_of = _bound_by_item(val) if target is torch.ops.aten._local_scalar_dense.default else None
+    if item_of is not None and item_of not in ctx.bindable and isinstance(args[0], Node):
         # .item() of a computed tensor (capture_scalar_outputs): a size only the data knows,
         # read by the ATen call when the program runs and used from then on
-        symbol = sh.expr(val)
+        symbol = item_of
         node = _extern(ctx, target, args, kwargs, None)
         object.__setattr__(node.arg, "binds", symbol)
         ctx.effects.append(node)
@@ -458,6 +458,19 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
         except Unsupported:
             del ctx.nodes[mark:]  # drop what the declined lowering built
     return _extern(ctx, target, args, kwargs, val)
+
+
+def _bound_by_item(val: Any) -> sympy.Symbol | None:
+    """The symbol an ``.item()`` result binds: its own, or for a bool, the 0/1 integer torch
+    spells it with (``Eq(u0, 1)``)."""
+    if not _is_sym(val):
+        return None
+    e = sh.expr(val)
+    if e.is_Symbol:
+        return e
+    if isinstance(e, sympy.Eq) and e.lhs.is_Symbol and e.rhs == 1:
+        return e.lhs
+    return None
 
 
 def _unknown_unbacked_sizes(ctx: Context, val: Any) -> bool:
