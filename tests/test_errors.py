@@ -452,9 +452,16 @@ def test_scalars_that_fit_still_compile():
                          lambda x: F.smooth_l1_loss(x * 3, x), lambda x: F.huber_loss(x * 3, x),
                          lambda x: torch.heaviside(x * 3, x > 0))
       for x in (torch.tensor([-3, 0, 2, 5]),)],
+    (lambda x: torch.ones(2, 3) @ x, torch.ones(3, dtype=torch.float64)),
+    (lambda x: torch.mv(x[None].expand(2, 3), x), torch.tensor([True, False, True])),
+    (lambda x: torch.dot(x, x), torch.tensor([True, False, True])),
+    (lambda x: torch.trace(x[None].expand(3, 3)), torch.tensor([True, False, True])),
+    (lambda x: torch.linalg.cross(torch.ones(3), x), torch.ones(3, dtype=torch.float64)),
+    (lambda x: torch.linalg.cross(x, x), torch.tensor([True, False, True])),
 ], ids=["lerp_int", "floor_bool", "round_bool", "relu_bool", "gelu_int", "silu_int", "logaddexp_int", "addcmul_bool",
         "hardsigmoid_int", "hardswish_int", "softplus_int", "leaky_relu_int", "frac_int", "glu_int", "mish_int",
-        "celu_int", "logsigmoid_int", "prelu_int", "smooth_l1_int", "huber_int", "heaviside_mixed"])
+        "celu_int", "logsigmoid_int", "prelu_int", "smooth_l1_int", "huber_int", "heaviside_mixed",
+        "mv_mixed", "mv_bool", "dot_bool", "trace_bool", "cross_mixed", "cross_bool"])
 def test_dtypes_eager_has_no_kernel_for_raise_its_error(fn, x):
     # the decompositions (or ember's lowerings) computed something for them
     expected = _eager_error(fn, x)

@@ -34,6 +34,9 @@ def test_unsupported_dtypes_stay_correct():
     x = torch.randn(4, 4, dtype=torch.complex64)
     check(lambda a: a * 2 + 1, x)
     check(lambda a: (a.abs() + 1).sum(), x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (a complex vector_norm failed the whole graph's compile)
+        check(lambda a: torch.linalg.vector_norm(a, dim=1) + 1, x)
 
 
 def test_multi_output_aten_ops():

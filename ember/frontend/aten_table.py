@@ -746,7 +746,7 @@ def _vector_norm(ctx: Context, x: Node, ord: Any = 2, dim: Any = None, keepdim: 
                  dtype: Any = None) -> Node:
     """The 2-norm (F.normalize, cosine similarity) and 1-norm as a sum over the reduced dims, so
     they fuse with what reads them; other orders and dtype arguments run through ATen."""
-    if ord not in (1, 2) or dtype is not None or not x.dtype.is_float or x.rank == 0:
+    if ord not in (1, 2) or dtype is not None or x.dtype is None or not x.dtype.is_float or x.rank == 0:
         raise Unsupported(f"vector_norm of order {ord!r} (dtype={dtype})")
     dims = _dims(dim, x.rank)
     x = ctx.cast(x, dt.compute_dtype(x.dtype))

@@ -66,8 +66,12 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
                aten.smooth_l1_loss.default, aten.huber_loss.default):
         if op in table:
             table[op] = _floats_only(table[op])
-    # its decomposition drops ATen's check that both operands have one dtype
+    # their decompositions drop ATen's check that both operands have one dtype (and mv, dot, vdot,
+    # trace and cross have no bool kernels): a float32 @ float64 vector computed where eager raises
     table[aten.heaviside.default] = _eager_when(table[aten.heaviside.default], lambda x, v: x.dtype != v.dtype)
+    for op in (aten.mv.default, aten.dot.default, aten.vdot.default, aten.linalg_cross.default, aten.trace.default):
+        if op in table:
+            table[op] = _eager_when(table[op], _mixed_or_bool)
     for op in (aten.addcmul.default, aten.addcdiv.default):
         if op in table:
             table[op] = _eager_when(table[op], _of_bools)
@@ -118,6 +122,11 @@ def _eager_when(decomposition: Callable[..., Any], keep_op: Callable[..., bool])
             return NotImplemented
         return decomposition(*args, **kwargs)
     return decompose
+
+
+def _mixed_or_bool(*args: Any, **_: Any) -> bool:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return any(t.dtype == torch.bool for t in tensors) or len({t.dtype for t in tensors}) > 1
 
 
 def _fill_overflows(x: torch.Tensor, *args: Any, **_: Any) -> bool:
