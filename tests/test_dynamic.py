@@ -396,3 +396,13 @@ def test_abs_and_bitwise_size_expressions_compile(target):
             assert_same(fast(x), fn(x))
         assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
         assert report.kernels
+
+
+def test_a_diagonal_past_the_matrix_with_symbolic_sizes():
+    # its traced stride min(w, h - 5) is negative when the diagonal is empty: the host program
+    # asked empty_strided for a stride of -1
+    fn = lambda a: torch.diagonal(a, 5) * 2  # noqa: E731
+    compiled = ember.compile(fn, dynamic=True)
+    for shape in ((3, 4, 2), (4, 9, 2), (3, 2, 2)):
+        a = torch.randn(shape)
+        assert_same(compiled(a), fn(a))

@@ -490,7 +490,9 @@ class Planner(DomainRules):
                 continue
             if any(not sh.equal(a, b) for a, b, size in zip(strides, sh.contiguous_strides(node.shape), node.shape)
                    if not sh.is_one(size)):
-                wanted[node] = tuple(strides)
+                # (a stride that may be negative, min(w, h - 5) of a diagonal past the matrix, is
+                # one of an empty tensor: 0 is as good, and empty_strided takes no negative one)
+                wanted[node] = tuple(st if sh.nonnegative(st) else sympy.Max(0, sh.expr(st)) for st in strides)
         return wanted
 
     def plan(self) -> Schedule:
