@@ -267,6 +267,18 @@ def _dense_batches(n: int, rows: int = 32, d: int = 64) -> list[tuple[torch.Tens
     return [(torch.randn(rows, d, generator=g).cuda(), torch.randn(rows, d, generator=g).cuda()) for _ in range(n)]
 
 
+def _trained_pair(make_opt):
+    """A model compiled by ember, its eager twin, and an optimizer for each."""
+    model = _Block().cuda()
+    ref = copy.deepcopy(model)
+    return model, ref, make_opt(model.parameters()), make_opt(ref.parameters()), ember.compile(model)
+
+
+def _same_grads(model: torch.nn.Module, ref: torch.nn.Module) -> None:
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
 def _same_state(model: torch.nn.Module, ref: torch.nn.Module, tol: float = 2e-4) -> None:
     for (name, a), b in zip(model.state_dict().items(), ref.state_dict().values()):
         torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol, msg=lambda m, n=name: f"{n}: {m}")
@@ -279,10 +291,7 @@ def _same_state(model: torch.nn.Module, ref: torch.nn.Module, tol: float = 2e-4)
 def test_an_optimizer_step_inside_the_step(make_opt):
     """zero_grad, forward, backward and the optimizer's update all in the graph: the model after
     the calls is eager's after the same steps (plus the capture's one warm-up step)."""
-    model = _Block().cuda()
-    ref = copy.deepcopy(model)
-    opt, ref_opt = make_opt(model.parameters()), make_opt(ref.parameters())
-    forward = ember.compile(model)
+    model, ref, opt, ref_opt, forward = _trained_pair(make_opt)
 
     def step(x, y):
         opt.zero_grad(set_to_none=False)
@@ -306,11 +315,7 @@ def test_an_optimizer_step_inside_the_step(make_opt):
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_an_optimizer_outside_the_step(set_to_none):
     """The graph computes loss and gradients; zero_grad and AdamW's step run outside it."""
-    model = _Block().cuda()
-    ref = copy.deepcopy(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    forward = ember.compile(model)
+    model, ref, opt, ref_opt, forward = _trained_pair(lambda p: torch.optim.AdamW(p, lr=1e-3))
 
     def step(x, y):
         loss = torch.nn.functional.mse_loss(forward(x), y)
@@ -325,8 +330,7 @@ def test_an_optimizer_outside_the_step(set_to_none):
         ref_loss = torch.nn.functional.mse_loss(ref(x), y)
         ref_loss.backward()
         torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-5)
-        for p, q in zip(model.parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        _same_grads(model, ref)
         opt.step()
         ref_opt.step()
     _same_state(model, ref)
@@ -334,11 +338,7 @@ def test_an_optimizer_outside_the_step(set_to_none):
 
 @gpu
 def test_gradients_accumulate_over_micro_batches():
-    model = _Block().cuda()
-    ref = copy.deepcopy(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    forward = ember.compile(model)
+    model, ref, opt, ref_opt, forward = _trained_pair(lambda p: torch.optim.SGD(p, lr=0.1))
 
     def step(x, y):
         loss = torch.nn.functional.mse_loss(forward(x), y) / 2
@@ -353,8 +353,7 @@ def test_gradients_accumulate_over_micro_batches():
         for x, y in data[i:i + 2]:
             graphed(x, y)
             (torch.nn.functional.mse_loss(ref(x), y) / 2).backward()
-        for p, q in zip(model.parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        _same_grads(model, ref)
         opt.step()
         ref_opt.step()
     _same_state(model, ref)

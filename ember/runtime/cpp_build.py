@@ -84,7 +84,7 @@ def library_path(source: str, cfg: Config) -> Path:
 def build(source: str, cfg: Config) -> tuple[Path, bool]:
     """Compile ``source`` to a shared library; returns (path, came_from_cache)."""
     target = library_path(source, cfg)
-    if target.exists() and _intact(target):
+    if target.exists() and intact(target):
         return target, True
     target.parent.mkdir(parents=True, exist_ok=True)
     compiler = find_compiler(cfg.cxx)
@@ -102,12 +102,12 @@ def build(source: str, cfg: Config) -> tuple[Path, bool]:
         shutil.copyfile(src, target.with_suffix(".cpp"))
         stamp = Path(tmp) / "kernels.sha256"
         stamp.write_text(_sha256(out))
-        os.replace(stamp, _stamp_path(target))
+        os.replace(stamp, stamp_path(target))
         os.replace(out, target)
     return target, False
 
 
-def _stamp_path(library: Path) -> Path:
+def stamp_path(library: Path) -> Path:
     return library.with_suffix(".sha256")
 
 
@@ -115,11 +115,11 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _intact(library: Path) -> bool:
-    """Whether a cached library holds the bytes its build wrote (its stamp; a library without
-    one, from an older ember, is built again once)."""
+def intact(library: Path) -> bool:
+    """Whether a cached build product (a library here, a cubin in cuda_backend) holds the bytes
+    its build wrote (its stamp; one without a stamp, from an older ember, is built again once)."""
     try:
-        return _stamp_path(library).read_text().strip() == _sha256(library)
+        return stamp_path(library).read_text().strip() == _sha256(library)
     except OSError:
         return False
 

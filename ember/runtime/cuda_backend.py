@@ -40,7 +40,7 @@ from ..codegen import cuda
 from ..codegen.cuda_plan import row_threads
 from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
-from . import stats
+from . import cpp_build, stats
 from .backend import Backend, BuildError, BuiltKernels, fall_back
 
 NEEDS_CUDA_PYTHON = "the CUDA backend needs NVIDIA's cuda-python (cuda-bindings): pip install cuda-python"
@@ -130,18 +130,13 @@ def compile_module(source: str, arch: str, cache_dir: Path, wide: bool = False) 
     compiler = compiler_id()
     options = NVRTC_OPTIONS + ((WIDE_INDEX,) if wide else ())
     path = Path(cache_dir) / "cuda" / f"{cache_key(source, arch, compiler, options)}.cubin"
-    stamp = path.with_suffix(".sha256")  # the image's hash: a damaged cubin is built again
-    try:
-        image = path.read_bytes()
-        if stamp.read_text().strip() == hashlib.sha256(image).hexdigest():
-            return image, True, path
-    except OSError:
-        pass
+    if cpp_build.intact(path):  # (its hash beside it, as the CPU libraries': a damaged one is built again)
+        return path.read_bytes(), True, path
     path.parent.mkdir(parents=True, exist_ok=True)
     compile_with = _compile_nvrtc if compiler.startswith("nvrtc") else _compile_nvcc
     image = compile_with(source, arch, options)
     _write_atomic(path.with_suffix(".cu"), source.encode())
-    _write_atomic(stamp, hashlib.sha256(image).hexdigest().encode())
+    _write_atomic(cpp_build.stamp_path(path), hashlib.sha256(image).hexdigest().encode())
     _write_atomic(path, image)
     return image, False, path
 

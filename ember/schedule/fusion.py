@@ -296,8 +296,7 @@ class Planner(DomainRules):
             read = {x for r in g.roots for x in self.reads(r)}
             read |= {self.views.get(b, b) for b in (copied_base(r) for r in g.roots if r.op is Op.INDEX_PUT)}
             if self._item_binders:  # the .item() calls binding the sizes its ops use (a.clamp(min=a.mean().item()))
-                nodes = {n for r in g.roots for n in (r, *self.subtree(r))}
-                read |= {self._item_binders[s] for s in _symbols(nodes) if s in self._item_binders}
+                read |= self._binders_of(_symbols({n for r in g.roots for n in (r, *self.subtree(r))}))
             need: set[int] = set()
             for x in read:
                 if x in index:
@@ -632,8 +631,11 @@ class Planner(DomainRules):
         else:
             reads = [step.base]
             symbols = _symbols({step.node})
-        binders = self._item_binders
-        return reads + [binders[s] for s in symbols if s in binders and binders[s] is not getattr(step, "node", None)]
+        return reads + [b for b in self._binders_of(symbols) if b is not getattr(step, "node", None)]
+
+    def _binders_of(self, symbols: set[sympy.Symbol]) -> set[Node]:
+        """The ``.item()`` calls that bind ``symbols`` (those the data decides)."""
+        return {self._item_binders[s] for s in symbols if s in self._item_binders}
 
     @functools.cached_property
     def _impure_before(self) -> dict[Node, Node]:
