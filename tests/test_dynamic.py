@@ -185,6 +185,28 @@ def test_sizes_only_an_aten_result_knows(monkeypatch):
     assert stats["graph_fallbacks"] == 0 and stats["graphs_compiled"] == 1, stats
 
 
+@pytest.mark.parametrize("use", ["count", "unique_size", "masked_numel", "zeros_of_count"])
+def test_size_only_a_dropped_result_knows(monkeypatch, use):
+    # Only the size of a data-dependent result is used (x * nz.shape[0]): dead-code elimination
+    # dropped the ATen call that knows it, so the program could not bind u0 and the graph ran
+    # through ATen with a warning. The call is kept as an effect and binds u0 first.
+    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
+    fns = {
+        "count": lambda x: x * x.nonzero().shape[0],
+        "unique_size": lambda x: torch.unique(x, return_inverse=True)[1].float() * torch.unique(x).shape[0],
+        "masked_numel": lambda x: x + x[x > 0].numel(),
+        "zeros_of_count": lambda x: torch.zeros(torch.unique(x).shape[0]) + x.sum(),
+    }
+    fn = fns[use]
+    ember.reset_stats()
+    compiled = ember.compile(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for x in (torch.tensor([0., 1., 2., 0., 3.]), torch.tensor([0., 0., 2., 2., 0.]), torch.zeros(5)):
+            assert_same(compiled(x), fn(x))
+    assert ember.stats()["graph_fallbacks"] == 0
+
+
 def _adamw_step(params, grads, ms, vs, step, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, wd=1e-2):
     """A hand-written AdamW step with a Python int step count, as training loops write it."""
     with torch.no_grad():

@@ -558,7 +558,7 @@ def _extern(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any) -> Node
             for i, v in enumerate(vals):
                 if isinstance(v, torch.Tensor):
                     outs.append(_getitem(ctx, node, (*path, i), v))
-                    ctx.bindable |= sh.free_symbols(outs[-1].shape)
+                    _binds_sizes(ctx, outs[-1])
                 elif isinstance(v, (tuple, list)):
                     outs.append(items(v, (*path, i)))
                 else:
@@ -573,6 +573,16 @@ def _extern(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any) -> Node
         dtype, shape = None, None
     node = make(Op.EXTERN, tensors, call, dtype=dtype, shape=shape, device=device, origin=origin)
     ctx.nodes.append(node)
-    if shape is not None:  # the program reads sizes only this result knows from it
-        ctx.bindable |= sh.free_symbols(shape)
+    if shape is not None:
+        _binds_sizes(ctx, node)
     return node
+
+
+def _binds_sizes(ctx: Context, node: Node) -> None:
+    """The program reads sizes only this ATen result knows (nonzero's count) from it. Where it
+    is the first to know one, it must run even if only that size is used (``x * nz.shape[0]``):
+    it is kept as an effect."""
+    new = sh.free_symbols(node.shape) - ctx.bindable
+    if new:
+        ctx.bindable |= new
+        ctx.effects.append(node)

@@ -20,6 +20,7 @@ import functools
 from dataclasses import dataclass, field
 
 import sympy
+from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from ..config import Config
 from ..ir import shapes as sh
@@ -647,8 +648,18 @@ class Planner(DomainRules):
 
     @functools.cached_property
     def _item_binders(self) -> dict[sympy.Symbol, Node]:
-        """The ``.item()`` call binding each size the data decides."""
-        return {n.arg.binds: n for n in self.graph.nodes if n.op is Op.EXTERN and n.arg.binds is not None}
+        """The ATen call binding each size the data decides: an ``.item()``, or the first call
+        whose result's shape has it (nonzero's count, used as ``x * nz.shape[0]``)."""
+        binders: dict[sympy.Symbol, Node] = {}
+        for n in self.graph.nodes:
+            if n.op is Op.EXTERN and n.arg.binds is not None:
+                binders.setdefault(n.arg.binds, n)
+            elif n.op in (Op.EXTERN, Op.GETITEM) and n.shape is not None:
+                call = n.inputs[0] if n.op is Op.GETITEM else n
+                for s in sh.free_symbols(n.shape):
+                    if symbol_is_type(s, (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT)):
+                        binders.setdefault(s, call)
+        return binders
 
 
 def _symbols(nodes: set[Node]) -> set[sympy.Symbol]:
