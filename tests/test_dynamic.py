@@ -330,14 +330,17 @@ def test_floats_read_with_item_reach_kernels_as_floats(target):
     as an int64 size argument, and ctypes refused the Python float (ArgumentError)."""
     options = {"target": target} if target else None
     fns = [lambda a, s: a.clamp(max=s.item()), lambda a, s: torch.full((2,), a.sum().item()) + s,
-           lambda a, s: a.new_full((3,), a.mean().item()) * s, lambda a, s: a.double().clamp(min=s.item()) * 3]
+           lambda a, s: a.new_full((3,), a.mean().item()) * s, lambda a, s: a.double().clamp(min=s.item()) * 3,
+           lambda a, s: a.double() * 0 + s.item()]  # (a double: Triton typed the argument fp32)
     with torch._dynamo.config.patch(capture_scalar_outputs=True):
         for fn in fns:
             report = ember.Report()
             compiled = ember.compile(fn, options=options, report=report)
             for bound in (0.5, -0.123456789012345):
                 a, s = torch.randn(10), torch.tensor(bound, dtype=torch.float64)
-                assert_same(compiled(a, s), fn(a, s))
+                out, ref = compiled(a, s), fn(a, s)
+                assert_same(out, ref)
+                assert out.dtype != torch.float64 or torch.equal(out, ref)
             assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
             assert report.kernels
 

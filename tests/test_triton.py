@@ -304,6 +304,29 @@ def test_a_power_of_two_and_the_sizes_past_it_are_launched_alike():
     assert len(report.graphs) == 1
 
 
+def test_a_float_read_with_item_is_a_double_argument(tmp_path):
+    # Triton types a bare float argument as fp32: on a GPU, a float64 x.clamp(min=x.sum().item())
+    # clamped to the sum rounded to float. The parameter is annotated, which Triton's launcher types as fp64.
+    import importlib.util
+
+    report = ember.Report()
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        fast = ember.compile(lambda a: a.clamp(min=a.sum().item()) * 3, options=TRITON, report=report)
+        a = torch.full((8,), -0.0123456789012345, dtype=torch.float64)
+        assert torch.equal(fast(a), a.clamp(min=a.sum().item()) * 3)
+    kernel = report.kernels[-1]
+    path = tmp_path / "item_kernel.py"
+    path.write_text("import triton\nimport triton.language as tl\nfrom ember.runtime import triton_helpers as eh\n\n"
+                    + kernel.source)
+    spec = importlib.util.spec_from_file_location("item_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = getattr(module, kernel.name)  # (the interpreter's wrapper: its launcher's view is JITFunction's)
+    types = {p.name: p.annotation_type for p in triton.runtime.jit.JITFunction(getattr(fn, "fn", fn)).params}
+    floats = [name for name, t in types.items() if t == "fp64"]
+    assert len(floats) == 1 and floats[0].startswith("zuf"), types
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiles Triton kernels for a GPU")
 def test_new_specializations_compile_in_the_background():
     # Sizes of another alignment, or of another shape bucket, need another compiled kernel. After
@@ -406,7 +429,7 @@ def _compile_jobs(report, tmp_path, tag):
         signature = {name: _SHORT[dtype] for name, dtype in params.items()}
         for size in header.split("; sizes ", 1)[1].rstrip(")").split(", "):
             if size != "-":
-                signature[size] = "i32"
+                signature[size] = "fp64" if size.startswith("zuf") else "i32"  # (a float .item())
         signature.update(OUTER="i32", INNER="i32", WORKSPACE="*fp64", COUNTER="*i32", BIG="constexpr",
                          XBLOCK="constexpr", RBLOCK="constexpr", PERSISTENT="constexpr", NPROG_BLOCK="constexpr")
         kind = k.source.splitlines()[1].rsplit(", ", 1)[-1]

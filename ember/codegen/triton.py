@@ -444,7 +444,10 @@ class TritonKernelRenderer:
     # ---- kernel bodies --------------------------------------------------------------------
     def render(self) -> str:
         k = self.k
-        params = [p.name for p in k.params] + [s.name for s in k.sizes]
+        # a float read with .item() is a double, as in eager's float64 math (Triton types a bare
+        # float argument as fp32)
+        params = [p.name for p in k.params] + [f"{s.name}: tl.float64" if sh.is_float_symbol(s) else s.name
+                                               for s in k.sizes]
         extra = ["OUTER", "INNER", "WORKSPACE", "COUNTER", "BIG: tl.constexpr", "XBLOCK: tl.constexpr",
                  "RBLOCK: tl.constexpr", "PERSISTENT: tl.constexpr", "NPROG_BLOCK: tl.constexpr"]
         aligned = aligned_sizes(k)
