@@ -186,6 +186,30 @@ class _TruncatedGrad(torch.autograd.Function):
         return g.to(torch.int32).to(g.dtype)
 
 
+class _SummedInHalf(torch.autograd.Function):
+    """A backward that sums the gradient with ``dtype=torch.float16``: a narrowing op, no cast."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.cumsum(1, dtype=torch.float16).float()
+
+
+class _BitsNegated(torch.autograd.Function):
+    """A backward that reads the gradient's bits as int32: a view of another dtype."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.view(torch.int32).neg().view(torch.float32)
+
+
 def _compressed_by_hook(x, w):
     # float16 gradient compression: at scale one the gradient overflows float16, scaled it fits
     h = x * 1.0
@@ -195,8 +219,11 @@ def _compressed_by_hook(x, w):
 
 @pytest.mark.parametrize("fn", [lambda x, w: _ClipGrad.apply(x * w).square().sum() * 0.001, _clipped_by_hook,
                                 lambda x, w: (_ConstantGrad.apply(x) * w).sum() * 0.25,
-                                lambda x, w: (_TruncatedGrad.apply(x) * w * 6).sum() * 0.25, _compressed_by_hook],
-                         ids=["custom_backward", "hook", "constant_fill", "integer_cast", "float16_cast"])
+                                lambda x, w: (_TruncatedGrad.apply(x) * w * 6).sum() * 0.25, _compressed_by_hook,
+                                lambda x, w: (_SummedInHalf.apply(x) * w * 1e4).sum() * 1e-3,
+                                lambda x, w: (_BitsNegated.apply(x) * w).sum() * 0.25],
+                         ids=["custom_backward", "hook", "constant_fill", "integer_cast", "float16_cast",
+                              "float16_dtype_argument", "dtype_view"])
 def test_a_gradient_not_linear_in_the_incoming_one_uses_min_cut(fn, always_in_forward):
     # grad(u) = u * grad(1) does not hold for a clipped gradient: the plan clipped the gradient
     # at u = 1 and scaled it by 0.001 after, 1000x too small
@@ -206,15 +233,21 @@ def test_a_gradient_not_linear_in_the_incoming_one_uses_min_cut(fn, always_in_fo
     assert ember.stats()["grads_in_forward"] == 0
 
 
-def test_a_mean_over_an_empty_mask_has_eagers_nan_gradients(always_in_forward):
+@pytest.mark.parametrize("loss", ["mse", "huber", "smooth_l1"])
+def test_a_mean_over_an_empty_mask_has_eagers_nan_gradients(loss, always_in_forward):
     # the scale is 1 / 0; eager's gradient is inf * 0 = NaN, where a mask for cross-entropy's
-    # ignored rows (zeros stay zeros) had made it 0 for every loss, hiding the NaN
-    def masked_mse(pred, target, mask):
-        return ((pred - target) ** 2 * mask).sum() / mask.sum()
+    # ignored rows (zeros stay zeros) had made it 0 for every loss, hiding the NaN. The Huber
+    # losses' backward is a where between two multiples of the gradient, no mask: it had made
+    # every gradient 0.
+    elementwise = {"mse": lambda p, t: (p - t) ** 2, "huber": lambda p, t: F.huber_loss(p, t, reduction="none"),
+                   "smooth_l1": lambda p, t: F.smooth_l1_loss(p, t, reduction="none")}[loss]
 
-    pred, target = torch.randn(4, 16), torch.randn(4, 16)
+    def masked_mean(pred, target, mask):
+        return (elementwise(pred, target) * mask).sum() / mask.sum()
+
+    pred, target = torch.randn(4, 16) * 3, torch.randn(4, 16)
     ember.reset_stats()
-    mine = _grads(ember.compile(masked_mse), [pred.requires_grad_(), target, torch.zeros(4, 16)])
+    mine = _grads(ember.compile(masked_mean), [pred.requires_grad_(), target, torch.zeros(4, 16)])
     assert ember.stats()["grads_in_forward"] == 1
     assert mine[0].isnan() and mine[1].isnan().all()
 

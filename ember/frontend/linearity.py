@@ -93,8 +93,12 @@ def nonlinear_op(nodes: Iterable[fx.Node], dependent: set[fx.Node]) -> str | Non
 
 
 def masks_gradient(nodes: Iterable[fx.Node]) -> bool:
-    """Does any of ``nodes`` select between the gradient and zeros (a ``where``, a masked fill)?"""
-    return any(node.op == "call_function" and node.target in _MASKS for node in nodes)
+    """Does any of ``nodes`` select between the gradient and zeros (a ``where`` with a zero
+    branch, a masked fill)? A ``where`` between two multiples of the gradient (the Huber loss's
+    backward) masks nothing."""
+    return any(node.op == "call_function" and node.target in _MASKS
+               and (node.target is not aten.where.self or any(_zero(a) for a in node.args[1:3]))
+               for node in nodes)
 
 
 def _linear(node: fx.Node, dependent: set[fx.Node]) -> bool:
@@ -104,10 +108,15 @@ def _linear(node: fx.Node, dependent: set[fx.Node]) -> bool:
     reads = [i for i, a in enumerate(node.args) if _reads(a, dependent)]
     if target is operator.getitem or target in _SHAPE_ONLY:
         return True
+    if target is aten.view.dtype:  # the gradient's bits read as another dtype
+        return _dtype(node) == _dtype(node.args[0])
+    source = next((_dtype(a) for a in node.args if isinstance(a, fx.Node) and a in dependent), None)
+    if not _widening(source, _dtype(node)):  # a dtype= that narrows (g.cumsum(1, dtype=torch.float16))
+        return False
     if target in _ZERO_FILLS:  # a fill shaped like the gradient: linear if it is a fill of 0
         return _zero(node)
-    if target in _CASTS:
-        return reads == [0] and _widening_cast(node)
+    if target in _CASTS:  # (a widening one: checked above)
+        return reads == [0] and None not in (_dtype(node.args[0]), _dtype(node))
     if target in _FIRST or is_view_op(target):
         if target in (aten.masked_fill.Scalar, aten.constant_pad_nd.default):
             return reads == [0] and _literal_zero(node.args[2] if len(node.args) > 2 else 0)
@@ -134,15 +143,16 @@ def _linear(node: fx.Node, dependent: set[fx.Node]) -> bool:
     return False
 
 
-def _widening_cast(node: fx.Node) -> bool:
-    """A cast that keeps a multiple of the gradient a multiple: float to float, into a dtype
-    with float32's exponent range (bfloat16, float32, float64) or from one of its own. Integer and
-    bool casts truncate; into float16 the gradient at scale one overflows or flushes to zero where
-    the scaled one (a GradScaler's loss scale) would not."""
-    source, result = (_dtype(n) for n in (node.args[0], node))
-    if source is None or result is None or not (source.is_floating_point and result.is_floating_point):
-        return False
-    return result == source or result.itemsize >= 4 or result is torch.bfloat16
+def _widening(source: torch.dtype | None, result: torch.dtype | None) -> bool:
+    """Does a result of dtype ``result`` computed from the gradient in ``source`` keep a multiple
+    of the gradient a multiple (a cast, or an op's ``dtype=``)? The same dtype, or float to float
+    into a dtype with float32's exponent range (bfloat16, float32, float64). Integer and bool
+    results truncate; in float16 the gradient at scale one overflows or flushes to zero where the
+    scaled one (a GradScaler's loss scale) would not. Unknown dtypes (a tuple result) pass."""
+    if source is None or result is None or result == source:
+        return True
+    return source.is_floating_point and result.is_floating_point and (
+        result.itemsize >= 4 or result is torch.bfloat16)
 
 
 def _dtype(arg: Any) -> torch.dtype | None:

@@ -189,7 +189,9 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
     # where(target != ignore, g / total_weight, 0)), eager masks after scaling: with every row
     # ignored u is g / 0, whose product with the zeros is NaN, not eager's 0, so there grad_i is 0
     # where K_i is. Elsewhere a u of inf or NaN makes every product NaN, as in eager (a masked
-    # mean over an empty mask).
+    # mean over an empty mask). Known limit: in a chain that masks, a K_i that is 0 for another
+    # reason (a factor of 0) gives 0 under an inf or NaN u where eager gives NaN; telling the
+    # two zeros apart would take a second chain in the forward.
     masked = masks_gradient(scaled_part)
     scaled: dict[fx.Node, fx.Node] = {}
     with graph.inserting_before(output), fake_mode:
