@@ -345,6 +345,20 @@ def test_floats_read_with_item_reach_kernels_as_floats(target):
             assert report.kernels
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_floats_read_with_item_are_doubles_on_the_gpu(backend):
+    # Triton typed the float argument fp32: a float64 clamp to x.sum().item() clamped to the
+    # sum rounded to float
+    fn = lambda a: a.clamp(min=a.sum().item()) * 3  # noqa: E731
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        compiled = ember.compile(fn, options={"gpu_backend": backend})
+        for value in (-0.7, 0.1):  # (the sum: rounded to float, it is larger)
+            a = torch.zeros(1000, dtype=torch.float64, device="cuda")
+            a[0] = value
+            assert torch.equal(compiled(a), fn(a))
+
+
 def test_a_value_read_with_item_of_a_reduction_of_the_same_tensor():
     # the reduction and the op using its .item() were planned as one kernel, which then needed
     # its own result ("kernels that need each other's results"): the graph ran through ATen
