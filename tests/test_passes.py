@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import sympy
+import torch
 
+import ember
 from ember.ir import GraphBuilder, Op, dtypes, structurally_equal, verify
 from ember.passes import PIPELINE, cse, dce, fold_constants, run_pipeline, simplify_views
 from ember.passes.onehot import one_hot_sums
@@ -165,6 +168,18 @@ def test_one_hot_sums_become_a_select_per_row():
     # one term s and five zeros where 0 <= k < 6, else six zeros (x + 0.0 stays: -0.0 + 0.0 is 0.0)
     expected = e.build(e.where(valid, e.add(s, zero), zero))
     assert_pass(lambda g: dce(cse(simplify_views(one_hot_sums(g)))), before, expected)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_one_hot_sums_over_no_positions_are_zero(dynamic):
+    # n * F(false) for n = 0 was 0 * inf = NaN where eager sums nothing to 0
+    def fn(b, k, n):
+        return torch.where(torch.arange(n.shape[0]) == k[:, None], 1.0, b).sum(-1)
+
+    b, k = torch.tensor([[float("inf")], [float("nan")], [2.0]]), torch.tensor([0, 1, 5])
+    compiled = ember.compile(fn, dynamic=dynamic)
+    for n in (0, 3, 7):
+        torch.testing.assert_close(compiled(b, k, torch.empty(n)), fn(b, k, torch.empty(n)), equal_nan=True)
 
 
 def test_one_hot_sums_leave_other_sums_alone():

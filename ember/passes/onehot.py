@@ -61,12 +61,19 @@ def _closed_form(node: Node, when_true: Node, when_false: Node, k: Node, n: symp
         c = make(Op.CONST, (), value, dtype=dtype, device=device, origin=origin)
         return make(Op.EXPAND, (c,), shape, device=device) if shape else c
 
+    def times(count: sympy.Expr, value: Node) -> Node:
+        # count copies of value summed: none sum to 0, where 0 * inf or 0 * NaN would not
+        count = sympy.sympify(count)
+        product = make(Op.MUL, (const(count, node.dtype), value), origin=origin)
+        if count.is_number:
+            return product if count > 0 else const(0, node.dtype)
+        some = make(Op.GT, (const(count, dt.int64), const(0, dt.int64)), origin=origin)
+        return make(Op.WHERE, (some, product, const(0, node.dtype)), origin=origin)
+
     valid = make(Op.AND, (make(Op.GE, (k, const(0, k.dtype)), origin=origin),
                           make(Op.LT, (k, const(n, k.dtype)), origin=origin)), origin=origin)
-    others = make(Op.MUL, (const(n - 1, node.dtype), when_false), origin=origin)
-    hit = make(Op.ADD, (when_true, others), origin=origin)
-    miss = make(Op.MUL, (const(n, node.dtype), when_false), origin=origin)
-    return make(Op.WHERE, (valid, hit, miss), origin=origin)
+    hit = make(Op.ADD, (when_true, times(n - 1, when_false)), origin=origin)
+    return make(Op.WHERE, (valid, hit, times(n, when_false)), origin=origin)
 
 
 class _Analyzer:
