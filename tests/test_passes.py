@@ -182,6 +182,16 @@ def test_one_hot_sums_over_no_positions_are_zero(dynamic):
         torch.testing.assert_close(compiled(b, k, torch.empty(n)), fn(b, k, torch.empty(n)), equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype,n", [(torch.uint8, 256), (torch.int8, 128), (torch.int16, 300)])
+def test_one_hot_sums_over_a_narrow_iota(dtype, n):
+    # 0 <= k < n was built in k's dtype: 256 as a uint8 is 0, so no byte token ever matched
+    def fn(tokens):
+        return (torch.arange(n, dtype=dtype) == tokens[:, None]).float().sum(-1)
+
+    tokens = torch.tensor([0, 5, n - 1, -1 if dtype.is_signed else 7], dtype=dtype)
+    torch.testing.assert_close(ember.compile(fn)(tokens), fn(tokens))
+
+
 def test_one_hot_sums_leave_other_sums_alone():
     for variant in ("varies", "two positions", "iota from 1", "integer"):
         b = GraphBuilder()

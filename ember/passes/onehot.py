@@ -70,8 +70,10 @@ def _closed_form(node: Node, when_true: Node, when_false: Node, k: Node, n: symp
         some = make(Op.GT, (const(count, dt.int64), const(0, dt.int64)), origin=origin)
         return make(Op.WHERE, (some, product, const(0, node.dtype)), origin=origin)
 
-    valid = make(Op.AND, (make(Op.GE, (k, const(0, k.dtype)), origin=origin),
-                          make(Op.LT, (k, const(n, k.dtype)), origin=origin)), origin=origin)
+    # (compared in int64: n need not fit k's dtype, 256 of a uint8 iota)
+    k = make(Op.CAST, (k,), dtype=dt.int64, origin=origin) if k.dtype != dt.int64 else k
+    valid = make(Op.AND, (make(Op.GE, (k, const(0, dt.int64)), origin=origin),
+                          make(Op.LT, (k, const(n, dt.int64)), origin=origin)), origin=origin)
     hit = make(Op.ADD, (when_true, times(n - 1, when_false)), origin=origin)
     return make(Op.WHERE, (valid, hit, times(n, when_false)), origin=origin)
 
