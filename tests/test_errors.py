@@ -192,6 +192,39 @@ def test_writes_of_a_source_of_another_dtype_raise_as_in_eager(write):
         ember.compile(write)(x, i, v)
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x: x.index_add(0, torch.tensor([0, 2, 2, 4]), torch.ones(4, 1)),
+    lambda x: x.index_add(1, torch.tensor([0, 2]), torch.ones(1, 2)),
+    lambda x: x.index_add(0, torch.tensor([0.5, 2.9]), torch.ones(2, 3)),
+    lambda x: x.index_select(0, torch.tensor([0.7, 2.0])),
+    lambda x: x.index_select(0, torch.tensor([0, 2], dtype=torch.int16)),
+    lambda x: x.index_put((torch.tensor([0, 2], dtype=torch.int16),), torch.ones(2, 3), accumulate=True),
+    lambda x: x.index_fill(0, torch.tensor([0.0, 2.0]), 1.0),
+    lambda x: x.index_fill(0, torch.tensor([0, 2], dtype=torch.int32), 1.0),
+    lambda x: x.scatter_add(0, torch.tensor([[0, 1, 2]], dtype=torch.int16), torch.ones(1, 3)),
+], ids=["index_add_broadcast_rows", "index_add_broadcast_columns", "index_add_float_index",
+        "index_select_float_index", "index_select_int16_index", "index_put_int16_index", "index_fill_float_index",
+        "index_fill_int32_index", "scatter_add_int16_index"])
+def test_writes_and_reads_at_indices_eager_refuses_raise_its_error(fn):
+    # these computed values (a broadcast source, indices truncated from floats or read from
+    # int16) or raised another exception type than eager
+    x = torch.zeros(5, 3)
+    expected = _eager_error(fn, x)
+    assert expected is not None
+    with pytest.raises(expected):
+        ember.compile(fn)(x)
+
+
+def test_scatter_reads_only_the_part_of_a_larger_source_the_index_covers():
+    # src larger than the index on the other dims: an IR error sent the graph through ATen
+    index = torch.tensor([[0, 1], [1, 3], [4, 4], [2, 1]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        check(lambda x, s: x.scatter(1, index, s), torch.zeros(4, 5), torch.arange(42.0).view(6, 7))
+        check(lambda x, s: x.scatter(0, index[:1].repeat(1, 3)[:, :5] % 4, s), torch.zeros(4, 5),
+              torch.arange(42.0).view(6, 7))
+
+
 def test_cross_entropy_target_out_of_range_matches_eager():
     """The target class is gathered inside the fused loss kernel; out of range it is eager's
     IndexError (with ignore_index still ignored)."""

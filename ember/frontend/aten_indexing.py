@@ -28,9 +28,19 @@ from .lowering import Context, Unsupported, register, size_arg, storage_of
 
 aten = torch.ops.aten
 
+_INDEX_DTYPES = (dt.int32, dt.int64)
+
+
+def _index_dtype(op: str, index: Any) -> None:
+    """Eager indexes with int32 and int64 tensors only (int16 and float indices are its error):
+    any other goes to ATen, which raises eager's error."""
+    if isinstance(index, Node) and index.dtype not in _INDEX_DTYPES:
+        raise Unsupported(f"{op} with a {index.dtype} index (eager's error)")
+
 
 @register(aten.gather.default)
 def _gather(ctx: Context, x: Node, dim: int, index: Node, sparse_grad: bool = False) -> Node:
+    _index_dtype("gather", index)
     if x.rank == 0 or index.rank != x.rank:
         raise Unsupported("gather of a 0-d tensor")
     return ctx.make(Op.GATHER, (x, ctx.cast(index, dt.int64)), dim % x.rank)
@@ -40,6 +50,7 @@ def _gather(ctx: Context, x: Node, dim: int, index: Node, sparse_grad: bool = Fa
 def _scatter(ctx: Context, x: Node, dim: int, index: Node, src: Any) -> Node:
     """scatter with a few entries per row along ``dim`` (a one-hot, the backward of a gather)
     is a select per element: out[p] = src[q] where index[q] == p[dim], else x[p]."""
+    _index_dtype("scatter", index)
     dim = dim % max(x.rank, 1)
     m = sh.static(index.shape[dim]) if index.rank == x.rank else None
     x_sizes, index_sizes = ctx.arg_metas[0].shape, ctx.arg_metas[2].shape
@@ -52,6 +63,12 @@ def _scatter(ctx: Context, x: Node, dim: int, index: Node, src: Any) -> Node:
     positions = ctx.expand_to(ctx.reshape(positions, [s if d == dim else 1 for d, s in enumerate(shape)]), shape)
     out = ctx.operand(x, dtype, shape)
     index = ctx.cast(index, dt.int64)
+    if isinstance(src, Node):  # only the part of src the index covers is written
+        if src.rank != x.rank or not all(ctx.known(i <= s) for i, s in zip(index_sizes, ctx.arg_metas[3].shape)):
+            raise Unsupported("scatter whose index is not provably within src")
+        for d, (i, s) in enumerate(zip(index.shape, src.shape)):
+            if d != dim and not sh.equal(i, s):
+                src = ctx.make(Op.SLICE, (src,), (d, sympy.Integer(0), sympy.Integer(1), i))
     for j in range(m):  # later entries win, as a sequential scatter writes them last
         one = sympy.Integer(1)
         idx_j = ctx.make(Op.SLICE, (index,), (dim, sympy.Integer(j), one, one))
@@ -84,9 +101,11 @@ def _adjacent_indices(x: Node, indices: Sequence[Any], op: str) -> list[int]:
     present = [d for d, i in enumerate(indices) if i is not None]
     if x.rank == 0 or not present:
         raise Unsupported(f"{op} of a 0-d tensor or with no index tensor")
-    if any(not isinstance(indices[d], Node) or not indices[d].dtype.is_int or indices[d].dtype == dt.uint8
+    if any(not isinstance(indices[d], Node) or indices[d].dtype.is_bool or indices[d].dtype == dt.uint8
            for d in present):
         raise Unsupported(f"{op} with a boolean mask (its result's size depends on the data)")
+    for d in present:
+        _index_dtype(op, indices[d])
     if present != list(range(present[0], present[0] + len(present))):
         raise Unsupported(f"{op} with index tensors on dims that are not adjacent (the result's dims move)")
     return present
@@ -159,6 +178,7 @@ def _memory_order(meta: torch.Tensor) -> list[int] | None:
 
 @register(aten.index_select.default)
 def _index_select(ctx: Context, x: Node, dim: int, index: Node) -> Node:
+    _index_dtype("index_select", index)
     if x.rank == 0 or index.rank != 1 or dim % x.rank != 0:
         # eager raises IndexError for a bad index into dim 0, a RuntimeError for other dims
         raise Unsupported("index_select of a 0-d tensor or along a dim other than 0")
@@ -289,7 +309,12 @@ def _index_add(ctx: Context, x: Node, dim: int, index: Node, source: Any, *, alp
     if x.rank == 0 or index.rank != 1 or not isinstance(source, Node) or source.rank != x.rank:
         raise Unsupported("index_add into a 0-d tensor, or with a 0-d source")
     _source_dtype_matches("index_add", x, source)
+    _index_dtype("index_add", index)
     dim = dim % x.rank
+    if not all(ctx.known_equal(s, index.shape[0] if d == dim else n)
+               for d, (s, n) in enumerate(zip(source.shape, x.shape))):
+        # eager takes a source of exactly self's sizes but along dim (none broadcast): its error
+        raise Unsupported("index_add with a source not shaped like self along the other dims")
     if alpha != 1:
         source = ctx.make(Op.MUL, (source, ctx.operand(alpha, source.dtype, source.shape)))
     # eager's error is an IndexError for a 1-d self or an int32 index, else a RuntimeError
@@ -301,7 +326,8 @@ def _index_add(ctx: Context, x: Node, dim: int, index: Node, source: Any, *, alp
 def _scatter_add(ctx: Context, x: Node, dim: int, index: Node, src: Node) -> Node:
     """out[.., index[p], ..] += src[p] over index's elements p: an index_put whose other indices
     are the positions themselves."""
-    if x.rank == 0 or index.rank != x.rank or src.rank != x.rank or not index.dtype.is_int:
+    _index_dtype("scatter_add", index)
+    if x.rank == 0 or index.rank != x.rank or src.rank != x.rank:
         raise Unsupported("scatter_add of a 0-d tensor or with an index of another rank")
     _source_dtype_matches("scatter_add", x, src)
     dim = dim % x.rank

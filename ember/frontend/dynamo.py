@@ -130,9 +130,13 @@ def _mixed_or_bool(*args: Any, **_: Any) -> bool:
 
 
 def _fill_overflows(x: torch.Tensor, *args: Any, **_: Any) -> bool:
-    """masked_fill / index_fill with a Python scalar out of ``x``'s range: eager raises "value
-    cannot be converted ... without overflow", the decomposition's scalar_tensor gives inf."""
+    """masked_fill / index_fill with a Python scalar out of ``x``'s range (eager raises "value
+    cannot be converted ... without overflow", the decomposition's scalar_tensor gives inf), or
+    index_fill with an index that is not int64 (eager's IndexError; the decomposition's
+    index_copy raises a RuntimeError)."""
     value = args[-1]
+    if len(args) == 3 and isinstance(args[1], torch.Tensor) and args[1].dtype != torch.int64:
+        return True
     return isinstance(value, (int, float)) and not scalar_fits(value, x.dtype)
 
 
