@@ -4,6 +4,8 @@ On the device the suite runs on (``EMBER_TEST_DEVICE=cuda``: the GPU backends to
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -123,3 +125,15 @@ def test_integer_division_by_zero_raises_like_eager():
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         ember.compile(lambda x, y: x // y + 1)(a, b)
     check(lambda x, y: x // y + 1, a, b + 1)  # and the next call is fine
+
+
+@pytest.mark.parametrize("fn, shape", [
+    (lambda x: x.view(3, 0, 2) * 2, (6, 0)),
+    (lambda x: (torch.arange(x.shape[1])[None, :] > torch.arange(x.shape[1])[:, None]).float() + x, (2, 0, 0)),
+    (lambda x: x.reshape(0, 5).sum(0) + x.view(5, 0).t().sum(), (0, 5)),
+], ids=["view_of_empty", "causal_mask_of_length_0", "reshape_then_reduce"])
+def test_reshapes_of_empty_tensors(fn, shape):
+    # a reshape's index arithmetic divided by a stride of 0: the graph ran through ATen
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        check(fn, torch.randn(shape))

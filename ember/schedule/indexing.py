@@ -87,6 +87,9 @@ def recombine(e: sympy.Expr) -> sympy.Expr:
 
 
 def map_reshape(point: Point, out_shape: Sequence[sympy.Expr], in_shape: Sequence[sympy.Expr]) -> Point:
+    # an empty input has no element to read: its sizes of 0 count as 1, where its strides would
+    # divide by 0 (the point still moves with the loops, so no load is hoisted out of them)
+    in_shape = [sympy.Integer(1) if sh.equal(n, 0) else n for n in in_shape]
     groups = reshape_groups(out_shape, in_shape) or [(list(range(len(out_shape))), list(range(len(in_shape))))]
     result: list[sympy.Expr] = [sympy.Integer(0)] * len(in_shape)
     for outs, ins in groups:
