@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import ember
 from ember.workloads.giou import make_batch, padded_giou_loss
 
 from .helpers import assert_same, check, compile_checked, kernel_count, on_the_interpreter
@@ -259,3 +261,40 @@ def test_a_total_added_to_a_tensor_of_another_shape_builds(options):
         return a + m.sum(), m
 
     check(f, torch.randn(16, 8), torch.randn(16, 4), options=options)
+
+
+_VIEWS_OF_CATS = {  # a gather at a point of a reshaped cat, pad or roll: its position is x // d or (x // d) % m
+    "stacked_steps_cross_entropy": (lambda a, b, t: F.cross_entropy(torch.stack([a, b, a * 2], 1).reshape(-1, 4),
+                                                                      t.reshape(-1)),
+                                    lambda: (torch.randn(3, 4), torch.randn(3, 4), torch.randint(0, 4, (3, 3)))),
+    "cat_gather": (lambda a, b, t: torch.cat([a, b], 1).view(-1, 4).gather(1, t[:, None]),
+                   lambda: (torch.randn(3, 4), torch.randn(3, 4), torch.tensor([1, 3, 0, 2, 3, 1]))),
+    "pad_index": (lambda a, t: F.pad(a, (2, 0)).view(-1, 3)[torch.arange(6), t],
+                  lambda: (torch.randn(3, 4), torch.tensor([1, 2, 0, 2, 0, 1]))),
+    "roll_gather": (lambda a, t: torch.roll(a, 1, 1).view(-1, 2).gather(1, t[:, None]),
+                    lambda: (torch.randn(3, 4), torch.tensor([1, 0, 0, 1, 1, 0]))),
+    "repeated_arange": (lambda o: torch.arange(6).repeat_interleave(2)[o] + 0, lambda: (torch.tensor([3, 0, 11, 5]),)),
+}
+
+
+@pytest.mark.parametrize("options", [None, pytest.param({"target": "triton"}, marks=on_the_interpreter)],
+                         ids=["native", "triton"])
+@pytest.mark.parametrize("case", list(_VIEWS_OF_CATS))
+def test_gathers_from_reshaped_cats_and_pads_fuse(case, options):
+    # the position a cat or pad is read at, under a reshape of a loaded index, is a floor
+    # division (and a remainder) of it: "has no form ember computes", the graph ran through ATen
+    fn, make = _VIEWS_OF_CATS[case]
+    with warnings.catch_warnings():  # (the interpreter's numpy warns of log(0) in masked-off lanes)
+        warnings.filterwarnings("error", message="ember could not compile", category=RuntimeWarning)
+        for dynamic in (False, True):
+            check(fn, *make(), dynamic=dynamic, options=options)
+
+
+def test_gathers_from_reshaped_cats_compile_as_cuda(tmp_path):
+    from .test_cuda import NVCC, compile_batches, sources
+    if NVCC is None:
+        pytest.skip("nvcc (the CUDA toolkit) is not installed")
+    kernels = []
+    for case, (fn, make) in _VIEWS_OF_CATS.items():
+        kernels += sources(ember.explain(fn, *make(), target="cuda"), case)
+    compile_batches(kernels, tmp_path, per_file=len(kernels))

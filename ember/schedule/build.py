@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
-from torch.utils._sympy.functions import FloorDiv
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
@@ -168,6 +168,14 @@ class KernelBuilder:
             value = parts[0]
             for part in parts[1:]:
                 value = self._emit("alu", dtype, (value, part), Op.MAX if isinstance(expr, sh.MAXES) else Op.MIN)
+            return value
+        if isinstance(expr, (FloorDiv, ModularIndexing)):
+            # a reshape's point at a loaded place (a gather from a view of a cat or a pad): the
+            # position is x // d, or (x // d) % m along a split dim; never negative
+            value = self._emit("alu", dtype, (self.index_value(expr.args[0], dtype),
+                                              self.index_value(expr.args[1], dtype)), Op.FLOORDIV)
+            if isinstance(expr, ModularIndexing):
+                value = self._emit("alu", dtype, (value, self.index_value(expr.args[2], dtype)), Op.MOD)
             return value
         raise RuntimeError(f"index {expr} has no form ember computes from its loaded values")
 
