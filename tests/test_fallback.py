@@ -157,3 +157,22 @@ def test_higher_order_op_in_training():
             (f(xg) * weights).sum().backward()
         grads.append(xg.grad)
     assert_same(grads[0], grads[1])
+
+
+@torch.library.custom_op("ember_test::tens_as_int64", mutates_args=())
+def _tens_as_int64(x: torch.Tensor) -> torch.Tensor:
+    return (x * 10).long()
+
+
+@_tens_as_int64.register_fake
+def _(x):  # a meta function that disagrees with the op's dtype (torch 2.11's unique inverse did)
+    return torch.empty_like(x, dtype=torch.float32)
+
+
+def test_an_aten_result_of_another_dtype_than_traced_is_converted_for_kernels():
+    # kernels read the int64 result's bits as float32: tiny denormals where eager gives 10 * x
+    def fn(x):
+        return torch.ops.ember_test.tens_as_int64(x) * 2 + 1
+
+    x = torch.arange(6.0)
+    torch.testing.assert_close(ember.compile(fn)(x).double(), fn(x).double())

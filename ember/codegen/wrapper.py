@@ -549,6 +549,11 @@ class WrapperWriter:
         if node in self.outputs or node in self.viewed_for_outputs:
             self.eager_layout[node] = f"{name}_eager"
             self.emit(f"{name}_eager = {name}  # returned as eager lays it out")
+        if node.dtype is not None:
+            # kernels are built for the traced dtype; a meta function may disagree with the op
+            # (torch 2.11 typed unique's inverse float32): they would read the bits as it
+            dtype = str(dt.to_torch(node.dtype))
+            self.emit(f"if {name}.dtype != {dtype}: {name} = {name}.to({dtype})  # the dtype kernels read")
         self.emit(f"{name} = {name}.contiguous()  # kernels read it densely")
 
     def _template(self, t: Any, node: Node) -> str:
