@@ -87,23 +87,24 @@ def recombine(e: sympy.Expr) -> sympy.Expr:
 
 
 def map_reshape(point: Point, out_shape: Sequence[sympy.Expr], in_shape: Sequence[sympy.Expr]) -> Point:
-    # an empty input has no element to read: its sizes of 0 count as 1, where its strides would
-    # divide by 0 (the point still moves with the loops, so no load is hoisted out of them)
-    in_shape = [sympy.Integer(1) if sh.equal(n, 0) else n for n in in_shape]
+    # an empty input has no element to read: its sizes of 0 count as 1 in the divisions, which
+    # would divide by 0 (its dims stay in the point, which still moves with the loops: a point
+    # fixed at 0 would be hoisted out of them, a load of an empty tensor's first element)
+    nonzero = [sympy.Integer(1) if sh.equal(n, 0) else n for n in in_shape]
     groups = reshape_groups(out_shape, in_shape) or [(list(range(len(out_shape))), list(range(len(in_shape))))]
     result: list[sympy.Expr] = [sympy.Integer(0)] * len(in_shape)
     for outs, ins in groups:
         outs = [i for i in outs if not sh.is_one(out_shape[i])]
         ins = [j for j in ins if not sh.is_one(in_shape[j])]  # size-1 dims stay at index 0
         linear = recombine(offset(tuple(point[i] for i in outs), sh.contiguous_strides([out_shape[i] for i in outs])))
-        strides = sh.contiguous_strides([in_shape[j] for j in ins])
+        strides = sh.contiguous_strides([nonzero[j] for j in ins])
         for k, j in enumerate(ins):
             if len(ins) == 1:
                 result[j] = linear
             elif k == 0:
                 result[j] = FloorDiv(linear, strides[k])
             else:
-                result[j] = ModularIndexing(linear, strides[k], in_shape[j])
+                result[j] = ModularIndexing(linear, strides[k], nonzero[j])
     return tuple(result)
 
 
