@@ -221,3 +221,24 @@ def test_chunked_cuda_kernels_compile_for_sm90(tmp_path):
                    and "const int64_t ember_chunk = (int64_t)blockIdx.x;" in k.source for k in chunked)
         kernels += sources(report, f"chunk{i}")
     compile_batches(kernels, tmp_path, per_file=len(kernels))
+
+
+@pytest.mark.parametrize("dynamic, tokens", [(True, 8), (False, 4096)], ids=["dynamic", "static_4096"])
+def test_a_load_balancing_loss_keeps_its_checks_and_chunk_sums_apart(dynamic, tokens):
+    # a Switch-style auxiliary loss: one_hot's checks reduce over all of the softmax kernel's
+    # rows, and the chunk sums of the router's gradient joined that kernel, which could not finish
+    # them ("fusion planning is stuck"): the graph ran through ATen with a warning
+    def aux(x, w):
+        probs = (x @ w).softmax(-1)
+        return (F.one_hot(probs.argmax(-1), 3).float().mean(0) * probs.mean(0)).sum()
+
+    x, w = torch.randn(tokens, 4), torch.randn(4, 3)
+    a, b = ([t.clone().requires_grad_() for t in (x, w)] for _ in range(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        loss = ember.compile(aux, dynamic=dynamic)(*a)
+        loss.backward()
+    ref = aux(*b)
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close((a[0].grad, a[1].grad), (b[0].grad, b[1].grad))

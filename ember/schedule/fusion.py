@@ -296,7 +296,7 @@ class Planner(DomainRules):
         for i, g in enumerate(groups):
             read = {x for r in g.roots for x in self.reads(r)}
             read |= {self.views.get(b, b) for b in (copied_base(r) for r in g.roots if r.op is Op.INDEX_PUT)}
-            if self._item_binders:  # the .item() calls binding the sizes its ops use (a.clamp(min=a.mean().item()))
+            if self._size_binders:  # the ATen calls binding the sizes its ops use (a.clamp(min=a.mean().item()))
                 read |= self._binders_of(_symbols({n for r in g.roots for n in (r, *self.subtree(r))}))
             need: set[int] = set()
             for x in read:
@@ -371,6 +371,9 @@ class Planner(DomainRules):
                     and all(sh.equal(a, b) for a, b in zip(g.outer + g.inner, outer + inner))
                     and (g.segment, g.segment_total) == self.segment_of.get(root, (None, None))
                     and g.matmul == (root in self.matmul_roots)
+                    # a chunked kernel cannot finish reductions over all its rows (its runs of
+                    # rows end apart): chunk sums stay out of a row kernel that does
+                    and not (root.op is Op.CHUNK_SUM and g.final)
                     and self.cfg.fusion and not alone and not self._blocked(root, g, owner)
                     and not (checked and self._closes_cycle(root, g, groups))):
                 return g
@@ -635,8 +638,8 @@ class Planner(DomainRules):
         return reads + [b for b in self._binders_of(symbols) if b is not getattr(step, "node", None)]
 
     def _binders_of(self, symbols: set[sympy.Symbol]) -> set[Node]:
-        """The ``.item()`` calls that bind ``symbols`` (those the data decides)."""
-        return {self._item_binders[s] for s in symbols if s in self._item_binders}
+        """The ATen calls that bind ``symbols`` (those the data decides)."""
+        return {self._size_binders[s] for s in symbols if s in self._size_binders}
 
     @functools.cached_property
     def _impure_before(self) -> dict[Node, Node]:
@@ -647,7 +650,7 @@ class Planner(DomainRules):
         return dict(zip(calls[1:], calls[:-1]))
 
     @functools.cached_property
-    def _item_binders(self) -> dict[sympy.Symbol, Node]:
+    def _size_binders(self) -> dict[sympy.Symbol, Node]:
         """The ATen call binding each size the data decides: an ``.item()``, or the first call
         whose result's shape has it (nonzero's count, used as ``x * nz.shape[0]``)."""
         binders: dict[sympy.Symbol, Node] = {}
