@@ -620,8 +620,9 @@ class Planner(DomainRules):
         return value if value is not None else copied_base(put)
 
     def _step_reads(self, step: Step) -> list[Node]:
-        """What ``step`` needs to have run: what it reads, and the ``.item()`` calls that bind
-        the sizes it uses (a size only the data knows: nothing reads the call's value)."""
+        """What ``step`` needs to have run: what it reads, and the ATen calls that bind the
+        sizes it uses (a size only the data knows, from ``.item()`` or a result's shape: nothing
+        need read the call's value)."""
         if isinstance(step, KernelStep):
             copied = {x for x in step.fills.values() if isinstance(x, Node)}
             reads = sorted(({x for r in step.roots for x in self.reads(r)} | copied) - set(step.roots),
