@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import ember
 
+from .conftest import INTERPRETED_TRITON
 from .helpers import assert_same, check
 from .test_cuda import compile_batches, needs_nvcc, sources
 
@@ -25,6 +26,12 @@ TARGETS = {
     "triton-looped": {"target": "triton", "triton_launch": {"PERSISTENT": False, "RBLOCK": 16}},
     "triton-4rows": {"target": "triton", "triton_launch": {"PERSISTENT": True, "XBLOCK": 4, "RBLOCK": 128}},
 }
+
+
+
+def _targets(*names: str) -> list:
+    """Triton on CPU tensors runs in the interpreter, which only the CPU test run sets up."""
+    return [pytest.param(n, marks=INTERPRETED_TRITON) if n.startswith("triton") else n for n in names]
 
 
 def cross_entropy(x, t):
@@ -53,7 +60,7 @@ def fused_kernel(report):
     return kernel
 
 
-@pytest.mark.parametrize("target", list(TARGETS))
+@pytest.mark.parametrize("target", _targets(*TARGETS))
 @pytest.mark.parametrize("name", list(CASES))
 def test_reduction_over_rows_is_finished_by_the_row_kernel(name, target):
     torch.manual_seed(0)
@@ -93,7 +100,7 @@ def test_a_row_that_needs_the_total_keeps_it_apart():
         assert len(report.kernels) >= 2
 
 
-@pytest.mark.parametrize("target", ["cpp", "triton"])
+@pytest.mark.parametrize("target", _targets("cpp", "triton"))
 def test_symbolic_rows_and_no_rows(target):
     torch.manual_seed(0)
     compiled = ember.compile(cross_entropy, dynamic=True, options={"target": target})
@@ -139,7 +146,7 @@ CE_BACKWARDS = [  # (reduction, label smoothing, dtype, dynamic)
 ]
 
 
-@pytest.mark.parametrize("target", ["cpp", "triton", "triton-looped"])
+@pytest.mark.parametrize("target", _targets("cpp", "triton", "triton-looped"))
 def test_cross_entropy_backward_sums_no_row(target):
     """log_softmax's backward sums nll_loss's one-hot gradient over each row: passes/onehot.py
     turns that sum into a select per row, so the backward is one pass over the logits with no
@@ -188,7 +195,7 @@ def test_passes_off_names_passes():
     assert proc.returncode != 0 and "ValueError: EMBER_PASSES_OFF: no pass named ['bogus']" in proc.stderr
 
 
-@pytest.mark.parametrize("target", ["cpp", "triton", "triton-looped"])
+@pytest.mark.parametrize("target", _targets("cpp", "triton", "triton-looped"))
 def test_cross_entropy_gradient_walks_rows_once(target, monkeypatch):
     """CE's gradient over long rows reads each row's statistics (max, log-sum, target) once, as a
     row kernel with one loop and no reduction (schedule/domains.py: _broadcast_rows), not once per
