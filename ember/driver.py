@@ -84,7 +84,24 @@ def _fingerprint(gm: torch.fx.GraphModule, kind: str, cfg: Config, donated: froz
             return None
         parts.append(f"{node.op}|{node.name}|{node.target}|{node.args!r}|{node.kwargs!r}|"
                      f"{_meta(node.meta.get('val'))}")
+    parts.append(_shape_facts(gm))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _shape_facts(gm: torch.fx.GraphModule) -> str:
+    """What Dynamo's guards say of the symbolic sizes, which lowering reads (``Context.known``):
+    one FX graph over ``x[:, ::2]`` and ``x[:, 1::2]`` is traced under sizes that are equal (an
+    even width) or under ``s // 2 == 1`` (a width of 3, where one broadcasts)."""
+    for node in gm.graph.nodes:
+        vals = node.meta.get("val")
+        for val in vals if isinstance(vals, (list, tuple)) else [vals]:
+            sizes = [*val.shape] if isinstance(val, torch.Tensor) else [val]
+            for d in sizes:
+                if isinstance(d, torch.SymInt):
+                    env = d.node.shape_env
+                    return repr(([str(g.expr) for g in env.guards], sorted(map(str, env.replacements.items())),
+                                 sorted((str(k), str(v)) for k, v in env.var_to_range.items())))
+    return ""
 
 
 def _meta(val: Any) -> str:

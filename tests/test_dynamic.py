@@ -445,3 +445,34 @@ def test_a_diagonal_past_the_matrix_with_symbolic_sizes():
     for shape in ((3, 4, 2), (4, 9, 2), (3, 2, 2)):
         a = torch.randn(shape)
         assert_same(compiled(a), fn(a))
+
+
+@pytest.mark.parametrize("fn, shape", [
+    (lambda x: x[:, 0::2] + x[:, 1::2], (2, 3)),
+    (lambda x: x.chunk(2, 1)[0] - x.chunk(2, 1)[1], (2, 3)),
+    (lambda x: x - x[:, 1::2], (4, 3)),
+    (lambda x: x[0::2] + x[1::2], (3, 4)),
+    (lambda x: x.tensor_split(2, 1)[1] + x.tensor_split(2, 1)[0], (2, 3)),
+], ids=["even_and_odd_columns", "chunks", "minus_odd_columns", "even_and_odd_rows", "tensor_split"])
+def test_a_size_the_guards_make_1_broadcasts(fn, shape):
+    # x[:, 1::2] of 3 columns has s // 2 columns, which Dynamo's guards make 1 but which does
+    # not read as 1: the expand kept its stride and the kernel read past the slice (silently
+    # wrong), or the expand failed the IR's check (the graph ran through ATen)
+    x = torch.randn(shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        check(fn, x, dynamic=True)
+
+
+def test_one_graph_traced_under_other_guards_is_planned_again():
+    # int4 pairs packed from a width that became dynamic: the FX graph at width 3 is the graph
+    # at width 6 (the same code and symbolic shapes), but its guards make the odd columns one
+    # that broadcasts; the plan of the width-6 graph, reused, read past the slice
+    def pack(q):
+        u = (q + 8).to(torch.uint8)
+        return u[:, 0::2] | (u[:, 1::2] << 4)
+
+    compiled = ember.compile(pack)
+    for width in (8, 6, 3):
+        q = torch.randint(-8, 8, (2, width), dtype=torch.int8)
+        assert torch.equal(compiled(q), pack(q)), width

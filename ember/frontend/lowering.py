@@ -112,6 +112,14 @@ class Context:
             return x
         if 0 < x.rank < len(shape):
             x = self.make(Op.RESHAPE, (x,), (sympy.Integer(1),) * (len(shape) - x.rank) + x.shape)
+        if x.rank:
+            # a size the guards make 1 but that does not read as 1 (x[:, 1::2] of 3 columns:
+            # s0 // 2) broadcasts too: spelled 1, or the expanded dim kept its stride and the
+            # kernel read past the slice
+            ones = tuple(sympy.Integer(1) if not sh.is_one(d) and not sh.equal(d, n)
+                         and self.known_equal(d, sympy.Integer(1)) else d for d, n in zip(x.shape, shape))
+            if ones != tuple(x.shape):
+                x = self.make(Op.RESHAPE, (x,), ones)
         return self.make(Op.EXPAND, (x,), tuple(shape))
 
     def operand(self, x: Any, dtype: dt.DType, shape: sh.Shape) -> Node:
