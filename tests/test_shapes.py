@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from .conftest import DEVICE
 from .helpers import check
@@ -137,3 +138,13 @@ def test_reshapes_of_empty_tensors(fn, shape):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         check(fn, torch.randn(shape))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: torch.linalg.vector_norm(d, dim=-1), lambda d: F.normalize(d, dim=1),
+    lambda d: torch.linalg.vector_norm(d.double() * 1e150, dim=-1, keepdim=True),
+], ids=["vector_norm", "normalize", "float64"])
+def test_the_norm_of_one_element_is_its_size(fn):
+    # sqrt(x * x) overflowed past 1.8e19 in float32 (1.3e154 in float64) and went subnormal
+    # below 1e-19, where eager's norm of a size-1 dim is |x|
+    check(fn, torch.tensor([[3e20], [-2e-22], [1.5e-30], [0.0]]))

@@ -750,6 +750,10 @@ def _vector_norm(ctx: Context, x: Node, ord: Any = 2, dim: Any = None, keepdim: 
         raise Unsupported(f"vector_norm of order {ord!r} (dtype={dtype})")
     dims = _dims(dim, x.rank)
     x = ctx.cast(x, dt.compute_dtype(x.dtype))
+    if ord == 2 and sh.is_one(sh.numel([x.shape[d] for d in dims])):
+        # the norm of one element is its size, as eager's is: its square overflows past 1.8e19
+        # in float32 (and goes subnormal below 1e-19)
+        ord = 1
     terms = ctx.make(Op.MUL, (x, x)) if ord == 2 else ctx.make(Op.ABS, (x,))
     total = ctx.make(Op.SUM, (terms,), dims)
     norm = ctx.make(Op.SQRT, (total,)) if ord == 2 else total
