@@ -219,11 +219,14 @@ def _empty_reduction(e: BaseException) -> bool:
 
 
 def _exception_chain(e: BaseException) -> list[BaseException]:
-    """Dynamo re-raises an op's error inside its own; the op's error is the innermost one."""
+    """Dynamo re-raises an op's error inside its own; the op's error is the innermost one.
+    Past Dynamo's own exceptions only explicit causes count: an op's error raised while handling
+    another (a missing meta kernel, then fake_quantize's argument check) is the op's."""
     chain: list[BaseException] = []
     while e is not None and e not in chain:
         chain.append(e)
-        e = e.__cause__ or e.__context__
+        inside_dynamo = isinstance(e, torch._dynamo.exc.TorchDynamoException)
+        e = e.__cause__ or (e.__context__ if inside_dynamo or len(chain) == 1 else None)
     return chain
 
 

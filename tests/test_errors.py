@@ -560,3 +560,18 @@ def test_loss_inputs_eager_refuses_raise_its_error(fn, args):
     assert _eager_error(fn, *args) is RuntimeError
     with pytest.raises(RuntimeError):
         ember.compile(fn)(*args)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.fake_quantize_per_tensor_affine(x, 0.1, 0, 10, 5),
+    lambda x: torch.fake_quantize_per_channel_affine(x[None], torch.ones(3), torch.zeros(1, dtype=torch.int32),
+                                                     0, 0, 255),
+], ids=["qmin_above_qmax", "scales_of_another_length"])
+def test_an_ops_error_raised_while_torch_handled_another_is_the_ops(fn):
+    # fake tensors raise the op's argument check while handling their missing meta kernel's
+    # NotImplementedError: ember's unwrapping went past the op's RuntimeError to that one
+    x = torch.randn(4)
+    assert _eager_error(fn, x) is RuntimeError
+    with pytest.raises(Exception) as info:
+        ember.compile(fn)(x)
+    assert type(info.value) is RuntimeError, info.value
