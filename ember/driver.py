@@ -25,7 +25,7 @@ from . import report as rp
 from .codegen.wrapper import KernelCall, write_wrapper
 from .config import Config, log
 from .frontend.dynamo import donated_inputs
-from .frontend.lowering import lower_graph
+from .frontend.lowering import lower_graph, shape_env_of
 from .ir.node import Graph
 from .ir.ops import Op
 from .passes.pipeline import run_pipeline
@@ -92,16 +92,11 @@ def _shape_facts(gm: torch.fx.GraphModule) -> str:
     """What Dynamo's guards say of the symbolic sizes, which lowering reads (``Context.known``):
     one FX graph over ``x[:, ::2]`` and ``x[:, 1::2]`` is traced under sizes that are equal (an
     even width) or under ``s // 2 == 1`` (a width of 3, where one broadcasts)."""
-    for node in gm.graph.nodes:
-        vals = node.meta.get("val")
-        for val in vals if isinstance(vals, (list, tuple)) else [vals]:
-            sizes = [*val.shape] if isinstance(val, torch.Tensor) else [val]
-            for d in sizes:
-                if isinstance(d, torch.SymInt):
-                    env = d.node.shape_env
-                    return repr(([str(g.expr) for g in env.guards], sorted(map(str, env.replacements.items())),
-                                 sorted((str(k), str(v)) for k, v in env.var_to_range.items())))
-    return ""
+    env = shape_env_of(node.meta.get("val") for node in gm.graph.nodes)
+    if env is None:
+        return ""
+    return repr(([str(g.expr) for g in env.guards], sorted(map(str, env.replacements.items())),
+                 sorted((str(k), str(v)) for k, v in env.var_to_range.items())))
 
 
 def _meta(val: Any) -> str:

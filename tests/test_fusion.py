@@ -13,6 +13,7 @@ import ember
 from ember.workloads.giou import make_batch, padded_giou_loss
 
 from .helpers import assert_same, check, compile_checked, kernel_count, on_the_interpreter
+from .test_cuda import compile_batches, needs_nvcc, sources
 
 
 def test_relu_add_is_one_kernel():
@@ -290,10 +291,8 @@ def test_gathers_from_reshaped_cats_and_pads_fuse(case, options):
             check(fn, *make(), dynamic=dynamic, options=options)
 
 
+@needs_nvcc
 def test_gathers_from_reshaped_cats_compile_as_cuda(tmp_path):
-    from .test_cuda import NVCC, compile_batches, sources
-    if NVCC is None:
-        pytest.skip("nvcc (the CUDA toolkit) is not installed")
     kernels = []
     for case, (fn, make) in _VIEWS_OF_CATS.items():
         kernels += sources(ember.explain(fn, *make(), target="cuda"), case)

@@ -63,12 +63,10 @@ def _scatter(ctx: Context, x: Node, dim: int, index: Node, src: Any) -> Node:
     positions = ctx.expand_to(ctx.reshape(positions, [s if d == dim else 1 for d, s in enumerate(shape)]), shape)
     out = ctx.operand(x, dtype, shape)
     index = ctx.cast(index, dt.int64)
-    if isinstance(src, Node):  # only the part of src the index covers is written
-        if src.rank != x.rank or not all(ctx.known(i <= s) for i, s in zip(index_sizes, ctx.arg_metas[3].shape)):
-            raise Unsupported("scatter whose index is not provably within src")
-        for d, (i, s) in enumerate(zip(index.shape, src.shape)):
-            if d != dim and not sh.equal(i, s):
-                src = ctx.make(Op.SLICE, (src,), (d, sympy.Integer(0), sympy.Integer(1), i))
+    if isinstance(src, Node):
+        if src.rank != x.rank:
+            raise Unsupported("scatter with a source of another rank")
+        src = _covered_part(ctx, "scatter", src, index, index_sizes, ctx.arg_metas[3].shape)
     for j in range(m):  # later entries win, as a sequential scatter writes them last
         one = sympy.Integer(1)
         idx_j = ctx.make(Op.SLICE, (index,), (dim, sympy.Integer(j), one, one))
@@ -332,12 +330,9 @@ def _scatter_add(ctx: Context, x: Node, dim: int, index: Node, src: Node) -> Nod
     _source_dtype_matches("scatter_add", x, src)
     dim = dim % x.rank
     x_sizes, index_sizes, src_sizes = (ctx.arg_metas[i].shape for i in (0, 2, 3))
-    if not all(ctx.known(i <= s) for i, s in zip(index_sizes, src_sizes)) or not all(
-            ctx.known(i <= s) for d, (i, s) in enumerate(zip(index_sizes, x_sizes)) if d != dim):
-        raise Unsupported("scatter_add whose index is not provably within src and self")
-    for d, (i, s) in enumerate(zip(index.shape, src.shape)):
-        if not sh.equal(i, s):  # only the part of src the index covers is added
-            src = ctx.make(Op.SLICE, (src,), (d, sympy.Integer(0), sympy.Integer(1), i))
+    if not all(ctx.known(i <= s) for d, (i, s) in enumerate(zip(index_sizes, x_sizes)) if d != dim):
+        raise Unsupported("scatter_add whose index is not provably within self")
+    src = _covered_part(ctx, "scatter_add", src, index, index_sizes, src_sizes)
     shape = index.shape
     indices = []
     for d in range(x.rank):
@@ -347,6 +342,18 @@ def _scatter_add(ctx: Context, x: Node, dim: int, index: Node, src: Node) -> Nod
         positions = ctx.make(Op.IOTA, (), (shape[d], 0, 1), dtype=dt.int64)
         indices.append(ctx.reshape(positions, [s if e == d else 1 for e, s in enumerate(shape)]))
     return _put(ctx, x, 0, indices, src, True, 4)
+
+
+def _covered_part(ctx: Context, op: str, src: Node, index: Node, index_sizes: Sequence[Any],
+                  src_sizes: Sequence[Any]) -> Node:
+    """The part of a scatter's ``src`` its index covers (src may be larger on any dim, and only
+    that part is written); unless the index provably fits in src, the op goes to ATen."""
+    if not all(ctx.known(i <= s) for i, s in zip(index_sizes, src_sizes)):
+        raise Unsupported(f"{op} whose index is not provably within src")
+    for d, (i, s) in enumerate(zip(index.shape, src.shape)):
+        if not sh.equal(i, s):
+            src = ctx.make(Op.SLICE, (src,), (d, sympy.Integer(0), sympy.Integer(1), i))
+    return src
 
 
 @register(aten.scatter_reduce.two)

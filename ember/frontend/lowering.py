@@ -8,7 +8,7 @@ itself inside the compiled program. Nothing the user writes makes lowering fail.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import sympy
@@ -168,13 +168,7 @@ class Context:
             return False
 
     def _shape_env(self) -> Any:
-        for meta in [self.out, *self.arg_metas]:
-            for t in meta if isinstance(meta, (list, tuple)) else [meta]:
-                if isinstance(t, torch.Tensor):
-                    for d in t.shape:
-                        if isinstance(d, torch.SymInt):
-                            return d.node.shape_env
-        return None
+        return shape_env_of([self.out, *self.arg_metas])
 
     @property
     def out_dtype(self) -> dt.DType:
@@ -466,6 +460,17 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
         except Unsupported:
             del ctx.nodes[mark:]  # drop what the declined lowering built
     return _extern(ctx, target, args, kwargs, val)
+
+
+def shape_env_of(values: Iterable[Any]) -> Any:
+    """The shape environment of traced values (tensors, SymInts, or lists of them): where
+    Dynamo's guards on their symbolic sizes live. None where every size is static."""
+    for value in values:
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            for d in v.shape if isinstance(v, torch.Tensor) else [v]:
+                if isinstance(d, torch.SymInt):
+                    return d.node.shape_env
+    return None
 
 
 def _bound_by_item(val: Any) -> sympy.Symbol | None:

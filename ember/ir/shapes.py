@@ -163,6 +163,13 @@ def is_float_symbol(s: sympy.Symbol) -> bool:
     return symbol_is_type(s, (SymT.FLOAT, SymT.UNBACKED_FLOAT))
 
 
+def is_data_dependent(s: sympy.Symbol) -> bool:
+    """A size or value only the data decides (nonzero's count, ``x.item()``): no input carries
+    it, an ATen call's result binds it when the program runs."""
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+    return symbol_is_type(s, (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT))
+
+
 def size_ctype(s: sympy.Symbol) -> str:
     """The C type of a kernel's size argument."""
     return "double" if is_float_symbol(s) else "int64_t"

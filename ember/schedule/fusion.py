@@ -20,7 +20,6 @@ import functools
 from dataclasses import dataclass, field
 
 import sympy
-from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from ..config import Config
 from ..ir import shapes as sh
@@ -661,7 +660,7 @@ class Planner(DomainRules):
             elif n.op in (Op.EXTERN, Op.GETITEM) and n.shape is not None:
                 call = n.inputs[0] if n.op is Op.GETITEM else n
                 for s in sh.free_symbols(n.shape):
-                    if symbol_is_type(s, (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT)):
+                    if sh.is_data_dependent(s):
                         binders.setdefault(s, call)
         return binders
 
