@@ -212,7 +212,7 @@ def _build(graph: Graph, schedule: Schedule, fallbacks: dict[str, Callable[..., 
         if ok:
             namespace[k.name] = built.functions[k.name]
             calls[k.name] = KernelCall(k.name, uses_error_flag=backend.uses_error_flag(k),
-                                       pass_tensors=backend.pass_tensors)
+                                       pass_tensors=backend.passes_tensors(k))
         else:
             namespace[f"aten_{k.name}"] = fallbacks[k.name]
             calls[k.name] = KernelCall(f"aten_{k.name}", fallback=True, why_aten=why)

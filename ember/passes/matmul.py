@@ -1,6 +1,7 @@
 """Matmuls with epilogues: ``aten.mm`` / ``aten.addmm`` calls whose result feeds pointwise ops
 become ``Op.MATMUL`` nodes, which the planner fuses with those ops into one kernel (the Triton
-backend's tiled matmul, schedule/fusion.py and codegen/triton_matmul.py).
+backend's tiled matmul, schedule/fusion.py and codegen/triton_matmul.py, or on Hopper GPUs the
+ping-pong kernel of codegen/cuda_matmul.py).
 
 cuBLAS then no longer writes the product for another kernel to read back: silu(x @ Wg) * (x @ Wu)
 computes both products in one kernel, reading x once, and stores neither. ``addmm``'s bias joins
@@ -8,16 +9,18 @@ the epilogue: the float32 sums plus the bias are rounded once, as cuBLAS rounds 
 
 Which matmuls (the ``matmul_epilogues`` option): 'auto', the default, rewrites matmuls that share
 their first operand with another of the same shape (a gated MLP's two projections, parallel
-projections of one input). A lone matmul stays cuBLAS's, its epilogue a kernel of its own: on an
-H200 with Triton 3.6 the fused kernel lost at every K measured (gelu(x @ W + b), 8192 rows and
-4096 columns: fused 447-458 µs against cuBLAS plus an epilogue kernel 407 µs at K = 4096, 166
-against 151 at K = 1024; bench/matmul_probe.py --interleaved). On an H100 it wins at K = 1024
-(1.18x) and with 16384 columns (1.09x) and loses at the suite's shape (0.96x;
-bench/matmul_sweep.py). Triton's matmul alone is within 1-4% of cuBLAS there: gelu's math, which
-does not overlap the next tile's products, costs the rest. Two products sharing their loads
-come out ahead on device time (silu·mul: the fused kernel 2169 µs, cuBLAS's two products alone
-2 x 1083-1101 before their epilogue kernel) and at parity in wall time (0.99-1.04x Inductor over
-two runs; bench/RESULTS.md, ninth run). 'all' rewrites every matmul with an epilogue; 'off' none.
+projections of one input), and on a Hopper GPU (compute capability 9.0) a matmul alone too: its
+kernel is then a hand-written warp-specialized ping-pong kernel (codegen/cuda_matmul.py) whose
+epilogue runs while the other consumer's products do, 1.09x-1.26x Inductor (cuBLAS plus an
+epilogue kernel) on an H200 where Triton's fused kernel lost 3-4% at the suite's shape
+(bench/hopper_gemm.py, bench/RESULTS.md). Elsewhere a lone matmul stays cuBLAS's, its epilogue a
+kernel of its own: Triton's fused kernel does not overlap gelu's math with the next tile's
+products (0.96x at 8192 x 4096 x 4096 on an H100, bench/matmul_sweep.py). Two products sharing
+their loads come out ahead on device time (silu·mul: the fused kernel 2169 µs, cuBLAS's two
+products alone 2 x 1083-1101 before their epilogue kernel) and at parity in wall time (0.99-1.04x
+Inductor over two runs; bench/RESULTS.md, ninth run). 'all' rewrites every matmul with an
+epilogue; 'off' none. The CUDA backend's matmul kernels are the Hopper template only: it rewrites
+lone matmuls on Hopper GPUs (and for ``explain``'s renders), nothing elsewhere.
 
 Only 16-bit float matmuls are rewritten (float32 matmuls keep cuBLAS's exact float32 products; a
 Triton dot would round them to TF32), only where some user is pointwise, directly or through
@@ -26,6 +29,9 @@ tile's smallest side).
 """
 
 from __future__ import annotations
+
+import functools
+import importlib.util
 
 import torch
 
@@ -85,22 +91,66 @@ def _feeds_pointwise(node: Node, users: dict[Node, list[Node]]) -> bool:
     return False
 
 
+@functools.cache
+def _hopper_gpu(device: str) -> bool:
+    """Is ``device`` a compute capability 9.0 GPU that ember's Hopper matmul kernels can run on
+    (cuda-python present: they are launched through the driver API)?"""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return False
+    index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
+    return (torch.cuda.get_device_capability(index) == (9, 0)
+            and importlib.util.find_spec("cuda") is not None)
+
+
+def _hopper(node: Node, target: str | None) -> bool:
+    """Does ``node`` run on a Hopper GPU, or is it rendered for the CUDA backend with no GPU
+    (``explain``: the CUDA backend renders matmuls for Hopper)? A Triton render with no GPU
+    (the interpreter) keeps Triton's matmul kernels."""
+    return _hopper_gpu(node.device) or (target == "cuda" and not node.device.startswith("cuda"))
+
+
+def _epilogue_of(node: Node, users: dict[Node, list[Node]]) -> set[Node]:
+    """The pointwise ops and views ``node``'s result reaches through pointwise ops and views:
+    what its kernel's epilogue may take in."""
+    seen: set[Node] = set()
+    stack = list(users.get(node, ()))
+    while stack:
+        u = stack.pop()
+        if u not in seen and (u.op in POINTWISE_OPS or u.op in VIEW_OPS):
+            seen.add(u)
+            stack.extend(users.get(u, ()))
+    return seen
+
+
 def _chosen(graph: Graph, target: str | None, gpu_backend: str, mode: str) -> set[Node]:
-    """The matmul calls to rewrite: those with an epilogue, on a Triton target; with ``mode``
-    'auto', only those sharing their first operand with another of the same (M, N, K), whose
-    kernel then reads that operand once for both products (silu(x @ Wg) * (x @ Wu))."""
+    """The matmul calls to rewrite: those with an epilogue. On the Triton backend with ``mode``
+    'auto', those sharing their first operand with another of the same (M, N, K), whose kernel
+    then reads that operand once for both products (silu(x @ Wg) * (x @ Wu)), and on a Hopper GPU
+    also a matmul alone, whose kernel is then the Hopper template (codegen/cuda_matmul.py); with
+    'all', every one. On the CUDA backend, whose matmul kernels are that template, a matmul
+    alone on a Hopper GPU. "Alone": its epilogue meets no other matmul's, so its kernel has one
+    product."""
     users = graph.users()
-    found: list[tuple[Node, tuple[Node | None, Node, Node]]] = []
+    found: list[tuple[Node, Node, str]] = []
     for node in graph.nodes:
-        operands = _operands(node) if _backend(node, target, gpu_backend) == "triton" else None
+        backend = _backend(node, target, gpu_backend)
+        operands = _operands(node) if backend in ("triton", "cuda") else None
         if operands is not None and _feeds_pointwise(node, users):
-            found.append((node, operands))
-    if mode != "auto":
-        return {node for node, _ in found}
+            found.append((node, operands[1], backend))
     # (the same first operand means the same M and K)
-    return {node for node, (_, a, _) in found
-            if any(other is not node and a2 is a and sh.shapes_equal(node.shape, other.shape)
-                   for other, (_, a2, _) in found)}
+    paired = {node for node, a, _ in found
+              if any(other is not node and a2 is a and sh.shapes_equal(node.shape, other.shape)
+                     for other, a2, _ in found)}
+    reach = {node: _epilogue_of(node, users) for node, _, _ in found}
+    alone = {node for node, _, _ in found
+             if not any(other is not node and reach[node] & reach[other] for other, _, _ in found)}
+    chosen = set()
+    for node, _, backend in found:
+        hopper_alone = node in alone and _hopper(node, target)
+        if backend == "cuda" and hopper_alone or backend == "triton" and (
+                mode == "all" or node in paired or hopper_alone):
+            chosen.add(node)
+    return chosen
 
 
 def matmul_epilogues(graph: Graph, target: str | None = None, gpu_backend: str = "triton",

@@ -54,6 +54,10 @@ class Backend(ABC):
     def uses_error_flag(self, kernel: Kernel) -> bool:
         return False
 
+    def passes_tensors(self, kernel: Kernel) -> bool:
+        """Does the host program pass ``kernel`` tensors (else ``data_ptr()`` ints)?"""
+        return self.pass_tensors
+
     def build(self, kernels: list[Kernel], cfg: Config,
               fallbacks: dict[str, Callable[..., None]] | None = None) -> BuiltKernels:
         """Build the module; if that fails, find the kernels at fault by building each alone,

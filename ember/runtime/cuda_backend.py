@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ..codegen import cuda
+from ..codegen import cuda, cuda_matmul
 from ..codegen.cuda_plan import row_threads
 from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
@@ -476,11 +476,22 @@ class CudaBackend(Backend):
     name = "cuda"
     pass_tensors = False
 
+    def passes_tensors(self, kernel: Kernel) -> bool:
+        return bool(kernel.dots)  # (the Hopper matmul launcher: runtime/cuda_matmul.py)
+
     def render(self, kernel: Kernel) -> str:
+        if kernel.dots:  # a matmul and its epilogue: the Hopper template
+            try:
+                return cuda_matmul.render_kernel(kernel)
+            except cuda_matmul.MatmulRenderError as e:
+                return f"// {kernel.name}: {e}; runs through ATen"
         return cuda.render_kernel(kernel)
 
     def render_module(self, kernels: list[Kernel]) -> str:
-        return cuda.render_module(kernels)
+        matmuls = [k for k in kernels if k.dots]
+        rest = [k for k in kernels if not k.dots]
+        return "\n".join(([cuda.render_module(rest)] if rest else [])
+                         + ([cuda_matmul.render_module(matmuls)] if matmuls else []))
 
     def build_module(self, kernels: list[Kernel], cfg: Config,
                      fallbacks: dict[str, Callable[..., None]] | None = None) -> BuiltKernels:
@@ -490,6 +501,20 @@ class CudaBackend(Backend):
         _driver()  # a clear BuildError without cuda-python, before any work
         if not torch.cuda.is_available():
             raise BuildError("the CUDA backend needs a CUDA device (torch.cuda.is_available() is False)")
+        matmuls = [k for k in kernels if k.dots]
+        if matmuls:  # a module of their own, for sm_90a (runtime/cuda_matmul.py)
+            from .cuda_matmul import build
+            try:
+                built = build(matmuls, cfg, fallbacks)
+            except cuda_matmul.MatmulRenderError as e:
+                raise BuildError(str(e)) from None
+            rest = [k for k in kernels if not k.dots]
+            if rest:
+                others = self.build_module(rest, cfg, fallbacks)
+                built.functions.update(others.functions)
+                built.module_source = others.module_source + "\n" + built.module_source
+                built.keepalive += others.keepalive
+            return built
         device = torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(device)
         arch = f"sm_{major}{minor}"

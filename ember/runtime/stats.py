@@ -18,6 +18,7 @@ KEYS = (
     "graph_fallbacks",    # whole graphs ember could not compile (they ran through ATen)
     "grads_in_forward",   # training graphs whose loss gradient is computed in the forward
     "calls_while_compiling",  # kernel calls run through ATen while their kernel compiled in the background
+    "matmuls_through_aten",   # Hopper matmul calls whose operands TMA cannot read (ran through ATen)
 )
 
 

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -27,10 +28,11 @@ from typing import Any
 
 import torch
 
+from ..codegen import cuda_matmul as cuda_matmul_source
 from ..codegen import triton as tr
 from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
-from . import stats
+from . import cuda_matmul, stats
 from . import triton_configs as tc
 from .backend import Backend, BuildError, BuiltKernels, fall_back
 from .triton_direct import direct_launcher
@@ -449,16 +451,42 @@ class TritonBackend(Backend):
     pass_tensors = True
 
     def render(self, kernel: Kernel) -> str:
+        if cuda_matmul.on_hopper(kernel):
+            return cuda_matmul_source.render_kernel(kernel)
         try:
             return tr.render_kernel(kernel)
         except tr.RenderError as e:
             return f"# {kernel.name}: not expressible in Triton ({e}); runs through ATen"
 
     def render_module(self, kernels: list[Kernel]) -> str:
-        return tr.render_module(kernels)
+        hopper = [k for k in kernels if cuda_matmul.on_hopper(k)]
+        triton = [k for k in kernels if k not in hopper]
+        return "\n".join(([tr.render_module(triton)] if triton else [])
+                         + ([cuda_matmul_source.render_module(hopper)] if hopper else []))
 
     def build_module(self, kernels: list[Kernel], cfg: Config, fallbacks: dict[str, Callable[..., None]] | None = None
                      ) -> BuiltKernels:
+        hopper = [k for k in kernels if cuda_matmul.on_hopper(k)]
+        if not hopper:
+            return self._build_triton(kernels, cfg, fallbacks)
+        # one-matmul kernels on a Hopper GPU: the ping-pong CUDA kernel (runtime/cuda_matmul.py)
+        try:
+            built = cuda_matmul.build(hopper, cfg, fallbacks)
+        except BuildError as e:
+            stats.bump("build_failures")
+            warnings.warn(f"ember: Hopper matmul kernels {', '.join(k.name for k in hopper)} failed to build; "
+                          f"Triton renders them instead.\n{str(e)[-1500:]}", RuntimeWarning, stacklevel=3)
+            hopper, built = [], BuiltKernels()
+        rest = [k for k in kernels if k not in hopper]
+        if rest:
+            triton = self._build_triton(rest, cfg, fallbacks)
+            built.functions.update(triton.functions)
+            built.module_source = triton.module_source + "\n" + built.module_source
+            built.keepalive += triton.keepalive
+        return built
+
+    def _build_triton(self, kernels: list[Kernel], cfg: Config, fallbacks: dict[str, Callable[..., None]] | None
+                      ) -> BuiltKernels:
         # the same kernel objects again (a graph the driver planned before): reuse the source
         ident = tuple(id(k) for k in kernels)
         rendered = _rendered.get(ident)

@@ -1,0 +1,342 @@
+# ruff: noqa: B023, UP031 -- closures run before the loop moves on; the CUDA source is %-formatted
+"""Probe: a hand-written Hopper matmul with its epilogue, against cuBLAS and Inductor.
+
+gelu(x @ W + b) in bf16 loses 3-4% to Inductor at 8192 x 4096 x 4096 when Triton fuses the
+epilogue (bench/RESULTS.md, twenty-third run): gelu's math runs while the tensor cores wait.
+This kernel is cuBLAS's ping-pong shape, written out: one producer warp group loads operand
+tiles with TMA into a ring of shared-memory stages; two consumer warp groups each own a
+128 x 128 output tile, take turns on the tensor cores (wgmma), and one's epilogue runs while
+the other's products are computed. CUDA C++ with inline PTX, compiled by NVRTC for sm_90a.
+
+    PYTHONPATH=. python bench/hopper_gemm.py [--shapes 8192x4096x4096] [--rounds 8] [--check-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+import ember
+
+BM, BN, BK = 128, 128, 64
+
+
+def _wgmma_asm(n: int) -> str:
+    """The wgmma.mma_async m64nNk16 bf16 -> f32 call, A and B from shared memory, B N-major."""
+    regs = n // 2
+    acc = ", ".join(f"%{i}" for i in range(regs))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return (
+        f"EMBER_FN void wgmma_m64n{n}(float* d, uint64_t da, uint64_t db, int accumulate) {{\n"
+        f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
+        f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{acc}}},"\n'
+        f'    " %{regs}, %{regs + 1}, p, 1, 1, 0, 1;\\n}}\\n"\n'
+        f'    : {outs}\n'
+        f'    : "l"(da), "l"(db), "r"(accumulate));\n'
+        f"}}\n")
+
+
+def source(stages: int = 6, epilogue: str = "gelu") -> str:
+    """The kernel's CUDA C++ source. ``epilogue``: 'none' (the product), 'bias', 'gelu'."""
+    math = {
+        "none": "float y0 = a0, y1 = a1;",
+        "bias": "float y0 = a0 + b0, y1 = a1 + b1;",
+        "gelu": ("float s0 = bf16_round(a0 + b0), s1 = bf16_round(a1 + b1);\n"
+                 "      float y0 = 0.5f * s0 * (1.0f + erff(s0 * 0.7071067811865476f));\n"
+                 "      float y1 = 0.5f * s1 * (1.0f + erff(s1 * 0.7071067811865476f));"),
+    }[epilogue]
+    return r"""
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef unsigned short uint16_t;
+#define EMBER_FN __device__ __forceinline__
+#define BM %(BM)d
+#define BN %(BN)d
+#define BK %(BK)d
+#define STAGES %(STAGES)d
+#define GROUP_M 8
+#define A_BYTES (BM * BK * 2)
+#define B_BYTES (BK * BN * 2)
+#define STAGE_BYTES (A_BYTES + B_BYTES)
+
+struct __align__(64) TensorMap { uint64_t opaque[16]; };
+
+EMBER_FN uint32_t smem_u32(const void* p) {
+  uint32_t r;
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %%1; cvt.u32.u64 %%0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+EMBER_FN void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%%0], %%1;" :: "r"(bar), "r"(count));
+}
+EMBER_FN void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%%0], %%1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+EMBER_FN void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%%0];" :: "r"(bar) : "memory");
+}
+EMBER_FN void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile("{\n.reg .pred p;\nWAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%%0], %%1;\n"
+               "@!p bra WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+EMBER_FN void tma_load(uint32_t dst, const TensorMap* map, uint32_t bar, int inner, int outer) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%%0], [%%1, {%%3, %%4}], [%%2];"
+               :: "r"(dst), "l"((uint64_t)map), "r"(bar), "r"(inner), "r"(outer) : "memory");
+}
+// shared-memory matrix descriptor, 128-byte swizzle: address, leading and stride byte offsets
+EMBER_FN uint64_t smem_desc(uint32_t addr, uint32_t leading, uint32_t stride) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(leading >> 4) << 16)
+       | ((uint64_t)(stride >> 4) << 32) | (1ull << 62);
+}
+EMBER_FN void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+EMBER_FN void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> EMBER_FN void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %%0;" :: "n"(N) : "memory"); }
+EMBER_FN void keep(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
+EMBER_FN float bf16_round(float f) {
+  uint16_t h;
+  asm("cvt.rn.bf16.f32 %%0, %%1;" : "=h"(h) : "f"(f));
+  return __uint_as_float((uint32_t)h << 16);
+}
+EMBER_FN uint32_t bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %%0, %%1, %%2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+%(WGMMA)s
+EMBER_FN void tile_of(int t, int tiles_m, int tiles_n, int& pm, int& pn) {
+  int in_group = GROUP_M * tiles_n;
+  int first_m = (t / in_group) * GROUP_M;
+  int size_m = tiles_m - first_m < GROUP_M ? tiles_m - first_m : GROUP_M;
+  pm = first_m + (t %% in_group) %% size_m;
+  pn = (t %% in_group) / size_m;
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+matmul_bias_%(EPI)s_pingpong(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap b_map,
+                   uint16_t* __restrict__ out, const uint16_t* __restrict__ bias, int M, int N, int K) {
+  extern __shared__ unsigned char smem_raw[];
+  uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
+  uint32_t bars = base + STAGES * STAGE_BYTES;  // full[STAGES], empty[STAGES], order[2]
+  int wg = threadIdx.x / 128, t = threadIdx.x %% 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bars + 8 * s, 1);
+      mbar_init(bars + 8 * (STAGES + s), 1);
+    }
+    mbar_init(bars + 8 * (2 * STAGES), 1);
+    mbar_init(bars + 8 * (2 * STAGES + 1), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, tiles = tiles_m * tiles_n;
+  int k_blocks = (K + BK - 1) / BK;
+  int mine = tiles > (int)blockIdx.x ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  if (wg == 0) {  // producer: one thread issues every TMA load, in the consumers' order
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (t != 0) return;
+    for (int i = 0; i < mine; ++i) {
+      int pm, pn;
+      tile_of(blockIdx.x + i * gridDim.x, tiles_m, tiles_n, pm, pn);
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        int n = i * k_blocks + kb, s = n %% STAGES;
+        if (n >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((n / STAGES) - 1) & 1);
+        uint32_t full = bars + 8 * s, stage = base + s * STAGE_BYTES;
+        mbar_expect_tx(full, STAGE_BYTES);
+        tma_load(stage, &a_map, full, kb * BK, pm * BM);
+        for (int h = 0; h < BN / 64; ++h)
+          tma_load(stage + A_BYTES + h * (BK * 128), &b_map, full, pn * BN + h * 64, kb * BK);
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  int c = wg - 1, warp = t / 32, lane = t %% 32;
+  float acc[2][BN / 2];
+  for (int j = 0; 2 * j + c < mine; ++j) {
+    int i = 2 * j + c;
+    if (i > 0) mbar_wait(bars + 8 * (2 * STAGES + c), (c ? j : j - 1) & 1);  // the other's mainloop issued
+    int pm, pn;
+    tile_of(blockIdx.x + i * gridDim.x, tiles_m, tiles_n, pm, pn);
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      int n = i * k_blocks + kb, s = n %% STAGES;
+      mbar_wait(bars + 8 * s, (n / STAGES) & 1);
+      uint32_t a = base + s * STAGE_BYTES, b = a + A_BYTES;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        uint64_t db = smem_desc(b + kk * 16 * 128, BK * 128, 8 * 128);
+        wgmma_m64n%(BN)d(acc[0], smem_desc(a + kk * 32, 16, 8 * 128), db, kb | kk);
+        wgmma_m64n%(BN)d(acc[1], smem_desc(a + 64 * 128 + kk * 32, 16, 8 * 128), db, kb | kk);
+      }
+      wgmma_commit();
+      if (kb > 0) {
+        wgmma_wait<1>();
+        if (t == 0) mbar_arrive(bars + 8 * (STAGES + (n - 1) %% STAGES));
+      }
+    }
+    if (t == 0) mbar_arrive(bars + 8 * (2 * STAGES + (1 - c)));  // the other consumer may start
+    wgmma_wait<0>();
+    if (t == 0) mbar_arrive(bars + 8 * (STAGES + (i * k_blocks + k_blocks - 1) %% STAGES));
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int r = 0; r < BN / 2; ++r) keep(acc[h][r]);
+    // epilogue: thread t holds rows 16*warp + lane/4 (+8) and column pairs 8*q + 2*(lane%%4)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int q = 0; q < BN / 8; ++q) {
+        int col = pn * BN + 8 * q + 2 * (lane %% 4);
+        if (col >= N) continue;
+        uint32_t bb = *(const uint32_t*)(bias + col);
+        float b0 = __uint_as_float(bb << 16), b1 = __uint_as_float(bb & 0xFFFF0000u);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          int row = pm * BM + 64 * h + 16 * warp + lane / 4 + 8 * half;
+          if (row >= M) continue;
+          float a0 = bf16_round(acc[h][4 * q + 2 * half]), a1 = bf16_round(acc[h][4 * q + 2 * half + 1]);
+          %(MATH)s
+          *(uint32_t*)(out + (long long)row * N + col) = bf16x2(y0, y1);
+        }
+      }
+    }
+  }
+}
+""" % {"BM": BM, "BN": BN, "BK": BK, "STAGES": stages, "EPI": epilogue, "MATH": math,
+       "WGMMA": _wgmma_asm(BN)}
+
+
+def smem_bytes(stages: int) -> int:
+    return 1024 + stages * (BM * BK + BK * BN) * 2 + (2 * stages + 2) * 8
+
+
+class HopperMatmul:
+    """Compile once (NVRTC, sm_90a), then launch on PyTorch's current stream."""
+
+    def __init__(self, stages: int = 6, epilogue: str = "gelu"):
+        from pathlib import Path
+
+        from ember.runtime import cuda_backend as cb
+        self.cb, self.stages, self.epilogue = cb, stages, epilogue
+        self.name = f"matmul_bias_{epilogue}_pingpong"
+        image, _, _ = cb.compile_module(source(stages, epilogue), "sm_90a", Path("/tmp/ember_hopper_cache"))
+        self.module = cb.CudaModule(image, [self.name])
+        self.driver = cb._driver()
+        self.fn = None
+
+    def _map(self, t: torch.Tensor, box_inner: int, box_outer: int):
+        d = self.driver
+        rows, cols = t.shape
+        err, tmap = d.cuTensorMapEncodeTiled(
+            d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, t.data_ptr(),
+            [d.cuuint64_t(cols), d.cuuint64_t(rows)], [d.cuuint64_t(t.stride(0) * 2)],
+            [d.cuuint32_t(box_inner), d.cuuint32_t(box_outer)], [d.cuuint32_t(1), d.cuuint32_t(1)],
+            d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        self.cb._check(d, err, "cuTensorMapEncodeTiled")
+        return tmap
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        d = self.driver
+        M, K = x.shape
+        N = w.shape[1]
+        if self.fn is None:
+            self.fn = self.module.functions(x.device.index or 0)[self.name][0]
+            attr = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            self.cb._check(d, d.cuFuncSetAttribute(self.fn, attr, smem_bytes(self.stages))[0], "cuFuncSetAttribute")
+            self.sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        a_map, b_map = self._map(x, BK, BM), self._map(w, 64, BK)
+        slots = [ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(b.data_ptr()),
+                 ctypes.c_int(M), ctypes.c_int(N), ctypes.c_int(K)]
+        argv = (ctypes.c_void_p * 7)(a_map.getPtr(), b_map.getPtr(), *[ctypes.addressof(s) for s in slots])
+        tiles = -(-M // BM) * -(-N // BN)
+        stream = torch.cuda.current_stream().cuda_stream
+        (err,) = d.cuLaunchKernel(self.fn, min(self.sms, tiles), 1, 1, 384, 1, 1, smem_bytes(self.stages),
+                                  stream, ctypes.addressof(argv), 0)
+        self.cb._check(d, err, "cuLaunchKernel")
+        return out
+
+
+def main() -> None:
+    from bench.common import interleaved_gpu_times, profiled_kernels, rel_error, table
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default="8192x4096x4096")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--stages", default="6")
+    p.add_argument("--check-only", action="store_true")
+    a = p.parse_args()
+    print(torch.cuda.get_device_name(), torch.__version__)
+    bf = torch.bfloat16
+    fn = lambda x, w, b: F.gelu(x @ w + b)  # noqa: E731
+    kernels = {f"{epi} s{s}": HopperMatmul(int(s), epi) for s in a.stages.split(",") for epi in ("gelu", "none")}
+    checks = [(256, 128, 256), (200, 72, 136), (128, 4096, 384), (1000, 520, 264)]
+    for M, K, N in checks:  # awkward edges first: partial tiles, a K tail
+        torch.manual_seed(0)
+        x, w, b = (torch.randn(M, K, device="cuda", dtype=bf), torch.randn(K, N, device="cuda", dtype=bf),
+                   torch.randn(N, device="cuda", dtype=bf))
+        for name, k in kernels.items():
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=bf)
+            k(x, w, b, out)
+            torch.cuda.synchronize()
+            ref = fn(x.double(), w.double(), b.double()) if name.startswith("gelu") else x.double() @ w.double()
+            print(f"check {M}x{K}x{N} {name}: rel err {rel_error(out, ref):.2e}, "
+                  f"eager's {rel_error(fn(x, w, b) if name.startswith('gelu') else x @ w, ref):.2e}")
+    if a.check_only:
+        return
+    ind = torch.compile(fn)
+    ember_default = ember.compile(fn)
+    ember_cuda = ember.compile(fn, options={"gpu_backend": "cuda"})
+    # the fused Triton kernel the Hopper template replaces (built while the backend's check is faked)
+    from ember.runtime import cuda_matmul as runtime_matmul
+
+    def ember_triton(*args):
+        hopper, runtime_matmul.on_hopper = runtime_matmul.on_hopper, lambda kernel: False
+        try:
+            return ember_triton_fn(*args)
+        finally:
+            runtime_matmul.on_hopper = hopper
+    ember_triton_fn = ember.compile(fn, options={"matmul_epilogues": "all"})
+    for shape in a.shapes.split(","):
+        M, K, N = map(int, shape.split("x"))
+        torch.manual_seed(0)
+        x = torch.randn(M, K, device="cuda", dtype=bf) * 0.05
+        w = torch.randn(K, N, device="cuda", dtype=bf) * 0.05
+        b = torch.randn(N, device="cuda", dtype=bf) * 0.05
+        ref = fn(x.double(), w.double(), b.double())
+        outs = {n: torch.empty(M, N, device="cuda", dtype=bf) for n in kernels}
+        variants = {"Inductor": lambda: ind(x, w, b), "cuBLAS mm alone": lambda: x @ w,
+                    "eager": lambda: fn(x, w, b), "ember (default)": lambda: ember_default(x, w, b),
+                    "ember, Triton's fused kernel": lambda: ember_triton(x, w, b),
+                    "ember, gpu_backend cuda": lambda: ember_cuda(x, w, b)}
+        for n, k in kernels.items():
+            variants[n] = lambda k=k, o=outs[n]: k(x, w, b, o)
+            variants[n]()
+        torch.cuda.synchronize()
+        for f in (ember_default, ember_cuda, ember_triton):
+            f(x, w, b)
+        ember.wait_for_kernels()  # (Triton's matmul kernels compile in the background)
+        errs = {"Inductor": rel_error(ind(x, w, b), ref), "eager": rel_error(fn(x, w, b), ref),
+                "ember (default)": rel_error(ember_default(x, w, b), ref),
+                "ember, Triton's fused kernel": rel_error(ember_triton(x, w, b), ref),
+                "ember, gpu_backend cuda": rel_error(ember_cuda(x, w, b), ref)}
+        errs.update({n: rel_error(outs[n], ref) for n in kernels if n.startswith("gelu")})
+        for n in ("ember (default)", "ember, gpu_backend cuda", f"gelu s{a.stages.split(',')[0]}"):
+            kernels_us = profiled_kernels(variants[n], 10)
+            print(f"{n}: GPU µs a call by kernel", {k[:60]: round(v, 1) for k, v in kernels_us.items()})
+        times = interleaved_gpu_times(variants, rounds=a.rounds, rep_ms=30)
+        rows = [(n, f"{ms * 1e3:.1f}", f"{2 * M * K * N / ms / 1e9:.0f}", f"{times['Inductor'] / ms:.3f}",
+                 f"{errs.get(n, float('nan')):.1e}") for n, ms in sorted(times.items(), key=lambda kv: kv[1])]
+        print(f"gelu(x@W+b) bf16 {M}x{K}x{N}, interleaved ({a.rounds} rounds)")
+        print(table(rows, ["variant", "us", "TFLOP/s", "vs Inductor", "rel err"]))
+
+
+if __name__ == "__main__":
+    main()

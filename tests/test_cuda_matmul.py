@@ -1,0 +1,223 @@
+"""The Hopper matmul template (codegen/cuda_matmul.py, runtime/cuda_matmul.py): which matmuls the
+pass gives it, the kernels it renders for each operand layout, compiled for sm_90a with nvcc on
+the CPU, the launcher's tensor-map arguments, and on a Hopper GPU (``EMBER_TEST_DEVICE=cuda``)
+every layout, edge and fallback against eager with both GPU backends."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+from ember.codegen import cuda_matmul
+from ember.ir import GraphBuilder, Op, dtypes
+from ember.passes import matmul as matmul_pass
+
+from .helpers import check
+from .test_cuda import NVCC, needs_nvcc
+from .test_matmul import _mm
+
+BF16, F16 = torch.bfloat16, torch.float16
+
+
+def gelu_matmul(x, w, b):
+    return F.gelu(x @ w + b)
+
+
+def relu_linear(x, w, b):
+    return torch.relu(F.linear(x, w, b))
+
+
+def silu_transposed(xt, w):  # A M-major (x stored transposed), B N-major
+    return F.silu(xt.t() @ w)
+
+
+def scaled_both_transposed(xt, wt):  # A M-major, B K-major
+    return (xt.t() @ wt.t()).float() * 0.5
+
+
+def product_and_relu(x, w):  # the product is an output too: the epilogue stores both
+    y = x @ w
+    return y, torch.relu(y)
+
+
+# name -> (fn, (M, K, N), dtype, expected (A M-major, B N-major))
+CASES = {
+    "x @ W + b, gelu": (gelu_matmul, (256, 64, 128), BF16, (0, 1)),
+    "linear, relu": (relu_linear, (200, 72, 136), F16, (0, 0)),
+    "x.t() @ W, silu": (silu_transposed, (128, 96, 256), BF16, (1, 1)),
+    "x.t() @ W.t(), scaled": (scaled_both_transposed, (64, 128, 64), F16, (1, 0)),
+    "product and relu": (product_and_relu, (96, 32, 80), BF16, (0, 1)),
+}
+
+
+def inputs(name: str, device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    fn, (m, k, n), dtype, _ = CASES[name]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(m, k, generator=g, dtype=torch.float32).to(dtype)
+    if fn in (silu_transposed, scaled_both_transposed):
+        x = x.t().contiguous()  # stored (K, M): the function multiplies its transpose
+    w = (torch.randn(k, n, generator=g) * 0.1).to(dtype)
+    if fn in (relu_linear,):
+        w = w.t().contiguous()  # nn.Linear's (N, K) weight
+    if fn is scaled_both_transposed:
+        w = w.t().contiguous()
+    b = torch.randn(n, generator=g).to(dtype)
+    args = (x, w, b) if fn in (gelu_matmul, relu_linear) else (x, w)
+    return tuple(a.to(device) for a in args)
+
+
+def explain(name: str, dynamic: bool | None = None) -> ember.Report:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ember.explain(CASES[name][0], *inputs(name), target="cuda", dynamic=dynamic)
+
+
+def the_kernel(report: ember.Report) -> ember.report.KernelReport:
+    (kernel,) = [k for k in report.kernels if "= dot " in k.kernel_ir]
+    return kernel
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_one_kernel_per_layout(name):
+    report = explain(name)
+    assert not [g.error for g in report.graphs if g.error]
+    assert not [f for f in report.fallbacks if "mm" in f], report.fallbacks  # cuBLAS no longer computes it
+    kernel = the_kernel(report)
+    ta, tb = CASES[name][3]
+    src = kernel.source
+    assert src.count('extern "C" __global__') == 1 and f"ember_wgmma<{ta}, {tb}>" in src
+    assert "setmaxnreg.inc" in src and "ember_tma_load" in src
+    assert len(report.kernels) == 1, [k.name for k in report.kernels]  # the epilogue is in it
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_kernels_compile_for_sm90a(tmp_path, dynamic):
+    sources = []
+    for i, name in enumerate(CASES):
+        kernel = the_kernel(explain(name, dynamic=dynamic))
+        sources.append(re.sub(rf"\b{kernel.name}\b", f"{kernel.name}_{i}", kernel.source))
+    path = tmp_path / "matmuls.cu"
+    path.write_text(cuda_matmul.PRELUDE + cuda_matmul._hopper_helpers() + "\n\n".join(sources))
+    cmd = [NVCC, "-cubin", f"-arch={cuda_matmul.ARCH}", "-std=c++17", "-Xptxas", "-v", "-o",
+           str(tmp_path / "m.cubin"), str(path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "spill" in proc.stderr and not re.search(r"[1-9]\d* bytes spill", proc.stderr), proc.stderr
+
+
+def test_dynamic_rows_are_a_kernel_argument():
+    kernel = the_kernel(explain("x @ W + b, gelu", dynamic=True))
+    assert re.search(r"int64_t s\d+", kernel.source)  # M comes in as a size, not a constant
+
+
+def test_launch_meta_describes_each_operand():
+    meta = cuda_matmul.launch_meta(_kernel_ir("linear, relu"))
+    a, b = meta["operands"]
+    assert (a["rows"], a["cols"], a["stride"], a["box"]) == ("200", "72", "72", (64, 128))
+    assert (b["rows"], b["cols"], b["stride"], b["box"]) == ("136", "72", "72", (64, 128))  # W (N, K): K-major
+    meta = cuda_matmul.launch_meta(_kernel_ir("x.t() @ W, silu"))
+    a, b = meta["operands"]
+    assert (a["rows"], a["cols"], a["box"]) == ("96", "128", (64, 64))   # x stored (K, M)
+    assert (b["rows"], b["cols"], b["box"]) == ("96", "256", (64, 64))   # W (K, N): N-major
+    assert meta["smem"] <= 227 * 1024 and meta["threads"] == 384
+
+
+def _kernel_ir(name: str):
+    kernels = []
+    from ember.runtime.cuda_backend import CudaBackend
+    original = CudaBackend.render
+
+    def render(self, kernel):
+        kernels.append(kernel)
+        return original(self, kernel)
+
+    CudaBackend.render = render
+    try:
+        explain(name)
+    finally:
+        CudaBackend.render = original
+    (kernel,) = [k for k in kernels if k.dots]
+    return kernel
+
+
+def test_template_refuses_two_products():
+    b = GraphBuilder()
+    x, wg, wu = (b.input(s, dtypes.bfloat16) for s in ((64, 32), (32, 48), (32, 48)))
+    gate, up = _mm(b, x, wg, dtype=dtypes.bfloat16), _mm(b, x, wu, dtype=dtypes.bfloat16)
+    g = b.build(b.mul(b.sigmoid(gate), up))
+    after = matmul_pass.matmul_epilogues(g, target="cuda")
+    assert not [n for n in after.nodes if n.op is Op.MATMUL]  # their epilogues meet: cuBLAS computes both
+    b = GraphBuilder()
+    x, wg, wu = (b.input(s, dtypes.bfloat16) for s in ((64, 32), (32, 48), (32, 48)))
+    gate, up = _mm(b, x, wg, dtype=dtypes.bfloat16), _mm(b, x, wu, dtype=dtypes.bfloat16)
+    g = b.build(b.sigmoid(gate), b.relu(up))  # two epilogues apart: a kernel each
+    after = matmul_pass.matmul_epilogues(g, target="cuda")
+    assert len([n for n in after.nodes if n.op is Op.MATMUL]) == 2
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_pass_takes_a_lone_matmul_on_hopper(monkeypatch, backend):
+    b = GraphBuilder(device="cuda:0")
+    x, w = b.input((64, 32), dtypes.float16), b.input((32, 48), dtypes.float16)
+    g = b.build(b.relu(_mm(b, x, w)))
+    monkeypatch.setattr(matmul_pass, "_hopper_gpu", lambda device: False)
+    assert not [n for n in matmul_pass.matmul_epilogues(g, gpu_backend=backend).nodes if n.op is Op.MATMUL]
+    monkeypatch.setattr(matmul_pass, "_hopper_gpu", lambda device: True)
+    assert [n for n in matmul_pass.matmul_epilogues(g, gpu_backend=backend).nodes if n.op is Op.MATMUL]
+
+
+# ---- on a Hopper GPU ---------------------------------------------------------------------------
+
+ON_HOPPER = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                               reason="the Hopper matmul kernels run on compute capability 9.0 GPUs")
+
+
+@ON_HOPPER
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_eager_on_hopper(backend, name):
+    report = check(CASES[name][0], *inputs(name, "cuda"), options={"gpu_backend": backend})
+    assert "ember_wgmma" in the_kernel(report).source
+
+
+@ON_HOPPER
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("shape", [(1000, 520, 264), (17, 4096, 24), (8, 16, 16), (4096, 1024, 2048)])
+def test_edges_on_hopper(backend, shape):
+    m, k, n = shape
+    x = torch.randn(m, k, dtype=BF16, device="cuda")
+    w = torch.randn(k, n, dtype=BF16, device="cuda") * 0.05
+    b = torch.randn(n, dtype=BF16, device="cuda")
+    check(gelu_matmul, x, w, b, options={"gpu_backend": backend})
+
+
+@ON_HOPPER
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_rows_that_change_reuse_the_kernel(backend):
+    w = torch.randn(96, 128, dtype=BF16, device="cuda") * 0.1
+    b = torch.randn(128, dtype=BF16, device="cuda")
+    fn = ember.compile(gelu_matmul, dynamic=True, options={"gpu_backend": backend})
+    for m in (40, 300, 1, 129):
+        x = torch.randn(m, 96, dtype=BF16, device="cuda")
+        torch.testing.assert_close(fn(x, w, b), gelu_matmul(x, w, b), rtol=1.6e-2, atol=1e-2)
+
+
+@ON_HOPPER
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_operands_tma_cannot_read_run_through_aten(backend):
+    # rows of 40 bf16 (80 bytes, not a multiple of 16) sliced one element in: not 16-byte aligned
+    big = torch.randn(64, 41, dtype=BF16, device="cuda")
+    x = big[:, 1:]
+    w = torch.randn(40, 32, dtype=BF16, device="cuda") * 0.1
+    b = torch.randn(32, dtype=BF16, device="cuda")
+    before = ember.stats()["matmuls_through_aten"]
+    out = ember.compile(gelu_matmul, options={"gpu_backend": backend})(x, w, b)  # (check() would clone x)
+    torch.testing.assert_close(out, gelu_matmul(x, w, b), rtol=1.6e-2, atol=1e-2)
+    assert ember.stats()["matmuls_through_aten"] > before
