@@ -13,9 +13,9 @@ projections of one input), and on a Hopper GPU (compute capability 9.0) a matmul
 kernel is then a hand-written warp-specialized ping-pong kernel (codegen/cuda_matmul.py) whose
 epilogue runs while the other consumer's products do: 1.09x-1.21x Inductor (cuBLAS plus an
 epilogue kernel) on one H200, 0.97-0.98x on another, whose cuBLAS was faster, and 3-7% faster than
-Triton's fused kernel on both (bench/hopper_gemm.py, bench/RESULTS.md). Elsewhere a lone matmul stays cuBLAS's, its epilogue a
-kernel of its own: Triton's fused kernel does not overlap gelu's math with the next tile's
-products (0.96x at 8192 x 4096 x 4096 on an H100, bench/matmul_sweep.py). Two products sharing
+Triton's fused kernel on both (bench/hopper_gemm.py, bench/RESULTS.md). Elsewhere a lone matmul
+stays cuBLAS's, its epilogue a kernel of its own: Triton's fused kernel does not overlap gelu's
+math with the next tile's products (0.96x at 8192 x 4096 x 4096 on an H100, bench/matmul_sweep.py). Two products sharing
 their loads come out ahead on device time (silu·mul: the fused kernel 2169 µs, cuBLAS's two
 products alone 2 x 1083-1101 before their epilogue kernel) and at parity in wall time (0.99-1.04x
 Inductor over two runs; bench/RESULTS.md, ninth run). 'all' rewrites every matmul with an

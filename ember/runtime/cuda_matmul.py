@@ -159,7 +159,7 @@ class HopperMatmul:
         device = torch.cuda.current_device()
         fn, sms = self._devices.get(device) or self._function(device)
         driver = _driver()
-        tiles = -(-m // 128) * -(-n // 128)
+        tiles = -(-m // self.meta["tile"][0]) * -(-n // self.meta["tile"][1])
         stream = driver.CUstream(_current_stream(device))
         with self._lock:
             tmaps = [self._map(*mp) for mp in maps]
