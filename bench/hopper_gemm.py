@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
+from ember.codegen.cuda_matmul import PRELUDE, hopper_helpers
 
 BM, BN, BK = 128, 128, 64
 
@@ -46,92 +47,39 @@ def source(stages: int = 6, epilogue: str = "gelu", bn: int = BN) -> str:
     math = {
         "none": "float y0 = a0, y1 = a1;",
         "bias": "float y0 = a0 + b0, y1 = a1 + b1;",
-        "gelu": ("float s0 = bf16_round(a0 + b0), s1 = bf16_round(a1 + b1);\n"
+        "gelu": ("float s0 = ember_round_bf16(a0 + b0), s1 = ember_round_bf16(a1 + b1);\n"
                  "      float y0 = 0.5f * s0 * (1.0f + erff(s0 * 0.7071067811865476f));\n"
                  "      float y1 = 0.5f * s1 * (1.0f + erff(s1 * 0.7071067811865476f));"),
     }[epilogue]
-    return r"""
-typedef unsigned int uint32_t;
-typedef unsigned long long uint64_t;
-typedef unsigned short uint16_t;
-#define EMBER_FN __device__ __forceinline__
+    return PRELUDE + hopper_helpers() + r"""
 #define BM %(BM)d
 #define BN %(BN)d
 #define BK %(BK)d
 #define STAGES %(STAGES)d
-#define GROUP_M 8
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BK * BN * 2)
 #define STAGE_BYTES (A_BYTES + B_BYTES)
-
-struct __align__(64) TensorMap { uint64_t opaque[16]; };
-
-EMBER_FN uint32_t smem_u32(const void* p) {
-  uint32_t r;
-  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %%1; cvt.u32.u64 %%0, t; }" : "=r"(r) : "l"(p));
-  return r;
-}
-EMBER_FN void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%%0], %%1;" :: "r"(bar), "r"(count));
-}
-EMBER_FN void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%%0], %%1;" :: "r"(bar), "r"(bytes) : "memory");
-}
-EMBER_FN void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%%0];" :: "r"(bar) : "memory");
-}
-EMBER_FN void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile("{\n.reg .pred p;\nWAIT:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 p, [%%0], %%1;\n"
-               "@!p bra WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
-}
-EMBER_FN void tma_load(uint32_t dst, const TensorMap* map, uint32_t bar, int inner, int outer) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%%0], [%%1, {%%3, %%4}], [%%2];"
-               :: "r"(dst), "l"((uint64_t)map), "r"(bar), "r"(inner), "r"(outer) : "memory");
-}
-// shared-memory matrix descriptor, 128-byte swizzle: address, leading and stride byte offsets
-EMBER_FN uint64_t smem_desc(uint32_t addr, uint32_t leading, uint32_t stride) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(leading >> 4) << 16)
-       | ((uint64_t)(stride >> 4) << 32) | (1ull << 62);
-}
-EMBER_FN void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-EMBER_FN void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N> EMBER_FN void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %%0;" :: "n"(N) : "memory"); }
-EMBER_FN void keep(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
-EMBER_FN float bf16_round(float f) {
-  uint16_t h;
-  asm("cvt.rn.bf16.f32 %%0, %%1;" : "=h"(h) : "f"(f));
-  return __uint_as_float((uint32_t)h << 16);
-}
+// (ember's Hopper helpers come first: TMA, mbarriers, descriptors, wgmma; codegen/cuda_matmul.py)
 EMBER_FN uint32_t bf16x2(float lo, float hi) {
   uint32_t r;
   asm("cvt.rn.bf16x2.f32 %%0, %%1, %%2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
 %(WGMMA)s
-EMBER_FN void tile_of(int t, int tiles_m, int tiles_n, int& pm, int& pn) {
-  int in_group = GROUP_M * tiles_n;
-  int first_m = (t / in_group) * GROUP_M;
-  int size_m = tiles_m - first_m < GROUP_M ? tiles_m - first_m : GROUP_M;
-  pm = first_m + (t %% in_group) %% size_m;
-  pn = (t %% in_group) / size_m;
-}
-
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_bias_%(EPI)s_pingpong(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap b_map,
+matmul_bias_%(EPI)s_pingpong(const __grid_constant__ EmberTensorMap a_map, const __grid_constant__ EmberTensorMap b_map,
                    uint16_t* __restrict__ out, const uint16_t* __restrict__ bias, int M, int N, int K) {
   extern __shared__ unsigned char smem_raw[];
-  uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
+  uint32_t base = (ember_smem(smem_raw) + 1023) & ~1023u;
   uint32_t bars = base + STAGES * STAGE_BYTES;  // full[STAGES], empty[STAGES], order[2]
   int wg = threadIdx.x / 128, t = threadIdx.x %% 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(bars + 8 * s, 1);
-      mbar_init(bars + 8 * (STAGES + s), 1);
+      ember_mbar_init(bars + 8 * s, 1);
+      ember_mbar_init(bars + 8 * (STAGES + s), 1);
     }
-    mbar_init(bars + 8 * (2 * STAGES), 1);
-    mbar_init(bars + 8 * (2 * STAGES + 1), 1);
+    ember_mbar_init(bars + 8 * (2 * STAGES), 1);
+    ember_mbar_init(bars + 8 * (2 * STAGES + 1), 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -143,15 +91,15 @@ matmul_bias_%(EPI)s_pingpong(const __grid_constant__ TensorMap a_map, const __gr
     if (t != 0) return;
     for (int i = 0; i < mine; ++i) {
       int pm, pn;
-      tile_of(blockIdx.x + i * gridDim.x, tiles_m, tiles_n, pm, pn);
+      ember_tile_of(blockIdx.x + i * gridDim.x, tiles_m, tiles_n, pm, pn);
       for (int kb = 0; kb < k_blocks; ++kb) {
         int n = i * k_blocks + kb, s = n %% STAGES;
-        if (n >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((n / STAGES) - 1) & 1);
+        if (n >= STAGES) ember_mbar_wait(bars + 8 * (STAGES + s), ((n / STAGES) - 1) & 1);
         uint32_t full = bars + 8 * s, stage = base + s * STAGE_BYTES;
-        mbar_expect_tx(full, STAGE_BYTES);
-        tma_load(stage, &a_map, full, kb * BK, pm * BM);
+        ember_mbar_expect(full, STAGE_BYTES);
+        ember_tma_load(stage, &a_map, full, kb * BK, pm * BM);
         for (int h = 0; h < BN / 64; ++h)
-          tma_load(stage + A_BYTES + h * (BK * 128), &b_map, full, pn * BN + h * 64, kb * BK);
+          ember_tma_load(stage + A_BYTES + h * (BK * 128), &b_map, full, pn * BN + h * 64, kb * BK);
       }
     }
     return;
@@ -161,33 +109,33 @@ matmul_bias_%(EPI)s_pingpong(const __grid_constant__ TensorMap a_map, const __gr
   float acc[2][BN / 2];
   for (int j = 0; 2 * j + c < mine; ++j) {
     int i = 2 * j + c;
-    if (i > 0) mbar_wait(bars + 8 * (2 * STAGES + c), (c ? j : j - 1) & 1);  // the other's mainloop issued
+    if (i > 0) ember_mbar_wait(bars + 8 * (2 * STAGES + c), (c ? j : j - 1) & 1);  // the other's mainloop issued
     int pm, pn;
-    tile_of(blockIdx.x + i * gridDim.x, tiles_m, tiles_n, pm, pn);
+    ember_tile_of(blockIdx.x + i * gridDim.x, tiles_m, tiles_n, pm, pn);
     for (int kb = 0; kb < k_blocks; ++kb) {
       int n = i * k_blocks + kb, s = n %% STAGES;
-      mbar_wait(bars + 8 * s, (n / STAGES) & 1);
+      ember_mbar_wait(bars + 8 * s, (n / STAGES) & 1);
       uint32_t a = base + s * STAGE_BYTES, b = a + A_BYTES;
-      wgmma_fence();
+      ember_wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
-        uint64_t db = smem_desc(b + kk * 16 * 128, BK * 128, 8 * 128);
-        wgmma_m64n%(BN)d(acc[0], smem_desc(a + kk * 32, 16, 8 * 128), db, kb | kk);
-        wgmma_m64n%(BN)d(acc[1], smem_desc(a + 64 * 128 + kk * 32, 16, 8 * 128), db, kb | kk);
+        uint64_t db = ember_smem_desc(b + kk * 16 * 128, BK * 128, 8 * 128);
+        wgmma_m64n%(BN)d(acc[0], ember_smem_desc(a + kk * 32, 16, 8 * 128), db, kb | kk);
+        wgmma_m64n%(BN)d(acc[1], ember_smem_desc(a + 64 * 128 + kk * 32, 16, 8 * 128), db, kb | kk);
       }
-      wgmma_commit();
+      ember_wgmma_commit();
       if (kb > 0) {
-        wgmma_wait<1>();
-        if (t == 0) mbar_arrive(bars + 8 * (STAGES + (n - 1) %% STAGES));
+        ember_wgmma_wait<1>();
+        if (t == 0) ember_mbar_arrive(bars + 8 * (STAGES + (n - 1) %% STAGES));
       }
     }
-    if (t == 0) mbar_arrive(bars + 8 * (2 * STAGES + (1 - c)));  // the other consumer may start
-    wgmma_wait<0>();
-    if (t == 0) mbar_arrive(bars + 8 * (STAGES + (i * k_blocks + k_blocks - 1) %% STAGES));
+    if (t == 0) ember_mbar_arrive(bars + 8 * (2 * STAGES + (1 - c)));  // the other consumer may start
+    ember_wgmma_wait<0>();
+    if (t == 0) ember_mbar_arrive(bars + 8 * (STAGES + (i * k_blocks + k_blocks - 1) %% STAGES));
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int r = 0; r < BN / 2; ++r) keep(acc[h][r]);
+      for (int r = 0; r < BN / 2; ++r) ember_keep(acc[h][r]);
     // epilogue: thread t holds rows 16*warp + lane/4 (+8) and column pairs 8*q + 2*(lane%%4)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -201,7 +149,7 @@ matmul_bias_%(EPI)s_pingpong(const __grid_constant__ TensorMap a_map, const __gr
         for (int half = 0; half < 2; ++half) {
           int row = pm * BM + 64 * h + 16 * warp + lane / 4 + 8 * half;
           if (row >= M) continue;
-          float a0 = bf16_round(acc[h][4 * q + 2 * half]), a1 = bf16_round(acc[h][4 * q + 2 * half + 1]);
+          float a0 = ember_round_bf16(acc[h][4 * q + 2 * half]), a1 = ember_round_bf16(acc[h][4 * q + 2 * half + 1]);
           %(MATH)s
           *(uint32_t*)(out + (long long)row * N + col) = bf16x2(y0, y1);
         }

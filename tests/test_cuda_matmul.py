@@ -104,7 +104,7 @@ def test_kernels_compile_for_sm90a(tmp_path, dynamic):
         kernel = the_kernel(explain(name, dynamic=dynamic))
         sources.append(re.sub(rf"\b{kernel.name}\b", f"{kernel.name}_{i}", kernel.source))
     path = tmp_path / "matmuls.cu"
-    path.write_text(cuda_matmul.PRELUDE + cuda_matmul._hopper_helpers() + "\n\n".join(sources))
+    path.write_text(cuda_matmul.PRELUDE + cuda_matmul.hopper_helpers() + "\n\n".join(sources))
     cmd = [NVCC, "-cubin", f"-arch={cuda_matmul.ARCH}", "-std=c++17", "-Xptxas", "-v", "-o",
            str(tmp_path / "m.cubin"), str(path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -33,6 +33,7 @@ from ..schedule.kernel_ir import Kernel, Value, inner_var, outer_var
 from .cstyle import BodyRenderer, index_expr
 from .cuda import CUDA
 from .cuda_prelude import PRELUDE
+from .layout import operand_layout
 from .wrapper import pexpr
 
 # 128 x 192 tiles read a sixth less from L2 per product (394.4 against 413.3 µs at 8192 x 4096 x
@@ -53,21 +54,11 @@ class MatmulRenderError(ValueError):
     """The kernel is not one this template computes (its caller renders it otherwise)."""
 
 
-def operand_layout(v: Value, row: sympy.Symbol, col: sympy.Symbol) -> tuple[str, sympy.Expr, sympy.Expr] | None:
-    """How an operand load walks memory: ('row', offset, row stride) when its columns are
-    contiguous, ('col', offset, column stride) when its rows are, else None."""
-    e = sympy.expand(v.arg.index)
-    if e.free_symbols & {outer_var(0), outer_var(1), inner_var(0)} - {row, col}:
+def _layout(v: Value, row: sympy.Symbol, col: sympy.Symbol) -> tuple[str, sympy.Expr, sympy.Expr] | None:
+    """``layout.operand_layout``, None also for an operand indexed by the other's dim."""
+    if sympy.expand(v.arg.index).free_symbols & {outer_var(0), outer_var(1), inner_var(0)} - {row, col}:
         return None
-    rs, cs = e.coeff(row), e.coeff(col)
-    offset = sympy.expand(e - rs * row - cs * col)
-    if offset.has(row, col):
-        return None
-    if cs == 1:
-        return ("row", offset, rs)
-    if rs == 1:
-        return ("col", offset, cs)
-    return None
+    return operand_layout(v, row, col)
 
 
 def takes(kernel: Kernel) -> str | None:
@@ -84,12 +75,14 @@ def takes(kernel: Kernel) -> str | None:
         return "operands that are not 16-bit float loads"
     if any(v.inner and v is not dot and v is not a and v is not b for v in kernel.values):
         return "work in the K loop besides the product"
-    if operand_layout(a, outer_var(0), inner_var(0)) is None or operand_layout(b, inner_var(0), outer_var(1)) is None:
+    if _layout(a, outer_var(0), inner_var(0)) is None or _layout(b, inner_var(0), outer_var(1)) is None:
         return "an operand with no contiguous dim"
     return None
 
 
-def _hopper_helpers() -> str:
+def hopper_helpers() -> str:
+    """The device helpers a translation unit of these kernels needs after the CUDA prelude:
+    TMA loads, mbarriers, shared-memory descriptors and the wgmma products of each layout."""
     acc = ", ".join(f"%{i}" for i in range(BN // 2))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(BN // 2))
     products = []
@@ -179,8 +172,8 @@ class CudaMatmulRenderer:
         self.body = BodyRenderer(kernel, CUDA)
         self.dot = kernel.dots[0]
         self.a, self.b = self.dot.srcs
-        self.a_layout = operand_layout(self.a, outer_var(0), inner_var(0))
-        self.b_layout = operand_layout(self.b, inner_var(0), outer_var(1))
+        self.a_layout = _layout(self.a, outer_var(0), inner_var(0))
+        self.b_layout = _layout(self.b, inner_var(0), outer_var(1))
         self.m, self.n, self.kdim = kernel.outer[0], kernel.outer[1], kernel.inner[0]
 
     @property
@@ -403,7 +396,7 @@ def render_kernel(kernel: Kernel) -> str:
 
 def render_module(kernels: list[Kernel]) -> str:
     """One translation unit of matmul kernels, for sm_90a."""
-    return PRELUDE + _hopper_helpers() + "\n" + "\n\n".join(render_kernel(k) for k in kernels) + "\n"
+    return PRELUDE + hopper_helpers() + "\n" + "\n\n".join(render_kernel(k) for k in kernels) + "\n"
 
 
 def launch_meta(kernel: Kernel) -> dict[str, Any]:

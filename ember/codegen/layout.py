@@ -49,3 +49,19 @@ def tile_counts(kernel: Kernel) -> tuple[sympy.Expr, sympy.Expr]:
     """A tiled kernel's rows (its leading dims, flattened) and columns (its last dim): the
     outer and inner counts both backends' launchers size its grid by."""
     return sh.numel(kernel.outer[:-1]), kernel.outer[-1]
+
+
+def operand_layout(v: Value, row: sympy.Symbol, col: sympy.Symbol) -> tuple[str, sympy.Expr, sympy.Expr] | None:
+    """How a matmul operand's load walks memory, its index affine in ``row`` and ``col``:
+    ('row', offset, row stride) when its columns are contiguous, ('col', offset, column stride)
+    when its rows are, else None (no contiguous dim: no TMA). Both GPU backends' matmuls."""
+    e = sympy.expand(v.arg.index)
+    rs, cs = e.coeff(row), e.coeff(col)
+    offset = sympy.expand(e - rs * row - cs * col)
+    if offset.has(row, col):
+        return None
+    if cs == 1:
+        return ("row", offset, rs)
+    if rs == 1:
+        return ("col", offset, cs)
+    return None

@@ -22,6 +22,7 @@ import sympy
 from ..ir import shapes as sh
 from ..schedule.indexing import recombine
 from ..schedule.kernel_ir import Kernel, Value, inner_var, outer_var
+from .layout import operand_layout
 from .triton import TL_TYPES, RenderError, TritonKernelRenderer
 from .wrapper import pexpr
 
@@ -30,20 +31,10 @@ _M, _N = (sympy.Symbol(n, integer=True, nonnegative=True) for n in ("am", "bn"))
 
 
 def _layout(v: Value, row: sympy.Symbol, col: sympy.Symbol) -> tuple[str, sympy.Expr, sympy.Expr] | None:
-    """How an operand load walks memory: ('row', offset, row stride) when its columns are
-    contiguous, ('col', offset, column stride) when its rows are, else None (no TMA)."""
-    e = sympy.expand(v.arg.index)
-    if e.free_symbols & {outer_var(0), outer_var(1), inner_var(0)} - {row, col}:
+    """``layout.operand_layout``; a RenderError for an operand indexed by the other's dim."""
+    if sympy.expand(v.arg.index).free_symbols & {outer_var(0), outer_var(1), inner_var(0)} - {row, col}:
         raise RenderError("a matmul operand indexed by the other operand's dim")
-    rs, cs = e.coeff(row), e.coeff(col)
-    offset = sympy.expand(e - rs * row - cs * col)
-    if offset.has(row, col):
-        return None
-    if cs == 1:
-        return ("row", offset, rs)
-    if rs == 1:
-        return ("col", offset, cs)
-    return None
+    return operand_layout(v, row, col)
 
 
 class MatmulRenderer(TritonKernelRenderer):

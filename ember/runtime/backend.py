@@ -31,6 +31,14 @@ class BuiltKernels:
     module_source: str = ""
     keepalive: list[Any] = field(default_factory=list)  # libraries/modules the callables need
 
+    def merge(self, other: BuiltKernels) -> BuiltKernels:
+        """These kernels and ``other``'s (two modules of one graph), in one BuiltKernels."""
+        self.functions.update(other.functions)
+        self.failed.update(other.failed)
+        self.module_source = "\n".join(s for s in (other.module_source, self.module_source) if s)
+        self.keepalive += other.keepalive
+        return self
+
 
 class Backend(ABC):
     name = "?"

@@ -203,6 +203,16 @@ def make_context_current(device: int) -> None:
     _check(driver, driver.cuCtxSetCurrent(_contexts[device])[0], "cuCtxSetCurrent")
 
 
+def launch(driver: Any, device: int, *args: Any) -> Any:
+    """``cuLaunchKernel(*args)``, making ``device``'s context current first on a thread that has
+    none; the CUresult."""
+    (err,) = driver.cuLaunchKernel(*args)
+    if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        make_context_current(device)
+        (err,) = driver.cuLaunchKernel(*args)
+    return err
+
+
 class CudaModule:
     """A cubin, loaded lazily into each device that launches its kernels."""
 
@@ -465,10 +475,7 @@ class CudaKernel:
             if self.meta["workspace"]:
                 ws = state["workspaces"].get(raw) or self._workspace(state, device, raw)
                 slots[-2].value, slots[-1].value = ws[2], ws[3]
-            (err,) = driver.cuLaunchKernel(fn, grid, 1, 1, bx, by, 1, 0, stream, self._argv_address, 0)
-            if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread without a current context
-                make_context_current(device)
-                (err,) = driver.cuLaunchKernel(fn, grid, 1, 1, bx, by, 1, 0, stream, self._argv_address, 0)
+            err = launch(driver, device, fn, grid, 1, 1, bx, by, 1, 0, stream, self._argv_address, 0)
         _check(driver, err, f"launching {self.name} (grid {grid}, block {bx} x {by})")
 
 
@@ -509,12 +516,7 @@ class CudaBackend(Backend):
             except cuda_matmul.MatmulRenderError as e:
                 raise BuildError(str(e)) from None
             rest = [k for k in kernels if not k.dots]
-            if rest:
-                others = self.build_module(rest, cfg, fallbacks)
-                built.functions.update(others.functions)
-                built.module_source = others.module_source + "\n" + built.module_source
-                built.keepalive += others.keepalive
-            return built
+            return built.merge(self.build_module(rest, cfg, fallbacks)) if rest else built
         device = torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(device)
         arch = f"sm_{major}{minor}"

@@ -27,7 +27,7 @@ from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
 from . import stats
 from .backend import BuildError, BuiltKernels, fall_back
-from .cuda_backend import CudaModule, _check, _current_stream, _driver, compile_module, make_context_current
+from .cuda_backend import CudaModule, _check, _current_stream, _driver, compile_module, launch
 
 MAPS_KEPT = 32  # tensor maps kept per kernel (operands seen recently)
 
@@ -166,10 +166,6 @@ class HopperMatmul:
             self._argv[0], self._argv[1] = tmaps[0].getPtr(), tmaps[1].getPtr()
             for slot, value in zip(self._slots, [*addresses, *sizes]):
                 slot.value = value
-            launch = (fn, min(sms, tiles), 1, 1, cuda_matmul.THREADS, 1, 1, self.meta["smem"], stream,
-                      ctypes.addressof(self._argv), 0)
-            (err,) = driver.cuLaunchKernel(*launch)
-            if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread without a current context
-                make_context_current(device)
-                (err,) = driver.cuLaunchKernel(*launch)
+            err = launch(driver, device, fn, min(sms, tiles), 1, 1, cuda_matmul.THREADS, 1, 1, self.meta["smem"],
+                         stream, ctypes.addressof(self._argv), 0)
         _check(driver, err, f"launching {self.name}")

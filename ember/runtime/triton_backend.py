@@ -478,12 +478,7 @@ class TritonBackend(Backend):
                           f"Triton renders them instead.\n{str(e)[-1500:]}", RuntimeWarning, stacklevel=3)
             hopper, built = [], BuiltKernels()
         rest = [k for k in kernels if k not in hopper]
-        if rest:
-            triton = self._build_triton(rest, cfg, fallbacks)
-            built.functions.update(triton.functions)
-            built.module_source = triton.module_source + "\n" + built.module_source
-            built.keepalive += triton.keepalive
-        return built
+        return built.merge(self._build_triton(rest, cfg, fallbacks)) if rest else built
 
     def _build_triton(self, kernels: list[Kernel], cfg: Config, fallbacks: dict[str, Callable[..., None]] | None
                       ) -> BuiltKernels:
