@@ -11,16 +11,17 @@ Which matmuls (the ``matmul_epilogues`` option): 'auto', the default, rewrites m
 their first operand with another of the same shape (a gated MLP's two projections, parallel
 projections of one input), and on a Hopper GPU (compute capability 9.0) a matmul alone too: its
 kernel is then a hand-written warp-specialized ping-pong kernel (codegen/cuda_matmul.py) whose
-epilogue runs while the other consumer's products do: 1.09x-1.21x Inductor (cuBLAS plus an
-epilogue kernel) on one H200, 0.97-0.98x on another, whose cuBLAS was faster, 1.07x on an H100,
-and 3-7% faster than Triton's fused kernel on the H200s (bench/hopper_gemm.py, bench/RESULTS.md). Elsewhere a lone matmul
-stays cuBLAS's, its epilogue a kernel of its own: Triton's fused kernel does not overlap gelu's
-math with the next tile's products (0.96x at 8192 x 4096 x 4096 on an H100, bench/matmul_sweep.py). Two products sharing
-their loads come out ahead on device time (silu·mul: the fused kernel 2169 µs, cuBLAS's two
-products alone 2 x 1083-1101 before their epilogue kernel) and at parity in wall time (0.99-1.04x
-Inductor over two runs; bench/RESULTS.md, ninth run). 'all' rewrites every matmul with an
-epilogue; 'off' none. The CUDA backend's matmul kernels are the Hopper template only: it rewrites
-lone matmuls on Hopper GPUs (and for ``explain``'s renders), nothing elsewhere.
+epilogue runs while the other consumer's products do. Against Inductor (cuBLAS plus an epilogue
+kernel) that was 1.09x-1.21x on one H200, 0.97-0.98x on another, whose cuBLAS was faster, and
+1.07x on an H100; it was 3-7% faster than Triton's fused kernel on the H200s (bench/hopper_gemm.py,
+bench/RESULTS.md). Elsewhere a lone matmul stays cuBLAS's, its epilogue a kernel of its own:
+Triton's fused kernel does not overlap gelu's math with the next tile's products (0.96x at
+8192 x 4096 x 4096 on an H100, bench/matmul_sweep.py). Two products sharing their loads come out
+ahead on device time (silu·mul: the fused kernel 2169 µs, cuBLAS's two products alone
+2 x 1083-1101 before their epilogue kernel) and at parity in wall time (0.99-1.04x Inductor over
+two runs; bench/RESULTS.md, ninth run). 'all' rewrites every matmul with an epilogue; 'off' none.
+The CUDA backend's matmul kernels are the Hopper template only: it rewrites lone matmuls on
+Hopper GPUs (and for ``explain``'s renders), nothing elsewhere.
 
 Only 16-bit float matmuls are rewritten (float32 matmuls keep cuBLAS's exact float32 products; a
 Triton dot would round them to TF32), only where some user is pointwise, directly or through
