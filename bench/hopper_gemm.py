@@ -40,10 +40,13 @@ def _wgmma_asm(n: int) -> str:
         f"}}\n")
 
 
-def source(stages: int = 6, epilogue: str = "gelu", bn: int = BN) -> str:
+def source(stages: int = 6, epilogue: str = "gelu", bn: int = BN, cluster_mode: int = 0) -> str:
     """The kernel's CUDA C++ source. ``epilogue``: 'none' (the product), 'bias', 'gelu'; ``bn``
     columns a tile (128, or 192: a sixth less operand traffic from L2 per product, 192
-    accumulator registers a thread)."""
+    accumulator registers a thread). ``cluster_mode``, blocks in pairs (clusters) taking vertically
+    adjacent tiles: 0 none; 1 clusters, blocks otherwise independent; 2 each consumer also frees
+    its stage in both blocks; 3 each block also loads half of the pair's shared B tile for both
+    (TMA multicast: half the B traffic from L2)."""
     math = {
         "none": "float y0 = a0, y1 = a1;",
         "bias": "float y0 = a0 + b0, y1 = a1 + b1;",
@@ -59,6 +62,7 @@ def source(stages: int = 6, epilogue: str = "gelu", bn: int = BN) -> str:
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BK * BN * 2)
 #define STAGE_BYTES (A_BYTES + B_BYTES)
+#define MC %(MC)d
 // (ember's Hopper helpers come first: TMA, mbarriers, descriptors, wgmma; codegen/cuda_matmul.py)
 EMBER_FN uint32_t bf16x2(float lo, float hi) {
   uint32_t r;
@@ -66,7 +70,28 @@ EMBER_FN uint32_t bf16x2(float lo, float hi) {
   return r;
 }
 %(WGMMA)s
+EMBER_FN void tma_load_both(uint32_t dst, const EmberTensorMap* map, uint32_t bar, int inner, int outer) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+               " [%%0], [%%1, {%%3, %%4}], [%%2], %%5;"
+               :: "r"(dst), "l"((uint64_t)map), "r"(bar), "r"(inner), "r"(outer), "h"((uint16_t)3) : "memory");
+}
+EMBER_FN void arrive_at(uint32_t bar, uint32_t cta) {  // on block cta's barrier at this offset
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %%0, %%1, %%2;" : "=r"(remote) : "r"(bar), "r"(cta));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%%0];" :: "r"(remote) : "memory");
+}
+EMBER_FN void wait_cluster(uint32_t bar, uint32_t parity) {
+  asm volatile("{\n.reg .pred p;\nWAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%%0], %%1;\n"
+               "@!p bra WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+EMBER_FN void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
 extern "C" __global__ void __launch_bounds__(384, 1)
+#if MC > 0
+__cluster_dims__(2, 1, 1)
+#endif
 matmul_bias_%(EPI)s_pingpong(const __grid_constant__ EmberTensorMap a_map, const __grid_constant__ EmberTensorMap b_map,
                    uint16_t* __restrict__ out, const uint16_t* __restrict__ bias, int M, int N, int K) {
   extern __shared__ unsigned char smem_raw[];
@@ -76,42 +101,71 @@ matmul_bias_%(EPI)s_pingpong(const __grid_constant__ EmberTensorMap a_map, const
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       ember_mbar_init(bars + 8 * s, 1);
-      ember_mbar_init(bars + 8 * (STAGES + s), 1);
+      ember_mbar_init(bars + 8 * (STAGES + s), MC >= 2 ? 2 : 1);
     }
     ember_mbar_init(bars + 8 * (2 * STAGES), 1);
     ember_mbar_init(bars + 8 * (2 * STAGES + 1), 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+#if MC > 0
+  cluster_sync();  // both blocks' barriers exist before either one's loads or arrivals reach them
+  uint32_t rank, cid, ncl;
+  asm volatile("mov.u32 %%0, %%%%cluster_ctarank;" : "=r"(rank));
+  asm volatile("mov.u32 %%0, %%%%clusterid.x;" : "=r"(cid));
+  asm volatile("mov.u32 %%0, %%%%nclusterid.x;" : "=r"(ncl));
+  const int rows_of_tiles = ((M + BM - 1) / BM + 1) / 2, step = 2;  // pairs of tile rows
+#else
   __syncthreads();
-  int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, tiles = tiles_m * tiles_n;
+  const uint32_t rank = 0, cid = blockIdx.x, ncl = gridDim.x;
+  const int rows_of_tiles = (M + BM - 1) / BM, step = 1;
+#endif
+  int tiles_n = (N + BN - 1) / BN, tiles = rows_of_tiles * tiles_n;
   int k_blocks = (K + BK - 1) / BK;
-  int mine = tiles > (int)blockIdx.x ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  int mine = tiles > (int)cid ? (tiles - 1 - (int)cid) / (int)ncl + 1 : 0;
   if (wg == 0) {  // producer: one thread issues every TMA load, in the consumers' order
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (t != 0) return;
-    for (int i = 0; i < mine; ++i) {
-      int pm, pn;
-      ember_tile_of(blockIdx.x + i * gridDim.x, tiles_m, tiles_n, pm, pn);
-      for (int kb = 0; kb < k_blocks; ++kb) {
-        int n = i * k_blocks + kb, s = n %% STAGES;
-        if (n >= STAGES) ember_mbar_wait(bars + 8 * (STAGES + s), ((n / STAGES) - 1) & 1);
-        uint32_t full = bars + 8 * s, stage = base + s * STAGE_BYTES;
-        ember_mbar_expect(full, STAGE_BYTES);
-        ember_tma_load(stage, &a_map, full, kb * BK, pm * BM);
-        for (int h = 0; h < BN / 64; ++h)
-          ember_tma_load(stage + A_BYTES + h * (BK * 128), &b_map, full, pn * BN + h * 64, kb * BK);
+    if (t == 0) {
+      for (int i = 0; i < mine; ++i) {
+        int pm, pn;
+        ember_tile_of(cid + i * ncl, rows_of_tiles, tiles_n, pm, pn);
+        pm = pm * step + rank;
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          int n = i * k_blocks + kb, s = n %% STAGES;
+#if MC >= 2
+          if (n >= STAGES) wait_cluster(bars + 8 * (STAGES + s), ((n / STAGES) - 1) & 1);
+#else
+          if (n >= STAGES) ember_mbar_wait(bars + 8 * (STAGES + s), ((n / STAGES) - 1) & 1);
+#endif
+          uint32_t full = bars + 8 * s, stage = base + s * STAGE_BYTES;
+          ember_mbar_expect(full, STAGE_BYTES);
+          ember_tma_load(stage, &a_map, full, kb * BK, pm * BM);
+#if MC == 3
+          tma_load_both(stage + A_BYTES + rank * (BK * 128), &b_map, full, pn * BN + rank * 64, kb * BK);
+#else
+          for (int h = 0; h < BN / 64; ++h)
+            ember_tma_load(stage + A_BYTES + h * (BK * 128), &b_map, full, pn * BN + h * 64, kb * BK);
+#endif
+        }
       }
     }
-    return;
-  }
+  } else {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   int c = wg - 1, warp = t / 32, lane = t %% 32;
+  auto release = [&](uint32_t bar) {  // a stage this consumer has read: free it in every block that loads it
+#if MC >= 2
+    arrive_at(bar, 0);
+    arrive_at(bar, 1);
+#else
+    ember_mbar_arrive(bar);
+#endif
+  };
   float acc[2][BN / 2];
   for (int j = 0; 2 * j + c < mine; ++j) {
     int i = 2 * j + c;
     if (i > 0) ember_mbar_wait(bars + 8 * (2 * STAGES + c), (c ? j : j - 1) & 1);  // the other's mainloop issued
     int pm, pn;
-    ember_tile_of(blockIdx.x + i * gridDim.x, tiles_m, tiles_n, pm, pn);
+    ember_tile_of(cid + i * ncl, rows_of_tiles, tiles_n, pm, pn);
+    pm = pm * step + rank;
     for (int kb = 0; kb < k_blocks; ++kb) {
       int n = i * k_blocks + kb, s = n %% STAGES;
       ember_mbar_wait(bars + 8 * s, (n / STAGES) & 1);
@@ -126,12 +180,12 @@ matmul_bias_%(EPI)s_pingpong(const __grid_constant__ EmberTensorMap a_map, const
       ember_wgmma_commit();
       if (kb > 0) {
         ember_wgmma_wait<1>();
-        if (t == 0) ember_mbar_arrive(bars + 8 * (STAGES + (n - 1) %% STAGES));
+        if (t == 0) release(bars + 8 * (STAGES + (n - 1) %% STAGES));
       }
     }
     if (t == 0) ember_mbar_arrive(bars + 8 * (2 * STAGES + (1 - c)));  // the other consumer may start
     ember_wgmma_wait<0>();
-    if (t == 0) ember_mbar_arrive(bars + 8 * (STAGES + (i * k_blocks + k_blocks - 1) %% STAGES));
+    if (t == 0) release(bars + 8 * (STAGES + (i * k_blocks + k_blocks - 1) %% STAGES));
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -156,8 +210,12 @@ matmul_bias_%(EPI)s_pingpong(const __grid_constant__ EmberTensorMap a_map, const
       }
     }
   }
+  }
+#if MC > 0
+  cluster_sync();  // neither block leaves while the other may still load into it or arrive on it
+#endif
 }
-""" % {"BM": BM, "BN": bn, "BK": BK, "STAGES": stages, "EPI": epilogue, "MATH": math,
+""" % {"BM": BM, "BN": bn, "BK": BK, "STAGES": stages, "EPI": epilogue, "MATH": math, "MC": cluster_mode,
        "WGMMA": _wgmma_asm(bn)}
 
 
@@ -168,13 +226,14 @@ def smem_bytes(stages: int, bn: int = BN) -> int:
 class HopperMatmul:
     """Compile once (NVRTC, sm_90a), then launch on PyTorch's current stream."""
 
-    def __init__(self, stages: int = 6, epilogue: str = "gelu", bn: int = BN):
+    def __init__(self, stages: int = 6, epilogue: str = "gelu", bn: int = BN, cluster_mode: int = 0):
         from pathlib import Path
 
         from ember.runtime import cuda_backend as cb
-        self.cb, self.stages, self.epilogue, self.bn = cb, stages, epilogue, bn
+        self.cb, self.stages, self.epilogue, self.bn, self.cluster_mode = cb, stages, epilogue, bn, cluster_mode
         self.name = f"matmul_bias_{epilogue}_pingpong"
-        image, _, _ = cb.compile_module(source(stages, epilogue, bn), "sm_90a", Path("/tmp/ember_hopper_cache"))
+        text = source(stages, epilogue, bn, cluster_mode)
+        image, _, _ = cb.compile_module(text, "sm_90a", Path("/tmp/ember_hopper_cache"))
         self.module = cb.CudaModule(image, [self.name])
         self.driver = cb._driver()
         self.fn = None
@@ -208,8 +267,11 @@ class HopperMatmul:
                  ctypes.c_int(M), ctypes.c_int(N), ctypes.c_int(K)]
         argv = (ctypes.c_void_p * 7)(a_map.getPtr(), b_map.getPtr(), *[ctypes.addressof(s) for s in slots])
         tiles = -(-M // BM) * -(-N // self.bn)
+        grid = min(self.sms, tiles)
+        if self.cluster_mode:  # pairs of blocks, each pair a pair of tile rows
+            grid = 2 * min(self.sms // 2, -(-M // (2 * BM)) * -(-N // self.bn))
         stream = torch.cuda.current_stream().cuda_stream
-        (err,) = d.cuLaunchKernel(self.fn, min(self.sms, tiles), 1, 1, 384, 1, 1, smem_bytes(self.stages, self.bn),
+        (err,) = d.cuLaunchKernel(self.fn, grid, 1, 1, 384, 1, 1, smem_bytes(self.stages, self.bn),
                                   stream, ctypes.addressof(argv), 0)
         self.cb._check(d, err, "cuLaunchKernel")
         return out
@@ -224,12 +286,15 @@ def main() -> None:
     p.add_argument("--stages", default="6")
     p.add_argument("--check-only", action="store_true")
     p.add_argument("--tile-n", default="128", help="columns a consumer's tile: 128 or 192")
+    p.add_argument("--cluster-modes", default="0", help="pairs of blocks: 0 none, 1, 2, 3 (see source())")
     a = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
     bf = torch.bfloat16
     fn = lambda x, w, b: F.gelu(x @ w + b)  # noqa: E731
-    kernels = {f"{epi} s{s}{f' n{bn}' if bn != BN else ''}": HopperMatmul(int(s), epi, bn)
-               for s in a.stages.split(",") for epi in ("gelu", "none") for bn in map(int, a.tile_n.split(","))}
+    kernels = {f"{epi} s{s}{f' n{bn}' if bn != BN else ''}{f' cluster{mc}' if mc else ''}":
+               HopperMatmul(int(s), epi, bn, mc)
+               for s in a.stages.split(",") for epi in ("gelu", "none") for bn in map(int, a.tile_n.split(","))
+               for mc in map(int, a.cluster_modes.split(","))}
     checks = [(256, 128, 256), (200, 72, 136), (128, 4096, 384), (1000, 520, 264)]
     for M, K, N in checks:  # awkward edges first: partial tiles, a K tail
         torch.manual_seed(0)
