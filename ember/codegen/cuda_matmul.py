@@ -2,8 +2,8 @@
 
 Triton's fused matmul computes the epilogue (bias, gelu, casts) while the tensor cores wait,
 which cost it 3-4% against cuBLAS plus a separate epilogue kernel at the suite's shape
-(bench/RESULTS.md). This kernel has the shape of cuBLAS's ping-pong kernels (3-7% faster than
-Triton's fused kernel on two H200s; its products alone are 12% behind cuBLAS's):
+(bench/RESULTS.md). This kernel has the shape of cuBLAS's ping-pong kernels (faster than
+Triton's fused kernel in 6 of 8 comparisons; its products alone are 12% behind cuBLAS's):
 
 * a block per SM (persistent) of three warp groups. The producer (one thread of warp group 0)
   loads operand tiles with TMA into a ring of shared-memory stages, the copy engine zero-filling

@@ -13,8 +13,8 @@ projections of one input), and on a Hopper GPU (compute capability 9.0) a matmul
 kernel is then a hand-written warp-specialized ping-pong kernel (codegen/cuda_matmul.py) whose
 epilogue runs while the other consumer's products do. Against Inductor (cuBLAS plus an epilogue
 kernel) that was 1.09x-1.21x on one H200, 0.97-0.98x on another, whose cuBLAS was faster, and
-0.95-1.07x over three H100 calls; it was 3-7% faster than Triton's fused kernel on the H200s
-(bench/hopper_gemm.py, bench/RESULTS.md). Elsewhere a lone matmul stays cuBLAS's, its epilogue a kernel of its own:
+0.95-1.07x over three H100 calls; it beat Triton's fused kernel in 6 of 8 comparisons, by up to
+7%, and lost 2 by 2% (bench/hopper_gemm.py, bench/RESULTS.md). Elsewhere a lone matmul stays cuBLAS's, its epilogue a kernel of its own:
 Triton's fused kernel does not overlap gelu's math with the next tile's products (0.96x at
 8192 x 4096 x 4096 on an H100, bench/matmul_sweep.py). Two products sharing their loads come out
 ahead on device time (silu·mul: the fused kernel 2169 µs, cuBLAS's two products alone
