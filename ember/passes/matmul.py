@@ -14,14 +14,15 @@ kernel is then a hand-written warp-specialized ping-pong kernel (codegen/cuda_ma
 epilogue runs while the other consumer's products do. Against Inductor (cuBLAS plus an epilogue
 kernel) that was 1.09x-1.21x on one H200, 0.97-0.98x on another, whose cuBLAS was faster, and
 0.95-1.07x over three H100 calls; it beat Triton's fused kernel in 6 of 8 comparisons, by up to
-7%, and lost 2 by 2% (bench/hopper_gemm.py, bench/RESULTS.md). Elsewhere a lone matmul stays cuBLAS's, its epilogue a kernel of its own:
-Triton's fused kernel does not overlap gelu's math with the next tile's products (0.96x at
-8192 x 4096 x 4096 on an H100, bench/matmul_sweep.py). Two products sharing their loads come out
-ahead on device time (silu·mul: the fused kernel 2169 µs, cuBLAS's two products alone
-2 x 1083-1101 before their epilogue kernel) and at parity in wall time (0.99-1.04x Inductor over
-two runs; bench/RESULTS.md, ninth run). 'all' rewrites every matmul with an epilogue; 'off' none.
-The CUDA backend's matmul kernels are the Hopper template only: it rewrites lone matmuls on
-Hopper GPUs (and for ``explain``'s renders), nothing elsewhere.
+7%, and lost 2 by 2% (bench/hopper_gemm.py, bench/RESULTS.md). Elsewhere a lone matmul stays
+cuBLAS's, its epilogue a kernel of its own: Triton's fused kernel does not overlap gelu's math
+with the next tile's products (0.96x at 8192 x 4096 x 4096 on an H100, bench/matmul_sweep.py).
+Two products sharing their loads come out ahead on device time (silu·mul: the fused kernel
+2169 µs, cuBLAS's two products alone 2 x 1083-1101 before their epilogue kernel) and at parity
+in wall time (0.99-1.04x Inductor over two runs; bench/RESULTS.md, ninth run). 'all' rewrites
+every matmul with an epilogue; 'off' none. The CUDA backend's matmul kernels are the Hopper
+template only: it rewrites lone matmuls on Hopper GPUs (and for ``explain``'s renders), nothing
+elsewhere.
 
 Only 16-bit float matmuls are rewritten (float32 matmuls keep cuBLAS's exact float32 products; a
 Triton dot would round them to TF32), only where some user is pointwise, directly or through
