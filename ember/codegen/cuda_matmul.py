@@ -287,7 +287,6 @@ class CudaMatmulRenderer:
             "@DESCRIPTORS@": "\n".join("        " + line for line in self._descriptors()),
             "@WGMMA0@": f"ember_wgmma<{ta}, {tb}>(acc[0], da0, db, kb | kk, {tag});",
             "@WGMMA1@": f"ember_wgmma<{ta}, {tb}>(acc[1], da1, db, kb | kk, {tag});",
-            "@O0@": outer_var(0).name, "@O1@": outer_var(1).name,
             "@PAIRS@": "\n".join("        " + line for line in before),
             "@EPILOGUE@": "\n".join("            " + line for line in per_element),
             "@PAIR_STORES@": "\n".join("        " + line for line in after),
