@@ -18,7 +18,7 @@ from ember.codegen import cuda_matmul
 from ember.ir import GraphBuilder, Op, dtypes
 from ember.passes import matmul as matmul_pass
 
-from .helpers import check
+from .helpers import check, on_the_interpreter
 from .test_cuda import NVCC, needs_nvcc
 from .test_matmul import _mm
 
@@ -221,3 +221,27 @@ def test_operands_tma_cannot_read_run_through_aten(backend):
     out = ember.compile(gelu_matmul, options={"gpu_backend": backend})(x, w, b)  # (check() would clone x)
     torch.testing.assert_close(out, gelu_matmul(x, w, b), rtol=1.6e-2, atol=1e-2)
     assert ember.stats()["matmuls_through_aten"] > before
+
+
+@on_the_interpreter
+def test_hopper_build_failure_falls_back_to_tritons_kernel(monkeypatch):
+    # a Hopper GPU whose template does not build (faked on the CPU: Triton's interpreter runs the
+    # Triton kernel it falls back to): one warning, and Triton's fused kernel computes the group
+    from ember.runtime import cuda_matmul as runtime_matmul
+    from ember.runtime.backend import BuildError
+
+    def no_build(*args, **kwargs):
+        raise BuildError("no NVRTC here")
+
+    monkeypatch.setattr(runtime_matmul, "on_hopper", lambda kernel: bool(kernel.dots))
+    monkeypatch.setattr(runtime_matmul, "build", no_build)
+    x, w, b = torch.randn(70, 50, dtype=F16), torch.randn(50, 96, dtype=F16) * 0.2, torch.randn(96, dtype=F16)
+    compiled = ember.compile(gelu_matmul, options={"target": "triton", "matmul_epilogues": "all"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(x, w, b)
+        ember.wait_for_kernels()
+        out2 = compiled(x, w, b)
+    assert len([c for c in caught if "Hopper matmul kernels" in str(c.message)]) == 1
+    torch.testing.assert_close(out, gelu_matmul(x, w, b), rtol=5e-3, atol=2e-3)
+    torch.testing.assert_close(out2, out)

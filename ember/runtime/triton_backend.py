@@ -487,7 +487,7 @@ class TritonBackend(Backend):
         rendered = _rendered.get(ident)
         if rendered is None:
             try:
-                source = self.render_module(kernels)
+                source = tr.render_module(kernels)  # (Triton only: Hopper kernels were taken out)
             except tr.RenderError as e:
                 raise BuildError(str(e)) from None
             # the kernels ride along so that their ids stay theirs while the entry lives
