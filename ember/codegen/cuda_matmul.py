@@ -23,6 +23,7 @@ sm_90a (wgmma and setmaxnreg exist only there).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import sympy
@@ -260,10 +261,13 @@ class CudaMatmulRenderer:
         if all(id(v) in self.body.vector_access for v in values if v.kind == "store"):
             # every store waits for the pair: compute both elements unguarded (no branch between
             # them, so their math interleaves), at a row and column kept inside the tensor
-            head = [f"const @I@ {o0} = in_rows ? ember_row : (@I@)M - 1;",
-                    f"const @I@ {o1} = ember_col + p < (@I@)N ? ember_col + p : (@I@)N - 1;",
-                    f"const float {self.body.name(self.dot)} = acc[h][e + p];"]
-            return before, head + self.body.statements(values), after
+            body = self.body.statements(values)
+            text = "\n".join(body)
+            head = [line for name, line in (
+                (o0, f"const @I@ {o0} = in_rows ? ember_row : (@I@)M - 1;"),
+                (o1, f"const @I@ {o1} = ember_col + p < (@I@)N ? ember_col + p : (@I@)N - 1;"))
+                if re.search(rf"\b{name}\b", text)]  # (the ones the epilogue reads)
+            return before, [*head, f"const float {self.body.name(self.dot)} = acc[h][e + p];", *body], after
         guarded = [f"const @I@ {o0} = ember_row, {o1} = ember_col + p;", f"if (in_rows && {o1} < (@I@)N) {{",
                    f"  const float {self.body.name(self.dot)} = acc[h][e + p];",
                    *("  " + line for line in self.body.statements(values)), "}"]
