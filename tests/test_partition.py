@@ -174,40 +174,29 @@ class _ConstantGrad(torch.autograd.Function):
         return torch.full_like(g, 0.1)
 
 
-class _TruncatedGrad(torch.autograd.Function):
-    """A backward that rounds the gradient through int32: a cast that is not linear."""
+def _identity_with_backward(backward, doc: str) -> type[torch.autograd.Function]:
+    """x -> x, whose backward is ``backward(g)``: a custom backward the partitioner must judge."""
 
-    @staticmethod
-    def forward(ctx, x):
-        return x * 1
+    class Identity(torch.autograd.Function):
+        __doc__ = doc
 
-    @staticmethod
-    def backward(ctx, g):
-        return g.to(torch.int32).to(g.dtype)
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
 
+        @staticmethod
+        def backward(ctx, g):
+            return backward(g)
 
-class _SummedInHalf(torch.autograd.Function):
-    """A backward that sums the gradient with ``dtype=torch.float16``: a narrowing op, no cast."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x * 1.0
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.cumsum(1, dtype=torch.float16).float()
+    return Identity
 
 
-class _BitsNegated(torch.autograd.Function):
-    """A backward that reads the gradient's bits as int32: a view of another dtype."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x * 1.0
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.view(torch.int32).neg().view(torch.float32)
+_TruncatedGrad = _identity_with_backward(lambda g: g.to(torch.int32).to(g.dtype),
+                                         "rounds the gradient through int32: a cast that is not linear")
+_SummedInHalf = _identity_with_backward(lambda g: g.cumsum(1, dtype=torch.float16).float(),
+                                        "sums the gradient with dtype=torch.float16: a narrowing op, no cast")
+_BitsNegated = _identity_with_backward(lambda g: g.view(torch.int32).neg().view(torch.float32),
+                                       "reads the gradient's bits as int32: a view of another dtype")
 
 
 def _compressed_by_hook(x, w):

@@ -369,6 +369,15 @@ else:
 _streams: dict[int, Any] = {}
 
 
+def stream_handle(driver: Any, raw: int) -> Any:
+    """A cudaStream_t as a CUstream, one handle kept per stream (no conversion inside
+    cuLaunchKernel)."""
+    stream = _streams.get(raw)
+    if stream is None:
+        stream = _streams[raw] = driver.CUstream(raw)
+    return stream
+
+
 class CudaKernel:
     """Launches one generated kernel from the wrapper's (pointers..., sizes...) call.
 
@@ -465,9 +474,7 @@ class CudaKernel:
         fn, grid, bx, by = geometry
         driver = _driver()
         raw = _current_stream(device)
-        stream = _streams.get(raw)
-        if stream is None:  # a CUstream handle per cudaStream_t: no conversion in cuLaunchKernel
-            stream = _streams[raw] = driver.CUstream(raw)
+        stream = stream_handle(driver, raw)
         with self._lock:
             slots = self._slots
             for slot, value in zip(slots, args):

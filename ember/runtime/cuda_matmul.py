@@ -27,7 +27,7 @@ from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
 from . import stats
 from .backend import BuildError, BuiltKernels, fall_back
-from .cuda_backend import CudaModule, _check, _current_stream, _driver, compile_module, launch
+from .cuda_backend import CudaModule, _check, _current_stream, _driver, compile_module, launch, stream_handle
 
 MAPS_KEPT = 32  # tensor maps kept per kernel (operands seen recently)
 
@@ -160,7 +160,7 @@ class HopperMatmul:
         fn, sms = self._devices.get(device) or self._function(device)
         driver = _driver()
         tiles = -(-m // self.meta["tile"][0]) * -(-n // self.meta["tile"][1])
-        stream = driver.CUstream(_current_stream(device))
+        stream = stream_handle(driver, _current_stream(device))
         with self._lock:
             tmaps = [self._map(*mp) for mp in maps]
             self._argv[0], self._argv[1] = tmaps[0].getPtr(), tmaps[1].getPtr()
