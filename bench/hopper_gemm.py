@@ -8,7 +8,8 @@ tiles with TMA into a ring of shared-memory stages; two consumer warp groups eac
 128 x 128 output tile, take turns on the tensor cores (wgmma), and one's epilogue runs while
 the other's products are computed. CUDA C++ with inline PTX, compiled by NVRTC for sm_90a.
 
-    PYTHONPATH=. python bench/hopper_gemm.py [--shapes 8192x4096x4096] [--rounds 8] [--check-only]
+    PYTHONPATH=. python bench/hopper_gemm.py [--case gelu|swiglu|gelu_saved] [--shapes 8192x4096x4096]
+                                             [--rounds 8] [--check-only]
 """
 
 from __future__ import annotations
@@ -277,6 +278,12 @@ class HopperMatmul:
         return out
 
 
+# case -> (the function, products it computes)
+CASES = {"gelu": ("lambda x, w, b: F.gelu(x @ w + b)", 1), "swiglu": ("lambda x, w, b: F.silu(x @ w) * (x @ b)", 2),
+         # a training forward's: the product is saved for the backward too (two stores an element)
+         "gelu_saved": ("lambda x, w, b: (x @ w, F.gelu(x @ w + b))", 1)}
+
+
 def main() -> None:
     from bench.common import interleaved_gpu_times, profiled_kernels, rel_error, table
 
@@ -287,14 +294,18 @@ def main() -> None:
     p.add_argument("--check-only", action="store_true")
     p.add_argument("--tile-n", default="128", help="columns a consumer's tile: 128 or 192")
     p.add_argument("--cluster-modes", default="0", help="pairs of blocks: 0 none, 1, 2, 3 (see source())")
+    p.add_argument("--case", default="gelu", choices=CASES,
+                   help="gelu(x @ W + b); silu(x @ Wg) * (x @ Wu) (two products); gelu_saved: gelu(x @ W + b)"
+                        " and x @ W (a training forward's two stores). Hand-written kernels: gelu only")
     a = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
     bf = torch.bfloat16
-    fn = lambda x, w, b: F.gelu(x @ w + b)  # noqa: E731
+    text, products = CASES[a.case]
+    fn = eval(text, {"F": F})  # noqa: S307 -- a literal
     kernels = {f"{epi} s{s}{f' n{bn}' if bn != BN else ''}{f' cluster{mc}' if mc else ''}":
                HopperMatmul(int(s), epi, bn, mc)
                for s in a.stages.split(",") for epi in ("gelu", "none") for bn in map(int, a.tile_n.split(","))
-               for mc in map(int, a.cluster_modes.split(","))}
+               for mc in map(int, a.cluster_modes.split(","))} if a.case == "gelu" else {}
     checks = [(256, 128, 256), (200, 72, 136), (128, 4096, 384), (1000, 520, 264)]
     for M, K, N in checks:  # awkward edges first: partial tiles, a K tail
         torch.manual_seed(0)
@@ -309,50 +320,68 @@ def main() -> None:
                   f"eager's {rel_error(fn(x, w, b) if name.startswith('gelu') else x @ w, ref):.2e}")
     if a.check_only:
         return
-    ind = torch.compile(fn)
-    ember_default = ember.compile(fn)
-    ember_cuda = ember.compile(fn, options={"gpu_backend": "cuda"})
-    # the fused Triton kernel the Hopper template replaces (built while the backend's check is faked)
-    from ember.runtime import cuda_matmul as runtime_matmul
+    # Every compiled variant is compiled afresh at each shape (static there, as a model of these
+    # dims is), from a code object of its own: Dynamo keeps compiled frames per code object, and
+    # would otherwise run one variant's graph for another, or turn later shapes dynamic.
+    def fresh(**kwargs):
+        return ember.compile(eval(text, {"F": F}), **kwargs)  # noqa: S307
 
-    def ember_triton(*args):
-        hopper, runtime_matmul.on_hopper = runtime_matmul.on_hopper, lambda kernel: False
-        try:
-            return ember_triton_fn(*args)
-        finally:
-            runtime_matmul.on_hopper = hopper
-    ember_triton_fn = ember.compile(fn, options={"matmul_epilogues": "all"})
+    from ember.runtime import cuda_matmul as runtime_matmul
+    torch._dynamo.config.recompile_limit = 256  # (the variants' frames are all Dynamo's one wrapper's)
+
+    def patched(compiled, module, name, value):  # ``compiled`` with module.name = value around each call
+        def call(*args):
+            old = getattr(module, name)
+            setattr(module, name, value)
+            try:
+                return compiled(*args)
+            finally:
+                setattr(module, name, old)
+        return call
+
     for shape in a.shapes.split(","):
         M, K, N = map(int, shape.split("x"))
+        ind = torch.compile(eval(text, {"F": F}))  # noqa: S307
+        ember_default = fresh()
+        ember_cuda = fresh(options={"gpu_backend": "cuda"})
+        # the fused Triton kernel the Hopper template replaces (built while the backend's check is faked)
+        ember_triton = patched(fresh(options={"matmul_epilogues": "all"}), runtime_matmul, "on_hopper",
+                               lambda kernel: False)
+        ember_dynamic = fresh(dynamic=True)  # (int64 indices in the epilogue)
         torch.manual_seed(0)
         x = torch.randn(M, K, device="cuda", dtype=bf) * 0.05
         w = torch.randn(K, N, device="cuda", dtype=bf) * 0.05
-        b = torch.randn(N, device="cuda", dtype=bf) * 0.05
+        b = torch.randn(N, device="cuda", dtype=bf) * 0.05 if products == 1 else torch.randn_like(w) * 0.05
         ref = fn(x.double(), w.double(), b.double())
         outs = {n: torch.empty(M, N, device="cuda", dtype=bf) for n in kernels}
-        variants = {"Inductor": lambda: ind(x, w, b), "cuBLAS mm alone": lambda: x @ w,
+        variants = {"Inductor": lambda: ind(x, w, b),
+                    "cuBLAS mm alone": (lambda: x @ w) if products == 1 else (lambda: (x @ w, x @ b)),
                     "eager": lambda: fn(x, w, b), "ember (default)": lambda: ember_default(x, w, b),
                     "ember, Triton's fused kernel": lambda: ember_triton(x, w, b),
                     "ember, gpu_backend cuda": lambda: ember_cuda(x, w, b)}
+        variants["ember, dynamic=True"] = lambda: ember_dynamic(x, w, b)
         for n, k in kernels.items():
             variants[n] = lambda k=k, o=outs[n]: k(x, w, b, o)
             variants[n]()
         torch.cuda.synchronize()
-        for f in (ember_default, ember_cuda, ember_triton):
+        for f in (ember_default, ember_cuda, ember_triton, ember_dynamic):
             f(x, w, b)
         ember.wait_for_kernels()  # (Triton's matmul kernels compile in the background)
         errs = {"Inductor": rel_error(ind(x, w, b), ref), "eager": rel_error(fn(x, w, b), ref),
                 "ember (default)": rel_error(ember_default(x, w, b), ref),
                 "ember, Triton's fused kernel": rel_error(ember_triton(x, w, b), ref),
-                "ember, gpu_backend cuda": rel_error(ember_cuda(x, w, b), ref)}
+                "ember, gpu_backend cuda": rel_error(ember_cuda(x, w, b), ref),
+                "ember, dynamic=True": rel_error(ember_dynamic(x, w, b), ref)}
         errs.update({n: rel_error(outs[n], ref) for n in kernels if n.startswith("gelu")})
-        for n in ["ember (default)", *(k for k in kernels if k.startswith("gelu"))]:
+        profiled = ["ember (default)", "ember, dynamic=True", "ember, Triton's fused kernel", "Inductor",
+                    "cuBLAS mm alone", *(k for k in kernels if k.startswith("gelu"))]
+        for n in profiled:
             kernels_us = profiled_kernels(variants[n], 10)
             print(f"{n}: GPU µs a call by kernel", {k[:60]: round(v, 1) for k, v in kernels_us.items()})
         times = interleaved_gpu_times(variants, rounds=a.rounds, rep_ms=30)
-        rows = [(n, f"{ms * 1e3:.1f}", f"{2 * M * K * N / ms / 1e9:.0f}", f"{times['Inductor'] / ms:.3f}",
+        rows = [(n, f"{ms * 1e3:.1f}", f"{2 * M * K * N * products / ms / 1e9:.0f}", f"{times['Inductor'] / ms:.3f}",
                  f"{errs.get(n, float('nan')):.1e}") for n, ms in sorted(times.items(), key=lambda kv: kv[1])]
-        print(f"gelu(x@W+b) bf16 {M}x{K}x{N}, interleaved ({a.rounds} rounds)")
+        print(f"{text.split(': ')[1]} bf16 {M}x{K}x{N}, interleaved ({a.rounds} rounds)")
         print(table(rows, ["variant", "us", "TFLOP/s", "vs Inductor", "rel err"]))
 
 

@@ -136,11 +136,12 @@ class Config:
     # for every matmul with an epilogue (slower than cuBLAS plus an epilogue kernel for a lone
     # matmul on an H200: bench/RESULTS.md); 'off' for none.
     matmul_epilogues: str = field(default_factory=lambda: _env_choice("EMBER_MATMUL_EPILOGUES", MATMUL_EPILOGUES))
-    # Compile matmul kernels (0.5-3 s each), and the new specializations of other Triton kernels
-    # (sizes of another alignment or shape bucket, once the kernel has compiled for some size),
-    # in a background thread: until one is ready, calls run its group through ATen, so no call
-    # waits for Triton as sizes change. ember.wait_for_kernels() blocks until every such compile
-    # is done. False: the call compiles them.
+    # Compile matmul kernels (Triton's 0.5-3 s each, the Hopper template's 0.3-0.7 s with NVRTC)
+    # and the new specializations of other Triton kernels (sizes of another alignment or shape
+    # bucket, once the kernel has compiled for some size) in a background thread: until one is
+    # ready, calls run its group through ATen, so no call waits for a compiler as sizes change.
+    # ember.wait_for_kernels() blocks until every such compile is done. False: the call compiles
+    # them.
     background_compile: bool = field(default_factory=lambda: _env_int("EMBER_BACKGROUND_COMPILE", 1) != 0)
     # Let Dynamo time each new set of guards for its compile metrics, as it does for other
     # backends: it evicts the CPU caches first, 18-26 ms per compiled frame (frontend/guard_profile.py).

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import threading
 import warnings
 
 import pytest
@@ -46,6 +47,14 @@ def product_and_relu(x, w):  # the product is an output too: the epilogue stores
     return y, torch.relu(y)
 
 
+def swiglu(x, wg, wu):  # two products sharing A: one kernel, B N-major
+    return F.silu(x @ wg) * (x @ wu)
+
+
+def linear_swiglu(x, wg, wu):  # nn.Linear's (N, K) weights: B K-major
+    return F.silu(F.linear(x, wg)) * F.linear(x, wu)
+
+
 # name -> (fn, (M, K, N), dtype, expected (A M-major, B N-major))
 CASES = {
     "x @ W + b, gelu": (gelu_matmul, (256, 64, 128), BF16, (0, 1)),
@@ -53,6 +62,8 @@ CASES = {
     "x.t() @ W, silu": (silu_transposed, (128, 96, 256), BF16, (1, 1)),
     "x.t() @ W.t(), scaled": (scaled_both_transposed, (64, 128, 64), F16, (1, 0)),
     "product and relu": (product_and_relu, (96, 32, 80), BF16, (0, 1)),
+    "swiglu": (swiglu, (200, 136, 144), BF16, (0, 1)),
+    "linear swiglu": (linear_swiglu, (96, 64, 200), F16, (0, 0)),
 }
 
 
@@ -63,12 +74,15 @@ def inputs(name: str, device: str = "cpu") -> tuple[torch.Tensor, ...]:
     if fn in (silu_transposed, scaled_both_transposed):
         x = x.t().contiguous()  # stored (K, M): the function multiplies its transpose
     w = (torch.randn(k, n, generator=g) * 0.1).to(dtype)
-    if fn in (relu_linear,):
+    if fn in (relu_linear, linear_swiglu):
         w = w.t().contiguous()  # nn.Linear's (N, K) weight
     if fn is scaled_both_transposed:
         w = w.t().contiguous()
     b = torch.randn(n, generator=g).to(dtype)
-    args = (x, w, b) if fn in (gelu_matmul, relu_linear) else (x, w)
+    if fn in (swiglu, linear_swiglu):  # b: the second weight, as w
+        b = (torch.randn(k, n, generator=g) * 0.1).to(dtype)
+        b = b.t().contiguous() if fn is linear_swiglu else b
+    args = (x, w, b) if fn in (gelu_matmul, relu_linear, swiglu, linear_swiglu) else (x, w)
     return tuple(a.to(device) for a in args)
 
 
@@ -127,7 +141,18 @@ def test_launch_meta_describes_each_operand():
     a, b = meta["operands"]
     assert (a["rows"], a["cols"], a["box"]) == ("96", "128", (64, 64))   # x stored (K, M)
     assert (b["rows"], b["cols"], b["box"]) == ("96", "256", (64, 64))   # W (K, N): N-major
-    assert meta["smem"] <= 227 * 1024 and meta["threads"] == 384
+    assert meta["smem"] <= 227 * 1024 and meta["threads"] == 384 and meta["tile"] == (128, 128)
+
+
+def test_two_products_are_one_wgmma_over_both_weights():
+    # each B's 64 columns of a tile side by side: one tensor map each, an output tile 64 wide
+    meta = cuda_matmul.launch_meta(_kernel_ir("linear swiglu"))  # Wg, Wu (N, K): K-major
+    a, wg, wu = meta["operands"]
+    assert a["box"] == (64, 128) and wg["box"] == wu["box"] == (64, 64) and meta["tile"] == (128, 64)
+    assert wg["param"] != wu["param"] and wg["rows"] == wu["rows"] == "200"
+    source = the_kernel(explain("swiglu")).source
+    assert "EmberTensorMap b1_map" in source and source.count("ember_wgmma<0, 1>(") == 2
+    assert "acc[h][e + p]" in source and "acc[h][e + 32 + p]" in source  # the gate's, the up projection's
 
 
 def _kernel_ir(name: str):
@@ -148,19 +173,38 @@ def _kernel_ir(name: str):
     return kernel
 
 
-def test_template_refuses_two_products():
+def _matmuls_rewritten_for_cuda(n_products: int, shared_a: bool = True, meet: bool = True) -> int:
     b = GraphBuilder()
-    x, wg, wu = (b.input(s, dtypes.bfloat16) for s in ((64, 32), (32, 48), (32, 48)))
-    gate, up = _mm(b, x, wg, dtype=dtypes.bfloat16), _mm(b, x, wu, dtype=dtypes.bfloat16)
-    g = b.build(b.mul(b.sigmoid(gate), up))
+    xs = [b.input((64, 32), dtypes.bfloat16) for _ in range(1 if shared_a else n_products)]
+    products = [_mm(b, xs[i % len(xs)], b.input((32, 48), dtypes.bfloat16), dtype=dtypes.bfloat16)
+                for i in range(n_products)]
+    if meet:  # one epilogue reads them all: one kernel
+        total = b.sigmoid(products[0])
+        for p in products[1:]:
+            total = b.mul(total, p)
+        g = b.build(total)
+    else:
+        g = b.build(*(b.relu(p) for p in products))
     after = matmul_pass.matmul_epilogues(g, target="cuda")
-    assert not [n for n in after.nodes if n.op is Op.MATMUL]  # their epilogues meet: cuBLAS computes both
-    b = GraphBuilder()
-    x, wg, wu = (b.input(s, dtypes.bfloat16) for s in ((64, 32), (32, 48), (32, 48)))
-    gate, up = _mm(b, x, wg, dtype=dtypes.bfloat16), _mm(b, x, wu, dtype=dtypes.bfloat16)
-    g = b.build(b.sigmoid(gate), b.relu(up))  # two epilogues apart: a kernel each
-    after = matmul_pass.matmul_epilogues(g, target="cuda")
-    assert len([n for n in after.nodes if n.op is Op.MATMUL]) == 2
+    return len([n for n in after.nodes if n.op is Op.MATMUL])
+
+
+def test_pass_gives_the_template_what_it_computes():
+    assert _matmuls_rewritten_for_cuda(2) == 2  # silu(x @ Wg) * (x @ Wu): one kernel of two products
+    assert _matmuls_rewritten_for_cuda(2, meet=False) == 2  # two kernels of one product
+    assert _matmuls_rewritten_for_cuda(2, shared_a=False) == 0  # two A operands: cuBLAS computes both
+    assert _matmuls_rewritten_for_cuda(3) == 0  # three products in one kernel
+    assert _matmuls_rewritten_for_cuda(3, meet=False) == 3
+
+
+def test_template_refuses_two_products_of_two_layouts():
+    def mixed(x, wg, wu_t):  # Wg (K, N): N-major; wu_t (N, K): K-major
+        return F.silu(x @ wg) * F.linear(x, wu_t)
+    x, wg, wu = torch.randn(64, 32, dtype=BF16), torch.randn(32, 48, dtype=BF16), torch.randn(48, 32, dtype=BF16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = ember.explain(mixed, x, wg, wu, target="cuda")
+    assert "second operands of two layouts" in the_kernel(report).source
 
 
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
@@ -176,6 +220,11 @@ def test_pass_takes_a_lone_matmul_on_hopper(monkeypatch, backend):
 
 # ---- on a Hopper GPU ---------------------------------------------------------------------------
 
+def on_gpu(backend: str) -> dict:
+    """Options for the GPU tests: the first call runs the kernel, not ATen while it compiles."""
+    return {"gpu_backend": backend, "background_compile": False}
+
+
 ON_HOPPER = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                                reason="the Hopper matmul kernels run on compute capability 9.0 GPUs")
 
@@ -184,7 +233,7 @@ ON_HOPPER = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_d
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_eager_on_hopper(backend, name):
-    report = check(CASES[name][0], *inputs(name, "cuda"), options={"gpu_backend": backend})
+    report = check(CASES[name][0], *inputs(name, "cuda"), options=on_gpu(backend))
     assert "ember_wgmma" in the_kernel(report).source
 
 
@@ -196,7 +245,57 @@ def test_edges_on_hopper(backend, shape):
     x = torch.randn(m, k, dtype=BF16, device="cuda")
     w = torch.randn(k, n, dtype=BF16, device="cuda") * 0.05
     b = torch.randn(n, dtype=BF16, device="cuda")
-    check(gelu_matmul, x, w, b, options={"gpu_backend": backend})
+    check(gelu_matmul, x, w, b, options=on_gpu(backend))
+
+
+@ON_HOPPER
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("fn", [swiglu, linear_swiglu])
+@pytest.mark.parametrize("shape", [(1000, 520, 264), (17, 4096, 24), (300, 4104, 200)])
+def test_two_products_on_hopper(backend, fn, shape):
+    # partial tiles at every edge, a K tail; one kernel of both products
+    m, k, n = shape
+    x = torch.randn(m, k, dtype=BF16, device="cuda")
+    wg, wu = (torch.randn(k, n, dtype=BF16, device="cuda") * 0.05 for _ in range(2))
+    if fn is linear_swiglu:
+        wg, wu = wg.t().contiguous(), wu.t().contiguous()
+    report = check(fn, x, wg, wu, options=on_gpu(backend))
+    assert len(report.kernels) == 1 and "ember_wgmma" in report.kernels[0].source
+
+
+@ON_HOPPER
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_two_products_with_rows_that_change(backend):
+    wg, wu = (torch.randn(96, 128, dtype=BF16, device="cuda") * 0.1 for _ in range(2))
+    fn = ember.compile(swiglu, dynamic=True, options=on_gpu(backend))
+    for m in (40, 300, 1, 129):
+        x = torch.randn(m, 96, dtype=BF16, device="cuda")
+        torch.testing.assert_close(fn(x, wg, wu), swiglu(x, wg, wu), rtol=1.6e-2, atol=1e-2)
+
+
+@ON_HOPPER
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_kernels_compile_in_the_background(monkeypatch, backend, tmp_path):
+    # a module not in the cache: calls run through ATen until NVRTC is done (held here until the
+    # test lets it finish: the rest of a compile can outlast NVRTC's 0.3 s), then the kernel
+    from ember.runtime import cuda_matmul as runtime_matmul
+    release, compile_module = threading.Event(), runtime_matmul.compile_module
+
+    def held(*args, **kwargs):
+        assert release.wait(60)
+        return compile_module(*args, **kwargs)
+
+    monkeypatch.setattr(runtime_matmul, "compile_module", held)
+    x = torch.randn(300, 520, dtype=BF16, device="cuda")
+    wg, wu = (torch.randn(520, 264, dtype=BF16, device="cuda") * 0.05 for _ in range(2))
+    fn = ember.compile(swiglu, options={"gpu_backend": backend, "background_compile": True, "cache_dir": tmp_path})
+    before = ember.stats()["calls_while_compiling"]
+    torch.testing.assert_close(fn(x, wg, wu), swiglu(x, wg, wu), rtol=1.6e-2, atol=1e-2)
+    assert ember.stats()["calls_while_compiling"] == before + 1 and not ember.wait_for_kernels(timeout=0.05)
+    release.set()
+    assert ember.wait_for_kernels(timeout=60)
+    torch.testing.assert_close(fn(x, wg, wu), swiglu(x, wg, wu), rtol=1.6e-2, atol=1e-2)
+    assert ember.stats()["calls_while_compiling"] == before + 1 and ember.stats()["build_failures"] == 0
 
 
 @ON_HOPPER
@@ -204,7 +303,7 @@ def test_edges_on_hopper(backend, shape):
 def test_rows_that_change_reuse_the_kernel(backend):
     w = torch.randn(96, 128, dtype=BF16, device="cuda") * 0.1
     b = torch.randn(128, dtype=BF16, device="cuda")
-    fn = ember.compile(gelu_matmul, dynamic=True, options={"gpu_backend": backend})
+    fn = ember.compile(gelu_matmul, dynamic=True, options=on_gpu(backend))
     for m in (40, 300, 1, 129):
         x = torch.randn(m, 96, dtype=BF16, device="cuda")
         torch.testing.assert_close(fn(x, w, b), gelu_matmul(x, w, b), rtol=1.6e-2, atol=1e-2)
@@ -219,7 +318,7 @@ def test_operands_tma_cannot_read_run_through_aten(backend):
     w = torch.randn(40, 32, dtype=BF16, device="cuda") * 0.1
     b = torch.randn(32, dtype=BF16, device="cuda")
     before = ember.stats()["matmuls_through_aten"]
-    out = ember.compile(gelu_matmul, options={"gpu_backend": backend})(x, w, b)  # (check() would clone x)
+    out = ember.compile(gelu_matmul, options=on_gpu(backend))(x, w, b)  # (check() would clone x)
     torch.testing.assert_close(out, gelu_matmul(x, w, b), rtol=1.6e-2, atol=1e-2)
     assert ember.stats()["matmuls_through_aten"] > before
 

@@ -111,8 +111,8 @@ def swiglu(x, wg, wu):
 def the_matmul_kernel(report, dots=1):
     (kernel,) = report.kernels
     assert kernel.kernel_ir.count("= dot ") == dots, kernel.kernel_ir
-    # (a lone product on a Hopper GPU: the CUDA ping-pong kernel, tests/test_cuda_matmul.py)
-    assert kernel.source.count("tl.dot(") == dots or dots == 1 and "ember_wgmma" in kernel.source, kernel.source
+    # (one product, or two sharing A, on a Hopper GPU: the CUDA ping-pong kernel, tests/test_cuda_matmul.py)
+    assert kernel.source.count("tl.dot(") == dots or dots <= 2 and "ember_wgmma" in kernel.source, kernel.source
     assert not report.fallbacks, report.fallbacks
     return kernel
 

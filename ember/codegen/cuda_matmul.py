@@ -1,4 +1,5 @@
-"""CUDA C++ for Hopper: one matmul and its epilogue as a warp-specialized ping-pong kernel.
+"""CUDA C++ for Hopper: one matmul (or two sharing A) and its epilogue as a warp-specialized
+ping-pong kernel.
 
 Triton's fused matmul computes the epilogue (bias, gelu, casts) while the tensor cores wait,
 which cost it 3-4% against cuBLAS plus a separate epilogue kernel at the suite's shape
@@ -14,6 +15,9 @@ Triton's fused kernel in 6 of 8 comparisons; its products alone are 12% behind c
   barrier hands the tensor cores from one consumer to the other as a mainloop ends.
 * the epilogue is the kernel IR's own outer values, rendered per element by the C-style renderer
   the other CUDA kernels use (codegen/cstyle.py), with the product in place of the dot value.
+* two products sharing A (silu(x @ Wg) * (x @ Wu)) are one 128-wide product: a stage holds 64
+  columns of each B side by side, so the epilogue finds both products of an element in one
+  thread's accumulators, 64 columns apart; an output tile is 128 x 64.
 
 Operands: A (M, K) with K contiguous or M contiguous, B (K, N) with N contiguous or K contiguous
 (``x @ W`` and ``F.linear``'s ``x @ W.T``), 16-bit floats, 16-byte aligned rows; the launcher
@@ -37,9 +41,11 @@ from .cuda_prelude import PRELUDE
 from .layout import operand_layout
 from .wrapper import pexpr
 
-# 128 x 192 tiles read a sixth less from L2 per product (394.4 against 413.3 µs at 8192 x 4096 x
-# 4096 on an H200, bench/hopper_gemm.py --tile-n 192), but an epilogue with int64 indices then
-# spills its 192 accumulators a thread
+# 128 x 192 tiles read a third less of A per product: in ember's generated kernel that was 0.4-3.9%
+# faster with a light epilogue (gelu(x @ W + b) at K = 4096 on an H200), 13% slower at K = 2048,
+# 9-14% slower with int64 indices, and 28-31% slower where a training forward also stores the
+# product (570 against 435 µs at 8192 x 4096 x 4096, no spills; cause not found;
+# bench/RESULTS.md, thirty-fourth-run session): the template keeps 128 columns
 BM, BN, BK = 128, 128, 64
 STAGE_BYTES = (BM + BN) * BK * 2
 STAGES = 4            # 4 x 32 KiB (H200: 4 stages 419-423 µs, 5 stages 518, 6 stages 483; bench/hopper_gemm.py)
@@ -66,18 +72,23 @@ def takes(kernel: Kernel) -> str | None:
     """None when the template computes ``kernel``, else why not."""
     if len(kernel.outer) != 2 or len(kernel.inner) != 1 or kernel.n_loops != 1:
         return "not a matmul kernel: outer (M, N), one inner loop over K"
-    if len(kernel.dots) != 1:
-        return f"{len(kernel.dots)} matmuls in one kernel (the template computes one)"
+    if len(kernel.dots) not in (1, 2):
+        return f"{len(kernel.dots)} matmuls in one kernel (the template computes one, or two sharing A)"
     if kernel.device_sizes:
         return "sizes read on the device"
-    dot = kernel.dots[0]
-    a, b = dot.srcs
-    if any(s.kind != "load" for s in (a, b)) or a.dtype not in _WGMMA_TYPE or b.dtype != a.dtype:
+    a = kernel.dots[0].srcs[0]
+    bs = [d.srcs[1] for d in kernel.dots]
+    if any(d.srcs[0] is not a for d in kernel.dots):
+        return "two matmuls that do not share their first operand"
+    if any(s.kind != "load" for s in (a, *bs)) or a.dtype not in _WGMMA_TYPE or any(b.dtype != a.dtype for b in bs):
         return "operands that are not 16-bit float loads"
-    if any(v.inner and v is not dot and v is not a and v is not b for v in kernel.values):
-        return "work in the K loop besides the product"
-    if _layout(a, outer_var(0), inner_var(0)) is None or _layout(b, inner_var(0), outer_var(1)) is None:
+    if any(v.inner and v not in kernel.dots and v is not a and all(v is not b for b in bs) for v in kernel.values):
+        return "work in the K loop besides the products"
+    layouts = [_layout(b, inner_var(0), outer_var(1)) for b in bs]
+    if _layout(a, outer_var(0), inner_var(0)) is None or None in layouts:
         return "an operand with no contiguous dim"
+    if len({major for major, _, _ in layouts}) > 1:  # (one descriptor reads both B tiles)
+        return "second operands of two layouts"
     return None
 
 
@@ -163,7 +174,10 @@ template <int TA, int TB, typename T> EMBER_FN void ember_wgmma(float* d, uint64
 
 
 class CudaMatmulRenderer:
-    """Renders a one-matmul kernel (``takes(kernel) is None``) as the ping-pong template."""
+    """Renders a kernel of one matmul, or of two sharing A (``takes(kernel) is None``), as the
+    ping-pong template. Two products (a gated MLP's silu(x @ Wg) * (x @ Wu)) are one: the B
+    tile of a stage is 64 columns of each second operand side by side, so each wgmma computes
+    64 columns of both products, and a tile of the output is 64 columns wide."""
 
     def __init__(self, kernel: Kernel):
         why = takes(kernel)
@@ -171,10 +185,12 @@ class CudaMatmulRenderer:
             raise MatmulRenderError(f"{kernel.name}: {why}")
         self.k = kernel
         self.body = BodyRenderer(kernel, CUDA)
-        self.dot = kernel.dots[0]
-        self.a, self.b = self.dot.srcs
+        self.dots = kernel.dots
+        self.a = self.dots[0].srcs[0]
+        self.bs = [d.srcs[1] for d in self.dots]
+        self.cols = BN // len(self.dots)  # the output's columns a tile
         self.a_layout = _layout(self.a, outer_var(0), inner_var(0))
-        self.b_layout = _layout(self.b, inner_var(0), outer_var(1))
+        self.b_layouts = [_layout(b, inner_var(0), outer_var(1)) for b in self.bs]
         self.m, self.n, self.kdim = kernel.outer[0], kernel.outer[1], kernel.inner[0]
 
     @property
@@ -183,7 +199,11 @@ class CudaMatmulRenderer:
 
     @property
     def b_n_major(self) -> bool:
-        return self.b_layout[0] == "row"
+        return self.b_layouts[0][0] == "row"
+
+    def maps(self) -> list[str]:
+        """The tensor-map parameters: A's, then each product's B."""
+        return ["a_map", "b_map", *(f"b{i}_map" for i in range(1, len(self.bs)))]
 
     def params(self) -> list[str]:
         out = []
@@ -200,7 +220,11 @@ class CudaMatmulRenderer:
                       "ember_tma_load(stage + 8192, &a_map, full, pm * 128 + 64, kb * 64);"]
         else:  # one box of 128 rows (M) x 64 K
             lines += ["ember_tma_load(stage, &a_map, full, kb * 64, pm * 128);"]
-        if self.b_n_major:  # boxes of 64 K rows x 64 columns (N)
+        if len(self.bs) > 1:  # 64 columns (N) x 64 K of each product's B, side by side
+            for i, b_map in enumerate(self.maps()[1:]):
+                at = "pn * 64, kb * 64" if self.b_n_major else "kb * 64, pn * 64"
+                lines.append(f"ember_tma_load(stage + {16384 + 8192 * i}, &{b_map}, full, {at});")
+        elif self.b_n_major:  # boxes of 64 K rows x 64 columns (N)
             lines += [f"ember_tma_load(stage + {16384 + 8192 * i}, &b_map, full, pn * {BN} + {64 * i}, kb * 64);"
                       for i in range(BN // 64)]
         else:  # one box of BN columns (N) x 64 K
@@ -256,7 +280,10 @@ class CudaMatmulRenderer:
             at = index_expr(sympy.expand(v.arg.index).xreplace({outer_var(0): row, outer_var(1): col}))
             after.append(f"ember_store_pair(&{v.arg.buffer}[{at}], ember_pair{j}, in_rows && ember_col < (@I@)N, "
                          "in_rows && ember_col + 1 < (@I@)N);")
-        values = [v for v in self.k.values if not v.inner and v is not self.dot]
+        values = [v for v in self.k.values if not v.inner and v not in self.dots]
+        # product i's element: 64 i columns further along the accumulators (two products)
+        sums = [f"const float {self.body.name(d)} = acc[h][e{f' + {i * self.cols // 2}' if i else ''} + p];"
+                for i, d in enumerate(self.dots)]
         o0, o1 = outer_var(0).name, outer_var(1).name
         if all(id(v) in self.body.vector_access for v in values if v.kind == "store"):
             # every store waits for the pair: compute both elements unguarded (no branch between
@@ -267,9 +294,9 @@ class CudaMatmulRenderer:
                 (o0, f"const @I@ {o0} = in_rows ? ember_row : (@I@)M - 1;"),
                 (o1, f"const @I@ {o1} = ember_col + p < (@I@)N ? ember_col + p : (@I@)N - 1;"))
                 if re.search(rf"\b{name}\b", text)]  # (the ones the epilogue reads)
-            return before, [*head, f"const float {self.body.name(self.dot)} = acc[h][e + p];", *body], after
+            return before, [*head, *sums, *body], after
         guarded = [f"const @I@ {o0} = ember_row, {o1} = ember_col + p;", f"if (in_rows && {o1} < (@I@)N) {{",
-                   f"  const float {self.body.name(self.dot)} = acc[h][e + p];",
+                   *("  " + line for line in sums),
                    *("  " + line for line in self.body.statements(values)), "}"]
         return before, guarded, after
 
@@ -283,6 +310,9 @@ class CudaMatmulRenderer:
         text = _KERNEL
         for key, value in {
             "@NAME@": k.name, "@ORIGINS@": ", ".join(k.origins) or "-", "@OUTER@": sh.fmt(k.outer),
+            "@MAPS@": ", ".join(f"const __grid_constant__ EmberTensorMap {m}" for m in self.maps()),
+            "@TILE@": f"128 x {self.cols}" + (f" (64 columns of each of {len(self.dots)} products)"
+                                               if len(self.dots) > 1 else ""),
             "@INNER@": sh.fmt(k.inner), "@PARAMS@": ", ".join(self.params()),
             "@M@": m, "@N@": n, "@K@": kdim, "@STAGES@": str(STAGES),
             "@LAYOUT@": f"A {'M' if ta else 'K'}-major, B {'N' if tb else 'K'}-major",
@@ -296,15 +326,16 @@ class CudaMatmulRenderer:
             "@PAIR_STORES@": "\n".join("        " + line for line in after),
         }.items():
             text = text.replace(key, value)
-        return text.replace("@I@", index).replace("@BN@", str(BN)).replace("@STAGE_BYTES@", str(STAGE_BYTES))
+        return (text.replace("@I@", index).replace("@BN@", str(BN)).replace("@COLS@", str(self.cols))
+                .replace("@STAGE_BYTES@", str(STAGE_BYTES)))
 
 
 _KERNEL = r"""// @NAME@: fuses @ORIGINS@
-// outer @OUTER@ in 128 x @BN@ tiles, inner @INNER@ in steps of 64 (@LAYOUT@): a Hopper ping-pong
+// outer @OUTER@ in @TILE@ tiles, inner @INNER@ in steps of 64 (@LAYOUT@): a Hopper ping-pong
 // kernel. Warp group 0 loads tiles with TMA into @STAGES@ shared-memory stages; warp groups 1 and 2
 // take alternate tiles, sum them with wgmma, and run the epilogue while the other one's products run.
 extern "C" __global__ void __launch_bounds__(384, 1)
-@NAME@(const __grid_constant__ EmberTensorMap a_map, const __grid_constant__ EmberTensorMap b_map, @PARAMS@) {
+@NAME@(@MAPS@, @PARAMS@) {
   extern __shared__ unsigned char ember_smem_raw[];
   const uint32_t ring = (ember_smem(ember_smem_raw) + 1023) & ~1023u;  // 128-byte swizzles need 1 KiB alignment
   const uint32_t bars = ring + @STAGES@ * @STAGE_BYTES@;  // full[stage], empty[stage], order[consumer]
@@ -320,7 +351,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   }
   __syncthreads();
   const int64_t M = @M@, N = @N@, K = @K@;
-  const int tiles_m = (int)((M + 127) / 128), tiles_n = (int)((N + @BN@ - 1) / @BN@), tiles = tiles_m * tiles_n;
+  const int tiles_m = (int)((M + 127) / 128), tiles_n = (int)((N + @COLS@ - 1) / @COLS@), tiles = tiles_m * tiles_n;
   const int k_blocks = (int)((K + 63) / 64);
   const int mine = tiles > (int)blockIdx.x ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
   if (group == 0) {  // the producer: one thread loads every stage, in the order the consumers take them
@@ -347,6 +378,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     if (i > 0) ember_mbar_wait(bars + 8 * (2 * @STAGES@ + c), (c ? j : j - 1) & 1);  // the other's products issued
     int pm, pn;
     ember_tile_of(blockIdx.x + i * gridDim.x, tiles_m, tiles_n, pm, pn);
+    // (the first product overwrites these; zeroing them tells the compiler that the last tile's
+    // accumulators are dead once its epilogue has read them, which frees their registers for
+    // the epilogue: an epilogue beside 192 accumulators spilled without it)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < @BN@ / 2; ++e) acc[h][e] = 0.0f;
     for (int kb = 0; kb < k_blocks; ++kb) {
       const int n = i * k_blocks + kb, s = n % @STAGES@;
       ember_mbar_wait(bars + 8 * s, (n / @STAGES@) & 1);  // stage full
@@ -372,13 +410,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int e = 0; e < @BN@ / 2; ++e) ember_keep(acc[h][e]);
     // the epilogue (@I@ indices): acc[h][e] is row 64 h + 16 warp + lane / 4 + 8 ((e / 2) % 2),
-    // column 8 (e / 4) + 2 (lane % 4) + e % 2 of the tile (wgmma's accumulator layout)
+    // column 8 (e / 4) + 2 (lane % 4) + e % 2 of the products (wgmma's accumulator layout)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int e = 0; e < @BN@ / 2; e += 2) {  // a pair of adjacent columns at a time
+      for (int e = 0; e < @COLS@ / 2; e += 2) {  // a pair of adjacent columns at a time
         const @I@ ember_row = (@I@)pm * 128 + 64 * h + 16 * warp + lane / 4 + 8 * ((e / 2) % 2);
-        const @I@ ember_col = (@I@)pn * @BN@ + 8 * (e / 4) + 2 * (lane % 4);
+        const @I@ ember_col = (@I@)pn * @COLS@ + 8 * (e / 4) + 2 * (lane % 4);
         const bool in_rows = ember_row < (@I@)M;
 @PAIRS@
 #pragma unroll
@@ -407,10 +445,14 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
     stride of its outer dim, as Python expressions of the size symbols (the tensor maps)."""
     r = CudaMatmulRenderer(kernel)
     operands = []
-    for v, (major, offset, stride), rows, cols in ((r.a, r.a_layout, r.m, r.kdim), (r.b, r.b_layout, r.kdim, r.n)):
+    for v, (major, offset, stride), rows, cols in ((r.a, r.a_layout, r.m, r.kdim),
+                                                   *((b, layout, r.kdim, r.n) for b, layout in zip(r.bs, r.b_layouts))):
         if major == "col":  # the transpose is what is contiguous: describe that
             rows, cols = cols, rows
-        box = (64, 64) if (v is r.a and r.a_m_major) or (v is r.b and r.b_n_major) else (64, BM if v is r.a else BN)
+        if v is r.a:
+            box = (64, 64) if r.a_m_major else (64, BM)
+        else:  # (a tile's columns of it: all BN, or 64 of each of two products)
+            box = (64, 64) if r.b_n_major else (64, r.cols)
         operands.append({"param": v.arg.buffer, "offset": pexpr(offset), "stride": pexpr(stride),
                          "rows": pexpr(rows), "cols": pexpr(cols), "box": box})
     return {
@@ -421,5 +463,5 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "float_sizes": [sh.is_float_symbol(s) for s in kernel.sizes],
         "dtype": "bfloat16" if r.a.dtype == dt.bfloat16 else "float16",
         "operands": operands,
-        "threads": THREADS, "smem": SMEM_BYTES, "tile": (BM, BN),
+        "threads": THREADS, "smem": SMEM_BYTES, "tile": (BM, r.cols),
     }

@@ -19,10 +19,12 @@ cuBLAS's, its epilogue a kernel of its own: Triton's fused kernel does not overl
 with the next tile's products (0.96x at 8192 x 4096 x 4096 on an H100, bench/matmul_sweep.py).
 Two products sharing their loads come out ahead on device time (silu·mul: the fused kernel
 2169 µs, cuBLAS's two products alone 2 x 1083-1101 before their epilogue kernel) and at parity
-in wall time (0.99-1.04x Inductor over two runs; bench/RESULTS.md, ninth run). 'all' rewrites
-every matmul with an epilogue; 'off' none. The CUDA backend's matmul kernels are the Hopper
-template only: it rewrites lone matmuls on Hopper GPUs (and for ``explain``'s renders), nothing
-elsewhere.
+in wall time (0.99-1.04x Inductor over two runs; bench/RESULTS.md, ninth run); on a Hopper GPU
+the template computes such a pair too, when the two are alone in their kernel (1948 µs against
+Triton's 1954 and Inductor's 1998 at 8192 x 4096 x 11008 on an H200). 'all' rewrites every
+matmul with an epilogue; 'off' none. The CUDA backend's matmul kernels are the Hopper template
+only: it rewrites, on Hopper GPUs (and for ``explain``'s renders), lone matmuls and pairs
+sharing their first operand whose epilogues meet only each other's; nothing elsewhere.
 
 Only 16-bit float matmuls are rewritten (float32 matmuls keep cuBLAS's exact float32 products; a
 Triton dot would round them to TF32), only where some user is pointwise, directly or through
@@ -129,9 +131,10 @@ def _chosen(graph: Graph, target: str | None, gpu_backend: str, mode: str) -> se
     'auto', those sharing their first operand with another of the same (M, N, K), whose kernel
     then reads that operand once for both products (silu(x @ Wg) * (x @ Wu)), and on a Hopper GPU
     also a matmul alone, whose kernel is then the Hopper template (codegen/cuda_matmul.py); with
-    'all', every one. On the CUDA backend, whose matmul kernels are that template, a matmul
-    alone on a Hopper GPU. "Alone": its epilogue meets no other matmul's, so its kernel has one
-    product."""
+    'all', every one. On the CUDA backend, whose matmul kernels are that template, those on a
+    Hopper GPU whose kernel the template computes: a matmul alone (its epilogue meets no other
+    matmul's, so its kernel has one product), or two whose epilogues meet only each other's and
+    that share their first operand."""
     users = graph.users()
     found: list[tuple[Node, Node, str]] = []
     for node in graph.nodes:
@@ -144,13 +147,22 @@ def _chosen(graph: Graph, target: str | None, gpu_backend: str, mode: str) -> se
               if any(other is not node and a2 is a and sh.shapes_equal(node.shape, other.shape)
                      for other, a2, _ in found)}
     reach = {node: _epilogue_of(node, users) for node, _, _ in found}
-    alone = {node for node, _, _ in found
-             if not any(other is not node and reach[node] & reach[other] for other, _, _ in found)}
+    meets = {node: [other for other, _, _ in found if other is not node and reach[node] & reach[other]]
+             for node, _, _ in found}
+    first = {node: a for node, a, _ in found}
+
+    def one_template_kernel(node: Node) -> bool:
+        """Does ``node``'s kernel hold one product, or two of the same shape sharing their first
+        operand (a gated MLP's): what the Hopper template computes?"""
+        if len(meets[node]) != 1:
+            return not meets[node]
+        other = meets[node][0]
+        return meets[other] == [node] and first[other] is first[node] and sh.shapes_equal(node.shape, other.shape)
+
     chosen = set()
     for node, _, backend in found:
-        hopper_alone = node in alone and _hopper(node, target)
-        if backend == "cuda" and hopper_alone or backend == "triton" and (
-                mode == "all" or node in paired or hopper_alone):
+        hopper = _hopper(node, target) and one_template_kernel(node)
+        if backend == "cuda" and hopper or backend == "triton" and (mode == "all" or node in paired or hopper):
             chosen.add(node)
     return chosen
 
