@@ -358,8 +358,8 @@ def main() -> None:
                     "cuBLAS mm alone": (lambda: x @ w) if products == 1 else (lambda: (x @ w, x @ b)),
                     "eager": lambda: fn(x, w, b), "ember (default)": lambda: ember_default(x, w, b),
                     "ember, Triton's fused kernel": lambda: ember_triton(x, w, b),
-                    "ember, gpu_backend cuda": lambda: ember_cuda(x, w, b)}
-        variants["ember, dynamic=True"] = lambda: ember_dynamic(x, w, b)
+                    "ember, gpu_backend cuda": lambda: ember_cuda(x, w, b),
+                    "ember, dynamic=True": lambda: ember_dynamic(x, w, b)}
         for n, k in kernels.items():
             variants[n] = lambda k=k, o=outs[n]: k(x, w, b, o)
             variants[n]()
