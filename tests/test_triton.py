@@ -193,7 +193,8 @@ def layer_norm_with_grads(x, w, b, g):
 
 @pytest.mark.parametrize("split", [2, 3, 8])
 @pytest.mark.parametrize("case", ["column_sums", "int_columns", "bf16_max_nan", "few_long_rows", "layer_norm_grads",
-                                  "logsumexp_online", "cross_entropy_online", "cross_entropy_mean"])
+                                  "logsumexp_online", "cross_entropy_online", "cross_entropy_mean",
+                                  "column_sums_of_stored", "row_sums_of_stored"])
 def test_rows_split_over_programs(case, split, monkeypatch):
     """Reductions split over several programs per row block (a weight gradient's column sums):
     partials, then the last program of the block combines them; counters reset for the next call."""
@@ -209,6 +210,13 @@ def test_rows_split_over_programs(case, split, monkeypatch):
         fn, args = (lambda x: x.amax(0)), (x,)
     elif case == "few_long_rows":
         fn, args = (lambda x: x.sum(-1) * 2), (torch.randn(3, 500),)
+    elif case == "column_sums_of_stored":
+        # gelu's backward and its bias gradient: each slice stores its own elements (in place
+        # over the dying gradient, too) as it sums them
+        fn = lambda g, y: (lambda d: (d, d.sum(0)))(torch.ops.aten.gelu_backward(g * 3, y))  # noqa: E731
+        args = (torch.randn(203, 9), torch.randn(203, 9))
+    elif case == "row_sums_of_stored":
+        fn, args = (lambda x: (lambda e: (e, e.sum(-1)))(torch.exp(x))), (torch.randn(3, 500),)
     elif case in ("logsumexp_online", "cross_entropy_online"):
         # online softmax split: each slice's (max, sum of exp), rescaled to the row's max
         x = torch.randn(6, 500) * 20

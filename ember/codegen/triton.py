@@ -825,13 +825,16 @@ def multi_program(kernel: Kernel) -> bool:
 
 def split_rows(kernel: Kernel) -> bool:
     """Can a row kernel split its rows over several programs (``_looped(split=True)``)? One pass
-    over the rows (``_one_pass``) and nothing written inside it, so partials combine in any order.
-    Reductions over all rows (a mean loss) follow in the program that finishes each row block."""
+    over the rows (``_one_pass``), so partials combine in any order. Reductions over all rows (a
+    mean loss) follow in the program that finishes each row block. Stores inside the pass are
+    each slice's own elements, computed before any reduction is done (a bias gradient's column
+    sums of the gradient the kernel stores), so only online softmax's second loop, whose stores
+    need the row's max and sum, keeps its rows whole."""
     return (_loop_kind(kernel) == "rows" and _one_pass(kernel)
             and not kernel.chunks and not (kernel.row_reductions and kernel.segment_length is not None)
             and bool(kernel.reductions)
             and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) for v in kernel.reductions)
-            and not any(v.kind == "store" and v.inner for v in kernel.values))
+            and (kernel.n_loops == 1 or not any(v.kind == "store" and v.inner for v in kernel.values)))
 
 
 def _integer_partial(v: Value) -> bool:
