@@ -86,10 +86,17 @@ def inputs(name: str, device: str = "cpu") -> tuple[torch.Tensor, ...]:
     return tuple(a.to(device) for a in args)
 
 
+def case_options(name: str) -> dict:
+    """A product that is an output too stays cuBLAS's by default ('auto': its kernel would store
+    it anyway, passes/matmul.py); 'all' asks for the template, which then stores both."""
+    return {"matmul_epilogues": "all"} if CASES[name][0] is product_and_relu else {}
+
+
 def explain(name: str, dynamic: bool | None = None) -> ember.Report:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return ember.explain(CASES[name][0], *inputs(name), target="cuda", dynamic=dynamic)
+        return ember.explain(CASES[name][0], *inputs(name), target="cuda", dynamic=dynamic,
+                             options=case_options(name))
 
 
 def the_kernel(report: ember.Report) -> ember.report.KernelReport:
@@ -197,6 +204,22 @@ def test_pass_gives_the_template_what_it_computes():
     assert _matmuls_rewritten_for_cuda(3, meet=False) == 3
 
 
+def test_a_product_stored_anyway_stays_cublas_by_default():
+    # a training forward saves x @ W + b for gelu's backward: the kernel would store it beside
+    # gelu's result, slower than cuBLAS and an epilogue kernel (passes/matmul.py)
+    x, w, b = inputs("x @ W + b, gelu")
+
+    def saved(x, w, b):
+        y = x @ w + b
+        return y, F.gelu(y)
+
+    report = ember.explain(saved, x, w, b, target="cuda")
+    assert report.fallbacks == ["aten.mm"] and len(report.kernels) == 1
+    assert "= dot " not in report.kernels[0].kernel_ir
+    report = ember.explain(saved, x, w, b, target="cuda", options={"matmul_epilogues": "all"})
+    assert not report.fallbacks and "ember_wgmma" in the_kernel(report).source
+
+
 def test_template_refuses_two_products_of_two_layouts():
     def mixed(x, wg, wu_t):  # Wg (K, N): N-major; wu_t (N, K): K-major
         return F.silu(x @ wg) * F.linear(x, wu_t)
@@ -233,7 +256,7 @@ ON_HOPPER = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_d
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_eager_on_hopper(backend, name):
-    report = check(CASES[name][0], *inputs(name, "cuda"), options=on_gpu(backend))
+    report = check(CASES[name][0], *inputs(name, "cuda"), options={**on_gpu(backend), **case_options(name)})
     assert "ember_wgmma" in the_kernel(report).source
 
 

@@ -96,6 +96,50 @@ def test_auto_takes_matmuls_sharing_their_first_operand():
     assert len([n for n in after.nodes if n.op is Op.EXTERN]) == 1  # x @ w3 (40 columns): cuBLAS
 
 
+def _kept_by_auto(target: str, outputs: str) -> bool:
+    """Does 'auto' rewrite p = x @ W in a graph returning ``outputs`` of h = p + bias,
+    e = exp(h), the row sums s of h and r = h / s?"""
+    b = GraphBuilder()
+    x, w, bias = b.input((64, 32), dtypes.float16), b.input((32, 48), dtypes.float16), b.input((64, 48), dtypes.float16)
+    h = b.add(_mm(b, x, w), bias)
+    e, s = b.exp(h), b.sum(h, (1,))
+    r = b.div(h, b.expand(b.reshape(s, (64, 1)), (64, 48)))
+    g = b.build(*(dict(h=h, e=e, s=s, r=r)[name] for name in outputs.split(",")))
+    return any(n.op is Op.MATMUL for n in matmul_epilogues(g, target=target).nodes)
+
+
+@pytest.mark.parametrize("mode", ["auto", "all"])
+def test_an_epilogue_of_casts_alone_stays_cublas(mode):
+    # a language model's logits cast to float32 for the loss, whose softmax (x - max) waits for a
+    # reduction: the kernel would only store them wider; the loss kernel casts as it reads
+    b = GraphBuilder()
+    x, w = b.input((64, 32), dtypes.bfloat16), b.input((32, 48), dtypes.bfloat16)
+    logits = b.cast(_mm(b, x, w, dtype=dtypes.bfloat16), dtypes.float32)
+    top = b.expand(b.reshape(b.amax(logits, (1,)), (64, 1)), (64, 48))
+    g = b.build(b.sum(b.exp(b.sub(logits, top)), (1,)))
+    assert not [n for n in matmul_epilogues(g, target="cuda", mode=mode).nodes if n.op is Op.MATMUL]
+    scaled = b.build(b.mul(logits, b.full(0.5, (64, 48))))  # a computing epilogue: fused
+    assert [n for n in matmul_epilogues(scaled, target="cuda", mode=mode).nodes if n.op is Op.MATMUL]
+
+
+@pytest.mark.parametrize("target", ["triton", "cuda"])
+def test_auto_leaves_a_kernel_of_two_stores_to_cublas(target):
+    # a training forward's gelu(x @ W + b) that saves x @ W + b: its kernel would store both
+    # ('auto' with target 'cuda' renders for Hopper, where a lone matmul is the template's)
+    assert _kept_by_auto(target, "e") == (target == "cuda")  # (the Triton backend: lone matmuls only on Hopper)
+    assert not _kept_by_auto(target, "h,e")
+    # r needs a reduction of h: another kernel's, so the matmul's stores h alone
+    assert _kept_by_auto(target, "s,r") == (target == "cuda")
+    b = GraphBuilder()
+    x, wg, wu = (b.input(s, dtypes.float16) for s in ((64, 32), (32, 48), (32, 48)))
+    gate, up = _mm(b, x, wg), _mm(b, x, wu)
+    inference = b.build(b.mul(b.sigmoid(gate), up))
+    training = b.build(b.mul(b.sigmoid(gate), up), gate, up)  # the gated MLP's saved products
+    assert len([n for n in matmul_epilogues(inference, target=target).nodes if n.op is Op.MATMUL]) == 2
+    assert not [n for n in matmul_epilogues(training, target=target).nodes if n.op is Op.MATMUL]
+    assert len([n for n in matmul_epilogues(training, target=target, mode="all").nodes if n.op is Op.MATMUL]) == 2
+
+
 def gelu_linear(x, w, b):
     return F.gelu(F.linear(x, w, b))
 
@@ -359,8 +403,9 @@ def test_background_compile_failure_falls_back_with_one_warning(monkeypatch):
 
 
 def test_gated_mlp_trains_like_eager_by_default():
-    # 'auto': the gate and up projections share x, so they are one kernel with two dots; the
-    # forward also stores what the backward needs (the products), the backward's matmuls are cuBLAS's
+    # 'auto': the gate and up projections share x, so in inference they are one kernel with two
+    # dots. A training forward saves both products for the backward: that kernel would store
+    # three tensors, so cuBLAS computes them and one kernel the epilogue (passes/matmul.py)
     torch.manual_seed(0)
 
     class GatedMLP(torch.nn.Module):
@@ -383,8 +428,12 @@ def test_gated_mlp_trains_like_eager_by_default():
     for p, q in zip(model.parameters(), ref_model.parameters()):
         assert_same(p.grad, q.grad)
     (forward,) = [g for g in report.graphs if g.kind == "forward"]
-    assert any(k.kernel_ir.count("= dot ") == 2 for k in report.kernels), [k.kernel_ir for k in report.kernels]
-    assert forward.wrapper.count("aten_mm") + forward.wrapper.count("aten_addmm") <= 1  # the down projection
+    assert not any("= dot " in k.kernel_ir for k in report.kernels), [k.kernel_ir for k in report.kernels]
+    assert forward.wrapper.count("aten_mm") + forward.wrapper.count("aten_addmm") == 3
+    report = ember.Report()
+    with torch.no_grad():
+        assert_same(ember.compile(model, options={"target": "triton"}, report=report)(x), ref_model(x))
+    assert [k.kernel_ir.count("= dot ") for k in report.kernels] == [2]
 
 
 def test_fold_matmul_adds_pass():
@@ -423,17 +472,19 @@ def test_sum_of_two_products_is_one_addmm():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bfloat16 matmul kernels need a GPU (see the docstring)")
 @TRITON_MATMULS
+@pytest.mark.parametrize("mode", ["auto", "all"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gated_mlp_on_the_gpu(dtype):
+def test_gated_mlp_on_the_gpu(dtype, mode):
     # the default ('auto') path users get: (batch, tokens, features) inputs with a varying token
     # count (symbolic rows, no recompile), an unaligned K (pointer loads) and an aligned one (TMA),
-    # forward and backward against eager
+    # forward and backward against eager. The forward saves both products for the backward, so
+    # 'auto' leaves them to cuBLAS; 'all' computes them in the two-product kernel, which stores them
     for k in (100, 256):
         torch._dynamo.reset()
         wg = (torch.randn(k, 72, dtype=dtype, device="cuda") * 0.05).requires_grad_()
         wu = (torch.randn(k, 72, dtype=dtype, device="cuda") * 0.05).requires_grad_()
         report = ember.Report()
-        compiled = ember.compile(swiglu, dynamic=True, report=report)
+        compiled = ember.compile(swiglu, dynamic=True, report=report, options={"matmul_epilogues": mode})
         for tokens in (40, 77):
             x = torch.randn(2, tokens, k, dtype=dtype, device="cuda", requires_grad=True)
             out = compiled(x, wg, wu)
@@ -452,5 +503,5 @@ def test_gated_mlp_on_the_gpu(dtype):
                 mine, theirs = (((t.double() - r).norm() / r.norm()).item() for t in (g, e))
                 assert g.dtype == dtype and mine <= 2 * theirs + 1e-3, (mine, theirs)
         assert len([g for g in report.graphs if g.kind in ("forward", "inference")]) == 1
-        assert any(k.kernel_ir.count("= dot ") == 2 for k in report.kernels)
+        assert any(k.kernel_ir.count("= dot ") == 2 for k in report.kernels) == (mode == "all")
         assert not report.fallbacks or set(report.fallbacks) <= {"aten.mm", "aten.addmm"}

@@ -24,12 +24,15 @@ the template computes such a pair too, when the two are alone in their kernel (1
 Triton's 1954 and Inductor's 1998 at 8192 x 4096 x 11008 on an H200). 'all' rewrites every
 matmul with an epilogue; 'off' none. The CUDA backend's matmul kernels are the Hopper template
 only: it rewrites, on Hopper GPUs (and for ``explain``'s renders), lone matmuls and pairs
-sharing their first operand whose epilogues meet only each other's; nothing elsewhere.
+sharing their first operand whose epilogues meet only each other's; nothing elsewhere. Neither
+backend's 'auto' takes a matmul whose kernel would store two tensors or more (``_stores``): a
+training forward that saves the product for the backward (see ``_chosen``).
 
 Only 16-bit float matmuls are rewritten (float32 matmuls keep cuBLAS's exact float32 products; a
-Triton dot would round them to TF32), only where some user is pointwise, directly or through
-views (a plain product is cuBLAS's to compute), and only when no dim is statically below 16 (a
-tile's smallest side).
+Triton dot would round them to TF32), only where the kernel would compute some pointwise op
+besides casts from the product, directly or through views (a plain product, or one only cast to
+float32 for a loss, is cuBLAS's to compute; ``_epilogue``, ``_computes``), and only when no dim
+is statically below 16 (a tile's smallest side).
 """
 
 from __future__ import annotations
@@ -82,17 +85,43 @@ def _operands(node: Node) -> tuple[Node | None, Node, Node] | None:
     return bias, a, b
 
 
-def _feeds_pointwise(node: Node, users: dict[Node, list[Node]]) -> bool:
-    """Is ``node`` read by a pointwise op, directly or through views (a linear layer's (M, N)
-    result reshaped back to (batch, tokens, N))?"""
-    stack = list(users.get(node, ()))
+def _epilogue(node: Node, users: dict[Node, list[Node]]) -> set[Node]:
+    """``node`` and the pointwise ops and views its kernel can compute from its product: those
+    whose other inputs do not come from the product by another way (a softmax's ``x - max(x)``
+    waits for a reduction of it: another kernel's)."""
+    below, stack = set(), [node]  # everything computed from the product
     while stack:
-        u = stack.pop()
-        if u.op in POINTWISE_OPS:
-            return True
-        if u.op in VIEW_OPS:
-            stack.extend(users.get(u, ()))
-    return False
+        for u in users.get(stack.pop(), ()):
+            if u not in below:
+                below.add(u)
+                stack.append(u)
+    epilogue, stack = {node}, [node]
+    while stack:
+        for u in users.get(stack.pop(), ()):
+            if (u not in epilogue and (u.op in POINTWISE_OPS or u.op in VIEW_OPS)
+                    and all(i in epilogue or i not in below for i in u.inputs)):
+                epilogue.add(u)
+                stack.append(u)
+    return epilogue
+
+
+def _computes(epilogue: set[Node]) -> bool:
+    """Does an epilogue compute something, a pointwise op other than a cast? Casts alone would
+    only store the product wider: a GPT's logits cast to float32 for its loss took the Hopper
+    kernel 727 µs a step where cuBLAS stores them in bf16 in 543, and the loss kernel then read
+    twice the bytes (H200, bench/gpt_step.py); its kernel casts them as it reads."""
+    return any(n.op in POINTWISE_OPS and n.op is not Op.CAST for n in epilogue)
+
+
+def _stores(epilogue: set[Node], users: dict[Node, list[Node]], outputs: set[Node]) -> int:
+    """How many tensors a matmul's kernel with ``epilogue`` must store: the values in it that are
+    graph outputs or ATen calls' inputs, directly or through views. A training forward saves
+    ``x @ W + b`` for gelu's backward beside gelu's result: 2."""
+
+    def in_memory(n: Node) -> bool:
+        return n in outputs or any(u.op is Op.EXTERN or u.op in VIEW_OPS and in_memory(u) for u in users.get(n, ()))
+
+    return sum(1 for n in epilogue if n.op not in VIEW_OPS and in_memory(n))
 
 
 @functools.cache
@@ -134,13 +163,23 @@ def _chosen(graph: Graph, target: str | None, gpu_backend: str, mode: str) -> se
     'all', every one. On the CUDA backend, whose matmul kernels are that template, those on a
     Hopper GPU whose kernel the template computes: a matmul alone (its epilogue meets no other
     matmul's, so its kernel has one product), or two whose epilogues meet only each other's and
-    that share their first operand."""
+    that share their first operand.
+
+    'auto' leaves out a matmul whose kernel would store two tensors or more (a training forward
+    saves the product, or the product plus a bias, for the backward beside the epilogue's
+    result): that saves only the epilogue kernel's reading the product back, and cost more than
+    that on an H200 (a gelu(x @ W + b) forward that also stored x @ W + b: 441-451 µs against
+    cuBLAS's 340-350 plus Inductor's epilogue kernel; bench/RESULTS.md, thirty-fourth-run session)."""
     users = graph.users()
+    outputs = {o for o in graph.outputs if o is not None}
     found: list[tuple[Node, Node, str]] = []
     for node in graph.nodes:
         backend = _backend(node, target, gpu_backend)
         operands = _operands(node) if backend in ("triton", "cuda") else None
-        if operands is not None and _feeds_pointwise(node, users):
+        if operands is None:
+            continue
+        epilogue = _epilogue(node, users)
+        if _computes(epilogue) and (mode == "all" or _stores(epilogue, users, outputs) < 2):
             found.append((node, operands[1], backend))
     # (the same first operand means the same M and K)
     paired = {node for node, a, _ in found
