@@ -155,7 +155,8 @@ def kernel_times(fn, args, cache_dir: str | None = None) -> str:
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     parts = [f"{e.name[:40]} {e.device_time:.1f}us" for e in prof.events()
              if e.device_type == torch.autograd.DeviceType.CUDA]
-    tuner = triton_backend._tuners.get(Path(cache_dir or os.environ["EMBER_CACHE_DIR"]) / "triton" / "tuning.json")
+    root = cache_dir or os.environ.get("EMBER_CACHE_DIR")
+    tuner = triton_backend._tuners.get(Path(root) / "triton" / "tuning.json") if root else None
     chosen = [f"{k.rsplit(':', 2)[-2]}@{k.rsplit(':', 1)[-1]}={v}" for k, v in (tuner.chosen if tuner else {}).items()
               if k.rsplit(":", 2)[-2] in names]
     return "; ".join(parts) + (f"\n    configs: {chosen}" if chosen else "")
@@ -209,8 +210,9 @@ def training(backends: list[str], scale: float, only: list[str], tunings: tuple[
             rows.append([name, vname, f"{times[vname] * 1e3:.0f}", f"{gpu_us:.0f}", f"{peak:.0f}", f"{err:.1e}",
                          str(launches(step, []))])
             print("  train " + " | ".join(rows[-1]), flush=True)
-            if vname.startswith("ember"):
-                print(f"    kernels: {kernel_times(lambda *a, step=step: step(), [], cache_dirs[vname])}", flush=True)
+            if vname != "eager":
+                times_of = kernel_times(lambda *a, step=step: step(), [], cache_dirs.get(vname))
+                print(f"    kernels: {times_of}", flush=True)
         del inputs, variants
         torch.cuda.empty_cache()
     return rows
@@ -236,6 +238,7 @@ def host_overhead(backends: list[str]) -> None:
 
 
 ROW_CHUNKS: list[int | None] = [None]  # --row-chunks: None (ember's choice), then variants
+EPILOGUES: list[str] = []  # --epilogues: matmul_epilogues modes, each a variant of each backend
 
 
 def ember_variants(backends: list[str], tunings: list[str], log_tuning: bool = False) -> list[tuple[str, dict]]:
@@ -246,6 +249,8 @@ def ember_variants(backends: list[str], tunings: list[str], log_tuning: bool = F
     for b in backends:
         for chunks in ROW_CHUNKS[1:]:
             out.append((f"ember-{b}-rc{chunks}", {"gpu_backend": b, "row_chunks": chunks}))
+        for mode in EPILOGUES:
+            out.append((f"ember-{b}-mm{mode}", {"gpu_backend": b, "matmul_epilogues": mode}))
         if b != "triton":
             out.append((f"ember-{b}", {"gpu_backend": b}))
             continue
@@ -342,9 +347,13 @@ def main() -> int:
     p.add_argument("--row-chunks", default="",
                    help="comma-separated run counts for row kernels that also sum columns (0: off), each an "
                         "extra ember variant (ember-<backend>-rc<n>) beside ember's own choice")
+    p.add_argument("--epilogues", default="",
+                   help="comma-separated matmul_epilogues modes (auto, all, off), each an extra ember variant "
+                        "(ember-<backend>-mm<mode>) beside the default")
     p.add_argument("--warm-child", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     ROW_CHUNKS.extend(int(c) for c in args.row_chunks.split(",") if c)
+    EPILOGUES.extend(m for m in args.epilogues.split(",") if m)
     if args.warm_child:
         return warm_child(args.warm_child, args.scale)
     tunings = [t for t in args.tuning.split(",") if t]

@@ -1,6 +1,6 @@
 """Warm-start latency: a fresh compile of a program whose artifacts are already cached on disk.
 
-    python bench/warm_start.py [--device cpu|cuda] [--cases rmsnorm,cross_entropy] [--reps 7]
+    python bench/warm_start.py [--device cpu|cuda] [--cases rmsnorm,cross_entropy,gelu_linear,swiglu] [--reps 7]
                                [--backends ember,inductor] [--no-aot-cache]
 
 Two warm starts per case and backend. In-process: the program was compiled and run once, then
@@ -54,15 +54,29 @@ def cross_entropy(logits, target):
     return F.cross_entropy(logits, target)
 
 
+def gelu_linear(x, w, b):
+    return F.gelu(x @ w + b)
+
+
+def swiglu(x, wg, wu):
+    return F.silu(x @ wg) * (x @ wu)
+
+
 def make(case: str, device: str, scale: float) -> tuple:
     rows = max(2, int(256 * scale))
     if case == "rmsnorm":
         return torch.randn(rows, 1024, device=device), torch.randn(1024, device=device)
+    if case in ("gelu_linear", "swiglu"):  # 16-bit: on a Hopper GPU, ember's matmul kernel
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        x = torch.randn(rows * 8, 1024, device=device, dtype=dtype)
+        w = torch.randn(1024, 2816, device=device, dtype=dtype) * 0.03
+        last = torch.randn(2816, device=device, dtype=dtype) if case == "gelu_linear" else w.clone()
+        return x, w, last
     logits = torch.randn(rows, 4096, device=device, requires_grad=True)
     return logits, torch.randint(0, 4096, (rows,), device=device)
 
 
-CASES = {"rmsnorm": rmsnorm, "cross_entropy": cross_entropy}
+CASES = {"rmsnorm": rmsnorm, "cross_entropy": cross_entropy, "gelu_linear": gelu_linear, "swiglu": swiglu}
 
 
 def compiler(backend: str, aot_cache: bool):
@@ -136,6 +150,7 @@ def first_call(case: str, backend: str, aot_cache: bool, args: tuple, breakdown:
     compiled = compiler(backend, aot_cache)(CASES[case])
     call(case, compiled, args)
     total = (time.perf_counter() - start) * 1e3
+    ember.wait_for_kernels()  # (a cold start's matmul kernels compile in the background: cached for the next)
     start = time.perf_counter()
     call(case, compiled, args)  # a steady call: what the first one spent running
     breakdown.spent["run"] = (time.perf_counter() - start) * 1e3
