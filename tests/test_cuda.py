@@ -24,7 +24,8 @@ from ember.runtime import cuda_backend
 from ember.runtime.backend import BuildError, get_backend
 from ember.workloads.giou import make_batch, padded_giou_loss
 
-from .helpers import record_rendered
+from .conftest import DEVICE
+from .helpers import check, record_rendered
 from .test_ops import _program, _samples
 from .test_triton import CASES, OPS
 
@@ -150,9 +151,47 @@ def test_reductions_over_a_leading_dim_give_lanes_adjacent_rows():
     src = k.source
     assert "// strategy: columns" in src and "ember_column_reduce(acc1, EmberSumOp(), ember_smem)" in src
     assert "const I ember_row = ember_active ? ember_rows0 + ember_lane : ember_rows - 1;" in src
-    assert "if (ember_active && ember_warp == 0) {" in src and "ember_r_tile += (I)ember_warps * EMBER_UNROLL" in src
+    assert "if (ember_active && ember_warp == 0) {" in src and "ember_r_tile += ember_step" in src
+    # the inner domain in gridDim.y slices, each block's partials to the workspace, the group's
+    # last block adding them up in slice order (the launcher picks the slices)
+    assert "const I ember_r_begin = (I)blockIdx.y * ember_slice;" in src
+    assert "ember_last = atomicAdd(&counter[ember_rows0 / 32], 1) == (int)gridDim.y - 1;" in src
+    assert "for (unsigned ember_s = 0; ember_s < gridDim.y; ++ember_s)" in src
+    (k,) = explain(lambda x: x.argmax(0), torch.randn(64, 48)).kernels
+    assert "// strategy: columns" in k.source and "gridDim.y" not in k.source  # (arg-reductions stay whole)
     (k,) = explain(lambda x: x.sum(1), torch.randn(64, 48)).kernels
     assert "// strategy: rows" in k.source
+
+
+def test_column_sums_over_few_groups_split_their_rows():
+    plan = cuda_backend.plan_launch
+    # a bias gradient: 4096 columns (128 groups of 32) over 8192 rows: 8 slices of 1024 rows
+    assert plan("columns", 4096, 8192, 132, 512, split=True) == (False, (128, 8), 512)
+    assert plan("columns", 4096, 8192, 132, 512) == (False, 128, 512)  # (a kernel that cannot split)
+    assert isinstance(plan("columns", 65536, 8192, 132, 512, split=True)[1], int)  # groups to spare
+    assert plan("columns", 48, 600, 132, 512, split=True)[1] == (2, 2)  # ≥ SLICE_ROWS rows a slice
+    assert plan("columns", 48, 300, 132, 512, split=True)[1] == 2
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="runs CUDA kernels: EMBER_TEST_DEVICE=cuda on a GPU machine")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_split_column_sums_match_eager_on_the_gpu(dtype):
+    # gelu's backward and its bias gradient (the gradient stored by each slice as it sums it), a
+    # mean and a max over the same rows; groups of rows past the last row, slices past the end
+    def grads(g, y):
+        d = torch.ops.aten.gelu_backward(g, y)
+        return d, d.sum(0), (d * y).mean(0), y.amax(0)
+
+    options = {"gpu_backend": "cuda"}
+    # (float32 sums of thousands of terms in another order: columns that nearly cancel differ
+    # from eager's by more than float32's default absolute tolerance)
+    tol = {"rtol": 1e-4, "atol": 1e-3} if dtype == torch.float32 else {}
+    for rows, cols in ((8192, 4096), (5000, 100), (1000, 33), (300, 7)):
+        g = torch.randn(rows, cols, dtype=dtype, device="cuda")
+        y = torch.randn(rows, cols, dtype=dtype, device="cuda")
+        for _ in range(2):  # the second call finds the counters the first one left
+            check(grads, g, y, options=options, **tol)
+    check(grads, g, y, options=options, dynamic=True, **tol)
 
 
 def test_arg_reductions_and_single_block_full_reductions():
@@ -439,7 +478,9 @@ def test_row_groups_where_rows_may_be_short():
     x, t = torch.randn(64, 10), torch.randint(0, 10, (64,))
     (ce,) = explain(lambda x, t: F.cross_entropy(x, t), x, t).kernels
     (sm,) = explain(lambda x: torch.softmax(x, -1), x).kernels
-    chunked = explain(lambda x: (torch.softmax(x, -1) * 2, (x * x).sum(0)), x).kernels[0]
+    # (rows enough for a run per 4 of them on a machine of up to 32 host threads: explain's CPU
+    # tensors take their run count from the host, chunks.chunk_count)
+    chunked = explain(lambda x: (torch.softmax(x, -1) * 2, (x * x).sum(0)), torch.randn(1024, 10)).kernels[0]
     (long_rows,) = explain(lambda x: torch.softmax(x, -1), torch.randn(4, 4096)).kernels
     for k in (sm, ce):
         assert "blockIdx.x * blockDim.y + threadIdx.y" in k.source and "ember_row_reduce(" in k.source
@@ -512,6 +553,6 @@ def test_nvrtc_compiles_a_module():
     except ImportError:
         pytest.skip("NVRTC's Python bindings (cuda-bindings, nvidia-cuda-nvrtc) are not installed here")
     report = explain(lambda x: torch.softmax(x, -1), torch.randn(9, 70))
-    source = get_backend("cuda").render_module([]) + "\n".join(k.source for k in report.kernels)
+    source = cuda.PRELUDE + "\n".join(k.source for k in report.kernels)
     image = cuda_backend._compile_nvrtc(source, "sm_90")
     assert image[:4] == b"\x7fELF"

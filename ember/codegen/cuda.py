@@ -11,7 +11,9 @@ intrinsics differ. The kernel IR's domains map to the GPU like codegen/triton.py
   warp take a group of consecutive lanes each instead (blockDim.x lanes a row, blockDim.y rows a
   block), reducing with shuffles among the group's lanes. When the loops' accesses
   are adjacent along the outer domain instead (x.sum(0)), 'columns': a block takes 32 rows, one
-  per lane, its warps split the inner domain and combine per lane through shared memory;
+  per lane, its warps split the inner domain and combine per lane through shared memory; with
+  few groups of 32 rows, the inner domain also splits over gridDim.y blocks, the last of each
+  group's to finish combining the slices' partials (cuda_combine.combine_slices);
 * full reductions (no outer domain): with one loop of float/bool reductions, a grid of blocks
   strides over the inner domain and writes per-block partials to a float64 workspace; the last
   block to finish (an atomic counter) combines them and runs the epilogue (cuda_combine.py).
@@ -48,11 +50,12 @@ from ..ir.ops import Op
 from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, outer_var
 from . import cuda_online
 from .cstyle import BodyRenderer, Language, acc_init, acc_type, device_size_lines, index_expr
-from .cuda_combine import COMBINE, combine_blocks, combine_rows
+from .cuda_combine import COMBINE, combine_blocks, combine_rows, combine_slices
 from .cuda_plan import (  # noqa: F401 (cuda.launch_meta: the backend's name for it)
     kernel_row_forms,
     launch_meta,
     row_groups,
+    split_columns,
     strategy,
     uses_workspace,
     vector_plan,
@@ -106,6 +109,9 @@ _STRATEGY = {
             "threads after each loop",
     "columns": "columns -- 32 adjacent outer indices per block, one per lane (their elements are "
                "adjacent in memory); the block's warps split the inner domain and combine per lane",
+    "columns split": "columns -- 32 adjacent outer indices per block, one per lane (their elements are "
+                     "adjacent in memory), the inner domain split over gridDim.y blocks; each block's "
+                     "warps split its slice and combine per lane, the last slice's block combines the slices",
     "full": "full reduction, many blocks -- the grid strides over the inner domain; the last block "
             "to finish combines the blocks' partials and runs the epilogue",
     "single": "full reduction, one block -- its threads stride over the inner domain in every loop",
@@ -122,6 +128,7 @@ class CudaKernelRenderer:
         self.k = kernel
         self.body = BodyRenderer(kernel, CUDA)
         self.strategy = strategy(kernel)
+        self.split = split_columns(kernel)  # a column kernel's inner domain in gridDim.y slices
         self.lines: list[str] = []
         self.depth = 0
         forms = kernel_row_forms(kernel) if self.strategy == "rows" else RowForms({}, {}, {}, ())
@@ -177,7 +184,7 @@ class CudaKernelRenderer:
         threads = {"pointwise": POINTWISE_THREADS, "tiles": LANES * TILE_ROWS}.get(self.strategy, REDUCTION_THREADS)
         self.emit(f"// {k.name}: fuses {', '.join(k.origins) or '-'}")
         self.emit(f"// outer {sh.fmt(k.outer)}, inner {sh.fmt(k.inner)}, {k.n_loops} inner loop(s)")
-        self.emit(f"// strategy: {_STRATEGY[self.strategy]}")
+        self.emit(f"// strategy: {_STRATEGY[self.strategy + (' split' if self.split else '')]}")
         self.emit(f"// flat index type I: uint32_t in {k.name} (outer * inner < 2^31), int64_t in {k.name}_i64")
         params = ", ".join(self.params())
         self.emit("template <typename I>")
@@ -401,6 +408,16 @@ class CudaKernelRenderer:
         else:
             self.emit("const unsigned ember_lane = threadIdx.x & 31u, ember_warp = threadIdx.x >> 5;")
             self.emit("const unsigned ember_warps = blockDim.x >> 5;")
+            if self.split:
+                self.emit("__shared__ bool ember_last;  // is this the last slice's block to finish?")
+                self.emit("// the inner domain in gridDim.y slices of whole loop steps (few groups of rows: more")
+                self.emit("// blocks), each slice's block its partials; the last to finish combines them")
+                self.emit("const I ember_step = (I)ember_warps * EMBER_UNROLL;")
+                self.emit("const I ember_slice = ((ember_inner + gridDim.y - 1) / gridDim.y + ember_step - 1) "
+                          "/ ember_step * ember_step;")
+                self.emit("const I ember_r_begin = (I)blockIdx.y * ember_slice;")
+                self.emit("const I ember_r_end = ember_r_begin + ember_slice < ember_inner ? ember_r_begin + "
+                          "ember_slice : ember_inner;  // (an empty slice past the end: begin > end)")
             self.emit("// 32 rows per block, one per lane; blocks stride over the groups of 32")
             self.open("for (I ember_rows0 = (I)blockIdx.x * 32; ember_rows0 < ember_rows; "
                       "ember_rows0 += (I)gridDim.x * 32) {")
@@ -471,6 +488,8 @@ class CudaKernelRenderer:
                 reductions = [v for v in k.reductions if v.loop == stage and v not in self.online]
                 if self.strategy == "full":
                     combine_blocks(self, reductions)  # opens `if (ember_last) {`
+                elif self.split:
+                    combine_slices(self, reductions)  # across the warps, then the slices
                 else:
                     self._block_reduce(reductions)
             self._outer(stage, [v for v in outer_values if v.stage == stage])
@@ -513,6 +532,9 @@ class CudaKernelRenderer:
             " and its online softmax sum" if self.maxima else "")
         if self.strategy == "full":
             loop_args = (_GRID_START, "blockDim.x", _GRID_STRIDE, f"{what} -- the grid strides over the inner domain")
+        elif self.strategy == "columns" and self.split:
+            loop_args = ("ember_r_begin + (I)ember_warp", "ember_warps", "ember_step",
+                         f"{what} -- the block's warps stride over its slice of the inner domain")
         elif self.strategy == "columns":
             loop_args = ("(I)ember_warp", "ember_warps", "(I)ember_warps * EMBER_UNROLL",
                          f"{what} -- the block's warps stride over the inner domain")
@@ -537,7 +559,8 @@ class CudaKernelRenderer:
                 self._statements(stores)
 
         plan = self.plans.get(loop) if self.strategy == "rows" else vector_plan(k, loop)
-        self._strided("ember_r", "ember_inner", *loop_args, plan, k.inner, inner_var, body)
+        bound = "ember_r_end" if self.split else "ember_inner"
+        self._strided("ember_r", bound, *loop_args, plan, k.inner, inner_var, body)
         self.maxima = []
 
     def _reduce_line(self, v: Value) -> str:

@@ -87,3 +87,41 @@ def _last_block_combines(r: CudaKernelRenderer, values: list[Value], first: str 
             r.emit(f"{acc[id(v)]} = {COMBINE[v.arg.op]}()({acc[id(v)]}, {part});")
         r.close()
         r._block_reduce(values)
+
+
+def combine_slices(r: CudaKernelRenderer, reductions: list[Value]) -> None:
+    """A column kernel split over gridDim.y slices (cuda_plan.split_columns): each lane's
+    partials (every warp holds them) to the workspace, a slot per reduction, slice and row; the
+    group's counter counts the slices' blocks; the last to finish adds them up in slice order
+    (the same result whichever finishes last) and goes on to the outer stage, the others to
+    their next group of rows."""
+    acc = r.body.acc_names
+    slot = "(({i} * gridDim.y + {s}) * (size_t)ember_rows + ember_row)"
+    if not reductions:
+        return
+    r.emit("// combine the warps' partials of each row; every thread gets them")
+    for v in reductions:
+        r.emit(r._reduce_line(v))
+    r.open("if (gridDim.y > 1) {  // this slice's partials; the group's last block combines them")
+    r.open("if (ember_active && ember_warp == 0) {")
+    for i, v in enumerate(reductions):
+        r.emit(f"workspace[{slot.format(i=i, s='blockIdx.y')}] = (double){acc[id(v)]};")
+    r.close()
+    r.emit("__threadfence();  // the partials are visible to every block before the count says so")
+    r.emit("__syncthreads();")
+    r.open("if (threadIdx.x == 0) {")
+    r.emit("ember_last = atomicAdd(&counter[ember_rows0 / 32], 1) == (int)gridDim.y - 1;")
+    r.emit("if (ember_last) counter[ember_rows0 / 32] = 0;  // ready for the next launch")
+    r.close()
+    r.emit("__syncthreads();")
+    r.emit("if (!ember_last) continue;")
+    r.emit("__threadfence();")
+    for v in reductions:
+        r.emit(f"{acc[id(v)]} = {acc_init(r.body.lang, v)};")
+    r.open("for (unsigned ember_s = 0; ember_s < gridDim.y; ++ember_s) {")
+    for i, v in enumerate(reductions):
+        part = f"({acc_type(r.body.lang, v)})__ldcg(&workspace[{slot.format(i=i, s='ember_s')}])"
+        r.emit(f"{acc[id(v)]} = {COMBINE[v.arg.op]}()({acc[id(v)]}, {part});")
+    r.close(2)
+    for v in reductions:
+        r.emit(r.body.reduce_result(v))

@@ -39,9 +39,21 @@ def multi_block(kernel: Kernel) -> bool:
                     for v in kernel.reductions))
 
 
+def split_columns(kernel: Kernel) -> bool:
+    """May a 'columns' kernel split its reduced dim over blocks (gridDim.y slices), the last
+    slice's block of each group of 32 columns combining the slices' partials? One loop of float
+    or bool reductions (partials travel as float64, as a full reduction's), whose stores, if
+    any, are each slice's own elements (a bias gradient beside the gradient it sums)."""
+    return (strategy(kernel) == "columns" and kernel.n_loops == 1 and kernel.segment_length is None
+            and bool(kernel.reductions)
+            and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) and (v.srcs[0].dtype.is_float or v.srcs[0].dtype.is_bool)
+                    for v in kernel.reductions))
+
+
 def uses_workspace(kernel: Kernel) -> bool:
-    """Partials and a finished-blocks counter: many-block full reductions, reductions over rows."""
-    return strategy(kernel) == "full" or bool(kernel.row_reductions)
+    """Partials and a finished-blocks counter: many-block full reductions, reductions over rows,
+    column sums split over blocks."""
+    return strategy(kernel) == "full" or bool(kernel.row_reductions) or split_columns(kernel)
 
 
 def _adjacent_rows(kernel: Kernel) -> bool:
@@ -148,6 +160,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "n_params": len(kernel.params),
         "n_reductions": len(kernel.reductions) + len(kernel.row_reductions),
         "workspace": uses_workspace(kernel),
+        "split_columns": split_columns(kernel),
         "row_reductions": len(kernel.row_reductions),
         "chunks": kernel.chunks,
         "row_groups": row_groups(kernel, width),

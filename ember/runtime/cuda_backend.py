@@ -312,9 +312,26 @@ def balanced_grid(tiles: int, resident: int) -> int:
     return max(1, _cdiv(tiles, per_block))
 
 
+SLICE_ROWS = 256  # the shortest slice of a split column kernel's inner domain
+
+
+def column_slices(outer: int, inner: int, sms: int) -> int:
+    """Slices of a column kernel's inner domain, a block each (gridDim.y): with fewer groups of 32
+    rows than two per SM, enough for about four blocks per SM, at most 64, each slice at least
+    SLICE_ROWS long. A bias gradient's sums over 8192 rows of 4096 columns were 128 blocks."""
+    groups = _cdiv(outer, 32)
+    if groups >= 2 * sms:
+        return 1
+    slices = min(_pow2_ceil(_cdiv(4 * sms, groups)), 64)
+    while slices > 1 and inner < slices * SLICE_ROWS:
+        slices //= 2
+    return slices
+
+
 def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: int,
                 vector: int = 1, occupancy: Callable[[int], int] | None = None,
-                row_groups: bool = False, tile: int = 64) -> tuple[bool, int, int | tuple[int, int]]:
+                row_groups: bool = False, tile: int = 64,
+                split: bool = False) -> tuple[bool, int | tuple[int, int], int | tuple[int, int]]:
     """(64-bit indices?, grid, block) of one launch. Blocks are powers of two from 32 threads up to
     the kernel's limit, sized so that each thread has a few unrolled steps of work (of ``vector``
     elements each, where the kernel has a vector form); grids stride. ``occupancy(block)``: the
@@ -322,7 +339,9 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
     occupancy); without it (or where it gives 0), by threads and blocks per SM alone.
     ``row_groups``: a row kernel whose short rows may go several to a block; the block is then
     (threads a row, rows a block) where a row needs fewer than 32 threads. ``tile``: a tiled
-    kernel's tile side (codegen/cuda_tiles.py)."""
+    kernel's tile side (codegen/cuda_tiles.py). ``split``: a column kernel that may split its
+    inner domain into slices (codegen/cuda_plan.py: split_columns); its grid is then (groups of
+    32 rows, slices) where ``column_slices`` gives more than one."""
     big = outer * inner >= 2**31
     limit = max(32, min(_pow2_floor(max_threads), cuda.REDUCTION_THREADS))
     step = cuda.UNROLL * vector  # elements a thread takes per iteration
@@ -347,9 +366,11 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
             return big, balanced_grid(_cdiv(outer, total // group), resident(total)), (group, total // group)
         block = threads(need)
         return big, balanced_grid(outer, resident(block)), block
-    if strategy == "columns":  # 32 rows per block, warps split the inner domain
-        block = 32 * min(max(1, _pow2_ceil(_cdiv(inner, 4 * cuda.UNROLL))), limit // 32)
-        return big, max(1, min(_cdiv(outer, 32), resident(block))), block
+    if strategy == "columns":  # 32 rows per block, warps split the inner domain (or its slice)
+        slices = column_slices(outer, inner, sms) if split else 1
+        block = 32 * min(max(1, _pow2_ceil(_cdiv(_cdiv(inner, slices), 4 * cuda.UNROLL))), limit // 32)
+        grid = max(1, min(_cdiv(outer, 32), resident(block)))
+        return big, (grid, slices) if slices > 1 else grid, block
     block = threads(_cdiv(inner, step))
     if strategy == "full":  # a full device of blocks, at most MAX_BLOCKS partials to combine
         return big, max(1, min(_cdiv(inner, block * step), resident(block), cuda.MAX_BLOCKS)), block
@@ -429,11 +450,20 @@ class CudaKernel:
             state["resident"][key] = state["sms"] * per_sm if ok else 0
         return state["resident"][key]
 
-    def _workspace(self, state: dict[str, Any], device: int, stream: int) -> tuple[Any, ...]:
-        # one partial per block and reduction; the counter starts at 0 and the last block resets it
-        n = max(1, self.meta["n_reductions"]) * cuda.MAX_BLOCKS
-        ws = torch.empty(n, dtype=torch.float64, device=f"cuda:{device}")
-        counter = torch.zeros(1, dtype=torch.int32, device=f"cuda:{device}")
+    def _workspace(self, state: dict[str, Any], device: int, stream: int, slots: int,
+                   counters: int) -> tuple[Any, ...]:
+        """The stream's workspace, with at least ``slots`` partials and ``counters`` counters. One
+        partial per block and reduction (a split column kernel's: per slice, row and reduction);
+        counters start at 0 and each count's last block resets its own. A launch needing more
+        gets a larger one; the smaller stays alive, as a captured CUDA graph may launch with it."""
+        held = state["workspaces"].get(stream)
+        if held is not None and held[0].numel() >= slots and held[1].numel() >= counters:
+            return held
+        if held is not None:
+            state.setdefault("retired", []).append(held)
+            slots, counters = max(slots, 2 * held[0].numel()), max(counters, held[1].numel())
+        ws = torch.empty(slots, dtype=torch.float64, device=f"cuda:{device}")
+        counter = torch.zeros(counters, dtype=torch.int32, device=f"cuda:{device}")
         state["workspaces"][stream] = (ws, counter, ws.data_ptr(), counter.data_ptr())
         return state["workspaces"][stream]
 
@@ -464,14 +494,19 @@ class CudaKernel:
                                            self.meta.get("vector", 1),
                                            occupancy=lambda block: self._resident(state, big, block),
                                            row_groups=self.meta.get("row_groups", False),
-                                           tile=self.meta.get("tile", 64))
+                                           tile=self.meta.get("tile", 64),
+                                           split=self.meta.get("split_columns", False))
             if self.meta.get("chunks"):  # a chunked row kernel: a block per run of rows
                 grid = self.meta["chunks"]
             if self.meta.get("row_reductions"):  # a workspace slot per block
                 grid = min(grid, cuda.MAX_BLOCKS)
+            gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
             bx, by = block if isinstance(block, tuple) else (block, 1)
-            geometry = state["geometry"][(outer, inner)] = (state["functions"][big], grid, bx, by)
-        fn, grid, bx, by = geometry
+            # workspace: a slot per block and reduction, or per slice, row and reduction
+            partials = max(1, self.meta["n_reductions"]) * max(cuda.MAX_BLOCKS, gy * outer if gy > 1 else 0)
+            counters = _cdiv(outer, 32) if gy > 1 else 1
+            geometry = state["geometry"][(outer, inner)] = (state["functions"][big], gx, gy, bx, by, partials, counters)
+        fn, gx, gy, bx, by, partials, counters = geometry
         driver = _driver()
         raw = _current_stream(device)
         stream = stream_handle(driver, raw)
@@ -480,10 +515,10 @@ class CudaKernel:
             for slot, value in zip(slots, args):
                 slot.value = value
             if self.meta["workspace"]:
-                ws = state["workspaces"].get(raw) or self._workspace(state, device, raw)
+                ws = self._workspace(state, device, raw, partials, counters)
                 slots[-2].value, slots[-1].value = ws[2], ws[3]
-            err = launch(driver, device, fn, grid, 1, 1, bx, by, 1, 0, stream, self._argv_address, 0)
-        _check(driver, err, f"launching {self.name} (grid {grid}, block {bx} x {by})")
+            err = launch(driver, device, fn, gx, gy, 1, bx, by, 1, 0, stream, self._argv_address, 0)
+        _check(driver, err, f"launching {self.name} (grid {gx} x {gy}, block {bx} x {by})")
 
 
 class CudaBackend(Backend):
