@@ -78,15 +78,24 @@ def _last_block_combines(r: CudaKernelRenderer, values: list[Value], first: str 
     r.emit("__syncthreads();")
     r.open("if (ember_last) {")
     if values:
-        r.emit("__threadfence();")
-        for v in values:
-            r.emit(f"{acc[id(v)]} = {acc_init(r.body.lang, v)};")
-        r.open("for (unsigned ember_b = threadIdx.x; ember_b < gridDim.x; ember_b += blockDim.x) {")
-        for i, v in enumerate(values):
-            part = f"({acc_type(r.body.lang, v)})__ldcg(&workspace[{i} * EMBER_MAX_BLOCKS + ember_b])"
-            r.emit(f"{acc[id(v)]} = {COMBINE[v.arg.op]}()({acc[id(v)]}, {part});")
-        r.close()
+        _add_partials(r, values, "for (unsigned ember_b = threadIdx.x; ember_b < gridDim.x; ember_b += blockDim.x) {",
+                      "{i} * EMBER_MAX_BLOCKS + ember_b")
         r._block_reduce(values)
+
+
+def _add_partials(r: CudaKernelRenderer, values: list[Value], loop: str, slot: str) -> None:
+    """The accumulators of ``values`` restarted, then ``loop`` combining into each value ``i``
+    its partials at ``workspace[slot]`` (``slot`` formatted with i), read past L1 (other
+    blocks wrote them)."""
+    acc = r.body.acc_names
+    r.emit("__threadfence();")
+    for v in values:
+        r.emit(f"{acc[id(v)]} = {acc_init(r.body.lang, v)};")
+    r.open(loop)
+    for i, v in enumerate(values):
+        part = f"({acc_type(r.body.lang, v)})__ldcg(&workspace[{slot.format(i=i)}])"
+        r.emit(f"{acc[id(v)]} = {COMBINE[v.arg.op]}()({acc[id(v)]}, {part});")
+    r.close()
 
 
 def combine_slices(r: CudaKernelRenderer, reductions: list[Value]) -> None:
@@ -96,7 +105,7 @@ def combine_slices(r: CudaKernelRenderer, reductions: list[Value]) -> None:
     (the same result whichever finishes last) and goes on to the outer stage, the others to
     their next group of rows."""
     acc = r.body.acc_names
-    slot = "(({i} * gridDim.y + {s}) * (size_t)ember_rows + ember_row)"
+    slot = "(({{i}} * gridDim.y + {s}) * (size_t)ember_rows + ember_row)"
     if not reductions:
         return
     r.emit("// combine the warps' partials of each row; every thread gets them")
@@ -105,7 +114,7 @@ def combine_slices(r: CudaKernelRenderer, reductions: list[Value]) -> None:
     r.open("if (gridDim.y > 1) {  // this slice's partials; the group's last block combines them")
     r.open("if (ember_active && ember_warp == 0) {")
     for i, v in enumerate(reductions):
-        r.emit(f"workspace[{slot.format(i=i, s='blockIdx.y')}] = (double){acc[id(v)]};")
+        r.emit(f"workspace[{slot.format(s='blockIdx.y').format(i=i)}] = (double){acc[id(v)]};")
     r.close()
     r.emit("__threadfence();  // the partials are visible to every block before the count says so")
     r.emit("__syncthreads();")
@@ -115,13 +124,8 @@ def combine_slices(r: CudaKernelRenderer, reductions: list[Value]) -> None:
     r.close()
     r.emit("__syncthreads();")
     r.emit("if (!ember_last) continue;")
-    r.emit("__threadfence();")
-    for v in reductions:
-        r.emit(f"{acc[id(v)]} = {acc_init(r.body.lang, v)};")
-    r.open("for (unsigned ember_s = 0; ember_s < gridDim.y; ++ember_s) {")
-    for i, v in enumerate(reductions):
-        part = f"({acc_type(r.body.lang, v)})__ldcg(&workspace[{slot.format(i=i, s='ember_s')}])"
-        r.emit(f"{acc[id(v)]} = {COMBINE[v.arg.op]}()({acc[id(v)]}, {part});")
-    r.close(2)
+    _add_partials(r, reductions, "for (unsigned ember_s = 0; ember_s < gridDim.y; ++ember_s) {",
+                  slot.format(s="ember_s"))
+    r.close()
     for v in reductions:
         r.emit(r.body.reduce_result(v))
