@@ -323,13 +323,15 @@ def test_bfloat16_on_the_gpu(shape):
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.05
     b = torch.randn(n, dtype=torch.bfloat16, device="cuda")
-    the_matmul_kernel(check(gelu_linear, x, w, b, options={"matmul_epilogues": "all"}))
+    # (compiled at the first call: in the background it would run through ATen, unchecked)
+    every, auto = ({"matmul_epilogues": mode, "background_compile": False} for mode in ("all", "auto"))
+    the_matmul_kernel(check(gelu_linear, x, w, b, options=every))
     torch._dynamo.reset()
     wg, wu = (torch.randn(k, n, dtype=torch.bfloat16, device="cuda") * 0.05 for _ in range(2))
-    the_matmul_kernel(check(swiglu, x, wg, wu), dots=2)
+    the_matmul_kernel(check(swiglu, x, wg, wu, options=auto), dots=2)
     torch._dynamo.reset()
     xt = x.t().contiguous()  # the first operand transposed: (k, m) in memory
-    the_matmul_kernel(check(lambda xt, w: torch.relu(xt.t() @ w.t()), xt, w, options={"matmul_epilogues": "all"}))
+    the_matmul_kernel(check(lambda xt, w: torch.relu(xt.t() @ w.t()), xt, w, options=every))
 
 
 @on_the_interpreter
