@@ -447,6 +447,41 @@ def test_64_bit_entry_points_build_at_the_first_launch_that_needs_them(kernels_o
         "its ops run through ATen instead."]
 
 
+def test_split_column_launches_grow_their_workspace(kernels_of, monkeypatch):
+    """A bias gradient's sums launch (groups of 32 columns, slices) blocks, with a workspace of a
+    partial per slice, column and reduction and a counter per group; a larger call gets a larger
+    workspace, and the smaller stays alive (a captured CUDA graph may launch with it)."""
+    def grads(g, y):
+        d = torch.ops.aten.gelu_backward(g, y)
+        return d, d.sum(0)
+
+    (k,), _ = kernels_of(grads, torch.randn(64, 48), torch.randn(64, 48), dynamic=True)
+    meta = cuda.launch_meta(k)
+    assert meta["split_columns"] and meta["workspace"] and meta["strategy"] == "columns"
+    driver = FakeDriver()
+    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
+    monkeypatch.setattr(cuda_backend, "_current_device", lambda: 0)
+    monkeypatch.setattr(cuda_backend, "_current_stream", lambda device: 7)
+    allocated = []
+    monkeypatch.setattr(torch, "empty", lambda n, **kw: allocated.append(("partials", n)) or torch.ones(1))
+    monkeypatch.setattr(torch, "zeros", lambda n, **kw: allocated.append(("counters", n)) or torch.ones(1))
+    kernel = cuda_backend.CudaKernel(k.name, meta, None, None)
+    kernel._devices[0] = {"functions": ["i32 entry", None], "max_threads": 512, "sms": 132,
+                          "geometry": {}, "workspaces": {}, "resident": {}}
+    sizes = {meta["outer"]: 4096, meta["inner"]: 8192}  # (columns, rows)
+    kernel(*(1,) * meta["n_params"], *[sizes[size] for size in meta["sizes"]])
+    assert driver.geometry[-1][:2] == (128, 8) and allocated == [("partials", 8 * 4096), ("counters", 128)]
+    kernel(*(1,) * meta["n_params"], *[sizes[size] for size in meta["sizes"]])
+    assert len(allocated) == 2  # the same workspace
+    sizes = {meta["outer"]: 2048, meta["inner"]: 65536}  # 64 groups: 16 slices, 8 x 4096 partials still
+    kernel(*(1,) * meta["n_params"], *[sizes[size] for size in meta["sizes"]])
+    assert driver.geometry[-1][:2] == (64, 16) and len(allocated) == 2
+    sizes = {meta["outer"]: 4128, meta["inner"]: 8192}  # 129 groups: 8 x 4128 partials, doubled
+    kernel(*(1,) * meta["n_params"], *[sizes[size] for size in meta["sizes"]])
+    assert driver.geometry[-1][:2] == (129, 8) and allocated[2:] == [("partials", 2 * 8 * 4096), ("counters", 129)]
+    assert len(kernel._devices[0]["retired"]) == 1
+
+
 @pytest.mark.parametrize("width, group", [(16, 1), (64, 4), (130, 16), (1000, 0)])
 def test_short_rows_go_several_to_a_block(kernels_of, monkeypatch, width, group):
     """A softmax over rows shorter than a warp's iteration launches blocks of (group, rows):

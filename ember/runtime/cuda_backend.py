@@ -456,15 +456,15 @@ class CudaKernel:
         partial per block and reduction (a split column kernel's: per slice, row and reduction);
         counters start at 0 and each count's last block resets its own. A launch needing more
         gets a larger one; the smaller stays alive, as a captured CUDA graph may launch with it."""
-        held = state["workspaces"].get(stream)
-        if held is not None and held[0].numel() >= slots and held[1].numel() >= counters:
+        held = state["workspaces"].get(stream)  # (workspace, counters, their addresses, their sizes)
+        if held is not None and held[4] >= slots and held[5] >= counters:
             return held
         if held is not None:
             state.setdefault("retired", []).append(held)
-            slots, counters = max(slots, 2 * held[0].numel()), max(counters, held[1].numel())
+            slots, counters = max(slots, 2 * held[4]), max(counters, held[5])
         ws = torch.empty(slots, dtype=torch.float64, device=f"cuda:{device}")
         counter = torch.zeros(counters, dtype=torch.int32, device=f"cuda:{device}")
-        state["workspaces"][stream] = (ws, counter, ws.data_ptr(), counter.data_ptr())
+        state["workspaces"][stream] = (ws, counter, ws.data_ptr(), counter.data_ptr(), slots, counters)
         return state["workspaces"][stream]
 
     def __call__(self, *args: Any) -> None:
