@@ -211,8 +211,7 @@ def test_rows_split_over_programs(case, split, monkeypatch):
     elif case == "few_long_rows":
         fn, args = (lambda x: x.sum(-1) * 2), (torch.randn(3, 500),)
     elif case == "column_sums_of_stored":
-        # gelu's backward and its bias gradient: each slice stores its own elements (in place
-        # over the dying gradient, too) as it sums them
+        # gelu's backward and its bias gradient: each slice stores its own elements as it sums them
         fn = lambda g, y: (lambda d: (d, d.sum(0)))(torch.ops.aten.gelu_backward(g * 3, y))  # noqa: E731
         args = (torch.randn(203, 9), torch.randn(203, 9))
     elif case == "row_sums_of_stored":
