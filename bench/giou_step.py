@@ -198,10 +198,12 @@ def varying_box_counts(pred: torch.Tensor, batches: int) -> None:
             for r in batch_list[:20]:
                 graphed(pred, r)
             torch.cuda.synchronize()
-        kinds: dict[str, int] = {}
+        kinds: dict[str, list[float]] = {}  # name -> [count, GPU µs]
         for e in prof.events():
             if e.device_type == torch.autograd.DeviceType.CUDA:
-                kinds[e.name] = kinds.get(e.name, 0) + 1
+                seen = kinds.setdefault(e.name, [0, 0.0])
+                seen[0] += 1
+                seen[1] += e.device_time
         work[where] = kinds
         rows.append((f"targets on {where}", f"{pipelined:.1f}", f"{host_us:.1f}", f"{statistics.median(times):.1f}",
                      f"{max(times):.1f}",
@@ -218,7 +220,8 @@ def varying_box_counts(pred: torch.Tensor, batches: int) -> None:
                        "worst rel err (loss, grad)"]))
     for where, kinds in work.items():
         print(f"device work per step, targets on {where} (20 steps):",
-              "; ".join(f"{n / 20:g} x {k[:140]}" for k, n in sorted(kinds.items())))
+              "; ".join(f"{n / 20:g} x {k[:140]} ({us / max(n, 1):.1f} µs each)"
+                        for k, (n, us) in sorted(kinds.items())))
     targets_copy(host[0], pred, host_step, host_entry)
 
 

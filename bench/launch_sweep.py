@@ -171,6 +171,21 @@ def _pool_inputs(width: int = 768, docs: int = 256, longest: int = 512) -> tuple
     return torch.randn(int(lengths.sum()), width, device="cuda", dtype=torch.bfloat16), offsets
 
 
+def _giou(pred: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The GIoU study's ragged loss (its forward: row ids searched in the offsets, one reduction)."""
+    from ember.ragged import Ragged
+    from ember.workloads.giou import ragged_giou_loss
+    return ragged_giou_loss(pred, Ragged._make(values, offsets, 256))
+
+
+def _giou_inputs(batch: int = 1024) -> tuple[torch.Tensor, ...]:
+    from ember.workloads.giou import make_batch
+    from ember.workloads.giou_bench import pack
+    pred, targets, _ = make_batch(batch, BF16)
+    r = pack(targets, torch.device("cuda"))
+    return pred.cuda(), r.values, r.offsets
+
+
 RAGGED = {
     # segment kernels: the ragged suite's pooling (256 documents of 1..512 tokens, width 768),
     # and narrower and wider features
@@ -179,6 +194,8 @@ RAGGED = {
     "segment_mean_pool4096": (_pool, lambda: _pool_inputs(4096), lambda a: a[0].numel() * 2),
     # a handful of long documents: too few row blocks to fill the GPU unless their rows split
     "segment_mean_long": (_pool, lambda: _pool_inputs(768, 4, 32768), lambda a: a[0].numel() * 2),
+    # the GIoU study's ragged loss over 1024 images of about 2 boxes (a latency-bound reduction)
+    "giou_ragged": (_giou, _giou_inputs, None),
 }
 
 
@@ -204,6 +221,8 @@ def main() -> int:
                    help="';'-separated XBLOCK,RBLOCK,warps[,stages[,persistent[,split]]] or KEY=value,...")
     p.add_argument("--only", default="", help="force the configurations on kernels whose name contains this")
     p.add_argument("--train", action="store_true", help="time forward + backward instead (errors are not checked)")
+    p.add_argument("--leaves", type=int, default=None,
+                   help="with --train: only the first N floating inputs require grad (default: all)")
     p.add_argument("--no-inductor", action="store_true", help="leave Inductor out (it fails on some cases' training)")
     p.add_argument("--cuda", action="store_true", help="also time the CUDA C++ backend (its own launch heuristic)")
     args = p.parse_args()
@@ -228,7 +247,8 @@ def main() -> int:
     bw = copy_bandwidth()
     print(f"# {torch.cuda.get_device_name()}, copy {bw / 1e9:.0f} GB/s, case {args.case}")
     if args.train:
-        inputs = [x.requires_grad_() if x.is_floating_point() else x for x in inputs]
+        floats = [i for i, x in enumerate(inputs) if x.is_floating_point()][:args.leaves]
+        inputs = [x.requires_grad_() if i in floats else x for i, x in enumerate(inputs)]
         grad = torch.randn_like(ref, dtype=inputs[0].dtype) if ref.dim() else None
     for name, f in variants.items():
         call = train_step(f, inputs, grad) if args.train else (lambda f=f: f(*inputs))

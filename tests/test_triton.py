@@ -186,6 +186,21 @@ def _recording_grids(monkeypatch) -> list[tuple[str, tuple[int, ...]]]:
     return grids
 
 
+def test_short_full_reductions_spread_over_programs(monkeypatch):
+    """A full reduction of a few thousand elements is latency, not bandwidth: 16 programs
+    (triton_configs.FULL_PROGRAMS), not one, each combining into the last; the GIoU study's
+    ragged loss (a search and gathers per box) among them."""
+    grids = _recording_grids(monkeypatch)
+    check(lambda a: (a * 2).sum(), torch.randn(2000), options={"target": "triton"})
+    assert [g for _, g in grids] == [(16,)], grids
+    grids.clear()
+    pred, targets, _ = make_batch(256)
+    boxes = ragged.from_list(targets)
+    check(ragged_giou_loss, pred, boxes, options={"target": "triton"})
+    (grid,) = [g for name, g in grids if "row_ids" in name]
+    assert grid[0] == min(16, -(-boxes.total_length // 128)), (grid, boxes.total_length)
+
+
 def layer_norm_with_grads(x, w, b, g):
     y = F.layer_norm(x, (x.shape[-1],), w, b)
     return torch.autograd.grad(y, (x, w, b), g)

@@ -17,6 +17,7 @@ from ember import ragged
 from ember.config import Config
 from ember.runtime import triton_backend
 from ember.runtime import triton_configs as tc
+from ember.workloads.giou import make_batch, ragged_giou_loss
 
 from .helpers import on_the_interpreter, record_rendered
 
@@ -56,15 +57,21 @@ def test_heuristic_matches_what_full_tuning_chose_on_an_h200():
     # its loss: one full reduction over 8192 rows
     assert first("full", 1, 8192, tc.KernelHints()) == dict(XBLOCK=1, RBLOCK=2048, num_warps=8,
                                                             PERSISTENT=False, num_stages=1)
+    # a short one whose programs combine their partials: 16 programs (latency, not bandwidth)
+    spread = tc.KernelHints(splittable=True)
+    assert first("full", 1, 2000, spread) == dict(XBLOCK=1, RBLOCK=128, num_warps=2, PERSISTENT=False, num_stages=1)
+    assert first("full", 1, 8192, spread)["RBLOCK"] == 512
+    assert first("full", 1, 1 << 26, spread) == first("full", 1, 1 << 26, tc.KernelHints())
     # a bias gradient (sum over 16384 rows of 4096 columns): 16 columns per program
     assert first("rows", 4096, 16384, tc.KernelHints(itemsize=2, columns=True)) == dict(
         XBLOCK=16, RBLOCK=512, num_warps=8, PERSISTENT=False, num_stages=2)
-    # pooling 256 documents of 768 features: columns to spare, so 128 per program, 16 rows of
-    # the segments at a time with 3 stages of loads in flight (bench/launch_sweep.py RAGGED)
+    # column sums over 256 x 768: columns to spare, so 128 per program
     assert first("rows", 256 * 768, 256, tc.KernelHints(itemsize=2, columns=True))["XBLOCK"] == 128
+    # pooling 256 documents of 768 features (segment sums): 32 columns by 64 rows of the
+    # segments, 2 warps, 64 bytes of loads in flight per thread (bench/launch_sweep.py RAGGED)
     segments = tc.KernelHints(itemsize=2, columns=True, segments=True, splittable=True)
     assert first("rows", 256 * 768, 512, segments) == dict(
-        XBLOCK=128, RBLOCK=16, num_warps=4, PERSISTENT=False, num_stages=3)
+        XBLOCK=32, RBLOCK=64, num_warps=2, PERSISTENT=False, num_stages=1)
     # four long documents: 48 row blocks, each split over 16 programs
     assert first("rows", 4 * 768, 16384, segments)["SPLIT"] == 16
 
@@ -307,6 +314,24 @@ def test_hints_read_from_the_kernel_ir(kernels_of):
                                                    reduces=False, segments=True)
     assert tc.heuristic("rows", 256 * 768, 256, tc.hints_of(backward))[0] == dict(
         XBLOCK=128, RBLOCK=16, num_warps=2, PERSISTENT=False, num_stages=1)
+
+
+def test_pointwise_kernels_of_gathers_and_strided_stores_only_take_small_programs(kernels_of):
+    # the GIoU study's ragged gradient: each (image, place)'s 4 coordinates stored 4 apart, its
+    # inputs gathered at the place's box; nothing to load 16 bytes at a time
+    pred, targets, _ = make_batch(16, torch.bfloat16)
+    boxes = ragged.from_list(targets)
+    forward, backward = kernels_of(ragged_giou_loss, pred.requires_grad_(), boxes)
+    assert tc.hints_of(backward).scattered and not tc.hints_of(forward).scattered
+    assert first("pointwise", 1024 * 256, 1, tc.hints_of(backward)) == dict(
+        XBLOCK=128, RBLOCK=1, num_warps=1, PERSISTENT=False, num_stages=1)
+    # one contiguous access is enough to keep 16 bytes a thread: a gather of rows, a transpose
+    # (its tiles), a strided read beside a contiguous store
+    for fn, args in ((lambda x, i: x[i] * 2, (torch.randn(100, 64), torch.randint(0, 100, (50,)))),
+                     (lambda x: x.t() + 1, (torch.randn(100, 64),)),
+                     (lambda x: x[:, ::2] * 2, (torch.randn(100, 64),))):
+        (k,) = kernels_of(fn, *args)
+        assert not tc.hints_of(k).scattered, k.name
 
 
 class FakeKernel:

@@ -121,7 +121,9 @@ class Launcher:
         if "only" in forced and forced.pop("only") not in name:
             forced = {}  # forced on the kernels whose name contains forced["only"] alone
         self.forced = forced
-        self.hints = dataclasses.replace(hints or tc.KernelHints(), splittable=bool(meta.get("split_rows")))
+        # (a full reduction splits over programs where it combines their partials)
+        splittable = bool(meta.get("split_rows")) or (self.kind == "full" and bool(meta.get("multi_program")))
+        self.hints = dataclasses.replace(hints or tc.KernelHints(), splittable=splittable)
         self.tuning = tuning
         self.cfg = cfg
         self.device_index: int | None = None

@@ -28,12 +28,13 @@ from typing import Any
 import sympy
 
 from ..codegen.online_softmax import online_softmax_pairs
-from ..schedule.kernel_ir import Kernel, indirect_var, inner_var, is_indirect_var
+from ..schedule.kernel_ir import Kernel, indirect_var, inner_var, is_indirect_var, outer_var
 
 MAX_PERSISTENT = 32768    # widest row any candidate keeps whole in registers (elements)
 TIMED_POINTWISE = 1 << 23  # pointwise kernels this large time ``pointwise_choices`` once per bucket
 HEURISTIC_PERSISTENT = 16384  # widest row the heuristic keeps whole (wider rows looped faster)
 DEFAULT_SMS = 132         # H100/H200, for interpreter runs and machines without CUDA
+FULL_PROGRAMS = 16        # programs a short full reduction spreads over (its elements are latency)
 
 Config = dict[str, Any]
 
@@ -48,10 +49,12 @@ class KernelHints:
     reads_rows: bool = True           # loads inside its inner loops (False: it only writes them)
     reduces: bool = True              # reductions in its inner loops (False: it only maps its rows)
     accumulates: bool = False         # adds into an output: one run per call, never timed
-    splittable: bool = False          # its rows may split over programs (codegen's split_rows)
+    splittable: bool = False          # its rows may split over programs (codegen's split_rows; a
+    #                                   full reduction's: partials from many programs)
     segments: bool = False            # its rows are a ragged tensor's (lengths read from offsets)
     over_rows: bool = False           # reduces over all rows too (a loss's mean): programs combine
     online: bool = False              # a softmax's max and sum in one loop (codegen/online_softmax.py)
+    scattered: bool = False           # pointwise, and no access contiguous along any of its dims
 
 
 def hints_of(kernel: Kernel) -> KernelHints:
@@ -64,7 +67,8 @@ def hints_of(kernel: Kernel) -> KernelHints:
 
 def _hints_of(kernel: Kernel) -> KernelHints:
     last = inner_var(len(kernel.inner) - 1) if kernel.inner else None
-    sizes, contiguous, strided = [], 0, 0
+    outers = [outer_var(i) for i in range(len(kernel.outer))]
+    sizes, contiguous, strided, dense = [], 0, 0, False
     for v in kernel.values:
         if v.kind not in ("load", "store"):
             continue
@@ -76,6 +80,7 @@ def _hints_of(kernel: Kernel) -> KernelHints:
             continue
         names = {s.name for s in index.free_symbols}
         varying = any(n[0] == "o" and n[1:].isdigit() for n in names)
+        dense = dense or any(sympy.diff(index, o) == 1 for o in outers if o.name in names)
         if v.inner and last is not None and (v.kind == "load" or kernel.segment_length is not None):
             # loads the same for every outer index (a norm's weight, the row statistics a column
             # sum reads) say nothing about the layout of the tile; a segment kernel's stores down
@@ -93,7 +98,8 @@ def _hints_of(kernel: Kernel) -> KernelHints:
                        reads_rows=any(v.inner for v in kernel.values if v.kind == "load"),
                        accumulates=any(getattr(v.arg, "accumulate", False) for v in stores),
                        reduces=bool(kernel.reductions), segments=kernel.segment_length is not None,
-                       over_rows=bool(kernel.row_reductions), online=bool(online_softmax_pairs(kernel)))
+                       over_rows=bool(kernel.row_reductions), online=bool(online_softmax_pairs(kernel)),
+                       scattered=not kernel.inner and not dense)
 
 
 @functools.cache
@@ -142,6 +148,13 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
     compile (too many registers, too much shared memory). Only the first normally compiles."""
     # elements per thread so that each thread moves 16 bytes per load (4 fp32, 8 bf16)
     per_thread = 16 // min(max(hints.itemsize, 2), 4)
+    if kind == "pointwise" and hints.scattered:
+        # gathers and strided stores only (the GIoU study's ragged gradient, a 4-coordinate
+        # box stored per place, its inputs gathered at each box): no access to widen to 16
+        # bytes, so 4 elements a thread in one-warp programs, for more of them in flight and
+        # fewer registers (H200, 1024 x 256 places: 5.9 us in 1024-element 4-warp programs,
+        # 4.5 in 128-element 1-warp ones; bench/launch_sweep.py --case giou_ragged --train)
+        return [_config(128, 1, 1), _config(1024, 1, 4)]
     if kind == "pointwise":
         xblock = min(128 * per_thread, max(64, next_pow2(outer)))
         warps = max(1, min(4, xblock // (32 * per_thread)))
@@ -154,10 +167,18 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         # total time (16 x 128 took the permute to 102.9, 128 x 64 the transpose to 98.1)
         return [_config(min(64, next_pow2(outer)), min(64, next_pow2(inner)), 8), _config(16, 16, 1)]
     if kind == "full":
-        # one program strides over the whole reduction, or many programs write partials; 8
-        # elements per thread (more unroll more code: 16 per thread compile ~1.5x longer)
-        rblock = min(2048, max(128, next_pow2(inner)))
-        return [_config(1, rblock, max(1, rblock // 256)), _config(1, 1024, 4)]
+        # many programs write partials, the last combines them; 8 elements per thread (more
+        # unroll more code: 16 per thread compile ~1.5x longer). A short reduction (under 32768
+        # elements) still spreads over FULL_PROGRAMS programs, 2-8 elements a thread: its time
+        # is latency, not bandwidth. The GIoU study's ragged loss over 2000 boxes, each searching
+        # the offsets and gathering its prediction (H200, bench/launch_sweep.py --case
+        # giou_ragged, bench/giou_step.py): 8.0-8.8 us in one 8-warp program of 2048, 4.1 in 8
+        # programs of 256 (4 warps), 4.2-4.4 in 16 of 128 (2 warps). 16: in a CUDA graph the grid
+        # is sized for the capacity, up to twice the boxes, and programs past the boxes idle.
+        spread = FULL_PROGRAMS if hints.splittable else 1  # (one program loops over all of it)
+        rblock = min(2048, max(128, next_pow2(-(-inner // spread))))
+        warps = max(1, min(8, rblock // 64)) if spread > 1 else max(1, rblock // 256)
+        return [_config(1, rblock, warps), _config(1, 1024, 4)]
     safe = _config(1, min(1024, max(16, next_pow2(inner))), 4)
     rows = next_pow2(outer)
     if hints.columns and hints.splittable and -(-outer // 64) < 2 * sms:
@@ -177,9 +198,11 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         xblock = min(xblock, rows)
         if hints.segments:
             # ragged rows (a segment sum loops as long as its longest row in the tile): tiles of
-            # 2048 elements, 4 warps, 3 stages of loads in flight (H200, segment means of 1..512
-            # rows of widths 64 / 768 / 4096: 40 -> 26, 44 -> 35, 211 -> 132 us against the tiles
-            # of 8192 and 8 warps below; bench/launch_sweep.py --case segment_mean_pool*).
+            # 2048 elements, at most 32 columns by 64 rows, in 2 warps: 64 bytes of each thread's
+            # loads in flight at once (H200, segment means of 1..512 rows of widths 768 / 64 / 4096,
+            # kernel us: 38.5 / 36.4 / 146.0 in the 128 x 16 tiles of 4 warps and 3 stages they had,
+            # 32.6 / 23.4 / 142.5 in these; those had taken them from 44 / 40 / 211 in tiles of 8192
+            # and 8 warps; bench/launch_sweep.py --case segment_mean_pool*).
             #
             # With blocks to spare they do not split their rows: a split only adds programs that
             # wait on each other's partials (pooling 256 x 768: 34 us, 51 with 4 slices, 165 with
@@ -189,10 +212,11 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
             # A kernel that only stores down its rows (a mean's gradient) has no loads to keep in
             # flight: 2 warps, 1 stage (pooling's backward: 26.4 us; 28.4 with 4 warps; 37.6 in
             # the 16 x 256 tiles it had while its stores did not count as columns)
-            rblock = min(next_pow2(inner), max(16, 2048 // xblock))
             if hints.writes_rows and not hints.reads_rows:
+                rblock = min(next_pow2(inner), max(16, 2048 // xblock))
                 return [_config(xblock, rblock, 2, stages=1), safe]
-            return [_config(xblock, rblock, 4, stages=3), safe]
+            xblock = min(xblock, 32)
+            return [_config(xblock, min(next_pow2(inner), 2048 // xblock), 2), safe]
         rblock = min(next_pow2(inner), max(16, 8192 // xblock), 4096)
         return [_config(xblock, rblock, 8, stages=2), safe]
     width = next_pow2(max(inner, 1))
