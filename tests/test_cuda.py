@@ -256,9 +256,7 @@ def test_launch_geometry():
     assert plan("columns", 8192, 8192, sms, 1024) == (False, 256, 512)
     assert plan("columns", 13, 7, sms, 1024) == (False, 1, 32)
     # full reductions: up to MAX_BLOCKS blocks combined by the last, or one block
-    assert plan("full", 1, 4096, sms, 1024) == (False, 8, 128)  # short: FULL_BLOCKS blocks at least
-    assert plan("full", 1, 2000, sms, 1024) == (False, 8, 64)
-    assert plan("full", 1, 100, sms, 1024) == (False, 1, 32)
+    assert plan("full", 1, 4096, sms, 1024) == (False, 2, 512)
     assert plan("full", 1, 2**26, sms, 1024) == (False, sms * 4, 512)
     assert plan("full", 1, 2**26, sms, 1024, occupancy=lambda block: sms) == (False, sms, 512)
     assert plan("single", 1, 91, sms, 1024) == (False, 1, 32)

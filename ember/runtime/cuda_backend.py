@@ -48,7 +48,6 @@ NVRTC_OPTIONS = ("-std=c++17",)  # IEEE division/sqrt and accurate math: no --us
 WIDE_INDEX = "-DEMBER_WIDE_INDEX"  # builds the 64-bit-index entry points (codegen/cuda.py)
 BLOCKS_PER_SM = 32               # resident blocks per SM on Hopper/Ampere (bounds the grids below)
 THREADS_PER_SM = 2048
-FULL_BLOCKS = 8                  # blocks a short full reduction spreads over, at least
 
 
 # ---- cuda-python ----------------------------------------------------------------------------
@@ -372,12 +371,9 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
         block = 32 * min(max(1, _pow2_ceil(_cdiv(_cdiv(inner, slices), 4 * cuda.UNROLL))), limit // 32)
         grid = max(1, min(_cdiv(outer, 32), resident(block)))
         return big, (grid, slices) if slices > 1 else grid, block
-    if strategy == "full":  # a full device of blocks, at most MAX_BLOCKS partials to combine; a
-        # short reduction over FULL_BLOCKS blocks at least (its elements are latency, not bytes:
-        # the GIoU study's ragged loss searches the offsets and gathers for each of 2000 boxes)
-        block = threads(_cdiv(_cdiv(inner, step), FULL_BLOCKS))
-        return big, max(1, min(_cdiv(inner, block * step), resident(block), cuda.MAX_BLOCKS)), block
     block = threads(_cdiv(inner, step))
+    if strategy == "full":  # a full device of blocks, at most MAX_BLOCKS partials to combine
+        return big, max(1, min(_cdiv(inner, block * step), resident(block), cuda.MAX_BLOCKS)), block
     return big, 1, block  # 'single': one block runs every loop
 
 

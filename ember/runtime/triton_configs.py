@@ -171,10 +171,12 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         # unroll more code: 16 per thread compile ~1.5x longer). A short reduction (under 32768
         # elements) still spreads over FULL_PROGRAMS programs, 2-8 elements a thread: its time
         # is latency, not bandwidth. The GIoU study's ragged loss over 2000 boxes, each searching
-        # the offsets and gathering its prediction (H200, bench/launch_sweep.py --case
-        # giou_ragged, bench/giou_step.py): 8.0-8.8 us in one 8-warp program of 2048, 4.1 in 8
-        # programs of 256 (4 warps), 4.2-4.4 in 16 of 128 (2 warps). 16: in a CUDA graph the grid
-        # is sized for the capacity, up to twice the boxes, and programs past the boxes idle.
+        # the offsets and gathering its prediction, in its training step (H200, bench/giou_step.py,
+        # the same call): 8.0-8.5 us in one 8-warp program of 2048, 4.6-4.9 in 16 programs. 16,
+        # not 8: in a CUDA graph the grid is sized for the capacity, up to twice the boxes, and
+        # programs past the boxes idle. (bench/launch_sweep.py --case giou_ragged times that
+        # kernel at 4.3-4.5 us in one program and in 16 alike: the one-program cost shows only
+        # in the step, for reasons not found.)
         spread = FULL_PROGRAMS if hints.splittable else 1  # (one program loops over all of it)
         rblock = min(2048, max(128, next_pow2(-(-inner // spread))))
         warps = max(1, min(8, rblock // 64)) if spread > 1 else max(1, rblock // 256)
