@@ -142,6 +142,18 @@ def test_reshapes_of_empty_tensors(fn, shape):
         check(fn, torch.randn(shape))
 
 
+@pytest.mark.parametrize("fn, make", [
+    (lambda x: x.sum(-1).sum(), lambda: (torch.randn(4, 0, 10),)),
+    (lambda x: torch.logsumexp(x, 1).sum(), lambda: (torch.randn(4, 10, 0),)),
+    (lambda x, t: F.cross_entropy(x, t), lambda: (torch.randn(4, 10, 0), torch.randint(0, 10, (4, 0)))),
+    (lambda x, t: (x.argmax(-1) == t).float().mean(), lambda: (torch.randn(4, 0, 10), torch.randint(0, 10, (4, 0)))),
+], ids=["sum_of_sums", "logsumexp_then_sum", "cross_entropy_of_no_tokens", "accuracy_of_no_tokens"])
+def test_a_reduction_of_an_empty_result_reads_nothing(fn, make):
+    # the second kernel's load of the empty intermediate lost its loop variable ("element 0")
+    # and ran before a loop of no steps: a read of an empty buffer, and a crash
+    check(fn, *make())
+
+
 @pytest.mark.parametrize("fn", [
     lambda d: torch.linalg.vector_norm(d, dim=-1), lambda d: F.normalize(d, dim=1),
     lambda d: torch.linalg.vector_norm(d.double() * 1e150, dim=-1, keepdim=True),

@@ -134,6 +134,11 @@ class KernelBuilder:
         return value
 
     def load(self, node: Node, index: sympy.Expr) -> Value:
+        if sh.numel(node.shape) == 0:
+            # nothing to read: the domain reading it is empty. Its index may have lost the loop
+            # variables (a sum over (4, 0) rows reads "element 0"), which would put the load
+            # before a loop that never runs, reading past an empty buffer
+            return self._emit("const", node.dtype, (), 0)
         if index.has(FloorDiv):  # rows split into dims and joined again: (o0 // 3, o0 % 3) is o0
             index = recombine(index)
         info = self.buffers[node]
