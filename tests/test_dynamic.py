@@ -246,6 +246,20 @@ def test_float_math_of_sizes_and_specialized_floats(options):
 
 
 @pytest.mark.parametrize("options", [None, {"target": "triton"}], ids=["cpp", "triton"])
+def test_python_min_and_max_of_float_functions_of_sizes(options):
+    """A warm-up ramp, min(1.0, step / 1000) of a step count that Dynamo made a size, was spelled
+    with the int64 min of index arithmetic: 0.002 became 0, every call after the first."""
+    def ramp(x, y, step):
+        return ((x - y) ** 2).mean() * min(1.0, step / 1000) + x.sum() * max(0.1, 1.0 - step / 1000)
+
+    x, y = torch.randn(4, 3), torch.randn(4, 3)
+    compiled, report = compile_checked(ramp, options=options)
+    for step in (1, 2, 500, 999, 2000):
+        assert_same(compiled(x, y, step), ramp(x, y, step))
+    assert_clean(report)
+
+
+@pytest.mark.parametrize("options", [None, {"target": "triton"}], ids=["cpp", "triton"])
 def test_sizes_rounded_back_to_ints(options):
     """Vision code rounds sizes: interpolate by 1.5 (TruncToInt(1.5 * h)), a pad up to a multiple
     of 32 (CeilToInt(h / 32)), int/round/floor of a size. They had no C, Python or Triton
