@@ -176,3 +176,28 @@ def test_an_aten_result_of_another_dtype_than_traced_is_converted_for_kernels():
 
     x = torch.arange(6.0)
     torch.testing.assert_close(ember.compile(fn)(x).double(), fn(x).double())
+
+
+def _rope_channels_first(x):  # (B, D, T): made contiguous for view_as_complex
+    y = x.transpose(1, 2).contiguous()
+    return torch.view_as_real(torch.view_as_complex(y.view(*y.shape[:-1], -1, 2)) * 1j).flatten(-2)
+
+
+def _rope_scores(q, k, fc):  # llama's complex rotary embedding, then q @ k^T
+    qc = torch.view_as_complex(q.reshape(*q.shape[:-1], -1, 2)) * fc
+    kc = torch.view_as_complex(k.reshape(*k.shape[:-1], -1, 2)) * fc
+    return torch.view_as_real(qc).flatten(-2) @ torch.view_as_real(kc).flatten(-2).mT
+
+
+def test_an_aten_call_gets_its_inputs_laid_out_as_eager_did():
+    """ember lowers a clone (``.contiguous()``) as no op; the view it handed view_as_complex in
+    its place had a last stride of 5 ("Tensor must have a last dimension with stride 1"), in the
+    forward and in the backward of a complex rotary embedding."""
+    check(_rope_channels_first, torch.randn(2, 8, 5))
+    fc = torch.polar(torch.ones(5, 2), torch.randn(5, 2))
+    q, k = torch.randn(3, 5, 4, requires_grad=True), torch.randn(3, 5, 4, requires_grad=True)
+    _rope_scores(q, k, fc).square().sum().backward()
+    grads = q.grad, k.grad
+    q.grad = k.grad = None
+    ember.compile(_rope_scores)(q, k, fc).square().sum().backward()
+    assert_same((q.grad, k.grad), grads)

@@ -43,9 +43,10 @@ from torch.utils._sympy.functions import (
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.node import ArgRef, Node
-from ..ir.ops import Op
+from ..ir.ops import VIEW_OPS, Op
 from ..schedule.device_sizes import DEVICE_TOTALS
 from ..schedule.fusion import ExternStep, KernelStep, Schedule, ViewStep
+from ..schedule.indexing import compose_strided
 from ..schedule.inplace import writes_in_place
 
 # ATen calls whose result is always a new tensor: their buffers may be written over
@@ -516,8 +517,9 @@ class WrapperWriter:
         node = step.node
         call = node.arg
         target = self._const(call.target, _safe(call.name))
-        args = [self._template(a, node) for a in call.args]
-        args += [f"{k}={self._template(v, node)}" for k, v in call.kwargs.items()]
+        dense = self._dense_views(node)
+        args = [self._template(a, node, dense) for a in call.args]
+        args += [f"{k}={self._template(v, node, dense)}" for k, v in call.kwargs.items()]
         result = f"{target}({', '.join(args)})"
         if call.binds is not None:
             self.emit(f"{call.binds.name} = {result}  # a size only the data knows")
@@ -556,18 +558,48 @@ class WrapperWriter:
             self.emit(f"if {name}.dtype != {dtype}: {name} = {name}.to({dtype})  # the dtype kernels read")
         self.emit(f"{name} = {name}.contiguous()  # kernels read it densely")
 
-    def _template(self, t: Any, node: Node) -> str:
+    def _dense_views(self, node: Node) -> frozenset[int]:
+        """The tensor inputs of an ATen call that eager had contiguous but ember hands over as a
+        view, which may not be: the graph's clone (``.contiguous()``) became no op of ember's, and
+        some ops need the layout (``view_as_complex`` a last stride of 1). Not for an op that
+        writes its inputs: a copy would take the write."""
+        call = node.arg
+        target = call.target
+        if getattr(getattr(target, "_schema", None), "is_mutable", True):
+            return frozenset()
+        return frozenset(i for i, (x, strides) in enumerate(zip(node.inputs, call.input_strides))
+                         if strides is None and x.shape and x not in self.s.buffers and x.op in VIEW_OPS
+                         and not self._contiguous_view(x))
+
+    def _contiguous_view(self, x: Node) -> bool:
+        """Is view ``x`` of a buffer contiguous whatever the sizes (its strides composed over
+        the buffer's)? False where that is not known (a view of an input)."""
+        chain = []
+        while x not in self.s.buffers and x.op in VIEW_OPS:
+            chain.append(x)
+            x = x.inputs[0]
+        if x not in self.s.buffers:
+            return False
+        strided = (self.s.buffers[x].strides, sympy.Integer(0))
+        for view in reversed(chain):
+            strided = compose_strided(view, strided)
+            if strided is None:
+                return False
+        return all(sh.equal(a, b) or sh.is_one(n) for a, b, n in zip(strided[0], sh.contiguous_strides(chain[0].shape),
+                                                                        chain[0].shape))
+
+    def _template(self, t: Any, node: Node, dense: frozenset[int] = frozenset()) -> str:
         if isinstance(t, ArgRef):
             x = node.inputs[t.index]
             if x not in self.var and x.op is Op.INPUT and x.arg.kind == "opaque":
                 return x.arg.name  # passed through as given (the CUDA generator a checkpointed dropout replays)
-            return self.var[x]
+            return f"{self.var[x]}.contiguous()" if t.index in dense else self.var[x]
         if isinstance(t, list):
-            return "[" + ", ".join(self._template(x, node) for x in t) + "]"
+            return "[" + ", ".join(self._template(x, node, dense) for x in t) + "]"
         if isinstance(t, tuple):
-            return "(" + "".join(self._template(x, node) + ", " for x in t) + ")"
+            return "(" + "".join(self._template(x, node, dense) + ", " for x in t) + ")"
         if isinstance(t, dict):
-            return "{" + ", ".join(f"{k!r}: {self._template(v, node)}" for k, v in t.items()) + "}"
+            return "{" + ", ".join(f"{k!r}: {self._template(v, node, dense)}" for k, v in t.items()) + "}"
         if isinstance(t, sympy.Basic):
             return pexpr(t)
         if isinstance(t, bool) or t is None or isinstance(t, (int, str)):

@@ -459,7 +459,11 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
             return _finish(ctx, result, val)
         except Unsupported:
             del ctx.nodes[mark:]  # drop what the declined lowering built
-    return _extern(ctx, target, args, kwargs, val)
+    # (the layouts eager handed the op, from the traced arguments themselves: an argument's
+    # node may stand for a clone too, which ember lowers as no op, and keep the metadata of what
+    # it cloned)
+    traced = torch.fx.node.map_arg((fx_node.args, fx_node.kwargs), lambda n: n.meta.get("val"))
+    return _extern(ctx, target, args, kwargs, val, traced)
 
 
 def shape_env_of(values: Iterable[Any]) -> Any:
@@ -532,32 +536,37 @@ def _getitem(ctx: Context, call: Node, path: tuple[int, ...], val: Any) -> Node:
     return node
 
 
-def _extern(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any) -> Node | tuple[Node, ...]:
+def _extern(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any,
+            traced: tuple[Any, Any] | None = None) -> Node | tuple[Node, ...]:
+    """An ATen call of ``args`` and ``kwargs`` (nodes where tensors go); ``traced``: the traced
+    values of the FX node's (args, kwargs), the layouts eager gave the tensors."""
     tensors: list[Node] = []
+    metas: list[Any] = []
 
-    def template(x: Any) -> Any:
+    def template(x: Any, meta: Any = None) -> Any:
         if isinstance(x, Node):
             if x.op is Op.CONST and isinstance(x.arg, sympy.Basic) and x.shape == ():
                 return x.arg  # a size: evaluated when the program runs
             tensors.append(x)
+            metas.append(meta if isinstance(meta, torch.Tensor) else ctx.metas.get(x))
             return ArgRef(len(tensors) - 1)
         if isinstance(x, (list, tuple)):
-            items = [template(i) for i in x]
+            same = isinstance(meta, (list, tuple)) and len(meta) == len(x)
+            items = [template(i, meta[k] if same else None) for k, i in enumerate(x)]
             return items if isinstance(x, list) else tuple(items)
         if isinstance(x, dict):
-            return {k: template(v) for k, v in x.items()}
+            return {k: template(v, meta.get(k) if isinstance(meta, dict) else None) for k, v in x.items()}
         if _is_sym(x):
             return x.node.expr
         return x
 
-    t_args = template(tuple(args))
-    t_kwargs = template(dict(kwargs))
+    t_args = template(tuple(args), tuple(traced[0]) if traced is not None else None)
+    t_kwargs = template(dict(kwargs), dict(traced[1]) if traced is not None else None)
     # random ops, mutations and collectives (each rank must issue the same ones, in one order)
     impure = isinstance(target, torch._ops.OpOverload) and (
         torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable
         or target.namespace in _COLLECTIVES)
-    call = ExternCall(target, t_args, t_kwargs, impure=impure, input_strides=tuple(
-        _eager_layout(ctx.metas.get(x)) for x in tensors))
+    call = ExternCall(target, t_args, t_kwargs, impure=impure, input_strides=tuple(_eager_layout(m) for m in metas))
     origin = op_name(target)
     device = str(val.device) if isinstance(val, torch.Tensor) else ctx.device
     if isinstance(val, (tuple, list)):
