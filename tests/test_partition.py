@@ -144,6 +144,21 @@ def test_a_batch_with_every_target_ignored_has_zero_gradients(loss):
     assert_same(_grads(compiled, [x, targets]), _grads(fn, [x, targets]))
 
 
+def test_class_weights_of_zero_keep_eagers_nan_gradient():
+    # every target of the batch has a class of weight 0: the loss is 0 / 0 and eager's gradient
+    # NaN (-0 / 0). In the forward's gradient those rows are zeros like ignored ones, and the
+    # mask that keeps ignored rows at 0 made them 0: this plan is not taken with class weights
+    fn = lambda x, t, w: F.cross_entropy(x, t, weight=w)  # noqa: E731
+    x, w = torch.randn(8, 5), torch.tensor([0.0, 1, 1, 1, 1])
+    targets = torch.zeros(8, dtype=torch.long)
+    compiled = ember.compile(fn)
+    expected = _grads(fn, [x.requires_grad_(), targets, w])
+    assert torch.isnan(expected[1]).all()  # (expected: [loss, gradient of x])
+    assert_same(_grads(compiled, [x, targets, w]), expected)
+    targets[2:] = torch.tensor([1, 2, 3, 4, 0, 1])  # real weights: the same program, eager's values
+    assert_same(_grads(compiled, [x, targets, w]), _grads(fn, [x, targets, w]))
+
+
 class _ClipGrad(torch.autograd.Function):
     """Identity forward whose backward clips the incoming gradient: not linear in it."""
 

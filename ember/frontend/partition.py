@@ -191,8 +191,15 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
     # where K_i is. Elsewhere a u of inf or NaN makes every product NaN, as in eager (a masked
     # mean over an empty mask). Known limit: in a chain that masks, a K_i that is 0 for another
     # reason (a factor of 0) gives 0 under an inf or NaN u where eager gives NaN; telling the
-    # two zeros apart would take a second chain in the forward.
+    # two zeros apart would take a second chain in the forward. Where that factor is an input
+    # of weights (cross-entropy's per class, 0 for a class left out) the plan is not taken.
     masked = masks_gradient(scaled_part)
+    if masked and _scaled_by_an_input(scaled_part, dependent):
+        # K_i is also 0 where an input weight is (cross-entropy's class weights), and eager's
+        # gradient there is NaN when u is not finite (every class of the batch weighs 0: -0 / 0);
+        # the mask below would make it 0
+        log(1, "partition: min-cut (a masked gradient scaled by an input, which may be 0)", cfg)
+        return None
     scaled: dict[fx.Node, fx.Node] = {}
     with graph.inserting_before(output), fake_mode:
         u = scale
@@ -232,6 +239,23 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
                                           num_fwd_outputs=num_fwd_outputs)
         log(1, f"partition: inputs not saved for version checks:\n{traceback.format_exc()}", cfg)
     return fw, bw
+
+
+def _scaled_by_an_input(nodes: Sequence[fx.Node], dependent: set[fx.Node]) -> bool:
+    """Does the gradient chain multiply by a floating-point input tensor of the graph (or a view
+    of one: cross-entropy's class weights), whose elements may be 0 where no mask is? (A 0-d
+    one, a loss's weight, scales every element alike.)"""
+    for node in nodes:
+        if node.op != "call_function" or node.target not in (aten.mul.Tensor, aten.div.Tensor):
+            continue
+        for a in node.args:
+            while isinstance(a, fx.Node) and a not in dependent and a.op == "call_function" and is_view_op(a.target):
+                a = a.args[0]
+            val = a.meta.get("val") if isinstance(a, fx.Node) else None
+            if (isinstance(a, fx.Node) and a.op == "placeholder" and not _is_tangent(a)
+                    and isinstance(val, torch.Tensor) and val.is_floating_point() and val.dim() > 0):
+                return True
+    return False
 
 
 def _version_witnesses(fwd_outputs: Sequence[Any], grads: Sequence[Any], tangent: fx.Node) -> list[fx.Node]:
