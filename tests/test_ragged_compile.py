@@ -301,3 +301,21 @@ def test_a_backward_binds_the_batch_size_from_the_offsets():
         loss(ref, tgt).backward()
         assert_same(mine.values.grad, ref.values.grad)
     assert ember.stats()["graph_fallbacks"] == before
+
+
+def test_a_ragged_built_inside_compiled_code_does_not_recompile_per_longest_row():
+    # re-wrapping per-token scores with the batch's offsets: the constructor's checks of
+    # max_length pinned it with a guard, and every batch with another longest row compiled
+    # again (until Dynamo's limit, then ran eagerly)
+    def attention_pool(r, w):
+        p = ragged.jagged_softmax(ragged.Ragged(r.values @ w, r.offsets, r.max_length, validate=False))
+        return ragged.segment_sum(ragged.Ragged(p.values * r.values, r.offsets, r.max_length, validate=False))
+
+    torch._dynamo.reset()
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    compiled = ember.compile(attention_pool)
+    w = torch.randn(8, 1)
+    for longest in range(3, 10):
+        r = ragged.from_list([torch.randn(2, 8), torch.randn(longest, 8)])
+        assert_same(compiled(r, w), attention_pool(r, w))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - before <= 2

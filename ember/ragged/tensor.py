@@ -41,7 +41,7 @@ class Ragged:
 
     values: torch.Tensor
     offsets: torch.Tensor
-    _max_length: int
+    _max_length: int | None  # None only until read, when built in compiled code without one
     # The flat buffers ``values``/``offsets`` are views of when ``collate`` packed them; lets
     # ``to_device`` copy each shared buffer once. None for a Ragged that owns its tensors.
     _values_buffer: torch.Tensor | None
@@ -49,6 +49,15 @@ class Ragged:
 
     def __init__(self, values: torch.Tensor, offsets: torch.Tensor, max_length: int | None = None, *,
                  validate: bool = True) -> None:
+        if not validate and torch.compiler.is_compiling():
+            # inside a compiled function (re-wrapping per-token scores with a batch's offsets):
+            # any look at max_length, even ``is None``, pins it with a guard, and every batch
+            # with another longest row compiled again. It is kept as given (None: found when
+            # first read); the checks that need no data still run
+            _check_structure(values, offsets, None)
+            self.values, self.offsets, self._max_length = values, offsets, max_length
+            self._values_buffer = self._offsets_buffer = None
+            return
         _check_structure(values, offsets, max_length)
         if validate or max_length is None:
             longest = _check_offsets(values, offsets) if validate else _longest_row(offsets)
@@ -89,6 +98,8 @@ class Ragged:
     @property
     def max_length(self) -> int:
         """The longest row (an upper bound if the constructor was given a larger one)."""
+        if self._max_length is None:  # (built inside a compiled function without one)
+            self._max_length = _longest_row(self.offsets)
         return self._max_length
 
     @property
