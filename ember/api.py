@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -108,7 +110,36 @@ def _backend(cfg: Config, sink: list[GraphReport] | None) -> Callable[..., Any]:
         return compile_graph(gm, example_inputs, kind, cfg, sink)
     # a report shows every graph going through the whole pipeline: no cached graphs there
     backend = cached_backend(compile_one, cfg) if sink is None else make_backend(compile_one, cfg)
+    backend = _eager_where_torch_cannot_trace(backend)
     return backend if cfg.profile_guards else without_guard_profiling(backend)
+
+
+def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[..., Any]:
+    """``backend``, or Dynamo's graph run eagerly where AOTAutograd cannot trace it before ember
+    sees it (torch's own decompositions: a mean loss's gradient over an empty batch divides by
+    its numel in Python). The user's program runs, with one warning; an error the graph's ops
+    raise, eager raises when it runs them."""
+    def compile_or_eager(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        try:
+            return backend(gm, example_inputs)
+        except Exception as e:  # noqa: BLE001 -- any failure to trace: eager runs the graph
+            if isinstance(e, torch._dynamo.exc.TorchDynamoException) or not _in_torch_tracing(e):
+                raise
+            warnings.warn(f"ember: torch could not trace a graph for compiling ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); it runs eagerly", RuntimeWarning,
+                          stacklevel=2)
+            stats_module.bump("graph_fallbacks")
+            return gm.forward
+    return compile_or_eager
+
+
+def _in_torch_tracing(e: BaseException) -> bool:
+    """Did ``e`` come from torch's tracing code (AOTAutograd, decompositions, fake tensors), not
+    from ember's (whose failures fall back inside ``compile_graph``)?"""
+    frames = [f.filename for f in traceback.extract_tb(e.__traceback__)]
+    ours = os.path.dirname(os.path.abspath(__file__))
+    deepest = next((f for f in reversed(frames) if "torch" in f or f.startswith(ours)), "")
+    return bool(deepest) and not deepest.startswith(ours)
 
 
 def compile(model: Callable[..., Any] | None = None, *, options: dict[str, Any] | None = None,
