@@ -10,6 +10,7 @@ import torch
 
 import ember
 
+from .conftest import DEVICE
 from .helpers import assert_clean, assert_same, check, compile_checked, on_the_interpreter, run
 
 
@@ -252,7 +253,7 @@ def test_python_min_and_max_of_float_functions_of_sizes(options):
     def ramp(x, y, step):
         return ((x - y) ** 2).mean() * min(1.0, step / 1000) + x.sum() * max(0.1, 1.0 - step / 1000)
 
-    x, y = torch.randn(4, 3), torch.randn(4, 3)
+    x, y = torch.randn(4, 3, device=DEVICE), torch.randn(4, 3, device=DEVICE)  # (Triton's: compiled on a GPU)
     compiled, report = compile_checked(ramp, options=options)
     for step in (1, 2, 500, 999, 2000):
         assert_same(compiled(x, y, step), ramp(x, y, step))

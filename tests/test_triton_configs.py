@@ -243,7 +243,8 @@ def test_large_pointwise_kernels_pick_a_timed_choice_on_a_gpu(tmp_path):
         return F.gelu(x @ w + b)
 
     x, y = (torch.randn(tc.TIMED_POINTWISE, device="cuda") for _ in range(2))
-    options = {"target": "triton", "cache_dir": str(tmp_path), "aot_cache": False}
+    # (gpu_backend too: a run under EMBER_GPU_BACKEND=cuda built CUDA C++ kernels, no Triton tuning)
+    options = {"target": "triton", "gpu_backend": "triton", "cache_dir": str(tmp_path), "aot_cache": False}
     fast = ember.compile(relu_add, options=options)
     torch.testing.assert_close(fast(x, y), relu_add(x, y))
     tuned = json.loads((tmp_path / "triton" / "tuning.json").read_text())
