@@ -572,15 +572,19 @@ class WrapperWriter:
                          and not self._contiguous_view(x))
 
     def _contiguous_view(self, x: Node) -> bool:
-        """Is view ``x`` of a buffer contiguous whatever the sizes (its strides composed over
-        the buffer's)? False where that is not known (a view of an input)."""
+        """Is view ``x`` of a buffer or an input contiguous whatever the sizes (its strides
+        composed over theirs)? False where that is not known."""
         chain = []
         while x not in self.s.buffers and x.op in VIEW_OPS:
             chain.append(x)
             x = x.inputs[0]
-        if x not in self.s.buffers:
+        if x in self.s.buffers:
+            base = self.s.buffers[x].strides
+        elif x.op is Op.INPUT and x.arg.strides is not None:
+            base = x.arg.strides
+        else:
             return False
-        strided = (self.s.buffers[x].strides, sympy.Integer(0))
+        strided = (base, sympy.Integer(0))
         for view in reversed(chain):
             strided = compose_strided(view, strided)
             if strided is None:
