@@ -165,18 +165,14 @@ def index_expr(e: sympy.Expr) -> str:
     if sh.bitwise_operator(e):
         return f"({_atom(e.args[0])} {sh.bitwise_operator(e)} {_atom(e.args[1])})"
     if isinstance(e, (*sh.MAXES, *sh.MINS)):
-        if all(a.is_integer for a in e.args):
-            args = [index_expr(a) for a in e.args]
-            out = args[0]
-            fn = "ember_imax" if isinstance(e, sh.MAXES) else "ember_imin"
-            for a in args[1:]:
-                out = f"{fn}({out}, {a})"
-            return out
-        # floats among them (Python's min(1.0, step / 1000) of a size): in double, not int64
-        op = ">" if isinstance(e, sh.MAXES) else "<"
-        out = f"(double){_atom(e.args[0])}"
-        for a in e.args[1:]:
-            out = f"((double){_atom(a)} {op} {out} ? (double){_atom(a)} : {out})"
+        # ints with the int64 helpers; floats among them (Python's min(1.0, step / 1000) of a
+        # size) in double: the int64 ones truncated 0.002 to 0
+        ints = all(a.is_integer for a in e.args)
+        fn = ("ember_i" if ints else "ember_") + ("max" if isinstance(e, sh.MAXES) else "min")
+        args = [index_expr(a) if ints else f"(double){_atom(a)}" for a in e.args]
+        out = args[0]
+        for a in args[1:]:
+            out = f"{fn}({out}, {a})"
         return out
     if isinstance(e, sympy.core.relational.Relational) and e.rel_op in ("==", "!=", "<", "<=", ">", ">="):
         return f"({index_expr(e.lhs)} {e.rel_op} {index_expr(e.rhs)})"  # (a bool read with .item(): Eq(u0, 1))
