@@ -45,6 +45,7 @@ from .config import Config
 from .frontend.dynamo import GraphCompiler, make_backend
 from .frontend.lowering import storage_of
 from .runtime import capture
+from .runtime.choice import TimedChoice
 from .runtime.program import CompiledProgram
 
 try:  # private torch API: without it (or any piece below), ember compiles as it did before
@@ -172,7 +173,7 @@ def _serializable(kind: str, compile_fn: Callable[[torch.fx.GraphModule, Sequenc
         if kind == "backward":
             _no_donated_buffers()
         plan = None
-        if isinstance(program, CompiledProgram):
+        if isinstance(program, (CompiledProgram, TimedChoice)):
             plan, program.plan = program.plan, None
         made.append(EmberOutputCode(program, kind, cfg, plan, time.perf_counter_ns() - start))
         return made[-1]
@@ -196,11 +197,12 @@ class EmberOutputCode(OutputCode):
     disk the plan it was built from. Called in AOTAutograd's boxed convention."""
 
     def __init__(self, program: Callable[..., Any], kind: str, cfg: Config,
-                 plan: tuple[Any, Any] | None, time_taken_ns: int):
+                 plan: tuple[Any, Any] | list[tuple[Any, Any]] | None, time_taken_ns: int):
         self._boxed_call = True
         self._kind = kind
         self._cfg = cfg
-        self._plan = plan            # (IR graph, schedule); None: this graph is not cached
+        # (IR graph, schedule), a list of them for a timed choice; None: this graph is not cached
+        self._plan = plan
         self._plan_bytes: bytes | None = None
         # torch adds these up on a cache hit (the compile time the hit saved)
         self._time_taken_ns = time_taken_ns
@@ -210,7 +212,7 @@ class EmberOutputCode(OutputCode):
         self._program = program
         # AOTAutograd calls with the argument list; a CompiledProgram's own __call__ also takes
         # the arguments spread out, one frame more
-        self._run = program.run if isinstance(program, CompiledProgram) else program
+        self._run = program.run if isinstance(program, (CompiledProgram, TimedChoice)) else program
 
     def __call__(self, *args: Any) -> Any:
         if len(args) == 1 and type(args[0]) is list and not capture.active:
@@ -241,8 +243,7 @@ class EmberOutputCode(OutputCode):
         then compiles the graph afresh."""
         if self._program is None:
             self._cfg = _loading_cfg.get() or self._cfg
-            graph, schedule = _load_plan(self._plan_bytes)
-            self._set_program(driver.rebuild_graph(graph, schedule, self._kind, self._cfg))
+            self._set_program(driver.rebuild(_load_plan(self._plan_bytes), self._kind, self._cfg))
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass  # ember's Triton kernels live in its own cache directory
@@ -299,13 +300,13 @@ def _operator(namespace: str, name: str, overload: str | None) -> Any:
     return packet if overload is None else getattr(packet, overload)
 
 
-def _dump_plan(plan: tuple[Any, Any]) -> bytes:
+def _dump_plan(plan: tuple[Any, Any] | list[tuple[Any, Any]]) -> bytes:
     with io.BytesIO() as stream:
         _PlanPickler(stream, protocol=pickle.HIGHEST_PROTOCOL).dump(plan)
         return stream.getvalue()
 
 
-def _load_plan(data: bytes | None) -> tuple[Any, Any]:
+def _load_plan(data: bytes | None) -> tuple[Any, Any] | list[tuple[Any, Any]]:
     if data is None:
         raise RuntimeError("ember: cache entry without a plan")
     return pickle.loads(data)

@@ -134,9 +134,11 @@ class Config:
     # stored (passes/matmul.py): 'auto' does it for matmuls sharing their first operand (a gated
     # MLP's two projections: one kernel reads x once for both and stores neither product), and on
     # Hopper GPUs for a lone matmul, except where the kernel would store two tensors (a training
-    # forward saving the product beside the epilogue's result); 'all'
-    # for every matmul with an epilogue (slower than cuBLAS plus an epilogue kernel for a lone
-    # matmul on an H200: bench/RESULTS.md); 'off' for none.
+    # forward saving the product beside the epilogue's result), and times such a graph's kernels
+    # against the graph built with 'off' on its first calls, keeping the faster
+    # (runtime/choice.py); 'all' for every matmul with an epilogue, never timed (slower than
+    # cuBLAS plus an epilogue kernel for a lone matmul on an H200: bench/RESULTS.md); 'off' for
+    # none.
     matmul_epilogues: str = field(default_factory=lambda: _env_choice("EMBER_MATMUL_EPILOGUES", MATMUL_EPILOGUES))
     # Compile matmul kernels (Triton's 0.5-3 s each, the Hopper template's 0.3-0.7 s with NVRTC)
     # and the new specializations of other Triton kernels (sizes of another alignment or shape

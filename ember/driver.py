@@ -9,6 +9,7 @@ warning, and ``ember.stats()['graph_fallbacks']`` counts it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import os
@@ -31,7 +32,9 @@ from .ir.ops import Op
 from .passes.pipeline import run_pipeline
 from .runtime import capture, stats
 from .runtime.backend import BuiltKernels, backend_name, get_backend
+from .runtime.choice import CudaClock, HostClock, TimedChoice
 from .runtime.program import CompiledProgram, boxed, group_fallback
+from .runtime.triton_matmul import wait_for_kernels
 from .schedule.fusion import KernelStep, Schedule, plan
 
 _graph_ids = itertools.count()
@@ -135,40 +138,74 @@ def _graph_device(graph: Graph) -> str:
 
 def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphReport,
              detail: bool = True) -> Callable[..., Any]:
-    # A graph planned before in this process (the same FX code over the same shapes, strides
-    # and dtypes, e.g. after torch._dynamo.reset()) skips lowering, passes and planning. Kernels
-    # are still built afresh (from the disk cache), so launch state is never shared.
     kind = name.rsplit("_", 1)[0]
     donated = donated_inputs(gm) if kind == "backward" else frozenset()
-    key = _fingerprint(gm, kind, cfg, donated)
-    hit = _planned.get(key) if key is not None and not detail else None
-    if hit is not None:
-        _planned.move_to_end(key)
-        graph, schedule, fallbacks = hit
-    else:
-        graph = lower_graph(gm, name, donated)
-        graph = run_pipeline(graph, cfg, report.passes if detail else None)
-        schedule = plan(graph, cfg)
-        fallbacks = _fallbacks(schedule)
-        if key is not None:
-            _planned[key] = (graph, schedule, fallbacks)
-            while len(_planned) > _PLANNED_MAX:
-                _planned.popitem(last=False)
+    graph, schedule, fallbacks, key = _planned_graph(gm, name, cfg, donated, report.passes if detail else None)
     program = _build(graph, schedule, fallbacks, name, cfg, report, detail)
+    if program is None:
+        return boxed(gm)
+    plans = [(graph, schedule)]
+    if _times_matmuls(schedule, cfg):
+        # the same graph with cuBLAS computing the products; the calls choose (runtime/choice.py)
+        off = dataclasses.replace(cfg, matmul_epilogues="off")
+        graph_off, schedule_off, fallbacks_off, _ = _planned_graph(gm, name, off, donated, None)
+        unfused = _build(graph_off, schedule_off, fallbacks_off, f"{name}_cublas", off,
+                         rp.GraphReport(f"{name}_cublas", kind), detail=False, counted=False)
+        if unfused is not None:
+            program = _choice(name, [program, unfused], cfg, graph)
+            plans.append((graph_off, schedule_off))
     # the plan goes to torch's AOTAutograd cache (aot_cache.py); only graphs without tensor
     # constants carry it: a constant's values are not part of any cache key (see _fingerprint)
-    if program is not None and key is not None and cfg.aot_cache:
-        program.plan = (graph, schedule)
-    return program if program is not None else boxed(gm)
+    if key is not None and cfg.aot_cache:
+        program.plan = plans if isinstance(program, TimedChoice) else plans[0]
+    return program
 
 
-def rebuild_graph(graph: Graph, schedule: Schedule, kind: str, cfg: Config) -> CompiledProgram:
+def _planned_graph(gm: torch.fx.GraphModule, name: str, cfg: Config, donated: frozenset[int],
+                   passes: list[Any] | None) -> tuple[Graph, Schedule, dict[str, Callable[..., None]], str | None]:
+    """(IR graph after the passes, its schedule, the kernels' ATen fallbacks, the plan's key).
+    A graph planned before in this process (the same FX code over the same shapes, strides and
+    dtypes, e.g. after torch._dynamo.reset()) skips lowering, passes and planning, unless a
+    report asks to see the passes. Kernels are still built afresh (from the disk cache), so
+    launch state is never shared."""
+    key = _fingerprint(gm, name.rsplit("_", 1)[0], cfg, donated)
+    hit = _planned.get(key) if key is not None and passes is None else None
+    if hit is not None:
+        _planned.move_to_end(key)
+        return (*hit, key)
+    graph = lower_graph(gm, name, donated)
+    graph = run_pipeline(graph, cfg, passes)
+    schedule = plan(graph, cfg)
+    fallbacks = _fallbacks(schedule)
+    if key is not None:
+        _planned[key] = (graph, schedule, fallbacks)
+        while len(_planned) > _PLANNED_MAX:
+            _planned.popitem(last=False)
+    return graph, schedule, fallbacks, key
+
+
+def _times_matmuls(schedule: Schedule, cfg: Config) -> bool:
+    """Does this plan fuse matmuls that 'auto' chose (GPU kernels: Triton's or the Hopper
+    template; their products then get timed against cuBLAS's)? Not under deterministic
+    algorithms: the two compute the sums in different orders, and the calls that time them
+    would take turns."""
+    return (cfg.matmul_epilogues == "auto" and any(k.dots for k in schedule.kernels)
+            and not torch.are_deterministic_algorithms_enabled())
+
+
+def _choice(name: str, programs: list[CompiledProgram], cfg: Config, graph: Graph) -> TimedChoice:
+    clock = CudaClock(cuda_index(graph)) if _graph_device(graph) == "cuda" else HostClock()
+    return TimedChoice(name, programs, cfg, clock, ready=lambda: wait_for_kernels(0),
+                       labels=["ember's fused matmul kernels", "cuBLAS and epilogue kernels"])
+
+
+def rebuild_graph(graph: Graph, schedule: Schedule, kind: str, cfg: Config, counted: bool = True) -> CompiledProgram:
     """A graph planned by an earlier compile (kept in torch's AOTAutograd cache), built again: its
     kernels load from the disk cache. Raises on any failure; the caller then compiles afresh."""
     name = f"{kind}_{next(_graph_ids)}"
     start = time.perf_counter()
     report = rp.GraphReport(name, kind)
-    program = _build(graph, schedule, _fallbacks(schedule), name, cfg, report, detail=False)
+    program = _build(graph, schedule, _fallbacks(schedule), name, cfg, report, detail=False, counted=counted)
     if program is None:
         raise RuntimeError(f"{name}: the cached plan is for a target this machine does not build")
     ms = (time.perf_counter() - start) * 1e3
@@ -178,14 +215,28 @@ def rebuild_graph(graph: Graph, schedule: Schedule, kind: str, cfg: Config) -> C
     return program
 
 
+def rebuild(plan: tuple[Graph, Schedule] | list[tuple[Graph, Schedule]], kind: str,
+            cfg: Config) -> CompiledProgram | TimedChoice:
+    """``rebuild_graph`` of a cached plan, or of each plan of a timed choice (its fused matmul
+    kernels and cuBLAS's), which then chooses again."""
+    if isinstance(plan, tuple):
+        return rebuild_graph(*plan, kind, cfg)
+    fused, *others = plan
+    programs = [rebuild_graph(*fused, kind, cfg),
+                *(rebuild_graph(g, s, kind, dataclasses.replace(cfg, matmul_epilogues="off"), counted=False)
+                  for g, s in others)]
+    return _choice(programs[0].name, programs, cfg, fused[0])
+
+
 def _fallbacks(schedule: Schedule) -> dict[str, Callable[..., None]]:
     return {s.kernel.name: group_fallback(s, schedule) for s in schedule.steps if isinstance(s, KernelStep)}
 
 
 def _build(graph: Graph, schedule: Schedule, fallbacks: dict[str, Callable[..., None]], name: str,
-           cfg: Config, report: rp.GraphReport, detail: bool) -> CompiledProgram | None:
+           cfg: Config, report: rp.GraphReport, detail: bool, counted: bool = True) -> CompiledProgram | None:
     """Build a planned graph's kernels and its host program; None when the target is only
-    rendered here (the graph then runs through ATen)."""
+    rendered here (the graph then runs through ATen). ``counted``: in ``ember.stats()`` (not a
+    timed choice's second program of the same graph)."""
     device = _graph_device(graph)
     natural = backend_name(device, cfg)
     target = cfg.target or natural
@@ -194,8 +245,9 @@ def _build(graph: Graph, schedule: Schedule, fallbacks: dict[str, Callable[..., 
     # Under TRITON_INTERPRET=1 Triton kernels run on CPU tensors (how the tests check them).
     render_only = target != natural and not (target == "triton" and device == "cpu" and _triton_interpreting())
     report.target = target
-    stats.bump("graphs_compiled")
-    stats.bump("kernels_generated", len(schedule.kernels))
+    if counted:
+        stats.bump("graphs_compiled")
+        stats.bump("kernels_generated", len(schedule.kernels))
     built = BuiltKernels() if render_only else backend.build(schedule.kernels, cfg, fallbacks)
 
     calls: dict[str, KernelCall] = {}

@@ -19,6 +19,7 @@ KEYS = (
     "grads_in_forward",   # training graphs whose loss gradient is computed in the forward
     "calls_while_compiling",  # kernel calls run through ATen while their kernel compiled in the background
     "matmuls_through_aten",   # Hopper matmul calls whose operands TMA cannot read (ran through ATen)
+    "timed_choices",      # graphs (per size bucket) that chose between fused matmuls and cuBLAS by timing
 )
 
 

@@ -1,0 +1,161 @@
+"""One graph compiled two ways, the faster one chosen by timing the user's own calls on the GPU.
+
+A matmul whose epilogue ember fuses (the Hopper template, Triton's fused kernel) saves the
+epilogue kernel's read of the product, but its products run behind cuBLAS's by a margin that
+differs from machine to machine: gelu(x @ W + b) at 8192 x 4096 x 4096 was 1.12x Inductor on one
+H200 and 0.89x on another, whose cuBLAS was faster (bench/RESULTS.md). No rule of shapes decides
+that, so under ``matmul_epilogues='auto'`` the driver builds such a graph a second time with
+cuBLAS computing the products (``'off'``: the epilogue a kernel of its own) and hands both to a
+``TimedChoice``.
+
+Each real call runs once, in one of the programs, taking turns: nothing is run twice, so a
+graph that writes into its inputs or draws random numbers behaves as it would in either. CUDA
+events around each call time it on the GPU (the host's clock for programs on the CPU: Triton
+kernels interpreted in the tests). After ``WARMUP`` untimed calls and ``SAMPLES`` timed
+ones of each program, the host waits once for the last event, and the program of the lower
+median serves every later call of that size bucket (the bit lengths of the call's integer sizes,
+so a graph over symbolic sizes chooses again for batches of another order of magnitude). Calls
+while a kernel compiles in the background (it runs through ATen meanwhile), inside a CUDA-graph
+capture, or under ``ember.cuda_graph``'s check run the first program untimed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..config import Config, log
+from . import capture, stats
+from .program import CompiledProgram
+
+WARMUP = 1   # calls of each program not timed (a first launch loads kernels, may tune them)
+SAMPLES = 5  # timed calls of each program before choosing
+
+
+class TimedChoice:
+    """Callable like a ``CompiledProgram`` (AOTAutograd's boxed convention): ``programs`` compute
+    the same graph; the first serves calls until the timing has chosen."""
+
+    def __init__(self, name: str, programs: list[CompiledProgram], cfg: Config, clock: CudaClock | HostClock,
+                 ready: Callable[[], bool] = lambda: True, labels: list[str] | None = None):
+        self._boxed_call = True
+        self.name = name
+        self.programs = programs
+        self.labels = labels or [p.name for p in programs]
+        self.cfg = cfg
+        self.ready = ready
+        # what the driver sets for torch's AOTAutograd cache: every program's (IR graph, schedule)
+        self.plan: list[tuple[Any, Any]] | None = None
+        self.host_sizes = programs[0].host_sizes
+        self.opaque_sizes = programs[0].opaque_sizes
+        self.chosen: dict[tuple[int, ...], int] = {}  # size bucket -> index of the program chosen
+        self._timing: dict[tuple[int, ...], _Timing] = {}
+        self._sizes: list[int] | None = None          # positions of the integer arguments
+        self.clock = clock
+
+    def _bucket(self, args: list[Any]) -> tuple[int, ...]:
+        positions = self._sizes
+        if positions is None:
+            positions = self._sizes = [i for i, a in enumerate(args) if type(a) is int]
+        return tuple(args[i].bit_length() for i in positions) if positions else ()
+
+    def run(self, args: list[Any]) -> Any:
+        bucket = self._bucket(args)
+        chosen = self.chosen.get(bucket)
+        if chosen is not None:
+            return self.programs[chosen].run(args)
+        return self._timed_run(bucket, args)
+
+    def _timed_run(self, bucket: tuple[int, ...], args: list[Any]) -> Any:
+        clock = self.clock
+        if capture.active or clock.capturing() or not self.ready():
+            return self.programs[0].run(args)
+        timing = self._timing.get(bucket)
+        if timing is None:
+            timing = self._timing[bucket] = _Timing(len(self.programs))
+        i = timing.next_program()
+        start = clock.now()
+        out = self.programs[i].run(args)
+        end = clock.now()
+        if self.ready():  # (a launch that started a background compile ran through ATen: not counted)
+            timing.add(i, start, end)
+        if timing.complete():
+            clock.wait(end)
+            medians = [statistics.median(clock.ms(s, e) for s, e in events) for events in timing.events]
+            best = min(range(len(medians)), key=medians.__getitem__)
+            self.chosen[bucket] = best
+            del self._timing[bucket]
+            stats.bump("timed_choices")
+            log(1, f"{self.name}: sizes {bucket or 'static'}: chose {self.labels[best]} ("
+                + ", ".join(f"{label} {ms * 1e3:.1f} us" for label, ms in zip(self.labels, medians)) + ")",
+                self.cfg)
+        return out
+
+    def __call__(self, *args: Any) -> Any:
+        args_list = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
+        if capture.active:  # ember.cuda_graph's check records the program that runs
+            return self.programs[0](args_list)
+        return self.run(args_list)
+
+
+class _Timing:
+    """The events of one size bucket's timed calls, per program."""
+
+    def __init__(self, n: int):
+        self.calls = [0] * n
+        self.events: list[list[tuple[Any, Any]]] = [[] for _ in range(n)]  # (start, end) of timed calls
+        self._turn = 0
+
+    def next_program(self) -> int:
+        i = self._turn
+        self._turn = (i + 1) % len(self.calls)
+        return i
+
+    def add(self, i: int, start: Any, end: Any) -> None:
+        self.calls[i] += 1
+        if self.calls[i] > WARMUP:
+            self.events[i].append((start, end))
+
+    def complete(self) -> bool:
+        return all(len(e) >= SAMPLES for e in self.events)
+
+
+class CudaClock:
+    """Events recorded on the device's current stream: a call's GPU time, without waiting."""
+
+    def __init__(self, device: int | None = None):
+        self.device = device  # (None: the current device)
+
+    def capturing(self) -> bool:
+        return torch.cuda.is_current_stream_capturing()
+
+    def now(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def wait(self, event: torch.cuda.Event) -> None:
+        event.synchronize()
+
+    def ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        return start.elapsed_time(end)
+
+
+class HostClock:
+    """The host's clock, for programs whose calls have finished when they return (the CPU's)."""
+
+    def capturing(self) -> bool:
+        return False
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def wait(self, moment: float) -> None:
+        pass
+
+    def ms(self, start: float, end: float) -> float:
+        return (end - start) * 1e3
