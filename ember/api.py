@@ -176,10 +176,13 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
             original = chain[-1]
             if original is e or isinstance(original, torch._dynamo.exc.TorchDynamoException):
                 raise
-            if type(original) is AssertionError or type(original) is ValueError and _raised_in_refs(original):
+            if (type(original) is AssertionError and not _raised_in(original, "/torch/nn/functional.py")
+                    or type(original) is ValueError and _raised_in_refs(original)):
                 # a check in one of torch's Python decompositions (cross_entropy's weight length,
                 # a view's size against its strides); the eager op's own check raises RuntimeError
                 original = RuntimeError(str(original))
+            elif type(original) is RuntimeError and _eager_index_error(original, _op_from_dynamo_message(str(e))):
+                original = IndexError(str(original))
             elif type(original) is RuntimeError and _empty_reduction(original):
                 # amax/argmax/aminmax over an empty dim: eager's check is an IndexError
                 original = IndexError(str(original))
@@ -214,6 +217,31 @@ def _raised_in_refs(e: BaseException, *, also_decompositions: bool = False) -> b
 
 
 _REFS = ("/torch/_refs/", "/torch/_prims")
+
+
+def _raised_in(e: BaseException, path: str) -> bool:
+    """Whether ``e``'s innermost frame is in ``path`` (F.embedding's own asserts: eager raises
+    those AssertionErrors too)."""
+    return path in (_frames(e) or [""])[-1]
+
+
+# index checks that torch's meta functions and references make with torch._check (RuntimeError)
+# where eager's kernels raise IndexError
+_INDEX_CHECKS = ("tensors used as indices must be long, int, byte or bool tensors",
+                 "should be equal to source.size(dim)")  # (index_copy's number of indices)
+_INDEXING_OPS = ("getitem", "setitem", "aten.index", "aten.index_put", "aten._unsafe_index")
+
+
+def _eager_index_error(e: BaseException, op: str) -> bool:
+    """An index check eager's kernels make with an IndexError, raised by a fake tensor's meta
+    function as a RuntimeError: an index tensor of another dtype, index tensors that do not
+    broadcast together, index_copy's index and source of different lengths."""
+    if not any(part in f for f in _frames(e) for part in (*_REFS, "/torch/_meta_registrations", "/torch/_decomp/")):
+        return False
+    text = str(e)
+    if any(check in text for check in _INDEX_CHECKS):
+        return True
+    return "Attempting to broadcast a dimension" in text and op.startswith(_INDEXING_OPS)
 
 
 def _checked_in_refs(e: BaseException) -> bool:

@@ -202,9 +202,17 @@ def test_writes_of_a_source_of_another_dtype_raise_as_in_eager(write):
     lambda x: x.index_fill(0, torch.tensor([0.0, 2.0]), 1.0),
     lambda x: x.index_fill(0, torch.tensor([0, 2], dtype=torch.int32), 1.0),
     lambda x: x.scatter_add(0, torch.tensor([[0, 1, 2]], dtype=torch.int16), torch.ones(1, 3)),
+    # eager's IndexError, where torch's meta functions check with a RuntimeError
+    lambda x: x.index_add(1, torch.tensor([0, 5]), torch.ones(5, 2), alpha=2.0),
+    lambda x: x[torch.tensor([0.0, 1.0])],
+    lambda x: x[torch.tensor([0, 1], dtype=torch.int16)],
+    lambda x: x[torch.tensor([0, 1, 2]), torch.tensor([0, 1])],
+    lambda x: x.index_copy(0, torch.tensor([0, 1, 2]), torch.ones(2, 3)),
+    lambda x: F.embedding(torch.tensor([0]), x, padding_idx=7),  # (F.embedding's own assert)
 ], ids=["index_add_broadcast_rows", "index_add_broadcast_columns", "index_add_float_index",
         "index_select_float_index", "index_select_int16_index", "index_put_int16_index", "index_fill_float_index",
-        "index_fill_int32_index", "scatter_add_int16_index"])
+        "index_fill_int32_index", "scatter_add_int16_index", "index_add_alpha_out_of_range", "getitem_float_index",
+        "getitem_int16_index", "getitem_indices_not_broadcasting", "index_copy_lengths", "embedding_padding_idx"])
 def test_writes_and_reads_at_indices_eager_refuses_raise_its_error(fn):
     # these computed values (a broadcast source, indices truncated from floats or read from
     # int16) or raised another exception type than eager
@@ -363,6 +371,25 @@ def test_index_copy_of_a_negative_index_raises_as_in_eager():
     with pytest.raises(IndexError):
         ember.compile(fn)(x, torch.tensor([0, -1]), s)
     assert_same(ember.compile(fn)(x, torch.tensor([0, 3]), s), fn(x, torch.tensor([0, 3]), s))
+
+
+@pytest.mark.parametrize("value", [-2.0, torch.tensor(5.0)], ids=["scalar", "tensor"])
+def test_index_fill_takes_negative_indices_as_eager(value):
+    # its decomposition is an index_copy, which refuses them: they are wrapped first
+    fn = lambda x, i: x.index_fill(1, i, value) * 2  # noqa: E731
+    x = torch.randn(3, 4)
+    check(fn, x, torch.tensor([-1, 0, -4]))
+    check(lambda x, i: x.clone().index_fill_(-1, i, value), x, torch.tensor([-2]))
+    check(lambda x, i: x.index_fill(0, i, value), torch.tensor(1.5), torch.tensor([-1]))  # 0-d
+    for bad in ([-5], [4]):  # out of range either way: eager's IndexError
+        assert _eager_error(fn, x, torch.tensor(bad)) is IndexError
+        with pytest.raises(IndexError):
+            ember.compile(fn)(x, torch.tensor(bad))
+    leaf = x.clone().requires_grad_()
+    ember.compile(fn)(leaf, torch.tensor([-1])).sum().backward()
+    expected = torch.full((3, 4), 2.0)
+    expected[:, -1] = 0
+    assert_same(leaf.grad, expected)
 
 
 @pytest.mark.parametrize("shape", [(3,), (2, 3), (0, 3), ()], ids=["1d", "2d", "empty", "0d"])

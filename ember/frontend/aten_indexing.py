@@ -315,8 +315,9 @@ def _index_add(ctx: Context, x: Node, dim: int, index: Node, source: Any, *, alp
         raise Unsupported("index_add with a source not shaped like self along the other dims")
     if alpha != 1:
         source = ctx.make(Op.MUL, (source, ctx.operand(alpha, source.dtype, source.shape)))
-    # eager's error is an IndexError for a 1-d self or an int32 index, else a RuntimeError
-    error = 7 if x.rank == 1 or index.dtype == dt.int32 else 4
+    # eager's error is an IndexError for a 1-d self, an int32 index or an alpha other than 1
+    # (its kernel takes another path then), else a RuntimeError
+    error = 7 if x.rank == 1 or index.dtype == dt.int32 or alpha != 1 else 4
     return _put(ctx, x, dim, [ctx.cast(index, dt.int64)], source, True, error)
 
 

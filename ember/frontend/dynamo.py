@@ -54,6 +54,10 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # does) where it applies.
     for op, fn in get_decompositions([aten.masked_fill.Scalar, aten.index_fill.int_Scalar]).items():
         table[op] = _eager_when(fn, _fill_overflows)
+    # index_fill's decomposition is an index_copy, which refuses the negative indices eager's
+    # index_fill takes: they are wrapped first
+    for op in (aten.index_fill.int_Scalar, aten.index_fill.int_Tensor):
+        table[op] = _wrapping_negative_indices(table[op])
     table[aten.logsumexp.default] = _eager_when(table[aten.logsumexp.default], _over_no_dims)
     # A 0-d tensor value is checked against the filled dtype when the op runs (float32's
     # finfo.min into float16 attention scores raises in eager; the decomposition gave -inf)
@@ -121,6 +125,18 @@ def _eager_when(decomposition: Callable[..., Any], keep_op: Callable[..., bool])
         if keep_op(*args, **kwargs):
             return NotImplemented
         return decomposition(*args, **kwargs)
+    return decompose
+
+
+def _wrapping_negative_indices(decomposition: Callable[..., Any]) -> Callable[..., Any]:
+    """``decomposition(x, dim, index, value)`` with each negative index plus ``x``'s size along
+    ``dim`` (one below minus the size stays negative: index_copy's IndexError, as eager's)."""
+    @functools.wraps(decomposition)
+    def decompose(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> Any:
+        if not index.dtype.is_floating_point and index.dtype != torch.bool:
+            size = x.shape[dim] if x.dim() > 0 else 1
+            index = torch.where(index < 0, index + size, index)
+        return decomposition(x, dim, index, value)
     return decompose
 
 
