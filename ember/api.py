@@ -181,6 +181,10 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
                 # a check in one of torch's Python decompositions (cross_entropy's weight length,
                 # a view's size against its strides); the eager op's own check raises RuntimeError
                 original = RuntimeError(str(original))
+            elif type(original) in (ValueError, OverflowError) and _raised_in(original, "/torch/__init__.py"):
+                # a Python number torch converts while tracing (masked_fill of an int tensor with
+                # NaN or inf: sym_int); eager's kernel refuses the value with a RuntimeError
+                original = RuntimeError(str(original))
             elif type(original) is RuntimeError and _eager_index_error(original, _op_from_dynamo_message(str(e))):
                 original = IndexError(str(original))
             elif type(original) is RuntimeError and _empty_reduction(original):

@@ -373,6 +373,22 @@ def test_index_copy_of_a_negative_index_raises_as_in_eager():
     assert_same(ember.compile(fn)(x, torch.tensor([0, 3]), s), fn(x, torch.tensor([0, 3]), s))
 
 
+@pytest.mark.parametrize("fn, x", [
+    (lambda x: torch.add(x, x, alpha=True), torch.tensor([1, 2, 3])),
+    (lambda x: torch.sub(x, x, alpha=True), torch.tensor([1.0, 2.0])),
+    (lambda x: torch.add(x, x, alpha=2.5), torch.tensor([True, False])),
+    (lambda x: torch.add(x, x, alpha=2.5), torch.tensor([1, 2])),
+    (lambda x: x.masked_fill(x > 1, float("nan")), torch.tensor([1, 2])),
+    (lambda x: x.masked_fill(x > 1, float("inf")), torch.tensor([1, 2])),
+], ids=["bool_alpha_ints", "bool_alpha_floats", "float_alpha_bools", "float_alpha_ints", "nan_into_ints",
+        "inf_into_ints"])
+def test_scalars_eager_refuses_for_the_dtype_raise_runtime_error(fn, x):
+    assert _eager_error(fn, x) is RuntimeError
+    with pytest.raises(RuntimeError) as info:
+        ember.compile(fn)(x)
+    assert type(info.value) is RuntimeError
+
+
 @pytest.mark.parametrize("value", [-2.0, torch.tensor(5.0)], ids=["scalar", "tensor"])
 def test_index_fill_takes_negative_indices_as_eager(value):
     # its decomposition is an index_copy, which refuses them: they are wrapped first

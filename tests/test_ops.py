@@ -293,6 +293,37 @@ def test_maxima_of_signed_zeros_keep_the_first_as_eager(dtype):
         assert torch.equal(1 / ember.compile(fn)(x), 1 / fn(x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rounding_divisions_read_a_16_bit_sum_rounded_as_eager(dtype):
+    # (x + 4096) % 5 of x = 1 in float16 is 4096 % 5 = 1 in eager: the sum rounds to 4096 first
+    def fn(x, y):
+        s = x + 4096
+        return s % y, s // y, torch.fmod(s, y), torch.div(s, y, rounding_mode="trunc"), s % 5
+
+    x = torch.tensor([1.0, 3.0, -7.0, 0.5], dtype=dtype, device=DEVICE)
+    y = torch.tensor([5.0, 4100.0, 3.0, -6.0], dtype=dtype, device=DEVICE)
+    for got, want in zip(ember.compile(fn)(x, y), fn(x, y)):
+        assert torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_cubes_and_inverse_squares_round_the_square_as_eager(dtype):
+    # eager's x ** 3 is x * x * x in the tensor's dtype: bfloat16 17.25 ** 3 is 5152, not 5120
+    x = torch.tensor([17.25, -11.25, -5.9375, 0.0, 300.5, -0.01] * 11, dtype=dtype, device=DEVICE)
+    fn = lambda x: (x ** 3, x ** -2, x ** 2)  # noqa: E731
+    for got, want in zip(ember.compile(fn)(x), fn(x)):
+        assert torch.equal(got, want), (got[:6], want[:6])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_abs_clears_the_sign_of_zeros_and_nans_as_eager(dtype):
+    # abs(-nan) kept its sign bit in the C-style kernels (a NaN fell through the comparisons)
+    x = torch.tensor([-0.0, float("nan"), -1.5, 2.0, -float("inf")], dtype=dtype, device=DEVICE)
+    x[1] = -x[1]
+    fn = lambda x: torch.copysign(torch.ones_like(x), torch.abs(x))  # noqa: E731
+    assert torch.equal(ember.compile(fn)(x), fn(x))
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="eager's CPU kernel: a double exponent, computed in double")
 def test_float32_powers_by_python_floats_compute_in_double_as_eager():
     # the exponent rounded to float32 (1/3 as 0.33333334) was 7-13 ulp off at 1e30 and 1e-30

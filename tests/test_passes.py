@@ -41,6 +41,41 @@ def test_cse_merges_identical_nodes_and_commutative_operands():
     assert_pass(cse, before, e.build(e.mul(t, t)))
 
 
+def test_cse_keeps_max_and_min_of_swapped_operands_apart():
+    # eager's maximum keeps its first operand on a tie: maximum(-0.0, 0.0) is -0.0, the other 0.0
+    b = GraphBuilder()
+    x, y = b.input((4,)), b.input((4,))
+    before = b.build(b.add(b.op(Op.MAX, x, y), b.op(Op.MAX, y, x)), b.add(b.op(Op.MIN, x, y), b.op(Op.MIN, y, x)))
+    assert_pass(cse, before, before)
+    a, z = torch.tensor([-0.0, 1.0]), torch.tensor([0.0, float("nan")])
+    fn = lambda a, b: (1 / torch.maximum(a, b), 1 / torch.maximum(b, a), 1 / torch.minimum(b, a))  # noqa: E731
+    for got, want in zip(ember.compile(fn)(a, z), fn(a, z)):
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()), (got, want)
+
+
+def test_fold_keeps_symbolic_ints_wrapping_in_narrow_dtypes():
+    # a Python int Dynamo made symbolic (n = 200) times an int8 tensor wraps in eager; a cast
+    # of n into float16 rounds (2049 is 2048): both stay ops. In int64 they fold.
+    n = sympy.Symbol("s0", integer=True, positive=True)
+    b = GraphBuilder()
+    x = b.input((3,), dtypes.int8)
+    narrow = b.op(Op.MUL, b.cast(b.const(n, dtypes.int64), dtypes.int8), b.const(3, dtypes.int8))
+    half = b.cast(b.const(n, dtypes.int64), dtypes.float16)
+    wide = b.op(Op.MUL, b.const(n, dtypes.int64), b.const(n, dtypes.int64))
+    before = b.build(b.op(Op.MAX, x, b.expand(narrow, (3,))), b.expand(half, (3,)), wide)
+    after = dce(fold_constants(before))
+    ops = [node.op for node in after.nodes]
+    assert ops.count(Op.CAST) == 2 and ops.count(Op.MUL) == 1
+    assert after.outputs[2].op is Op.CONST and after.outputs[2].arg == n**2
+    wraps = lambda x, n: torch.maximum(torch.ones(3, dtype=torch.int8) * n, x)  # noqa: E731
+    rounds = lambda x, n: x == n  # noqa: E731
+    for fn, x, value in ((wraps, torch.zeros(3, dtype=torch.int8), 200),
+                         (rounds, torch.tensor([2048.0, 1.0], dtype=torch.float16), 2049)):
+        compiled = ember.compile(fn, dynamic=True)
+        for v in (value, value + 2):
+            assert torch.equal(compiled(x, v), fn(x, v))
+
+
 def test_cse_keeps_distinct_constants_apart():
     b = GraphBuilder()
     x = b.input((2,))

@@ -625,8 +625,9 @@ template <typename T> EMBER_FN void ember_argmin_step(EmberArg<T>& a, T v, int64
 template <typename T> EMBER_FN T ember_abs(T a) { return a < 0 ? (T)(-a) : a; }
 EMBER_FN uint8_t ember_abs(uint8_t a) { return a; }
 EMBER_FN bool ember_abs(bool a) { return a; }
-EMBER_FN float ember_abs(float a) { return a < 0.0f ? -a : (a == 0.0f ? 0.0f : a); }
-EMBER_FN double ember_abs(double a) { return a < 0.0 ? -a : (a == 0.0 ? 0.0 : a); }
+// (-0.0 and a NaN of either sign lose their sign bit, as fabs: eager's abs)
+EMBER_FN float ember_abs(float a) { return a < 0.0f ? -a : (a == 0.0f ? 0.0f : (a == a ? a : (float)NAN)); }
+EMBER_FN double ember_abs(double a) { return a < 0.0 ? -a : (a == 0.0 ? 0.0 : (a == a ? a : (double)NAN)); }
 // (NaN -> 0, as eager's sign)
 template <typename T> EMBER_FN T ember_sign(T a) { return (T)((T(0) < a) - (a < T(0))); }
 EMBER_FN bool ember_isinf(float a) { return a == INFINITY || a == -INFINITY; }

@@ -234,6 +234,10 @@ def _add_sub(ctx: Context, a: Any, b: Any, alpha: Any = 1) -> Node:
         # 1.703 + 1000.3 is 1000, not 1004); its GPU kernels, like its products, take it as is
         a, b = (_rounded_to(x, dtype) for x in (a, b))
     op = Op.ADD if ctx.aten == "aten.add" else Op.SUB
+    if isinstance(alpha, bool) and not dtype.is_bool or isinstance(alpha, float) and not dtype.is_float:
+        # ATen checks alpha against the result's dtype: a bool alpha only for bools, a float
+        # one only for floats (its RuntimeError)
+        raise Unsupported(f"alpha {alpha!r} for a {dtype} result (ATen's RuntimeError)")
     alpha = checked_scalar(alpha, dtype)
     if dtype.is_low_precision and ctx.device == "cpu" and alpha != 1:
         # (and alpha: its vectorized loop, the bulk of a tensor, multiplies by the rounded alpha)
@@ -308,7 +312,13 @@ def _pow(ctx: Context, base: Any, exponent: Any) -> Node:
             return x
         if exponent == 2:
             return ctx.make(Op.MUL, (x, x))
+        # eager's 16-bit x * x * x and 1 / (x * x) round the square first (bfloat16; float16 on
+        # GPUs: the CPU's float16 kernel calls pow, one rounding)
+        square_rounds = dtype == dt.bfloat16 or dtype == dt.float16 and ctx.device != "cpu"
         if exponent == 3:
+            if square_rounds:
+                square = ctx.cast(ctx.make(Op.MUL, (x, x)), dt.float32)
+                return ctx.cast(ctx.make(Op.MUL, (square, ctx.cast(x, dt.float32))), dtype)
             return ctx.make(Op.MUL, (ctx.make(Op.MUL, (x, x)), x))
         # (eager's CPU kernel takes no root for float16: pow(-inf, 0.5) is inf, sqrt's nan)
         if dtype.is_float and not (dtype == dt.float16 and ctx.device == "cpu"):
@@ -320,6 +330,9 @@ def _pow(ctx: Context, base: Any, exponent: Any) -> Node:
             if exponent == -1:
                 return ctx.make(Op.RECIPROCAL, (x,))
             if exponent == -2:
+                if square_rounds:
+                    square = ctx.cast(ctx.make(Op.MUL, (x, x)), dt.float32)
+                    return ctx.cast(ctx.make(Op.RECIPROCAL, (square,)), dtype)
                 return ctx.make(Op.RECIPROCAL, (ctx.make(Op.MUL, (x, x)),))
             if dtype == dt.float32 and ctx.device == "cpu" and isinstance(exponent, (int, float)):
                 # eager's CPU kernel takes a Python exponent as a double and computes in double:

@@ -161,9 +161,10 @@ FLOAT_OPS = frozenset({
     Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.SINH, Op.COSH, Op.TANH, Op.ASINH, Op.ACOSH,
     Op.ATANH, Op.SIGMOID, Op.ERF, Op.ERFC, Op.DIV, Op.ATAN2,
 })
+# (not max and min: eager's keep their first operand on a tie, so maximum(-0.0, 0.0) is -0.0
+# and maximum(0.0, -0.0) is 0.0)
 COMMUTATIVE_OPS = frozenset({
-    Op.ADD, Op.MUL, Op.MAX, Op.MIN, Op.EQ, Op.NE, Op.AND, Op.OR, Op.XOR, Op.BITAND, Op.BITOR,
-    Op.BITXOR,
+    Op.ADD, Op.MUL, Op.EQ, Op.NE, Op.AND, Op.OR, Op.XOR, Op.BITAND, Op.BITOR, Op.BITXOR,
 })
 # Expensive enough that recomputing them in several kernels costs more than a buffer would.
 TRANSCENDENTAL_OPS = frozenset({

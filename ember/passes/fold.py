@@ -47,6 +47,7 @@ def _exactly_holds(inner: dt.DType, wide: dt.DType) -> bool:
     return wide.is_int and wide.itemsize > inner.itemsize and (inner.kind == wide.kind or wide.kind == "i")
 
 
+_EXACT_CASTS = (dt.int64, dt.float32, dt.float64)
 _SYMBOLIC = {Op.ADD: lambda a, b: a + b, Op.SUB: lambda a, b: a - b, Op.MUL: lambda a, b: a * b,
              Op.FLOORDIV: FloorDiv, Op.MAX: sympy.Max, Op.MIN: sympy.Min}
 
@@ -85,11 +86,15 @@ def _fold(node: Node, inputs: tuple[Node, ...]) -> Node | None:
         probe = make(op, scalars, node.arg, dtype=dt.compute_dtype(node.dtype), device="cpu")
         value = eval_node(probe, [eval_node(s, [], {}) for s in scalars], {})
         return const(value.to(dt.to_torch(node.dtype)).item())
-    if all(v is not None for v in values) and node.dtype.is_int and op in _SYMBOLIC and all(
-            i.dtype.is_int for i in inputs):
+    # sizes and other Python ints Dynamo made symbolic: arithmetic in int64 folds into one
+    # expression (narrower ints wrap, as eager's int8 n * 200 does: kept as ops); a cast folds
+    # where C's conversion of the expression is the cast (int64, float32, float64; a 16-bit
+    # float rounds, a narrower int wraps, a bool tests: kept as casts)
+    if all(v is not None for v in values) and node.dtype == dt.int64 and op in _SYMBOLIC and all(
+            i.dtype == dt.int64 for i in inputs):
         return const(_SYMBOLIC[op](*(sh.expr(v) for v in values)))
     if op is Op.CAST and values[0] is not None and isinstance(values[0], sympy.Basic) and (
-            node.dtype.is_float or node.dtype.is_int):
+            node.dtype in _EXACT_CASTS and inputs[0].dtype in _EXACT_CASTS):
         return const(values[0])
 
     # identities

@@ -659,9 +659,10 @@ def _drop_ones(shape: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
 
 
 # pointwise ops that read a 16-bit input as eager holds it (rounded): those whose result jumps
-# with it, and conversions ((x + 1000.3).float() is the bfloat16 sum, 1000.0)
+# with it (a float16 (x + 4096) % 5 of x = 1 is 4096 % 5, not 4097 % 5), and conversions
+# ((x + 1000.3).float() is the bfloat16 sum, 1000.0)
 _ROUNDED_FIRST = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.FLOOR, Op.CEIL, Op.ROUND, Op.TRUNC,
-                            Op.SIGN, Op.ISINF, Op.CAST})
+                            Op.SIGN, Op.ISINF, Op.CAST, Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD})
 
 
 def _has_indirect(e: sympy.Expr) -> bool:
