@@ -389,6 +389,21 @@ def test_scalars_eager_refuses_for_the_dtype_raise_runtime_error(fn, x):
     assert type(info.value) is RuntimeError
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x: F.batch_norm(x, torch.zeros(6, dtype=torch.float64), torch.ones(6, dtype=torch.float64)),
+    lambda x: F.group_norm(x, 2, torch.ones(6, dtype=torch.float64)),
+    lambda x: F.layer_norm(x, (5,), torch.ones(5, dtype=torch.float64)),
+    lambda x: F.layer_norm(x.bfloat16(), (5,), torch.ones(5, dtype=torch.bfloat16), torch.zeros(5)),
+    lambda x: F.nll_loss(x[:, :, 0], torch.zeros(4, dtype=torch.long), weight=torch.ones(6, dtype=torch.float64)),
+], ids=["batch_norm", "group_norm", "layer_norm", "layer_norm_half_mixed", "nll_loss_weight"])
+def test_parameters_of_another_dtype_raise_as_in_eager(fn):
+    # the decompositions (and ember's layer_norm) computed in the wider dtype
+    x = torch.randn(4, 6, 5)
+    assert _eager_error(fn, x) is RuntimeError
+    with pytest.raises(RuntimeError):
+        ember.compile(fn)(x)
+
+
 @pytest.mark.parametrize("value", [-2.0, torch.tensor(5.0)], ids=["scalar", "tensor"])
 def test_index_fill_takes_negative_indices_as_eager(value):
     # its decomposition is an index_copy, which refuses them: they are wrapped first

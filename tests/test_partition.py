@@ -159,6 +159,22 @@ def test_class_weights_of_zero_keep_eagers_nan_gradient():
     assert_same(_grads(compiled, [x, targets, w]), _grads(fn, [x, targets, w]))
 
 
+@pytest.mark.parametrize("weights", ["made inside", "a module's buffer"])
+def test_class_weights_of_zero_not_passed_in_keep_eagers_nan_gradient(weights):
+    # the weights made in the function (torch.zeros(C): a full node) or held by a module
+    # (a constant of the graph) are no input of it, and were not seen as weights
+    targets = torch.tensor([0, 1, 2, 3, 4, 0])
+    if weights == "made inside":
+        fn = lambda x: F.nll_loss(F.log_softmax(x, 1), targets, weight=torch.zeros(5))  # noqa: E731
+    else:
+        fn = torch.nn.CrossEntropyLoss(weight=torch.zeros(5))
+        fn = (lambda loss: lambda x: loss(x, targets))(fn)
+    x = torch.randn(6, 5)
+    expected = _grads(fn, [x.requires_grad_()])
+    assert torch.isnan(expected[1]).all()
+    assert_same(_grads(ember.compile(fn), [x]), expected)
+
+
 class _ClipGrad(torch.autograd.Function):
     """Identity forward whose backward clips the incoming gradient: not linear in it."""
 

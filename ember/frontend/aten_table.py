@@ -813,6 +813,10 @@ def _softmax(ctx: Context, x: Node, dim: int, half_to_float: bool = False) -> No
 def _layer_norm(ctx: Context, x: Node, normalized_shape: Sequence[Any], weight: Node | None,
                 bias: Node | None, eps: float) -> tuple[Node, Node, Node]:
     out_dtype = ctx.out[0].dtype
+    params = [p.dtype for p in (weight, bias) if p is not None]
+    if any(p != x.dtype for p in params) and not (x.dtype.is_low_precision and all(p == dt.float32 for p in params)):
+        # eager takes parameters of the input's dtype, or float32 ones with a 16-bit input
+        raise Unsupported("layer_norm with parameters of another dtype (ATen's RuntimeError)")
     x = ctx.cast(x, dt.compute_dtype(x.dtype))
     dims = tuple(range(x.rank - len(normalized_shape), x.rank))
     var, mean = _var(ctx, x, dims, 0, True)

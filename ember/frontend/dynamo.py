@@ -100,9 +100,14 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
         table.pop(op, None)
     table[aten.smooth_l1_loss.default] = _eager_when(table[aten.smooth_l1_loss.default], _negative_beta)
     # eager takes int64 and uint8 targets (an int32 one raises in eager, not in the decomposition)
+    # and class weights of the input's dtype
     for op, at in ((aten.nll_loss_forward.default, 1), (aten.nll_loss2d_forward.default, 1),
                    (aten.nll_loss_backward.default, 2), (aten.nll_loss2d_backward.default, 2)):
-        table[op] = _eager_when(table[op], functools.partial(_target_not_int64, at=at))
+        table[op] = _eager_when(table[op], functools.partial(_nll_refused, at=at))
+    for op in (aten._native_batch_norm_legit_no_training.default, aten._native_batch_norm_legit_functional.default,
+               aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats,
+               aten.native_batch_norm.default, aten.native_group_norm.default):
+        table[op] = _norm_parameter_dtypes(table[op])
     return table
 
 
@@ -174,8 +179,30 @@ def _negative_beta(x: torch.Tensor, target: torch.Tensor, reduction: int = 1, be
     return isinstance(beta, (int, float)) and beta < 0
 
 
-def _target_not_int64(*args: Any, at: int, **_: Any) -> bool:
-    return args[at].dtype != torch.int64
+def _nll_refused(*args: Any, at: int, **_: Any) -> bool:
+    """nll_loss (forward: self, target, weight; backward: grad, self, target, weight) with a
+    target not int64, or weights of another dtype than self: eager's kernel decides."""
+    weight = args[at + 1] if len(args) > at + 1 else None
+    return args[at].dtype != torch.int64 or isinstance(weight, torch.Tensor) and weight.dtype != args[at - 1].dtype
+
+
+def _norm_parameter_dtypes(decomposition: Callable[..., Any]) -> Callable[..., Any]:
+    """batch / group norm whose parameters (weight, bias, running statistics) have another dtype
+    than the input: eager takes float32 ones with a 16-bit input (autocast's mix), and then keeps
+    the statistics it saves for the backward in float32, where the decomposition rounds them to
+    the input's dtype on the CPU (a float32 weight's gradient then had bfloat16's error): the
+    decomposition runs on the input in float32 and only the output is rounded. Other mixes keep
+    the op (eager's kernel refuses them)."""
+    @functools.wraps(decomposition)
+    def decompose(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        params = [a for a in args[:4] if isinstance(a, torch.Tensor)]
+        if all(p.dtype == x.dtype for p in params):
+            return decomposition(x, *args, **kwargs)
+        if x.dtype in (torch.float16, torch.bfloat16) and all(p.dtype == torch.float32 for p in params):
+            out = decomposition(x.float(), *args, **kwargs)
+            return (out[0].to(x.dtype), *out[1:])
+        return NotImplemented
+    return decompose
 
 
 def _one_pixel_side(theta: torch.Tensor, size: Sequence[Any], *_: Any, **__: Any) -> bool:

@@ -242,9 +242,11 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
 
 
 def _scaled_by_an_input(nodes: Sequence[fx.Node], dependent: set[fx.Node]) -> bool:
-    """Does the gradient chain multiply by a floating-point input tensor of the graph (or a view
-    of one: cross-entropy's class weights), whose elements may be 0 where no mask is? (A 0-d
-    one, a loss's weight, scales every element alike.)"""
+    """Does the gradient chain multiply by a floating-point tensor of weights whose elements may
+    be 0 where no mask is: an input of the graph or a constant of it (or a view of one:
+    cross-entropy's class weights, passed in, held by a module, or made in the function as
+    ``torch.zeros(C)``)? (A 0-d one, a loss's weight, scales every element alike; a tensor
+    filled with a nonzero value has no 0.)"""
     for node in nodes:
         if node.op != "call_function" or node.target not in (aten.mul.Tensor, aten.div.Tensor):
             continue
@@ -252,8 +254,11 @@ def _scaled_by_an_input(nodes: Sequence[fx.Node], dependent: set[fx.Node]) -> bo
             while isinstance(a, fx.Node) and a not in dependent and a.op == "call_function" and is_view_op(a.target):
                 a = a.args[0]
             val = a.meta.get("val") if isinstance(a, fx.Node) else None
-            if (isinstance(a, fx.Node) and a.op == "placeholder" and not _is_tangent(a)
-                    and isinstance(val, torch.Tensor) and val.is_floating_point() and val.dim() > 0):
+            if not (isinstance(val, torch.Tensor) and val.is_floating_point() and val.dim() > 0):
+                continue
+            if a.op == "get_attr" or a.op == "placeholder" and not _is_tangent(a):
+                return True
+            if a.op == "call_function" and a.target is aten.full.default and a.args[1] == 0:
                 return True
     return False
 
