@@ -107,7 +107,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     for op in (aten._native_batch_norm_legit_no_training.default, aten._native_batch_norm_legit_functional.default,
                aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats,
                aten.native_batch_norm.default, aten.native_group_norm.default):
-        table[op] = _norm_parameter_dtypes(table[op])
+        # (eager's CUDA group norm refuses the mix its CPU kernel takes)
+        table[op] = _norm_parameter_dtypes(table[op], mixed_on_gpus=op is not aten.native_group_norm.default)
     return table
 
 
@@ -186,7 +187,7 @@ def _nll_refused(*args: Any, at: int, **_: Any) -> bool:
     return args[at].dtype != torch.int64 or isinstance(weight, torch.Tensor) and weight.dtype != args[at - 1].dtype
 
 
-def _norm_parameter_dtypes(decomposition: Callable[..., Any]) -> Callable[..., Any]:
+def _norm_parameter_dtypes(decomposition: Callable[..., Any], mixed_on_gpus: bool) -> Callable[..., Any]:
     """batch / group norm whose parameters (weight, bias, running statistics) have another dtype
     than the input: eager takes float32 ones with a 16-bit input (autocast's mix), and then keeps
     the statistics it saves for the backward in float32, where the decomposition rounds them to
@@ -198,7 +199,8 @@ def _norm_parameter_dtypes(decomposition: Callable[..., Any]) -> Callable[..., A
         params = [a for a in args[:4] if isinstance(a, torch.Tensor)]
         if all(p.dtype == x.dtype for p in params):
             return decomposition(x, *args, **kwargs)
-        if x.dtype in (torch.float16, torch.bfloat16) and all(p.dtype == torch.float32 for p in params):
+        if (x.dtype in (torch.float16, torch.bfloat16) and all(p.dtype == torch.float32 for p in params)
+                and (mixed_on_gpus or x.device.type == "cpu")):
             out = decomposition(x.float(), *args, **kwargs)
             return (out[0].to(x.dtype), *out[1:])
         return NotImplemented
