@@ -215,9 +215,8 @@ def _raised_in_refs(e: BaseException, *, also_decompositions: bool = False) -> b
     """Whether ``e`` was raised in torch's Python references of ATen ops (torch/_refs, _prims;
     with ``also_decompositions``, torch/_decomp too), not by a Python-level function that
     raises ValueError in eager too (F.interpolate's)."""
-    innermost = (_frames(e) or [""])[-1]
     parts = _REFS + (("/torch/_decomp/",) if also_decompositions else ())
-    return any(part in innermost for part in parts)
+    return any(_raised_in(e, part) for part in parts)
 
 
 _REFS = ("/torch/_refs/", "/torch/_prims")
