@@ -84,10 +84,8 @@ def capacity_for(total: int) -> int:
     """The smallest 2^k + 1 (at least ``MIN_CAPACITY``) holding ``total`` rows. Odd on purpose:
     the check finds tensors of the ragged rows by a dimension the capacity divides, and an odd
     capacity is rarely a model's own dimension."""
-    capacity = MIN_CAPACITY
-    while capacity < total:
-        capacity = 2 * capacity - 1
-    return capacity
+    # 2^k + 1 >= total: k is the bit length of total - 2 (MIN_CAPACITY is 2^6 + 1)
+    return MIN_CAPACITY if total <= MIN_CAPACITY else (1 << (total - 2).bit_length()) + 1
 
 
 @dataclass
@@ -163,12 +161,13 @@ class CudaGraphStep:
         for i, leaf in enumerate(leaves):
             if not isinstance(leaf, Ragged) or i in in_place:
                 continue
-            shared = by_offsets.get(id(leaf.offsets))
+            offsets = id(leaf.offsets)
+            shared = by_offsets.get(offsets)
             if shared is not None:
                 out[i] = out[shared]
                 continue
-            by_offsets[id(leaf.offsets)] = i
-            total = leaf.total_length
+            by_offsets[offsets] = i
+            total = leaf.values.shape[0]
             if self.exact_reason is not None:
                 out[i] = total
                 continue
@@ -179,7 +178,7 @@ class CudaGraphStep:
                 c = self.capacity
             else:
                 c = capacity_for(total)
-            while c in out.values():
+            while out and c in out.values():
                 c = 2 * c - 1
             out[i] = c
         return out
@@ -205,8 +204,9 @@ class CudaGraphStep:
                 # exact captures see the batch's max_length; capacity ones the capacity
                 longest = leaf.max_length if self.exact_reason is not None else None
                 shape = values.shape  # T varies; the rest, a torch.Size (a tuple), is part of the key
+                # the device as its index: ``.device`` builds a torch.device object every call
                 key.append(("ragged", capacities[i], longest, offsets.shape[0], shape[1:],
-                            values.dtype, offsets.dtype, values.device, grad))
+                            values.dtype, offsets.dtype, values.get_device(), grad))
             elif isinstance(leaf, torch.Tensor):
                 if leaf.requires_grad:
                     if not leaf.is_leaf:
@@ -214,7 +214,7 @@ class CudaGraphStep:
                                          "the graph cannot reach what it was computed from")
                     key.append(("leaf", id(leaf)))
                 else:
-                    key.append(("tensor", tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device))
+                    key.append(("tensor", leaf.shape, leaf.stride(), leaf.dtype, leaf.get_device()))
             else:
                 try:
                     hash(leaf)

@@ -248,6 +248,59 @@ def test_driver_copies_take_dense_prefixes_only():
     assert tensor_copy(torch.empty(4, 4), src) is None       # more rows than the buffer
 
 
+class _FakeDriver:
+    """The driver calls DriverCopies makes, recorded; an event completes when ``done`` says so."""
+
+    def __init__(self):
+        self.copies, self.records, self.done = [], [], set()
+
+    def cuMemcpyHtoDAsync_v2(self, dst, src, n, stream):
+        self.copies.append((dst, stream))
+        return 0
+
+    def cuEventCreate(self, out, flags):
+        out._obj.value = 1000 + len(self.records) + len(self.done) + len(self.copies)
+        return 0
+
+    def cuEventRecord(self, event, stream):
+        self.records.append((event.value, stream))
+        return 0
+
+    def cuEventQuery(self, event):
+        return 0 if event.value in self.done else 600  # CUDA_ERROR_NOT_READY
+
+
+def test_driver_copies_keep_host_sources_until_an_event_after_their_copies(monkeypatch):
+    """One event covers RELEASE_EVERY calls' host sources (an event a call cost host time); a
+    source is dropped only once an event recorded after its copy has completed, and a call on
+    another stream first seals the held sources with an event on theirs."""
+    from ember.runtime import driver_copies
+    fake, stream = _FakeDriver(), [7]
+    monkeypatch.setattr(driver_copies, "_libcuda", lambda: fake)
+    monkeypatch.setattr(driver_copies, "_current_stream", lambda device: stream[0])
+    copier = driver_copies.DriverCopies(torch.device("cuda", 0))
+    sources = [torch.empty(2) for _ in range(2 * driver_copies.RELEASE_EVERY + 1)]
+    held = lambda: {id(t) for t in copier._held} | {id(t) for _, ts in copier._pending for t in ts}  # noqa: E731
+    for n, src in enumerate(sources[:driver_copies.RELEASE_EVERY], 1):
+        copier.copy([(16 * n, src.data_ptr(), 8, True)], [src])
+    assert len(fake.copies) == driver_copies.RELEASE_EVERY and len(fake.records) == 1
+    assert held() == {id(t) for t in sources[:driver_copies.RELEASE_EVERY]}  # the event has not completed
+    fake.done.add(fake.records[0][0])
+    for src in sources[driver_copies.RELEASE_EVERY:-1]:
+        copier.copy([(0, src.data_ptr(), 8, True)], [src])
+    assert len(fake.records) == 2   # the first event's sources released
+    assert held() == {id(t) for t in sources[driver_copies.RELEASE_EVERY:-1]}
+    stream[0] = 9
+    copier.copy([(0, sources[-1].data_ptr(), 8, True)], [sources[-1]])
+    copier.copy([(0, sources[-1].data_ptr(), 8, True)], [])   # no host source: nothing held
+    assert len(fake.records) == 2 and fake.copies[-1][1] == 9
+    stream[0] = 7
+    copier.copy([(0, sources[0].data_ptr(), 8, True)], [sources[0]])
+    # the held source's copy ran on stream 9: sealed there, with the first (completed) event again
+    assert fake.records[-1] == (fake.records[0][0], 9)
+    assert id(sources[-1]) in held()
+
+
 class _Unhashable:
     __hash__ = None
 
