@@ -96,6 +96,35 @@ def main() -> None:
             one_replay_after_sync()
         row["replay, one after a sync"] = round(statistics.median(single), 2)
         print(row, flush=True)
+    print("a synchronized call's timeline, median µs:", synced_timeline(graphed, entry, leaves))
+
+
+def synced_timeline(graphed, entry, leaves, calls: int = 200) -> dict[str, float]:
+    """Where a call issued to an idle GPU spends its time: host time of the key, the copy in and
+    the replay; GPU time from the call's start to the copy's end and from there to the graph's
+    end (events between the parts); and the synchronize's wait."""
+    times: dict[str, list[float]] = {}
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        events[0].record()
+        graphed._key(leaves, 2, graphed._capacities(leaves))
+        t1 = time.perf_counter()
+        _copy_in(entry, leaves, graphed._copier)
+        t2 = time.perf_counter()
+        events[1].record()
+        entry.graph.replay()
+        t3 = time.perf_counter()
+        events[2].record()
+        torch.cuda.synchronize()
+        t4 = time.perf_counter()
+        for name, value in (("host: key", t1 - t0), ("host: copy in", t2 - t1), ("host: replay", t3 - t2),
+                            ("host: synchronize", t4 - t3), ("host: whole", t4 - t0)):
+            times.setdefault(name, []).append(value * 1e6)
+        times.setdefault("GPU: start to copied", []).append(events[0].elapsed_time(events[1]) * 1e3)
+        times.setdefault("GPU: copied to graph end", []).append(events[1].elapsed_time(events[2]) * 1e3)
+    return {name: round(statistics.median(v), 1) for name, v in times.items()}
 
 
 if __name__ == "__main__":
