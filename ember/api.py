@@ -19,6 +19,7 @@ from .config import Config
 from .driver import compile_graph
 from .frontend.dynamo import make_backend
 from .frontend.guard_profile import without_guard_profiling
+from .frontend.overlap import writes_overlapping_memory
 from .passes.pipeline import check_pass_names
 from .report import GraphReport, Report
 from .runtime import stats as stats_module
@@ -118,8 +119,15 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[...
     """``backend``, or Dynamo's graph run eagerly where AOTAutograd cannot trace it before ember
     sees it (torch's own decompositions: a mean loss's gradient over an empty batch divides by
     its numel in Python). The user's program runs, with one warning; an error the graph's ops
-    raise, eager raises when it runs them."""
+    raise, eager raises when it runs them. So do graphs writing in place to tensors whose elements
+    share memory, which functionalization gets wrong (``frontend/overlap.py``)."""
     def compile_or_eager(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        if writes_overlapping_memory(gm):
+            warnings.warn("ember: a graph writes in place to a tensor whose elements share memory, or that "
+                          "overlaps one the write reads (an expand, a shifted view); it runs eagerly",
+                          RuntimeWarning, stacklevel=2)
+            stats_module.bump("graph_fallbacks")
+            return gm.forward
         try:
             return backend(gm, example_inputs)
         except Exception as e:  # noqa: BLE001 -- any failure to trace: eager runs the graph

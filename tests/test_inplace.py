@@ -238,3 +238,71 @@ def test_detached_views_and_repeated_outputs_are_tensors_of_their_own():
     a.unsqueeze_(0)  # metadata of one output only, as in eager
     assert b.shape == c.shape == (3,)
     assert a.data_ptr() == b.data_ptr() == c.data_ptr()
+
+
+def _iadd_broadcast(x):
+    y = torch.broadcast_to(x[:1], (4, 5))
+    y += 1
+
+
+def _setitem_expand(x):
+    y = x[:, :1].expand(4, 5)
+    y[0] = 3.0
+
+
+OVERLAPPING_WRITES = {
+    "add_ of an expand": lambda x: x.unsqueeze(0).expand(3, 4, 5).add_(1),
+    "+= of a broadcast": _iadd_broadcast,
+    "setitem into an expand": _setitem_expand,
+    "relu_ of an expand": lambda x: torch.relu_(x[:, :1].expand(4, 5)),
+    "fill_ of an expand": lambda x: x.expand(3, 4, 5).fill_(1.0),  # (eager writes every alias)
+    "zero_ of an expand": lambda x: x[:, :1].expand(4, 5).zero_(),
+    "masked_fill_ of an expand": lambda x: x[:, :1].expand(4, 5).masked_fill_(x > 0, 2.0),
+    "mul_ of overlapping as_strided": lambda x: x.as_strided((3, 3), (1, 2), 1).mul_(2),
+    # the written tensor and one the op reads overlap in part
+    "copy_ of a shifted view": lambda x: x[1:].copy_(x[:-1]),
+    "add_ of its transpose": lambda x: (lambda s: s.add_(s.t()))(x.view(-1)[4:].view(4, 4)),
+    "index_put_ of its own rows": lambda x: x.index_put_((torch.tensor([0, 1]),), x[1:3]),
+}
+
+
+@pytest.mark.filterwarnings("ignore:ember. a graph writes", "ignore:Use of masked_fill_")
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("case", OVERLAPPING_WRITES, ids=str)
+def test_writes_to_elements_that_share_memory_are_eagers(case, dynamic):
+    # functionalized, an in-place op on a view whose elements share memory (or reading another
+    # view of what it writes) computed every alias apart: no error where eager raises "... refers
+    # to a single memory location", and other values where eager's kernels write each alias
+    def fn(x):
+        OVERLAPPING_WRITES[case](x)
+        return x * 2
+
+    x = torch.randn(4, 5)
+    ref_x, out_x = x.clone(), x.clone()
+    try:
+        ref = fn(ref_x)
+    except RuntimeError as e:
+        assert "to a single memory location" in str(e)
+        with pytest.raises(RuntimeError, match="to a single memory location"):
+            ember.compile(fn, dynamic=dynamic)(out_x)
+        assert_same(out_x, ref_x)
+        return
+    assert_same(ember.compile(fn, dynamic=dynamic)(out_x), ref)
+    assert_same(out_x, ref_x)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_writes_to_views_of_one_element_per_address_still_compile(dynamic):
+    def fn(x):
+        x[:, 0].add_(1)
+        x.t().mul_(2)
+        x.view(-1)[::2].zero_()
+        x.unsqueeze(1).expand(4, 1, 5).sub_(1)  # (a broadcast to size 1 shares nothing)
+        return x * 2
+
+    x = torch.randn(4, 5)
+    ref_x, out_x = x.clone(), x.clone()
+    fallbacks = ember.stats()["graph_fallbacks"]
+    assert_same(ember.compile(fn, dynamic=dynamic)(out_x), fn(ref_x))
+    assert_same(out_x, ref_x)
+    assert ember.stats()["graph_fallbacks"] == fallbacks
