@@ -80,9 +80,11 @@ def _lead(node: Node) -> int | None:
     return lead
 
 
-def chunk_column_sums(graph: Graph, chunks: int | None = None, per_sm: int = CHUNKS_PER_SM) -> Graph:
+def chunk_column_sums(graph: Graph, chunks: int | None = None, per_sm: int = CHUNKS_PER_SM,
+                      target: str | None = None) -> Graph:
     """``chunks``: the runs of rows (None: ``chunk_count`` of the graph's device, ``per_sm`` runs
-    per SM on a GPU; 0: no rewrite)."""
+    per SM on a GPU; 0: no rewrite). ``target``: the backend rendering the kernels (None: the
+    device's own)."""
     if chunks == 0:
         return graph
     memo: dict[Node, frozenset[Node]] = {}
@@ -112,6 +114,10 @@ def chunk_column_sums(graph: Graph, chunks: int | None = None, per_sm: int = CHU
         if rows is not None and rows < 4 * runs:
             return None  # too few rows to split (the partials would rival the input): one kernel sums them
         acc = dt.compute_dtype(x.dtype)
+        if acc == dt.float32 and (target or ("cpp" if node.device == "cpu" else None)) == "cpp":
+            # in double, as the C++ backend adds every float32 sum: a run adds rows / chunks
+            # values one after another, and float32 partials drifted (1e-3 off, 2^20 rows of 0.1)
+            acc = dt.float64
         parts = make(Op.CHUNK_SUM, (x,), (lead, runs), dtype=acc, origin=node.origin)
         total = make(Op.SUM, (parts,), (0,), origin=node.origin)
         if acc != node.dtype:

@@ -64,7 +64,7 @@ def pipeline_for(cfg: Config) -> list[tuple[str, Pass]]:
     check_pass_names(cfg.passes_off, "EMBER_PASSES_OFF")
     cuda = (cfg.target or cfg.gpu_backend) == "cuda"
     chunked = functools.partial(chunk_column_sums, chunks=cfg.row_chunks,
-                                per_sm=CUDA_CHUNKS_PER_SM if cuda else CHUNKS_PER_SM)
+                                per_sm=CUDA_CHUNKS_PER_SM if cuda else CHUNKS_PER_SM, target=cfg.target)
     epilogues = functools.partial(matmul_epilogues, target=cfg.target, gpu_backend=cfg.gpu_backend,
                                   mode=cfg.matmul_epilogues)
     folds = functools.partial(fold_matmul_adds, target=cfg.target, gpu_backend=cfg.gpu_backend)
