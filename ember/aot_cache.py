@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from . import driver
 from .config import Config
@@ -79,14 +80,15 @@ def cached_backend(compile_graph: GraphCompiler, cfg: Config) -> Backend:
         return plain
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        if not _torch_caches_on():
+        scalars = _scalar_values(gm, example_inputs)
+        if not _torch_caches_on() or scalars is None:
             return plain(gm, example_inputs)
         # a fresh AOTAutograd per graph: it wraps the backward compiler it is given in place
         made: list[EmberOutputCode] = []
         aot = make_backend(compile_graph, cfg, wrap=functools.partial(_serializable, cfg=cfg, made=made))
         loading = _loading_cfg.set(cfg)
         try:
-            with _settings(cache_tag(cfg) + _aliasing(example_inputs)):
+            with _settings(cache_tag(cfg) + _aliasing(example_inputs) + scalars):
                 compiled = aot(gm, example_inputs)
         finally:
             _loading_cfg.reset(loading)
@@ -149,6 +151,24 @@ def _aliasing(example_inputs: Sequence[Any]) -> str:
     layout = {i: (example_inputs[i].storage_offset(), tuple(example_inputs[i].stride()))
               for pair in shared for i in pair}
     return "|aliasing:" + hashlib.sha256(repr((shared, sorted(layout.items()))).encode()).hexdigest()[:16]
+
+
+def _scalar_values(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
+    """The values of the Python numbers Dynamo passes as 0-d tensors (a float argument that
+    changed between calls). AOTAutograd bakes such a value into the graph where an op takes it
+    as a number (``torch.full((2,), a)``, ``clamp(max=a)``), and Dynamo recompiles for each new
+    value, but torch's key holds only the tensor's metadata: the plan compiled for the first
+    value was loaded for every later one. Empty where there are none; None where a value cannot
+    be read (a fake tensor): that graph is not cached."""
+    values = []
+    for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
+        arg = node.meta.get("grapharg")
+        x = example_inputs[i] if i < len(example_inputs) else None
+        if getattr(arg, "pass_arg_as_tensor", False) and isinstance(x, torch.Tensor) and x.dim() == 0:
+            if is_fake(x):
+                return None
+            values.append((i, repr(x.item())))  # (repr tells -0.0 from 0.0)
+    return "|scalars:" + hashlib.sha256(repr(values).encode()).hexdigest()[:16] if values else ""
 
 
 def _source_digest() -> str:

@@ -121,6 +121,20 @@ def test_inputs_that_share_memory_never_load_an_entry_for_inputs_that_do_not(fir
     assert _aot("autograd_cache_hit") == 0
 
 
+def test_a_float_argument_baked_into_the_graph_never_loads_another_values_entry():
+    # Dynamo passes a float argument that changed between calls as a 0-d tensor; an op that
+    # takes it as a Python number (full's value, clamp's bound) bakes it into AOTAutograd's
+    # graph, and Dynamo recompiles for each new value. Torch's key holds only that tensor's
+    # metadata: every later value loaded the entry of the first, [1.7, 1.7] for eager's [2.5, 2.5]
+    def f(x, a):
+        return torch.full((2,), a), x.clamp(max=a), x * a
+
+    fast = ember.compile(f)
+    x = torch.randn(6) * 4
+    for a in (0.5, 1.7, 2.5, -0.0, 3.5):
+        assert_same(fast(x, a), f(x, a))
+
+
 def test_changed_settings_miss():
     x, w = torch.randn(5, 16), torch.randn(16)
     _compile_run(rmsnorm, x, w)

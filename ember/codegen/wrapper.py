@@ -354,6 +354,12 @@ class WrapperWriter:
                 # offsets carry the nested size its gradient must have)
                 seen.add(var)
                 continue
+            if var not in seen and node in self.view_base and self._memory_of(node).op is Op.INPUT:
+                # a view of an input stays one: AOTAutograd rebuilds it from the input, or (views
+                # that unbind or split an input requiring grad) hands it to the user as it is,
+                # and autograd must see the view to refuse in-place changes to it, as eager does
+                seen.add(var)
+                continue
             if var in seen or node in self.view_base:
                 name = f"out{i}"
                 self.emit(f"{name} = {var}.detach()  # the same memory, a tensor of its own")
