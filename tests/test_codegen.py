@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import warnings
 
 import sympy
 import torch
@@ -14,7 +15,7 @@ from ember.codegen.cpp import CPP
 from ember.codegen.cstyle import index_expr, literal
 from ember.ir import dtypes
 
-from .helpers import run
+from .helpers import check, run
 
 
 def test_literals_are_exact():
@@ -79,3 +80,23 @@ def test_debug_levels(tmp_path):
 def test_stats_keys():
     keys = set(ember.stats())
     assert {"graphs_compiled", "kernels_built", "cache_hits", "fallbacks"} <= keys
+
+
+def test_long_chains_compile():
+    # an unrolled loop of hundreds of pointwise ops (through views too, and into a reduction)
+    # fused into one kernel: building it recursed a few Python frames per op, past Python's
+    # recursion limit, and the graph ran through ATen
+    def pointwise(x):
+        for i in range(400):
+            x = torch.sin(x) + x if i % 3 == 0 else x * 0.999 + 0.001
+        return x, x.sum(-1)
+
+    def transposes(x):
+        for _ in range(300):
+            x = x.t() * 1.001 + 0.001
+        return x
+
+    for fn, x in ((pointwise, torch.randn(33, 7)), (transposes, torch.randn(6, 6))):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="ember", category=RuntimeWarning)  # (no fallback)
+            check(fn, x)

@@ -653,3 +653,14 @@ def test_bitwise_not_of_unsigned_bytes():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check(lambda a: (~a) + 1, a, options={"target": "triton"})
+
+
+def test_negative_zero_keeps_its_sign():
+    # tl.full(-0.0) is a null constant (+0.0) and Triton's unary minus is 0 - x: -0.0 constants
+    # and -x of +0.0 lost their sign
+    x = torch.tensor([0.0, -0.0, 1.5, float("nan"), -float("inf")])
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        fn = lambda x: (x * -0.0, torch.full_like(x, -0.0), torch.where(x > 0, x, -0.0), -x)  # noqa: E731
+        out, ref = ember.compile(fn, options=TRITON)(x.to(dtype)), fn(x.to(dtype))
+        for o, r in zip(out, ref):
+            assert torch.equal(o.signbit() & ~o.isnan(), r.signbit() & ~r.isnan()), (dtype, o, r)

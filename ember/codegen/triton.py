@@ -114,6 +114,10 @@ def literal(value: Any, dtype: dt.DType) -> str:
             text = "float('nan')"
         elif math.isinf(v):
             text = "float('inf')" if v > 0 else "float('-inf')"
+        elif v == 0 and math.copysign(1.0, v) < 0:
+            # tl.full makes any value == 0 a null constant, +0.0: -0.0 is its bits, reinterpreted
+            bits = 64 if dt.compute_dtype(dtype) == dt.float64 else 32
+            return f"tl.full([1], {-2 ** (bits - 1)}, tl.int{bits}).to({compute_type(dtype)}, bitcast=True)"
         else:
             text = repr(v)
     return f"tl.full([1], {text}, {compute_type(dtype)})"
@@ -878,7 +882,8 @@ def alu(v: Value, args: list[str]) -> str:
     if op is Op.WHERE:
         return f"tl.where({a}, {args[1]}, {args[2]})"
     if op is Op.NEG:
-        return f"(-{a})"
+        # Triton's unary minus is 0 - x, which makes -(+0.0) +0.0; a product by -1 is exact
+        return f"({a} * -1.0)" if dtype.is_float else f"(-{a})"
     if op is Op.NOT or (op is Op.BITNOT and dtype.is_bool):
         return f"({a} == 0)"
     if op is Op.BITNOT:  # (unsigned: an xor with all ones; ~ made the interpreter's -1 overflow uint8)

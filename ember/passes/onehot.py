@@ -88,8 +88,34 @@ class _Analyzer:
 
     def analyze(self, node: Node) -> _Analysis | None:
         if node not in self.memo:
+            if self._reads_inputs(node):
+                self._inputs_first(node)
             self.memo[node] = self._analyze(node)
         return self.memo[node]
+
+    def _reads_inputs(self, node: Node) -> bool:
+        """Does _analyze(node) analyze each of its inputs, and nothing else?"""
+        return (node.op in POINTWISE_OPS and node.op not in (Op.EQ, Op.NE) and node.shape is not None
+                and node.rank > self.d and sh.equal(node.shape[self.d], self.n))
+
+    def _inputs_first(self, node: Node) -> None:
+        """Analyze what ``node`` reads in the order the recursion would, deepest first, with a
+        stack: a chain of hundreds of pointwise ops before a sum went past Python's recursion
+        limit."""
+        stack = [(node, iter(node.inputs))]
+        while stack:
+            top, inputs = stack[-1]
+            for i in inputs:
+                if i in self.memo:
+                    continue
+                if self._reads_inputs(i):
+                    stack.append((i, iter(i.inputs)))
+                    break
+                self.analyze(i)
+            else:
+                stack.pop()
+                if stack:  # (``node`` itself is the caller's)
+                    self.analyze(top)
 
     def _kept_shape(self, node: Node) -> sh.Shape:
         return node.shape[:self.d] + (sympy.Integer(1),) + node.shape[self.d + 1:]

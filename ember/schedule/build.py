@@ -111,6 +111,7 @@ class KernelBuilder:
         self._writes: dict[str, dt.DType] = {}
         self.origins: list[str] = []
         self._reader: Node | None = None
+        self._depth = 0  # of compute's recursion (deep chains: _operands_first)
         self._indirect: dict[sympy.Symbol, Value] = {}
         self._segment: tuple[sympy.Expr, sympy.Symbol, Value] | None = None  # (row, start var, length)
         self._in_row = False  # building what only a segment row's elements need (not a per-row result)
@@ -221,11 +222,49 @@ class KernelBuilder:
         found = self._memo.get(key)
         if found is not None:
             return found
-        value = self._compute(node, tuple(point))
+        if self._depth > 64 and (node.op in POINTWISE_OPS or node.op in VIEW_OPS):
+            self._operands_first(node, key[1])
+        self._depth += 1
+        try:
+            value = self._compute(node, tuple(point))
+        finally:
+            self._depth -= 1
         self._memo[key] = value
         if node.origin and node.origin not in self.origins and node.op not in _UNNAMED:
             self.origins.append(node.origin)
         return value
+
+    def _operands_first(self, node: Node, point: Point) -> None:
+        """Compute what ``node`` reads through pointwise ops and views, deepest first, in the
+        order (and under the reader) the recursion would. For deep recursions only: a chain of
+        hundreds of them (an unrolled loop) recursed three Python frames each, past Python's
+        recursion limit."""
+        def operands(n: Node, at: Point) -> list[tuple[Node, Point]]:  # those value_of computes
+            if n.op in VIEW_OPS:
+                reads = [] if self.strided(n) is not None else [(n.inputs[0], tuple(map_view(n, at)))]
+            else:
+                reads = [(i, at) for i in n.inputs]
+            return [(i, p) for i, p in reads if (i.op in POINTWISE_OPS or i.op in VIEW_OPS)
+                    and i not in self.spec.homes and not self._loaded(i) and (i, p) not in self._memo]
+
+        # entries: (node, point, the reader while it is computed, what it reads); views leave
+        # the reader as it was, pointwise ops read as themselves
+        stack = [(node, point, self._reader, iter(operands(node, point)))]
+        seen = {(node, point)}
+        while stack:
+            top, at, reader, reads = stack[-1]
+            for key in reads:
+                if key not in seen:
+                    seen.add(key)
+                    below = top if top.op in POINTWISE_OPS else reader
+                    stack.append((*key, below, iter(operands(*key))))
+                    break
+            else:
+                stack.pop()
+                if stack:  # (``node`` itself is the caller's)
+                    previous, self._reader = self._reader, reader
+                    self.compute(top, at)
+                    self._reader = previous
 
     def _compute(self, node: Node, point: Point) -> Value:
         op = node.op

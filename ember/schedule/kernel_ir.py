@@ -142,8 +142,17 @@ def stage_needs() -> Callable[[Value], int]:
     def needs(v: Value) -> int:
         if not v.inner:
             return v.stage
-        if id(v) not in memo:
-            memo[id(v)] = max((needs(s) for s in v.srcs), default=0)
+        # sources before their users on an explicit stack: recursion went past Python's limit
+        # on a chain of hundreds of inner values
+        stack = [v]
+        while stack:
+            top = stack[-1]
+            pending = [s for s in top.srcs if s.inner and id(s) not in memo]
+            if pending:
+                stack += pending
+                continue
+            stack.pop()
+            memo[id(top)] = max((memo[id(s)] if s.inner else s.stage for s in top.srcs), default=0)
         return memo[id(v)]
 
     return needs
