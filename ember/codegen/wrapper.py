@@ -308,15 +308,23 @@ class WrapperWriter:
         """Outputs eager returns in memory of their own (``Graph.fresh_outputs``) that would come
         back as an input, a constant, or memory another output already returns: a clone is its
         source in ember's IR, and CSE makes equal values one. Returned so, a user's in-place
-        change of the result would change the input or the other output too."""
+        change of the result would change the input or the other output too.
+
+        In a backward, every gradient over memory an earlier one returns is copied as well:
+        AOTAutograd's backward may return a gradient and a view of it (a ``cat`` of an expanded
+        parameter with another one, a ViT's class token beside its position embedding), which
+        autograd keeps as two parameters' ``.grad``; an in-place update of each
+        (``clip_grad_norm_``, accumulation) then changed the shared elements twice."""
         g = self.s.graph
+        backward = g.name.startswith("backward")
         claimed: set[Node] = set()
         shared = []
         for i, node in enumerate(g.outputs):
             if node is None or i in g.scalar_outputs:
                 continue
             base = self._memory_of(node)
-            if i in g.fresh_outputs and (base.op in (Op.INPUT, Op.TENSOR) or base in claimed):
+            if (i in g.fresh_outputs and base.op in (Op.INPUT, Op.TENSOR)
+                    or (i in g.fresh_outputs or backward) and base in claimed):
                 shared.append(i)
             claimed.add(base)
         return shared
