@@ -35,6 +35,7 @@ os.environ.setdefault("EMBER_CACHE_DIR", "/tmp/ember-gpu-cache")
 from common import interleaved_gpu_times, profiled_kernels, table  # noqa: E402
 
 import ember  # noqa: E402
+from ember.workloads.timing import poison_cuda  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -110,16 +111,11 @@ def rel_error(out, ref) -> float:
 
 
 def poison() -> None:
-    """Fill the caching allocator's free memory with NaN, so outputs a kernel forgets to write
-    come out NaN instead of last run's correct values."""
-    free, _ = torch.cuda.mem_get_info()
-    cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-    n = max(0, min(free - (4 << 30), 32 << 30) + cached) // 4
-    if n:
-        block = torch.empty(n, dtype=torch.float32, device="cuda")
-        block.fill_(float("nan"))
-        del block
-    torch.cuda.synchronize()
+    """Fill up to 32 GiB of free memory with NaN, so outputs a kernel forgets to write come out
+    NaN instead of last run's correct values. (``poison_cuda`` returns the allocator's cache to
+    the driver first: asking for the cached bytes as one block on top had asked for 134 GiB, out
+    of memory after the matmul cases.)"""
+    poison_cuda(32 << 30)
 
 
 def copy_bandwidth() -> float:
