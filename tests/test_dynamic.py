@@ -403,6 +403,21 @@ def test_narrow_from_a_tensor_start_and_bools_read_with_item():
             assert report.kernels
 
 
+def test_a_size_an_input_carries_read_by_an_aten_call():
+    # u0, the .item() of a 0-d input, sizes a fill and the ATen cumsum reading it: the cumsum,
+    # the first call whose result has u0, was taken for what binds it, so the fill waited for
+    # the cumsum ("kernels that need each other's results") and the graph ran through ATen
+    fn = lambda a, k: a.new_full((k.item(), 2), 2.0).cumsum(0)  # noqa: E731
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        compiled, report = compile_checked(fn)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            for k in (3, 4, 9, 2):
+                a, n = torch.randn(2), torch.tensor(k)
+                assert_same(compiled(a, n), fn(a, n))
+    assert_clean(report)
+
+
 def test_a_group_run_through_aten_reads_float_symbols_as_floats():
     # the reference evaluator bound every symbol as an Integer: a fill of x.item() = -1.6 in a
     # kernel that fell back to ATen came out -1

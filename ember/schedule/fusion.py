@@ -652,17 +652,33 @@ class Planner(DomainRules):
     @functools.cached_property
     def _size_binders(self) -> dict[sympy.Symbol, Node]:
         """The ATen call binding each size the data decides: an ``.item()``, or the first call
-        whose result's shape has it (nonzero's count, used as ``x * nz.shape[0]``)."""
+        whose result's shape has it (nonzero's count, used as ``x * nz.shape[0]``). Not one an
+        input carries (``.item()`` of a 0-d input): a call whose result has that size
+        (``x.new_full((k.item(), 2), 2.0).cumsum(0)``) reads it too, and taking it for the binder
+        made the kernel it reads wait for it: a cycle."""
         binders: dict[sympy.Symbol, Node] = {}
+        carried = _input_symbols(self.graph)
         for n in self.graph.nodes:
             if n.op is Op.EXTERN and n.arg.binds is not None:
                 binders.setdefault(n.arg.binds, n)
             elif n.op in (Op.EXTERN, Op.GETITEM) and n.shape is not None:
                 call = n.inputs[0] if n.op is Op.GETITEM else n
                 for s in sh.free_symbols(n.shape):
-                    if sh.is_data_dependent(s):
+                    if sh.is_data_dependent(s) and s not in carried:
                         binders.setdefault(s, call)
         return binders
+
+
+def _input_symbols(graph: Graph) -> set[sympy.Symbol]:
+    """The sizes a graph's inputs carry: in their shapes and strides, or read by ``.item()``."""
+    found: set[sympy.Symbol] = set()
+    for x in graph.inputs:
+        spec = x.arg
+        found |= sh.free_symbols([*(x.shape or ()), *(spec.strides or ()),
+                                  *([spec.expr] if spec.expr is not None else [])])
+        if spec.item is not None:
+            found.add(spec.item)
+    return found
 
 
 def _symbols(nodes: set[Node]) -> set[sympy.Symbol]:
