@@ -26,6 +26,9 @@ from .runtime import stats as stats_module
 
 
 def _config(options: dict[str, Any] | None) -> Config:
+    # (a list, or a dict with keys not names, failed as "'list' object is not a mapping")
+    if options is not None and (not isinstance(options, dict) or not all(isinstance(k, str) for k in options)):
+        raise TypeError(f"ember options are a dict of option names to values, or None; got {options!r}")
     base = config_module.config
     if base.passes_off and isinstance(base.passes_off, tuple):  # (an unknown name fails here, not per graph)
         check_pass_names(base.passes_off, "EMBER_PASSES_OFF" if os.environ.get("EMBER_PASSES_OFF")
@@ -160,13 +163,28 @@ def compile(model: Callable[..., Any] | None = None, *, options: dict[str, Any] 
     as a decorator, with or without arguments.
     """
     cfg = _config(options)
+    # torch.compile asserts on these, or takes any truthy value: fullgraph="no" was fullgraph=True
+    for name, value, kinds in (("dynamic", dynamic, (bool, type(None))), ("fullgraph", fullgraph, (bool,)),
+                               ("report", report, (Report, type(None)))):
+        if not isinstance(value, kinds):
+            raise TypeError(f"ember.compile: {name}= takes {' or '.join(_type_name(k) for k in kinds)}, got {value!r}")
     if model is None:
         return functools.partial(compile, options=options, dynamic=dynamic, fullgraph=fullgraph, report=report)
+    _check_callable(model, "ember.compile")
     backend = EmberBackend(cfg, report.graphs) if report is not None else _shared_backend(cfg)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(compiled, OptimizedModule):  # stays a module (parameters, state_dict, train/eval)
         return EmberModule(compiled._orig_mod, compiled.dynamo_ctx)
     return _unwrap_errors(compiled)
+
+
+def _type_name(kind: type) -> str:
+    return "None" if kind is type(None) else kind.__name__
+
+
+def _check_callable(fn: Any, api: str) -> None:
+    if not callable(fn):  # (torch.compile's AssertionError: "A callable function is expected")
+        raise TypeError(f"{api} takes a function or an nn.Module, got {type(fn).__name__} {fn!r:.80}")
 
 
 def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
@@ -346,6 +364,7 @@ def explain(fn: Callable[..., Any], *args: Any, options: dict[str, Any] | None =
             raise TypeError(f"ember.explain: {name}= is explain's own ({kind.__name__} or None), got "
                             f"{type(value).__name__}; to pass {_fn_name(fn)} an argument named {name!r}, "
                             f"bind it first: ember.explain(functools.partial(fn, {name}=...), ...)")
+    _check_callable(fn, "ember.explain")
     cfg = _config({**(options or {}), **({"target": target} if target is not None else {})})
     report = Report()
     backend = _backend(cfg, report.graphs)

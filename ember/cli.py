@@ -109,6 +109,8 @@ def _load_function(spec: str) -> Callable[..., Any]:
         raise SystemExit(f"{file} has no function {name!r}")
     if not callable(fn):
         raise SystemExit(f"{file}: {name!r} is a {type(fn).__name__}, not a function")
+    if isinstance(fn, type):  # (called with the inputs, a module class failed in its __init__)
+        raise SystemExit(f"{file}: {name!r} is a class; name a function, or an instance of a module")
     return fn
 
 

@@ -184,6 +184,34 @@ def test_bad_choices_in_the_environment_are_ignored_with_a_message():
     assert "ignoring EMBER_GPU_BACKEND='rocm'" in proc.stderr and "ignoring EMBER_TRITON_TUNING='fast'" in proc.stderr
 
 
+def test_a_negative_ember_debug_is_ignored_with_a_message():
+    # EMBER_DEBUG=-1 failed every compile with "ember option 'debug' is a count >= 0"
+    import subprocess
+    import sys
+
+    env = {**os.environ, "EMBER_DEBUG": "-1", "EMBER_ROW_CHUNKS": "x"}
+    code = "import torch, ember; print(ember.compile(lambda x: x + 1)(torch.ones(2)).sum().item(), ember.config.debug)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.stdout.split() == ["4.0", "0"], proc.stderr[-3000:]
+    assert "ignoring EMBER_DEBUG='-1'" in proc.stderr
+    assert proc.stderr.count("ignoring EMBER_ROW_CHUNKS") == 1  # (it was said twice)
+
+
+def test_compile_and_explain_check_their_own_arguments():
+    # torch.compile's AssertionErrors, a message about mappings, or (fullgraph="no") a truthy
+    # value taken as True
+    fn = lambda x: x + 1  # noqa: E731
+    for kwargs, match in (({"options": ["debug"]}, "dict of option names"), ({"options": {1: 2}}, "dict of option"),
+                          ({"dynamic": "yes"}, "dynamic= takes bool or None"),
+                          ({"fullgraph": "no"}, "fullgraph= takes bool"), ({"report": []}, "report= takes Report")):
+        with pytest.raises(TypeError, match=match):
+            ember.compile(fn, **kwargs)
+    with pytest.raises(TypeError, match="ember.compile takes a function or an nn.Module, got int"):
+        ember.compile(3)
+    with pytest.raises(TypeError, match="ember.explain takes a function"):
+        ember.explain("f", torch.ones(2))
+
+
 def test_torch_compile_modes_are_accepted_and_explain_raises_the_ops_error():
     fn = lambda x: torch.relu(x) + 1  # noqa: E731
     x = torch.randn(8)

@@ -124,3 +124,16 @@ def test_cxx_flags_option_replaces_the_tuning_flags_only(tmp_path):
     out = ember.compile(lambda x: x.sin() * 2, options={"cxx_flags": ["-O2"], "cache_dir": tmp_path})(x)
     assert torch.allclose(out, x.sin() * 2) and ember.stats()["build_failures"] == before
     assert list((tmp_path / "cpp").glob("*.so"))
+
+
+@pytest.mark.parametrize("content", ["[]", "1", '"text"'])
+def test_a_tuning_file_of_another_shape_is_ignored(tmp_path, content):
+    # valid JSON that is not a dict of launch configurations (a damaged or hand-edited
+    # triton/tuning.json) failed every Triton kernel of that cache directory to ATen
+    env = dict(os.environ, EMBER_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="1")
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "tuning.json").write_text(content)
+    proc = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert stats["build_failures"] == 0 and stats["graph_fallbacks"] == 0, proc.stderr[-3000:]

@@ -97,3 +97,11 @@ def test_cache_clear_removes_only_embers_kernels(tmp_path):
                           timeout=600, env=dict(os.environ, EMBER_CACHE_DIR=str(root)))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not (root / "cpp").exists() and (root / "notes.txt").read_text() == "keep me"
+
+
+def test_explain_reports_a_class_named_as_the_function(tmp_path):
+    # the class was called with the inputs: a traceback from its __init__
+    (tmp_path / "model.py").write_text("import torch\nclass Net(torch.nn.Module):\n"
+                                       "    def forward(self, x):\n        return x.relu()\n")
+    proc = _ember("explain", "model.py:Net", "--shapes", "4", cwd=tmp_path)
+    assert proc.returncode == 1 and "is a class" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -54,9 +54,12 @@ class Tuner:
         self.best: dict[str, dict[str, Any]] = {}     # timed choices, saved in ``path``
         self.chosen: dict[str, dict[str, Any]] = {}   # every bucket's configuration in this process
         try:
-            self.best = json.loads(path.read_text())
+            best = json.loads(path.read_text())
         except (OSError, ValueError):
-            self.best = {}
+            best = {}
+        # valid JSON of another shape (a damaged or hand-edited file) is ignored as unreadable
+        # JSON is: a list there failed every Triton kernel of the cache directory to ATen
+        self.best = {k: v for k, v in best.items() if isinstance(v, dict)} if isinstance(best, dict) else {}
 
     def pick(self, key: str, candidates: list[dict[str, Any]], run: Callable[[dict[str, Any]], None],
              cfg: Config | None = None) -> dict[str, Any]:
