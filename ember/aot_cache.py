@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
+from torch.fx.experimental.symbolic_shapes import guard_scalar, is_concrete_float
 
 from . import driver
 from .config import Config
@@ -85,13 +86,23 @@ def cached_backend(compile_graph: GraphCompiler, cfg: Config) -> Backend:
             return plain(gm, example_inputs)
         # a fresh AOTAutograd per graph: it wraps the backward compiler it is given in place
         made: list[EmberOutputCode] = []
-        aot = make_backend(compile_graph, cfg, wrap=functools.partial(_serializable, cfg=cfg, made=made))
-        loading = _loading_cfg.set(cfg)
+        floats = _scalar_floats(gm)
+        aot = make_backend(compile_graph, cfg,
+                           wrap=functools.partial(_serializable, cfg=cfg, made=made, floats=floats))
+        baked: set[int] = set()  # (filled by the entries a hit loads)
+        loading, loaded_baked = _loading_cfg.set(cfg), _loaded_baked.set(baked)
         try:
             with _settings(cache_tag(cfg) + _aliasing(example_inputs) + scalars):
                 compiled = aot(gm, example_inputs)
         finally:
             _loading_cfg.reset(loading)
+            _loaded_baked.reset(loaded_baked)
+        # A float the entry's graph holds as a constant: guard on its value, as compiling it did.
+        # Torch's entry restores the guards of sizes only: the entry compiled for a == 1.5 served
+        # a == 2.5 in a later process (the key holds the value, the guards did not).
+        for i, value in floats:
+            if i in baked:
+                guard_scalar(value)
         # the entry is saved by now (the backward was compiled with the forward), or never will
         # be: the IR need not stay alive with the program
         for code in made:
@@ -100,6 +111,10 @@ def cached_backend(compile_graph: GraphCompiler, cfg: Config) -> Backend:
 
     return backend
 
+
+# The inputs (Dynamo's placeholder positions) whose float values the entries that the compile under
+# way loaded hold as constants (EmberOutputCode._baked).
+_loaded_baked: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar("ember_loaded_baked", default=None)
 
 # The configuration of the compile under way. An entry holds the settings it was compiled with,
 # which equal these but for the cache directory (not in the tag): a hit builds its kernels in this
@@ -171,6 +186,20 @@ def _scalar_values(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> s
     return "|scalars:" + hashlib.sha256(repr(values).encode()).hexdigest()[:16] if values else ""
 
 
+def _scalar_floats(gm: torch.fx.GraphModule) -> list[tuple[int, torch.SymFloat]]:
+    """The symbolic values (Dynamo's ``item()`` of each) of the float arguments Dynamo passes as
+    0-d tensors, with their placeholder positions."""
+    found = []
+    for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
+        if not getattr(node.meta.get("grapharg"), "pass_arg_as_tensor", False):
+            continue
+        for user in node.users:
+            value = user.meta.get("example_value")
+            if user.op == "call_method" and user.target == "item" and isinstance(value, torch.SymFloat):
+                found.append((i, value))
+    return found
+
+
 def _source_digest() -> str:
     """A hash of every ember source file: a changed ember never loads another's entries."""
     root = Path(__file__).resolve().parent
@@ -186,16 +215,19 @@ _SOURCE_DIGEST = _source_digest()
 
 
 def _serializable(kind: str, compile_fn: Callable[[torch.fx.GraphModule, Sequence[Any]], Any],
-                  cfg: Config, made: list[EmberOutputCode]) -> Any:
+                  cfg: Config, made: list[EmberOutputCode], floats: Sequence[tuple[int, torch.SymFloat]] = ()) -> Any:
     def compile_and_wrap(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> EmberOutputCode:
         start = time.perf_counter_ns()
         program = compile_fn(gm, example_inputs)
+        # the floats this graph holds as constants (AOTAutograd specialized them, guarding on
+        # their values): a hit must guard on them too
+        baked = tuple(i for i, value in floats if is_concrete_float(value))
         if kind == "backward":
             _no_donated_buffers()
         plan = None
         if isinstance(program, (CompiledProgram, TimedChoice)):
             plan, program.plan = program.plan, None
-        made.append(EmberOutputCode(program, kind, cfg, plan, time.perf_counter_ns() - start))
+        made.append(EmberOutputCode(program, kind, cfg, plan, time.perf_counter_ns() - start, baked))
         return made[-1]
     return SerializableAOTDispatchCompiler(EmberOutputCode, compile_and_wrap)
 
@@ -217,8 +249,10 @@ class EmberOutputCode(OutputCode):
     disk the plan it was built from. Called in AOTAutograd's boxed convention."""
 
     def __init__(self, program: Callable[..., Any], kind: str, cfg: Config,
-                 plan: tuple[Any, Any] | list[tuple[Any, Any]] | None, time_taken_ns: int):
+                 plan: tuple[Any, Any] | list[tuple[Any, Any]] | None, time_taken_ns: int,
+                 baked: tuple[int, ...] = ()):
         self._boxed_call = True
+        self._baked = baked  # (_scalar_floats' positions, of the floats held as constants)
         self._kind = kind
         self._cfg = cfg
         # (IR graph, schedule), a list of them for a timed choice; None: this graph is not cached
@@ -264,6 +298,9 @@ class EmberOutputCode(OutputCode):
         if self._program is None:
             self._cfg = _loading_cfg.get() or self._cfg
             self._set_program(driver.rebuild(_load_plan(self._plan_bytes), self._kind, self._cfg))
+            baked = _loaded_baked.get()
+            if baked is not None:
+                baked.update(self._baked)
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass  # ember's Triton kernels live in its own cache directory
@@ -271,12 +308,14 @@ class EmberOutputCode(OutputCode):
     # --- pickling: the plan, never the built program --------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"kind": self._kind, "cfg": self._cfg, "plan": self._pickled_plan(), "ns": self._time_taken_ns}
+        return {"kind": self._kind, "cfg": self._cfg, "plan": self._pickled_plan(), "ns": self._time_taken_ns,
+                "baked": self._baked}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._boxed_call = True
         self._kind, self._cfg, self._plan_bytes = state["kind"], state["cfg"], state["plan"]
         self._time_taken_ns = state["ns"]
+        self._baked = state.get("baked", ())
         self._plan = None
         self._set_program(None)
 

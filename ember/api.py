@@ -223,6 +223,8 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
             elif type(original) is RuntimeError and _no_kernel_for_dtype(original):
                 # randn/normal_/log_normal_ of integers: eager finds no kernel for the dtype
                 original = NotImplementedError(str(original))
+            elif type(original) is RuntimeError and (dtype := _norm_input_without_kernel(original)):
+                original = NotImplementedError(f"no kernel for {dtype} inputs ({original})")
             raise _named(original, "\n".join(str(c) for c in chain)) from None
 
     return run
@@ -235,6 +237,15 @@ def _frames(e: BaseException) -> list[str]:
         files.append(tb.tb_frame.f_code.co_filename.replace("\\", "/"))
         tb = tb.tb_next
     return files
+
+
+def _function_names(e: BaseException) -> list[str]:
+    """The functions of ``e``'s traceback, outermost first."""
+    names, tb = [], e.__traceback__
+    while tb is not None:
+        names.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return names
 
 
 def _raised_in_refs(e: BaseException, *, also_decompositions: bool = False) -> bool:
@@ -257,8 +268,14 @@ def _raised_in(e: BaseException, path: str) -> bool:
 # index checks that torch's meta functions and references make with torch._check (RuntimeError)
 # where eager's kernels raise IndexError
 _INDEX_CHECKS = ("tensors used as indices must be long, int, byte or bool tensors",
-                 "should be equal to source.size(dim)")  # (index_copy's number of indices)
+                 "should be equal to source.size(dim)",  # (index_copy's number of indices)
+                 # index_copy's source of another rank than self, a scalar at several indices
+                 "When source and destination are not scalars, their dimensionality must match",
+                 "When source is scalar, index should have one element")
 _INDEXING_OPS = ("getitem", "setitem", "aten.index", "aten.index_put", "aten._unsafe_index")
+# an index of rank 2 or more: eager's IndexError in index_copy and index_add (its
+# RuntimeError in index_fill, whose reference makes the same check)
+_INDEX_RANK_CHECK, _INDEX_RANK_OPS = "Index should have dimension 1 or 0", ("index_copy", "index_add")
 
 
 def _eager_index_error(e: BaseException, op: str) -> bool:
@@ -270,6 +287,8 @@ def _eager_index_error(e: BaseException, op: str) -> bool:
     text = str(e)
     if any(check in text for check in _INDEX_CHECKS):
         return True
+    if _INDEX_RANK_CHECK in text:
+        return any(op in name for name in _function_names(e) for op in _INDEX_RANK_OPS)
     return "Attempting to broadcast a dimension" in text and op.startswith(_INDEXING_OPS)
 
 
@@ -284,6 +303,32 @@ def _no_kernel_for_dtype(e: BaseException) -> bool:
     text = str(e)
     return _checked_in_refs(e) and ("expected a floating-point or complex dtype" in text
                                     or text.startswith("log_normal not implemented"))
+
+
+# the norms' functions (torch.nn.functional's, torch's references and decompositions) whose
+# ``input`` eager's kernels take only as real floating-point numbers; the references refuse
+# another dtype with a RuntimeError from an op inside them (a mean of integers, bools subtracted)
+_NORMS = ("batch_norm", "instance_norm", "group_norm", "layer_norm", "native_batch_norm_helper",
+          "native_group_norm", "native_layer_norm", "_native_batch_norm_legit_no_training")
+_DTYPE_REFUSALS = ("could not infer output dtype", "with two bool tensors is not supported",
+                   "does not support complex inputs")
+
+
+def _norm_input_without_kernel(e: BaseException) -> torch.dtype | None:
+    """The dtype of a norm's input that is not real floating-point, where torch's references
+    refuse it with a RuntimeError while eager has no kernel for it (NotImplementedError); None
+    for other errors (a shape check fails first in both)."""
+    if not any(refusal in str(e) for refusal in _DTYPE_REFUSALS):
+        return None
+    tb = e.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        x = frame.f_locals.get("input")
+        if (frame.f_code.co_name in _NORMS and "/torch/" in frame.f_code.co_filename.replace("\\", "/")
+                and isinstance(x, torch.Tensor) and not x.dtype.is_floating_point):
+            return x.dtype
+        tb = tb.tb_next
+    return None
 
 
 def _empty_reduction(e: BaseException) -> bool:

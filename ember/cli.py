@@ -158,11 +158,18 @@ def cache(args: argparse.Namespace) -> int:
     import ember
 
     root = Path(ember.config.cache_dir)
+    if root.exists() and not root.is_dir():
+        print(f"ember: the cache directory {root} (EMBER_CACHE_DIR) is not a directory", file=sys.stderr)
+        return 1
     # only what ember writes there: EMBER_CACHE_DIR may name a directory that holds other things
     parts = [root / name for name in CACHE_PARTS]
     if args.action == "clear":
-        for part in parts:
-            shutil.rmtree(part, ignore_errors=True)
+        # (a read-only cache was reported cleared, with every file still there)
+        failures = [failure for part in parts for failure in _remove_tree(part)]
+        if failures:
+            print(f"ember: could not clear {root}:\n  " + "\n  ".join(failures[:10])
+                  + (f"\n  ... and {len(failures) - 10} more" if len(failures) > 10 else ""), file=sys.stderr)
+            return 1
         try:
             root.rmdir()  # (only if nothing else is left in it)
         except OSError:
@@ -184,6 +191,22 @@ def cache(args: argparse.Namespace) -> int:
 
 
 CACHE_PARTS = ("cpp", "cuda", "triton")  # the kernel caches under cache_dir (runtime/)
+
+
+def _remove_tree(path: Path) -> list[str]:
+    """Removes ``path`` and what it holds; what could not be removed, with why."""
+    failures: list[str] = []
+
+    def failed(function: Any, name: str, error: BaseException) -> None:
+        if not isinstance(error, FileNotFoundError):  # (removed meanwhile: another process clears)
+            failures.append(f"{name}: {getattr(error, 'strerror', None) or error}")
+
+    if path.is_dir() or path.is_symlink():
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=failed)
+        else:
+            shutil.rmtree(path, onerror=lambda function, name, info: failed(function, name, info[1]))
+    return failures
 
 
 def bench_giou(args: argparse.Namespace) -> int:

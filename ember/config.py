@@ -5,7 +5,8 @@ overrides any field for one compiled function.
 
   EMBER_DEBUG      0 quiet; 1 what compiled and how long it took; 2 + IR after each pass;
                    3 + kernel and wrapper sources; 4 + time of every kernel call
-  EMBER_CACHE_DIR  where built kernels live (default ~/.cache/ember)
+  EMBER_CACHE_DIR  where built kernels live (default ~/.cache/ember; where it cannot be written,
+                   a temporary directory of the process, with a warning: runtime/cache_dirs.py)
   EMBER_CXX        the C++ compiler for CPU kernels (default g++, else c++, else clang++)
   EMBER_GPU_BACKEND  'triton' or 'cuda'
   EMBER_TRITON_TUNING  'heuristic' (one launch configuration per kernel and shape, from the
@@ -80,8 +81,9 @@ MATMUL_EPILOGUES = ("auto", "all", "off")
 @dataclass
 class Config:
     debug: int = field(default_factory=lambda: _env_count("EMBER_DEBUG", 0) or 0)
+    # (~ is the home directory: "~/cache" made a directory named "~" in the working directory)
     cache_dir: Path = field(default_factory=lambda: Path(
-        os.environ.get("EMBER_CACHE_DIR") or Path.home() / ".cache" / "ember"))
+        os.environ.get("EMBER_CACHE_DIR") or Path.home() / ".cache" / "ember").expanduser())
     cxx: str = field(default_factory=lambda: os.environ.get("EMBER_CXX", ""))
     # The compiler's optimization and math flags for CPU kernels (an option replaces them all;
     # runtime/cpp_build.py always adds -shared -fPIC -fopenmp -std=c++17). -march=native is part
@@ -174,7 +176,7 @@ class Config:
                 raise TypeError(f"ember option 'cache_dir' is a path, got {overrides['cache_dir']!r}")
             if not os.fspath(overrides["cache_dir"]):  # ("" was the working directory; as EMBER_CACHE_DIR="")
                 raise ValueError("ember option 'cache_dir' is an empty path; leave it out for the default")
-            overrides["cache_dir"] = Path(overrides["cache_dir"])
+            overrides["cache_dir"] = Path(overrides["cache_dir"]).expanduser()
         if "cxx" in overrides and not isinstance(overrides["cxx"], str):  # (choices: ValueError below)
             raise TypeError(f"ember option 'cxx' is a string, got {overrides['cxx']!r}")
         if "cxx_flags" in overrides:

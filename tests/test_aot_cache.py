@@ -135,6 +135,23 @@ def test_a_float_argument_baked_into_the_graph_never_loads_another_values_entry(
         assert_same(fast(x, a), f(x, a))
 
 
+def test_a_float_a_loaded_entry_holds_as_a_constant_is_guarded():
+    # x.clamp(max=a) bakes a into the graph while x * a keeps it an input; compiling it guards on
+    # a's value, but torch's entry restores the guards of sizes only: after a warm start (a new
+    # process) the entry loaded for a = 1.5 served a = 2.5, [-3, ..., 1.5] for eager's 2.5
+    def f(x, a):
+        return x.clamp(max=a), x * a
+
+    x = torch.linspace(-3, 3, 7)
+    for _ in range(2):
+        torch._dynamo.reset()
+        counters.clear()
+        fast = ember.compile(f)
+        for a in (0.5, 1.5, 2.5):
+            assert_same(fast(x, a), f(x, a))
+    assert _aot("autograd_cache_hit") == 3
+
+
 def test_changed_settings_miss():
     x, w = torch.randn(5, 16), torch.randn(16)
     _compile_run(rmsnorm, x, w)
@@ -256,8 +273,8 @@ def test_output_code_pickles_the_plan_only(monkeypatch):
     codes = []
     real = aot_cache._serializable
 
-    def spy(kind, fn, cfg, made):
-        compiler = real(kind, fn, cfg, made)
+    def spy(kind, fn, cfg, made, **kwargs):
+        compiler = real(kind, fn, cfg, made, **kwargs)
         inner = compiler.compiler_fn
         compiler.compiler_fn = lambda gm, example_inputs: codes.append(inner(gm, example_inputs)) or codes[-1]
         return compiler

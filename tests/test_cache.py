@@ -54,6 +54,19 @@ def test_cache_key_covers_flags(tmp_path):
     assert cpp_build.cache_key(source, cfg) != cpp_build.cache_key(source + " ", cfg)
 
 
+def test_cache_key_covers_the_flags_every_build_gets(tmp_path, monkeypatch):
+    # the flags ember adds to every build were not in the key: an ember building with other ones
+    # loaded the libraries built with the old
+    import ember
+    from ember.runtime import cpp_build
+
+    cfg = ember.config.replace(cache_dir=tmp_path)
+    source = 'extern "C" void k() {}\n'
+    key = cpp_build.cache_key(source, cfg)
+    monkeypatch.setattr(cpp_build, "BUILD_FLAGS", (*cpp_build.BUILD_FLAGS, "-fno-strict-aliasing"))
+    assert cpp_build.cache_key(source, cfg) != key
+
+
 
 def test_a_library_whose_bytes_changed_is_not_loaded(tmp_path):
     import ember
@@ -137,3 +150,102 @@ def test_a_tuning_file_of_another_shape_is_ignored(tmp_path, content):
     assert proc.returncode == 0, proc.stderr[-3000:]
     stats = json.loads(proc.stdout.strip().splitlines()[-1])
     assert stats["build_failures"] == 0 and stats["graph_fallbacks"] == 0, proc.stderr[-3000:]
+
+
+def test_a_cache_dir_that_cannot_be_written_builds_in_a_temporary_one(tmp_path):
+    # a cache_dir (or EMBER_CACHE_DIR) naming a file, or read-only, sent every graph through ATen
+    # with a warning per graph naming '<dir>/cpp' and neither setting: now one warning, and the
+    # kernels are built in a temporary directory
+    import warnings
+
+    import torch
+
+    import ember
+    blocker = tmp_path / "a file"
+    blocker.write_text("not a directory")
+    x = torch.randn(6, 5)
+    before = ember.stats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for f in (lambda x: x.cos() * 3, lambda x: x.sum(-1).exp()):
+            torch.testing.assert_close(ember.compile(f, options={"cache_dir": blocker})(x), f(x))
+    after = ember.stats()
+    assert after["graph_fallbacks"] == before["graph_fallbacks"]
+    assert after["kernels_built"] + after["cache_hits"] >= before["kernels_built"] + before["cache_hits"] + 2
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "cache_dir option" in messages[0] and str(blocker) in messages[0], messages
+    assert blocker.read_text() == "not a directory"
+
+
+def test_tuning_choices_of_two_processes_are_both_kept(tmp_path):
+    # each process wrote the choices it had read at start plus its own, dropping those another
+    # process saved meanwhile (timed for seconds per kernel on a GPU), through one temporary name
+    # for all (tuning.tmp), where two writers' bytes could interleave
+    from ember.runtime.triton_backend import Tuner
+
+    path = tmp_path / "triton" / "tuning.json"
+    first, second = Tuner(path), Tuner(path)  # two processes, each reading the file as it starts
+    first.pick("k1:8x8", [{"XBLOCK": 8}], lambda c: None)
+    second.pick("k2:8x8", [{"XBLOCK": 16}], lambda c: None)
+    assert Tuner(path).best == {"k1:8x8": {"XBLOCK": 8}, "k2:8x8": {"XBLOCK": 16}}
+    assert [p.name for p in path.parent.iterdir()] == ["tuning.json"]
+
+
+def test_a_damaged_bytecode_file_beside_a_triton_module_is_not_read(tmp_path):
+    # Python read the module's .pyc from triton/__pycache__ (the source is checked against the
+    # kernels, its bytecode was not): one cut short failed the import in every later process
+    # (EOFError) and sent the module's kernels to ATen
+    import importlib.util
+    import struct
+    from pathlib import Path
+
+    from ember.runtime import triton_backend
+
+    module = tmp_path / "kdamagedbytecode.py"
+    module.write_text("LAUNCH = {'k': 1}\n")
+    pyc = Path(importlib.util.cache_from_source(str(module)))
+    pyc.parent.mkdir()
+    stat = module.stat()
+    header = struct.pack("<III", 0, int(stat.st_mtime) & 0xFFFFFFFF, stat.st_size & 0xFFFFFFFF)
+    pyc.write_bytes(importlib.util.MAGIC_NUMBER + header + b"\xe3")  # (a code object, cut short)
+    try:
+        assert triton_backend._import(module).LAUNCH == {"k": 1}
+    finally:
+        sys.modules.pop("ember_triton_kdamagedbytecode", None)
+
+
+def test_a_build_whose_directory_another_process_cleared_is_done_again(tmp_path, monkeypatch):
+    # `ember cache clear` in another process while this one built a kernel: the build failed
+    # (its directory vanished) and the graph ran through ATen for the rest of the process
+    import shutil
+
+    import ember
+    from ember.runtime import cpp_build
+
+    cfg = ember.config.replace(cache_dir=tmp_path)
+    source = 'extern "C" int answer() { return 41; }\n'
+    real_run = cpp_build.subprocess.run
+    cleared = []
+
+    def clear_first(cmd, *args, **kwargs):
+        if "-o" in cmd and not cleared:  # (the build, not the compiler's --version)
+            cleared.append(True)
+            shutil.rmtree(tmp_path / "cpp")
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(cpp_build.subprocess, "run", clear_first)
+    path, cached = cpp_build.build(source, cfg)
+    assert cleared and not cached and cpp_build.load(path).answer() == 41
+    assert cpp_build.build(source, cfg) == (path, True)
+
+
+def test_a_cache_dir_under_home_is_expanded(monkeypatch):
+    # "~/cache" (an option, or EMBER_CACHE_DIR quoted in a shell) made a directory named "~" in
+    # the working directory
+    from pathlib import Path
+
+    from ember.config import Config
+
+    assert Config().replace(cache_dir="~/ember-kernels").cache_dir == Path.home() / "ember-kernels"
+    monkeypatch.setenv("EMBER_CACHE_DIR", "~/ember-kernels")
+    assert Config().cache_dir == Path.home() / "ember-kernels"

@@ -105,3 +105,35 @@ def test_explain_reports_a_class_named_as_the_function(tmp_path):
                                        "    def forward(self, x):\n        return x.relu()\n")
     proc = _ember("explain", "model.py:Net", "--shapes", "4", cwd=tmp_path)
     assert proc.returncode == 1 and "is a class" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_cache_clear_reports_what_it_could_not_remove(tmp_path, monkeypatch, capsys):
+    # a read-only cache was reported "cleared" with every file still there (and a cache
+    # directory naming a file, cleared too)
+    import ember
+    from ember import cli
+
+    root = tmp_path / "cache"
+    (root / "cpp").mkdir(parents=True)
+    (root / "cpp" / "k.so").write_bytes(b"x")
+    monkeypatch.setattr(ember.config, "cache_dir", root)
+    real_unlink = os.unlink
+
+    def read_only(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "unlink", read_only)
+    assert cli.main(["cache", "clear"]) == 1
+    err = capsys.readouterr().err
+    assert "could not clear" in err and "k.so: Permission denied" in err, err
+    assert (root / "cpp" / "k.so").exists()
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    assert cli.main(["cache", "clear"]) == 0 and not (root / "cpp").exists()
+
+    blocker = tmp_path / "a file"
+    blocker.write_text("x")
+    monkeypatch.setattr(ember.config, "cache_dir", blocker)
+    for action in ("clear", "info"):
+        assert cli.main(["cache", action]) == 1
+        assert "is not a directory" in capsys.readouterr().err
+    assert blocker.read_text() == "x"

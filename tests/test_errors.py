@@ -209,10 +209,18 @@ def test_writes_of_a_source_of_another_dtype_raise_as_in_eager(write):
     lambda x: x[torch.tensor([0, 1, 2]), torch.tensor([0, 1])],
     lambda x: x.index_copy(0, torch.tensor([0, 1, 2]), torch.ones(2, 3)),
     lambda x: F.embedding(torch.tensor([0]), x, padding_idx=7),  # (F.embedding's own assert)
+    # index_copy's and index_add's checks of ranks: eager's IndexError (index_fill's RuntimeError)
+    lambda x: x.index_copy(0, torch.tensor([[1]]), torch.ones(1, 3)),
+    lambda x: x.index_copy(0, torch.tensor(1), torch.ones(3)),
+    lambda x: x.index_copy(0, torch.tensor([1, 2]), torch.tensor(1.0)),
+    lambda x: x.index_add(0, torch.tensor([[1]]), torch.ones(1, 3)),
+    lambda x: x.index_fill(0, torch.tensor([[1]]), 1.0),
 ], ids=["index_add_broadcast_rows", "index_add_broadcast_columns", "index_add_float_index",
         "index_select_float_index", "index_select_int16_index", "index_put_int16_index", "index_fill_float_index",
         "index_fill_int32_index", "scatter_add_int16_index", "index_add_alpha_out_of_range", "getitem_float_index",
-        "getitem_int16_index", "getitem_indices_not_broadcasting", "index_copy_lengths", "embedding_padding_idx"])
+        "getitem_int16_index", "getitem_indices_not_broadcasting", "index_copy_lengths", "embedding_padding_idx",
+        "index_copy_2d_index", "index_copy_source_rank", "index_copy_scalar_at_two", "index_add_2d_index",
+        "index_fill_2d_index"])
 def test_writes_and_reads_at_indices_eager_refuses_raise_its_error(fn):
     # these computed values (a broadcast source, indices truncated from floats or read from
     # int16) or raised another exception type than eager

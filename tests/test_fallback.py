@@ -58,6 +58,35 @@ def test_random_ops_are_not_merged():
     assert out.std() > 0.3  # two independent draws, not one doubled (std of 2u is 0.58)
 
 
+def test_random_draws_keep_eagers_order_under_a_seed():
+    # dead-code elimination rebuilt the graph walking back from the outputs: the randn_like of
+    # the first output drew before the rand_like written above it (and the second dropout's
+    # mask before the first's), so under one seed every value differed from eager's
+    def draws(x):
+        a = torch.rand_like(x)
+        b = torch.randn_like(x)
+        return b + 1, a * 2
+
+    def dropouts(x, w):
+        h = torch.nn.functional.dropout(x * w, 0.5, training=True)
+        g = torch.nn.functional.dropout(x + w, 0.3, training=True)
+        return g * 2, h * 3
+
+    x = torch.zeros(3, 50)
+    torch.manual_seed(0)
+    expected = draws(x)
+    torch.manual_seed(0)
+    assert_same(ember.compile(draws)(x), expected)
+    results = []
+    for f in (dropouts, ember.compile(dropouts)):
+        xs, w = torch.ones(3, 50, requires_grad=True), torch.full((50,), 0.5, requires_grad=True)
+        torch.manual_seed(1)
+        g, h = f(xs, w)
+        (g.sum() + h.square().sum()).backward()
+        results.append((g, h, xs.grad, w.grad))
+    assert_same(results[1], results[0])
+
+
 def test_kernel_build_failure_falls_back_with_one_warning(tmp_path):
     # An invalid compiler flag makes every build fail: the program still runs, through ATen.
     opts = {"cache_dir": tmp_path, "cxx_flags": ("-O3", "-fPIC", "-shared", "--not-a-real-flag")}

@@ -539,3 +539,55 @@ def test_float_to_integer_casts_of_nan_and_out_of_range_values_are_eagers(dtype)
                    lambda x, to=to: (x * 1).to(to)):
             out = ember.compile(fn)(x)
             assert out.dtype == fn(x).dtype and torch.equal(out, fn(x)), (to, out[:13], fn(x)[:13])
+
+
+def test_shift_operators_are_generated():
+    # x << n and x >> n are aten.__lshift__ / __rshift__, not the bitwise_*_shift ops: they ran
+    # through ATen
+    x = torch.tensor([-128, -3, 0, 5, 127], dtype=torch.int8, device=DEVICE)
+    counts = torch.tensor([0, 1, 7, 8, 9], dtype=torch.int8, device=DEVICE)
+    for fn, args in [(lambda x: (x << 3) + (x >> 1), (x,)), (lambda x, s: (x << s, x >> s), (x, counts)),
+                     (lambda x: (x.long() << 63, x.long() >> 70, 3 << x.abs()), (x,))]:
+        report = check(fn, *args)
+        assert report.fallbacks == [], report.fallbacks
+
+
+def test_arange_bounds():
+    # of bools: eager's NotImplementedError (ember made 0, 1, 1, ...); symbolic start and step
+    # (a flip's arange(n - 1, -1, -1)) are generated, not run through ATen
+    with pytest.raises(NotImplementedError):
+        ember.compile(lambda x: torch.arange(x.shape[0], dtype=torch.bool, device=DEVICE))(torch.zeros(3))
+    report = ember.Report()
+    fn = ember.compile(lambda x: x[torch.arange(x.shape[0] - 1, -1, -1, device=DEVICE)] * 2
+                       + torch.arange(x.shape[0], 3 * x.shape[0], 2, dtype=torch.int8, device=DEVICE),
+                       dynamic=True, report=report)
+    for n in (5, 90):
+        x = torch.arange(n, device=DEVICE)
+        expected = x.flip(0) * 2 + torch.arange(n, 3 * n, 2, dtype=torch.int8, device=DEVICE)
+        assert_same(fn(x), expected)
+    assert report.fallbacks == [] and len(report.graphs) == 1, report.summary()
+
+
+def test_16_bit_where_with_numbers_past_their_range():
+    # where(mask, x, -1e9) makes a scalar_tensor, which eager's CPU kernel rounds into float16
+    # unchecked (-inf; 65519 is 65504): it ran through ATen. Eager's CUDA kernel refuses it
+    x = torch.tensor([0.5, -2.0, 3.0], device=DEVICE)
+    for fn in (lambda x: (torch.where(x > 0, x, -1e9) * 2, torch.where(x > 0, x, 65519.0)),
+               lambda x: torch.where(x > 0, x, 1e39)):
+        for arg in (x.half(), x.bfloat16()):
+            try:
+                fn(arg)
+            except RuntimeError:  # (CUDA: -1e9 past float16's range, 1e39 past both)
+                assert DEVICE != "cpu"
+                with pytest.raises(RuntimeError, match="without overflow"):
+                    ember.compile(fn)(arg)
+                continue
+            report = check(fn, arg)
+            assert DEVICE != "cpu" or report.fallbacks == [], report.fallbacks
+
+
+def test_max_over_nonempty_dims_of_an_empty_tensor():
+    # only a reduced dim of size 0 makes eager raise: amax over the columns of a (0, 3) tensor
+    # is empty, and ran through ATen
+    report = check(lambda x: (x.amax(1), x.amin((1, 2)) + 1), torch.zeros(0, 3, 2, dtype=torch.int32, device=DEVICE))
+    assert report.fallbacks == [], report.fallbacks

@@ -67,6 +67,23 @@ def test_amin_and_the_identity_of_empty_rows():
     assert torch.isinf(low[1]).all() and (low[1] > 0).all() and (high[1] < 0).all()
 
 
+def test_a_batch_of_one_row_is_a_plain_reduction():
+    """B = 1 (a size Dynamo specializes) went to ATen's scatter; its one row is every packed
+    row, so it is a reduction over dim 0: with ties, empty (the identity), with NaN."""
+    r = make([6], (3,))
+    r.values.data[4] = r.values.data[1]  # ties: the max's gradient is split between them
+    amin = lambda r: torch.ops.ember.segment_reduce(r.values, r.offsets, "amin")  # noqa: E731
+    nan = Ragged(torch.tensor([1.0, float("nan"), 2.0]), torch.tensor([0, 3]))
+    for fn, arg in [(ragged.segment_mean, r), (ragged.segment_max, make([0], (3,))), (amin, nan)]:
+        assert check(fn, arg).fallbacks == []
+    leaf, ref_leaf = r.values.clone().requires_grad_(), r.values.clone().requires_grad_()
+    fn, report = compile_checked(ragged.segment_max)
+    fn(Ragged(leaf, r.offsets)).sum().backward()
+    ragged.segment_max(Ragged(ref_leaf, r.offsets)).sum().backward()
+    torch.testing.assert_close(leaf.grad, ref_leaf.grad)
+    assert report.fallbacks == []
+
+
 def test_non_contiguous_values():
     base = torch.randn(4, 12)
     offsets = torch.tensor([0, 3, 3, 12])

@@ -664,3 +664,13 @@ def test_negative_zero_keeps_its_sign():
         out, ref = ember.compile(fn, options=TRITON)(x.to(dtype)), fn(x.to(dtype))
         for o, r in zip(out, ref):
             assert torch.equal(o.signbit() & ~o.isnan(), r.signbit() & ~r.isnan()), (dtype, o, r)
+
+
+def test_aranges_past_int32():
+    # an arange's values were computed from the int32 index: past 2**31 they wrapped negative,
+    # and a start past int32 failed to compile (the kernel fell back to ATen)
+    fn = lambda x: (torch.arange(2**31 - 2, 2**31 + 3) + x, torch.arange(0, 5 * 2**30, 2**30) * 1.0,  # noqa: E731
+                    torch.arange(-2**40, -2**40 + 5) - x)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="ember", category=RuntimeWarning)  # (no fallback)
+        check(fn, torch.zeros(5, dtype=torch.int64), options=TRITON)

@@ -311,6 +311,11 @@ def cast(lang: Language, src: dt.DType, dst: dt.DType, a: str) -> str:
         return f"ember_round_f16((float){a})"
     if lang.compute(src) == lang.compute(dst):
         return a
+    if src.is_float and dst == dt.uint8:
+        # c10 converts a float to uint8 through int64 (-1.7 -> -1 -> 255, 300 -> 44), on every
+        # device; a direct conversion saturates on the GPU (cvt.rzi.u32.f32: -1.7 -> 0)
+        wide = f"{lang.float_to_int}<int64_t>({a})" if lang.float_to_int else f"(int64_t){a}"
+        return f"((uint8_t){wide})"
     if lang.float_to_int and src.is_float and not dst.is_float:
         return f"{lang.float_to_int}<{lang.compute(dst)}>({a})"
     return f"(({lang.compute(dst)}){a})"

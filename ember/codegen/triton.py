@@ -259,6 +259,40 @@ class TritonKernelRenderer:
             return f"tl.full([1], {int(e)}, {dtype})"
         return f"({self.index(e)}).to({dtype})"
 
+    def index_value(self, e: sympy.Expr, dtype: str) -> str:
+        """An index value (an arange's elements) as a tensor of ``dtype``. Index variables are
+        int32 outside BIG kernels: a value that may leave int32's range (arange(2**31 - 2,
+        2**31 + 3), a step of 2**30) is computed from int64 copies of its variables, which a
+        wrapped int32 made negative and a literal past int32 failed to compile."""
+        if sympy.sympify(e).is_number or self._fits_int32(e):
+            return self.index_as(e, dtype)
+        flat = self.flat(e)
+        indices = {*(outer_var(i) for i in range(len(self.k.outer))),
+                   *(inner_var(i) for i in range(len(self.k.inner))), *sympy.symbols("xindex rindex")}
+        wide = {s: sympy.Symbol(f"{s.name}.to(tl.int64)" if s.name in {i.name for i in indices}
+                                else f"tl.full([1], {s.name}, tl.int64)", integer=True,
+                                nonnegative=s.is_nonnegative)
+                for s in flat.free_symbols}
+        return f"({pexpr(flat.xreplace(wide), ('tl.maximum', 'tl.minimum'))}).to({dtype})"
+
+    def _fits_int32(self, e: sympy.Expr) -> bool:
+        """Does every value of ``e``, a sum of multiples of index variables (each below its
+        extent; a symbolic one below 2**31, or the kernel is BIG and its variables int64), lie in
+        int32's range? (Wrapped partial sums are right when the total fits.)"""
+        extents = {outer_var(i): n for i, n in enumerate(self.k.outer)}
+        extents.update({inner_var(i): n for i, n in enumerate(self.k.inner)})
+        low = high = 0
+        for term, c in sympy.expand(e).as_coefficients_dict().items():
+            if not c.is_Integer or abs(int(c)) >= 2**31 or term != 1 and term not in extents:
+                return False
+            if term == 1:
+                largest = 1
+            else:
+                n = sh.static(extents[term])
+                largest = 2**31 - 1 if n is None else max(n - 1, 0)
+            low, high = low + min(0, int(c) * largest), high + max(0, int(c) * largest)
+        return -2**31 <= low and high < 2**31
+
     def flat(self, e: sympy.Expr) -> sympy.Expr:
         """Rewrite c * (row-major index over the outer or inner dims) + rest as c * xindex + rest
         (or rindex): o1 + 4096*o0 is just xindex, and Triton only sees contiguity it can read."""
@@ -342,7 +376,7 @@ class TritonKernelRenderer:
             bound = pexpr(v.arg[0])
             return f"{self.name(v)} = tl.minimum(tl.maximum({self.name(v.srcs[0])}.to(tl.int64), 0), {bound} - 1)"
         if v.kind == "index":
-            return f"{self.name(v)} = {self.index_as(v.arg, compute_type(v.dtype))}"
+            return f"{self.name(v)} = {self.index_value(v.arg, compute_type(v.dtype))}"
         if v.kind == "search":
             self._search(v)
             return None
@@ -870,6 +904,12 @@ def alu(v: Value, args: list[str]) -> str:
             return f"{a}.to(tl.float32).to({TL_TYPES[dtype]}).to(tl.float32)"
         if dt.compute_dtype(src) == dt.compute_dtype(dtype):
             return a
+        if src.is_float and dtype.is_int and dtype.itemsize < 4:
+            # as eager converts: uint8 through int64 (c10: -1.7 -> -1 -> 255), int8 and int16
+            # through int32 (a truncation); Triton's own conversion saturates at 16 bits
+            # (cvt.rzi.u16.f32: -1.7 -> 0 as uint8, 40000.0 -> 32767 as int16)
+            wide = "tl.int64" if dtype == dt.uint8 else "tl.int32"
+            return f"{a}.to({wide}).to({TL_TYPES[dtype]})"
         return f"{a}.to({TL_TYPES[dtype]})"
     if op is Op.DIV and dtype.is_low_precision:
         # IEEE float32 division is a long instruction sequence; the approximate one (2 ulp of

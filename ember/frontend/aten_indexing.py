@@ -57,7 +57,7 @@ def _scatter(ctx: Context, x: Node, dim: int, index: Node, src: Any) -> Node:
     if x.rank == 0 or m is None or m > 8 or not all(
             ctx.known(a == b) for d, (a, b) in enumerate(zip(index_sizes, x_sizes)) if d != dim):
         raise Unsupported("scatter of many entries per row (or into a larger tensor)")
-    _source_dtype_matches("scatter", x, src)
+    source_dtype_matches("scatter", x, src)
     dtype, shape = ctx.out_dtype, ctx.out_shape
     positions = ctx.make(Op.IOTA, (), (shape[dim], 0, 1), dtype=dt.int64)
     positions = ctx.expand_to(ctx.reshape(positions, [s if d == dim else 1 for d, s in enumerate(shape)]), shape)
@@ -180,8 +180,24 @@ def _index_select(ctx: Context, x: Node, dim: int, index: Node) -> Node:
     if x.rank == 0 or index.rank != 1 or dim % x.rank != 0:
         # eager raises IndexError for a bad index into dim 0, a RuntimeError for other dims
         raise Unsupported("index_select of a 0-d tensor or along a dim other than 0")
+    if not ctx.known_nonzero(x.shape[0]):
+        # (eager's check that the dim is not empty comes first: a RuntimeError, not the kernel's)
+        raise Unsupported("index_select along a dim that may be empty")
     # no wrapping: index_select raises for negative indices, and so does the kernel
     return ctx.make(Op.INDEX, (x, ctx.cast(index, dt.int64)), 0)
+
+
+@register(aten.embedding.default)
+def _embedding(ctx: Context, weight: Node, indices: Node, padding_idx: int = -1, scale_grad_by_freq: bool = False,
+               sparse: bool = False) -> Node:
+    """weight's rows at ``indices`` (any shape): out[p, :] = weight[indices[p], :], a gather that
+    fuses into what reads it. padding_idx and the rest concern the backward only."""
+    _index_dtype("embedding", indices)
+    if weight.rank != 2 or not ctx.known_nonzero(weight.shape[0]):
+        # eager's errors: a weight that is not 2-D, or has no rows (its index_select's RuntimeError)
+        raise Unsupported("embedding of a weight that is not 2-D, or may have no rows")
+    # no wrapping: a negative index is eager's IndexError, as one past the rows is
+    return ctx.make(Op.INDEX, (weight, ctx.cast(indices, dt.int64)), 0)
 
 
 def _search(ctx: Context, seq: Node, values: Any, out_int32: bool, right: bool) -> Node:
@@ -263,7 +279,7 @@ def _broadcasts_to(ctx: Context, src: Any, shape: sh.Shape) -> None:
         raise Unsupported(f"writing values of shape {sh.fmt(src.shape)} at indices of shape {sh.fmt(shape)}")
 
 
-def _source_dtype_matches(op: str, x: Node, src: Any) -> None:
+def source_dtype_matches(op: str, x: Node, src: Any) -> None:
     """Eager's writes at indices take a source of the destination's dtype only (a setitem casts
     before it writes); another goes to ATen, which raises eager's error."""
     if isinstance(src, Node) and src.dtype != x.dtype:
@@ -295,7 +311,7 @@ def _index_put(ctx: Context, x: Node, indices: Sequence[Any], values: Any, accum
     """``x[i0, i1, ...] = values`` (``+=`` when accumulating), integer index tensors on adjacent
     dims (``x.index_put_``, and in-place ``x[i] += v`` after functionalization)."""
     present = _adjacent_indices(x, indices, "index_put")
-    _source_dtype_matches("index_put", x, values)
+    source_dtype_matches("index_put", x, values)
     wrapped = [_wrapped(ctx, indices[d], x.shape[d]) for d in present]
     return _put(ctx, x, present[0], wrapped, values, bool(accumulate), 3)
 
@@ -306,7 +322,7 @@ def _index_add(ctx: Context, x: Node, dim: int, index: Node, source: Any, *, alp
     in eager (a RuntimeError)."""
     if x.rank == 0 or index.rank != 1 or not isinstance(source, Node) or source.rank != x.rank:
         raise Unsupported("index_add into a 0-d tensor, or with a 0-d source")
-    _source_dtype_matches("index_add", x, source)
+    source_dtype_matches("index_add", x, source)
     _index_dtype("index_add", index)
     dim = dim % x.rank
     if not all(ctx.known_equal(s, index.shape[0] if d == dim else n)
@@ -321,6 +337,22 @@ def _index_add(ctx: Context, x: Node, dim: int, index: Node, source: Any, *, alp
     return _put(ctx, x, dim, [ctx.cast(index, dt.int64)], source, True, error)
 
 
+@register(aten.index_copy.default)
+def _index_copy(ctx: Context, x: Node, dim: int, index: Node, source: Node) -> Node:
+    """out[.., index[j], ..] = source[.., j, ..] along ``dim``: a write at indices, no negative
+    ones (eager's IndexError, as the kernel's); index_fill decomposes to it."""
+    if index.dtype != dt.int64 or index.rank > 1 or x.rank == 0 or source.rank != x.rank:
+        # eager's errors (an int32 index: RuntimeError; ranks: IndexError), or a 0-d self
+        raise Unsupported("index_copy with an index that is not 1-d int64, or of a 0-d tensor")
+    source_dtype_matches("index_copy", x, source)
+    dim = dim % x.rank
+    count = index.shape[0] if index.rank else sympy.Integer(1)
+    if not all(ctx.known_equal(s, count if d == dim else n) for d, (s, n) in enumerate(zip(source.shape, x.shape))):
+        # eager takes a source of self's sizes but along dim (none broadcast): its IndexError
+        raise Unsupported("index_copy with a source not shaped like self, but along dim")
+    return _put(ctx, x, dim, [ctx.reshape(ctx.cast(index, dt.int64), [count])], source, False, 10)
+
+
 @register(aten.scatter_add.default)
 def _scatter_add(ctx: Context, x: Node, dim: int, index: Node, src: Node) -> Node:
     """out[.., index[p], ..] += src[p] over index's elements p: an index_put whose other indices
@@ -328,7 +360,7 @@ def _scatter_add(ctx: Context, x: Node, dim: int, index: Node, src: Node) -> Nod
     _index_dtype("scatter_add", index)
     if x.rank == 0 or index.rank != x.rank or src.rank != x.rank:
         raise Unsupported("scatter_add of a 0-d tensor or with an index of another rank")
-    _source_dtype_matches("scatter_add", x, src)
+    source_dtype_matches("scatter_add", x, src)
     dim = dim % x.rank
     x_sizes, index_sizes, src_sizes = (ctx.arg_metas[i].shape for i in (0, 2, 3))
     if not all(ctx.known(i <= s) for d, (i, s) in enumerate(zip(index_sizes, x_sizes)) if d != dim):
@@ -375,5 +407,9 @@ def _segment_reduce(ctx: Context, values: Node, offsets: Node, reduce: str) -> N
     if values.dtype.is_bool or (op is Op.SUM and values.dtype.is_low_precision):
         raise Unsupported("segment_reduce of bools, or a 16-bit sum (ember.ragged sums in float32)")
     if sh.is_one(offsets.shape[0] - 1):
-        raise Unsupported("segment_reduce of a single row (the kernel's rows are the segments)")
+        # one row (a batch of one, a size Dynamo specializes): its offsets run from 0 to T, as a
+        # Ragged validated, so the row is every packed row, a plain reduction over dim 0 (the
+        # segment kernel's rows would be a dim of size 1, which the planner drops). An empty
+        # row gives the reduction's identity there too
+        return ctx.make(op, (values,), (0,))
     return ctx.make(Op.SEGMENT_REDUCE, (values, offsets), op)

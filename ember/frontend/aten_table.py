@@ -204,6 +204,8 @@ for _packet, _op in {
     aten.fmod: Op.FMOD, aten.remainder: Op.MOD, aten.bitwise_and: Op.BITAND,
     aten.bitwise_or: Op.BITOR, aten.bitwise_xor: Op.BITXOR, aten.bitwise_left_shift: Op.SHL,
     aten.bitwise_right_shift: Op.SHR,
+    # (x << n and x >> n: the operators' own ATen ops, with the bitwise shifts' kernels)
+    aten.__lshift__: Op.SHL, aten.__rshift__: Op.SHR,
 }.items():
     for _name in ("Tensor", "Scalar", "Scalar_Tensor", "Tensor_Scalar", "default"):
         if hasattr(_packet, _name):
@@ -469,16 +471,37 @@ def _full_like(ctx: Context, x: Node, value: Any, **_: Any) -> Node:
 
 
 @register(aten.scalar_tensor.default)
-def _scalar_tensor(ctx: Context, value: Any, **_: Any) -> Node:
-    return ctx.const(_filled_with(value, ctx.out_dtype), ctx.out_dtype)
+def _scalar_tensor(ctx: Context, value: Any, **kwargs: Any) -> Node:
+    dtype = ctx.out_dtype
+    device = torch.device(kwargs.get("device") or ctx.device)
+    if (dtype.is_low_precision and device.type == "cpu" and isinstance(value, (int, float))
+            and not isinstance(value, bool)):
+        # ATen's CPU kernel rounds a number into a 16-bit float without full's overflow check
+        # (float32 keeps it): where(mask, x, -1e9) of float16 scores fills -inf. Its CUDA kernel
+        # checks, and eager's where raises there
+        return ctx.const(_rounded_to(value, dtype), dtype)
+    return ctx.const(_filled_with(value, dtype), dtype)
+
+
+def _int_bound(value: Any) -> Any:
+    """An arange bound that is an int: a Python int, or a SymInt's expression (arange(n - 1,
+    -1, -1), a flip's positions); None for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, Node) and value.op is Op.CONST and value.shape == () and value.dtype.is_int:
+        return size_arg(value)
+    return None
 
 
 @register(aten.arange.start_step, aten.arange.start, aten.arange.default)
 def _arange(ctx: Context, *args: Any, **_: Any) -> Node:
     start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
-    if not all(isinstance(v, int) for v in (start, step)):
+    start, step = _int_bound(start), _int_bound(step)
+    if start is None or step is None:
         raise Unsupported("non-integer arange bounds")  # float ranges round like ATen only there
     dtype = ctx.out_dtype
+    if dtype.is_bool:
+        raise Unsupported("arange of bools (ATen's NotImplementedError)")
     (length,) = ctx.out_shape
     return ctx.make(Op.IOTA, (), (length, start, step), dtype=dtype)
 
@@ -674,10 +697,12 @@ def _mean(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False, *, dtyp
 
 @register(aten.amax.default, aten.amin.default, aten.max.default, aten.min.default)
 def _amax_amin(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False) -> Node:
-    if x.rank and not all(ctx.known_nonzero(s) for s in x.shape):
-        raise Unsupported("max of an empty tensor raises in ATen (its size may be 0)")
+    dims = _dims(dim, x.rank)
+    if x.rank and not all(ctx.known_nonzero(x.shape[d]) for d in dims):
+        # (only a reduced dim: eager's amax over the columns of a (0, 3) tensor is empty)
+        raise Unsupported("max over an empty dim raises in ATen (its size may be 0)")
     op = Op.AMAX if ctx.aten in ("aten.amax", "aten.max") else Op.AMIN
-    return _reduce(ctx, op, x, _dims(dim, x.rank), keepdim)
+    return _reduce(ctx, op, x, dims, keepdim)
 
 
 @register(aten.max.dim, aten.min.dim)

@@ -8,6 +8,7 @@ backward instead of saving them), all go through the same ``compile_graph`` call
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +19,12 @@ from torch._dynamo.backends.common import aot_autograd
 
 from ..config import Config
 from .aten_table import scalar_fits
+from .autograd_decomps import (
+    eager_decompositions,
+    in_table,
+    multi_margin_loss,
+    multilabel_margin_loss_forward,
+)
 from .partition import partition
 
 aten = torch.ops.aten
@@ -45,7 +52,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update({op: _floats_only(fn) for op, fn in get_decompositions([aten._softmax, aten._log_softmax]).items()})
     # ember lowers these itself, keeping the whole op visible to fusion and to kernel names
     # (index_add and index_copy also keep eager's errors: their decompositions wrap negative
-    # indices; index_copy runs through ATen; roll's index_select ran through ATen).
+    # indices, which eager refuses; roll's index_select ran through ATen).
     for op in (aten.native_layer_norm.default, aten.gelu.default, aten.var_mean.correction,
                aten.var.correction, aten.std.correction, aten.std_mean.correction, aten.index_add.default,
                aten.index_copy.default, aten.roll.default):
@@ -59,6 +66,11 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     for op in (aten.index_fill.int_Scalar, aten.index_fill.int_Tensor):
         table[op] = _wrapping_negative_indices(table[op])
     table[aten.logsumexp.default] = _eager_when(table[aten.logsumexp.default], _over_no_dims)
+    # eager's kernel converts its replacements unchecked (float32 posinf=1e39 is inf); the
+    # decomposition's scalar_tensor raised "value cannot be converted ... without overflow"
+    table[aten.nan_to_num.default] = _replacements_in_dtype(table[aten.nan_to_num.default])
+    # (no 16-bit kernel in eager, CPU or GPU: its NotImplementedError, where the decomposition computed)
+    table[aten.special_log_ndtr.default] = _eager_when(table[aten.special_log_ndtr.default], _16_bit)
     # A 0-d tensor value is checked against the filled dtype when the op runs (float32's
     # finfo.min into float16 attention scores raises in eager; the decomposition gave -inf)
     table[aten.masked_fill.Tensor] = _eager_when(table[aten.masked_fill.Tensor], _value_may_overflow)
@@ -109,6 +121,9 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
                aten.native_batch_norm.default, aten.native_group_norm.default):
         # (eager's CUDA group norm refuses the mix its CPU kernel takes)
         table[op] = _norm_parameter_dtypes(table[op], mixed_on_gpus=op is not aten.native_group_norm.default)
+    # torch's decompositions give a term at the margin a gradient and let a NaN in (autograd_decomps.py)
+    table[aten.multi_margin_loss.default] = in_table(multi_margin_loss)
+    table[aten.multilabel_margin_loss_forward.default] = in_table(multilabel_margin_loss_forward)
     return table
 
 
@@ -193,9 +208,12 @@ def _norm_parameter_dtypes(decomposition: Callable[..., Any], mixed_on_gpus: boo
     the statistics it saves for the backward in float32, where the decomposition rounds them to
     the input's dtype on the CPU (a float32 weight's gradient then had bfloat16's error): the
     decomposition runs on the input in float32 and only the output is rounded. Other mixes keep
-    the op (eager's kernel refuses them)."""
+    the op (eager's kernel refuses them), and so does an input that is not real floating-point:
+    eager has no complex kernel, where the decomposition computed a complex result."""
     @functools.wraps(decomposition)
     def decompose(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if not x.dtype.is_floating_point:
+            return NotImplemented
         params = [a for a in args[:4] if isinstance(a, torch.Tensor)]
         if all(p.dtype == x.dtype for p in params):
             return decomposition(x, *args, **kwargs)
@@ -205,6 +223,23 @@ def _norm_parameter_dtypes(decomposition: Callable[..., Any], mixed_on_gpus: boo
             return (out[0].to(x.dtype), *out[1:])
         return NotImplemented
     return decompose
+
+
+def _replacements_in_dtype(decomposition: Callable[..., Any]) -> Callable[..., Any]:
+    """nan_to_num with its replacement values converted to a float32 input's dtype as eager's
+    kernel converts them (a C cast: beyond the range is inf). 16-bit ones already are, by
+    scalar_tensor's lowering; a Python float always fits float64."""
+    @functools.wraps(decomposition)
+    def decompose(x: torch.Tensor, nan: Any = 0.0, posinf: Any = None, neginf: Any = None) -> Any:
+        if x.dtype == torch.float32:
+            nan, posinf, neginf = (ctypes.c_float(v).value if isinstance(v, (int, float)) else v
+                                   for v in (nan, posinf, neginf))
+        return decomposition(x, nan, posinf, neginf)
+    return decompose
+
+
+def _16_bit(x: torch.Tensor, *_: Any, **__: Any) -> bool:
+    return x.dtype in (torch.float16, torch.bfloat16)
 
 
 def _one_pixel_side(theta: torch.Tensor, size: Sequence[Any], *_: Any, **__: Any) -> bool:
@@ -236,7 +271,7 @@ def make_backend(compile_graph: GraphCompiler, cfg: Config | None = None, wrap: 
         fn = lambda gm, example_inputs: compile_graph(gm, example_inputs, kind)
         return wrap(kind, fn) if wrap is not None else fn
 
-    return aot_autograd(
+    backend = aot_autograd(
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
@@ -244,6 +279,14 @@ def make_backend(compile_graph: GraphCompiler, cfg: Config | None = None, wrap: 
         partition_fn=functools.partial(partition, cfg=cfg),
         keep_inference_input_mutations=False,
     )
+
+    @functools.wraps(backend)
+    def trace(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        # (torch decomposes a few ops at the Autograd key, before the table above is read)
+        with eager_decompositions():
+            return backend(gm, example_inputs)
+
+    return trace
 
 
 def donated_inputs(gm: torch.fx.GraphModule) -> frozenset[int]:

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from ..config import Config
+from . import cache_dirs
 
 
 class BuildError(RuntimeError):
@@ -71,7 +72,8 @@ BUILD_FLAGS = ("-fopenmp", "-fPIC", "-shared", "-std=c++17")
 def cache_key(source: str, cfg: Config) -> str:
     compiler = find_compiler(cfg.cxx)
     h = hashlib.sha256()
-    for part in (source, _compiler_id(compiler), " ".join(cfg.cxx_flags), _host_cpu()):
+    # (BUILD_FLAGS too: an ember that builds with other ones never loads the older libraries)
+    for part in (source, _compiler_id(compiler), " ".join(cfg.cxx_flags), " ".join(BUILD_FLAGS), _host_cpu()):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
@@ -81,30 +83,51 @@ def library_path(source: str, cfg: Config) -> Path:
     return Path(cfg.cache_dir) / "cpp" / f"{cache_key(source, cfg)}.so"
 
 
-def build(source: str, cfg: Config) -> tuple[Path, bool]:
-    """Compile ``source`` to a shared library; returns (path, came_from_cache)."""
+def build(source: str, cfg: Config, again: bool = False) -> tuple[Path, bool]:
+    """Compile ``source`` to a shared library; returns (path, came_from_cache). ``again``: build
+    it even where a cached one is intact (one that failed to load)."""
     target = library_path(source, cfg)
-    if target.exists() and intact(target):
+    if not again and intact(target):
         return target, True
-    target.parent.mkdir(parents=True, exist_ok=True)
     compiler = find_compiler(cfg.cxx)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
-        src = Path(tmp) / "kernels.cpp"
-        out = Path(tmp) / "kernels.so"
-        src.write_text(source)
-        cmd = [compiler, *cfg.cxx_flags, *BUILD_FLAGS, str(src), "-o", str(out)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        except subprocess.TimeoutExpired as e:
-            raise BuildError(f"{' '.join(cmd)} timed out") from e
-        if proc.returncode != 0:
-            raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
-        shutil.copyfile(src, target.with_suffix(".cpp"))
-        stamp = Path(tmp) / "kernels.sha256"
-        stamp.write_text(_sha256(out))
-        os.replace(stamp, stamp_path(target))
-        os.replace(out, target)
-    return target, False
+    for attempt in range(3):
+        # (a temporary directory of this process where cache_dir cannot be written: cache_dirs.py)
+        target = cache_dirs.writable_part(cfg.cache_dir, "cpp") / target.name
+        if not again and intact(target):
+            return target, True
+        if _compile(source, cfg, compiler, target, last=attempt == 2):
+            return target, False
+    raise AssertionError("unreachable")  # (the last attempt returns or raises)
+
+
+def _compile(source: str, cfg: Config, compiler: str, target: Path, last: bool) -> bool:
+    """Builds ``target`` through a directory beside it; False where that directory vanished
+    meanwhile (`ember cache clear` in another process: the build failed, and its graph ran
+    through ATen for the rest of the process), unless ``last``."""
+    build_dir: Path | None = None
+    try:
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
+            build_dir = Path(tmp)
+            src = build_dir / "kernels.cpp"
+            out = build_dir / "kernels.so"
+            src.write_text(source)
+            cmd = [compiler, *cfg.cxx_flags, *BUILD_FLAGS, str(src), "-o", str(out)]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            except subprocess.TimeoutExpired as e:
+                raise BuildError(f"{' '.join(cmd)} timed out") from e
+            if proc.returncode != 0:
+                raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+            shutil.copyfile(src, target.with_suffix(".cpp"))
+            stamp = build_dir / "kernels.sha256"
+            stamp.write_text(_sha256(out))
+            os.replace(stamp, stamp_path(target))
+            os.replace(out, target)
+    except (OSError, BuildError):
+        if last or (build_dir is not None and build_dir.exists()):
+            raise
+        return False
+    return True
 
 
 def stamp_path(library: Path) -> Path:

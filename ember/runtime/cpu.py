@@ -35,10 +35,10 @@ class CppBackend(Backend):
         except OSError:
             if not cached:
                 raise
-            # a cached library damaged outside ember (truncated, another machine's): build again
-            path.unlink(missing_ok=True)
+            # a cached library that does not load (another machine's, copied with its stamp): build
+            # it again, over it (or in a stand-in directory where the cache is read-only)
             try:
-                path, cached = cpp_build.build(source, cfg)
+                path, cached = cpp_build.build(source, cfg, again=True)
             except cpp_build.BuildError as e:
                 raise BuildError(str(e)) from None
             lib = cpp_build.load(path)

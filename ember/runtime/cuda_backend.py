@@ -40,7 +40,7 @@ from ..codegen import cuda, cuda_matmul
 from ..codegen.cuda_plan import row_threads
 from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
-from . import cpp_build, stats
+from . import cache_dirs, cpp_build, stats
 from .backend import Backend, BuildError, BuiltKernels, fall_back
 
 NEEDS_CUDA_PYTHON = "the CUDA backend needs NVIDIA's cuda-python (cuda-bindings): pip install cuda-python"
@@ -132,7 +132,10 @@ def compile_module(source: str, arch: str, cache_dir: Path, wide: bool = False) 
     path = Path(cache_dir) / "cuda" / f"{cache_key(source, arch, compiler, options)}.cubin"
     if cpp_build.intact(path):  # (its hash beside it, as the CPU libraries': a damaged one is built again)
         return path.read_bytes(), True, path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # (a temporary directory of this process where cache_dir cannot be written: cache_dirs.py)
+    path = cache_dirs.writable_part(cache_dir, "cuda") / path.name
+    if cpp_build.intact(path):
+        return path.read_bytes(), True, path
     compile_with = _compile_nvrtc if compiler.startswith("nvrtc") else _compile_nvcc
     image = compile_with(source, arch, options)
     _write_atomic(path.with_suffix(".cu"), source.encode())

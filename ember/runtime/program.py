@@ -157,6 +157,12 @@ _INDEX_ERRORS = {
                       "dimension it indexes)"),
     7: (IndexError, "index_add: index out of range in self (an index is negative or not smaller than the size of "
                     "the dimension it indexes)"),
+    8: (IndexError, "embedding: index out of range in self (an index is negative or not smaller than the number "
+                    "of rows of the weight)"),
+    9: (IndexError, "index_select: index out of range in self (an index is negative or not smaller than the size "
+                    "of the dimension it indexes)"),
+    10: (IndexError, "index_copy: index out of bounds (an index is negative or not smaller than the size of the "
+                     "dimension it indexes)"),
 }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -32,7 +33,7 @@ from ..codegen import cuda_matmul as cuda_matmul_source
 from ..codegen import triton as tr
 from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
-from . import cuda_matmul, stats
+from . import cache_dirs, cuda_matmul, stats
 from . import triton_configs as tc
 from .backend import Backend, BuildError, BuiltKernels, fall_back
 from .triton_direct import direct_launcher
@@ -53,13 +54,17 @@ class Tuner:
         self.path = path
         self.best: dict[str, dict[str, Any]] = {}     # timed choices, saved in ``path``
         self.chosen: dict[str, dict[str, Any]] = {}   # every bucket's configuration in this process
+        self.best = self._saved()
+
+    def _saved(self) -> dict[str, dict[str, Any]]:
+        """The choices in ``path``."""
         try:
-            best = json.loads(path.read_text())
+            best = json.loads(self.path.read_text())
         except (OSError, ValueError):
             best = {}
         # valid JSON of another shape (a damaged or hand-edited file) is ignored as unreadable
         # JSON is: a list there failed every Triton kernel of the cache directory to ATen
-        self.best = {k: v for k, v in best.items() if isinstance(v, dict)} if isinstance(best, dict) else {}
+        return {k: v for k, v in best.items() if isinstance(v, dict)} if isinstance(best, dict) else {}
 
     def pick(self, key: str, candidates: list[dict[str, Any]], run: Callable[[dict[str, Any]], None],
              cfg: Config | None = None) -> dict[str, Any]:
@@ -93,8 +98,13 @@ class Tuner:
         with _tuning_lock:
             self.best[key] = self.chosen[key] = choice
             try:
+                # with what other processes saved since this one read the file: each wrote its own
+                # choices alone, and dropped the others' (timed for seconds per kernel)
+                self.best = {**self._saved(), **self.best}
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = self.path.with_suffix(".tmp")
+                # a name of this process and thread: one name for all (tuning.tmp) let two writers
+                # interleave their bytes in it, and the file renamed in place was not JSON
+                tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
                 tmp.write_text(json.dumps(self.best))
                 tmp.replace(self.path)
             except OSError:
@@ -504,8 +514,10 @@ class TritonBackend(Backend):
         path = Path(cfg.cache_dir) / "triton" / f"k{digest}.py"
         # the file is named by its source's hash: one that differs (cut short, damaged) is written again
         cached = _holds(path, source)
+        if not cached:  # (a temporary directory of this process where cache_dir cannot be written)
+            path = cache_dirs.writable_part(cfg.cache_dir, "triton") / path.name
+            cached = _holds(path, source)
         if not cached:
-            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # (processes at once)
             tmp.write_text(source)
             tmp.replace(path)
@@ -546,11 +558,20 @@ def _tuner(cfg: Config) -> Tuner:
     return _tuners[path]
 
 
+class _SourceOnlyLoader(importlib.machinery.SourceFileLoader):
+    """Compiles the module from its source, never from (or to) __pycache__: the source is checked
+    against the kernels (``_holds``), its bytecode was not, and a damaged .pyc beside it failed
+    the import in every later process (EOFError), sending its kernels to ATen."""
+
+    def get_code(self, fullname: str) -> Any:
+        return self.source_to_code(self.get_data(self.path), self.path)
+
+
 def _import(path: Path) -> Any:
     name = f"ember_triton_{path.stem}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=_SourceOnlyLoader(name, str(path)))
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # Triton looks kernels' globals up through their module
     try:

@@ -150,7 +150,8 @@ def shr(a, b):
 if INTERPRET:
     @triton.jit
     def trunc(x):
-        return tl.where(x < 0, -tl.floor(-x), tl.floor(x))
+        # (a product by -1, not a unary minus, which is 0 - x: trunc(-0.5) is -0.0)
+        return tl.where(x < 0, tl.floor(-x) * -1.0, tl.floor(x))
 
     @triton.jit
     def rint(x):
@@ -159,15 +160,23 @@ if INTERPRET:
         d = x - f
         even = (f - 2.0 * tl.floor(f * 0.5)) == 0
         up = (d > 0.5) | ((d == 0.5) & ~even)
-        return tl.where(x != x, x, tl.where(up, f + 1.0, f))
+        r = tl.where(up, f + 1.0, f)
+        return tl.where(x != x, x, tl.where(r == 0, x * 0.0, r))  # (a zero keeps x's sign)
 
     @triton.jit
     def expm1(x):
-        return tl.where(tl.abs(x) < 1e-5, x + 0.5 * x * x, tl.exp(x) - 1.0)
+        # Kahan's (u - 1) * x / log(u): exp(x) - 1 lost the low digits (expm1(1e-3) was 2e-5 off
+        # relatively) and made expm1(-0.0) +0.0
+        u = tl.exp(x)
+        r = tl.where(u == 1.0, x, (u - 1.0) * (x / tl.log(u)))
+        # (selects, not | or &: the interpreter's bools of a 0-d operand cannot take them)
+        return tl.where(u == float("inf"), u, tl.where(u - 1.0 == -1.0, u - 1.0, r))
 
     @triton.jit
     def log1p(x):
-        return tl.where(tl.abs(x) < 1e-4, x - 0.5 * x * x, tl.log(1.0 + x))
+        # log(u) * x / (u - 1) for u = 1 + x (Goldberg's): log(1 + x) lost x's low digits
+        u = 1.0 + x
+        return tl.where(u == 1.0, x, tl.where(x == float("inf"), x, tl.log(u) * (x / (u - 1.0))))
 
     @triton.jit
     def log10(x):
@@ -187,10 +196,10 @@ if INTERPRET:
 
     @triton.jit
     def tanh(x):
-        ax = tl.abs(x)
-        t = 1.0 - 2.0 / (tl.exp(2.0 * ax) + 1.0)
-        t = tl.where(ax < 1e-3, ax - ax * ax * ax / 3.0, t)
-        return tl.where(x != x, x, tl.where(x < 0, -t, t))
+        # expm1(2x) / (expm1(2x) + 2), odd and without cancellation (1 - 2 / (exp(2x) + 1) made
+        # tanh(1e-7) 0.87e-7 and tanh(-0.0) +0.0)
+        t = expm1(2.0 * x)
+        return tl.where(x > 20.0, 1.0, t / (t + 2.0))
 
     @triton.jit
     def sinh(x):
@@ -216,16 +225,27 @@ if INTERPRET:
 
     @triton.jit
     def erfc(x):
-        return 1.0 - tl.erf(x)
+        # 1 - erf(x) cancels from 0.5 up (erfc(7) was 0, eager's 4.2e-23): there Numerical
+        # Recipes' erfcc, relative error below 1.2e-7
+        z = tl.abs(x)
+        t = 1.0 / (1.0 + 0.5 * z)
+        p = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (
+            0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
+        tail = t * tl.exp(p - z * z)
+        return tl.where(z < 0.5, 1.0 - tl.erf(x), tl.where(x < 0, 2.0 - tail, tail))
 
     @triton.jit
     def atan(x):
-        # odd minimax-free form: atan(x) = 2 atan(x / (1 + sqrt(1 + x^2))), then a series
-        y = x / (1.0 + tl.sqrt(1.0 + x * x))
+        # odd minimax-free form: atan(z) = 2 atan(z / (1 + sqrt(1 + z^2))), then a series, for
+        # |z| <= 1; beyond, pi/2 - atan(1 / |x|) (x * x overflowed past 1.8e19: atan(3e38) was 0)
+        ax = tl.abs(x)
+        z = tl.where(ax > 1.0, 1.0 / ax, ax)
+        y = z / (1.0 + tl.sqrt(1.0 + z * z))
         y = y / (1.0 + tl.sqrt(1.0 + y * y))
         y2 = y * y
-        s = y * (1.0 - y2 * (1.0 / 3.0 - y2 * (1.0 / 5.0 - y2 * (1.0 / 7.0 - y2 * (1.0 / 9.0)))))
-        return 4.0 * s
+        s = 4.0 * y * (1.0 - y2 * (1.0 / 3.0 - y2 * (1.0 / 5.0 - y2 * (1.0 / 7.0 - y2 * (1.0 / 9.0)))))
+        s = tl.where(ax > 1.0, tl.full([1], 1.5707963267948966, x.dtype) - s, s)
+        return tl.where(x != x, x, tl.where(x < 0, s * -1.0, tl.where(x == 0, x, s)))
 
     @triton.jit
     def asin(x):
@@ -236,18 +256,35 @@ if INTERPRET:
         return 1.5707963267948966 - asin(x)
 
     @triton.jit
+    def _negative(x):  # x < 0, -0.0 included (1 / -0.0 is -inf)
+        return tl.where(x == 0, 1.0 / x < 0, x < 0)
+
+    @triton.jit
     def atan2(y, x):
-        a = atan(y / x)
-        a = tl.where(x < 0, tl.where(y >= 0, a + 3.141592653589793, a - 3.141592653589793), a)
-        return tl.where(x == 0, tl.where(y > 0, 1.5707963267948966, tl.where(y < 0, -1.5707963267948966, 0.0)), a)
+        # C's atan2 case by case (atan2(nan, 0) was 0, atan2(inf, inf) NaN, atan2(0, -0.0) 0);
+        # pi in x's dtype: a Python float is a float32 constant, which float64 pi/2 was off by
+        pi = tl.full([1], 3.141592653589793, x.dtype)
+        ay, ax = tl.abs(y), tl.abs(x)
+        q = ay / ax
+        r = tl.where(q == float("inf"), pi * 0.5, atan(q))
+        r = tl.where(ay == 0, 0.0, tl.where(ay == float("inf"), tl.where(ax == float("inf"), pi * 0.25, r), r))
+        r = tl.where(_negative(x), pi - r, r)
+        r = tl.where(_negative(y), r * -1.0, r)
+        return tl.where(x != x, x, tl.where(y != y, y, r))
 
     @triton.jit
     def pow(a, b):
+        # C's pow: pow(nan, 0) and pow(1, nan) are 1, pow(-1, +-inf) 1, a zero or an infinity of
+        # a negative sign keeps it for odd integer powers (pow(-0.0, -1) is -inf, pow(-inf, 3)
+        # -inf), and only a finite negative base to a fractional power is NaN
         r = tl.exp(b * tl.log(tl.abs(a)))
-        whole = tl.floor(b) == b
-        odd = (b - 2.0 * tl.floor(b * 0.5)) == 1.0
-        r = tl.where(a < 0, tl.where(whole, tl.where(odd, -r, r), float("nan")), r)
-        return tl.where(b == 0, 1.0, tl.where(a == 0, tl.where(b > 0, 0.0, float("inf")), r))
+        # (selects, not | or &: the interpreter's bools of a 0-d operand cannot take them)
+        odd = (b - 2.0 * tl.floor(b * 0.5)) == 1.0  # (an odd integer: inf - inf is NaN)
+        r = tl.where(_negative(a), tl.where(odd, r * -1.0, r), r)
+        r = tl.where(a < 0, tl.where(a == float("-inf"), r, tl.where(tl.floor(b) == b, r, float("nan"))), r)
+        r = tl.where(b == 1, a, r)  # (exp(log(3e38)) overflowed)
+        r = tl.where(a == -1, tl.where(tl.abs(b) == float("inf"), 1.0, r), r)
+        return tl.where(b == 0, 1.0, tl.where(a == 1, 1.0, r))
 
     @triton.jit
     def exp_ftz(x):
@@ -259,7 +296,9 @@ if INTERPRET:
 
     @triton.jit
     def fmod_float(a, b):
-        return a - trunc(a / b) * b
+        # a float % is LLVM's frem, which the interpreter runs as numpy's fmod: exact, and
+        # right where a - trunc(a / b) * b is not (an infinite b, a -0.0)
+        return a % b
 else:
     from triton.language.extra import libdevice
 
@@ -373,7 +412,13 @@ def erf_lowp(x):
     t = tl.math.fdiv(1.0, 1.0 + 0.3275911 * ax, ieee_rounding=False)  # IEEE division costs ~20 ops
     p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
     y = 1.0 - p * tl.exp(-ax * ax)
-    return tl.where(x != x, x, tl.where(x < 0, -y, y))
+    # below 0.25 its absolute error is most of erf itself (erf(1e-5) was 6 float16 ulps off, a
+    # bfloat16 1e-7 255, and erf(-0.0) +0.0): there the series 2/sqrt(pi) (x - x^3/3 + x^5/10
+    # - x^7/42), within 1e-7 of erf relatively, and odd in x as erf is
+    x2 = x * x
+    small = x * (1.1283791670955126 + x2 * (-0.37612638903183754 + x2 * (0.11283791670955126
+                                                                         + x2 * -0.026866170645131252)))
+    return tl.where(x != x, x, tl.where(ax < 0.25, small, tl.where(x < 0, -y, y)))
 
 
 @triton.jit
@@ -394,7 +439,9 @@ def floordiv_float(a, b):
     div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
     fl = tl.floor(div)
     fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
-    fl = tl.where(div == 0, tl.where(a / b < 0, -0.0, 0.0), fl)
+    # a zero takes the sign of a / b (eager's copysign: -0.0 // 2.5 is -0.0); a select of the
+    # constants -0.0 and 0.0 gave +0.0 for a quotient of -0.0
+    fl = tl.where(div == 0, (a / b) * 0.0, fl)
     return tl.where(b == 0, a / b, fl)
 
 
@@ -427,7 +474,7 @@ def floordiv_bf16(a, b):
     div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), round_bf16(div - 1.0), div)
     fl = tl.floor(div)
     fl = tl.where(round_bf16(div - fl) > 0.5, round_bf16(fl + 1.0), fl)
-    fl = tl.where(div == 0, tl.where(round_bf16(a / b) < 0, -0.0, 0.0), fl)
+    fl = tl.where(div == 0, round_bf16(a / b) * 0.0, fl)
     return tl.where(b == 0, round_bf16(a / b), fl)
 
 
@@ -438,7 +485,7 @@ def floordiv_f16(a, b):
     div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), round_f16(div - 1.0), div)
     fl = tl.floor(div)
     fl = tl.where(round_f16(div - fl) > 0.5, round_f16(fl + 1.0), fl)
-    fl = tl.where(div == 0, tl.where(round_f16(a / b) < 0, -0.0, 0.0), fl)
+    fl = tl.where(div == 0, round_f16(a / b) * 0.0, fl)
     return tl.where(b == 0, round_f16(a / b), fl)
 
 

@@ -45,6 +45,8 @@ from .kernel_ir import (
 
 # Nodes that say nothing about what a kernel does (constants, index remapping).
 _UNNAMED = frozenset({Op.CONST, Op.IOTA}) | VIEW_OPS
+# the error codes (runtime/program.py) of reads at indices that name their op in eager's error
+_INDEX_ERROR_CODES = {"aten.embedding": 8, "aten.index_select": 9}
 
 
 class NeedsBuffer(Exception):
@@ -189,7 +191,8 @@ class KernelBuilder:
         """An index variable holding ``index``, checked against [0, bound); ``error`` is the code
         flagged when it is not (2: gather's RuntimeError, 3: indexing's IndexError, 4 and 7:
         index_add's RuntimeError and IndexError, 5: a loss's target class, IndexError, 6:
-        scatter's RuntimeError; runtime/program.py raises them)."""
+        scatter's RuntimeError, 8-10: embedding's, index_select's and index_copy's IndexError;
+        runtime/program.py raises them)."""
         # (in a segment kernel, an index only a row's elements read, for a segment reduction or
         # a per-element result: eager never reads it for an empty row, and the codegen checks it
         # only where the row has elements; a per-row result's lookups are checked for every row)
@@ -324,8 +327,10 @@ class KernelBuilder:
         start, m = node.arg, indices[0].rank
         at = point[start:start + m]
         previous, self._reader = self._reader, node
+        # (an embedding's or index_select's bad index is eager's IndexError naming that op)
+        error = _INDEX_ERROR_CODES.get(node.origin or "", 3)
         syms = tuple(self._known_row(i, at, x.shape[start + j])
-                     or self.indirect(self.value_of(i, at), x.shape[start + j], f"index dim {start + j}", 3)
+                     or self.indirect(self.value_of(i, at), x.shape[start + j], f"index dim {start + j}", error)
                      for j, i in enumerate(indices))
         value = self.value_of(x, point[:start] + syms + point[start + m:])
         self._reader = previous

@@ -1,0 +1,142 @@
+"""Ops torch decomposes at the Autograd dispatch key, as eager computes them.
+
+torch installs its decompositions of a few ops at the Autograd key, so AOTAutograd traces them
+before any decomposition table is read (ember's table never sees these ops), and some differ from
+ATen's kernels:
+
+* ``multi_margin_loss`` and ``multilabel_margin_loss_forward``: ATen adds a class's term only
+  where ``z = margin - x[target] + x[j] > 0``. ``clamp_min(z, 0)`` has a gradient of 1 at
+  ``z = 0`` (a class exactly at the margin got a gradient eager's kernel gives it not), and a
+  NaN ``z`` made the loss NaN where eager leaves the term out. multilabel's decomposition also
+  added the terms of target slots after the list's first -1 (each with the input of class 0):
+  wrong losses and gradients for any row with fewer targets than classes.
+
+(softshrink's decomposition gives a NaN input a gradient of 0, as eager's vectorized kernel does,
+where its scalar tail passes the incoming one: eager has no one answer there.)
+
+``eager_decompositions()`` puts the versions below in their place while AOTAutograd traces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch._C import DispatchKey
+
+aten = torch.ops.aten
+
+_MEAN, _SUM = 1, 2  # torch's Reduction enum (0 is "none")
+
+
+def multi_margin_loss(input: torch.Tensor, target: torch.Tensor, p: Any = 1, margin: Any = 1,
+                      weight: torch.Tensor | None = None, reduction: int = _MEAN) -> torch.Tensor:
+    """``aten.multi_margin_loss``: torch's decomposition with eager's ``z > 0`` test."""
+    if _no_cpu_kernel(input):
+        return _aten(aten.multi_margin_loss.default, input, target, p, margin, weight, reduction)
+    one_sample = target.ndim == 0  # (eager: then a 0-d loss)
+    input = torch.atleast_2d(input)
+    target = torch.atleast_1d(target)
+    nframe, dim = input.shape[0], input.shape[1]
+    torch._check(p == 1 or p == 2, lambda: "only p == 1 and p == 2 supported")
+    torch._check(input.ndim == 2 and dim != 0,
+                 lambda: f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {input.shape}")
+    torch._check(target.ndim == 1 and target.numel() == nframe,
+                 lambda: f"inconsistent target size, expected {nframe} but got {target.shape}")
+    if weight is not None:
+        weight = torch.atleast_1d(weight)
+        torch._check(weight.ndim == 1 and weight.numel() == dim,
+                     lambda: f"inconsistent weight size, expected {dim} but got {weight.shape}")
+    target = target.unsqueeze(1)
+    u = torch.gather(input, dim=1, index=target)
+    z = margin - u + input
+    z = torch.where(z > 0, z, 0)  # (eager: a term at or below the margin, or NaN, adds nothing)
+    z = z if p == 1 else z * z
+    if weight is not None:
+        z = z * weight[target]
+    idx = torch.arange(dim, device=input.device)
+    z = torch.where(idx != target, z, 0)
+    if reduction == _MEAN:
+        return z.mean()
+    if reduction == _SUM:
+        return z.sum() / z.shape[1]
+    return z.mean(dim=1).reshape(()) if one_sample else z.mean(dim=1)
+
+
+def multilabel_margin_loss_forward(input: torch.Tensor, target: torch.Tensor,
+                                   reduction: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.multilabel_margin_loss_forward``: each row's targets are its target list up to the
+    first -1; every pair (target k, non-target j) adds ``max(0, 1 - x[k] + x[j]) / C`` where
+    positive, as eager's kernel."""
+    if _no_cpu_kernel(input):
+        return _aten(aten.multilabel_margin_loss_forward.default, input, target, reduction)
+    input_shape, target_shape = input.shape, target.shape
+    input = torch.atleast_2d(input)
+    target = torch.atleast_2d(target)
+    dim = input.shape[1]
+    torch._check(len(input_shape) <= 2 and dim != 0,
+                 lambda: f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {input_shape}")
+    torch._check(len(target_shape) <= 2 and target_shape == input_shape,
+                 lambda: f"inconsistent target size: {target_shape} for input of size: {input_shape}")
+    idx = torch.arange(dim, device=target.device)
+    end = torch.amin(torch.where(target == -1, idx, dim), dim=-1, keepdim=True)
+    in_list = idx < end  # (N, slot): the slots before the first -1
+    u = torch.gather(input, dim=-1, index=torch.where(in_list, target, 0))  # (N, slot)
+    is_target = torch.any(idx == torch.where(in_list, target, -1).unsqueeze(-1), dim=1)  # (N, class)
+    z = 1.0 - u.unsqueeze(-1) + input.unsqueeze(1)  # (N, slot, class)
+    counted = (z > 0) & in_list.unsqueeze(-1) & ~is_target.unsqueeze(1)
+    z = torch.where(counted, z, 0) / dim
+    if reduction == _MEAN:
+        loss = z.sum(dim=(1, 2)).mean()
+    elif reduction == _SUM:
+        loss = z.sum()
+    else:
+        loss = z.sum(dim=(1, 2))
+        if len(input_shape) <= 1:
+            loss = loss.reshape(())  # (eager: a 0-d loss for one sample)
+    return loss, is_target.to(input.dtype).reshape(target_shape)
+
+
+def _no_cpu_kernel(input: torch.Tensor) -> bool:
+    """Eager's CPU kernels take float32 and float64 only (its GPU ones 16-bit floats too)."""
+    return input.device.type == "cpu" and input.dtype not in (torch.float32, torch.float64)
+
+
+def _aten(op: Any, *args: Any) -> Any:
+    """``op`` itself in the graph, which ATen runs (and refuses, as eager does)."""
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)
+
+
+def in_table(decomposition: Any) -> Any:
+    """``decomposition`` for a decomposition table (an inference_mode trace reads it), where an op
+    eager has no kernel for stays the op (NotImplemented) for ATen to refuse."""
+    def decompose(input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return NotImplemented if _no_cpu_kernel(input) else decomposition(input, *args, **kwargs)
+    return decompose
+
+
+_OVERRIDES = {aten.multi_margin_loss.default: multi_margin_loss,
+              aten.multilabel_margin_loss_forward.default: multilabel_margin_loss_forward}
+
+
+@contextlib.contextmanager
+def eager_decompositions() -> Iterator[None]:
+    """While AOTAutograd traces: the ops above in place of torch's Autograd-key decompositions
+    (restored after, so other backends in the process keep torch's)."""
+    saved = {}
+    for op, fn in _OVERRIDES.items():
+        saved[op] = op.py_kernels.get(DispatchKey.Autograd)
+        op.py_kernels[DispatchKey.Autograd] = fn
+        op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for op, fn in saved.items():
+            if fn is None:
+                op.py_kernels.pop(DispatchKey.Autograd, None)
+            else:
+                op.py_kernels[DispatchKey.Autograd] = fn
+            op._dispatch_cache.clear()

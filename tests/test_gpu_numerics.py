@@ -1,0 +1,78 @@
+"""Numerics of the GPU code generators that eager pins down to the bit: signed zeros, infinite
+divisors, float -> narrow integer conversions. Triton kernels run under the interpreter (the CPU
+test run); CUDA sources are read, since only a GPU runs them."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import ember
+
+from .conftest import DEVICE, INTERPRETED_TRITON
+
+TRITON = {"target": "triton"}
+INF = float("inf")
+
+
+def _same_bits(out, ref) -> bool:
+    """Equal values, NaN where eager has NaN, and zeros of eager's sign."""
+    return (torch.equal(out.isnan(), ref.isnan()) and torch.equal(out[~out.isnan()], ref[~ref.isnan()])
+            and torch.equal(out.signbit() & ~out.isnan(), ref.signbit() & ~ref.isnan()))
+
+
+@INTERPRETED_TRITON
+def test_floor_division_rounding_and_remainders_keep_eagers_zeros_and_infinities():
+    # a floor quotient of 0 takes the sign of a / b (eager's copysign): a select of the constants
+    # -0.0 and 0.0 gave +0.0 for -0.0 // 2.5 (on the GPU too). The interpreter's own helpers took
+    # fmod as a - trunc(a / b) * b (NaN for an infinite b: 0.5 % inf) and lost -0.0 in trunc and round
+    a = torch.tensor([-0.0, 0.0, -1e-30, 0.5, -0.5, 0.5, 7.0, -7.0, -0.5, 2.5])
+    b = torch.tensor([2.5, -2.5, 1e10, INF, INF, -INF, 2.0, 2.0, 3.0, -1.5])
+
+    def fn(a, b):
+        return (torch.div(a, b, rounding_mode="floor"), torch.remainder(a, b), torch.fmod(a, b),
+                a.trunc(), a.round())
+
+    def both(a, b, a16, b16):  # float32 and bfloat16 (eager's algorithm rounds every step): one compile
+        return fn(a, b) + fn(a16, b16)
+
+    args = (a, b, a.bfloat16(), b.bfloat16())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="ember", category=RuntimeWarning)  # (no fallback)
+        out = ember.compile(both, options=TRITON)(*args)
+    for i, (o, r) in enumerate(zip(out, both(*args))):
+        assert _same_bits(o, r), (i, o, r)
+
+
+# eager converts a float to uint8 through int64 (c10's static_cast_with_inter_type: -1.7 -> -1
+# -> 255, 300 -> 44) and to int8 and int16 through int32 (a truncation); a direct conversion
+# saturates on the GPU (cvt.rzi.u16.f32 in Triton, cvt.rzi.u32.f32 in CUDA C++: -1.7 -> 0)
+_CASTS = (lambda x: (x.to(torch.uint8), x.to(torch.int8), x.to(torch.int16)))
+_VALUES = [-1.7, -3.0, 300.0, 255.5, 0.5, 1000.0, -200.0, 40000.0, -40000.0, 4294967551.0]
+
+
+@INTERPRETED_TRITON
+def test_triton_float_to_narrow_integer_casts_go_through_eagers_intermediate_type():
+    x = torch.tensor(_VALUES)
+    (k,) = ember.explain(_CASTS, x, target="triton").kernels
+    assert ".to(tl.int64).to(tl.uint8)" in k.source and ".to(tl.int32).to(tl.int8)" in k.source, k.source
+    assert ".to(tl.int32).to(tl.int16)" in k.source
+    out = ember.compile(_CASTS, options=TRITON)(x)
+    for o, r in zip(out, _CASTS(x)):
+        assert torch.equal(o, r), (o, r)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="reads CUDA sources and runs the CPU backend")
+def test_c_float_to_uint8_casts_go_through_int64():
+    x = torch.tensor(_VALUES, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (k,) = ember.explain(_CASTS, x.float(), target="cuda").kernels
+    assert "((uint8_t)(int64_t)v0)" in k.source, k.source
+    # the CPU backend's conversion to int64 (x86's, as eager's): 2**32 + 255 as uint8 is 255,
+    # where a conversion through int32 (out of range: INT32_MIN) gave 0
+    out = ember.compile(_CASTS)(x)
+    for o, r in zip(out, _CASTS(x)):
+        assert torch.equal(o, r), (o, r)

@@ -1,0 +1,81 @@
+"""Pointwise math at the edges of its domain (infinities, NaN, values past a dtype's range), and
+the errors eager raises for dtypes its kernels lack, against eager."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import ember
+
+from .conftest import DEVICE
+from .helpers import assert_same, on_the_interpreter, run
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
+def test_nan_to_num_takes_replacements_past_the_dtype_as_eager(dtype):
+    # eager converts the replacements unchecked (float32 posinf=1e39 is inf); the decomposition's
+    # scalar_tensor raised "value cannot be converted to type float without overflow"
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0, -0.0], dtype=dtype, device=DEVICE)
+    fn = lambda x: [torch.nan_to_num(x, posinf=1e39), torch.nan_to_num(x, nan=-1e39, neginf=-1e39),  # noqa: E731
+                    torch.nan_to_num(x, nan=1e6, posinf=3.4028235677973366e38)]
+    out, report = run(fn, x)
+    assert not [g.error for g in report.graphs if g.error] and not report.fallbacks
+    for o, r in zip(out, fn(x)):
+        assert torch.equal(o.isnan(), r.isnan()) and torch.equal(o[~o.isnan()], r[~r.isnan()]), (o, r)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_log_ndtr_of_16_bit_floats_raises_as_in_eager(dtype):
+    # eager has no 16-bit log_ndtr kernel; the decomposition computed one
+    x = torch.tensor([-3.0, 0.5], dtype=dtype, device=DEVICE)
+    with pytest.raises(NotImplementedError):
+        torch.special.log_ndtr(x)
+    with pytest.raises(NotImplementedError):
+        ember.compile(torch.special.log_ndtr)(x)
+    assert_same(ember.compile(torch.special.log_ndtr)(x.float()), torch.special.log_ndtr(x.float()))
+
+
+@pytest.mark.parametrize("target", [None, pytest.param("triton", marks=on_the_interpreter)], ids=["native", "triton"])
+def test_16_bit_erf_of_small_values_is_erf_rounded(target):
+    # Triton's 16-bit erf (Abramowitz & Stegun 7.1.26) has an absolute error of 1.5e-7: float16
+    # erf(1e-5) was 6 ulps off and erf(-0.0) +0.0 (eager's GPU erf is within an ulp; its CPU
+    # vector erf flushes erf(1e-7) to 0: the reference is eager's float64 erf, rounded)
+    x = torch.cat([torch.logspace(-7, 0.5, 600), -torch.logspace(-7, 0.5, 600), torch.tensor([0.0, -0.0])])
+    x = x.to(torch.float16).to(DEVICE)
+    out, report = run(torch.erf, x, options={"target": target} if target else None)
+    assert report.kernels and not report.fallbacks
+    expected = torch.erf(x.double()).half()
+    assert torch.equal(out, expected), (x[out != expected][:4], out[out != expected][:4], expected[out != expected][:4])
+    assert torch.equal(out.signbit(), x.signbit())
+
+
+_EDGES = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.0, -8.0, 1e-7, 1e-3, 7.0,
+          -7.3, 88.0, 3e38, -3e38]
+
+
+@pytest.mark.parametrize("target", [None, pytest.param("triton", marks=on_the_interpreter)], ids=["native", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_math_at_the_edges_of_its_domain(dtype, target):
+    # the interpreter's Triton math (libdevice's stand-ins): atan2(inf, inf) was NaN, atan2(nan,
+    # 0) 0, pow(-0.0, -1) inf, pow(-1, inf) NaN, atan(3e38) 0, erfc(7) 0, expm1 and log1p lost
+    # x's low digits (2e-5 at 1e-3), tanh(1e-7) was 0.87e-7, and expm1(-0.0) and tanh(-0.0) +0.0
+    x = torch.tensor(_EDGES, dtype=dtype, device=DEVICE)
+    a, b = x.repeat_interleave(len(_EDGES)), x.repeat(len(_EDGES))
+
+    s = torch.tensor(-0.0, dtype=dtype, device=DEVICE)  # (a 0-d operand: a scalar in the kernel)
+
+    def fn(x, a, b, s):
+        return [torch.atan2(a, b), torch.pow(a, b), torch.atan(x), torch.erfc(x), torch.expm1(x), torch.log1p(x),
+                torch.tanh(x), torch.nn.functional.elu(x), torch.pow(s, x), torch.atan2(s, x), torch.expm1(s) + x]
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="ember")  # (no kernel may fall back to ATen)
+        out, report = run(fn, x, a, b, s, options={"target": target} if target else None)
+    assert not [g.error for g in report.graphs if g.error] and not report.fallbacks
+    for i, (o, r) in enumerate(zip(out, fn(x, a, b, s))):
+        assert_same(o, r)
+        assert torch.equal(o.isnan(), r.isnan()), (i, o, r)
+        assert torch.equal(o.signbit()[~r.isnan()], r.signbit()[~r.isnan()]), (i, o, r)
