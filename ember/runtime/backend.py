@@ -9,6 +9,7 @@ Backends: 'cpp' (CPU, C++/OpenMP), 'triton' and 'cuda' (NVIDIA GPUs).
 from __future__ import annotations
 
 import importlib
+import subprocess
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -22,6 +23,17 @@ from . import stats
 
 class BuildError(RuntimeError):
     """A kernel (or module) failed to build; its ops run through ATen instead."""
+
+
+def run_compiler(cmd: list[str], timeout: float) -> None:
+    """Run a compiler's command line; a failure or a timeout is a BuildError with its command
+    (and the end of its errors)."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise BuildError(f"{' '.join(cmd)} timed out") from e
+    if proc.returncode != 0:
+        raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
 
 
 @dataclass

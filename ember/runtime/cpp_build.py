@@ -21,10 +21,7 @@ from pathlib import Path
 
 from ..config import Config
 from . import cache_dirs
-
-
-class BuildError(RuntimeError):
-    pass
+from .backend import BuildError, run_compiler
 
 
 @functools.cache
@@ -111,13 +108,7 @@ def _compile(source: str, cfg: Config, compiler: str, target: Path, last: bool) 
             src = build_dir / "kernels.cpp"
             out = build_dir / "kernels.so"
             src.write_text(source)
-            cmd = [compiler, *cfg.cxx_flags, *BUILD_FLAGS, str(src), "-o", str(out)]
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-            except subprocess.TimeoutExpired as e:
-                raise BuildError(f"{' '.join(cmd)} timed out") from e
-            if proc.returncode != 0:
-                raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+            run_compiler([compiler, *cfg.cxx_flags, *BUILD_FLAGS, str(src), "-o", str(out)], timeout=300)
             shutil.copyfile(src, target.with_suffix(".cpp"))
             stamp = build_dir / "kernels.sha256"
             stamp.write_text(_sha256(out))

@@ -7,7 +7,7 @@ from ..config import Config, log
 from ..ir import shapes as sh
 from ..schedule.kernel_ir import Kernel
 from . import cpp_build, stats
-from .backend import Backend, BuildError, BuiltKernels
+from .backend import Backend, BuiltKernels
 from .program import bind_kernel
 
 
@@ -26,10 +26,7 @@ class CppBackend(Backend):
 
     def build_module(self, kernels: list[Kernel], cfg: Config, fallbacks: dict | None = None) -> BuiltKernels:
         source = self.render_module(kernels)
-        try:
-            path, cached = cpp_build.build(source, cfg)
-        except cpp_build.BuildError as e:
-            raise BuildError(str(e)) from None
+        path, cached = cpp_build.build(source, cfg)
         try:
             lib = cpp_build.load(path)
         except OSError:
@@ -37,10 +34,7 @@ class CppBackend(Backend):
                 raise
             # a cached library that does not load (another machine's, copied with its stamp): build
             # it again, over it (or in a stand-in directory where the cache is read-only)
-            try:
-                path, cached = cpp_build.build(source, cfg, again=True)
-            except cpp_build.BuildError as e:
-                raise BuildError(str(e)) from None
+            path, cached = cpp_build.build(source, cfg, again=True)
             lib = cpp_build.load(path)
         stats.bump("cache_hits" if cached else "kernels_built", len(kernels))
         log(1, f"{'loaded' if cached else 'built'} {len(kernels)} CPU kernel(s) from {path}", cfg)

@@ -41,7 +41,7 @@ from ..codegen.cuda_plan import row_threads
 from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
 from . import cache_dirs, cpp_build, stats
-from .backend import Backend, BuildError, BuiltKernels, fall_back
+from .backend import Backend, BuildError, BuiltKernels, fall_back, run_compiler
 
 NEEDS_CUDA_PYTHON = "the CUDA backend needs NVIDIA's cuda-python (cuda-bindings): pip install cuda-python"
 NVRTC_OPTIONS = ("-std=c++17",)  # IEEE division/sqrt and accurate math: no --use_fast_math
@@ -172,13 +172,7 @@ def _compile_nvcc(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIO
     with tempfile.TemporaryDirectory(prefix="ember-cuda-") as tmp:
         src, out = Path(tmp) / "kernels.cu", Path(tmp) / "kernels.cubin"
         src.write_text(source)
-        cmd = [_nvcc(), "-cubin", f"-arch={arch}", *options, "-o", str(out), str(src)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except subprocess.TimeoutExpired as e:
-            raise BuildError(f"{' '.join(cmd)} timed out") from e
-        if proc.returncode != 0:
-            raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+        run_compiler([_nvcc(), "-cubin", f"-arch={arch}", *options, "-o", str(out), str(src)], timeout=600)
         return out.read_bytes()
 
 
