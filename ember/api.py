@@ -17,6 +17,13 @@ from . import config as config_module
 from .aot_cache import cached_backend
 from .config import Config
 from .driver import compile_graph
+from .frontend.autograd_inputs import (
+    eager_for_dual_tensors,
+    inference_inputs,
+    returns_a_view_of,
+    saves_an_inference_tensor,
+    with_normal_copies,
+)
 from .frontend.dynamo import make_backend
 from .frontend.guard_profile import without_guard_profiling
 from .frontend.overlap import writes_overlapping_memory
@@ -123,7 +130,9 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[...
     sees it (torch's own decompositions: a mean loss's gradient over an empty batch divides by
     its numel in Python). The user's program runs, with one warning; an error the graph's ops
     raise, eager raises when it runs them. So do graphs writing in place to tensors whose elements
-    share memory, which functionalization gets wrong (``frontend/overlap.py``)."""
+    share memory, which functionalization gets wrong (``frontend/overlap.py``), calls with
+    forward-mode AD dual tensors, whose tangents ember's kernels drop, and training graphs over
+    inference tensors that save or return them (``frontend/autograd_inputs.py``)."""
     def compile_or_eager(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         if writes_overlapping_memory(gm):
             warnings.warn("ember: a graph writes in place to a tensor whose elements share memory, or that "
@@ -131,8 +140,17 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[...
                           RuntimeWarning, stacklevel=2)
             stats_module.bump("graph_fallbacks")
             return gm.forward
+        inference = inference_inputs(example_inputs)
+        if inference and (saves_an_inference_tensor(gm, example_inputs) or returns_a_view_of(gm, inference)):
+            # (eager's autograd refuses the first, which the graph raises when it runs; the
+            # compiled graph reads normal copies of inference tensors, whose views it returns)
+            warnings.warn("ember: a training graph over inference tensors that saves one for the backward or "
+                          "returns a view of one runs eagerly", RuntimeWarning, stacklevel=2)
+            stats_module.bump("graph_fallbacks")
+            return gm.forward
         try:
-            return backend(gm, example_inputs)
+            compiled = backend(gm, example_inputs)
+            return eager_for_dual_tensors(with_normal_copies(compiled, inference) if inference else compiled, gm)
         except Exception as e:  # noqa: BLE001 -- any failure to trace: eager runs the graph
             if isinstance(e, torch._dynamo.exc.TorchDynamoException) or not _in_torch_tracing(e):
                 raise
@@ -299,8 +317,12 @@ def _checked_in_refs(e: BaseException) -> bool:
 
 def _no_kernel_for_dtype(e: BaseException) -> bool:
     """A dtype refused by a check in torch's references (sampling integers from a normal or
-    log-normal distribution), where eager has no kernel for it: NotImplementedError."""
+    log-normal distribution) or meta functions (histc of integers: '"histogram_cpu" not
+    implemented for ...', eager's dispatch macro's words), where eager has no kernel for it:
+    NotImplementedError."""
     text = str(e)
+    if "\" not implemented for '" in text:
+        return any("/torch/_meta_registrations" in f for f in _frames(e)) or _checked_in_refs(e)
     return _checked_in_refs(e) and ("expected a floating-point or complex dtype" in text
                                     or text.startswith("log_normal not implemented"))
 

@@ -81,9 +81,10 @@ MATMUL_EPILOGUES = ("auto", "all", "off")
 @dataclass
 class Config:
     debug: int = field(default_factory=lambda: _env_count("EMBER_DEBUG", 0) or 0)
-    # (~ is the home directory: "~/cache" made a directory named "~" in the working directory)
+    # (~ is the home directory: "~/cache" made a directory named "~" in the working directory;
+    # a relative path is made absolute once, so that an os.chdir later moves no cache)
     cache_dir: Path = field(default_factory=lambda: Path(
-        os.environ.get("EMBER_CACHE_DIR") or Path.home() / ".cache" / "ember").expanduser())
+        os.environ.get("EMBER_CACHE_DIR") or Path.home() / ".cache" / "ember").expanduser().absolute())
     cxx: str = field(default_factory=lambda: os.environ.get("EMBER_CXX", ""))
     # The compiler's optimization and math flags for CPU kernels (an option replaces them all;
     # runtime/cpp_build.py always adds -shared -fPIC -fopenmp -std=c++17). -march=native is part
@@ -176,7 +177,7 @@ class Config:
                 raise TypeError(f"ember option 'cache_dir' is a path, got {overrides['cache_dir']!r}")
             if not os.fspath(overrides["cache_dir"]):  # ("" was the working directory; as EMBER_CACHE_DIR="")
                 raise ValueError("ember option 'cache_dir' is an empty path; leave it out for the default")
-            overrides["cache_dir"] = Path(overrides["cache_dir"]).expanduser()
+            overrides["cache_dir"] = Path(overrides["cache_dir"]).expanduser().absolute()
         if "cxx" in overrides and not isinstance(overrides["cxx"], str):  # (choices: ValueError below)
             raise TypeError(f"ember option 'cxx' is a string, got {overrides['cxx']!r}")
         if "cxx_flags" in overrides:

@@ -249,3 +249,17 @@ def test_a_cache_dir_under_home_is_expanded(monkeypatch):
     assert Config().replace(cache_dir="~/ember-kernels").cache_dir == Path.home() / "ember-kernels"
     monkeypatch.setenv("EMBER_CACHE_DIR", "~/ember-kernels")
     assert Config().cache_dir == Path.home() / "ember-kernels"
+
+
+def test_a_relative_cache_dir_stays_where_it_was_given(tmp_path, monkeypatch):
+    # a relative EMBER_CACHE_DIR or cache_dir was looked up again in each new working directory,
+    # so an os.chdir after the compile built (and looked up) kernels somewhere else
+    from ember.config import Config
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EMBER_CACHE_DIR", "env-cache")
+    from_env = Config()
+    from_option = Config().replace(cache_dir="option-cache")
+    monkeypatch.chdir("/")
+    assert from_env.cache_dir == tmp_path / "env-cache"
+    assert from_option.cache_dir == tmp_path / "option-cache"

@@ -282,6 +282,24 @@ def test_value_checks_run_as_in_eager(dynamic):
     assert ember.stats()["graph_fallbacks"] == 0  # (compiled, not run through ATen)
 
 
+@pytest.mark.parametrize("fn, args, match", [
+    # torch 2.13's Python decomposition of one_hot drops eager's checks: int32 expert ids, or an
+    # empty tensor with no classes, gave a one-hot where eager raises
+    (lambda t: F.one_hot(t, 4) * 2, (torch.tensor([0, 3, 1], dtype=torch.int32),), "^one_hot: .*LongTensor"),
+    (lambda t: F.one_hot(t, 0), (torch.zeros(0, dtype=torch.int64),), "^one_hot: Can not infer"),
+    # histc's meta function refuses integers with a RuntimeError; eager's dispatch, NotImplementedError
+    (lambda t: torch.histc(t, bins=4, min=0, max=3), (torch.tensor([0, 3, 1]),), "^histc: .*not implemented for"),
+], ids=["one_hot_int32", "one_hot_empty_no_classes", "histc_of_integers"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_routing_ops_refuse_what_eager_refuses(fn, args, match, dynamic):
+    eager = _eager_error(fn, *args)
+    with pytest.raises(eager, match=match) as info:
+        ember.compile(fn, dynamic=dynamic)(*args)
+    assert type(info.value) is eager
+    good = torch.tensor([0, 3, 1, 2])
+    assert torch.equal(ember.compile(lambda t: F.one_hot(t, 4) * 2, dynamic=dynamic)(good), F.one_hot(good, 4) * 2)
+
+
 def test_checks_in_torchs_decompositions_raise_eagers_runtime_error():
     """A class weight of the wrong length fails an assert in torch's Python decomposition of the
     loss; eager's own check raises RuntimeError, and so does ember (it raised AssertionError)."""

@@ -125,6 +125,16 @@ def test_unsupported_writes_run_through_aten():
     assert any("index_put" in f for f in report.fallbacks)
 
 
+def test_scatter_into_a_0d_tensor_runs_only_that_op_through_aten():
+    # scatter's lowering read the index's dim 0 before its check of a 0-d self: the IndexError
+    # failed the whole graph (its other ops ran through ATen too, with a warning)
+    x, index = torch.tensor(1.5), torch.tensor(0)
+    for fn, args in ((lambda x, i: x.scatter(0, i, 3.0) * 2, (x, index)),
+                     (lambda x, i, v: x.scatter(0, i, v).exp(), (x, index, torch.tensor(-2.0)))):
+        report = check(fn, *args)
+        assert report.fallbacks == ["aten.scatter"] and kernel_count(report) == 1
+
+
 def _write_layer(cache, k, pos):  # a stacked per-layer KV cache
     cache[1][:, :, pos] = k
 

@@ -122,6 +122,8 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
         start, accumulate, _error = node.arg
         index = (None,) * start + tuple(args[2:])  # None: the whole dim
         return torch.ops.aten.index_put.default(args[0], list(index), args[1], accumulate)
+    if op is Op.SCAN:
+        return scan(args[0], node.arg)
     if op is Op.SEGMENT_REDUCE:
         return segment_reduce(args[0], args[1], {Op.SUM: "sum", Op.AMAX: "amax", Op.AMIN: "amin"}[node.arg])
     if op is Op.CHUNK_SUM:
@@ -142,6 +144,14 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
             out = out[i]
         return out
     raise ValueError(f"cannot evaluate {op.value}")
+
+
+def scan(x: torch.Tensor, arg: Any) -> torch.Tensor:
+    """Op.SCAN: eager's cumsum / cumprod / logcumsumexp (16-bit floats accumulate in float32)."""
+    fn = {"sum": torch.cumsum, "prod": torch.cumprod, "logsumexp": torch.logcumsumexp}[arg.combine]
+    if arg.reverse:
+        return fn(x.flip(arg.dim), arg.dim).flip(arg.dim)
+    return fn(x, arg.dim)
 
 
 def chunk_sum(x: torch.Tensor, lead: int, chunks: int, dtype: dt.DType) -> torch.Tensor:

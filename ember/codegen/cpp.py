@@ -141,6 +141,14 @@ EMBER_FN float ember_tanh(float x) {
   return x != x ? x : t;
 }
 
+// logcumsumexp's step, as eager's (_log_add_exp_helper): x the next element, y the running value
+template <typename T> EMBER_FN T ember_logaddexp(T x, T y) {
+  T lo = y != y ? y : (y < x ? y : x);
+  T hi = y != y ? y : (x < y ? y : x);
+  if (lo != hi || lo - lo == (T)0) return std::log1p(std::exp(lo - hi)) + hi;
+  return x;  // (both the same infinity)
+}
+
 #pragma omp declare reduction(emax : float : omp_out = ember_max(omp_out, omp_in)) initializer(omp_priv = -INFINITY)
 #pragma omp declare reduction(emin : float : omp_out = ember_min(omp_out, omp_in)) initializer(omp_priv = INFINITY)
 #pragma omp declare reduction(emax : double : omp_out = ember_max(omp_out, omp_in)) initializer(omp_priv = -INFINITY)
@@ -341,6 +349,9 @@ class CppKernelRenderer:
 
     def _inner_loop(self, loop: int, parallel: bool) -> None:
         k = self.k
+        if k.scans:
+            self._scan_loop(loop)
+            return
         reductions = [v for v in k.reductions if v.loop == loop]
         stores = [v for v in k.values if v.kind == "store" and v.inner and v.loop == loop]
         for v in reductions:
@@ -371,6 +382,24 @@ class CppKernelRenderer:
             self.emit(self.body.reduce_update(v))
         self._statements(stores)
         self._close_loops(n)
+
+    def _scan_loop(self, loop: int) -> None:
+        """A scan kernel's one loop: the row walked in order (from its end when reversed), each
+        scan's running value carried from element to element (no simd: each needs the last)."""
+        k = self.k
+        for v in k.scans:
+            self.emit(self.body.scan_decl(v))
+        r, n = inner_var(0).name, index_expr(k.inner[0])
+        combines = ", ".join(f"{'reversed ' if v.arg.reverse else ''}{v.arg.combine}" for v in k.scans)
+        self.emit(f"// loop {loop}: running {combines} along the row")
+        if k.scan_reverse:
+            self.emit(f"for (int64_t {r} = {n} - 1; {r} >= 0; --{r}) {{")
+        else:
+            self.emit(f"for (int64_t {r} = 0; {r} < {n}; ++{r}) {{")
+        self.depth += 1
+        self._statements(k.loop_values(loop))
+        self._statements([v for v in k.values if v.kind == "store" and v.inner and v.loop == loop])
+        self._close_loops(1)
 
     def _simd_innermost(self, clauses: str, has_arg: bool) -> None:
         n = len(self.k.inner)

@@ -383,6 +383,29 @@ def acc_result(lang: Language, v: Value, acc: str) -> str:
     return f"(({lang.compute(v.dtype)}){acc})"
 
 
+# ---- scans ----------------------------------------------------------------------------------
+
+def scan_acc_type(lang: Language, v: Value) -> str:
+    """A scan's accumulator: its compute type (float32 for 16-bit floats, as eager's kernels),
+    float32 widened as sums are (double on the CPU, as eager's CPU kernel accumulates)."""
+    ctype = lang.compute(v.dtype)
+    return lang.sum_acc_f32 if ctype == "float" and not v.dtype.is_low_precision else ctype
+
+
+def scan_init(lang: Language, v: Value) -> str:
+    acc = scan_acc_type(lang, v)
+    return {"sum": f"({acc})0", "prod": f"({acc})1", "logsumexp": f"-({acc})INFINITY"}[v.arg.combine]
+
+
+def scan_combine(v: Value, acc: str, x: str) -> str:
+    """``acc`` (the scan so far) combined with ``x`` (the next element, or the next run's scan)."""
+    if v.arg.combine == "sum":
+        return f"{acc} + {x}"
+    if v.arg.combine == "prod":
+        return f"{acc} * {x}"
+    return f"ember_logaddexp({x}, {acc})"
+
+
 # ---- statements -----------------------------------------------------------------------------
 
 class BodyRenderer:
@@ -392,7 +415,8 @@ class BodyRenderer:
         self.kernel = kernel
         self.lang = lang
         self.names = {id(v): f"v{i}" for i, v in enumerate(kernel.values)}
-        self.acc_names = {id(v): f"acc{i}" for i, v in enumerate(kernel.values) if v.kind in ("reduce", "rowreduce")}
+        self.acc_names = {id(v): f"acc{i}" for i, v in enumerate(kernel.values)
+                          if v.kind in ("reduce", "rowreduce", "scan")}
         self.buffer_dtype = {p.name: p.dtype for p in kernel.params}
         self.users: dict[int, list[Value]] = {id(v): [] for v in kernel.values}
         for v in kernel.values:
@@ -404,6 +428,9 @@ class BodyRenderer:
         # chunk store id -> the register that keeps the run's partial sum instead of the
         # partials buffer (the CUDA backend's row blocks, which store it at the run's end)
         self.kept_partials: dict[int, str] = {}
+        # a scan's statement where the backend scans across threads (cuda_scan.py); else the
+        # running value steps from element to element
+        self.scan_line: Any = None
         self.uses_err = any(v.kind == "alu" and v.arg in INT_DIVISION_OPS and not v.dtype.is_float
                             and lang.flags_int_division
                             or v.kind == "checkindex" and lang.checks_indices for v in kernel.values)
@@ -439,6 +466,13 @@ class BodyRenderer:
             return f"{self.access(v)} = {value};"
         if v.kind in ("reduce", "chunksum", "rowreduce"):
             return None  # the backend places accumulators around its loops
+        if v.kind == "scan" and self.scan_line is not None:
+            return self.scan_line(v)
+        if v.kind == "scan":  # the next element into the running value (its accumulator: scan_decl)
+            acc = self.acc_names[id(v)]
+            x = f"({scan_acc_type(lang, v)}){self.name(v.srcs[0])}"
+            return (f"{acc} = {scan_combine(v, acc, x)}; "
+                    f"const {lang.compute(v.dtype)} {self.name(v)} = ({lang.compute(v.dtype)}){acc};")
         return f"const {lang.compute(v.dtype)} {self.name(v)} = {self.expression(v)};"
 
     def expression(self, v: Value) -> str:
@@ -513,6 +547,9 @@ class BodyRenderer:
 
     def reduce_decl(self, v: Value) -> str:
         return f"{acc_type(self.lang, v)} {self.acc_names[id(v)]} = {acc_init(self.lang, v)};"
+
+    def scan_decl(self, v: Value) -> str:
+        return f"{scan_acc_type(self.lang, v)} {self.acc_names[id(v)]} = {scan_init(self.lang, v)};"
 
     def reduce_result(self, v: Value) -> str:
         return f"const {self.lang.compute(v.dtype)} {self.name(v)} = {acc_result(self.lang, v, self.acc_names[id(v)])};"
@@ -701,25 +738,29 @@ EMBER_FN int64_t ember_check_index_if(bool used, int64_t i, int64_t n, int32_t c
 }
 // searchsorted in a sorted sequence of n elements, stride apart: how many are < v (<= v when
 // right), compared as eager compares (!(x >= v), !(x > v)): a NaN v sorts after every element.
-// The search halves a size every lane shares, so all lanes take the same steps.
+// Eager's binary search, probe for probe: a NaN bound (torch.sort puts them last) passes that
+// comparison too, so past the bounds below v the answer depends on which bounds are read.
+// Each step halves a size every lane shares (it bounds every lane's range), so all lanes take
+// the same number of steps.
 template <typename T, typename V>
 EMBER_FN int64_t ember_search(const T* seq, int64_t n, int64_t stride, V v, bool right) {
-  if (n <= 0) return 0;
-  int64_t lo = 0, size = n;
-  while (size > 1) {
-    int64_t half = size / 2;
-    T x = seq[(lo + half) * stride];
-    if (right ? !(x > v) : !(x >= v)) lo += half;
-    size -= half;
+  int64_t lo = 0, hi = n;
+  for (int64_t size = n; size > 0; size >>= 1) {
+    if (lo < hi) {
+      int64_t mid = lo + ((hi - lo) >> 1);
+      T x = seq[mid * stride];
+      if (right ? !(x > v) : !(x >= v)) lo = mid + 1; else hi = mid;
+    }
   }
-  T x = seq[lo * stride];
-  return lo + ((right ? !(x > v) : !(x >= v)) ? 1 : 0);
+  return lo;
 }
-// The same answer, starting from a hint (the previous answer of this thread). Any hint is safe:
-// it is used only when every element before it is below v; a few linear steps find the answer
-// for sorted queries, else a binary search of the rest does.
+// The same answer, starting from a hint (the previous answer of this thread). Any hint is safe
+// in a sequence whose answers are monotone: it is used only when every element before it is
+// below v; a few linear steps find the answer for sorted queries, else a binary search of the
+// rest does. A sequence ending in NaN (x != x) is not monotone: eager's full search answers.
 template <typename T, typename V>
 EMBER_FN int64_t ember_search_from(const T* seq, int64_t n, int64_t stride, V v, bool right, int64_t* hint) {
+  if (n > 0 && !(seq[(n - 1) * stride] == seq[(n - 1) * stride])) return ember_search(seq, n, stride, v, right);
   int64_t lo = *hint;
   if (lo < 0 || lo > n) lo = 0;
   if (lo > 0) {

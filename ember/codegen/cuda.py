@@ -48,7 +48,7 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.ops import Op
 from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, outer_var
-from . import cuda_online
+from . import cuda_online, cuda_scan
 from .cstyle import BodyRenderer, Language, acc_init, acc_type, device_size_lines, index_expr
 from .cuda_combine import COMBINE, combine_blocks, combine_rows, combine_slices
 from .cuda_plan import (  # noqa: F401 (cuda.launch_meta: the backend's name for it)
@@ -114,6 +114,7 @@ _STRATEGY = {
                      "warps split its slice and combine per lane, the last slice's block combines the slices",
     "full": "full reduction, many blocks -- the grid strides over the inner domain; the last block "
             "to finish combines the blocks' partials and runs the epilogue",
+    "scan": cuda_scan.STRATEGY,
     "single": "full reduction, one block -- its threads stride over the inner domain in every loop",
 }
 
@@ -197,6 +198,8 @@ class CudaKernelRenderer:
             render_tiles(self, staged_accesses(k), CUDA.storage)
         elif self.strategy in ("rows", "columns"):
             self._rows()
+        elif self.strategy == "scan":
+            cuda_scan.render_scan(self)
         else:
             self._full()
         self.close()

@@ -14,6 +14,7 @@ from ..ir import shapes as sh
 from ..ir.ops import Op
 from ..schedule.kernel_ir import Kernel, inner_var, outer_var
 from .cuda_prelude import POINTWISE_THREADS, REDUCTION_THREADS, UNROLL
+from .cuda_scan import items_per_thread
 from .cuda_tiles import LANES, TILE_ROWS, staged_accesses, tile_side
 from .cuda_vectors import RowForms, VectorPlan, plan_loop, row_forms
 from .layout import tile_counts
@@ -24,6 +25,8 @@ def strategy(kernel: Kernel) -> str:
     """'pointwise', or 'tiles' where some access is transposed (cuda_tiles.py); 'rows' or
     'columns' (an outer domain with reductions, a block per row or per 32 rows); 'full' (many
     blocks, combined by the last) or 'single' (one block)."""
+    if kernel.scans:
+        return "scan"  # codegen/cuda_scan.py
     if kernel.n_loops == 0:
         return "tiles" if staged_accesses(kernel) else "pointwise"
     if kernel.outer:  # (chunked kernels and reductions over the rows: a block per row)
@@ -33,7 +36,7 @@ def strategy(kernel: Kernel) -> str:
 
 def multi_block(kernel: Kernel) -> bool:
     """Can a full reduction run on many blocks? Partials travel through a float64 workspace, so one
-    loop of float or bool reductions, no arg-reductions (as codegen/triton.py's multi_program)."""
+    loop of float or bool reductions, no arg-reductions (as codegen/triton_loops.py's multi_program)."""
     return (kernel.n_loops == 1 and not kernel.outer
             and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) and (v.srcs[0].dtype.is_float or v.srcs[0].dtype.is_bool)
                     for v in kernel.reductions))
@@ -88,7 +91,7 @@ def vector_plan(kernel: Kernel, loop: int, most: int | None = None) -> VectorPla
     kind = strategy(kernel)
     if kind == "pointwise":
         return plan_loop(kernel, kernel.values, kernel.outer, inner=False, most=most) if loop == 0 else None
-    if kind == "columns" or loop == 0:
+    if kind in ("columns", "scan") or loop == 0:
         return None
     stores = [v for v in kernel.values if v.kind == "store" and v.inner and v.loop == loop]
     return plan_loop(kernel, kernel.loop_values(loop) + stores, kernel.inner, inner=True, peel=kind == "rows",
@@ -149,7 +152,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
     """What the launcher needs: the strategy, the outer/inner element counts as Python expressions
     of the size symbols, the argument counts, and the entry points (32- and 64-bit indices)."""
     kind = strategy(kernel)
-    width = vector_width(kernel)
+    width = items_per_thread(kernel) if kind == "scan" else vector_width(kernel)
     outer, inner = tile_counts(kernel) if kind == "tiles" else (sh.numel(kernel.outer), kernel.inner_hint)
     return {
         "strategy": kind,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from .cstyle import COMMON_PRELUDE
+from .cuda_scan import SCAN_PRELUDE
 
 UNROLL = 4                # elements per thread per iteration of every strided loop
 POINTWISE_THREADS = 256   # block size of pointwise kernels (their __launch_bounds__)
@@ -225,4 +226,4 @@ template <typename T, typename F> EMBER_FN T ember_column_reduce(T v, F combine,
   return v;
 }
 """.replace("__UNROLL__", str(UNROLL)).replace("__MAX_BLOCKS__", str(MAX_BLOCKS)).replace(
-    "__THREADS__", str(REDUCTION_THREADS))
+    "__THREADS__", str(REDUCTION_THREADS)) + SCAN_PRELUDE

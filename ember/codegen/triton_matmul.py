@@ -23,7 +23,8 @@ from ..ir import shapes as sh
 from ..schedule.indexing import recombine
 from ..schedule.kernel_ir import Kernel, Value, inner_var, outer_var
 from .layout import operand_layout
-from .triton import TL_TYPES, RenderError, TritonKernelRenderer
+from .triton import TritonKernelRenderer
+from .triton_alu import TL_TYPES, RenderError
 from .wrapper import pexpr
 
 # the tile's rows (BM, 1) and columns (1, BN), as operand loads index them

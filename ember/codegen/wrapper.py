@@ -24,21 +24,6 @@ from typing import Any
 
 import sympy
 import torch
-from torch.utils._sympy.functions import (
-    CeilToInt,
-    CleanDiv,
-    FloatPow,
-    FloatTrueDiv,
-    FloorDiv,
-    FloorToInt,
-    IntTrueDiv,
-    Mod,
-    ModularIndexing,
-    PythonMod,
-    RoundToInt,
-    ToFloat,
-    TruncToInt,
-)
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
@@ -46,105 +31,12 @@ from ..ir.node import ArgRef, Node
 from ..ir.ops import VIEW_OPS, Op
 from ..schedule.device_sizes import DEVICE_TOTALS
 from ..schedule.fusion import ExternStep, KernelStep, Schedule, ViewStep
-from ..schedule.indexing import compose_strided
+from ..schedule.indexing import base_layout, compose_strided
 from ..schedule.inplace import writes_in_place
+from .pyexpr import WrapperError, pexpr, shape_tuple
 
 # ATen calls whose result is always a new tensor: their buffers may be written over
 _FRESH_EXTERNS = frozenset({"mm", "addmm", "bmm", "baddbmm", "convolution", "_int_mm"})
-
-
-class WrapperError(ValueError):
-    """The graph needs something the wrapper cannot express (e.g. a size it cannot bind)."""
-
-
-def pexpr(e: Any, minmax: tuple[str, str] = ("max", "min"), in_triton: bool = False) -> str:
-    """A size expression as Python (``minmax``: how to spell max/min, e.g. for Triton tensors;
-    ``in_triton``: float powers and conversions of sizes spelled for a Triton kernel)."""
-    e = sympy.sympify(e)
-
-    def p(x: Any) -> str:
-        return pexpr(x, minmax, in_triton)
-
-    if isinstance(e, FloatPow):  # sizes in float math (an optimizer's 1 - 0.9 ** step)
-        return f"eh.pow({p(e.args[0])}, {p(e.args[1])})" if in_triton else f"({p(e.args[0])} ** {p(e.args[1])})"
-    if isinstance(e, ToFloat) and in_triton:
-        return f"({p(e.args[0])}).to(tl.float64)"
-    if isinstance(e, (FloorToInt, CeilToInt)) and sh.size_quotient(e.args[0]):  # a pad to a multiple of 32
-        a, b = e.args[0].args
-        if isinstance(e, FloorToInt):
-            return p(FloorDiv(a, b))
-        return f"(({p(a)} + {p(b)} - 1) // {p(b)})" if sh.nonnegative(a) else f"(-{p(FloorDiv(-a, b))})"
-    if isinstance(e, (TruncToInt, FloorToInt, CeilToInt, RoundToInt)):  # (interpolate's 1.5 * h)
-        x = p(e.args[0])
-        if in_triton:
-            fn = {TruncToInt: "", FloorToInt: "tl.floor", CeilToInt: "tl.ceil", RoundToInt: "eh.rint"}[type(e)]
-            return f"{fn}({x}).to(tl.int64)"
-        return {TruncToInt: f"int({x})", FloorToInt: f"int(({x}) // 1)", CeilToInt: f"(-int(-({x}) // 1))",
-                RoundToInt: f"round({x})"}[type(e)]
-
-    if isinstance(e, sympy.Abs):
-        return p(sh.abs_as_max(e))
-    if sh.bitwise_operator(e):
-        return f"({p(e.args[0])} {sh.bitwise_operator(e)} {p(e.args[1])})"
-    if isinstance(e, (*sh.MAXES, *sh.MINS)):
-        fn = minmax[0] if isinstance(e, sh.MAXES) else minmax[1]
-        out = p(e.args[0])
-        for a in e.args[1:]:
-            out = f"{fn}({out}, {p(a)})"
-        return out
-    if isinstance(e, sympy.Add):
-        return "(" + " + ".join(p(a) for a in e.args) + ")"
-    if isinstance(e, sympy.Mul):
-        return "(" + " * ".join(p(a) for a in e.args) + ")"
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        return e.name
-    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) >= 0:
-        # (products: Triton's scalars take no **)
-        return "(" + " * ".join([p(e.base)] * int(e.exp)) + ")" if int(e.exp) else "1"
-    if isinstance(e, (FloorDiv, CleanDiv, ModularIndexing, Mod, PythonMod, sympy.Mod)):
-        a, b = e.args[:2]
-        if isinstance(e, ModularIndexing):
-            a, b = FloorDiv(a, b) if b != 1 else a, e.args[2]
-        floor = isinstance(e, (FloorDiv, CleanDiv))
-        if in_triton and not (sh.nonnegative(a) and sh.nonnegative(b)):
-            # Triton's // and % truncate as C's do: Python's, for a size expression that may be
-            # negative (an int argument n % 3)
-            return f"eh.{'floordiv_int' if floor else 'mod_int'}({p(a)}, {p(b)})"
-        return f"({p(a)} {'//' if floor else '%'} {p(b)})"
-    if isinstance(e, (IntTrueDiv, FloatTrueDiv)):
-        return f"({p(e.args[0])} / {p(e.args[1])})"
-    if isinstance(e, ToFloat):
-        return f"float({p(e.args[0])})"
-    if e in (sympy.true, sympy.false):
-        return str(bool(e))
-    if isinstance(e, sympy.core.relational.Relational) and e.rel_op in _COMPARISONS:
-        # a graph returning a size test (``is_causal=q.shape[2] > 1`` split off by Dynamo)
-        return f"({p(e.lhs)} {_COMPARISONS[e.rel_op]} {p(e.rhs)})"
-    if isinstance(e, (sympy.And, sympy.Or)):
-        return "(" + (" and " if isinstance(e, sympy.And) else " or ").join(p(a) for a in e.args) + ")"
-    if isinstance(e, sympy.Not):
-        return f"(not {p(e.args[0])})"
-    if isinstance(e, sympy.Piecewise) and not in_triton and e.args[-1][1] is sympy.true:
-        out = p(e.args[-1][0])  # (narrow's start normalized where it may be negative)
-        for value, cond in reversed(e.args[:-1]):
-            out = f"({p(value)} if {p(cond)} else {out})"
-        return out
-    fn = sh.unary_float_fn(e)
-    if fn is not None:  # math.sqrt(h): an attention scale
-        return f"tl.{fn}(({p(e.args[0])}).to(tl.float64))" if in_triton else f"math.{fn}({p(e.args[0])})"
-    if e.is_Number:
-        return repr(float(e))
-    raise WrapperError(f"size expression {e} has no Python spelling here")
-
-
-_COMPARISONS = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
-
-
-def shape_tuple(shape: tuple[sympy.Expr, ...]) -> str:
-    items = [pexpr(s) for s in shape]
-    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
 @dataclass
@@ -282,6 +174,10 @@ class WrapperWriter:
         last_use = self.last_use = self._last_uses()
         outputs = self.outputs = {o for o in g.outputs if o is not None}
         self.output_vars = self._output_vars(outputs)
+        fresh = self._shared_outputs()
+        traced = self._traced_layouts(fresh)
+        # (an ATen result whose outputs are replayed from a copy of it: alive until then)
+        self.output_vars |= {self.var[base] for base, (_, layout) in traced.items() if layout is not None}
         # ATen results that kernels read densely, where the graph also returns them or a view of
         # them: the variable holding the result as ATen laid it out
         self.eager_layout: dict[Node, str] = {}
@@ -297,9 +193,9 @@ class WrapperWriter:
             if dead:
                 self.emit("del " + ", ".join(sorted(dead)))
         returned = [self._output(i, o) for i, o in enumerate(g.outputs)]
-        fresh = self._shared_outputs()
         for i in fresh:
             returned[i] = self._fresh_copy(i, returned[i])
+        self._as_traced(traced, returned)
         self._distinct_outputs(returned, fresh)
         self.emit("return (" + "".join(r + ", " for r in returned) + ")")
         return Wrapper("\n".join(self.lines) + "\n", self.constants)
@@ -373,6 +269,55 @@ class WrapperWriter:
                 self.emit(f"{name} = {var}.detach()  # the same memory, a tensor of its own")
                 returned[i] = name
             seen.add(var)
+
+    def _traced_layouts(self, fresh: list[int]) -> dict[Node, tuple[list[int], sh.Shape | None]]:
+        """Outputs in the memory of an ATen result come back with the strides they were traced
+        with: ATen lays its result out as it does (a convolution's follows its input), and a
+        clone or ``.contiguous()`` of it, which would have changed that, is no op in ember's IR.
+        Copied at run time only where the layouts differ (``as_traced``). Several outputs over
+        one result (``y = conv(x).contiguous()``; ``y, y[:, 0]``) get one copy, laid out so that
+        each has eager's strides, and are replayed from it: they share memory as in eager.
+        Overlapping layouts (a broadcast view of the result) stay as replayed.
+
+        {ATen result: (the outputs over it, the layout they are replayed from, or None: each
+        output on its own)}."""
+        g = self.s.graph
+        over: dict[Node, list[int]] = {}
+        for i, node in enumerate(g.outputs):
+            strides = g.output_strides[i] if i < len(g.output_strides) else None
+            if (node is None or i in g.scalar_outputs or i in fresh or strides is None or node.shape is None
+                    or len(strides) != node.rank or self._memory_of(node).op not in (Op.EXTERN, Op.GETITEM)
+                    or not sh.free_symbols(strides) <= set(self.symbols)
+                    or any(sh.equal(st, 0) and not sh.is_one(n) for st, n in zip(strides, node.shape))):
+                continue
+            over.setdefault(self._memory_of(node), []).append(i)
+        return {base: (outs, self._one_layout(base, outs) if len(outs) > 1 else None) for base, outs in over.items()}
+
+    def _as_traced(self, traced: dict[Node, tuple[list[int], sh.Shape | None]], returned: list[str]) -> None:
+        g = self.s.graph
+        for base, (outs, layout) in traced.items():
+            if layout is not None:
+                name = f"{self.var[base]}_traced"
+                self.emit(f"{name} = as_traced({self.eager_layout.get(base, self.var[base])}, {shape_tuple(layout)})"
+                          "  # eager's layout, for the outputs over it")
+                for i in outs:
+                    returned[i] = self._replayed(name, g.outputs[i], base)
+                continue
+            for i in outs:
+                self.emit(f"out{i} = as_traced({returned[i]}, {shape_tuple(g.output_strides[i])})  # eager's layout")
+                returned[i] = f"out{i}"
+
+    def _one_layout(self, base: Node, outs: list[int]) -> sh.Shape | None:
+        """The layout of ``base`` giving every output in ``outs`` (``base`` itself, or views
+        replayed from it) eager's strides; None where they want different ones."""
+        g = self.s.graph
+        layouts = set()
+        for i in outs:
+            node, strides = g.outputs[i], g.output_strides[i]
+            if node is not base and self.view_base.get(node) is not base:
+                return None
+            layouts.add(tuple(strides) if node is base else base_layout(node, base, strides))
+        return layouts.pop() if len(layouts) == 1 and None not in layouts else None
 
     def _fresh_copy(self, i: int, var: str) -> str:
         """Output ``i`` copied into memory of its own, laid out as eager returns it."""
@@ -629,14 +574,21 @@ class WrapperWriter:
         return self._const(t, "arg")
 
     def _view(self, step: ViewStep) -> None:
-        chain: list[Node] = []
-        n = step.node
-        while n is not step.base:
-            chain.append(n)
-            n = n.inputs[0]
         # (an output's view is taken of eager's layout, as the graph reading it was traced)
         expr = self.eager_layout.get(step.base, self.var[step.base]) if step.node in self.outputs else (
             self.var[step.base])
+        name = f"view{len(self.var)}"
+        self.var[step.node] = name
+        self.emit(f"{name} = {self._replayed(expr, step.node, step.base)}")
+
+    @staticmethod
+    def _replayed(expr: str, view: Node, base: Node) -> str:
+        """The chain of views from ``base`` (the tensor ``expr``) up to ``view``, as Python."""
+        chain: list[Node] = []
+        n = view
+        while n is not base:
+            chain.append(n)
+            n = n.inputs[0]
         for v in reversed(chain):
             if v.op is Op.RESHAPE:
                 expr = f"{expr}.reshape({shape_tuple(v.shape)})"
@@ -648,9 +600,7 @@ class WrapperWriter:
                 dim, start, step_, length = v.arg
                 end = sympy.expand(start + (length - 1) * step_ + 1)
                 expr = f"{expr}[{', '.join([':'] * dim + [f'{pexpr(start)}:{pexpr(end)}:{pexpr(step_)}'])}]"
-        name = f"view{len(self.var)}"
-        self.var[step.node] = name
-        self.emit(f"{name} = {expr}")
+        return expr
 
 
 def _safe(name: str) -> str:

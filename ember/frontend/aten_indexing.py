@@ -52,7 +52,8 @@ def _scatter(ctx: Context, x: Node, dim: int, index: Node, src: Any) -> Node:
     is a select per element: out[p] = src[q] where index[q] == p[dim], else x[p]."""
     _index_dtype("scatter", index)
     dim = dim % max(x.rank, 1)
-    m = sh.static(index.shape[dim]) if index.rank == x.rank else None
+    # (a 0-d self's and index's dim 0 is no dim of theirs: read, it failed the whole graph)
+    m = sh.static(index.shape[dim]) if index.rank == x.rank and x.rank > 0 else None
     x_sizes, index_sizes = ctx.arg_metas[0].shape, ctx.arg_metas[2].shape
     if x.rank == 0 or m is None or m > 8 or not all(
             ctx.known(a == b) for d, (a, b) in enumerate(zip(index_sizes, x_sizes)) if d != dim):
@@ -203,8 +204,13 @@ def _embedding(ctx: Context, weight: Node, indices: Node, padding_idx: int = -1,
 def _search(ctx: Context, seq: Node, values: Any, out_int32: bool, right: bool) -> Node:
     if not isinstance(values, Node):
         raise Unsupported("searchsorted of a Python scalar")
-    if seq.rank != 1 or seq.dtype.is_low_precision or seq.dtype.is_bool or seq.dtype != values.dtype:
-        raise Unsupported("searchsorted over a sequence that is not 1-d, or of another dtype")
+    if seq.rank == 0 or seq.dtype.is_low_precision or seq.dtype.is_bool or seq.dtype != values.dtype:
+        raise Unsupported("searchsorted over a 0-d sequence, or one of another dtype")
+    # a batched search (top-p sampling's per-row cumulative probabilities): eager wants the
+    # leading dims of values equal to the sequence's; any other shape is ATen's (and its error)
+    if seq.rank > 1 and (values.rank != seq.rank or not all(
+            ctx.known_equal(a, b) for a, b in zip(seq.shape[:-1], values.shape[:-1]))):
+        raise Unsupported("batched searchsorted whose values' leading dims are not the sequence's")
     dtype = dt.int32 if out_int32 else dt.int64
     return ctx.make(Op.SEARCH, (seq, values), (bool(right), False), dtype=dtype)
 

@@ -782,20 +782,33 @@ def _var_mean(ctx: Context, x: Node, dim: Any = None, *, correction: Any = None,
 @register(aten.linalg_vector_norm.default)
 def _vector_norm(ctx: Context, x: Node, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,
                  dtype: Any = None) -> Node:
-    """The 2-norm (F.normalize, cosine similarity) and 1-norm as a sum over the reduced dims, so
-    they fuse with what reads them; other orders and dtype arguments run through ATen."""
-    if ord not in (1, 2) or dtype is not None or x.dtype is None or not x.dtype.is_float or x.rank == 0:
+    """The 2-norm (F.normalize, cosine similarity, clip_grad_norm_), the 1-norm, the inf and -inf
+    norms (the largest and smallest magnitude) and the 0-"norm" (a count of nonzeros) as
+    reductions over the reduced dims, so they fuse with what reads them; other orders run through
+    ATen. A ``dtype`` casts the input first, as eager does."""
+    if ord not in (0, 1, 2, math.inf, -math.inf) or x.dtype is None or not x.dtype.is_float:
         raise Unsupported(f"vector_norm of order {ord!r} (dtype={dtype})")
+    if dtype is not None:
+        if not ctx.out_dtype.is_float:
+            raise Unsupported(f"vector_norm with dtype={dtype}")
+        x = ctx.cast(x, ctx.out_dtype)
     dims = _dims(dim, x.rank)
     x = ctx.cast(x, dt.compute_dtype(x.dtype))
+    if ord in (math.inf, -math.inf):
+        if x.rank and not all(ctx.known_nonzero(x.shape[d]) for d in dims):
+            raise Unsupported("the inf norm of no elements raises in ATen (the size may be 0)")
+        op = Op.AMAX if ord > 0 else Op.AMIN
+        return _reduce(ctx, op, ctx.make(Op.ABS, (x,)), dims, keepdim)
+    if ord == 0:  # (a NaN counts, as in eager)
+        nonzero = ctx.make(Op.NE, (x, ctx.operand(0, x.dtype, x.shape)))
+        return _reduce(ctx, Op.SUM, ctx.cast(nonzero, x.dtype), dims, keepdim)
     if ord == 2 and sh.is_one(sh.numel([x.shape[d] for d in dims])):
         # the norm of one element is its size, as eager's is: its square overflows past 1.8e19
         # in float32 (and goes subnormal below 1e-19)
         ord = 1
     terms = ctx.make(Op.MUL, (x, x)) if ord == 2 else ctx.make(Op.ABS, (x,))
-    total = ctx.make(Op.SUM, (terms,), dims)
-    norm = ctx.make(Op.SQRT, (total,)) if ord == 2 else total
-    return _keepdim_or_squeeze(ctx, norm, dims, keepdim)
+    total = _reduce(ctx, Op.SUM, terms, dims, keepdim)
+    return ctx.make(Op.SQRT, (total,)) if ord == 2 else total
 
 
 @register(aten.std.correction, aten.std_mean.correction)

@@ -11,6 +11,12 @@ ATen's kernels:
   added the terms of target slots after the list's first -1 (each with the input of class 0):
   wrong losses and gradients for any row with fewer targets than classes.
 
+``one_hot`` (torch 2.13 decomposes it at CompositeImplicitAutograd, in Python): the decomposition
+drops eager's checks that the classes are int64 (an int32 tensor of expert ids gave a one-hot
+where eager raises) and that an empty tensor has a positive number of classes.
+``check_one_hot_dtype()`` adds them to it for the life of the process (Dynamo runs it on fake
+tensors before any backend is called; the checks only raise eager's errors).
+
 (softshrink's decomposition gives a NaN input a gradient of 0, as eager's vectorized kernel does,
 where its scalar tail passes the incoming one: eager has no one answer there.)
 
@@ -140,3 +146,28 @@ def eager_decompositions() -> Iterator[None]:
             else:
                 op.py_kernels[DispatchKey.Autograd] = fn
             op._dispatch_cache.clear()
+
+
+def check_one_hot_dtype() -> None:
+    """Give torch's Python decomposition of ``one_hot`` (where it has one) eager's checks: classes
+    that are not int64, or no classes for an empty tensor, are eager's RuntimeError. Once per
+    process."""
+    op = aten.one_hot.default
+    decomposition = op.py_kernels.get(DispatchKey.CompositeImplicitAutograd)
+    if decomposition is None or getattr(decomposition, "_ember_checks_dtype", False):
+        return
+
+    def one_hot(self: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
+        torch._check(self.dtype == torch.int64,
+                     lambda: f"one_hot is only applicable to index tensor of type LongTensor (got {self.dtype}).")
+        # (eager's kernel: no classes to give an empty tensor; the decomposition made a (..., 0) one)
+        torch._check(num_classes > 0 or self.numel() != 0,
+                     lambda: "Can not infer total number of classes from empty tensor.")
+        return decomposition(self, num_classes)
+
+    one_hot._ember_checks_dtype = True  # type: ignore[attr-defined]
+    op.py_kernels[DispatchKey.CompositeImplicitAutograd] = one_hot
+    op._dispatch_cache.clear()
+
+
+check_one_hot_dtype()

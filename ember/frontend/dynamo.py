@@ -25,6 +25,7 @@ from .autograd_decomps import (
     multi_margin_loss,
     multilabel_margin_loss_forward,
 )
+from .optimizer_decomps import optimizer_decompositions
 from .partition import partition
 
 aten = torch.ops.aten
@@ -124,6 +125,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # torch's decompositions give a term at the margin a gradient and let a NaN in (autograd_decomps.py)
     table[aten.multi_margin_loss.default] = in_table(multi_margin_loss)
     table[aten.multilabel_margin_loss_forward.default] = in_table(multilabel_margin_loss_forward)
+    # list ops split per tensor, Dynamo's fma, add's symbolic alpha, GradScaler's ops (optimizer_decomps.py)
+    table.update(optimizer_decompositions())
     return table
 
 

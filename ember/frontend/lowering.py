@@ -241,7 +241,7 @@ def _device_of(gm: torch.fx.GraphModule) -> str:
 def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozenset[int] = frozenset()) -> Graph:
     """Turn an ATen-level FX graph into an ember Graph (unsimplified; the pass pipeline follows).
     ``donated``: the placeholder indices whose memory the graph may reuse (``InputSpec.donated``)."""
-    from . import aten_indexing, aten_reorder, aten_table  # noqa: F401  (fill LOWERINGS)
+    from . import aten_indexing, aten_reorder, aten_scans, aten_table  # noqa: F401  (fill LOWERINGS)
 
     ctx = Context(_device_of(gm))
     env: dict[torch.fx.Node, Any] = {}

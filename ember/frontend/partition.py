@@ -42,8 +42,9 @@ of a sum). Eager rounds after every op of the chain, so the result stays within 
 Anything else goes to min-cut unchanged: several tangents or a non-scalar one, mutating or random
 ops, RNG seed or backward-state inputs, higher-order ops, activation-checkpoint tags, a gradient
 that does not depend on the tangent or is not linear in it (a gradient hook or a custom backward
-that clips it: linearity.py), or the option ``grad_in_forward=False``
-(``EMBER_GRAD_IN_FORWARD=0``).
+that clips it: linearity.py), a masked chain whose scale may be inf where eager's gradient would
+be NaN (cross-entropy's mean with class weights that may all be 0: scale_nan.py), or the option
+``grad_in_forward=False`` (``EMBER_GRAD_IN_FORWARD=0``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from ..config import config as default_config
 from ..runtime import stats
 from .linearity import is_view_op, masks_gradient, nonlinear_op
 from .row_ids import mark_row_ids_for_recompute
+from .scale_nan import hidden_nan
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -167,6 +169,12 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
     if nonlinear:  # (a gradient hook or a custom backward: grad(u) = u * grad(1) does not hold)
         log(1, f"partition: min-cut (the gradient is not linear in the incoming one: {nonlinear})", cfg)
         return None
+    masked = masks_gradient(scaled_part)
+    # (before the scale is replaced: the check follows its uses)
+    hidden = hidden_nan(scale, kept, scaled_part, dependent) if masked else None
+    if hidden:
+        log(1, f"partition: min-cut ({hidden})", cfg)
+        return None
     scale_val = scale.meta["val"]
     fake_mode = detect_fake_mode([scale_val])
 
@@ -185,21 +193,17 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
             user.replace_input_with(scale, one)
 
     # grad_i = K_i * u, in the gradient's dtype; u as a 0-d tensor so it neither broadcasts K_i
-    # to more dims nor promotes K_i's dtype. Where the chain masks (cross-entropy's ignored rows:
-    # where(target != ignore, g / total_weight, 0)), eager masks after scaling: with every row
-    # ignored u is g / 0, whose product with the zeros is NaN, not eager's 0, so there grad_i is 0
-    # where K_i is. Elsewhere a u of inf or NaN makes every product NaN, as in eager (a masked
-    # mean over an empty mask). Known limit: in a chain that masks, a K_i that is 0 for another
-    # reason (a factor of 0) gives 0 under an inf or NaN u where eager gives NaN; telling the
-    # two zeros apart would take a second chain in the forward. Where that factor is an input
-    # of weights (cross-entropy's per class, 0 for a class left out) the plan is not taken.
-    masked = masks_gradient(scaled_part)
-    if masked and _scaled_by_an_input(scaled_part, dependent):
-        # K_i is also 0 where an input weight is (cross-entropy's class weights), and eager's
-        # gradient there is NaN when u is not finite (every class of the batch weighs 0: -0 / 0);
-        # the mask below would make it 0
-        log(1, "partition: min-cut (a masked gradient scaled by an input, which may be 0)", cfg)
-        return None
+    # to more dims nor promotes K_i's dtype. A u of NaN makes the products NaN, as eager's
+    # gradients are. A u of +-inf (a tangent of inf, a mean's divisor of 0) makes them +-inf
+    # where eager's may be NaN instead (a matmul's backward adding inf and -inf): non-finite
+    # either way, which is what GradScaler checks, but not the same values. Where the chain masks
+    # (cross-entropy's ignored rows: where(target != ignore, g / total_weight, 0)), eager masks
+    # after scaling: with every row ignored u is g / 0, whose product with the zeros is NaN, not
+    # eager's 0, so there grad_i is 0 where K_i is. A K_i that is 0 for another reason (a factor
+    # of 0: a class weight) is eager's 0 * inf = NaN instead; telling the two zeros apart would
+    # take a second chain in the forward, so where u's divisor may be 0 while such a factor is in
+    # the chain the plan is not taken (scale_nan.py). Known limit: a u made inf or NaN by the
+    # tangent (backward(inf)) or by a forward value that is not finite gives those elements 0.
     scaled: dict[fx.Node, fx.Node] = {}
     with graph.inserting_before(output), fake_mode:
         u = scale
@@ -239,28 +243,6 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
                                           num_fwd_outputs=num_fwd_outputs)
         log(1, f"partition: inputs not saved for version checks:\n{traceback.format_exc()}", cfg)
     return fw, bw
-
-
-def _scaled_by_an_input(nodes: Sequence[fx.Node], dependent: set[fx.Node]) -> bool:
-    """Does the gradient chain multiply by a floating-point tensor of weights whose elements may
-    be 0 where no mask is: an input of the graph or a constant of it (or a view of one:
-    cross-entropy's class weights, passed in, held by a module, or made in the function as
-    ``torch.zeros(C)``)? (A 0-d one, a loss's weight, scales every element alike; a tensor
-    filled with a nonzero value has no 0.)"""
-    for node in nodes:
-        if node.op != "call_function" or node.target not in (aten.mul.Tensor, aten.div.Tensor):
-            continue
-        for a in node.args:
-            while isinstance(a, fx.Node) and a not in dependent and a.op == "call_function" and is_view_op(a.target):
-                a = a.args[0]
-            val = a.meta.get("val") if isinstance(a, fx.Node) else None
-            if not (isinstance(val, torch.Tensor) and val.is_floating_point() and val.dim() > 0):
-                continue
-            if a.op == "get_attr" or a.op == "placeholder" and not _is_tangent(a):
-                return True
-            if a.op == "call_function" and a.target is aten.full.default and a.args[1] == 0:
-                return True
-    return False
 
 
 def _version_witnesses(fwd_outputs: Sequence[Any], grads: Sequence[Any], tangent: fx.Node) -> list[fx.Node]:

@@ -48,6 +48,22 @@ class InputSpec:
     item: sympy.Symbol | None = None
 
 
+SCAN_COMBINES = ("sum", "prod", "logsumexp")
+
+
+@dataclass(frozen=True)
+class ScanArg:
+    """Op.SCAN's arg: ``combine`` (one of SCAN_COMBINES) accumulated along ``dim``, from its last
+    element down when ``reverse`` (a cumsum of a flipped tensor, flipped back: its gradient)."""
+
+    combine: str
+    dim: int
+    reverse: bool = False
+
+    def __str__(self) -> str:
+        return f"{'reversed ' if self.reverse else ''}{self.combine} along {self.dim}"
+
+
 @dataclass(frozen=True)
 class ArgRef:
     """Placeholder for the i-th tensor input of an EXTERN node inside its argument template."""
@@ -211,6 +227,13 @@ def infer(op: Op, inputs: Sequence[Node], arg: Any, dtype: dt.DType | None) -> t
             raise IRError(f"index_put: values must be {x.dtype} of shape {sh.fmt(want)}, got "
                           f"{src.dtype} of shape {sh.fmt(src.shape)}")
         return x.dtype, x.shape
+    if op is Op.SCAN:
+        (x,) = inputs
+        if (not isinstance(arg, ScanArg) or arg.combine not in SCAN_COMBINES or not 0 <= arg.dim < x.rank
+                or x.dtype.is_bool or arg.combine == "logsumexp" and not x.dtype.is_float):
+            raise IRError(f"scan: a ScanArg over a dim of a rank-{x.rank} {x.dtype} input (numbers; "
+                          "logsumexp of floats)")
+        return x.dtype, x.shape
     if op is Op.SEGMENT_REDUCE:
         x, offsets = inputs
         if arg not in (Op.SUM, Op.AMAX, Op.AMIN) or x.rank < 1 or offsets.rank != 1 or not offsets.dtype.is_int:
@@ -231,8 +254,12 @@ def infer(op: Op, inputs: Sequence[Node], arg: Any, dtype: dt.DType | None) -> t
         return dt.float32, (a.shape[0], b.shape[1])
     if op is Op.SEARCH:
         seq, values = inputs
-        if seq.rank != 1 or seq.dtype != values.dtype:
-            raise IRError("search: a 1-d sorted sequence of the values' dtype")
+        # (a sequence of rank > 1 is a batch of them: values' leading dims pick the row searched)
+        leading = zip(seq.shape[:-1], values.shape[:-1])
+        if seq.rank == 0 or seq.dtype != values.dtype or (
+                seq.rank > 1 and (values.rank != seq.rank or any(sh.provably_different(a, b) for a, b in leading))):
+            raise IRError("search: sorted sequences (one, or one per leading index of the values) "
+                          "of the values' dtype")
         return dtype or dt.int64, values.shape
     if op is Op.IOTA:
         length, _start, _step = arg

@@ -103,6 +103,11 @@ class Op(Enum):
     ANY = "any"
     ALL = "all"
 
+    # --- scans: arg = ScanArg (combine, dim, reverse); output = input's shape and dtype -----------
+    SCAN = "scan"              # out[.., i, ..] = x[.., 0, ..] (+) .. (+) x[.., i, ..] along dim (from the
+    #                            end when reverse): cumsum, cumprod, logcumsumexp. 16-bit floats
+    #                            accumulate in float32 and round each result, as eager does
+
     # --- data-dependent indexing ----------------------------------------------------------------
     GATHER = "gather"          # (x, index), arg: dim. out[p] = x[p with p[dim] = index[p]]
     INDEX = "index"            # (x, i0, .., ik-1), arg: first indexed dim d; indices of one shape I,
@@ -148,6 +153,7 @@ BINARY_OPS = frozenset({
 })
 TERNARY_OPS = frozenset({Op.WHERE})
 POINTWISE_OPS = UNARY_OPS | BINARY_OPS | TERNARY_OPS
+SCAN_OPS = frozenset({Op.SCAN})
 REDUCE_OPS = frozenset({Op.SUM, Op.PROD, Op.AMAX, Op.AMIN, Op.ARGMAX, Op.ARGMIN, Op.ANY, Op.ALL})
 EXTERN_OPS = frozenset({Op.EXTERN, Op.GETITEM})
 

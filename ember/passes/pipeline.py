@@ -22,6 +22,7 @@ from .masks import mask_multiplies
 from .matmul import fold_matmul_adds, matmul_epilogues
 from .onehot import one_hot_sums
 from .ragged import ragged_writes_as_gathers
+from .scans import reversed_scans
 from .views import simplify_views
 
 Pass = Callable[[Graph], Graph]
@@ -32,6 +33,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("simplify_views", simplify_views),
     ("ragged_writes_as_gathers", ragged_writes_as_gathers),
     ("cse", cse),
+    ("reversed_scans", reversed_scans),
     ("one_hot_sums", one_hot_sums),
     ("matmul_epilogues", matmul_epilogues),
     ("fold_matmul_adds", fold_matmul_adds),

@@ -363,6 +363,9 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
             return big, balanced_grid(_cdiv(outer, total // group), resident(total)), (group, total // group)
         block = threads(need)
         return big, balanced_grid(outer, resident(block)), block
+    if strategy == "scan":  # a block per row, ``vector`` elements a thread per chunk (codegen/cuda_scan.py)
+        block = threads(_cdiv(inner, vector))
+        return big, balanced_grid(outer, resident(block)), block
     if strategy == "columns":  # 32 rows per block, warps split the inner domain (or its slice)
         slices = column_slices(outer, inner, sms) if split else 1
         block = 32 * min(max(1, _pow2_ceil(_cdiv(_cdiv(inner, slices), 4 * cuda.UNROLL))), limit // 32)

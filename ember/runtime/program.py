@@ -110,6 +110,18 @@ def relayout(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
     return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
 
 
+def as_traced(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+    """``t``, an ATen result the program returns, or its values laid out with the strides the
+    graph was traced with where ATen laid it out otherwise: a clone or ``.contiguous()`` of it is
+    no op in ember's IR (``conv2d(x).contiguous()`` of a channels_last ``x`` came back
+    channels_last, and the user's ``.view(n, -1)`` raised where eager's did not). Dims of size 1
+    may have any stride; nothing is stored in an empty tensor."""
+    if t.layout != torch.strided or t.numel() == 0 or all(
+            a == b or n == 1 for a, b, n in zip(t.stride(), strides, t.shape)):
+        return t
+    return relayout(t, strides)
+
+
 def boxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:
     """``fn(*args)`` in AOTAutograd's boxed convention (for graphs that run through ATen)."""
 
@@ -198,7 +210,7 @@ class CompiledProgram:
             log(4, f"{name}: {kernel} {ms:.3f} ms", cfg)
 
         ns = {"torch": torch, "math": math, **_fast_allocators(), "advise_huge": make_advise_huge(cfg),
-              "relayout": relayout, "in_graphed_step": capture.in_graphed_step,
+              "relayout": relayout, "as_traced": as_traced, "in_graphed_step": capture.in_graphed_step,
               "thread_error_flag": thread_error_flag,
               "check_error_flag": check_error_flag, "timed": timed, **namespace}
         filename = f"<ember wrapper {name}>"

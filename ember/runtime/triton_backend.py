@@ -31,6 +31,8 @@ import torch
 
 from ..codegen import cuda_matmul as cuda_matmul_source
 from ..codegen import triton as tr
+from ..codegen.triton_alu import RenderError
+from ..codegen.triton_loops import ROW_GROUP
 from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
 from . import cache_dirs, cuda_matmul, stats
@@ -258,7 +260,7 @@ class Launcher:
                     counts += programs
                 if rows:  # then a share per row block of every reduction over the rows, a
                     # partial per group of row blocks, a counter of all, then one per group
-                    groups = triton_cdiv(programs, tr.ROW_GROUP)
+                    groups = triton_cdiv(programs, ROW_GROUP)
                     floats += rows * (programs + groups)
                     counts += 1 + 32 * groups
                 buffers[stream] = (torch.empty(floats, dtype=torch.float64, device=device),
@@ -470,7 +472,7 @@ class TritonBackend(Backend):
             return cuda_matmul_source.render_kernel(kernel)
         try:
             return tr.render_kernel(kernel)
-        except tr.RenderError as e:
+        except RenderError as e:
             return f"# {kernel.name}: not expressible in Triton ({e}); runs through ATen"
 
     def render_module(self, kernels: list[Kernel]) -> str:
@@ -503,7 +505,7 @@ class TritonBackend(Backend):
         if rendered is None:
             try:
                 source = tr.render_module(kernels)  # (Triton only: Hopper kernels were taken out)
-            except tr.RenderError as e:
+            except RenderError as e:
                 raise BuildError(str(e)) from None
             # the kernels ride along so that their ids stay theirs while the entry lives
             rendered = _rendered[ident] = (list(kernels), source, [tc.hints_of(k) for k in kernels])

@@ -509,3 +509,16 @@ def mod_bf16(a, b):
 def mod_f16(a, b):
     m = round_f16(fmod_float(a, b))
     return tl.where((m != 0) & ((b < 0) != (m < 0)), round_f16(m + b), m)
+
+
+# ---- scans ----------------------------------------------------------------------------------
+
+@triton.jit
+def logaddexp(a, b):
+    """logcumsumexp's combine, as eager's step (log1p(exp(lo - hi)) + hi): NaN propagates, and
+    two equal infinities give that infinity (their difference would be NaN)."""
+    lo = tl.where(a < b, a, b)
+    hi = tl.where(a < b, b, a)
+    same_inf = (lo == hi) & (tl.abs(lo) == float("inf"))
+    out = log1p(tl.exp(tl.where(same_inf, 0.0, lo) - tl.where(same_inf, 1.0, hi))) + hi
+    return tl.where((a != a) | (b != b), a + b, tl.where(same_inf, a, out))

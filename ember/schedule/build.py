@@ -98,6 +98,9 @@ class GroupSpec:
     final: bool = False
     # a matmul's (outer (M, N), inner (K,)) and its epilogue: Op.MATMUL nodes become dot values
     matmul: bool = False
+    # a scan kernel (inner (the scanned dim,)): Op.SCAN nodes at their home become scan values;
+    # whether its loop walks the rows from their end (its scans reversed)
+    scan: bool | None = None
 
 
 class KernelBuilder:
@@ -129,6 +132,8 @@ class KernelBuilder:
         inner = any(s.inner for s in srcs) or (expr is not None and _has_inner(expr))
         if kind in ("reduce", "rowreduce", "dot"):
             inner = False
+        elif kind == "scan":
+            inner = True  # a running value along the row, even of a source constant along it
         elif kind == "chunksum":
             inner = True  # a column: one partial sum per inner position
         value = Value(kind, dtype, tuple(srcs), arg, inner=inner)
@@ -293,7 +298,11 @@ class KernelBuilder:
                 return self.load(base, offset(point, strides, off))
             return self.value_of(node.inputs[0], map_view(node, point))
         if op in REDUCE_OPS:
+            if self.spec.scan is not None:  # (a scan kernel has one loop, accumulating nothing else)
+                raise NeedsBuffer(node)
             return self._reduce(node, point)
+        if op is Op.SCAN:
+            return self._scan(node, point)
         if op is Op.CAT:
             return self._cat(node, point)
         if op is Op.PAD:
@@ -354,8 +363,14 @@ class KernelBuilder:
         previous, self._reader = self._reader, node
         value = self.value_of(values, point)
         self._reader = previous
-        arg = SearchArg(info.name, sympy.expand(start), sympy.expand(strides[0]), seq.shape[0], bool(node.arg[0]))
-        return self._emit("search", node.dtype, (value,), arg)
+        # a batched search (seq of shape (..., N), values of shape (..., M)) searches the row of
+        # seq at the point's leading coordinates
+        last = seq.rank - 1
+        start = start + sum((p * st for p, st in zip(point[:last], strides[:last])), sympy.Integer(0))
+        arg = SearchArg(info.name, sympy.expand(start), sympy.expand(strides[last]), seq.shape[last],
+                        bool(node.arg[0]))
+        # (the row searched may move along the inner loop where the value, broadcast, does not)
+        return self._emit("search", node.dtype, (value,), arg, expr=arg.start)
 
     def _known_row(self, index: Node, point: Point, size: sympy.Expr) -> sympy.Expr | None:
         """A row id used as an index into a (B, ...) tensor inside that row's segment kernel:
@@ -468,6 +483,23 @@ class KernelBuilder:
             src = self._as_eager_holds(src)
         position = offset(tuple(inner_var(j) for j in range(len(dims))), sh.contiguous_strides(extents))
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.op, position))
+
+    def _scan(self, node: Node, point: Point) -> Value:
+        """A scan at its home in a scan kernel: (o.., r0, o..) with r0 along its dim, the loop
+        running in its direction (one direction a kernel). Elsewhere (read shifted, transposed,
+        in a row kernel) it needs a kernel of its own."""
+        (x,) = node.inputs
+        arg = node.arg
+        home = scan_home(node.shape, arg.dim)
+        if (self.spec.scan is not arg.reverse or tuple(point) != home or len(self.spec.inner) != 1
+                or not sh.equal(self.spec.inner[0], x.shape[arg.dim])):
+            raise NeedsBuffer(node)
+        previous, self._reader = self._reader, node
+        # (a 16-bit source rounded as eager holds it: a product over a row amplified the
+        # difference of each unrounded element)
+        src = self._as_eager_holds(self.value_of(x, point))
+        self._reader = previous
+        return self._emit("scan", node.dtype, (src,), arg)
 
     def _as_eager_holds(self, v: Value) -> Value:
         """A 16-bit float value rounded to its dtype, as eager holds it. ember computes 16-bit
@@ -664,6 +696,10 @@ class KernelBuilder:
             rows = sympy.Max(offsets.shape[0] - 1, 1)
             kernel.segment_hint = FloorDiv(sympy.expand(self.spec.segment_total + rows - 1), rows)
         assign_loops(kernel)
+        if self.spec.scan is not None and (kernel.n_loops != 1
+                                           or any(v.kind == "store" and not v.inner for v in kernel.values)):
+            # (its roots are all stored along the scanned rows, and nothing else accumulates)
+            raise RuntimeError(f"ember: a scan kernel of {kernel.n_loops} loops")
         self._check_final(kernel)
         return kernel
 
@@ -684,6 +720,21 @@ class KernelBuilder:
                 return self._across[id(u)]
             stack.extend(u.srcs)
         raise AssertionError("a value after all rows without a reduction over them")
+
+
+def scan_home(shape: sh.Shape, dim: int) -> Point:
+    """Where a scan kernel computes a value of ``shape`` scanned along ``dim``: r0 on that dim,
+    the outer variables on the others (dims of 1 at 0)."""
+    point, o = [], 0
+    for d, s in enumerate(shape):
+        if d == dim:
+            point.append(inner_var(0))
+        elif sh.is_one(s):
+            point.append(sympy.Integer(0))
+        else:
+            point.append(outer_var(o))
+            o += 1
+    return tuple(point)
 
 
 def _exprs(v: Value) -> list[sympy.Expr]:
@@ -739,6 +790,9 @@ def assign_loops(kernel: Kernel) -> None:
         if v.kind in ("reduce", "dot"):
             v.loop = max(needs(s) for s in v.srcs) + 1
             v.stage = v.loop
+            n_loops = max(n_loops, v.loop)
+        elif v.kind == "scan":  # (its stores, in the same loop, read it)
+            v.loop = needs(v.srcs[0]) + 1
             n_loops = max(n_loops, v.loop)
         elif v.kind == "chunksum":  # added up in the loop that computes its source
             v.loop = needs(v.srcs[0]) + 1

@@ -18,7 +18,7 @@ from ..config import Config
 from ..ir import shapes as sh
 from ..ir.node import Node, row_ids_offsets
 from ..ir.ops import REDUCE_OPS, Op
-from .build import ACROSS_OPS, GroupSpec
+from .build import ACROSS_OPS, GroupSpec, scan_home
 from .indexing import Point, map_reshape
 from .kernel_ir import CHUNK, SEGMENT_LENGTH, indirect_var, inner_var, outer_var
 
@@ -42,6 +42,7 @@ class DomainRules:
     not_across: set[Node]
     _across: dict[Node, GroupSpec]
     matmul_roots: set[Node]
+    scan_roots: dict[Node, bool]
 
     def domain(self, root: Node, groups: list[GroupSpec]) -> Domain:
         """(outer extents, inner extents, home point, (F, reduce dims) or None)."""
@@ -49,6 +50,7 @@ class DomainRules:
         self.segment_of.pop(root, None)
         self._across.pop(root, None)
         self.matmul_roots.discard(root)
+        self.scan_roots.pop(root, None)
         if root.op is Op.INDEX_PUT:  # a pointwise kernel over the values written
             return self._pointwise_domain(root, root.inputs[1].shape)
         if root.op is Op.CHUNK_SUM:
@@ -71,6 +73,15 @@ class DomainRules:
                 # kernel as it walks the row, at the row's start + r0
                 self.segment_of[root] = (g.segment, g.segment_total)
                 return g.outer, g.inner, _row_home(root.shape), None
+        scans = [n for n in [*self.subtree(root), root] if n.op is Op.SCAN]
+        if scans and sh.shapes_equal(root.shape, scans[-1].shape):
+            # a scan and what is computed from it, element for element: rows along the scanned
+            # dim walked in order (a reduction or another scan that does not fit gets a buffer)
+            scan = scans[-1]
+            dim = scan.arg.dim
+            self.scan_roots[root] = scan.arg.reverse  # (a kernel's loop runs one way)
+            outer = tuple(s for d, s in enumerate(scan.shape) if d != dim and not sh.is_one(s))
+            return outer, (scan.shape[dim],), scan_home(root.shape, dim), None
         reductions = [n for n in [*self.subtree(root), root] if n.op in REDUCE_OPS]
         matmuls = [n for n in [*self.subtree(root), root] if n.op is Op.MATMUL]
         home = _matmul_home(root, matmuls[-1].shape) if matmuls and not reductions else None
@@ -160,7 +171,7 @@ class DomainRules:
                 or root in self.not_across):
             return None
         for g in groups:
-            if (g.inner and g.outer and g.segment is None and g.chunks is None
+            if (g.inner and g.outer and g.segment is None and g.chunks is None and g.scan is None
                     and all(sh.shapes_equal(_drop_ones(r.inputs[0].shape), g.outer) for r in full)):
                 return g
         return None

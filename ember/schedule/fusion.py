@@ -29,7 +29,7 @@ from .build import AcrossFailed, BufferInfo, Conflict, GroupSpec, KernelBuilder,
 from .device_sizes import read_totals_on_device
 from .domains import DomainRules
 from .guards import guard_branches
-from .indexing import replay_copies
+from .indexing import base_layout, replay_copies
 from .kernel_ir import CHUNK, Kernel
 from .loops import collapse_dims
 
@@ -71,7 +71,7 @@ class Schedule:
 def _is_compute(node: Node) -> bool:
     return node.op in POINTWISE_OPS or node.op in REDUCE_OPS or node.op in VIEW_OPS or node.op in (
         Op.CONST, Op.IOTA, Op.GATHER, Op.INDEX, Op.SEARCH, Op.CAT, Op.PAD, Op.SEGMENT_REDUCE, Op.CHUNK_SUM,
-        Op.MATMUL)
+        Op.MATMUL, Op.SCAN)
 
 
 def copied_base(put: Node) -> Node:
@@ -103,6 +103,7 @@ class Planner(DomainRules):
         self.not_across: set[Node] = set()     # reductions over rows a row kernel cannot finish
         self._across: dict[Node, GroupSpec] = {}  # root -> the row group domain() offered it
         self.matmul_roots: set[Node] = set()   # roots whose domain is a matmul's (M, N) x K
+        self.scan_roots: dict[Node, bool] = {}  # roots whose domain is a scan's rows -> walked from their end?
         self.totals = ragged_totals(graph)     # ragged totals kernels read on the device
         self._choose_initial_buffers()
 
@@ -192,7 +193,7 @@ class Planner(DomainRules):
                 self.buffered.add(node)
                 if fill_value(node.inputs[0]) is None:
                     self._need_tensor(copied_base(node))
-            if not self.cfg.fusion and node.op in POINTWISE_OPS | REDUCE_OPS | {Op.SEGMENT_REDUCE}:
+            if not self.cfg.fusion and node.op in POINTWISE_OPS | REDUCE_OPS | {Op.SEGMENT_REDUCE, Op.SCAN}:
                 self.buffered.add(node)
             if node.op is Op.CHUNK_SUM:  # partials for another kernel to add up: always stored
                 self.buffered.add(node)
@@ -348,7 +349,7 @@ class Planner(DomainRules):
             if target is None:
                 segment, total = self.segment_of.get(root, (None, None))
                 target = GroupSpec([], {}, outer, inner, ref, segment=segment, segment_total=total,
-                                   matmul=root in self.matmul_roots)
+                                   matmul=root in self.matmul_roots, scan=self.scan_roots.get(root))
                 groups.append(target)
             target.roots.append(root)
             target.homes[root] = home
@@ -369,7 +370,7 @@ class Planner(DomainRules):
             if (len(g.outer) == len(outer) and len(g.inner) == len(inner)
                     and all(sh.equal(a, b) for a, b in zip(g.outer + g.inner, outer + inner))
                     and (g.segment, g.segment_total) == self.segment_of.get(root, (None, None))
-                    and g.matmul == (root in self.matmul_roots)
+                    and g.matmul == (root in self.matmul_roots) and g.scan is self.scan_roots.get(root)
                     # a chunked kernel cannot finish reductions over all its rows (its runs of
                     # rows end apart): chunk sums stay out of a row kernel that does
                     and not (root.op is Op.CHUNK_SUM and g.final)
@@ -447,7 +448,7 @@ class Planner(DomainRules):
                 for n in self.subtree(root):
                     reached.setdefault(n, set()).add(gi)
         shared = [n for n, gs in reached.items() if len(gs) > 1 and n.op not in VIEW_OPS and n.op is not Op.CONST]
-        reductions = {n for n in shared if n.op in REDUCE_OPS or n.op in (Op.SEGMENT_REDUCE, Op.MATMUL)}
+        reductions = {n for n in shared if n.op in REDUCE_OPS or n.op in (Op.SEGMENT_REDUCE, Op.MATMUL, Op.SCAN)}
         return reductions or {n for n in shared if self._cost(n) > self.cfg.max_recompute_ops}
 
     def _cost(self, node: Node) -> int:
@@ -485,6 +486,15 @@ class Planner(DomainRules):
         for node in self.graph.nodes:
             if node.op is Op.EXTERN and node.arg.input_strides:
                 pairs += [(x, st) for x, st in zip(node.inputs, node.arg.input_strides) if x in self.buffered]
+        # outputs replayed as views of a buffer: the buffer laid out so that they come out with
+        # eager's strides (a broadcast view of a transposed value, two columns of one)
+        direct = {n for n, _ in pairs}
+        for node, strides in zip(self.graph.outputs, self.graph.output_strides):
+            base = self.views.get(node)
+            if base is not None and strides is not None and base in self.buffered and base not in direct:
+                layout = base_layout(node, base, strides)
+                if layout is not None:
+                    pairs.append((base, layout))
         for node, strides in pairs:
             if node is None or strides is None or node in wanted or len(strides) != node.rank:
                 continue

@@ -29,7 +29,7 @@ MAX_GUARDS = 4
 
 # Cheap to compute anywhere: never worth a guard.
 _FREE_KINDS = frozenset({"const", "index"})
-_NEVER_GUARDED = frozenset({"store", "reduce", "chunksum", "rowreduce", "checkindex"})
+_NEVER_GUARDED = frozenset({"store", "reduce", "chunksum", "rowreduce", "checkindex", "scan"})
 _RAISING_ALU = frozenset({Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD})  # on integers, by zero
 
 

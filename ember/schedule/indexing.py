@@ -8,6 +8,7 @@ views), so loads through permutes, slices and compatible reshapes stay plain aff
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import sympy
@@ -161,6 +162,34 @@ def compose_strided(node: Node, base: Strided) -> Strided | None:
                 out[i] = inner_stride * s
         return tuple(out), off
     raise AssertionError(node.op)
+
+
+def base_layout(view: Node, base: Node, strides: Sequence[sympy.Expr]) -> sh.Shape | None:
+    """Dense strides for ``base`` under which the chain of views from it up to ``view`` has
+    ``strides`` (eager's, for an output replayed from a buffer: ``y.unsqueeze(0).expand(3, n, m)``
+    of a transposed ``y`` is transposed too), tried over the orders of base's dims; None where
+    no order gives them (or there are too many orders to try)."""
+    chain: list[Node] = []
+    n = view
+    while n is not base:
+        chain.append(n)
+        n = n.inputs[0]
+    dims = [d for d in range(base.rank) if not sh.is_one(base.shape[d])]
+    if len(dims) > 5:
+        return None
+    for order in itertools.permutations(dims):  # (outermost first: row-major is tried first)
+        layout = [sympy.Integer(1)] * base.rank
+        size: sympy.Expr = sympy.Integer(1)
+        for d in reversed(order):
+            layout[d] = size
+            size = size * base.shape[d]
+        strided: Strided | None = (tuple(layout), sympy.Integer(0))
+        for v in reversed(chain):
+            strided = compose_strided(v, strided) if strided is not None else None
+        if strided is not None and all(sh.equal(a, b) or sh.is_one(m)
+                                       for a, b, m in zip(strided[0], strides, view.shape)):
+            return tuple(layout)
+    return None
 
 
 # Sizes given to every size symbol when asking whether a chain of views copies: two unrelated

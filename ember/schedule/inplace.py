@@ -10,7 +10,7 @@ owns it, before that program writes the same element of ``dst``, and read nowher
   order, and a backend that moves the value between threads (a Triton layout change) does it
   after the read;
 * a row kernel stores ``dst`` inside its last loop over the row, so the earlier loops (a softmax's
-  max and sum) have read the whole row; a row split over programs (``codegen/triton.py:
+  max and sum) have read the whole row; a row split over programs (``codegen/triton_loops.py:
   split_rows``) stores inside a loop only in one-pass kernels, where each slice's program reads
   and writes its own elements;
 * no matmul tiles, ragged segments, chunked column sums, reductions over all rows, writes at

@@ -19,6 +19,11 @@ A row kernel can also reduce over its rows (a cross-entropy's mean over its per-
 ``rowreduce`` accumulates an outer value over every row. Its result, and what is computed from it,
 is at ``FINAL_STAGE``: after all rows, by the program (block, thread team) that finishes last.
 
+A *scan* kernel (``Kernel.scans``) walks each row in order, in one loop: a ``scan`` value holds
+its source accumulated over the iterations so far (inclusive), so the loop's stores can read it
+(a cumsum and what is computed from it). The loop runs r0 from the row's end down when its
+scans are reversed (``Kernel.scan_reverse``).
+
 Values are SSA; each knows whether it varies with the inner index (``inner``) and, for outer
 values, after which loop it is available (``stage``). A softmax is three loops (max, sum, store)
 over each row; an RMSNorm two; a pointwise kernel none.
@@ -117,7 +122,9 @@ class Value:
     source over the rows of a chunked kernel's run, per inner position; only a store reads it, and
     writes the run's total when the run ends), 'rowreduce' (arg ReduceArg: reduces its outer
     source over all rows; available at FINAL_STAGE), 'dot' (a matmul's float32 sum over the inner
-loop of the products of its two sources, loads of the operands at (o0, r0) and (r0, o1)).
+loop of the products of its two sources, loads of the operands at (o0, r0) and (r0, o1)), 'scan' (arg
+ir.node.ScanArg: its source combined over the scan loop's iterations so far, up to and with this
+one; an inner value of a scan kernel's one loop).
 
     ``guard``: a bool value; where it is false nothing uses this value (it feeds only the branch
     of a ``where`` that is not taken there), so renderers may skip loading and computing it
@@ -201,6 +208,16 @@ class Kernel:
         return [v for v in self.values if v.kind == "reduce"]
 
     @property
+    def scans(self) -> list[Value]:
+        """Running accumulations along the rows (a scan kernel: one loop, rows walked in order)."""
+        return [v for v in self.values if v.kind == "scan"]
+
+    @property
+    def scan_reverse(self) -> bool:
+        """Does a scan kernel's loop walk its rows from the end (its scans are reversed)?"""
+        return any(v.arg.reverse for v in self.values if v.kind == "scan")
+
+    @property
     def dots(self) -> list[Value]:
         """Matmul accumulations (a matmul kernel: outer (M, N), inner (K,))."""
         return [v for v in self.values if v.kind == "dot"]
@@ -273,6 +290,8 @@ def format_kernel(k: Kernel) -> str:
             detail = "sum over r0 of products"
         elif v.kind in ("reduce", "chunksum", "rowreduce"):
             detail = v.arg.op.value
+        elif v.kind == "scan":
+            detail = f"{'reversed ' if v.arg.reverse else ''}{v.arg.combine}"
         else:
             detail = str(v.arg)
         if v.guard is not None:

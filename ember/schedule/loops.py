@@ -26,6 +26,8 @@ def _exprs(kernel: Kernel) -> list[sympy.Expr]:
             out.append(v.arg)
         elif v.kind == "reduce":
             out.append(v.arg.position)
+        elif v.kind == "search":  # (a batched search's row start moves with the loop variables)
+            out.append(v.arg.start)
     return out
 
 
@@ -53,6 +55,8 @@ def _rewrite(kernel: Kernel, mapping: dict[sympy.Symbol, sympy.Expr]) -> list[Va
             arg = sympy.expand(arg.xreplace(mapping))
         elif v.kind == "reduce":
             arg = ReduceArg(arg.op, sympy.expand(arg.position.xreplace(mapping)))
+        elif v.kind == "search":
+            arg = dataclasses.replace(arg, start=sympy.expand(arg.start.xreplace(mapping)))
         nv = dataclasses.replace(v, arg=arg, srcs=tuple(new[id(s)] for s in v.srcs))
         new[id(v)] = nv
         out.append(nv)

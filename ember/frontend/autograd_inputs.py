@@ -1,0 +1,130 @@
+"""Inputs whose autograd state the compiled graph cannot carry: forward-mode AD dual tensors,
+and inference tensors in a training graph.
+
+**Dual tensors.** Dynamo does not guard on an input's tangent, and AOTAutograd traces the graph
+without one, so a graph compiled for plain tensors is also called with dual tensors. ember's
+kernels compute primals only: the tangent of a value they produce was dropped (``x.sin()`` came
+back without one), and a tangent through an ATen call inside the program (a matmul) reached the
+output without the kernels' part of the derivative, a silently wrong jvp. A call with a dual
+input runs Dynamo's graph eagerly instead, where every op carries its tangent, as in eager.
+
+**Inference tensors.** A tensor made under ``torch.inference_mode`` (a teacher's logits) may
+enter autograd's graph where no op saves it: eager's ``kl_div(s.log_softmax(-1), t.softmax(-1))``
+saves ``t.softmax(-1)``, a tensor of its own. AOTAutograd's partitioner saves the inputs it
+recomputes from, ``t`` itself, and autograd refuses it ("Inference tensors cannot be saved for
+backward") where eager computes. Dynamo guards on inference-ness, so a training graph compiled
+for such inputs gets copies of them, normal tensors of the same layout, at each call. Two such
+graphs run eagerly instead: one whose ops eager's autograd refuses (``x * w`` saves ``x``: the
+error is eager's), and one returning a view of such an input (a view of the copy would be a
+normal tensor over other memory).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.autograd.forward_ad as forward_ad
+from torch._guards import detect_fake_mode
+from torch.multiprocessing.reductions import StorageWeakRef
+
+
+def _has_tangent(args: tuple[Any, ...]) -> bool:
+    return any(isinstance(a, torch.Tensor) and forward_ad.unpack_dual(a).tangent is not None for a in args)
+
+
+def eager_for_dual_tensors(compiled: Callable[..., Any], gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """``compiled``, except that a call made with a dual tensor among its inputs runs ``gm``
+    (Dynamo's graph of torch-level ops) eagerly, with one warning per graph."""
+    warned = False
+
+    def call(*args: Any) -> Any:
+        nonlocal warned
+        # (no dual level entered: the usual case costs one global's read)
+        if forward_ad._current_level >= 0 and _has_tangent(args):
+            if not warned:
+                warned = True
+                warnings.warn("ember: a compiled graph called with forward-mode AD dual tensors runs eagerly "
+                              "(ember's kernels compute no tangents)", RuntimeWarning, stacklevel=2)
+            return gm.forward(*args)
+        return compiled(*args)
+
+    return call
+
+
+def inference_inputs(example_inputs: Sequence[Any]) -> list[int]:
+    """Indices of the inference tensors among the inputs of a graph AOTAutograd compiles for
+    training (grad mode on, an input requiring grad); empty for any other graph."""
+    tensors = [(i, t) for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor)]
+    if not torch.is_grad_enabled() or not any(t.requires_grad for _, t in tensors):
+        return []
+    return [i for i, t in tensors if t.is_inference()]
+
+
+def saves_an_inference_tensor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Does eager's autograd refuse the graph, an op of it saving an inference tensor for the
+    backward (``x * w`` with ``x`` one and ``w`` requiring grad)? The graph runs on fake inputs
+    of the same kinds, fresh ones: an in-place op must not change Dynamo's, which AOTAutograd
+    traces next. Any other failure says nothing (AOTAutograd's trace decides)."""
+    fake_mode = detect_fake_mode(example_inputs)
+    if fake_mode is None:
+        return False
+    fresh = []
+    try:
+        with fake_mode:
+            for t in example_inputs:
+                if isinstance(t, torch.Tensor):
+                    with torch.inference_mode(t.is_inference()):
+                        new = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+                    t = new.requires_grad_() if t.requires_grad else new
+                fresh.append(t)
+            torch.fx.Interpreter(gm).run(*fresh)
+    except RuntimeError as e:
+        return _REFUSED in str(e)
+    except Exception:  # noqa: BLE001 -- a graph the check cannot run: AOTAutograd's trace decides
+        return False
+    return False
+
+
+_REFUSED = "Inference tensors cannot be saved for backward"
+
+
+def returns_a_view_of(gm: torch.fx.GraphModule, indices: Sequence[int]) -> bool:
+    """Does Dynamo's graph return one of these inputs, or a view of one (its memory)?"""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    storages = {_storage(placeholders[i]) for i in indices if i < len(placeholders)}
+    output = next(iter(gm.graph.find_nodes(op="output")), None)
+    if output is None:
+        return False
+    returned = torch.fx.node.map_aggregate(output.args, lambda n: n)
+    nodes: list[torch.fx.Node] = []
+    torch.fx.node.map_arg(returned, nodes.append)
+    return None in storages or any(_storage(n) in storages for n in nodes)
+
+
+def _storage(node: torch.fx.Node) -> Any:
+    val = node.meta.get("example_value")
+    return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
+
+
+def with_normal_copies(compiled: Callable[..., Any], indices: Sequence[int]) -> Callable[..., Any]:
+    """``compiled``, called with a normal copy of each input at ``indices`` (inference tensors),
+    laid out as the input is: the program reads it with the strides Dynamo guarded."""
+    def call(*args: Any) -> Any:
+        args = list(args)
+        for i in indices:
+            args[i] = _normal_copy(args[i])
+        return compiled(*args)
+
+    return call
+
+
+def _normal_copy(t: torch.Tensor) -> torch.Tensor:
+    if not any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.size())):
+        return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+    # (an expanded input: its memory, copied, under the same strides; copy_ refuses to write
+    # through a stride of 0)
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        t.untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())

@@ -1,0 +1,45 @@
+"""Reversed scans: ``flip(scan(flip(x)))`` along the scan's dim is x scanned from its end.
+
+That is the gradient of a cumsum (AOTAutograd's ``reversed_cumsum``: flip, cumsum, flip), and
+of logcumsumexp. As three ops, the kernel storing the flipped result read the scan at the other
+end of its row, so the scan needed a buffer and a kernel of its own; as one reversed scan
+(``ScanArg.reverse``) the kernel walks the row from its end, storing as it goes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir import shapes as sh
+from ..ir.node import Graph, Node, make, rewrite
+from ..ir.ops import Op
+
+
+def reversed_scans(graph: Graph) -> Graph:
+    def rule(node: Node, inputs: tuple[Node, ...]) -> Node | None:
+        scan = inputs[0] if inputs else None
+        if scan is None or scan.op is not Op.SCAN or scan.arg.reverse or flipped_dim(node, scan) != scan.arg.dim:
+            return None
+        x = scan.inputs[0]
+        if flipped_dim(x, x.inputs[0] if x.inputs else None) != scan.arg.dim:
+            return None
+        return make(Op.SCAN, (x.inputs[0],), replace(scan.arg, reverse=True), origin=scan.origin)
+
+    return rewrite(graph, rule)
+
+
+def flipped_dim(node: Node, x: Node | None) -> int | None:
+    """The one dim ``node`` flips of its input ``x`` (frontend/aten_reorder.py's flip: x indexed
+    along that dim at arange(n - 1, -1, -1)), or None when it is no such flip."""
+    if x is None or node.op is not Op.INDEX or len(node.inputs) != 2 or not sh.shapes_equal(node.shape, x.shape):
+        return None
+    d, index = node.arg, node.inputs[1]
+    while index.op in (Op.RESHAPE, Op.EXPAND) and index.rank == 1:
+        index = index.inputs[0]
+    if index.op is not Op.IOTA or index.rank != 1 or not 0 <= d < x.rank:
+        return None
+    n = x.shape[d]
+    length, start, step = index.arg
+    if not (sh.equal(length, n) and sh.equal(start, n - 1) and sh.equal(step, -1)):
+        return None
+    return d

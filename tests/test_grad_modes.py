@@ -1,0 +1,69 @@
+"""Compiled code under autograd's modes and transforms (forward-mode AD, grad modes, autocast,
+hooks), compared with eager PyTorch."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.autograd.forward_ad as forward_ad
+
+import ember
+
+from .helpers import assert_same
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_forward_mode_ad_through_a_compiled_function_matches_eager(requires_grad):
+    # Dynamo does not guard on tangents: the graph compiled for plain tensors was called with
+    # dual ones, and ember's kernels dropped the tangent (sin's came back None), or kept only an
+    # ATen matmul's part of it (a wrong jvp); a training graph raised AOTAutograd's "implement
+    # the jvp function" where eager computes
+    def fn(x, w):
+        return (x @ w).tanh() * x + x.sin()
+
+    torch.manual_seed(0)
+    x, t = torch.randn(4, 4), torch.randn(4, 4)
+    w = torch.randn(4, 4, requires_grad=requires_grad)
+    compiled = ember.compile(fn)
+    assert_same(compiled(x, w), fn(x, w))  # compiled for plain tensors first
+    results = []
+    for run in (fn, compiled):
+        with forward_ad.dual_level(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out = run(forward_ad.make_dual(x, t), w)
+            primal, tangent = forward_ad.unpack_dual(out)
+            results.append((primal.detach(), tangent))
+    assert results[1][1] is not None
+    assert_same(results[1], results[0])
+    with forward_ad.dual_level():  # plain inputs under a dual level: the compiled program
+        assert_same(compiled(x, w), fn(x, w))
+
+
+def test_inference_tensor_inputs_of_a_training_graph_are_refused_only_where_eager_refuses():
+    # a teacher's logits made under inference_mode, weighting a per-row loss: eager's mul saves
+    # sigmoid(t), a tensor of its own; AOTAutograd's partitioner recomputes it from t, saved
+    # itself, and autograd refused it ("Inference tensors cannot be saved for backward") where
+    # eager computes
+    def loss(s, t):
+        return ((s - t) ** 2 * t.sigmoid()).sum(-1)
+
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        teachers = [torch.randn(6, 5), torch.randn(6, 1).expand(6, 5)]
+    compiled = ember.compile(loss)
+    for t in teachers:  # (and expanded: the program reads the copy with the input's strides)
+        results = []
+        for run in (loss, compiled):
+            s = torch.linspace(-2, 2, 30).reshape(6, 5).requires_grad_()
+            out = run(s, t)
+            out.backward(torch.ones(6))
+            results.append((out.detach(), s.grad))
+        assert_same(results[1], results[0])
+    # an op saving the inference tensor itself: eager's autograd refuses, and so does ember
+    w = torch.ones(6, 5, requires_grad=True)
+    for run in (lambda a, b: a * b, ember.compile(lambda a, b: a * b)):
+        with warnings.catch_warnings(), pytest.raises(RuntimeError, match="Inference tensors cannot be saved"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            run(teachers[0], w)

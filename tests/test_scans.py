@@ -1,0 +1,133 @@
+"""Cumulative scans (cumsum, cumprod, logcumsumexp) generated as scan kernels: against eager on
+the CPU, under Triton's interpreter, and compiled for sm_90 with nvcc (CUDA C++); their fusion
+with producers and consumers, reversed scans (a cumsum's gradient), symbolic lengths."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import ember
+from ember.codegen import cuda
+
+from .conftest import INTERPRETED_TRITON
+from .helpers import check
+
+LOOPED = {"target": "triton", "triton_launch": {"PERSISTENT": False, "RBLOCK": 16}}
+
+
+def _scans(x):
+    return x.cumsum(-1), x.cumsum(0), x.cumprod(1) if not x.dtype.is_floating_point else (1 + x * 0.01).cumprod(1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16,
+                                   torch.int32, torch.int64, torch.uint8, torch.bool])
+def test_cumsum_cumprod_dtypes_one_kernel(dtype):
+    x = torch.randn(6, 300) if dtype.is_floating_point else torch.randint(0, 5, (6, 300))
+    report = check(_scans, x.to(dtype), rtol=0, atol=0)  # eager's accumulation, exactly
+    assert not report.fallbacks and len(report.kernels) == 2  # (one per scanned dim)
+
+
+def test_scan_edges_match_eager():
+    x = torch.randn(3, 9)
+    x[1, 2], x[2, 3], x[0, 1] = float("nan"), float("inf"), float("-inf")
+    check(lambda x: (x.cumsum(1), x.cumprod(1), x.logcumsumexp(1)), x)
+    ends = torch.full((2, 6), float("-inf"))
+    ends[1, 3:5] = float("inf")
+    check(lambda x: x.logcumsumexp(1), ends)
+    check(lambda x: (x.logcumsumexp(0), x.logcumsumexp(-1)), torch.randn(40, 30).bfloat16())
+    check(lambda x: (x.cumsum(0, dtype=torch.int8), x.cumsum(1, dtype=torch.float32)),
+          torch.randint(0, 100, (4, 50), dtype=torch.int16), rtol=0, atol=0)
+    for x in (torch.tensor(3.0), torch.tensor(3), torch.randn(3, 1), torch.randn(3, 0), torch.randn(0, 4)):
+        check(lambda x: x.cumsum(-1), x)  # no element or one along the dim: no scan kernel
+    check(lambda x: x.t().cumsum(1), torch.randn(30, 20))       # transposed input
+    check(lambda x: x[:, ::2].cumsum(0), torch.randn(30, 20))   # strided input
+    check(lambda x: x.cumsum(1), torch.randn(2, 3, 4, 5))       # a middle dim
+    check(lambda x: (x.cumsum(1).cumsum(0), x.cumsum(1) / x.sum(1, keepdim=True)), torch.randn(4, 40))
+    check(lambda x: x.cumsum(1).cumsum(1) * 2, torch.randn(4, 40))  # a scan of a scan, one kernel
+    for f in (lambda x: x.cumsum(1), lambda x: (x.cumsum(1), x.logcumsumexp(1))):
+        check(f, torch.randn(2, 9000))  # (GPUs: several chunks a row, in both CUDA layouts)
+
+
+def test_producers_and_consumers_fuse():
+    def position_ids(x, mask):  # an attention mask's positions, and a pointwise producer
+        return mask.long().cumsum(-1) - 1, (torch.relu(x) + 1).cumsum(-1) * 2
+
+    report = check(position_ids, torch.randn(4, 33), torch.rand(4, 33) > 0.3)
+    assert len(report.kernels) == 1 and not report.fallbacks
+    (k,) = report.kernels
+    assert all(op in k.name for op in ("cumsum", "relu", "sub")), k.name
+    # a broadcast producer
+    report = check(lambda x, y: (x + y).cumsum(1), torch.randn(30, 1), torch.randn(20))
+    assert len(report.kernels) == 1
+
+
+def test_reversed_scans_and_gradients():
+    """flip(cumsum(flip(x))) is one reversed scan (the gradient of a cumsum), one kernel."""
+    for f in (lambda x: x.flip(1).cumsum(1).flip(1), lambda x: x.flip(0).logcumsumexp(0).flip(0) * 2):
+        report = check(f, torch.randn(5, 37))
+        (k,) = report.kernels
+        assert re.search(r"for \(int64_t r0 = \d+ - 1; r0 >= 0; --r0\)", k.source), k.source
+    x = torch.randn(4, 30, requires_grad=True)
+    for f in (lambda x: (x.cumsum(-1) ** 2).sum(), lambda x: (x.logcumsumexp(-1) ** 2).sum(),
+              lambda x: (x.cumprod(0) ** 2).sum()):
+        (expected,) = torch.autograd.grad(f(x), x)
+        report = ember.Report()
+        (got,) = torch.autograd.grad(ember.compile(f, report=report)(x), x)
+        torch.testing.assert_close(got, expected)
+        assert not report.fallbacks
+
+
+def test_symbolic_lengths_one_compile():
+    fn = lambda x: (x * 2).cumsum(-1) + x.logcumsumexp(0)  # noqa: E731
+    fast = ember.compile(fn, dynamic=True)
+    before = ember.stats()["graphs_compiled"]
+    for n in (5, 9, 100):
+        x = torch.randn(3, n)
+        torch.testing.assert_close(fast(x), fn(x))
+    assert ember.stats()["graphs_compiled"] - before <= 1
+
+
+@INTERPRETED_TRITON
+@pytest.mark.parametrize("options", [{"target": "triton"}, LOOPED], ids=["tuned", "looped"])
+def test_triton_scans(options):
+    # (float16, not bfloat16: the interpreter truncates float32 to bfloat16 where GPUs round)
+    dtype = torch.float32 if options is LOOPED else torch.float16
+    report = check(lambda x: (x.cumsum(-1) * 2, (1 + 0.01 * x).cumprod(0), x.logcumsumexp(1)),
+                   torch.randn(3, 40, dtype=dtype), options=options)
+    assert all("tl.associative_scan" in k.source for k in report.kernels)
+    x = torch.randn(3, 37)
+    x[1, 2], x[2, 3], x[0, 1] = float("nan"), float("inf"), float("-inf")
+    check(lambda x: (x.logcumsumexp(1), x.flip(1).cumsum(1).flip(1)), x, options=options)
+    check(lambda m: m.cumsum(0) - 1, torch.randint(0, 2, (33,)), options=options)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not installed")
+def test_cuda_scans_compile_for_sm90(tmp_path):
+    cases = [
+        (lambda x: (torch.relu(x) + 1).cumsum(-1) * 2, torch.randn(8, 16)),
+        (lambda x: (x.cumsum(-1), (1 + 0.01 * x).cumprod(0), x.logcumsumexp(1)), torch.randn(5, 70)),
+        (lambda x: (x.cumsum(-1), x.logcumsumexp(1)), torch.randn(5, 70).bfloat16()),
+        (lambda x: (x.cumsum(-1), x.logcumsumexp(0)), torch.randn(5, 70).double()),
+        (lambda x: x.cumsum(-1) - 1, torch.randint(0, 2, (5, 70))),
+        (lambda x: x.flip(1).cumsum(1).flip(1), torch.randn(4, 40)),
+        (lambda x: x.cumsum(1).cumsum(1), torch.randn(4, 40)),  # (a thread an element: scans chained)
+        (lambda x: x.cumsum(1, dtype=torch.int32), torch.randint(0, 9, (4, 40), dtype=torch.int32)),
+    ]
+    sources = []
+    for i, (fn, x) in enumerate(cases):
+        report = ember.explain(fn, x, target="cuda")
+        assert report.kernels and not report.fallbacks
+        for k in report.kernels:
+            assert "strategy: scan" in k.source and re.search(r"ember_(block_scan|warp_scan)<", k.source), k.source
+            sources.append(re.sub(rf"\b{re.escape(k.name)}(?=(_body|_i64)?\b)", f"{k.name}_{i}", k.source))
+    path = tmp_path / "scans.cu"
+    path.write_text(cuda.PRELUDE + "\n" + "\n\n".join(sources) + "\n")
+    for wide in ([], ["-DEMBER_WIDE_INDEX"]):
+        proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", *wide, "-o",
+                               str(tmp_path / "scans.cubin"), str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-4000:]
