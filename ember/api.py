@@ -26,7 +26,7 @@ from .frontend.autograd_inputs import (
 )
 from .frontend.dynamo import make_backend
 from .frontend.guard_profile import without_guard_profiling
-from .frontend.overlap import writes_overlapping_memory
+from .frontend.overlap import refuses_inplace_cast, writes_overlapping_memory
 from .passes.pipeline import check_pass_names
 from .report import GraphReport, Report
 from .runtime import stats as stats_module
@@ -130,7 +130,8 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[...
     sees it (torch's own decompositions: a mean loss's gradient over an empty batch divides by
     its numel in Python). The user's program runs, with one warning; an error the graph's ops
     raise, eager raises when it runs them. So do graphs writing in place to tensors whose elements
-    share memory, which functionalization gets wrong (``frontend/overlap.py``), calls with
+    share memory, or whose result type eager cannot cast to the tensor written (``ints.mul_(floats)``),
+    which functionalization gets wrong (``frontend/overlap.py``), calls with
     forward-mode AD dual tensors, whose tangents ember's kernels drop, and training graphs over
     inference tensors that save or return them (``frontend/autograd_inputs.py``)."""
     def compile_or_eager(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -138,6 +139,10 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[...
             warnings.warn("ember: a graph writes in place to a tensor whose elements share memory, or that "
                           "overlaps one the write reads (an expand, a shifted view); it runs eagerly",
                           RuntimeWarning, stacklevel=2)
+            stats_module.bump("graph_fallbacks")
+            return gm.forward
+        if refuses_inplace_cast(gm):
+            # (no warning: eager's error follows, raised by the op when the graph runs it)
             stats_module.bump("graph_fallbacks")
             return gm.forward
         inference = inference_inputs(example_inputs)

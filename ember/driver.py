@@ -35,7 +35,8 @@ from .runtime.backend import BuiltKernels, backend_name, get_backend
 from .runtime.choice import CudaClock, HostClock, TimedChoice
 from .runtime.program import CompiledProgram, boxed, group_fallback
 from .runtime.triton_matmul import wait_for_kernels
-from .schedule.fusion import KernelStep, Schedule, plan
+from .schedule.fusion import plan
+from .schedule.steps import KernelStep, Schedule
 
 _graph_ids = itertools.count()
 _warned: set[str] = set()

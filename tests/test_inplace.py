@@ -306,3 +306,36 @@ def test_writes_to_views_of_one_element_per_address_still_compile(dynamic):
     assert_same(ember.compile(fn, dynamic=dynamic)(out_x), fn(ref_x))
     assert_same(out_x, ref_x)
     assert ember.stats()["graph_fallbacks"] == fallbacks
+
+
+def _mul_into(a, b):
+    a.mul_(b)
+    return a * 2
+
+
+def _multiply_into(a, b):
+    a *= b
+    return a
+
+
+def _foreach_mul_into(a, b):
+    torch._foreach_mul_(a, b)
+    return a
+
+
+@pytest.mark.parametrize("fn, make", [
+    (_mul_into, lambda: (torch.arange(4), torch.rand(4))),
+    (_multiply_into, lambda: (torch.arange(4), torch.tensor(2.5))),
+    (_foreach_mul_into, lambda: ([torch.arange(4), torch.rand(3)], [torch.rand(4), torch.rand(3)])),
+], ids=["mul_", "imul", "foreach_mul_"])
+def test_in_place_results_eager_cannot_cast_raise_eagers_error(fn, make):
+    """Functionalization drops eager's check that an in-place op's result type casts to the
+    tensor written: int64 *= float32 computed a value (aot_eager too) where eager raises."""
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+        fn(*make())
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+        ember.compile(fn)(*make())
+    floats = (torch.rand(4), torch.arange(4))  # (float *= int is fine: compiled as before)
+    fallbacks = ember.stats()["graph_fallbacks"]
+    assert_same(ember.compile(_mul_into)(*[t.clone() for t in floats]), _mul_into(*[t.clone() for t in floats]))
+    assert ember.stats()["graph_fallbacks"] == fallbacks

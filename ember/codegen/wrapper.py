@@ -30,9 +30,9 @@ from ..ir import shapes as sh
 from ..ir.node import ArgRef, Node
 from ..ir.ops import VIEW_OPS, Op
 from ..schedule.device_sizes import DEVICE_TOTALS
-from ..schedule.fusion import ExternStep, KernelStep, Schedule, ViewStep
 from ..schedule.indexing import base_layout, compose_strided
 from ..schedule.inplace import writes_in_place
+from ..schedule.steps import ExternStep, KernelStep, Schedule, ViewStep
 from .pyexpr import WrapperError, pexpr, shape_tuple
 
 # ATen calls whose result is always a new tensor: their buffers may be written over

@@ -23,7 +23,7 @@ from ..ir import shapes as sh
 from ..ir.node import Node, fill_value, row_ids_offsets, view_base
 from ..ir.ops import Op
 from ..ragged import ops as _ragged_ops  # noqa: F401 -- registers torch.ops.ember.segment_reduce
-from .aten_table import checked_scalar
+from .aten_scalars import checked_scalar
 from .lowering import Context, Unsupported, register, size_arg, storage_of
 
 aten = torch.ops.aten

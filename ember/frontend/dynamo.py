@@ -18,7 +18,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 
 from ..config import Config
-from .aten_table import scalar_fits
+from .aten_scalars import scalar_fits
 from .autograd_decomps import (
     eager_decompositions,
     in_table,

@@ -1,8 +1,11 @@
 """ATen FX graph (from AOTAutograd, core-ATen decomposed) -> ember IR.
 
-Each ATen op with an entry in ``aten_table.LOWERINGS`` becomes a few IR nodes; anything else (or
-a lowering that declines with ``Unsupported``) becomes an EXTERN node that calls the ATen op
-itself inside the compiled program. Nothing the user writes makes lowering fail.
+Each ATen op with an entry in ``LOWERINGS`` (filled by the frontend's aten_*.py modules, one per
+op family) becomes a few IR nodes; anything else (or a lowering that declines with
+``Unsupported``) becomes an EXTERN node that calls the ATen op itself inside the compiled
+program. Nothing the user writes makes lowering fail. A lowering gets the call's arguments with
+tensors replaced by IR nodes and returns IR node(s); ``Context`` casts and broadcasts operands,
+and the result is cast to the dtype ATen would give.
 """
 
 from __future__ import annotations
@@ -241,7 +244,15 @@ def _device_of(gm: torch.fx.GraphModule) -> str:
 def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozenset[int] = frozenset()) -> Graph:
     """Turn an ATen-level FX graph into an ember Graph (unsimplified; the pass pipeline follows).
     ``donated``: the placeholder indices whose memory the graph may reuse (``InputSpec.donated``)."""
-    from . import aten_indexing, aten_reorder, aten_scans, aten_table  # noqa: F401  (fill LOWERINGS)
+    from . import (  # noqa: F401  (fill LOWERINGS)
+        aten_copies,
+        aten_indexing,
+        aten_pointwise,
+        aten_reductions,
+        aten_reorder,
+        aten_scans,
+        aten_views,
+    )
 
     ctx = Context(_device_of(gm))
     env: dict[torch.fx.Node, Any] = {}

@@ -8,6 +8,12 @@ a single memory location", and where eager's kernels do write (``fill_``, ``zero
 overlapping ``as_strided``), the aliases are stored in another order than eager's. Only eager's
 kernels give eager's behaviour there: ``writes_overlapping_memory`` finds such graphs in Dynamo's
 FX graph (before functionalization), and the backend runs them eagerly.
+
+Functionalization also drops eager's check that an in-place op's result type can be cast to the
+tensor it writes: ``ints.mul_(floats)``, ``ints /= 2`` and ``torch._foreach_mul_(ints, floats)``
+raise "result type Float can't be cast to the desired output type Long" in eager, and computed a
+value when compiled (aot_eager too). ``refuses_inplace_cast`` finds them, and the graph runs
+eagerly, which raises eager's error where eager does.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch._prims_common import is_non_overlapping_and_dense_or_false
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -39,6 +46,65 @@ def writes_overlapping_memory(gm: torch.fx.GraphModule) -> bool:
             if any(isinstance(r, torch.Tensor) and r is not written and _partly_overlap(written, r) for r in read):
                 return True
     return False
+
+
+# in-place operators and the out-of-place ops whose result type they write (a += b: a + b's)
+_OUT_OF_PLACE = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+                 operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv,
+                 operator.imod: operator.mod, operator.ipow: operator.pow, operator.iand: operator.and_,
+                 operator.ior: operator.or_, operator.ixor: operator.xor, operator.ilshift: operator.lshift,
+                 operator.irshift: operator.rshift}
+
+
+def refuses_inplace_cast(gm: torch.fx.GraphModule) -> str | None:
+    """An in-place pointwise op of Dynamo's graph (a method ``mul_``, an operator ``*=``, a list
+    op ``torch._foreach_mul_``) whose out-of-place result type cannot be cast to the dtype of the
+    tensor it writes, which eager's kernels refuse; None where there is none."""
+    for node in gm.graph.nodes:
+        out_of_place = _out_of_place(node)
+        if out_of_place is None:
+            continue
+        args, kwargs = pytree.tree_map(lambda a: _value(a) if isinstance(a, torch.fx.Node) else a,
+                                       (tuple(node.args), dict(node.kwargs)))
+        # (the example values' own mode: the tracing context's may be another one by now)
+        fake_mode = next((v.fake_mode for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, FakeTensor)), None)
+        if not args or fake_mode is None:
+            continue
+        try:
+            with fake_mode:
+                result = out_of_place(*args, **kwargs)
+        except Exception:  # noqa: BLE001 -- an op the check cannot run: functionalization decides
+            continue
+        written = args[0]
+        pairs = zip(written, result) if isinstance(written, (list, tuple)) and isinstance(result, (list, tuple)) \
+            else [(written, result)]
+        for w, r in pairs:
+            if isinstance(w, torch.Tensor) and isinstance(r, torch.Tensor) and not torch.can_cast(r.dtype, w.dtype):
+                return f"{_name(node)}: result type {r.dtype} can't be cast to the written tensor's {w.dtype}"
+    return None
+
+
+def _name(node: torch.fx.Node) -> str:
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+
+
+def _out_of_place(node: torch.fx.Node) -> Any:
+    """The out-of-place op of an in-place pointwise ``node`` (called as the node is), or None."""
+    if node.op == "call_function" and node.target in _OUT_OF_PLACE:
+        return _OUT_OF_PLACE[node.target]
+    if node.op not in ("call_method", "call_function"):
+        return None
+    name = _name(node)
+    if not isinstance(name, str) or not name.endswith("_") or name.startswith("__"):
+        return None
+    if name.startswith("_foreach_"):  # (torch._foreach_mul_ -> torch._foreach_mul)
+        return getattr(torch, name[:-1], None)
+    packet = getattr(torch.ops.aten, name, None)
+    base = getattr(torch.Tensor, name[:-1], None)
+    if packet is None or base is None or not any(torch.Tag.pointwise in getattr(packet, o).tags
+                                                 for o in packet.overloads()):
+        return None
+    return base
 
 
 def _value(arg: Any) -> Any:

@@ -26,7 +26,7 @@ from ..ir import shapes as sh
 from ..ir.node import Graph, ragged_totals
 from ..ir.ops import Op
 from ..schedule.device_sizes import DEVICE_TOTALS
-from ..schedule.fusion import ExternStep, KernelStep, Schedule, ViewStep
+from ..schedule.steps import ExternStep, KernelStep, Schedule, ViewStep
 
 
 def host_symbols(graph: Graph, schedule: Schedule, failed: set[str]) -> set[sympy.Symbol]:

@@ -21,7 +21,7 @@ from ..analysis.reference import eval_node
 from ..config import Config, log
 from ..ir.node import Graph, Node
 from ..ir.ops import Op
-from ..schedule.fusion import KernelStep, Schedule
+from ..schedule.steps import KernelStep, Schedule
 from . import capture
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -1,0 +1,108 @@
+"""Lowerings of casts, copies and new tensors: convert_element_type, _to_copy, clone, alias,
+copy, full, full_like, scalar_tensor and arange (an Op.IOTA).
+
+A fill value is checked and rounded as ATen converts it (aten_scalars.py); a copy to another
+device or layout runs through ATen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..ir import dtypes as dt
+from ..ir.node import Node
+from ..ir.ops import Op
+from .aten_scalars import _rounded_to, _symbolic, checked_scalar
+from .lowering import Context, Unsupported, register, size_arg
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+@register(prims.convert_element_type.default)
+def _convert(ctx: Context, x: Node, dtype: torch.dtype) -> Node:
+    return ctx.cast(x, dt.from_torch(dtype) if dt.is_supported_torch(dtype) else _unsupported(dtype))
+
+
+def _unsupported(what: Any) -> Any:
+    raise Unsupported(str(what))
+
+
+@register(aten._to_copy.default)
+def _to_copy(ctx: Context, x: Node, *, dtype: Any = None, device: Any = None, layout: Any = None,
+             pin_memory: Any = None, non_blocking: bool = False, memory_format: Any = None) -> Node:
+    if device is not None and torch.device(device) != ctx.out.device:
+        raise Unsupported("device copy")
+    if str(ctx.out.device) != x.device or layout not in (None, torch.strided) or pin_memory:
+        raise Unsupported("layout or device change")
+    return ctx.cast(x, ctx.out_dtype)
+
+
+@register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default)
+def _identity(ctx: Context, x: Node, **_: Any) -> Node:
+    return x
+
+
+@register(aten.copy.default)
+def _copy(ctx: Context, dst: Node, src: Node, non_blocking: bool = False) -> Node:
+    return ctx.operand(src, ctx.out_dtype, ctx.out_shape)
+
+
+def _filled_with(value: Any, dtype: dt.DType) -> Any:
+    """The value a new tensor of ``dtype`` holds: checked, and a 16-bit float's rounded (kernels
+    compute 16-bit values in float32, so a literal 0.1001 would compare above the tensor's)."""
+    value = checked_scalar(value, dtype)
+    if dtype.is_low_precision:
+        if _symbolic(value) is not None:
+            raise Unsupported(f"a 16-bit tensor filled with the symbolic {_symbolic(value)}: ATen rounds it")
+        value = _rounded_to(value, dtype)
+    return value
+
+
+@register(aten.full.default)
+def _full(ctx: Context, size: Sequence[Any], value: Any, **_: Any) -> Node:
+    return ctx.operand(_filled_with(value, ctx.out_dtype), ctx.out_dtype, ctx.out_shape)
+
+
+@register(aten.full_like.default)
+def _full_like(ctx: Context, x: Node, value: Any, **_: Any) -> Node:
+    return ctx.operand(_filled_with(value, ctx.out_dtype), ctx.out_dtype, ctx.out_shape)
+
+
+@register(aten.scalar_tensor.default)
+def _scalar_tensor(ctx: Context, value: Any, **kwargs: Any) -> Node:
+    dtype = ctx.out_dtype
+    device = torch.device(kwargs.get("device") or ctx.device)
+    if (dtype.is_low_precision and device.type == "cpu" and isinstance(value, (int, float))
+            and not isinstance(value, bool)):
+        # ATen's CPU kernel rounds a number into a 16-bit float without full's overflow check
+        # (float32 keeps it): where(mask, x, -1e9) of float16 scores fills -inf. Its CUDA kernel
+        # checks, and eager's where raises there
+        return ctx.const(_rounded_to(value, dtype), dtype)
+    return ctx.const(_filled_with(value, dtype), dtype)
+
+
+def _int_bound(value: Any) -> Any:
+    """An arange bound that is an int: a Python int, or a SymInt's expression (arange(n - 1,
+    -1, -1), a flip's positions); None for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, Node) and value.op is Op.CONST and value.shape == () and value.dtype.is_int:
+        return size_arg(value)
+    return None
+
+
+@register(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def _arange(ctx: Context, *args: Any, **_: Any) -> Node:
+    start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
+    start, step = _int_bound(start), _int_bound(step)
+    if start is None or step is None:
+        raise Unsupported("non-integer arange bounds")  # float ranges round like ATen only there
+    dtype = ctx.out_dtype
+    if dtype.is_bool:
+        raise Unsupported("arange of bools (ATen's NotImplementedError)")
+    (length,) = ctx.out_shape
+    return ctx.make(Op.IOTA, (), (length, start, step), dtype=dtype)
