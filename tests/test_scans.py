@@ -68,7 +68,8 @@ def test_producers_and_consumers_fuse():
 
 def test_reversed_scans_and_gradients():
     """flip(cumsum(flip(x))) is one reversed scan (the gradient of a cumsum), one kernel."""
-    for f in (lambda x: x.flip(1).cumsum(1).flip(1), lambda x: x.flip(0).logcumsumexp(0).flip(0) * 2):
+    for f in (lambda x: x.flip(1).cumsum(1).flip(1), lambda x: x.flip(0).logcumsumexp(0).flip(0) * 2,
+              lambda x: x.flip(1).cumsum(1).logcumsumexp(1).flip(1)):  # (scans chained between the flips)
         report = check(f, torch.randn(5, 37))
         (k,) = report.kernels
         assert re.search(r"for \(int64_t r0 = \d+ - 1; r0 >= 0; --r0\)", k.source), k.source
@@ -117,6 +118,8 @@ def test_cuda_scans_compile_for_sm90(tmp_path):
         (lambda x: x.flip(1).cumsum(1).flip(1), torch.randn(4, 40)),
         (lambda x: x.cumsum(1).cumsum(1), torch.randn(4, 40)),  # (a thread an element: scans chained)
         (lambda x: x.cumsum(1, dtype=torch.int32), torch.randint(0, 9, (4, 40), dtype=torch.int32)),
+        # chained scans of int8 (a block-wide scan of 8-bit integers, whose shuffles give int32)
+        (lambda x: x.cumsum(1, dtype=torch.int8).cumprod(1), torch.randint(-3, 3, (4, 40), dtype=torch.int8)),
     ]
     sources = []
     for i, (fn, x) in enumerate(cases):

@@ -88,7 +88,8 @@ template <typename T, typename Op> EMBER_FN T ember_warps_before(T v, Op op, T n
 template <typename T, typename Op> EMBER_FN T ember_block_scan(T v, Op op, T* slots) {
   v = ember_warp_scan(v, op);
   T total;
-  const T before = ember_warps_before(ember_shfl(v, 31), op, v, slots, &total);  // (v: warp 0's, unused)
+  // (T spelled out: ember_shfl of an 8- or 16-bit integer gives the int32_t it promotes to)
+  const T before = ember_warps_before<T>(ember_shfl(v, 31), op, v, slots, &total);  // (v: warp 0's, unused)
   return (threadIdx.x >> 5) > 0 ? op(before, v) : v;
 }
 // thread ``last``'s v, in every thread of the block

@@ -3,7 +3,9 @@
 That is the gradient of a cumsum (AOTAutograd's ``reversed_cumsum``: flip, cumsum, flip), and
 of logcumsumexp. As three ops, the kernel storing the flipped result read the scan at the other
 end of its row, so the scan needed a buffer and a kernel of its own; as one reversed scan
-(``ScanArg.reverse``) the kernel walks the row from its end, storing as it goes.
+(``ScanArg.reverse``) the kernel walks the row from its end, storing as it goes. Scans chained
+between the two flips (``flip(cumprod(cumsum(flip(x))))``) reverse together: ``scan(flip(y))`` is
+``flip(reversed scan(y))``, so each flip moves out through the chain until it meets the other.
 """
 
 from __future__ import annotations
@@ -18,14 +20,27 @@ from ..ir.ops import Op
 def reversed_scans(graph: Graph) -> Graph:
     def rule(node: Node, inputs: tuple[Node, ...]) -> Node | None:
         scan = inputs[0] if inputs else None
-        if scan is None or scan.op is not Op.SCAN or scan.arg.reverse or flipped_dim(node, scan) != scan.arg.dim:
+        if scan is None or scan.op is not Op.SCAN or flipped_dim(node, scan) != scan.arg.dim:
             return None
-        x = scan.inputs[0]
-        if flipped_dim(x, x.inputs[0] if x.inputs else None) != scan.arg.dim:
-            return None
-        return make(Op.SCAN, (x.inputs[0],), replace(scan.arg, reverse=True), origin=scan.origin)
+        return _unflipped(scan, scan.arg.dim)
 
     return rewrite(graph, rule)
+
+
+def _unflipped(node: Node, dim: int) -> Node | None:
+    """A node ``m`` with ``node == flip(m)`` along ``dim``: the flip's input where ``node`` is a
+    flip along ``dim``, or, where ``node`` scans along ``dim`` an input that has one, ``m``
+    scanned the other way; else None. (A loop, not recursion: a chain may be long.)"""
+    chain: list[Node] = []  # the scans along dim above the flip, outermost first
+    while flipped_dim(node, node.inputs[0] if node.inputs else None) != dim:
+        if node.op is not Op.SCAN or node.arg.dim != dim:
+            return None
+        chain.append(node)
+        node = node.inputs[0]
+    out = node.inputs[0]
+    for scan in reversed(chain):
+        out = make(Op.SCAN, (out,), replace(scan.arg, reverse=not scan.arg.reverse), origin=scan.origin)
+    return out
 
 
 def flipped_dim(node: Node, x: Node | None) -> int | None:
