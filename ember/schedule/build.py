@@ -722,19 +722,24 @@ class KernelBuilder:
         raise AssertionError("a value after all rows without a reduction over them")
 
 
+def place(shape: tuple[sympy.Expr, ...], var) -> Point:
+    """The point of a value of ``shape`` in a domain whose variables ``var(0), var(1), ...``
+    run over its dims of more than one element, in order (dims of 1 at 0)."""
+    point, k = [], 0
+    for s in shape:
+        if sh.is_one(s):
+            point.append(sympy.Integer(0))
+        else:
+            point.append(var(k))
+            k += 1
+    return tuple(point)
+
+
 def scan_home(shape: sh.Shape, dim: int) -> Point:
     """Where a scan kernel computes a value of ``shape`` scanned along ``dim``: r0 on that dim,
     the outer variables on the others (dims of 1 at 0)."""
-    point, o = [], 0
-    for d, s in enumerate(shape):
-        if d == dim:
-            point.append(inner_var(0))
-        elif sh.is_one(s):
-            point.append(sympy.Integer(0))
-        else:
-            point.append(outer_var(o))
-            o += 1
-    return tuple(point)
+    rest = place(shape[:dim] + shape[dim + 1:], outer_var)
+    return (*rest[:dim], inner_var(0), *rest[dim:])
 
 
 def _exprs(v: Value) -> list[sympy.Expr]:

@@ -18,7 +18,7 @@ from ..config import Config
 from ..ir import shapes as sh
 from ..ir.node import Node, row_ids_offsets
 from ..ir.ops import REDUCE_OPS, Op
-from .build import ACROSS_OPS, GroupSpec, scan_home
+from .build import ACROSS_OPS, GroupSpec, place, scan_home
 from .indexing import Point, map_reshape
 from .kernel_ir import CHUNK, SEGMENT_LENGTH, indirect_var, inner_var, outer_var
 
@@ -63,7 +63,7 @@ class DomainRules:
             (x, offsets), outer = segments[-1].inputs, _drop_ones(segments[-1].shape)
             if sh.shapes_equal(_drop_ones(root.shape), outer):
                 self.segment_of[root] = (offsets, x.shape[0])
-                return outer, inner, _place(root.shape, outer_var), None
+                return outer, inner, place(root.shape, outer_var), None
             if self._row_wise(root, offsets, x.shape[0], outer):
                 self.segment_of[root] = (offsets, x.shape[0])
                 return outer, inner, _row_home(root.shape), None
@@ -101,9 +101,9 @@ class DomainRules:
                     rows = self._rows_group(root, reductions, groups)
                     if rows is not None:  # reduced over a row kernel's rows: it finishes them
                         self._across[root] = rows
-                        return rows.outer, rows.inner, _place(root.shape, outer_var), rows.ref
+                        return rows.outer, rows.inner, place(root.shape, outer_var), rows.ref
                 if sh.shapes_equal(_drop_ones(root.shape), outer):
-                    return outer, inner, _place(root.shape, outer_var), (full, dims)
+                    return outer, inner, place(root.shape, outer_var), (full, dims)
                 regrouped = _regrouped_rows(root, full, dims)
                 if regrouped is not None:
                     return regrouped
@@ -187,11 +187,11 @@ class DomainRules:
             if (g.ref is not None and g.segment is None and not g.final and self.cfg.fusion
                     and sh.shapes_equal(g.ref[0], x.shape)
                     and frozenset(d for d in g.ref[1] if not sh.is_one(x.shape[d])) == kept):
-                home = (CHUNK, *_place(x.shape[lead:], inner_var))
+                home = (CHUNK, *place(x.shape[lead:], inner_var))
                 return g.outer, g.inner, home, g.ref
         total = sh.numel(x.shape[:lead])
         per = FloorDiv(sympy.expand(total + chunks - 1), chunks)
-        return _drop_ones(root.shape), (per,), _place(root.shape, outer_var), None
+        return _drop_ones(root.shape), (per,), place(root.shape, outer_var), None
 
     def _row_wise(self, root: Node, offsets: Node, total: sympy.Expr, outer: tuple) -> bool:
         """Is ``root`` a (T, *feature) value that reads the row ids of ``offsets`` (so it can be
@@ -208,7 +208,7 @@ class DomainRules:
         if d is not None:
             self.unrolled[root] = d
             shape = shape[:d] + (sympy.Integer(1),) + shape[d + 1:]
-        return _drop_ones(shape), (), _place(shape, outer_var), None
+        return _drop_ones(shape), (), place(shape, outer_var), None
 
     def _unroll_dim(self, root: Node, shape: sh.Shape) -> int | None:
         """The last dim, when it is small, static and stacked from parts (``torch.stack`` of box
@@ -234,24 +234,13 @@ def _drop_ones(shape: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
     return tuple(s for s in shape if not sh.is_one(s))
 
 
-def _place(shape: tuple[sympy.Expr, ...], var) -> Point:
-    point, k = [], 0
-    for s in shape:
-        if sh.is_one(s):
-            point.append(sympy.Integer(0))
-        else:
-            point.append(var(k))
-            k += 1
-    return tuple(point)
-
-
 def _matmul_home(root: Node, mn: tuple[sympy.Expr, ...]) -> Point | None:
     """Where a root of a matmul's kernel is computed, in the tile's (o0, o1): its (M, N) itself,
     or a (..., N) view of it (a linear layer over (batch, tokens, features) flattens the tokens
     into M rows: its epilogue sees row o0 as (o0 // tokens, o0 % tokens))."""
     shape = root.shape
     if sh.shapes_equal(shape, mn):
-        return _place(shape, outer_var)
+        return place(shape, outer_var)
     if len(shape) > 2 and sh.equal(shape[-1], mn[1]) and sh.equal(sh.numel(shape[:-1]), mn[0]):
         return map_reshape((outer_var(0), outer_var(1)), mn, shape)
     return None
@@ -260,7 +249,7 @@ def _matmul_home(root: Node, mn: tuple[sympy.Expr, ...]) -> Point | None:
 def _row_home(shape: tuple[sympy.Expr, ...]) -> Point:
     """Where a segment kernel computes a packed (T, *feature) value: at its row's start (the
     kernel's first indirect variable) + r0, its features on the outer dims after the row."""
-    return (indirect_var(0) + inner_var(0), *_place(shape[1:], lambda i: outer_var(i + 1)))
+    return (indirect_var(0) + inner_var(0), *place(shape[1:], lambda i: outer_var(i + 1)))
 
 
 def _regrouped_rows(root: Node, full: sh.Shape, dims: tuple[int, ...]) -> tuple[tuple, tuple, Point, tuple] | None:
