@@ -11,8 +11,9 @@ import sympy
 import torch
 
 import ember
+from ember.codegen.cexpr import index_expr
 from ember.codegen.cpp import CPP
-from ember.codegen.cstyle import index_expr, literal
+from ember.codegen.cstyle import literal
 from ember.ir import dtypes
 
 from .helpers import check, run

@@ -132,10 +132,10 @@ def test_a_plan_that_cannot_progress_stops_at_once(monkeypatch):
     # repeat and the graph runs through ATen with one warning.
     import time
 
-    from ember.schedule import build, fusion
+    from ember.schedule import fusion, group_spec
 
     def needs_its_own_buffer(self):
-        raise build.NeedsBuffer(self.spec.roots[0])
+        raise group_spec.NeedsBuffer(self.spec.roots[0])
 
     monkeypatch.setattr(fusion.KernelBuilder, "build", needs_its_own_buffer)
     x = torch.randn(4, 8)

@@ -14,7 +14,9 @@ from ..ir import shapes as sh
 from ..ir.ops import TRANSCENDENTAL_OPS, Op
 from ..schedule.kernel_ir import CHUNK, SEGMENT_LENGTH, Kernel, Value, inner_var, outer_var
 from ..schedule.loops import stash_recomputed
-from .cstyle import COMMON_PRELUDE, BodyRenderer, Language, device_size_lines, index_expr
+from .c_prelude import COMMON_PRELUDE
+from .cexpr import device_size_lines, index_expr
+from .cstyle import BodyRenderer, Language
 
 CPP = Language(
     name="cpp",

@@ -49,7 +49,8 @@ from ..ir import shapes as sh
 from ..ir.ops import Op
 from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, outer_var
 from . import cuda_online, cuda_scan
-from .cstyle import BodyRenderer, Language, acc_init, acc_type, device_size_lines, index_expr
+from .cexpr import device_size_lines, index_expr
+from .cstyle import BodyRenderer, Language, acc_init, acc_type
 from .cuda_combine import COMBINE, combine_blocks, combine_rows, combine_slices
 from .cuda_plan import (  # noqa: F401 (cuda.launch_meta: the backend's name for it)
     kernel_row_forms,

@@ -35,7 +35,8 @@ import sympy
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..schedule.kernel_ir import Kernel, Value, inner_var, outer_var
-from .cstyle import BodyRenderer, index_expr
+from .cexpr import index_expr
+from .cstyle import BodyRenderer
 from .cuda import CUDA
 from .cuda_prelude import PRELUDE
 from .layout import operand_layout

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .cstyle import COMMON_PRELUDE
+from .c_prelude import COMMON_PRELUDE
 from .cuda_scan import SCAN_PRELUDE
 
 UNROLL = 4                # elements per thread per iteration of every strided loop

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 
 from ..ir import shapes as sh
 from ..schedule.kernel_ir import Kernel, Value, inner_var, outer_var
-from .cstyle import index_expr, scan_acc_type, scan_combine, scan_init
+from .cexpr import index_expr
+from .cstyle import scan_acc_type, scan_combine, scan_init
 
 if TYPE_CHECKING:
     from .cuda import CudaKernelRenderer

@@ -44,7 +44,7 @@ import sympy
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, outer_var
-from .cstyle import index_expr
+from .cexpr import index_expr
 
 VECTOR_BYTES = 16   # the widest load a thread issues
 MAX_WIDTH = 8       # elements per group at most (1-byte types: 8-byte vectors, not 16 statements)

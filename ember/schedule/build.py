@@ -14,7 +14,6 @@ retries: ``NeedsBuffer`` (a reduction whose loops don't match this kernel's) or 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
@@ -22,8 +21,10 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import Node, row_ids_offsets, view_base
+from ..ir.node import Node, row_ids_offsets
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
+from .build_reduce import ReduceBuilder
+from .group_spec import AcrossFailed, BufferInfo, Conflict, GroupSpec, NeedsBuffer, has_indirect, has_inner
 from .indexing import Point, Strided, compose_strided, map_view, offset, recombine
 from .kernel_ir import (
     CHUNK,
@@ -32,11 +33,9 @@ from .kernel_ir import (
     Access,
     Kernel,
     Param,
-    ReduceArg,
     SearchArg,
     Value,
     indirect_var,
-    inner_var,
     is_index_var,
     is_indirect_var,
     outer_var,
@@ -49,61 +48,7 @@ _UNNAMED = frozenset({Op.CONST, Op.IOTA}) | VIEW_OPS
 _INDEX_ERROR_CODES = {"aten.embedding": 8, "aten.index_select": 9}
 
 
-class NeedsBuffer(Exception):
-    def __init__(self, node: Node):
-        super().__init__(f"{node!r} must be stored in a buffer")
-        self.node = node
-
-
-class AcrossFailed(NeedsBuffer):
-    """A reduction over the kernel's rows whose result a row needs (x - x.mean()): it cannot wait
-    for the last row here, so it gets a buffer and a kernel of its own."""
-
-
-# Reductions a row kernel can also do over all its rows (partials per program, combined by the
-# last): those with a neutral element and no position to report.
-ACROSS_OPS = frozenset({Op.SUM, Op.PROD, Op.AMAX, Op.AMIN, Op.ANY, Op.ALL})
-
-
-class Conflict(Exception):
-    def __init__(self, root: Node, reader: Node):
-        super().__init__(f"{reader!r} reads {root!r} at another point")
-        self.root, self.reader = root, reader
-
-
-@dataclass
-class BufferInfo:
-    name: str
-    strides: tuple[sympy.Expr, ...]  # element strides of the tensor as a kernel reads it
-
-
-@dataclass
-class GroupSpec:
-    roots: list[Node]
-    homes: dict[Node, Point]
-    outer: tuple[sympy.Expr, ...]
-    inner: tuple[sympy.Expr, ...]
-    ref: tuple | None = None  # (full shape, reduce dims) of the reduction that set the domain
-    # roots whose small static dim is unrolled into one store per position (a stack of 4 box
-    # coordinates): root -> that dim, which its home point holds at 0
-    unrolled: dict[Node, int] = field(default_factory=dict)
-    # a segment kernel: the offsets its rows (outer dim 0) take their extent from, and the
-    # packed length T they index into
-    segment: Node | None = None
-    segment_total: sympy.Expr | None = None
-    # a row kernel that also computes chunk sums (Op.CHUNK_SUM roots at home (CHUNK, inner...)):
-    # its rows split into this many runs
-    chunks: int | None = None
-    # a row kernel that also reduces over all its rows (a loss's mean over per-row values)
-    final: bool = False
-    # a matmul's (outer (M, N), inner (K,)) and its epilogue: Op.MATMUL nodes become dot values
-    matmul: bool = False
-    # a scan kernel (inner (the scanned dim,)): Op.SCAN nodes at their home become scan values;
-    # whether its loop walks the rows from their end (its scans reversed)
-    scan: bool | None = None
-
-
-class KernelBuilder:
+class KernelBuilder(ReduceBuilder):
     def __init__(self, spec: GroupSpec, buffers: dict[Node, BufferInfo], name: str):
         self.spec = spec
         self.buffers = buffers
@@ -129,7 +74,7 @@ class KernelBuilder:
         found = self._cse.get(key)
         if found is not None:
             return found
-        inner = any(s.inner for s in srcs) or (expr is not None and _has_inner(expr))
+        inner = any(s.inner for s in srcs) or (expr is not None and has_inner(expr))
         if kind in ("reduce", "rowreduce", "dot"):
             inner = False
         elif kind == "scan":
@@ -159,15 +104,15 @@ class KernelBuilder:
         """An index expression as a value. Indirect variables in it (a position inside a ragged
         row: its loaded start + r0) are loaded values, added as such."""
         expr = sympy.expand(expr)
-        if not _has_indirect(expr):
+        if not has_indirect(expr):
             return self._emit("index", dtype, (), expr, expr=expr)
         if expr.is_Symbol:
             term = self._indirect[expr]
             return term if term.dtype == dtype else self._emit("alu", dtype, (term,), Op.CAST)
         if isinstance(expr, (sympy.Add, sympy.Mul)):
             # sums and products of loaded values, with the terms that load nothing as one index
-            fixed = expr.func(*(a for a in expr.args if not _has_indirect(a)))
-            parts = [self.index_value(a, dtype) for a in expr.args if _has_indirect(a)]
+            fixed = expr.func(*(a for a in expr.args if not has_indirect(a)))
+            parts = [self.index_value(a, dtype) for a in expr.args if has_indirect(a)]
             if fixed != (0 if expr.is_Add else 1):
                 parts.append(self.index_value(fixed, dtype) if expr.is_Add else self._emit("const", dtype, (), fixed))
             value = parts[0]
@@ -386,7 +331,7 @@ class KernelBuilder:
             return None
         row, start, _length = self._segment
         within = sympy.expand(point[0] - start)
-        if all(_has_inner(s) for s in within.free_symbols):
+        if all(has_inner(s) for s in within.free_symbols):
             return row
         return None
 
@@ -460,172 +405,6 @@ class KernelBuilder:
         self._strided[node] = result
         return result
 
-    def _reduce(self, node: Node, point: Point) -> Value:
-        (x,) = node.inputs
-        dims = [d for d in node.arg if not sh.is_one(x.shape[d])]
-        extents = [x.shape[d] for d in dims]
-        fits = (len(extents) == len(self.spec.inner)
-                and all(sh.equal(a, b) for a, b in zip(extents, self.spec.inner))
-                and not any(_has_inner(p) or _has_indirect(p) for p in point)
-                and sh.equal(sh.numel(x.shape), sh.numel(self.spec.outer) * sh.numel(self.spec.inner)))
-        if not fits:
-            return self._across_rows(node, point, dims, extents)
-        in_point = list(point)
-        for j, d in enumerate(dims):
-            in_point[d] = inner_var(j)
-        for d in node.arg:
-            if sh.is_one(x.shape[d]):
-                in_point[d] = sympy.Integer(0)
-        previous, self._reader = self._reader, node
-        src = self.value_of(x, tuple(in_point))
-        self._reader = previous
-        if node.op in (Op.ARGMAX, Op.ARGMIN):  # (ties as eager's rounded values make them)
-            src = self._as_eager_holds(src)
-        position = offset(tuple(inner_var(j) for j in range(len(dims))), sh.contiguous_strides(extents))
-        return self._emit("reduce", node.dtype, (src,), ReduceArg(node.op, position))
-
-    def _scan(self, node: Node, point: Point) -> Value:
-        """A scan at its home in a scan kernel: (o.., r0, o..) with r0 along its dim, the loop
-        running in its direction (one direction a kernel). Elsewhere (read shifted, transposed,
-        in a row kernel) it needs a kernel of its own."""
-        (x,) = node.inputs
-        arg = node.arg
-        home = scan_home(node.shape, arg.dim)
-        if (self.spec.scan is not arg.reverse or tuple(point) != home or len(self.spec.inner) != 1
-                or not sh.equal(self.spec.inner[0], x.shape[arg.dim])):
-            raise NeedsBuffer(node)
-        previous, self._reader = self._reader, node
-        # (a 16-bit source rounded as eager holds it: a product over a row amplified the
-        # difference of each unrounded element)
-        src = self._as_eager_holds(self.value_of(x, point))
-        self._reader = previous
-        return self._emit("scan", node.dtype, (src,), arg)
-
-    def _as_eager_holds(self, v: Value) -> Value:
-        """A 16-bit float value rounded to its dtype, as eager holds it. ember computes 16-bit
-        math in float32 and rounds where a value is stored or cast to 16 bits; conversions and
-        ops whose result jumps with their input (a comparison, a rounding, an argmax's ties) read
-        it rounded, or ``(x * 1000).int()`` and ``x * 1000 > 300`` differ from eager by whole
-        units. Loads, constants and casts to 16 bits are rounded already."""
-        if not v.dtype.is_low_precision or v.kind in ("load", "const") or (v.kind == "alu" and v.arg is Op.CAST):
-            return v
-        return self._emit("alu", v.dtype, (v,), Op.CAST)
-
-    def _matmul(self, node: Node, point: Point) -> Value:
-        """A matmul at its kernel's (o0, o1): a dot of its operands' loads at (o0, r0) and (r0, o1).
-        Elsewhere (in a row kernel, read shifted or transposed) it needs a kernel of its own; an
-        operand that is not a tensor in memory (a pointwise result) needs a buffer."""
-        a, b = node.inputs
-        o0, o1, k = outer_var(0), outer_var(1), inner_var(0)
-        if (not self.spec.matmul or tuple(point) != (o0, o1) or len(self.spec.inner) != 1
-                or not sh.equal(a.shape[1], self.spec.inner[0])):
-            if node in self.spec.homes:
-                # a matmul stored as its own root outside a matmul's tiles: an operand computed in
-                # this kernel put a reduction under it (an RMSNorm before two projections), and the
-                # operand gets the buffer (buffering the matmul again would change nothing)
-                for x in (a, b):
-                    if not self._loaded(view_base(x)):
-                        raise NeedsBuffer(view_base(x))
-            raise NeedsBuffer(node)
-        previous, self._reader = self._reader, node
-        operands = [self.value_of(a, (o0, k)), self.value_of(b, (k, o1))]
-        self._reader = previous
-        for v, x in zip(operands, (a, b)):
-            if v.kind != "load" or v.arg.bindings:
-                raise NeedsBuffer(view_base(x))
-        return self._emit("dot", dt.float32, operands)
-
-    def _across_rows(self, node: Node, point: Point, dims: list[int], extents: list[sympy.Expr]) -> Value:
-        """A reduction over exactly this row kernel's rows (outer domain), of values per row: a
-        rowreduce, finished by the last program (or raise NeedsBuffer: a kernel of its own)."""
-        (x,) = node.inputs
-        fits = (self.spec.inner and self.spec.chunks is None and self.spec.segment is None
-                and node.op in ACROSS_OPS and len(extents) == len(self.spec.outer)
-                and all(sh.equal(a, b) for a, b in zip(extents, self.spec.outer))
-                and all(d in node.arg or sh.is_one(s) for d, s in enumerate(x.shape))
-                and not any(_has_inner(p) or _has_indirect(p) or _has_outer(p) for p in point))
-        if not fits:
-            raise NeedsBuffer(node)
-        in_point = [sympy.Integer(0)] * x.rank
-        for j, d in enumerate(dims):
-            in_point[d] = outer_var(j)
-        previous, self._reader = self._reader, node
-        src = self.value_of(x, tuple(in_point))
-        self._reader = previous
-        if src.inner:
-            raise AcrossFailed(node)
-        value = self._emit("rowreduce", node.dtype, (src,), ReduceArg(node.op, sympy.Integer(0)))
-        self._across[id(value)] = node
-        return value
-
-    def _segment_reduce(self, node: Node, point: Point) -> Value:
-        """A reduction over one row of packed values: the row (outer dim 0) reads its start and
-        length from the offsets, and the inner loop walks the row from its start."""
-        x, offsets = node.inputs
-        fits = (self._segment is not None and self.spec.segment is offsets
-                and sh.equal(x.shape[0], self.spec.segment_total) and sh.equal(point[0], self._segment[0])
-                and sh.shapes_equal(_drop_ones(node.shape), self.spec.outer)
-                and not any(_has_inner(p) or _has_indirect(p) for p in point))
-        if not fits:
-            raise NeedsBuffer(node)
-        start = self._segment[1]
-        previous, self._reader = self._reader, node
-        in_row, self._in_row = self._in_row, True
-        src = self.value_of(x, (start + inner_var(0), *point[1:]))
-        self._reader, self._in_row = previous, in_row
-        return self._emit("reduce", node.dtype, (src,), ReduceArg(node.arg, inner_var(0)))
-
-    def _chunk_sum(self, node: Node, point: Point) -> Value:
-        """Partial sums over runs of rows. In a chunked row kernel (home (CHUNK, inner...)) a
-        chunksum adds the source up as the run's rows go by; on its own, a reduction over a run's
-        ceil(R / chunks) rows (outer: run and kept dims, inner: the row within the run)."""
-        (x,) = node.inputs
-        lead, chunks = node.arg
-        fused = point[0] == CHUNK
-        if fused and self.spec.chunks != chunks:
-            raise RuntimeError(f"ember: {node!r} placed in a kernel without its {chunks} runs")
-        total = sh.numel(x.shape[:lead])
-        row = sympy.expand(point[0] * FloorDiv(sympy.expand(total + chunks - 1), chunks) + inner_var(0))
-        rows, o = [], 0
-        flat = sympy.Min(row, sympy.Max(total - 1, 0))  # rows past the end (the last run's) read the last
-        for d in range(lead):
-            if sh.is_one(x.shape[d]):
-                rows.append(sympy.Integer(0))
-            elif fused:  # the kernel's own row
-                rows.append(outer_var(o))
-                o += 1
-            else:
-                stride = sh.numel(x.shape[d + 1:lead])
-                q = flat if sh.equal(stride, 1) else FloorDiv(flat, stride)
-                rows.append(q if d == 0 else sympy.Mod(q, x.shape[d]))
-        previous, self._reader = self._reader, node
-        src = self.value_of(x, (*rows, *point[1:]))
-        self._reader = previous
-        if src.dtype != node.dtype:
-            src = self._emit("alu", node.dtype, (src,), Op.CAST)
-        if fused:
-            return self._emit("chunksum", node.dtype, (src,), ReduceArg(Op.SUM, sympy.Integer(0)))
-        inside = self._emit("alu", dt.bool_, (self._emit("index", dt.int64, (), row, expr=row),
-                                              self._emit("const", dt.int64, (), total)), Op.LT)
-        src = self._select(inside, src, self._emit("const", node.dtype, (), 0.0), node.dtype)
-        return self._emit("reduce", node.dtype, (src,), ReduceArg(Op.SUM, inner_var(0)))
-
-    def _segment_row(self, row: sympy.Expr, offsets: Node, total: sympy.Expr) -> None:
-        """Load the start and length of ``row``: the start becomes an indirect variable (ind0, the
-        kernel's first), the length the kernel's inner extent. Offsets are clamped into [0, total]
-        so that malformed ones (``Ragged`` validates them) never read out of bounds."""
-        previous, self._reader = self._reader, offsets
-        lo, hi = (self._emit("alu", dt.int64, (self.value_of(offsets, (p,)),), Op.CAST) if offsets.dtype != dt.int64
-                  else self.value_of(offsets, (p,)) for p in (row, sympy.expand(row + 1)))
-        self._reader = previous
-        zero, end = self._emit("const", dt.int64, (), 0), self._emit("const", dt.int64, (), total)
-        start = self._emit("alu", dt.int64, (self._emit("alu", dt.int64, (lo, zero), Op.MAX), end), Op.MIN)
-        stop = self._emit("alu", dt.int64, (self._emit("alu", dt.int64, (hi, start), Op.MAX), end), Op.MIN)
-        length = self._emit("alu", dt.int64, (stop, start), Op.SUB)
-        sym = indirect_var(len(self._indirect))
-        self._indirect[sym] = start
-        self._segment = (row, sym, length)
-
     # ---- the kernel ------------------------------------------------------------------------
     def _homes(self, root: Node) -> list[Point]:
         """Where the kernel evaluates a root: its home point, or one point per position of its
@@ -667,7 +446,7 @@ class KernelBuilder:
             for home in self._homes(root):
                 # a root stored per element of a segment row (not per row): all it reads, the
                 # row's elements read
-                self._in_row = self.spec.segment is not None and any(_has_inner(p) for p in home)
+                self._in_row = self.spec.segment is not None and any(has_inner(p) for p in home)
                 if root.op is Op.INDEX_PUT:
                     self._put(root, home)
                     continue
@@ -722,26 +501,6 @@ class KernelBuilder:
         raise AssertionError("a value after all rows without a reduction over them")
 
 
-def place(shape: tuple[sympy.Expr, ...], var) -> Point:
-    """The point of a value of ``shape`` in a domain whose variables ``var(0), var(1), ...``
-    run over its dims of more than one element, in order (dims of 1 at 0)."""
-    point, k = [], 0
-    for s in shape:
-        if sh.is_one(s):
-            point.append(sympy.Integer(0))
-        else:
-            point.append(var(k))
-            k += 1
-    return tuple(point)
-
-
-def scan_home(shape: sh.Shape, dim: int) -> Point:
-    """Where a scan kernel computes a value of ``shape`` scanned along ``dim``: r0 on that dim,
-    the outer variables on the others (dims of 1 at 0)."""
-    rest = place(shape[:dim] + shape[dim + 1:], outer_var)
-    return (*rest[:dim], inner_var(0), *rest[dim:])
-
-
 def _exprs(v: Value) -> list[sympy.Expr]:
     if v.kind in ("load", "store"):
         return [v.arg.index]
@@ -754,27 +513,11 @@ def _exprs(v: Value) -> list[sympy.Expr]:
     return []
 
 
-def _drop_ones(shape: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
-    return tuple(s for s in shape if not sh.is_one(s))
-
-
 # pointwise ops that read a 16-bit input as eager holds it (rounded): those whose result jumps
 # with it (a float16 (x + 4096) % 5 of x = 1 is 4096 % 5, not 4097 % 5), and conversions
 # ((x + 1000.3).float() is the bfloat16 sum, 1000.0)
 _ROUNDED_FIRST = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.FLOOR, Op.CEIL, Op.ROUND, Op.TRUNC,
                             Op.SIGN, Op.ISINF, Op.CAST, Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD})
-
-
-def _has_indirect(e: sympy.Expr) -> bool:
-    return isinstance(e, sympy.Basic) and any(is_indirect_var(s) for s in e.free_symbols)
-
-
-def _has_outer(e: sympy.Expr) -> bool:
-    return isinstance(e, sympy.Basic) and any(s.name.startswith("o") and is_index_var(s) for s in e.free_symbols)
-
-
-def _has_inner(e: sympy.Expr) -> bool:
-    return isinstance(e, sympy.Basic) and any(s.name.startswith("r") and is_index_var(s) for s in e.free_symbols)
 
 
 def _key(arg: Any) -> Any:

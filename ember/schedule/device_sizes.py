@@ -22,7 +22,7 @@ import sympy
 
 from ..ir import shapes as sh
 from ..ir.node import Node
-from .build import BufferInfo
+from .group_spec import BufferInfo
 from .kernel_ir import Kernel, Param
 
 # the size that switches reading the totals on the device on (1, in ember.cuda_graph steps) or off

@@ -18,7 +18,7 @@ from ..config import Config
 from ..ir import shapes as sh
 from ..ir.node import Node, row_ids_offsets
 from ..ir.ops import REDUCE_OPS, Op
-from .build import ACROSS_OPS, GroupSpec, place, scan_home
+from .group_spec import ACROSS_OPS, GroupSpec, place, scan_home
 from .indexing import Point, map_reshape
 from .kernel_ir import CHUNK, SEGMENT_LENGTH, indirect_var, inner_var, outer_var
 

@@ -23,9 +23,10 @@ from ..config import Config
 from ..ir import shapes as sh
 from ..ir.node import Graph, Node, fill_value, ragged_totals, view_base
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
-from .build import AcrossFailed, BufferInfo, Conflict, GroupSpec, KernelBuilder, NeedsBuffer
+from .build import KernelBuilder
 from .device_sizes import read_totals_on_device
 from .domains import DomainRules
+from .group_spec import AcrossFailed, BufferInfo, Conflict, GroupSpec, NeedsBuffer
 from .guards import guard_branches
 from .indexing import base_layout, replay_copies
 from .kernel_ir import CHUNK, Kernel

@@ -16,7 +16,7 @@ import sympy
 from ..ir import shapes as sh
 from ..ir.node import Graph, Node, fill_value
 from ..ir.ops import Op
-from .build import BufferInfo, GroupSpec
+from .group_spec import BufferInfo, GroupSpec
 from .kernel_ir import Kernel
 
 

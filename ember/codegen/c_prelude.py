@@ -1,0 +1,215 @@
+"""C helpers every C-style translation unit includes (CPU C++ and CUDA C++)."""
+
+# Helpers every C-style backend includes. EMBER_FN is 'static inline' on the CPU and
+# '__device__ __forceinline__' in CUDA.
+COMMON_PRELUDE = r"""
+template <typename T> struct EmberArg { T v; int64_t i; };
+// Integer bounds, chosen by overload on a dummy argument (works in host and device code).
+#define EMBER_LIMITS(T, LO, HI) \
+  EMBER_FN T ember_lowest(T) { return LO; } \
+  EMBER_FN T ember_highest(T) { return HI; }
+EMBER_LIMITS(int8_t, INT8_MIN, INT8_MAX)
+EMBER_LIMITS(int16_t, INT16_MIN, INT16_MAX)
+EMBER_LIMITS(int32_t, INT32_MIN, INT32_MAX)
+EMBER_LIMITS(int64_t, INT64_MIN, INT64_MAX)
+EMBER_LIMITS(uint8_t, 0, UINT8_MAX)
+
+// torch.maximum / torch.minimum: NaN wins.
+// Bitwise | rather than ||: no branch, so loops using them still vectorize.
+#if __CUDA_ARCH__ >= 800  // one instruction on the GPU (a NaN result is the canonical NaN)
+EMBER_FN float ember_max(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+EMBER_FN float ember_min(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+#elif defined(__CUDACC__)
+EMBER_FN float ember_max(float a, float b) { return ((a > b) | (a != a)) ? a : b; }
+EMBER_FN float ember_min(float a, float b) { return ((a < b) | (a != a)) ? a : b; }
+#else  // eager's CPU kernels keep the first of equal values: relu(-0.0) and max([-0.0, 0.0]) are -0.0
+EMBER_FN float ember_max(float a, float b) { return ((a >= b) | (a != a)) ? a : b; }
+EMBER_FN float ember_min(float a, float b) { return ((a <= b) | (a != a)) ? a : b; }
+#endif
+#if defined(__CUDACC__)
+EMBER_FN double ember_max(double a, double b) { return ((a > b) | (a != a)) ? a : b; }
+EMBER_FN double ember_min(double a, double b) { return ((a < b) | (a != a)) ? a : b; }
+#else
+EMBER_FN double ember_max(double a, double b) { return ((a >= b) | (a != a)) ? a : b; }
+EMBER_FN double ember_min(double a, double b) { return ((a <= b) | (a != a)) ? a : b; }
+#endif
+template <typename T> EMBER_FN T ember_max(T a, T b) { return a > b ? a : b; }
+template <typename T> EMBER_FN T ember_min(T a, T b) { return a < b ? a : b; }
+EMBER_FN int64_t ember_imax(int64_t a, int64_t b) { return a > b ? a : b; }
+EMBER_FN int64_t ember_imin(int64_t a, int64_t b) { return a < b ? a : b; }
+// Python's // and % of size expressions that may be negative (C's truncate)
+EMBER_FN int64_t ember_ifloordiv(int64_t a, int64_t b) {
+  if (b == 0) return 0;
+  int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+EMBER_FN int64_t ember_imod(int64_t a, int64_t b) {
+  if (b == 0) return 0;
+  int64_t m = a % b;
+  return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m;
+}
+
+// argmax/argmin: NaN counts as the largest (and smallest) value; ties keep the first index.
+template <typename T> EMBER_FN void ember_argmax_step(EmberArg<T>& a, T v, int64_t i) {
+  bool take = (v > a.v) || (v != v && a.v == a.v) || ((v == a.v || (v != v && a.v != a.v)) && i < a.i);
+  if (take) { a.v = v; a.i = i; }
+}
+template <typename T> EMBER_FN void ember_argmin_step(EmberArg<T>& a, T v, int64_t i) {
+  bool take = (v < a.v) || (v != v && a.v == a.v) || ((v == a.v || (v != v && a.v != a.v)) && i < a.i);
+  if (take) { a.v = v; a.i = i; }
+}
+
+template <typename T> EMBER_FN T ember_abs(T a) { return a < 0 ? (T)(-a) : a; }
+EMBER_FN uint8_t ember_abs(uint8_t a) { return a; }
+EMBER_FN bool ember_abs(bool a) { return a; }
+// (-0.0 and a NaN of either sign lose their sign bit, as fabs: eager's abs)
+EMBER_FN float ember_abs(float a) { return a < 0.0f ? -a : (a == 0.0f ? 0.0f : (a == a ? a : (float)NAN)); }
+EMBER_FN double ember_abs(double a) { return a < 0.0 ? -a : (a == 0.0 ? 0.0 : (a == a ? a : (double)NAN)); }
+// (NaN -> 0, as eager's sign)
+template <typename T> EMBER_FN T ember_sign(T a) { return (T)((T(0) < a) - (a < T(0))); }
+EMBER_FN bool ember_isinf(float a) { return a == INFINITY || a == -INFINITY; }
+EMBER_FN bool ember_isinf(double a) { return a == INFINITY || a == -INFINITY; }
+EMBER_FN float ember_rsqrt(float a) { return 1.0f / sqrtf(a); }
+EMBER_FN double ember_rsqrt(double a) { return 1.0 / sqrt(a); }
+
+// Python-style rounding division and remainder, as torch.div(rounding_mode=...) and
+// torch.remainder; integer division by zero sets *err (eager raises ZeroDivisionError).
+template <typename F> EMBER_FN F ember_floordiv_f(F a, F b) {
+  if (b == 0) return a / b;
+  F mod = fmod(a, b);
+  F div = (a - mod) / b;
+  if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1;
+  F fl;
+  if (div != 0) { fl = floor(div); if (div - fl > (F)0.5) fl += 1; }
+  else { fl = copysign((F)0, a / b); }
+  return fl;
+}
+EMBER_FN float ember_floordiv(float a, float b) { return ember_floordiv_f<float>(a, b); }
+EMBER_FN double ember_floordiv(double a, double b) { return ember_floordiv_f<double>(a, b); }
+EMBER_FN float ember_truncdiv(float a, float b) { return truncf(a / b); }
+EMBER_FN double ember_truncdiv(double a, double b) { return trunc(a / b); }
+template <typename F> EMBER_FN F ember_mod_f(F a, F b) {
+  F m = fmod(a, b);
+  if (m != 0 && ((b < 0) != (m < 0))) m += b;
+  return m;
+}
+EMBER_FN float ember_mod(float a, float b) { return ember_mod_f<float>(a, b); }
+EMBER_FN double ember_mod(double a, double b) { return ember_mod_f<double>(a, b); }
+EMBER_FN int64_t ember_truncdiv(int64_t a, int64_t b, int32_t* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return (int64_t)(0 - (uint64_t)a);
+  return a / b;
+}
+EMBER_FN int64_t ember_floordiv(int64_t a, int64_t b, int32_t* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return (int64_t)(0 - (uint64_t)a);
+  int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
+  return q;
+}
+EMBER_FN int64_t ember_fmod(int64_t a, int64_t b, int32_t* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return 0;
+  return a % b;
+}
+EMBER_FN int64_t ember_mod(int64_t a, int64_t b, int32_t* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return 0;
+  int64_t m = a % b;
+  if (m != 0 && ((b < 0) != (m < 0))) m += b;
+  return m;
+}
+// A gather's or an indexing's index: eager raises for one out of range; kernels flag it (code 2
+// or 3, which the host turns into eager's exception) and stay in bounds.
+EMBER_FN int64_t ember_check_index(int64_t i, int64_t n, int32_t code, int32_t* err) {
+  bool bad = (i < 0) | (i >= n);
+  if (bad) *err = code;
+  return bad ? 0 : i;
+}
+EMBER_FN int64_t ember_check_index_if(bool used, int64_t i, int64_t n, int32_t code, int32_t* err) {
+  bool bad = (i < 0) | (i >= n);
+  if (bad && used) *err = code;
+  return bad ? 0 : i;
+}
+// searchsorted in a sorted sequence of n elements, stride apart: how many are < v (<= v when
+// right), compared as eager compares (!(x >= v), !(x > v)): a NaN v sorts after every element.
+// Eager's binary search, probe for probe: a NaN bound (torch.sort puts them last) passes that
+// comparison too, so past the bounds below v the answer depends on which bounds are read.
+// Each step halves a size every lane shares (it bounds every lane's range), so all lanes take
+// the same number of steps.
+template <typename T, typename V>
+EMBER_FN int64_t ember_search(const T* seq, int64_t n, int64_t stride, V v, bool right) {
+  int64_t lo = 0, hi = n;
+  for (int64_t size = n; size > 0; size >>= 1) {
+    if (lo < hi) {
+      int64_t mid = lo + ((hi - lo) >> 1);
+      T x = seq[mid * stride];
+      if (right ? !(x > v) : !(x >= v)) lo = mid + 1; else hi = mid;
+    }
+  }
+  return lo;
+}
+// The same answer, starting from a hint (the previous answer of this thread). Any hint is safe
+// in a sequence whose answers are monotone: it is used only when every element before it is
+// below v; a few linear steps find the answer for sorted queries, else a binary search of the
+// rest does. A sequence ending in NaN (x != x) is not monotone: eager's full search answers.
+template <typename T, typename V>
+EMBER_FN int64_t ember_search_from(const T* seq, int64_t n, int64_t stride, V v, bool right, int64_t* hint) {
+  if (n > 0 && !(seq[(n - 1) * stride] == seq[(n - 1) * stride])) return ember_search(seq, n, stride, v, right);
+  int64_t lo = *hint;
+  if (lo < 0 || lo > n) lo = 0;
+  if (lo > 0) {
+    T x = seq[(lo - 1) * stride];
+    if (!(right ? !(x > v) : !(x >= v))) lo = 0;
+  }
+  for (int step = 0; lo < n; ++step, ++lo) {
+    T x = seq[lo * stride];
+    if (!(right ? !(x > v) : !(x >= v))) break;
+    if (step == 8) { lo += ember_search(seq + lo * stride, n - lo, stride, v, right); break; }
+  }
+  *hint = lo;
+  return lo;
+}
+EMBER_FN int64_t ember_clamp_index(int64_t i, int64_t n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
+EMBER_FN int64_t ember_ipow(int64_t base, int64_t exp) {
+  if (exp < 0) return base == 1 ? 1 : (base == -1 ? ((exp & 1) ? -1 : 1) : 0);
+  int64_t result = 1;
+  while (exp) { if (exp & 1) result = (int64_t)((uint64_t)result * (uint64_t)base);
+                base = (int64_t)((uint64_t)base * (uint64_t)base); exp >>= 1; }
+  return result;
+}
+// The same algorithms with every intermediate rounded to a 16-bit float, as eager computes them
+// on BFloat16/Half values. R is the backend's round-trip (ember_round_bf16 / ember_round_f16).
+#define EMBER_ROUNDED_DIVISION(SUFFIX, R) \
+  EMBER_FN float ember_floordiv_##SUFFIX(float a, float b) { \
+    if (b == 0) return R(a / b); \
+    float mod = R(fmodf(a, b)); \
+    float div = R(R(a - mod) / b); \
+    if (mod != 0 && ((b < 0) != (mod < 0))) div = R(div - 1); \
+    float fl; \
+    if (div != 0) { fl = floorf(div); if (R(div - fl) > 0.5f) fl = R(fl + 1); } \
+    else { fl = copysignf(0.0f, R(a / b)); } \
+    return fl; \
+  } \
+  EMBER_FN float ember_truncdiv_##SUFFIX(float a, float b) { return truncf(R(a / b)); } \
+  EMBER_FN float ember_mod_##SUFFIX(float a, float b) { \
+    float m = R(fmodf(a, b)); \
+    if (m != 0 && ((b < 0) != (m < 0))) m = R(m + b); \
+    return m; \
+  }
+
+template <typename T> EMBER_FN T ember_shl(T a, T b) {
+  return (b < 0 || b >= (T)(8 * sizeof(T))) ? (T)0 : (T)((uint64_t)a << b);
+}
+template <typename T> EMBER_FN T ember_shr(T a, T b) {
+  return (b < 0 || b >= (T)(8 * sizeof(T))) ? (T)(a < 0 ? -1 : 0) : (T)(a >> b);
+}
+"""

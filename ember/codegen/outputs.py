@@ -1,0 +1,183 @@
+"""How a compiled graph's outputs come back: in the memory and with the strides eager gives them.
+
+A mixin of wrapper.WrapperWriter (its attributes: the schedule ``s``, ``var``, ``view_base``,
+``eager_layout``, ``symbols``, ``emit``). ember's IR has no clones, detaches or ``.contiguous()``
+(each is its source), so the program itself copies, detaches or relayouts an output where eager
+would hand the user memory or strides of its own, and copies a backward's input that arrives laid
+out otherwise than traced.
+"""
+
+from __future__ import annotations
+
+from ..ir import shapes as sh
+from ..ir.node import ArgRef, Node
+from ..ir.ops import Op
+from ..schedule.indexing import base_layout
+from .pyexpr import shape_tuple
+
+
+class OutputLayouts:
+    def _shared_outputs(self) -> list[int]:
+        """Outputs eager returns in memory of their own (``Graph.fresh_outputs``) that would come
+        back as an input, a constant, or memory another output already returns: a clone is its
+        source in ember's IR, and CSE makes equal values one. Returned so, a user's in-place
+        change of the result would change the input or the other output too.
+
+        In a backward, every gradient over memory an earlier one returns is copied as well:
+        AOTAutograd's backward may return a gradient and a view of it (a ``cat`` of an expanded
+        parameter with another one, a ViT's class token beside its position embedding), which
+        autograd keeps as two parameters' ``.grad``; an in-place update of each
+        (``clip_grad_norm_``, accumulation) then changed the shared elements twice."""
+        g = self.s.graph
+        backward = g.name.startswith("backward")
+        claimed: set[Node] = set()
+        shared = []
+        for i, node in enumerate(g.outputs):
+            if node is None or i in g.scalar_outputs:
+                continue
+            base = self._memory_of(node)
+            if (i in g.fresh_outputs and base.op in (Op.INPUT, Op.TENSOR)
+                    or (i in g.fresh_outputs or backward) and base in claimed):
+                shared.append(i)
+            claimed.add(base)
+        return shared
+
+    def _memory_of(self, node: Node) -> Node:
+        """The node whose memory ``node`` comes back in: through replayed views, and through ATen
+        calls that return a view of an argument (``x.clone().diagonal()`` is diagonal of ``x``
+        in ember's IR, where a clone is its source)."""
+        while True:
+            if node in self.view_base:
+                node = self.view_base[node]
+            elif node.op is Op.GETITEM and node.inputs and node.inputs[0].op is Op.EXTERN:
+                node = node.inputs[0]
+            elif node.op is Op.EXTERN and (aliased := _aliased_input(node)) is not None:
+                node = aliased
+            else:
+                return node
+
+    def _distinct_outputs(self, returned: list[str], fresh: list[int]) -> None:
+        """Outputs that come back as a view the wrapper made, or as a variable an earlier output
+        returns (``y`` and ``y.detach()``: a detach is its source in ember's IR), are returned
+        detached: tensors of their own over the same memory, with no view relation, as the
+        graph's outputs are in eager (views of the graph's own results reach the user rebuilt by
+        AOTAutograd from their base, whatever the graph returned). One object returned twice
+        would share what autograd marks on it (the detached output's "no gradient" reached the
+        other output, and a view rebuilt from it lost its gradient), and a view made under the
+        compiled function's no_grad carries that mode: changing it in place raises."""
+        seen: set[str] = set()
+        for i, (node, var) in enumerate(zip(self.s.graph.outputs, returned)):
+            if node is None or i in self.s.graph.scalar_outputs or i in fresh:
+                continue
+            if node.op is Op.INPUT:
+                # an input returned (as an output and as a tensor saved for the backward): the
+                # object itself, which AOTAutograd relates to the caller's (a nested tensor's
+                # offsets carry the nested size its gradient must have)
+                seen.add(var)
+                continue
+            if var not in seen and node in self.view_base and self._memory_of(node).op is Op.INPUT:
+                # a view of an input stays one: AOTAutograd rebuilds it from the input, or (views
+                # that unbind or split an input requiring grad) hands it to the user as it is,
+                # and autograd must see the view to refuse in-place changes to it, as eager does
+                seen.add(var)
+                continue
+            if var in seen or node in self.view_base:
+                name = f"out{i}"
+                self.emit(f"{name} = {var}.detach()  # the same memory, a tensor of its own")
+                returned[i] = name
+            seen.add(var)
+
+    def _traced_layouts(self, fresh: list[int]) -> dict[Node, tuple[list[int], sh.Shape | None]]:
+        """Outputs in the memory of an ATen result come back with the strides they were traced
+        with: ATen lays its result out as it does (a convolution's follows its input), and a
+        clone or ``.contiguous()`` of it, which would have changed that, is no op in ember's IR.
+        Copied at run time only where the layouts differ (``as_traced``). Several outputs over
+        one result (``y = conv(x).contiguous()``; ``y, y[:, 0]``) get one copy, laid out so that
+        each has eager's strides, and are replayed from it: they share memory as in eager.
+        Overlapping layouts (a broadcast view of the result) stay as replayed.
+
+        {ATen result: (the outputs over it, the layout they are replayed from, or None: each
+        output on its own)}."""
+        g = self.s.graph
+        over: dict[Node, list[int]] = {}
+        for i, node in enumerate(g.outputs):
+            strides = g.output_strides[i] if i < len(g.output_strides) else None
+            if (node is None or i in g.scalar_outputs or i in fresh or strides is None or node.shape is None
+                    or len(strides) != node.rank or self._memory_of(node).op not in (Op.EXTERN, Op.GETITEM)
+                    or not sh.free_symbols(strides) <= set(self.symbols)
+                    or any(sh.equal(st, 0) and not sh.is_one(n) for st, n in zip(strides, node.shape))):
+                continue
+            over.setdefault(self._memory_of(node), []).append(i)
+        return {base: (outs, self._one_layout(base, outs) if len(outs) > 1 else None) for base, outs in over.items()}
+
+    def _as_traced(self, traced: dict[Node, tuple[list[int], sh.Shape | None]], returned: list[str]) -> None:
+        g = self.s.graph
+        for base, (outs, layout) in traced.items():
+            if layout is not None:
+                name = f"{self.var[base]}_traced"
+                self.emit(f"{name} = as_traced({self.eager_layout.get(base, self.var[base])}, {shape_tuple(layout)})"
+                          "  # eager's layout, for the outputs over it")
+                for i in outs:
+                    returned[i] = self._replayed(name, g.outputs[i], base)
+                continue
+            for i in outs:
+                self.emit(f"out{i} = as_traced({returned[i]}, {shape_tuple(g.output_strides[i])})  # eager's layout")
+                returned[i] = f"out{i}"
+
+    def _one_layout(self, base: Node, outs: list[int]) -> sh.Shape | None:
+        """The layout of ``base`` giving every output in ``outs`` (``base`` itself, or views
+        replayed from it) eager's strides; None where they want different ones."""
+        g = self.s.graph
+        layouts = set()
+        for i in outs:
+            node, strides = g.outputs[i], g.output_strides[i]
+            if node is not base and self.view_base.get(node) is not base:
+                return None
+            layouts.add(tuple(strides) if node is base else base_layout(node, base, strides))
+        return layouts.pop() if len(layouts) == 1 and None not in layouts else None
+
+    def _fresh_copy(self, i: int, var: str) -> str:
+        """Output ``i`` copied into memory of its own, laid out as eager returns it."""
+        node, strides = self.s.graph.outputs[i], self.s.graph.output_strides[i]
+        name = f"out{i}"
+        if (strides is not None and sh.free_symbols(strides) <= set(self.symbols)
+                and not any(sh.equal(st, 0) and not sh.is_one(n) for st, n in zip(strides, node.shape))):
+            self.emit(f"{name} = relayout({var}, {shape_tuple(strides)})  # a copy of its own, as eager returns it")
+        else:
+            self.emit(f"{name} = {var}.clone(memory_format=torch.contiguous_format)  # a copy of its own")
+        return name
+
+    def _check_layouts(self) -> None:
+        """A backward's inputs are the forward's saved tensors and the gradients autograd passes,
+        with no guard on their strides, and its kernels read them with the strides it was traced
+        with. Where a tensor comes in laid out otherwise, it is copied into that layout first:
+        read in another layout its values would be silently wrong. (Dims of size 1 may have any
+        stride; overlapping layouts are read correctly from any copy of their values.)"""
+        for node in self.s.graph.inputs:
+            spec = node.arg
+            if spec.kind != "tensor" or spec.name not in self.kernel_reads or spec.strides is None:
+                continue
+            dims = [i for i, size in enumerate(node.shape) if not sh.is_one(size)]
+            if any(sh.equal(spec.strides[i], 0) for i in dims) or not dims:
+                continue
+            if len(dims) == node.rank:
+                got, want = f"{spec.name}.stride()", shape_tuple(spec.strides)
+            else:
+                got = "(" + ", ".join(f"{spec.name}.stride({i})" for i in dims) + ("," if len(dims) == 1 else "") + ")"
+                want = shape_tuple(tuple(spec.strides[i] for i in dims))
+            self.emit(f"if {got} != {want}:  # laid out otherwise than traced: copied into that layout")
+            self.emit(f"{spec.name} = relayout({spec.name}, {shape_tuple(spec.strides)})", depth=2)
+
+
+def _aliased_input(node: Node) -> Node | None:
+    """The input an ATen call returns a view of, without writing it (diagonal, unfold,
+    as_strided, a dtype view, unbind): its schema's return shares an argument's alias set."""
+    schema = getattr(node.arg.target, "_schema", None)
+    returned = schema.returns[0].alias_info if schema is not None and schema.returns else None
+    if returned is None or returned.is_write:
+        return None
+    for j, argument in enumerate(schema.arguments):
+        if argument.alias_info is not None and not argument.alias_info.is_write:
+            value = node.arg.args[j] if j < len(node.arg.args) else node.arg.kwargs.get(argument.name)
+            return node.inputs[value.index] if isinstance(value, ArgRef) else None
+    return None

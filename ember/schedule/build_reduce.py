@@ -1,0 +1,199 @@
+"""The kernel builder's reductions, scans and matmuls (a mixin of build.KernelBuilder).
+
+Each method builds one kind of value at a point of the kernel's domain, or raises NeedsBuffer when
+the value cannot live in this kernel (its loops differ, it is read at another point) so that the
+scheduler gives it a buffer and a kernel of its own.
+"""
+
+from __future__ import annotations
+
+import sympy
+from torch.utils._sympy.functions import FloorDiv
+
+from ..ir import dtypes as dt
+from ..ir import shapes as sh
+from ..ir.node import Node, view_base
+from ..ir.ops import Op
+from .group_spec import (
+    ACROSS_OPS,
+    AcrossFailed,
+    NeedsBuffer,
+    drop_ones,
+    has_indirect,
+    has_inner,
+    has_outer,
+    scan_home,
+)
+from .indexing import Point, offset
+from .kernel_ir import CHUNK, ReduceArg, Value, indirect_var, inner_var, outer_var
+
+
+class ReduceBuilder:
+    """Reductions (per row, over the rows, per ragged segment, per run of rows), scans and
+    matmul products; the attributes and value helpers are KernelBuilder's."""
+
+    def _reduce(self, node: Node, point: Point) -> Value:
+        (x,) = node.inputs
+        dims = [d for d in node.arg if not sh.is_one(x.shape[d])]
+        extents = [x.shape[d] for d in dims]
+        fits = (len(extents) == len(self.spec.inner)
+                and all(sh.equal(a, b) for a, b in zip(extents, self.spec.inner))
+                and not any(has_inner(p) or has_indirect(p) for p in point)
+                and sh.equal(sh.numel(x.shape), sh.numel(self.spec.outer) * sh.numel(self.spec.inner)))
+        if not fits:
+            return self._across_rows(node, point, dims, extents)
+        in_point = list(point)
+        for j, d in enumerate(dims):
+            in_point[d] = inner_var(j)
+        for d in node.arg:
+            if sh.is_one(x.shape[d]):
+                in_point[d] = sympy.Integer(0)
+        previous, self._reader = self._reader, node
+        src = self.value_of(x, tuple(in_point))
+        self._reader = previous
+        if node.op in (Op.ARGMAX, Op.ARGMIN):  # (ties as eager's rounded values make them)
+            src = self._as_eager_holds(src)
+        position = offset(tuple(inner_var(j) for j in range(len(dims))), sh.contiguous_strides(extents))
+        return self._emit("reduce", node.dtype, (src,), ReduceArg(node.op, position))
+
+    def _scan(self, node: Node, point: Point) -> Value:
+        """A scan at its home in a scan kernel: (o.., r0, o..) with r0 along its dim, the loop
+        running in its direction (one direction a kernel). Elsewhere (read shifted, transposed,
+        in a row kernel) it needs a kernel of its own."""
+        (x,) = node.inputs
+        arg = node.arg
+        home = scan_home(node.shape, arg.dim)
+        if (self.spec.scan is not arg.reverse or tuple(point) != home or len(self.spec.inner) != 1
+                or not sh.equal(self.spec.inner[0], x.shape[arg.dim])):
+            raise NeedsBuffer(node)
+        previous, self._reader = self._reader, node
+        # (a 16-bit source rounded as eager holds it: a product over a row amplified the
+        # difference of each unrounded element)
+        src = self._as_eager_holds(self.value_of(x, point))
+        self._reader = previous
+        return self._emit("scan", node.dtype, (src,), arg)
+
+    def _as_eager_holds(self, v: Value) -> Value:
+        """A 16-bit float value rounded to its dtype, as eager holds it. ember computes 16-bit
+        math in float32 and rounds where a value is stored or cast to 16 bits; conversions and
+        ops whose result jumps with their input (a comparison, a rounding, an argmax's ties) read
+        it rounded, or ``(x * 1000).int()`` and ``x * 1000 > 300`` differ from eager by whole
+        units. Loads, constants and casts to 16 bits are rounded already."""
+        if not v.dtype.is_low_precision or v.kind in ("load", "const") or (v.kind == "alu" and v.arg is Op.CAST):
+            return v
+        return self._emit("alu", v.dtype, (v,), Op.CAST)
+
+    def _matmul(self, node: Node, point: Point) -> Value:
+        """A matmul at its kernel's (o0, o1): a dot of its operands' loads at (o0, r0) and (r0, o1).
+        Elsewhere (in a row kernel, read shifted or transposed) it needs a kernel of its own; an
+        operand that is not a tensor in memory (a pointwise result) needs a buffer."""
+        a, b = node.inputs
+        o0, o1, k = outer_var(0), outer_var(1), inner_var(0)
+        if (not self.spec.matmul or tuple(point) != (o0, o1) or len(self.spec.inner) != 1
+                or not sh.equal(a.shape[1], self.spec.inner[0])):
+            if node in self.spec.homes:
+                # a matmul stored as its own root outside a matmul's tiles: an operand computed in
+                # this kernel put a reduction under it (an RMSNorm before two projections), and the
+                # operand gets the buffer (buffering the matmul again would change nothing)
+                for x in (a, b):
+                    if not self._loaded(view_base(x)):
+                        raise NeedsBuffer(view_base(x))
+            raise NeedsBuffer(node)
+        previous, self._reader = self._reader, node
+        operands = [self.value_of(a, (o0, k)), self.value_of(b, (k, o1))]
+        self._reader = previous
+        for v, x in zip(operands, (a, b)):
+            if v.kind != "load" or v.arg.bindings:
+                raise NeedsBuffer(view_base(x))
+        return self._emit("dot", dt.float32, operands)
+
+    def _across_rows(self, node: Node, point: Point, dims: list[int], extents: list[sympy.Expr]) -> Value:
+        """A reduction over exactly this row kernel's rows (outer domain), of values per row: a
+        rowreduce, finished by the last program (or raise NeedsBuffer: a kernel of its own)."""
+        (x,) = node.inputs
+        fits = (self.spec.inner and self.spec.chunks is None and self.spec.segment is None
+                and node.op in ACROSS_OPS and len(extents) == len(self.spec.outer)
+                and all(sh.equal(a, b) for a, b in zip(extents, self.spec.outer))
+                and all(d in node.arg or sh.is_one(s) for d, s in enumerate(x.shape))
+                and not any(has_inner(p) or has_indirect(p) or has_outer(p) for p in point))
+        if not fits:
+            raise NeedsBuffer(node)
+        in_point = [sympy.Integer(0)] * x.rank
+        for j, d in enumerate(dims):
+            in_point[d] = outer_var(j)
+        previous, self._reader = self._reader, node
+        src = self.value_of(x, tuple(in_point))
+        self._reader = previous
+        if src.inner:
+            raise AcrossFailed(node)
+        value = self._emit("rowreduce", node.dtype, (src,), ReduceArg(node.op, sympy.Integer(0)))
+        self._across[id(value)] = node
+        return value
+
+    def _segment_reduce(self, node: Node, point: Point) -> Value:
+        """A reduction over one row of packed values: the row (outer dim 0) reads its start and
+        length from the offsets, and the inner loop walks the row from its start."""
+        x, offsets = node.inputs
+        fits = (self._segment is not None and self.spec.segment is offsets
+                and sh.equal(x.shape[0], self.spec.segment_total) and sh.equal(point[0], self._segment[0])
+                and sh.shapes_equal(drop_ones(node.shape), self.spec.outer)
+                and not any(has_inner(p) or has_indirect(p) for p in point))
+        if not fits:
+            raise NeedsBuffer(node)
+        start = self._segment[1]
+        previous, self._reader = self._reader, node
+        in_row, self._in_row = self._in_row, True
+        src = self.value_of(x, (start + inner_var(0), *point[1:]))
+        self._reader, self._in_row = previous, in_row
+        return self._emit("reduce", node.dtype, (src,), ReduceArg(node.arg, inner_var(0)))
+
+    def _chunk_sum(self, node: Node, point: Point) -> Value:
+        """Partial sums over runs of rows. In a chunked row kernel (home (CHUNK, inner...)) a
+        chunksum adds the source up as the run's rows go by; on its own, a reduction over a run's
+        ceil(R / chunks) rows (outer: run and kept dims, inner: the row within the run)."""
+        (x,) = node.inputs
+        lead, chunks = node.arg
+        fused = point[0] == CHUNK
+        if fused and self.spec.chunks != chunks:
+            raise RuntimeError(f"ember: {node!r} placed in a kernel without its {chunks} runs")
+        total = sh.numel(x.shape[:lead])
+        row = sympy.expand(point[0] * FloorDiv(sympy.expand(total + chunks - 1), chunks) + inner_var(0))
+        rows, o = [], 0
+        flat = sympy.Min(row, sympy.Max(total - 1, 0))  # rows past the end (the last run's) read the last
+        for d in range(lead):
+            if sh.is_one(x.shape[d]):
+                rows.append(sympy.Integer(0))
+            elif fused:  # the kernel's own row
+                rows.append(outer_var(o))
+                o += 1
+            else:
+                stride = sh.numel(x.shape[d + 1:lead])
+                q = flat if sh.equal(stride, 1) else FloorDiv(flat, stride)
+                rows.append(q if d == 0 else sympy.Mod(q, x.shape[d]))
+        previous, self._reader = self._reader, node
+        src = self.value_of(x, (*rows, *point[1:]))
+        self._reader = previous
+        if src.dtype != node.dtype:
+            src = self._emit("alu", node.dtype, (src,), Op.CAST)
+        if fused:
+            return self._emit("chunksum", node.dtype, (src,), ReduceArg(Op.SUM, sympy.Integer(0)))
+        inside = self._emit("alu", dt.bool_, (self._emit("index", dt.int64, (), row, expr=row),
+                                              self._emit("const", dt.int64, (), total)), Op.LT)
+        src = self._select(inside, src, self._emit("const", node.dtype, (), 0.0), node.dtype)
+        return self._emit("reduce", node.dtype, (src,), ReduceArg(Op.SUM, inner_var(0)))
+
+    def _segment_row(self, row: sympy.Expr, offsets: Node, total: sympy.Expr) -> None:
+        """Load the start and length of ``row``: the start becomes an indirect variable (ind0, the
+        kernel's first), the length the kernel's inner extent. Offsets are clamped into [0, total]
+        so that malformed ones (``Ragged`` validates them) never read out of bounds."""
+        previous, self._reader = self._reader, offsets
+        lo, hi = (self._emit("alu", dt.int64, (self.value_of(offsets, (p,)),), Op.CAST) if offsets.dtype != dt.int64
+                  else self.value_of(offsets, (p,)) for p in (row, sympy.expand(row + 1)))
+        self._reader = previous
+        zero, end = self._emit("const", dt.int64, (), 0), self._emit("const", dt.int64, (), total)
+        start = self._emit("alu", dt.int64, (self._emit("alu", dt.int64, (lo, zero), Op.MAX), end), Op.MIN)
+        stop = self._emit("alu", dt.int64, (self._emit("alu", dt.int64, (hi, start), Op.MAX), end), Op.MIN)
+        length = self._emit("alu", dt.int64, (stop, start), Op.SUB)
+        sym = indirect_var(len(self._indirect))
+        self._indirect[sym] = start
+        self._segment = (row, sym, length)
