@@ -201,6 +201,20 @@ RAGGED = {
 }
 
 
+SCANS = {
+    # cumulative scans (a scan kernel walks each row's chunks in order, a carry per row): rows
+    # as wide as a hidden size, few long rows (one program per row, nothing to split) and many
+    # short ones (position ids of short sequences)
+    "cumsum_bf16": _rows(lambda x: x.cumsum(-1), 16384, 4096),
+    "cumsum_f32": _rows(lambda x: x.cumsum(-1), 16384, 4096, torch.float32),
+    "cumsum_long": _rows(lambda x: x.cumsum(-1), 8, 1 << 20, torch.float32),
+    "cumsum_short": _rows(lambda x: x.cumsum(-1), 1 << 20, 64, torch.float32),
+    "cumsum_1000": _rows(lambda x: x.cumsum(-1), 1 << 16, 1000, torch.float32),
+    "logcumsumexp_f32": _rows(lambda x: torch.logcumsumexp(x, -1), 4096, 4096, torch.float32),
+    "cumprod_f32": _rows(lambda x: (1 - x.sigmoid() * 0.01).cumprod(-1), 4096, 4096, torch.float32),
+}
+
+
 def parse(spec: str, only: str) -> dict:
     if "=" in spec:  # some parameters only, e.g. SPLIT=1
         config = {k: int(v) for k, v in (kv.split("=") for kv in spec.split(","))}
@@ -230,7 +244,8 @@ def main() -> int:
     args = p.parse_args()
     from triton.testing import do_bench
     os.environ.setdefault("EMBER_CACHE_DIR", "/tmp/ember-sweep")
-    every = {**cases(1.0), **LONG_ROWS, **EPILOGUES, **SHORT_ROWS, **ODD_WIDTHS, **TRANSPOSES, **COLUMNS, **RAGGED}
+    every = {**cases(1.0), **LONG_ROWS, **EPILOGUES, **SHORT_ROWS, **ODD_WIDTHS, **TRANSPOSES, **COLUMNS, **RAGGED,
+             **SCANS}
     fn, make, nbytes = every[args.case]
     torch.manual_seed(0)
     inputs = make()

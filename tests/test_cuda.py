@@ -173,6 +173,15 @@ def test_column_sums_over_few_groups_split_their_rows():
     assert plan("columns", 48, 300, 132, 512, split=True)[1] == 2
 
 
+def test_column_scans_take_a_warp_per_segment_of_the_scanned_dim():
+    plan = cuda_backend.plan_launch
+    # x.cumsum(0) over 4096 x 4096: 128 groups of 32 columns, 16 segments of 256 rows each
+    assert plan("scan_columns", 4096, 4096, 132, 512) == (False, 128, 512)
+    # segments of 32 rows at least: 100 rows take 3 warps' worth, rounded down to 2
+    assert plan("scan_columns", 70, 100, 132, 512) == (False, 3, 64)
+    assert plan("scan_columns", 70, 5, 132, 512)[2] == 32
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="runs CUDA kernels: EMBER_TEST_DEVICE=cuda on a GPU machine")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_split_column_sums_match_eager_on_the_gpu(dtype):

@@ -74,6 +74,14 @@ def test_heuristic_matches_what_full_tuning_chose_on_an_h200():
         XBLOCK=32, RBLOCK=64, num_warps=2, PERSISTENT=False, num_stages=1)
     # four long documents: 48 row blocks, each split over 16 programs
     assert first("rows", 4 * 768, 16384, segments)["SPLIT"] == 16
+    # scans over 4096-wide rows: a row per program in chunks of 2048 (16 bits) or 1024, 4 warps
+    # (bench/scan_sweep.sh); narrow rows are packed as any rows', very long ones loop as any rows'
+    scans = tc.KernelHints(itemsize=2, writes_rows=True, reduces=False, scans=True)
+    assert first("rows", 16384, 4096, scans) == dict(XBLOCK=1, RBLOCK=2048, num_warps=4, PERSISTENT=False,
+                                                     num_stages=1)
+    assert first("rows", 4096, 4096, tc.KernelHints(writes_rows=True, reduces=False, scans=True))["RBLOCK"] == 1024
+    assert first("rows", 1 << 20, 64, scans) == first("rows", 1 << 20, 64, ROWS_WRITTEN)
+    assert first("rows", 8, 1 << 20, scans)["RBLOCK"] == 8192
 
 
 def test_heuristic_keeps_the_gpu_busy_and_rows_whole():
@@ -298,6 +306,8 @@ def test_hints_read_from_the_kernel_ir(kernels_of):
     (k,) = kernels_of(lambda g, a, m: ((a - m[:, None]) * g).sum(0), torch.randn(64, 8), torch.randn(64, 8),
                       torch.randn(64))
     assert tc.hints_of(k).columns
+    (k,) = kernels_of(lambda a: a.cumsum(-1), torch.randn(8, 64, dtype=torch.bfloat16))
+    assert tc.hints_of(k).scans and tc.hints_of(k).itemsize == 2
     (k,) = kernels_of(lambda a, b: F.relu(a) + b, torch.randn(4, 4, dtype=torch.float16),
                       torch.randn(4, 4, dtype=torch.float16))
     assert tc.hints_of(k).itemsize == 2 and not tc.hints_of(k).columns

@@ -116,6 +116,7 @@ _STRATEGY = {
     "full": "full reduction, many blocks -- the grid strides over the inner domain; the last block "
             "to finish combines the blocks' partials and runs the epilogue",
     "scan": cuda_scan.STRATEGY,
+    "scan_columns": cuda_scan.COLUMNS_STRATEGY,
     "single": "full reduction, one block -- its threads stride over the inner domain in every loop",
 }
 
@@ -199,7 +200,7 @@ class CudaKernelRenderer:
             render_tiles(self, staged_accesses(k), CUDA.storage)
         elif self.strategy in ("rows", "columns"):
             self._rows()
-        elif self.strategy == "scan":
+        elif self.strategy in ("scan", "scan_columns"):
             cuda_scan.render_scan(self)
         else:
             self._full()

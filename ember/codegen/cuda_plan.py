@@ -14,7 +14,7 @@ from ..ir import shapes as sh
 from ..ir.ops import Op
 from ..schedule.kernel_ir import Kernel, inner_var, outer_var
 from .cuda_prelude import POINTWISE_THREADS, REDUCTION_THREADS, UNROLL
-from .cuda_scan import items_per_thread
+from .cuda_scan import chained, items_per_thread
 from .cuda_tiles import LANES, TILE_ROWS, staged_accesses, tile_side
 from .cuda_vectors import RowForms, VectorPlan, plan_loop, row_forms
 from .layout import tile_counts
@@ -24,9 +24,10 @@ from .wrapper import pexpr
 def strategy(kernel: Kernel) -> str:
     """'pointwise', or 'tiles' where some access is transposed (cuda_tiles.py); 'rows' or
     'columns' (an outer domain with reductions, a block per row or per 32 rows); 'full' (many
-    blocks, combined by the last) or 'single' (one block)."""
-    if kernel.scans:
-        return "scan"  # codegen/cuda_scan.py
+    blocks, combined by the last) or 'single' (one block); 'scan' or 'scan_columns' (a block per
+    row, or per 32 rows whose elements are adjacent)."""
+    if kernel.scans:  # codegen/cuda_scan.py
+        return "scan_columns" if _adjacent_rows(kernel) and not chained(kernel.loop_values(1)) else "scan"
     if kernel.n_loops == 0:
         return "tiles" if staged_accesses(kernel) else "pointwise"
     if kernel.outer:  # (chunked kernels and reductions over the rows: a block per row)
@@ -91,7 +92,7 @@ def vector_plan(kernel: Kernel, loop: int, most: int | None = None) -> VectorPla
     kind = strategy(kernel)
     if kind == "pointwise":
         return plan_loop(kernel, kernel.values, kernel.outer, inner=False, most=most) if loop == 0 else None
-    if kind in ("columns", "scan") or loop == 0:
+    if kind in ("columns", "scan", "scan_columns") or loop == 0:
         return None
     stores = [v for v in kernel.values if v.kind == "store" and v.inner and v.loop == loop]
     return plan_loop(kernel, kernel.loop_values(loop) + stores, kernel.inner, inner=True, peel=kind == "rows",

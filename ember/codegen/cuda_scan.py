@@ -104,6 +104,7 @@ template <typename T> EMBER_FN T ember_block_pick(T v, int last, T* slots) {
 """
 
 SCAN_ITEMS = 8  # elements a thread takes per chunk (32 apart: a warp's run of 32 each)
+COLUMN_SEGMENTS = 16  # warps of a column scan's block at most: segments of the scanned dim
 
 STRATEGY = ("scan -- a block per row (blocks stride over the rows), walking it in chunks of "
             f"{SCAN_ITEMS} x blockDim.x elements: each warp scans {SCAN_ITEMS} runs of 32 (shuffles), then one "
@@ -112,18 +113,26 @@ STRATEGY = ("scan -- a block per row (blocks stride over the rows), walking it i
 
 def items_per_thread(kernel: Kernel) -> int:
     """Elements of a chunk each thread takes (the launcher sizes blocks by it)."""
-    return 1 if _chained(kernel.loop_values(1)) else SCAN_ITEMS
+    return 1 if chained(kernel.loop_values(1)) else SCAN_ITEMS
+
+
+COLUMNS_STRATEGY = ("scan columns -- 32 adjacent rows per block, one per lane (their elements are adjacent "
+                    "in memory); the block's warps take consecutive segments of the scanned dim: each lane "
+                    "adds up its segment, takes the segments before it from shared memory, then scans its "
+                    "segment in order")
 
 
 def render_scan(r: CudaKernelRenderer) -> None:
     """The body of a scan kernel (one loop; every store along the rows)."""
-    if _chained(r.k.loop_values(1)):
+    if r.strategy == "scan_columns":
+        _columns(r)
+    elif chained(r.k.loop_values(1)):
         _striped(r)
     else:
         _warp_runs(r)
 
 
-def _chained(values: list[Value]) -> bool:
+def chained(values: list[Value]) -> bool:
     """Does some scan's input depend on a scan (``cumsum(cumsum(x))`` in one kernel)?"""
     after_scan: set[int] = set()
     for v in values:  # (in dependency order)
@@ -286,3 +295,63 @@ def _scan_line(r: CudaKernelRenderer, v: Value) -> str:
             f"{name}_run = {scan_combine(v, acc, f'{name}_run')}; "
             f"{acc} = ember_block_pick<{ctype}>({name}_run, ember_last, {slots}); "
             f"const {compute} {name} = ({compute}){name}_run;")
+
+
+def _columns(r: CudaKernelRenderer) -> None:
+    """A scan along a dim whose elements are far apart in memory (``x.cumsum(0)``): lanes take
+    adjacent rows, whose elements at each step are adjacent (coalesced), and walk them in order,
+    each carrying its row's running value; no shuffles. So that more threads than rows keep
+    loads in flight, a block's warps split the scanned dim into segments: each lane adds up its
+    segment (step 1), takes the totals of the segments before it (step 2, shared memory), and
+    scans its segment again from there, storing (step 3). The dim is read twice, written once."""
+    k, body = r.k, r.body
+    values = k.loop_values(1)
+    after_scan: set[int] = set()
+    for v in values:
+        if v.kind == "scan" or any(id(s) in after_scan for s in v.srcs) or (
+                v.guard is not None and id(v.guard) in after_scan):
+            after_scan.add(id(v))
+    inputs = [v for v in values if id(v) not in after_scan]
+    r.emit(f"const I ember_rows = (I)({index_expr(sh.numel(k.outer))});")
+    r.emit(f"const int64_t ember_n = {index_expr(k.inner[0])};  // the scanned dim's length")
+    r.emit(f"__shared__ double ember_scan_slots[{COLUMN_SEGMENTS} * 32];  // each segment's totals, per lane")
+    r.emit("const int ember_segment = (int)(threadIdx.x >> 5);")
+    r.emit("const int64_t ember_per = (ember_n + (int64_t)(blockDim.x >> 5) - 1) / (int64_t)(blockDim.x >> 5);")
+    r.emit("const int64_t ember_lo = ember_segment * ember_per;")
+    r.emit("const int64_t ember_hi = ember_lo + ember_per < ember_n ? ember_lo + ember_per : ember_n;")
+    r.open("for (I ember_group = (I)blockIdx.x * 32; ember_group < ember_rows; ember_group += (I)gridDim.x * 32) {")
+    r.emit("const I ember_row = ember_group + (I)(threadIdx.x & 31);")
+    r.emit("const bool ember_active = ember_row < ember_rows;  // (lanes past the rows idle, but meet the barriers)")
+    r.emit("const I ember_at = ember_active ? ember_row : ember_rows - 1;")
+    r._decompose("ember_at", k.outer, outer_var)
+    r._statements([v for v in k.values if not v.inner and v.kind != "store"])
+    for v in k.scans:
+        r.emit(body.scan_decl(v) + "  // the segment's total, then the running value")
+    rows = "ember_n - 1 - ember_i" if k.scan_reverse else "ember_i"
+    r.emit("// 1. each segment's totals")
+    r.emit("#pragma unroll 4")
+    r.open("for (int64_t ember_i = ember_lo; ember_i < ember_hi; ++ember_i) {")
+    r.emit(f"const int64_t {inner_var(0).name} = {rows};")
+    r._statements(inputs)
+    for v in k.scans:
+        acc = body.acc_names[id(v)]
+        r.emit(f"{acc} = {scan_combine(v, acc, f'({scan_acc_type(body.lang, v)}){body.name(v.srcs[0])}')};")
+    r.close()
+    r.emit("// 2. the segments before this one, in order")
+    for v in k.scans:
+        ctype, acc = scan_acc_type(body.lang, v), body.acc_names[id(v)]
+        slots = f"reinterpret_cast<{ctype}*>(ember_scan_slots)"
+        r.emit(f"{slots}[threadIdx.x] = {acc};")
+        r.emit("__syncthreads();")
+        r.emit(f"{acc} = {scan_init(body.lang, v)};")
+        r.emit(f"for (int ember_s = 0; ember_s < ember_segment; ++ember_s) "
+               f"{acc} = {scan_combine(v, acc, f'{slots}[ember_s * 32 + (threadIdx.x & 31)]')};")
+        r.emit("__syncthreads();  // (the slots serve the next scan)")
+    r.emit("// 3. the segment scanned from there, and the stores")
+    r.emit("#pragma unroll 4")
+    r.open("for (int64_t ember_i = ember_lo; ember_i < ember_hi; ++ember_i) {")
+    r.emit(f"const int64_t {inner_var(0).name} = {rows};")
+    r._statements(values)
+    r.open("if (ember_active) {")
+    r._statements([v for v in k.values if v.kind == "store" and v.inner])
+    r.close(3)

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ..codegen import cuda, cuda_matmul
+from ..codegen import cuda, cuda_matmul, cuda_scan
 from ..codegen.cuda_plan import row_threads
 from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
@@ -366,6 +366,9 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
     if strategy == "scan":  # a block per row, ``vector`` elements a thread per chunk (codegen/cuda_scan.py)
         block = threads(_cdiv(inner, vector))
         return big, balanced_grid(outer, resident(block)), block
+    if strategy == "scan_columns":  # 32 rows per block, a warp per segment of at least 32 of the scanned dim
+        block = 32 * min(max(1, _pow2_floor(max(1, inner // 32))), cuda_scan.COLUMN_SEGMENTS, limit // 32)
+        return big, balanced_grid(_cdiv(outer, 32), resident(block)), block
     if strategy == "columns":  # 32 rows per block, warps split the inner domain (or its slice)
         slices = column_slices(outer, inner, sms) if split else 1
         block = 32 * min(max(1, _pow2_ceil(_cdiv(_cdiv(inner, slices), 4 * cuda.UNROLL))), limit // 32)

@@ -55,6 +55,7 @@ class KernelHints:
     over_rows: bool = False           # reduces over all rows too (a loss's mean): programs combine
     online: bool = False              # a softmax's max and sum in one loop (codegen/online_softmax.py)
     scattered: bool = False           # pointwise, and no access contiguous along any of its dims
+    scans: bool = False               # a scan kernel (codegen/triton_scan.py): its rows walked in chunks
 
 
 def hints_of(kernel: Kernel) -> KernelHints:
@@ -99,7 +100,7 @@ def _hints_of(kernel: Kernel) -> KernelHints:
                        accumulates=any(getattr(v.arg, "accumulate", False) for v in stores),
                        reduces=bool(kernel.reductions), segments=kernel.segment_length is not None,
                        over_rows=bool(kernel.row_reductions), online=bool(online_softmax_pairs(kernel)),
-                       scattered=not kernel.inner and not dense)
+                       scattered=not kernel.inner and not dense, scans=bool(kernel.scans))
 
 
 @functools.cache
@@ -229,6 +230,13 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         # 1000 bf16 384 -> 89; bench/launch_sweep.py --case ce_100 etc.), for reasons not found
         xblock = _fill(outer, max(1, min(2048 // width, rows)), sms)
         return [_config(xblock, width, 2, persistent=True), safe]
+    if hints.scans and 1024 < width <= HEURISTIC_PERSISTENT:
+        # a scan over rows of a hidden size: a row per program in chunks of 1024 elements (2048
+        # of 16 bits), 4 warps. Each chunk's tl.associative_scan crosses the warps through shared
+        # memory, which a whole row in 8 warps did at a larger cost (H200, 4096-wide rows, kernel
+        # us: cumsum bf16 77.0 -> 64.8, logcumsumexp fp32 239.7 -> 184.3, cumprod fp32 42.1 ->
+        # 36.0, cumsum fp32 128.7 -> 131.2, at copy speed either way; bench/scan_sweep.sh)
+        return [_config(1, 2048 if hints.itemsize <= 2 else 1024, 4), safe]
     if width <= HEURISTIC_PERSISTENT:
         # narrow rows share a program: tiles of 4096 elements, 16 per thread (at 4096 wide,
         # one row and 8 warps was fastest or within 1% for every norm, softmax and backward;
