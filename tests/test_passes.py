@@ -10,6 +10,7 @@ import ember
 from ember.ir import GraphBuilder, Op, dtypes, structurally_equal, verify
 from ember.passes import PIPELINE, cse, dce, fold_constants, run_pipeline, simplify_views
 from ember.passes.onehot import one_hot_sums
+from ember.passes.scans import padded_scans
 
 
 def assert_pass(pass_fn, before, expected):
@@ -242,3 +243,26 @@ def test_one_hot_sums_leave_other_sums_alone():
             v = b.cast(_one_hot_rows(b, b.expand(s, (4, 6)), k), dtypes.int64)
         before = dce(b.build(b.reduce(Op.SUM, v, [1])))
         assert structurally_equal(one_hot_sums(before), before), variant
+
+
+def test_a_scan_after_its_neutral_becomes_the_scan_of_the_padded_input():
+    # offsets from lengths: cat([0], cumsum(L)) is cumsum(cat([0], L)); a reversed scan's neutral
+    # goes after it; any other value, or a cast between, stays a cat of a scan
+    from ember.ir.node import ScanArg
+    total, reverse = ScanArg("sum", 0, False), ScanArg("sum", 0, True)
+
+    def graph(build, n=5):
+        b = GraphBuilder()
+        lengths = b.input((n,), dtypes.int64)
+        zero = b.expand(b.const(0, dtypes.int64), (1,))
+        return b.build(*build(b, lengths, zero))
+
+    before = graph(lambda b, x, z: [b.op(Op.CAT, z, b.op(Op.SCAN, x, arg=total), arg=0),
+                                    b.op(Op.CAT, b.op(Op.SCAN, x, arg=reverse), z, arg=0)])
+    expected = graph(lambda b, x, z: [b.op(Op.SCAN, b.op(Op.CAT, z, x, arg=0), arg=total),
+                                      b.op(Op.SCAN, b.op(Op.CAT, x, z, arg=0), arg=reverse)])
+    assert_pass(padded_scans, before, expected)
+    one = lambda b: b.expand(b.const(1, dtypes.int64), (1,))  # noqa: E731
+    kept = graph(lambda b, x, z: [b.op(Op.CAT, b.op(Op.SCAN, x, arg=total), z, arg=0),
+                                  b.op(Op.CAT, one(b), b.op(Op.SCAN, x, arg=total), arg=0)])
+    assert_pass(padded_scans, kept, kept)

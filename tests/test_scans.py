@@ -83,6 +83,32 @@ def test_reversed_scans_and_gradients():
         assert not report.fallbacks
 
 
+def test_offsets_from_lengths_are_one_scan_kernel():
+    """cat([zeros, cumsum]) and F.pad(cumsum, (k, 0)): the scan of the padded input, one kernel."""
+    F = torch.nn.functional
+    cases = [
+        (lambda n: torch.cat([n.new_zeros(1), n.cumsum(0)]), torch.randint(0, 9, (7,), dtype=torch.int32)),
+        (lambda n: torch.cat([torch.zeros(2, dtype=torch.int64), n.cumsum(0)]), torch.randint(0, 9, (300,))),
+        (lambda x: F.pad(x.cumsum(-1), (1, 0)), torch.randn(4, 33)),
+        (lambda x: F.pad((1 + 0.1 * x).cumprod(1), (2, 0), value=1.0), torch.randn(4, 33)),
+        (lambda x: torch.cat([torch.full((3, 1), float("-inf")), x.logcumsumexp(1)], 1), torch.randn(3, 20)),
+        (lambda x: torch.cat([x.flip(0).cumsum(0).flip(0), x.new_zeros(1, 5)]), torch.randn(9, 5)),
+    ]
+    for fn, x in cases:
+        report = check(fn, x, rtol=0, atol=0) if not x.is_floating_point() else check(fn, x)
+        assert len(report.kernels) == 1 and not report.fallbacks, [k.name for k in report.kernels]
+    # not the neutral, or promoted by the cat: still eager's values
+    check(lambda n: torch.cat([n.new_ones(1), n.cumsum(0)]), torch.randint(0, 9, (7,)), rtol=0, atol=0)
+    check(lambda n: torch.cat([torch.zeros(1), n.cumsum(0)]), torch.randint(0, 9, (7,)))
+    check(lambda x: torch.cat([x.cumsum(0), x.new_zeros(1)]), torch.randn(7))
+    fast = ember.compile(lambda n: torch.cat([n.new_zeros(1), n.cumsum(0)]), dynamic=True)
+    before = ember.stats()["graphs_compiled"]
+    for n in (5, 9, 100):
+        lengths = torch.randint(0, 9, (n,))
+        assert torch.equal(fast(lengths), torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]))
+    assert ember.stats()["graphs_compiled"] - before <= 1
+
+
 def test_symbolic_lengths_one_compile():
     fn = lambda x: (x * 2).cumsum(-1) + x.logcumsumexp(0)  # noqa: E731
     fast = ember.compile(fn, dynamic=True)

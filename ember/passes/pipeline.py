@@ -22,7 +22,7 @@ from .masks import mask_multiplies
 from .matmul import fold_matmul_adds, matmul_epilogues
 from .onehot import one_hot_sums
 from .ragged import ragged_writes_as_gathers
-from .scans import reversed_scans
+from .scans import padded_scans, reversed_scans
 from .views import simplify_views
 
 Pass = Callable[[Graph], Graph]
@@ -34,6 +34,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("ragged_writes_as_gathers", ragged_writes_as_gathers),
     ("cse", cse),
     ("reversed_scans", reversed_scans),
+    ("padded_scans", padded_scans),
     ("one_hot_sums", one_hot_sums),
     ("matmul_epilogues", matmul_epilogues),
     ("fold_matmul_adds", fold_matmul_adds),

@@ -6,15 +6,25 @@ end of its row, so the scan needed a buffer and a kernel of its own; as one reve
 (``ScanArg.reverse``) the kernel walks the row from its end, storing as it goes. Scans chained
 between the two flips (``flip(cumprod(cumsum(flip(x))))``) reverse together: ``scan(flip(y))`` is
 ``flip(reversed scan(y))``, so each flip moves out through the chain until it meets the other.
+
+Padded scans: ``cat([zeros(1), lengths.cumsum(0)])`` (a ragged batch's offsets from its lengths)
+or ``F.pad(x.cumsum(-1), (1, 0))`` is the scan of the input with the zeros put before it: the
+combine's neutral element leaves every later value unchanged. As a cat of a scan, the kernel
+storing the cat read the scan one place off, so the scan had a kernel of its own; as the scan of a
+cat, the cat is a producer the scan kernel reads (one kernel).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
+
+import sympy
 
 from ..ir import shapes as sh
 from ..ir.node import Graph, Node, make, rewrite
 from ..ir.ops import Op
+from .fold import scalar_value
 
 
 def reversed_scans(graph: Graph) -> Graph:
@@ -58,3 +68,41 @@ def flipped_dim(node: Node, x: Node | None) -> int | None:
     if not (sh.equal(length, n) and sh.equal(start, n - 1) and sh.equal(step, -1)):
         return None
     return d
+
+
+# each combine's neutral element: a prefix of it leaves the scan's later values unchanged
+_NEUTRAL = {"sum": 0, "prod": 1, "logsumexp": -math.inf}
+
+
+def padded_scans(graph: Graph) -> Graph:
+    def rule(node: Node, inputs: tuple[Node, ...]) -> Node | None:
+        if node.op is Op.CAT and len(inputs) == 2:
+            dim = node.arg
+            for scan, pad, first in ((inputs[1], inputs[0], True), (inputs[0], inputs[1], False)):
+                # (a reversed scan's neutral goes after it: it walks the row from its end)
+                if _pads(node, scan, pad, dim) and scan.arg.reverse is not first:
+                    parts = (pad, scan.inputs[0]) if first else (scan.inputs[0], pad)
+                    return make(Op.SCAN, (make(Op.CAT, parts, dim, origin=node.origin),), scan.arg, origin=scan.origin)
+            return None
+        if node.op is Op.PAD and inputs[0].op is Op.SCAN:
+            scan, value = inputs
+            dim = scan.arg.dim
+            lo, hi = node.arg[dim]
+            before = sh.equal(hi, 0) and not scan.arg.reverse
+            after = sh.equal(lo, 0) and scan.arg.reverse
+            others = all(sh.equal(a, 0) and sh.equal(b, 0) for d, (a, b) in enumerate(node.arg) if d != dim)
+            if (before or after) and others and _pads(node, scan, value, dim):
+                padded = make(Op.PAD, (scan.inputs[0], value), node.arg, origin=node.origin)
+                return make(Op.SCAN, (padded,), scan.arg, origin=scan.origin)
+        return None
+
+    return rewrite(graph, rule)
+
+
+def _pads(node: Node, scan: Node, pad: Node, dim: int) -> bool:
+    """Is ``pad`` the neutral of ``scan``'s combine, ``scan`` along ``dim``, all of one dtype
+    (a cast between them would change what the scan adds up)?"""
+    value = scalar_value(pad)
+    return (scan.op is Op.SCAN and scan.arg.dim == dim and value is not None
+            and not isinstance(value, sympy.Basic) and value == _NEUTRAL[scan.arg.combine]
+            and node.dtype == scan.dtype == scan.inputs[0].dtype == pad.dtype)
