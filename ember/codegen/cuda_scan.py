@@ -145,16 +145,21 @@ def chained(values: list[Value]) -> bool:
     return False
 
 
-def _warp_runs(r: CudaKernelRenderer) -> None:
-    k = r.k
-    body = r.body
-    values = k.loop_values(1)
+def _scan_inputs(values: list[Value]) -> list[Value]:
+    """The values of a scan kernel's loop that no scan precedes (computed before the scans' step)."""
     after_scan: set[int] = set()
     for v in values:
         if v.kind == "scan" or any(id(s) in after_scan for s in v.srcs) or (
                 v.guard is not None and id(v.guard) in after_scan):
             after_scan.add(id(v))
-    inputs = [v for v in values if id(v) not in after_scan]
+    return [v for v in values if id(v) not in after_scan]
+
+
+def _warp_runs(r: CudaKernelRenderer) -> None:
+    k = r.k
+    body = r.body
+    values = k.loop_values(1)
+    inputs = _scan_inputs(values)
     r.emit(f"const I ember_rows = (I)({index_expr(sh.numel(k.outer))});")
     r.emit(f"const int64_t ember_n = {index_expr(k.inner[0])};  // each row's length")
     r.emit("__shared__ double ember_scan_slots[32];  // warps' totals (8 bytes each at most)")
@@ -306,12 +311,7 @@ def _columns(r: CudaKernelRenderer) -> None:
     scans its segment again from there, storing (step 3). The dim is read twice, written once."""
     k, body = r.k, r.body
     values = k.loop_values(1)
-    after_scan: set[int] = set()
-    for v in values:
-        if v.kind == "scan" or any(id(s) in after_scan for s in v.srcs) or (
-                v.guard is not None and id(v.guard) in after_scan):
-            after_scan.add(id(v))
-    inputs = [v for v in values if id(v) not in after_scan]
+    inputs = _scan_inputs(values)
     r.emit(f"const I ember_rows = (I)({index_expr(sh.numel(k.outer))});")
     r.emit(f"const int64_t ember_n = {index_expr(k.inner[0])};  // the scanned dim's length")
     r.emit(f"__shared__ double ember_scan_slots[{COLUMN_SEGMENTS} * 32];  // each segment's totals, per lane")
