@@ -159,6 +159,8 @@ FRESH_CASES = {
     "two equal results": lambda x: (x * 2, x * 2),
     "two clones": lambda x: (x.clone(), x.clone()),
     "a result and its clone": lambda x: (lambda y: (y, y.clone()))(x + 1),
+    # (one 0-d constant after CSE: each came back a broadcast of it)
+    "constants of two shapes": lambda x: (torch.zeros(2, 3), torch.zeros(3, 2), torch.full((4, 1), 1.5)),
 }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..ir import shapes as sh
 from ..ir.node import ArgRef, Node
-from ..ir.ops import Op
+from ..ir.ops import VIEW_OPS, Op
 from ..schedule.indexing import base_layout
 from .pyexpr import shape_tuple
 
@@ -27,7 +27,11 @@ class OutputLayouts:
         AOTAutograd's backward may return a gradient and a view of it (a ``cat`` of an expanded
         parameter with another one, a ViT's class token beside its position embedding), which
         autograd keeps as two parameters' ``.grad``; an in-place update of each
-        (``clip_grad_norm_``, accumulation) then changed the shared elements twice."""
+        (``clip_grad_norm_``, accumulation) then changed the shared elements twice.
+
+        A fresh output replayed as a broadcast of smaller memory (``torch.zeros(2, 3)`` beside
+        ``torch.zeros(3, 2)``: one 0-d constant after CSE) is copied too: eager's has a stride per
+        element, and an in-place change of the broadcast raises."""
         g = self.s.graph
         backward = g.name.startswith("backward")
         claimed: set[Node] = set()
@@ -36,11 +40,19 @@ class OutputLayouts:
             if node is None or i in g.scalar_outputs:
                 continue
             base = self._memory_of(node)
-            if (i in g.fresh_outputs and base.op in (Op.INPUT, Op.TENSOR)
+            if (i in g.fresh_outputs and (base.op in (Op.INPUT, Op.TENSOR) or self._broadcast_here(i))
                     or (i in g.fresh_outputs or backward) and base in claimed):
                 shared.append(i)
             claimed.add(base)
         return shared
+
+    def _broadcast_here(self, i: int) -> bool:
+        """Is output ``i`` a broadcast view where eager's has a stride per element?"""
+        g = self.s.graph
+        node, strides = g.outputs[i], g.output_strides[i] if i < len(g.output_strides) else None
+        if strides is None or len(strides) != node.rank or not _broadcasts(node):
+            return False
+        return not any(sh.equal(st, 0) and not sh.is_one(n) for st, n in zip(strides, node.shape))
 
     def _memory_of(self, node: Node) -> Node:
         """The node whose memory ``node`` comes back in: through replayed views, and through ATen
@@ -181,3 +193,17 @@ def _aliased_input(node: Node) -> Node | None:
             value = node.arg.args[j] if j < len(node.arg.args) else node.arg.kwargs.get(argument.name)
             return node.inputs[value.index] if isinstance(value, ArgRef) else None
     return None
+
+
+def _broadcasts(node: Node) -> bool:
+    """Is ``node`` a view that broadcasts its memory: an expand of a dim of 1, or with new
+    leading dims, to more than one element?"""
+    while node.op in VIEW_OPS:
+        x = node.inputs[0]
+        if node.op is Op.EXPAND:
+            lead = node.rank - x.rank  # (new leading dims, then x's)
+            old = (1,) * lead + tuple(x.shape)
+            if any(sh.is_one(a) and not sh.is_one(b) for a, b in zip(old, node.shape)):
+                return True
+        node = x
+    return False
