@@ -18,12 +18,13 @@ from .aot_cache import cached_backend
 from .config import Config
 from .driver import compile_graph
 from .frontend.autograd_inputs import (
+    autograd_refuses_an_inference_tensor,
     eager_for_dual_tensors,
     inference_inputs,
     returns_a_view_of,
-    saves_an_inference_tensor,
     with_normal_copies,
 )
+from .frontend.dtype_refusals import eager_kernel_refusal
 from .frontend.dynamo import make_backend
 from .frontend.guard_profile import without_guard_profiling
 from .frontend.overlap import refuses_inplace_cast, writes_overlapping_memory
@@ -146,11 +147,12 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[...
             stats_module.bump("graph_fallbacks")
             return gm.forward
         inference = inference_inputs(example_inputs)
-        if inference and (saves_an_inference_tensor(gm, example_inputs) or returns_a_view_of(gm, inference)):
+        if inference and (autograd_refuses_an_inference_tensor(gm, example_inputs) or returns_a_view_of(gm, inference)):
             # (eager's autograd refuses the first, which the graph raises when it runs; the
-            # compiled graph reads normal copies of inference tensors, whose views it returns)
-            warnings.warn("ember: a training graph over inference tensors that saves one for the backward or "
-                          "returns a view of one runs eagerly", RuntimeWarning, stacklevel=2)
+            # compiled graph reads normal copies of inference tensors: a write would go to the
+            # copy, lost, and a view would be one of the copy)
+            warnings.warn("ember: a training graph over inference tensors that saves one for the backward, "
+                          "writes one in place or returns a view of one runs eagerly", RuntimeWarning, stacklevel=2)
             stats_module.bump("graph_fallbacks")
             return gm.forward
         try:
@@ -243,6 +245,10 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
                 # a size of 0 divided by in a decomposition (interpolate to no pixels): eager's
                 # kernel checks the sizes first and raises RuntimeError
                 original = RuntimeError(f"{original} (a size of 0)")
+            elif type(original) is RuntimeError and (refusal := eager_kernel_refusal(original)):
+                # shifts of bools or floats, floor division or lcm of bools: eager's kernels
+                # have no such dtype
+                original = refusal
             elif type(original) is RuntimeError and _no_kernel_for_dtype(original):
                 # randn/normal_/log_normal_ of integers: eager finds no kernel for the dtype
                 original = NotImplementedError(str(original))

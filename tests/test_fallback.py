@@ -244,8 +244,11 @@ def test_a_graph_torch_cannot_trace_runs_eagerly_with_one_warning(loss):
     expected.backward()
     grad, x.grad = x.grad, None
     before = ember.stats()["graph_fallbacks"]
-    with pytest.warns(RuntimeWarning, match="could not trace"):
+    if loss == "smooth_l1":  # (its backward is ember's decomposition, frontend/loss_decomps.py: compiled)
         out = ember.compile(fn)(x, y)
+    else:
+        with pytest.warns(RuntimeWarning, match="could not trace"):
+            out = ember.compile(fn)(x, y)
     out.backward()
     assert_same((out, x.grad), (expected, grad))
-    assert ember.stats()["graph_fallbacks"] == before + 1
+    assert ember.stats()["graph_fallbacks"] == before + (loss != "smooth_l1")

@@ -67,3 +67,25 @@ def test_inference_tensor_inputs_of_a_training_graph_are_refused_only_where_eage
         with warnings.catch_warnings(), pytest.raises(RuntimeError, match="Inference tensors cannot be saved"):
             warnings.simplefilter("ignore", RuntimeWarning)
             run(teachers[0], w)
+
+
+def test_training_graph_writing_an_inference_tensor_in_place_raises_eagers_error():
+    # a BatchNorm built under inference_mode, then trained: eager refuses the update of its
+    # running statistics; the compiled training graph wrote a normal copy of each buffer, the
+    # update lost without an error (and so with only one buffer made under inference_mode)
+    def made_under_inference_mode() -> torch.nn.Module:
+        with torch.inference_mode():
+            return torch.nn.BatchNorm1d(3)
+
+    def one_buffer_under_inference_mode() -> torch.nn.Module:
+        m = torch.nn.BatchNorm1d(3)
+        with torch.inference_mode():
+            m.num_batches_tracked = torch.zeros((), dtype=torch.long)
+        return m
+
+    x = torch.randn(5, 3)
+    for make in (made_under_inference_mode, one_buffer_under_inference_mode):
+        for run in (make(), ember.compile(make())):
+            with warnings.catch_warnings(), pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
+                warnings.simplefilter("ignore", RuntimeWarning)
+                run(x)

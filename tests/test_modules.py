@@ -57,3 +57,64 @@ def test_instance_norm_with_running_statistics_compiles_without_aten_calls():
     x = torch.randn(3, 5, 4, 3)
     assert_same(compiled(x), model(x))
     assert report.fallbacks == []
+
+
+def test_group_norm_gradients_over_symbolic_sizes_compile_without_aten_calls():
+    # its backward's 1 / (H*W*C/G), float arithmetic on sizes, reaches ember as 0-d tensors
+    # divided by aten.true_divide (torch's pass that tensorifies float sizes), which ran through ATen
+    torch.manual_seed(0)
+    model = torch.nn.GroupNorm(2, 6)
+    with torch.no_grad():
+        model.weight.uniform_(0.5, 1.5)
+    compiled_model = copy.deepcopy(model)
+    report = ember.Report()
+    compiled = ember.compile(compiled_model, dynamic=True, report=report)
+    for batch, height in ((2, 4), (3, 5)):
+        x = torch.randn(batch, 6, height, 3)
+        x_ref, x_ember = x.clone().requires_grad_(), x.clone().requires_grad_()
+        grad = torch.randn(batch, 6, height, 3)
+        model(x_ref).backward(grad)
+        compiled(x_ember).backward(grad)
+        assert_same(x_ember.grad, x_ref.grad)
+    assert_same([p.grad for p in compiled_model.parameters()], [p.grad for p in model.parameters()])
+    assert report.fallbacks == []
+
+
+@pytest.mark.parametrize("padding, shape", [((1, 2), (2, 3, 4)), ((2, 0, -1, 1), (2, 3, 4, 5))])
+def test_circular_padding_compiles_without_aten_calls(padding, shape):
+    # its decomposition fills a torch.empty slice by slice: the empty ran through ATen
+    x = torch.randn(shape)
+    report = ember.Report()
+    out = ember.compile(lambda x: F.pad(x, padding, mode="circular"), report=report)(x)
+    assert_same(out, F.pad(x, padding, mode="circular"))
+    assert report.fallbacks == []
+
+
+@pytest.mark.parametrize("make, shape", [
+    (lambda: torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(4, 3)), (5, 4)),
+    (lambda: torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(4, 3), dim=1), (5, 4)),
+    (lambda: torch.nn.utils.weight_norm(torch.nn.Conv1d(2, 3, 3)), (2, 2, 6)),
+], ids=["first_dim", "last_dim", "old_api_conv"])
+@pytest.mark.filterwarnings("ignore:`torch.nn.utils.weight_norm` is deprecated:FutureWarning")
+def test_weight_norm_trains_like_eager_without_aten_calls(make, shape):
+    # torch has no decomposition of the norm's backward (_weight_norm_interface_backward): it
+    # ran through ATen in every training step
+    torch.manual_seed(0)
+    model = make()
+    torch.manual_seed(0)
+    compiled_model = make()
+    report = ember.Report()
+    compiled = ember.compile(compiled_model, report=report)
+    x = torch.randn(shape)
+    for _ in range(2):
+        results = []
+        for run, m in ((model, model), (compiled, compiled_model)):
+            out = run(x)
+            out.square().sum().backward()
+            results.append((out, *(p.grad for p in m.parameters())))
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 0.1 * p.grad
+            m.zero_grad()
+        assert_same(results[1], results[0])
+    assert not [f for f in report.fallbacks if "weight_norm" in f]

@@ -568,6 +568,19 @@ def test_arange_bounds():
     assert report.fallbacks == [] and len(report.graphs) == 1, report.summary()
 
 
+def test_int64_arange_whose_aten_count_overflows_raises_eagers_error():
+    # a range wider than 2**63: ATen's int64 count wraps and eager raises; the traced length is
+    # exact, and ember returned 4 or 2 values. (One function each: a recompile of one would
+    # make the bounds symbolic)
+    for fn in (lambda x: torch.arange(-2**62, 2**62, 2**61 + 1, device=DEVICE) + x,
+               lambda x: torch.arange(0, 2**63 - 1, 2**62, device=DEVICE) + x):
+        with pytest.raises(RuntimeError, match="possible overflow"):
+            fn(torch.ones((), dtype=torch.int64, device=DEVICE))
+        with pytest.raises(RuntimeError, match="possible overflow"):
+            ember.compile(fn)(torch.ones((), dtype=torch.int64, device=DEVICE))
+    check(lambda x: torch.arange(2**63 - 10, 2**63 - 1, 3, device=DEVICE) + x, torch.ones((), dtype=torch.int64))
+
+
 def test_16_bit_where_with_numbers_past_their_range():
     # where(mask, x, -1e9) makes a scalar_tensor, which eager's CPU kernel rounds into float16
     # unchecked (-inf; 65519 is 65504): it ran through ATen. Eager's CUDA kernel refuses it

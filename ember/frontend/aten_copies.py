@@ -7,6 +7,7 @@ device or layout runs through ATen.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,6 +73,14 @@ def _full_like(ctx: Context, x: Node, value: Any, **_: Any) -> Node:
     return ctx.operand(_filled_with(value, ctx.out_dtype), ctx.out_dtype, ctx.out_shape)
 
 
+@register(aten.empty.memory_format, aten.empty_strided.default)
+def _empty(ctx: Context, size: Sequence[Any], *_: Any, **__: Any) -> Node:
+    # Its values are whatever memory held, so zeros are as good as any: a circular pad's
+    # decomposition fills an empty tensor slice by slice, and an ATen call here kept the
+    # fills out of the kernel
+    return ctx.operand(0, ctx.out_dtype, ctx.out_shape)
+
+
 @register(aten.scalar_tensor.default)
 def _scalar_tensor(ctx: Context, value: Any, **kwargs: Any) -> Node:
     dtype = ctx.out_dtype
@@ -98,11 +107,35 @@ def _int_bound(value: Any) -> Any:
 @register(aten.arange.start_step, aten.arange.start, aten.arange.default)
 def _arange(ctx: Context, *args: Any, **_: Any) -> Node:
     start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
-    start, step = _int_bound(start), _int_bound(step)
+    end = args[0] if len(args) == 1 else args[1]
+    start, end, step = _int_bound(start), _int_bound(end), _int_bound(step)
     if start is None or step is None:
         raise Unsupported("non-integer arange bounds")  # float ranges round like ATen only there
     dtype = ctx.out_dtype
     if dtype.is_bool:
         raise Unsupported("arange of bools (ATen's NotImplementedError)")
     (length,) = ctx.out_shape
+    if all(isinstance(b, int) for b in (start, end, step)) and _aten_length(start, end, step, dtype) is None:
+        # the traced length is exact, where ATen's int64 count overflows (a range wider than
+        # 2**63): eager raises "invalid size, possible overflow?", and so does ATen's call here.
+        # (Where its count comes out another length without raising, the traced one is kept: an
+        # ATen call's result must have the traced shape the kernels after it read.)
+        raise Unsupported("an arange whose length ATen's int64 count overflows")
     return ctx.make(Op.IOTA, (), (length, start, step), dtype=dtype)
+
+
+def _aten_length(start: int, end: int, step: int, dtype: dt.DType) -> int | None:
+    """The length ATen's arange gives (compute_arange_size), or None where it raises: int64
+    counts in wrapping int64 arithmetic, other dtypes in doubles (arange(2**63 - 10, 2**63 - 1,
+    dtype=float64) is empty there)."""
+    if step == 0:
+        return None
+    if dtype is dt.int64:
+        def wrap(v: int) -> int:
+            return (v + 2**63) % 2**64 - 2**63
+        sign = 1 if step > 0 else -1
+        numerator = wrap(wrap(wrap(end - start) + step) - sign)
+        size = abs(numerator) // abs(step) * (1 if (numerator >= 0) == (step > 0) else -1)  # C's division
+    else:
+        size = math.ceil((float(end) - float(start)) / float(step))
+    return size if 0 <= size <= 2**63 - 1 else None

@@ -64,6 +64,22 @@ def _round(ctx: Context, x: Node) -> Node:
     return x if x.dtype.is_int else ctx.make(Op.ROUND, (x,))
 
 
+@register(aten.round.decimals)
+def _round_decimals(ctx: Context, x: Node, decimals: int = 0) -> Node:
+    if not x.dtype.is_float:  # (eager's round_cpu has no integer kernel: NotImplementedError)
+        raise Unsupported(f"round(decimals=) of {x.dtype} (ATen's NotImplementedError)")
+    # eager's kernel, in its op math type (float32 for 16-bit floats): 10**|decimals| as that
+    # type, then nearbyint(x * p) / p, or nearbyint(x / p) * p for negative decimals
+    compute = dt.compute_dtype(x.dtype)
+    wide = ctx.cast(x, compute)
+    power = ctx.operand(float(10 ** abs(decimals)), compute, x.shape)
+    if decimals < 0:
+        out = ctx.make(Op.MUL, (ctx.make(Op.ROUND, (ctx.make(Op.DIV, (wide, power)),)), power))
+    else:
+        out = ctx.make(Op.DIV, (ctx.make(Op.ROUND, (ctx.make(Op.MUL, (wide, power)),)), power))
+    return ctx.cast(out, x.dtype)
+
+
 @register(aten.logical_not.default)
 def _logical_not(ctx: Context, x: Node) -> Node:
     return ctx.make(Op.NOT, (ctx.cast(x, dt.bool_),))
@@ -231,7 +247,10 @@ def _add_sub(ctx: Context, a: Any, b: Any, alpha: Any = 1) -> Node:
     return ctx.make(op, (ctx.operand(a, dtype, shape), rhs))
 
 
-@register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
+# (true_divide is div; torch's pass that turns float size arithmetic into 0-d tensors, a
+# dynamic group norm's 1 / (H*W*C/G) in its backward, writes it after decomposition)
+@register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode,
+          aten.true_divide.Tensor, aten.true_divide.Scalar)
 def _div(ctx: Context, a: Any, b: Any, rounding_mode: str | None = None) -> Node:
     dtype, shape = ctx.out_dtype, ctx.out_shape
     if rounding_mode is None:

@@ -40,6 +40,11 @@ _MEAN, _SUM = 1, 2  # torch's Reduction enum (0 is "none")
 def multi_margin_loss(input: torch.Tensor, target: torch.Tensor, p: Any = 1, margin: Any = 1,
                       weight: torch.Tensor | None = None, reduction: int = _MEAN) -> torch.Tensor:
     """``aten.multi_margin_loss``: torch's decomposition with eager's ``z > 0`` test."""
+    # eager's autograd has no formula for the weight (it raises before computing anything); the
+    # decomposition, differentiable in it, gave the weight a gradient
+    torch._check(weight is None or not (weight.requires_grad and torch.is_grad_enabled()),
+                 lambda: "The function 'multi_margin_loss' is not differentiable with respect to argument "
+                         "'weight'. This input cannot have requires_grad True.")
     if _no_cpu_kernel(input):
         return _aten(aten.multi_margin_loss.default, input, target, p, margin, weight, reduction)
     one_sample = target.ndim == 0  # (eager: then a 0-d loss)

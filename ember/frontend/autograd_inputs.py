@@ -14,9 +14,10 @@ saves ``t.softmax(-1)``, a tensor of its own. AOTAutograd's partitioner saves th
 recomputes from, ``t`` itself, and autograd refuses it ("Inference tensors cannot be saved for
 backward") where eager computes. Dynamo guards on inference-ness, so a training graph compiled
 for such inputs gets copies of them, normal tensors of the same layout, at each call. Two such
-graphs run eagerly instead: one whose ops eager's autograd refuses (``x * w`` saves ``x``: the
-error is eager's), and one returning a view of such an input (a view of the copy would be a
-normal tensor over other memory).
+graphs run eagerly instead: one whose ops eager's autograd refuses (``x * w`` saves ``x``; an
+in-place write to one, a BatchNorm built under inference_mode updating its running statistics in
+training, which on the copy was lost without eager's error: the error is eager's), and one
+returning a view of such an input (a view of the copy would be a normal tensor over other memory).
 """
 
 from __future__ import annotations
@@ -63,9 +64,10 @@ def inference_inputs(example_inputs: Sequence[Any]) -> list[int]:
     return [i for i, t in tensors if t.is_inference()]
 
 
-def saves_an_inference_tensor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+def autograd_refuses_an_inference_tensor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
     """Does eager's autograd refuse the graph, an op of it saving an inference tensor for the
-    backward (``x * w`` with ``x`` one and ``w`` requiring grad)? The graph runs on fake inputs
+    backward (``x * w`` with ``x`` one and ``w`` requiring grad) or writing one in place outside
+    inference mode (``running_mean.mul_(0.9)``)? The graph runs on fake inputs
     of the same kinds, fresh ones: an in-place op must not change Dynamo's, which AOTAutograd
     traces next. Any other failure says nothing (AOTAutograd's trace decides)."""
     fake_mode = detect_fake_mode(example_inputs)
@@ -76,19 +78,22 @@ def saves_an_inference_tensor(gm: torch.fx.GraphModule, example_inputs: Sequence
         with fake_mode:
             for t in example_inputs:
                 if isinstance(t, torch.Tensor):
+                    # (an inference tensor requiring grad, a parameter made under inference_mode,
+                    # can only be made so inside it: requires_grad_ outside refuses it)
                     with torch.inference_mode(t.is_inference()):
-                        new = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
-                    t = new.requires_grad_() if t.requires_grad else new
+                        t = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device,
+                                                requires_grad=t.requires_grad)
                 fresh.append(t)
             torch.fx.Interpreter(gm).run(*fresh)
     except RuntimeError as e:
-        return _REFUSED in str(e)
+        return any(refusal in str(e) for refusal in _REFUSALS)
     except Exception:  # noqa: BLE001 -- a graph the check cannot run: AOTAutograd's trace decides
         return False
     return False
 
 
-_REFUSED = "Inference tensors cannot be saved for backward"
+_REFUSALS = ("Inference tensors cannot be saved for backward",
+             "Inplace update to inference tensor outside InferenceMode")
 
 
 def returns_a_view_of(gm: torch.fx.GraphModule, indices: Sequence[int]) -> bool:

@@ -25,6 +25,7 @@ from .autograd_decomps import (
     multi_margin_loss,
     multilabel_margin_loss_forward,
 )
+from .loss_decomps import loss_decompositions
 from .optimizer_decomps import optimizer_decompositions
 from .partition import partition
 
@@ -106,11 +107,11 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # Its decomposition (rand < p) drops ATen's checks that p is a float tensor in [0, 1]: a p
     # of 1.5 or NaN drew samples where eager raises. It runs through ATen (dropout does not use it).
     table.pop(aten.bernoulli.default, None)
-    # Losses whose decompositions differ from the op: smooth_l1's backward takes sign(NaN) = 0 (a
-    # NaN input's gradient came out 0); binary_cross_entropy's skips the check that inputs are in
-    # [0, 1].
-    for op in (aten.smooth_l1_loss_backward.default, aten.binary_cross_entropy.default):
-        table.pop(op, None)
+    # binary_cross_entropy's decomposition skips the check that inputs are in [0, 1]: ATen runs
+    # it. Backward decompositions that differ from eager's kernels at the edges (NaN, overflow,
+    # float16's epsilon) are replaced by eager's formulas (loss_decomps.py).
+    table.pop(aten.binary_cross_entropy.default, None)
+    table.update(loss_decompositions())
     table[aten.smooth_l1_loss.default] = _eager_when(table[aten.smooth_l1_loss.default], _negative_beta)
     # eager takes int64 and uint8 targets (an int32 one raises in eager, not in the decomposition)
     # and class weights of the input's dtype
@@ -127,7 +128,27 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.multilabel_margin_loss_forward.default] = in_table(multilabel_margin_loss_forward)
     # list ops split per tensor, Dynamo's fma, add's symbolic alpha, GradScaler's ops (optimizer_decomps.py)
     table.update(optimizer_decompositions())
+    # torch has none: weight norm's backward (weight_norm's, whose forward is decomposed) ran
+    # through ATen in every training step of a weight-normed layer
+    table[aten._weight_norm_interface_backward.default] = _weight_norm_interface_backward
     return table
+
+
+def _weight_norm_interface_backward(grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor,
+                                    saved_norms: torch.Tensor, dim: int) -> Any:
+    """(grad_v, grad_g) of ``w = v * g / norms``, the norms over every dim but ``dim``, as ATen's
+    kernel computes them (16-bit tensors in float32). Inputs its kernel refuses (not contiguous,
+    ``dim`` neither the first nor the last) keep the op: ATen raises as eager does."""
+    if (not all(t.is_contiguous() for t in (grad_w, saved_v, saved_g, saved_norms))
+            or dim not in (0, saved_v.dim() - 1)):
+        return NotImplemented
+    keep = [d for d in range(saved_v.dim()) if d != dim]
+    acc = torch.float32 if saved_v.dtype in (torch.float16, torch.bfloat16) else saved_v.dtype
+    v, grad, g, norms = (t.to(acc) for t in (saved_v, grad_w, saved_g, saved_norms))
+    # (a sum over no dims, a 1-d v, would be over every dim)
+    along = (grad * v).sum(keep, keepdim=True) if keep else grad * v
+    grad_v = (g / norms) * (grad - v * (along / (norms * norms)))
+    return grad_v.to(saved_v.dtype), (along / norms).to(saved_g.dtype)
 
 
 def _floats_only(decomposition: Callable[..., Any]) -> Callable[..., Any]:

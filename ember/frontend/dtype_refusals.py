@@ -1,0 +1,67 @@
+"""Integer ops whose tracing refuses a dtype with a RuntimeError where eager's kernel, finding no
+implementation for the dtype, raises NotImplementedError ('"lshift_cpu" not implemented for
+'Bool''): shifts of bools or floats, floor division of bools, lcm of bools.
+
+torch's meta functions and references check dtypes with ``torch._check`` (RuntimeError) while
+Dynamo traces the program; eager only reaches its dispatch macro, which raises
+NotImplementedError. The checks' frames hold the operands, so the dtype eager's kernel would
+run in (the promoted one) can be read back and the error re-raised with eager's type.
+"""
+
+from __future__ import annotations
+
+from types import FrameType
+
+import torch
+
+_SHIFT_KERNELS = {"lshift": "lshift", "rshift": "rshift"}
+
+
+def _frames(e: BaseException) -> list[FrameType]:
+    frames, tb = [], e.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
+def _in_torch(frame: FrameType, part: str) -> bool:
+    return part in frame.f_code.co_filename.replace("\\", "/")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    # the name eager's dispatch macro prints: 'Bool', 'Float', 'Long', 'BFloat16'
+    return {torch.bool: "Bool", torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+            torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int", torch.int16: "Short",
+            torch.int8: "Char", torch.uint8: "Byte"}.get(dtype, str(dtype))
+
+
+def _promoted(a: object, b: object) -> torch.dtype | None:
+    try:
+        return torch.result_type(a, b)  # type: ignore[arg-type]
+    except (TypeError, RuntimeError):
+        return None
+
+
+def eager_kernel_refusal(e: BaseException) -> NotImplementedError | None:
+    """eager's NotImplementedError for a RuntimeError ``e`` that torch's tracing raised where
+    eager has no kernel for the operands' dtype; None where eager computes a value or raises
+    something else (a shift of bools by an integer runs in int64 in eager)."""
+    if type(e) is not RuntimeError:
+        return None
+    for frame in _frames(e):
+        name, local = frame.f_code.co_name, frame.f_locals
+        if name == "shift_dtype_check" and _in_torch(frame, "/torch/_meta_registrations"):
+            # eager shifts in the promoted dtype and has kernels for integers only
+            dtype = _promoted(local.get("self"), local.get("val"))
+            if dtype is not None and (dtype.is_floating_point or dtype == torch.bool):
+                kernel = _SHIFT_KERNELS.get(local.get("fn_name"), "shift")
+                return NotImplementedError(f'"{kernel}_cpu" not implemented for \'{_dtype_name(dtype)}\'')
+            return None
+        if name in ("floor_divide", "lcm", "gcd") and _in_torch(frame, "/torch/_refs/"):
+            a, b = local.get("a"), local.get("b")
+            dtype = _promoted(a, b) if a is not None and b is not None else None
+            if dtype == torch.bool:  # (eager's integer kernels exclude bools)
+                kernel = "div_floor" if name == "floor_divide" else name
+                return NotImplementedError(f'"{kernel}_cpu" not implemented for \'Bool\'')
+    return None

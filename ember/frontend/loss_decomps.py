@@ -1,0 +1,82 @@
+"""Loss backward decompositions that compute what eager's kernels compute.
+
+torch's decompositions of these ops are the numerically tidier formulas, which differ from
+ATen's kernels exactly at the edges a test of eager catches:
+
+* ``smooth_l1_loss_backward``: torch's takes ``sign(x)`` outside ``|x| < beta``, so a NaN
+  difference got a gradient of 0 (``sign(NaN)`` is 0); eager's kernel tests ``x <= -beta`` and
+  ``x >= beta`` and passes NaN through ``x / beta``. (The op had run through ATen for that.)
+* ``soft_margin_loss_backward``: torch's uses ``sigmoid``; eager's ``-t * z / (1 + z)`` with
+  ``z = exp(-t * x)`` is NaN where ``z`` overflows (``|x|`` past 88 in float32, where the loss is
+  inf), and ember gave those elements a gradient of +-1.
+* ``binary_cross_entropy_backward``: eager divides by ``max(x * (1 - x), EPSILON)`` with
+  EPSILON = 1e-12 *in the input's dtype*: 0 in float16, so an input of exactly 0 or 1 has a NaN
+  or infinite gradient there, where torch's float32 epsilon gave a finite one.
+
+Each computes in float32 for 16-bit inputs (torch's ``pw_cast_for_opmath``), as ember's kernels do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._decomp.decompositions import pw_cast_for_opmath
+
+aten = torch.ops.aten
+
+_MEAN = 1  # torch's Reduction enum: 0 none, 1 mean, 2 sum
+
+
+def _mean_norm(x: torch.Tensor, reduction: int) -> float:
+    # (an empty batch's mean has no elements to scale: torch's decompositions divided by 0 here)
+    n = x.numel()
+    return 1.0 / n if reduction == _MEAN and n != 0 else 1.0
+
+
+@pw_cast_for_opmath
+def smooth_l1_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
+                            reduction: int, beta: float) -> torch.Tensor:
+    norm = _mean_norm(self, reduction)
+    x = self - target
+    norm_grad = norm * grad_output
+    # (a NaN x fails both tests: its gradient is x / beta's NaN, as in eager)
+    return torch.where(x <= -beta, -norm_grad, torch.where(x >= beta, norm_grad, norm_grad * x / beta))
+
+
+@pw_cast_for_opmath
+def soft_margin_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
+                              reduction: int = _MEAN) -> torch.Tensor:
+    norm = _mean_norm(self, reduction)
+    z = torch.exp(-target * self)
+    return -norm * target * z / (z + 1) * grad_output
+
+
+# eager's EPSILON is a scalar of the input's dtype (float16 rounds 1e-12 to 0); rounded here, at
+# import (a tensor made while AOTAutograd traces would be a graph input it refuses)
+_EPSILON = {dtype: torch.tensor(1e-12, dtype=dtype).item() for dtype in (torch.float16, torch.bfloat16)}
+
+
+def binary_cross_entropy_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
+                                  weight: torch.Tensor | None = None, reduction: int = _MEAN) -> torch.Tensor:
+    epsilon = _EPSILON.get(self.dtype, 1e-12)
+    return _bce_backward(grad_output, self, target, weight, reduction, epsilon)
+
+
+@pw_cast_for_opmath
+def _bce_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
+                  weight: torch.Tensor | None, reduction: int, epsilon: float) -> torch.Tensor:
+    result = grad_output * (self - target) / torch.clamp(self * (1 - self), min=epsilon)
+    if weight is not None:
+        result = result * weight
+    if reduction == _MEAN:
+        result = result / self.numel()
+    return result
+
+
+def loss_decompositions() -> dict[Any, Callable[..., Any]]:
+    """The decompositions above, by the ops they stand for."""
+    return {aten.smooth_l1_loss_backward.default: smooth_l1_loss_backward,
+            aten.soft_margin_loss_backward.default: soft_margin_loss_backward,
+            aten.binary_cross_entropy_backward.default: binary_cross_entropy_backward}

@@ -1,0 +1,53 @@
+"""Integer, bitwise and dtype-promotion semantics of pointwise ops against eager: the errors
+eager raises where its kernels have no implementation for a dtype, rounding to decimals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ember
+
+_BOOLS = torch.tensor([True, False, True])
+_FLOATS = torch.tensor([1.5, -2.0, 3.0])
+_INTS = torch.tensor([1, -2, 3])
+
+# shifts of bools or floats (the promoted dtype), floor division and lcm of bools: torch's meta
+# functions and references refuse them with a RuntimeError while tracing, eager's kernels with
+# NotImplementedError ('"lshift_cpu" not implemented for 'Bool'')
+_NO_KERNEL = {
+    "bool << bool": lambda b, f, i: b << b,
+    "bool >> bool": lambda b, f, i: b >> b,
+    "float << int": lambda b, f, i: f << 1,
+    "int >> float tensor": lambda b, f, i: i >> f,
+    "int << float": lambda b, f, i: i << 1.5,
+    "bool // bool": lambda b, f, i: b // b,
+    "div floor bool": lambda b, f, i: torch.div(b, b, rounding_mode="floor"),
+    "lcm of bools": lambda b, f, i: torch.lcm(b, b),
+}
+
+
+@pytest.mark.parametrize("name", list(_NO_KERNEL))
+def test_integer_ops_without_a_kernel_for_the_dtype_raise_eagers_not_implemented_error(name):
+    fn = _NO_KERNEL[name]
+    with pytest.raises(NotImplementedError):
+        fn(_BOOLS, _FLOATS, _INTS)
+    with pytest.raises(NotImplementedError, match="not implemented for"):
+        ember.compile(fn)(_BOOLS, _FLOATS, _INTS)
+
+
+def test_round_to_decimals_is_generated_and_equals_eager_bit_for_bit():
+    # round(decimals=) ran as an ATen call; eager computes nearbyint(x * 10**d) / 10**d (or
+    # nearbyint(x / 10**-d) * 10**-d) in its op math type, float32 for 16-bit floats
+    x = torch.cat([torch.tensor([1.005, 2.675, 125.0, 150.0, -250.0, 0.125, -0.0, 0.05, -0.15, 3e38, 1e-40,
+                                 float("nan"), float("inf")], dtype=torch.float64),
+                   torch.randn(200, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 1000])
+    fn = lambda a, b, c, d: [torch.round(t, decimals=n) for t in (a, b, c, d) for n in (2, -2, 0, 40)]  # noqa: E731
+    args = (x, x.float(), x.half(), x.bfloat16())
+    report = ember.Report()
+    out = ember.compile(fn, report=report)(*args)
+    assert report.kernels and not report.fallbacks, report.fallbacks
+    for o, r in zip(out, fn(*args)):
+        assert o.dtype == r.dtype and torch.equal(o.isnan(), r.isnan()), (o, r)
+        assert torch.equal(o[~o.isnan()], r[~r.isnan()]), (o, r)
+        assert torch.equal(o.signbit()[~o.isnan()], r.signbit()[~r.isnan()])  # (-0.0 kept)

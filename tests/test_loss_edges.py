@@ -1,0 +1,81 @@
+"""Losses at their edges (NaN, overflow, float16's epsilon, bad targets, weights that require
+grad) give eager's values, gradients and errors, generated rather than run through ATen."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+
+from .helpers import assert_same
+
+
+def _loss_and_grads(fn, args, grad_at):
+    leaves = [a.detach().clone().requires_grad_(i in grad_at) for i, a in enumerate(args)]
+    out = fn(*leaves)
+    grads = torch.autograd.grad(out, [leaves[i] for i in grad_at], torch.full_like(out, 1.5))
+    return [out.detach(), *grads]
+
+
+def _same_as_eager(fn, args, grad_at):
+    want = _loss_and_grads(fn, args, grad_at)
+    report = ember.Report()
+    got = _loss_and_grads(ember.compile(fn, report=report), args, grad_at)
+    assert_same(got, want)
+    return report
+
+
+def test_smooth_l1_backward_is_generated_with_eager_nan_gradients():
+    # torch's decomposition took sign(NaN) = 0 outside |x| < beta (a NaN difference's gradient
+    # came out 0 where eager's is NaN), so the backward ran through ATen; it is eager's formula now
+    x, y = torch.randn(9, 3), torch.randn(9, 3)
+    x[[0, 4, 8], 1] = float("nan")
+    x[1, 0], x[2, 0] = y[1, 0] + 0.5, y[2, 0] - 0.5  # exactly at +-beta
+    report = _same_as_eager(lambda a, b: F.smooth_l1_loss(a, b, beta=0.5, reduction="none"), (x, y), (0, 1))
+    assert not report.fallbacks, report.fallbacks
+
+
+def test_soft_margin_backward_is_nan_where_eager_overflows():
+    # eager's -t * z / (1 + z) with z = exp(-t * x) is NaN past |x| ~ 88 in float32 (the loss is
+    # inf there); torch's sigmoid form gave those elements a gradient of +-1
+    x = torch.tensor([[-100.0, -20.0, 0.0, 3.0], [100.0, 20.0, -12.0, 90.0]], dtype=torch.float32)
+    t = torch.tensor([[1.0, 1.0, 1.0, -1.0], [-1.0, -1.0, 1.0, -1.0]])
+    for reduction in ("none", "mean"):
+        _same_as_eager(lambda a, b, r=reduction: F.soft_margin_loss(a, b, reduction=r), (x, t), (0,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_binary_cross_entropy_gradient_at_0_and_1_uses_epsilon_of_the_dtype(dtype):
+    # eager divides by max(x * (1 - x), 1e-12 in the input's dtype): 0 in float16, so an input of
+    # exactly 0 or 1 has a NaN or infinite gradient; float32's 1e-12 had made them finite
+    p = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.5, 1e-3], dtype=dtype)
+    t = torch.tensor([0.0, 1.0, 1.0, 0.0, 0.25, 0.0], dtype=dtype)
+    _same_as_eager(lambda a, b: F.binary_cross_entropy(a, b, reduction="none"), (p, t), (0, 1))
+
+
+def test_weighted_label_smoothed_cross_entropy_target_out_of_range_is_index_error():
+    # the mean's weight sum gathers the class weights by target in the same kernel as nll_loss's
+    # gather: its RuntimeError flag replaced nll_loss's IndexError, which eager raises first
+    fn = lambda x, t, w: F.cross_entropy(x, t, weight=w, label_smoothing=0.1)  # noqa: E731
+    x, t, w = torch.randn(6, 5), torch.tensor([0, 1, 9, 2, 3, -100]), torch.rand(5)
+    with pytest.raises(IndexError):
+        fn(x, t, w)
+    with pytest.raises(IndexError, match="out of bounds"):
+        ember.compile(fn)(x, t, w)
+
+
+def test_multi_margin_loss_weight_requiring_grad_raises_as_eager():
+    # eager's autograd has no formula for the class weights; ember's decomposition (installed at
+    # the Autograd key) was differentiable in them and gave the weight a gradient
+    fn = lambda x, t, w: F.multi_margin_loss(x, t, weight=w)  # noqa: E731
+    x, t = torch.randn(4, 5, requires_grad=True), torch.tensor([0, 4, 2, 1])
+    w = torch.rand(5, requires_grad=True)
+    with pytest.raises(RuntimeError, match="not differentiable with respect to argument 'weight'"):
+        fn(x, t, w)
+    with pytest.warns(RuntimeWarning), \
+            pytest.raises(RuntimeError, match="not differentiable with respect to argument 'weight'"):
+        ember.compile(fn)(x, t, w)
+    # (a weight that does not require grad still compiles, and matches eager)
+    _same_as_eager(fn, (x, t, w.detach()), (0,))
