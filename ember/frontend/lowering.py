@@ -453,6 +453,10 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
                 return ctx.const(_SYM_ARITHMETIC[target](*exprs), _sym_dtype(val))
         return ctx.const(val, _sym_dtype(val))
     fn = lookup(target)
+    if fn is not None and any(_opaque(a) for a in [*args, *kwargs.values()]):
+        # a tensor of a dtype ember has no code for (complex): the op is ATen's, whose checks
+        # raise eager's errors (a lowering would read its missing dtype first)
+        fn = None
     if fn is not None and _unknown_unbacked_sizes(ctx, val):
         # a size the data decides that nothing before gives (x[:n] with n from .item(): the
         # slice's length): ATen computes the result, and the program reads the size from it
@@ -475,6 +479,13 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
     # it cloned)
     traced = torch.fx.node.map_arg((fx_node.args, fx_node.kwargs), lambda n: n.meta.get("val"))
     return _extern(ctx, target, args, kwargs, val, traced)
+
+
+def _opaque(arg: Any) -> bool:
+    """Is ``arg`` (or an element of a list of them) a node without a dtype or shape?"""
+    if isinstance(arg, (list, tuple)):
+        return any(_opaque(a) for a in arg)
+    return isinstance(arg, Node) and (arg.dtype is None or arg.shape is None)
 
 
 def shape_env_of(values: Iterable[Any]) -> Any:
