@@ -79,3 +79,15 @@ def test_math_at_the_edges_of_its_domain(dtype, target):
         assert_same(o, r)
         assert torch.equal(o.isnan(), r.isnan()), (i, o, r)
         assert torch.equal(o.signbit()[~r.isnan()], r.signbit()[~r.isnan()]), (i, o, r)
+
+
+def test_logspace_of_a_negative_base_is_aten_alone():
+    # torch's decomposition raises NotImplementedError for a negative base, which eager computes:
+    # the whole graph ran eagerly, with a warning; now only the logspace runs through ATen
+    fn = lambda x: torch.logspace(0, 3, 4, base=-2.0, device=x.device) * x  # noqa: E731
+    x = torch.randn(4, device=DEVICE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        out, report = run(fn, x)
+    assert_same(out, fn(x))
+    assert not [g.error for g in report.graphs if g.error] and report.fallbacks == ["aten.logspace"]

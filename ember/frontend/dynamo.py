@@ -97,6 +97,12 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # AOTAutograd refuses (the compile failed); ATen makes those grids.
     table[aten.affine_grid_generator.default] = _eager_when(table[aten.affine_grid_generator.default],
                                                             _one_pixel_side)
+    # Its decomposition raises NotImplementedError for a negative base, which eager computes
+    # (the whole graph ran eagerly): ATen makes those
+    for op in (aten.logspace.default, aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar,
+               aten.logspace.Scalar_Tensor):
+        if op in table:
+            table[op] = _eager_when(table[op], _negative_base)
     # ATen special-cases empty inputs (pixel_unshuffle returns them as they are, shape included).
     for op in (aten.pixel_shuffle.default, aten.pixel_unshuffle.default):
         table[op] = _eager_when(table[op], _empty)
@@ -160,6 +166,10 @@ def _floats_only(decomposition: Callable[..., Any]) -> Callable[..., Any]:
             return NotImplemented
         return decomposition(x, *args, **kwargs)
     return decompose
+
+
+def _negative_base(start: Any, end: Any, steps: Any, base: Any = 10.0, **_: Any) -> bool:
+    return isinstance(base, (int, float)) and base < 0
 
 
 def _eager_when(decomposition: Callable[..., Any], keep_op: Callable[..., bool]) -> Callable[..., Any]:
