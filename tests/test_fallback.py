@@ -39,6 +39,32 @@ def test_unsupported_dtypes_stay_correct():
         check(lambda a: torch.linalg.vector_norm(a, dim=1) + 1, x)
 
 
+def test_decomposed_ops_of_complex_tensors_run_through_aten_and_the_rest_compiles():
+    # nan_to_num's decomposition fails to trace a complex input (isneginf): the whole graph ran
+    # eagerly, with a warning; the op runs through ATen now, and the relu is still generated
+    z = torch.tensor([complex("nan"), 1 + 2j, complex(float("inf"), -1.0), -1j])
+    x = torch.tensor([1.0, -2.0, 3.0, 0.5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = check(lambda z, x: torch.nan_to_num(z) * torch.relu(x), z, x)
+    assert "aten.nan_to_num" in report.fallbacks and report.kernels
+
+
+@pytest.mark.parametrize("fn", [
+    lambda z, w: torch.nn.functional.mse_loss(z, w),
+    lambda z, w: torch.xlogy(z, w),
+    lambda z, w: torch.nansum(z * w),
+], ids=["mse_loss", "xlogy", "nansum"])
+def test_ops_eager_has_no_complex_kernel_for_raise_eagers_error(fn):
+    # their decompositions computed a complex result where eager's kernels refuse the dtype
+    z, w = torch.randn(3, dtype=torch.complex64), torch.randn(3, dtype=torch.complex64)
+    with pytest.raises((NotImplementedError, RuntimeError)) as expected:
+        fn(z, w)
+    with pytest.raises(type(expected.value)) as info:
+        ember.compile(fn)(z, w)
+    assert type(info.value) is type(expected.value)
+
+
 def test_multi_output_aten_ops():
     def fn(x):
         values, indices = torch.sort(x, -1)

@@ -24,6 +24,7 @@ _NO_KERNEL = {
     "bool // bool": lambda b, f, i: b // b,
     "div floor bool": lambda b, f, i: torch.div(b, b, rounding_mode="floor"),
     "lcm of bools": lambda b, f, i: torch.lcm(b, b),
+    "complex // int": lambda b, f, i: (f * 1j) // 2,  # (eager has no complex floor division)
 }
 
 

@@ -79,3 +79,24 @@ def test_multi_margin_loss_weight_requiring_grad_raises_as_eager():
         ember.compile(fn)(x, t, w)
     # (a weight that does not require grad still compiles, and matches eager)
     _same_as_eager(fn, (x, t, w.detach()), (0,))
+
+
+def test_p_norms_of_other_orders_are_generated_with_eager_gradients():
+    # linalg_vector_norm of orders but 0, 1, 2 and inf (triplet_margin_loss(p=3), F.normalize
+    # with p=1.5) ran through ATen; it is sum(|x|^p)^(1/p) with the order rounded as eager's
+    # kernel rounds it. A zero row and zero elements take eager's gradient (0, or NaN for p < 1)
+    a, p, n = torch.randn(3, 6, 5).unbind(0)
+    p[1] = a[1]  # a zero distance
+    x = torch.randn(6, 5)
+    x[0], x[2, 3] = 0.0, 0.0
+    report = _same_as_eager(lambda a, p, n: F.triplet_margin_loss(a, p, n, p=3), (a, p, n), (0, 1, 2))
+    assert not report.fallbacks, report.fallbacks
+    # torch.dist, the norm of a broadcast difference, ran through ATen at every order
+    report = _same_as_eager(lambda a, b: torch.dist(a, b, 3) + torch.dist(a, b[0], 0.5) + torch.dist(a, b),
+                            (a, n.double()), (0, 1))
+    assert not report.fallbacks, report.fallbacks
+    # (one function each: Dynamo makes an order that changes between calls a symbolic input)
+    for fn in (lambda x: F.normalize(x, p=1.5, dim=1).sum(1) ** 2, lambda x: F.normalize(x, p=0.5, dim=1).sum(1) ** 2,
+               lambda x: F.normalize(x, p=-2, dim=1).sum(1) ** 2):
+        report = _same_as_eager(fn, (x,), (0,))
+        assert not report.fallbacks, report.fallbacks

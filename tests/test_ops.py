@@ -453,7 +453,7 @@ def test_softmax_of_integers_raises_as_in_eager():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_vector_norms_fuse_with_what_reads_them(dtype, target):
     # the 2-norm and 1-norm are sums over the reduced dims: F.normalize is one kernel (the norm
-    # ran through ATen before, and split it in two); orders but 0, 1, 2 and inf still run through ATen
+    # ran through ATen before, and split it in two); other orders are sums of |x|^p (test_loss_edges.py)
     import torch.nn.functional as F
 
     x = torch.randn(7, 33, dtype=dtype, device=DEVICE)

@@ -119,9 +119,10 @@ def test_grad_scaler_unscale_and_update_run_in_embers_kernels():
     assert report.fallbacks == []
 
 
-@pytest.mark.parametrize("ord", [float("inf"), -float("inf"), 0, 2], ids=["inf", "-inf", "0", "2"])
+@pytest.mark.parametrize("ord", [float("inf"), -float("inf"), 0, 2, 3, 0.5, -1.5],
+                         ids=["inf", "-inf", "0", "2", "3", "0.5", "-1.5"])
 def test_vector_norm_orders_and_0_d_inputs_run_in_embers_kernels(ord):
-    """clip_grad_norm_ with norm_type=inf, and the norm of a 0-d parameter: linalg_vector_norm
+    """clip_grad_norm_ with norm_type=inf or 3, and the norm of a 0-d parameter: linalg_vector_norm
     of any order but 1 and 2, or of a 0-d tensor, ran through ATen."""
     def norms(x, s, h):
         return (torch.linalg.vector_norm(x, ord), torch.linalg.vector_norm(x, ord, dim=1, keepdim=True),

@@ -120,3 +120,17 @@ def test_as_strided_with_symbolic_sizes_compiles():
             expected.sum().backward()
             assert_same(out, expected)
             assert_same(x.grad, ref.grad)
+
+
+def test_view_output_of_an_expanded_input_that_aten_would_copy_from_a_contiguous_one():
+    # the reshape copies a contiguous (2, 3, 4) but is a view of the expanded input, with a
+    # stride 0: the program replays it from the input, which planning made a kernel's root
+    # ("fusion planning is stuck") and the whole graph ran through ATen
+    fn = lambda x: x.permute(1, 0, 2).reshape(6, 4)  # noqa: E731
+    x = torch.randn(1, 1, 4).expand(2, 3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        out, report = run(fn, x)
+    assert not [g.error for g in report.graphs if g.error]
+    assert_same(out, fn(x))
+    assert out.stride() == fn(x).stride()

@@ -31,7 +31,7 @@ _UNARY = {
     Op.ATANH: torch.atanh, Op.SIGMOID: torch.sigmoid, Op.ERF: torch.erf, Op.ERFC: torch.erfc,
     Op.FLOOR: torch.floor, Op.CEIL: torch.ceil, Op.ROUND: torch.round, Op.TRUNC: torch.trunc,
     Op.SIGN: torch.sign, Op.NOT: torch.logical_not, Op.BITNOT: torch.bitwise_not,
-    Op.ISNAN: torch.isnan, Op.ISINF: torch.isinf,
+    Op.ISNAN: torch.isnan, Op.ISINF: torch.isinf, Op.SIGNBIT: torch.signbit,
 }
 _BINARY = {
     Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.DIV: torch.div,
@@ -42,7 +42,8 @@ _BINARY = {
     Op.LT: torch.lt, Op.LE: torch.le, Op.GT: torch.gt, Op.GE: torch.ge,
     Op.AND: torch.logical_and, Op.OR: torch.logical_or, Op.XOR: torch.logical_xor,
     Op.BITAND: torch.bitwise_and, Op.BITOR: torch.bitwise_or, Op.BITXOR: torch.bitwise_xor,
-    Op.SHL: torch.bitwise_left_shift, Op.SHR: torch.bitwise_right_shift,
+    Op.SHL: torch.bitwise_left_shift, Op.SHR: torch.bitwise_right_shift, Op.HYPOT: torch.hypot,
+    Op.COPYSIGN: torch.copysign, Op.NEXTAFTER: torch.nextafter, Op.GCD: torch.gcd, Op.LCM: torch.lcm,
 }
 
 

@@ -77,6 +77,31 @@ EMBER_FN double ember_abs(double a) { return a < 0.0 ? -a : (a == 0.0 ? 0.0 : (a
 template <typename T> EMBER_FN T ember_sign(T a) { return (T)((T(0) < a) - (a < T(0))); }
 EMBER_FN bool ember_isinf(float a) { return a == INFINITY || a == -INFINITY; }
 EMBER_FN bool ember_isinf(double a) { return a == INFINITY || a == -INFINITY; }
+// (the sign bit itself: signbit(-0.0) and of a negative NaN are true, as eager's)
+EMBER_FN bool ember_signbit(float a) { return copysignf(1.0f, a) < 0.0f; }
+EMBER_FN bool ember_signbit(double a) { return copysign(1.0, a) < 0.0; }
+// ATen's calc_gcd step for step in the element type T: |INT_MIN| stays INT_MIN (through
+// unsigned, where C's abs is undefined), so gcd(INT_MIN, 0) is INT_MIN, and 8/16-bit remainders
+// are taken in int and truncated back. b % a cannot be INT_MIN % -1: after the first step b is a
+// remainder, never INT_MIN.
+template <typename T> EMBER_FN T ember_iabs_wrap(T a) { return a < 0 ? (T)(0 - (uint64_t)(int64_t)a) : a; }
+template <typename T> EMBER_FN T ember_gcd(T a, T b) {
+  a = ember_iabs_wrap(a);
+  b = ember_iabs_wrap(b);
+  while (a != 0) { T c = a; a = (T)(b % a); b = c; }
+  return b;
+}
+// ATen's lcm: |a / g * b| in C's promoted type W (int for 8/16-bit T: exact there, then
+// truncated; int32 and int64 wrap), 0 where g is. (g is -1 for gcd(INT_MIN, INT_MAX), where
+// eager's INT_MIN / -1 traps, SIGFPE: here it wraps.)
+template <typename T> EMBER_FN T ember_lcm(T a, T b) {
+  typedef decltype(+a) W;
+  W g = (W)ember_gcd(a, b);
+  if (g == 0) return (T)0;
+  W q = g == -1 ? (W)(0 - (uint64_t)(int64_t)a) : (W)((W)a / g);
+  W p = (W)((uint64_t)(int64_t)q * (uint64_t)(int64_t)(W)b);
+  return (T)ember_iabs_wrap(p);
+}
 EMBER_FN float ember_rsqrt(float a) { return 1.0f / sqrtf(a); }
 EMBER_FN double ember_rsqrt(double a) { return 1.0 / sqrt(a); }
 

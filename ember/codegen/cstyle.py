@@ -102,7 +102,7 @@ _MATH = {Op.EXP: "exp", Op.EXP2: "exp2", Op.EXPM1: "expm1", Op.LOG: "log", Op.LO
          Op.COSH: "cosh", Op.TANH: "tanh", Op.ASINH: "asinh", Op.ACOSH: "acosh",
          Op.ATANH: "atanh", Op.ERF: "erf", Op.ERFC: "erfc", Op.FLOOR: "floor", Op.CEIL: "ceil",
          Op.TRUNC: "trunc", Op.ROUND: "nearbyint", Op.ATAN2: "atan2", Op.FMOD: "fmod",
-         Op.POW: "pow"}
+         Op.POW: "pow", Op.HYPOT: "hypot", Op.COPYSIGN: "copysign", Op.NEXTAFTER: "nextafter"}
 # Integer ops that can divide by zero: eager raises, so kernels report it through a flag.
 INT_DIVISION_OPS = frozenset({Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD})
 
@@ -133,7 +133,7 @@ def alu(lang: Language, v: Value, args: list[str]) -> str:
         return f"(({ctype})~{a})"
     if op is Op.ISNAN:
         return f"({a} != {a})"
-    if op in (Op.ISINF, Op.ABS, Op.SIGN, Op.MAX, Op.MIN, Op.SHL, Op.SHR):
+    if op in (Op.ISINF, Op.ABS, Op.SIGN, Op.MAX, Op.MIN, Op.SHL, Op.SHR, Op.SIGNBIT, Op.GCD, Op.LCM):
         return f"ember_{op.name.lower()}({', '.join(args)})"
     if op is Op.RECIPROCAL:
         return f"(({ctype})1 / {a})"

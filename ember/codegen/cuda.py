@@ -83,8 +83,9 @@ _F32_MATH = {
     Op.SINH: "sinhf", Op.COSH: "coshf", Op.TANH: "tanhf", Op.ASINH: "asinhf", Op.ACOSH: "acoshf",
     Op.ATANH: "atanhf", Op.ERF: "erff", Op.ERFC: "erfcf", Op.FLOOR: "floorf", Op.CEIL: "ceilf",
     Op.TRUNC: "truncf", Op.ROUND: "rintf", Op.ATAN2: "atan2f", Op.FMOD: "fmodf", Op.POW: "powf",
+    Op.HYPOT: "hypotf", Op.COPYSIGN: "copysignf", Op.NEXTAFTER: "nextafterf",
 }
-_BINARY = (Op.ATAN2, Op.FMOD, Op.POW, Op.DIV)
+_BINARY = (Op.ATAN2, Op.FMOD, Op.POW, Op.DIV, Op.HYPOT, Op.COPYSIGN, Op.NEXTAFTER)
 
 CUDA = Language(
     name="cuda",

@@ -177,15 +177,20 @@ def _memory_order(meta: torch.Tensor) -> list[int] | None:
 
 @register(aten.index_select.default)
 def _index_select(ctx: Context, x: Node, dim: int, index: Node) -> Node:
+    """x's slices along ``dim`` at ``index`` (1-d or 0-d): an INDEX at that dim. The kernel's
+    check raises eager's error: an IndexError, but a RuntimeError along dim 1 of a tensor of rank
+    > 1 (eager's fast path there; schedule/build.py picks the code)."""
     _index_dtype("index_select", index)
-    if x.rank == 0 or index.rank != 1 or dim % x.rank != 0:
-        # eager raises IndexError for a bad index into dim 0, a RuntimeError for other dims
-        raise Unsupported("index_select of a 0-d tensor or along a dim other than 0")
-    if not ctx.known_nonzero(x.shape[0]):
-        # (eager's check that the dim is not empty comes first: a RuntimeError, not the kernel's)
-        raise Unsupported("index_select along a dim that may be empty")
+    if x.rank == 0 or index.rank > 1:
+        raise Unsupported("index_select of a 0-d tensor, or with an index of rank > 1 (eager's error)")
+    dim = dim % x.rank
+    if not all(ctx.known_nonzero(n) for n in x.shape):
+        # eager checks every index of an empty self (a RuntimeError, also where another dim is
+        # empty, which leaves the kernel no element to check it at), and refuses an empty dim
+        raise Unsupported("index_select of a tensor that may be empty")
     # no wrapping: index_select raises for negative indices, and so does the kernel
-    return ctx.make(Op.INDEX, (x, ctx.cast(index, dt.int64)), 0)
+    index = ctx.reshape(ctx.cast(index, dt.int64), [index.shape[0] if index.rank else sympy.Integer(1)])
+    return ctx.make(Op.INDEX, (x, index), dim)
 
 
 @register(aten.embedding.default)
@@ -194,9 +199,10 @@ def _embedding(ctx: Context, weight: Node, indices: Node, padding_idx: int = -1,
     """weight's rows at ``indices`` (any shape): out[p, :] = weight[indices[p], :], a gather that
     fuses into what reads it. padding_idx and the rest concern the backward only."""
     _index_dtype("embedding", indices)
-    if weight.rank != 2 or not ctx.known_nonzero(weight.shape[0]):
-        # eager's errors: a weight that is not 2-D, or has no rows (its index_select's RuntimeError)
-        raise Unsupported("embedding of a weight that is not 2-D, or may have no rows")
+    if weight.rank != 2 or not (ctx.known_nonzero(weight.shape[0]) and ctx.known_nonzero(weight.shape[1])):
+        # eager's errors: a weight that is not 2-D, or empty (its index_select checks every index
+        # of an empty weight, a RuntimeError, where the kernel would have no element to check at)
+        raise Unsupported("embedding of a weight that is not 2-D, or may be empty")
     # no wrapping: a negative index is eager's IndexError, as one past the rows is
     return ctx.make(Op.INDEX, (weight, ctx.cast(indices, dt.int64)), 0)
 
@@ -337,9 +343,11 @@ def _index_add(ctx: Context, x: Node, dim: int, index: Node, source: Any, *, alp
         raise Unsupported("index_add with a source not shaped like self along the other dims")
     if alpha != 1:
         source = ctx.make(Op.MUL, (source, ctx.operand(alpha, source.dtype, source.shape)))
-    # eager's error is an IndexError for a 1-d self, an int32 index or an alpha other than 1
-    # (its kernel takes another path then), else a RuntimeError
-    error = 7 if x.rank == 1 or index.dtype == dt.int32 or alpha != 1 else 4
+    # eager's CPU kernel scatter_adds (a RuntimeError for a bad index) only along the first or
+    # the last dim of a self of rank > 1, with an int64 index and an alpha of 1; its other path
+    # (a 1-d self, a middle dim, an int32 index, another alpha) raises an IndexError
+    fast = x.rank > 1 and dim in (0, x.rank - 1) and index.dtype == dt.int64 and alpha == 1
+    error = 4 if fast else 7
     return _put(ctx, x, dim, [ctx.cast(index, dt.int64)], source, True, error)
 
 

@@ -1,5 +1,5 @@
 """Lowerings of reductions and normalizations: sum, prod, mean, amax/amin, max/min (values and
-indices), argmax/argmin, any/all, var/std (and var_mean/std_mean), linalg_vector_norm,
+indices), argmax/argmin, any/all, var/std (and var_mean/std_mean), linalg_vector_norm, dist,
 softmax/log_softmax and native_layer_norm.
 
 16-bit inputs accumulate in float32; var and std take the corrected two-pass variance
@@ -177,10 +177,10 @@ def _var_mean(ctx: Context, x: Node, dim: Any = None, *, correction: Any = None,
 def _vector_norm(ctx: Context, x: Node, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,
                  dtype: Any = None) -> Node:
     """The 2-norm (F.normalize, cosine similarity, clip_grad_norm_), the 1-norm, the inf and -inf
-    norms (the largest and smallest magnitude) and the 0-"norm" (a count of nonzeros) as
-    reductions over the reduced dims, so they fuse with what reads them; other orders run through
-    ATen. A ``dtype`` casts the input first, as eager does."""
-    if ord not in (0, 1, 2, math.inf, -math.inf) or x.dtype is None or not x.dtype.is_float:
+    norms (the largest and smallest magnitude), the 0-"norm" (a count of nonzeros) and any other
+    order p, sum(|x|^p)^(1/p), as reductions over the reduced dims, so they fuse with what reads
+    them. A ``dtype`` casts the input first, as eager does."""
+    if isinstance(ord, bool) or not isinstance(ord, (int, float)) or x.dtype is None or not x.dtype.is_float:
         raise Unsupported(f"vector_norm of order {ord!r} (dtype={dtype})")
     if dtype is not None:
         if not ctx.out_dtype.is_float:
@@ -188,21 +188,45 @@ def _vector_norm(ctx: Context, x: Node, ord: Any = 2, dim: Any = None, keepdim: 
         x = ctx.cast(x, ctx.out_dtype)
     dims = _dims(dim, x.rank)
     x = ctx.cast(x, dt.compute_dtype(x.dtype))
-    if ord in (math.inf, -math.inf):
+    if ord < 0 or ord == math.inf:
+        # (an empty reduced dim: ATen's "does not have an identity" error)
         if x.rank and not all(ctx.known_nonzero(x.shape[d]) for d in dims):
-            raise Unsupported("the inf norm of no elements raises in ATen (the size may be 0)")
+            raise Unsupported(f"the {ord} norm of no elements raises in ATen (the size may be 0)")
+    if ord in (math.inf, -math.inf):
         op = Op.AMAX if ord > 0 else Op.AMIN
         return _reduce(ctx, op, ctx.make(Op.ABS, (x,)), dims, keepdim)
     if ord == 0:  # (a NaN counts, as in eager)
         nonzero = ctx.make(Op.NE, (x, ctx.operand(0, x.dtype, x.shape)))
         return _reduce(ctx, Op.SUM, ctx.cast(nonzero, x.dtype), dims, keepdim)
-    if ord == 2 and sh.is_one(sh.numel([x.shape[d] for d in dims])):
-        # the norm of one element is its size, as eager's is: its square overflows past 1.8e19
-        # in float32 (and goes subnormal below 1e-19)
+    if sh.is_one(sh.numel([x.shape[d] for d in dims])):
+        # the norm of one element is its size, as eager's is (ATen takes abs there): its square
+        # overflows past 1.8e19 in float32 (and goes subnormal below 1e-19)
         ord = 1
-    terms = ctx.make(Op.MUL, (x, x)) if ord == 2 else ctx.make(Op.ABS, (x,))
+    if ord in (1, 2):
+        terms = ctx.make(Op.MUL, (x, x)) if ord == 2 else ctx.make(Op.ABS, (x,))
+        total = _reduce(ctx, Op.SUM, terms, dims, keepdim)
+        return ctx.make(Op.SQRT, (total,)) if ord == 2 else total
+    # ATen's NormOps: the order and its inverse rounded to the accumulation type (float32's
+    # 1.0f / 3.0f), each term and the root a pow in that type
+    acc = dt.to_torch(x.dtype)
+    p = torch.tensor(float(ord), dtype=acc)
+    inv = (torch.tensor(1.0, dtype=acc) / p).item()
+    terms = ctx.make(Op.POW, (ctx.make(Op.ABS, (x,)), ctx.operand(p.item(), x.dtype, x.shape)))
     total = _reduce(ctx, Op.SUM, terms, dims, keepdim)
-    return ctx.make(Op.SQRT, (total,)) if ord == 2 else total
+    return ctx.make(Op.POW, (total, ctx.operand(inv, x.dtype, total.shape)))
+
+
+@register(aten.dist.default)
+def _dist(ctx: Context, a: Node, b: Node, p: Any = 2) -> Node:
+    """The p-norm of ``a - b`` (broadcast), as ATen computes it: the difference rounded to the
+    result's dtype (a 16-bit one too), then ``linalg_vector_norm`` over every element."""
+    dtype = ctx.out_dtype
+    if not dtype.is_float:
+        raise Unsupported("dist of integers (ATen's error)")
+    shape = sh.broadcast(a.shape, b.shape)
+    wide = dt.compute_dtype(dtype)
+    diff = ctx.make(Op.SUB, (ctx.operand(a, wide, shape), ctx.operand(b, wide, shape)))
+    return _vector_norm(ctx, ctx.cast(diff, dtype), p)
 
 
 @register(aten.std.correction, aten.std_mean.correction)

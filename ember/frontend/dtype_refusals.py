@@ -1,6 +1,6 @@
 """Integer ops whose tracing refuses a dtype with a RuntimeError where eager's kernel, finding no
 implementation for the dtype, raises NotImplementedError ('"lshift_cpu" not implemented for
-'Bool''): shifts of bools or floats, floor division of bools, lcm of bools.
+'Bool''): shifts of bools or floats, floor division of bools or complex numbers, lcm of bools.
 
 torch's meta functions and references check dtypes with ``torch._check`` (RuntimeError) while
 Dynamo traces the program; eager only reaches its dispatch macro, which raises
@@ -33,7 +33,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
     # the name eager's dispatch macro prints: 'Bool', 'Float', 'Long', 'BFloat16'
     return {torch.bool: "Bool", torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
             torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int", torch.int16: "Short",
-            torch.int8: "Char", torch.uint8: "Byte"}.get(dtype, str(dtype))
+            torch.int8: "Char", torch.uint8: "Byte", torch.complex64: "ComplexFloat",
+            torch.complex128: "ComplexDouble", torch.complex32: "ComplexHalf"}.get(dtype, str(dtype))
 
 
 def _promoted(a: object, b: object) -> torch.dtype | None:
@@ -61,7 +62,8 @@ def eager_kernel_refusal(e: BaseException) -> NotImplementedError | None:
         if name in ("floor_divide", "lcm", "gcd") and _in_torch(frame, "/torch/_refs/"):
             a, b = local.get("a"), local.get("b")
             dtype = _promoted(a, b) if a is not None and b is not None else None
-            if dtype == torch.bool:  # (eager's integer kernels exclude bools)
+            if dtype == torch.bool or dtype is not None and dtype.is_complex:
+                # (eager's integer kernels exclude bools; its floor division has no complex one)
                 kernel = "div_floor" if name == "floor_divide" else name
-                return NotImplementedError(f'"{kernel}_cpu" not implemented for \'Bool\'')
+                return NotImplementedError(f'"{kernel}_cpu" not implemented for \'{_dtype_name(dtype)}\'')
     return None

@@ -18,6 +18,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 
 from ..config import Config
+from ..ir import dtypes as dt
 from .aten_scalars import scalar_fits
 from .autograd_decomps import (
     eager_decompositions,
@@ -137,7 +138,25 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # torch has none: weight norm's backward (weight_norm's, whose forward is decomposed) ran
     # through ATen in every training step of a weight-normed layer
     table[aten._weight_norm_interface_backward.default] = _weight_norm_interface_backward
+    # An op over a tensor of a dtype ember generates no code for (complex, float8, uint32) keeps
+    # the op: its parts would run through ATen one by one anyway, and the decompositions compute
+    # where eager's kernels refuse the dtype (mse_loss, xlogy, nansum of complex) or fail to trace
+    # it (nan_to_num's isneginf ran the whole graph eagerly). The optimizers' decompositions
+    # decide for themselves: a list op is split all the same, each part an op over one tensor.
+    per_tensor = optimizer_decompositions()
+    for op, fn in table.items():
+        if op not in per_tensor:
+            table[op] = _eager_when(fn, _any_opaque_dtype)
     return table
+
+
+def _any_opaque_dtype(*args: Any, **kwargs: Any) -> bool:
+    """Is any tensor among the arguments (or in a list of them) of a dtype ember has no code for?"""
+    def opaque(a: Any) -> bool:
+        if isinstance(a, (list, tuple)):
+            return any(opaque(x) for x in a)
+        return isinstance(a, torch.Tensor) and not dt.is_supported_torch(a.dtype)
+    return opaque(args) or opaque(tuple(kwargs.values()))
 
 
 def _weight_norm_interface_backward(grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor,

@@ -246,6 +246,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
     ``donated``: the placeholder indices whose memory the graph may reuse (``InputSpec.donated``)."""
     from . import (  # noqa: F401  (fill LOWERINGS)
         aten_copies,
+        aten_float_bits,
         aten_indexing,
         aten_pointwise,
         aten_reductions,

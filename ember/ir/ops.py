@@ -60,6 +60,7 @@ class Op(Enum):
     BITNOT = "bitwise_not"
     ISNAN = "isnan"
     ISINF = "isinf"
+    SIGNBIT = "signbit"        # the sign bit of a float (-0.0 and -NaN too): bool
     CAST = "cast"              # to node.dtype
 
     # --- pointwise, two inputs ------------------------------------------------------------------
@@ -75,6 +76,11 @@ class Op(Enum):
     MAX = "maximum"            # NaN-propagating, as torch.maximum
     MIN = "minimum"
     ATAN2 = "atan2"
+    HYPOT = "hypot"
+    COPYSIGN = "copysign"      # |a| with b's sign bit (-0.0 and a NaN's sign too)
+    NEXTAFTER = "nextafter"    # the float after a towards b (float32, float64)
+    GCD = "gcd"                # integers, as ATen's calc_gcd (gcd(INT_MIN, 0) is INT_MIN)
+    LCM = "lcm"                # integers, |a / gcd * b| wrapping in C's promoted type, as ATen
     EQ = "eq"
     NE = "ne"
     LT = "lt"
@@ -144,12 +150,13 @@ UNARY_OPS = frozenset({
     Op.NEG, Op.ABS, Op.EXP, Op.EXP2, Op.EXPM1, Op.LOG, Op.LOG2, Op.LOG10, Op.LOG1P, Op.SQRT,
     Op.RSQRT, Op.RECIPROCAL, Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.SINH, Op.COSH,
     Op.TANH, Op.ASINH, Op.ACOSH, Op.ATANH, Op.SIGMOID, Op.ERF, Op.ERFC, Op.FLOOR, Op.CEIL,
-    Op.ROUND, Op.TRUNC, Op.SIGN, Op.NOT, Op.BITNOT, Op.ISNAN, Op.ISINF, Op.CAST,
+    Op.ROUND, Op.TRUNC, Op.SIGN, Op.NOT, Op.BITNOT, Op.ISNAN, Op.ISINF, Op.SIGNBIT, Op.CAST,
 })
 BINARY_OPS = frozenset({
     Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD, Op.POW, Op.MAX,
     Op.MIN, Op.ATAN2, Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.AND, Op.OR, Op.XOR,
-    Op.BITAND, Op.BITOR, Op.BITXOR, Op.SHL, Op.SHR,
+    Op.BITAND, Op.BITOR, Op.BITXOR, Op.SHL, Op.SHR, Op.HYPOT, Op.COPYSIGN, Op.NEXTAFTER, Op.GCD,
+    Op.LCM,
 })
 TERNARY_OPS = frozenset({Op.WHERE})
 POINTWISE_OPS = UNARY_OPS | BINARY_OPS | TERNARY_OPS
@@ -160,21 +167,23 @@ EXTERN_OPS = frozenset({Op.EXTERN, Op.GETITEM})
 # Results are bool whatever the inputs.
 PREDICATE_OPS = frozenset({
     Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.AND, Op.OR, Op.XOR, Op.NOT, Op.ISNAN, Op.ISINF,
+    Op.SIGNBIT,
 })
 # Float-only math: integer inputs are promoted by the frontend before these are built.
 FLOAT_OPS = frozenset({
     Op.EXP, Op.EXP2, Op.EXPM1, Op.LOG, Op.LOG2, Op.LOG10, Op.LOG1P, Op.SQRT, Op.RSQRT, Op.SIN,
     Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.SINH, Op.COSH, Op.TANH, Op.ASINH, Op.ACOSH,
-    Op.ATANH, Op.SIGMOID, Op.ERF, Op.ERFC, Op.DIV, Op.ATAN2,
+    Op.ATANH, Op.SIGMOID, Op.ERF, Op.ERFC, Op.DIV, Op.ATAN2, Op.HYPOT, Op.COPYSIGN, Op.NEXTAFTER,
 })
 # (not max and min: eager's keep their first operand on a tie, so maximum(-0.0, 0.0) is -0.0
 # and maximum(0.0, -0.0) is 0.0)
 COMMUTATIVE_OPS = frozenset({
-    Op.ADD, Op.MUL, Op.EQ, Op.NE, Op.AND, Op.OR, Op.XOR, Op.BITAND, Op.BITOR, Op.BITXOR,
+    Op.ADD, Op.MUL, Op.EQ, Op.NE, Op.AND, Op.OR, Op.XOR, Op.BITAND, Op.BITOR, Op.BITXOR, Op.HYPOT,
+    Op.GCD, Op.LCM,
 })
 # Expensive enough that recomputing them in several kernels costs more than a buffer would.
 TRANSCENDENTAL_OPS = frozenset({
     Op.EXP, Op.EXP2, Op.EXPM1, Op.LOG, Op.LOG2, Op.LOG10, Op.LOG1P, Op.SIN, Op.COS, Op.TAN,
     Op.ASIN, Op.ACOS, Op.ATAN, Op.SINH, Op.COSH, Op.TANH, Op.ASINH, Op.ACOSH, Op.ATANH,
-    Op.SIGMOID, Op.ERF, Op.ERFC, Op.POW, Op.ATAN2,
+    Op.SIGMOID, Op.ERF, Op.ERFC, Op.POW, Op.ATAN2, Op.HYPOT, Op.GCD, Op.LCM,
 })

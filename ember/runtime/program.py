@@ -175,6 +175,8 @@ _INDEX_ERRORS = {
                     "of the dimension it indexes)"),
     10: (IndexError, "index_copy: index out of bounds (an index is negative or not smaller than the size of the "
                      "dimension it indexes)"),
+    11: (RuntimeError, "index_select: INDICES element is out of DATA bounds (an index along dim 1 is negative "
+                       "or not smaller than its size)"),
 }
 
 

@@ -141,8 +141,8 @@ class KernelBuilder(ReduceBuilder):
         """An index variable holding ``index``, checked against [0, bound); ``error`` is the code
         flagged when it is not (2: gather's RuntimeError, 3: indexing's IndexError, 4 and 7:
         index_add's RuntimeError and IndexError, 5: a loss's target class, IndexError, 6:
-        scatter's RuntimeError, 8-10: embedding's, index_select's and index_copy's IndexError;
-        runtime/program.py raises them)."""
+        scatter's RuntimeError, 8-10: embedding's, index_select's and index_copy's IndexError,
+        11: index_select's RuntimeError along dim 1; runtime/program.py raises them)."""
         # (in a segment kernel, an index only a row's elements read, for a segment reduction or
         # a per-element result: eager never reads it for an empty row, and the codegen checks it
         # only where the row has elements; a per-row result's lookups are checked for every row)
@@ -283,6 +283,8 @@ class KernelBuilder(ReduceBuilder):
         previous, self._reader = self._reader, node
         # (an embedding's or index_select's bad index is eager's IndexError naming that op)
         error = _INDEX_ERROR_CODES.get(node.origin or "", 3)
+        if error == 9 and start == 1 and x.rank > 1:
+            error = 11  # eager's index_select along dim 1 takes a fast path: a RuntimeError
         syms = tuple(self._known_row(i, at, x.shape[start + j])
                      or self.indirect(self.value_of(i, at), x.shape[start + j], f"index dim {start + j}", error)
                      for j, i in enumerate(indices))

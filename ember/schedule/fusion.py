@@ -130,7 +130,10 @@ class Planner(DomainRules, StepOrder):
                 viewed[base] = viewed.get(base, 0) + 1
                 if viewed[base] == 2 and base.op not in BUFFER_OPS:
                     self.buffered.add(base)
-        for node in self._output_set:
+        # (in graph order: a view output is placed after the output it views, so it is replayed
+        # from that one's base; in a set's order a slice seen before the permute it slices made
+        # the permute a buffer, copied by a kernel, and the plan differed from run to run)
+        for node in sorted(self._output_set, key=self.order.__getitem__):
             self._need_tensor(node)
         for node, strides in zip(self.graph.outputs, self.graph.output_strides):
             if node in self.buffered and node.op in VIEW_OPS and strides is not None and any(
@@ -139,7 +142,8 @@ class Planner(DomainRules, StepOrder):
                 # its base's buffer, rather than storing every repeated element
                 base = view_base(node)
                 self.buffered.discard(node)
-                self.buffered.add(base)
+                if base.op not in BUFFER_OPS:  # (an input is no kernel's root: planning got stuck)
+                    self.buffered.add(base)
                 self.views[node] = base
         for node in self.graph.nodes:
             if node.op is Op.EXTERN:
