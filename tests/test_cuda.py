@@ -93,7 +93,7 @@ def test_opinfo_kernels_compile_for_sm90(tmp_path):
         for dtype in SWEEP_DTYPES:
             if dtype not in op.supported_dtypes("cpu"):
                 continue
-            samples = _samples(op, dtype)[:4]
+            samples = _samples(op, dtype)[:2]  # (two samples a dtype: the kernels of the rest are alike)
             tensors = [flat[p] for flat, _, positions, _ in samples for p in positions]
             kernels += sources(explain(_program(op, samples), *tensors), f"op{i}_{str(dtype)[6:]}")
     assert len(kernels) > 50

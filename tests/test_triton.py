@@ -497,7 +497,7 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
         for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.bool):
             if dtype not in op.supported_dtypes("cpu"):
                 continue
-            samples = _samples(op, dtype)[:4]
+            samples = _samples(op, dtype)[:2]  # (two samples a dtype: the kernels of the rest are alike)
             tensors = [flat[p] for flat, _, positions, _ in samples for p in positions]
             report = ember.explain(_program(op, samples), *tensors, target="triton")
             if report.kernels:
