@@ -212,7 +212,16 @@ SCANS = {
     "cumsum_1000": _rows(lambda x: x.cumsum(-1), 1 << 16, 1000, torch.float32),
     "logcumsumexp_f32": _rows(lambda x: torch.logcumsumexp(x, -1), 4096, 4096, torch.float32),
     "cumprod_f32": _rows(lambda x: (1 - x.sigmoid() * 0.01).cumprod(-1), 4096, 4096, torch.float32),
+    # rows as wide as a vocabulary: a plain scan, and a softmax's (a row-stats kernel first)
+    "cumsum_vocab": _rows(lambda x: x.cumsum(-1), 1024, 32000),
+    "softmax_cumsum": _rows(lambda x: torch.softmax(x, -1).cumsum(-1), 1024, 32000),
+    **{f"cumsum_vocab_{n}": _rows(lambda x: x.cumsum(-1), n, 32000) for n in (64, 256, 4096)},
 }
+
+# wide rows only reduced (a softmax's or cross-entropy's statistics) at batch sizes from a few
+# SMs' worth of rows to many waves
+ROW_STATS = {f"lse_vocab_{n}": _rows(lambda x: torch.logsumexp(x, -1), n, 32000, BF16, _read)
+             for n in (256, 512, 1024, 2048, 4096, 8192)}
 
 
 def parse(spec: str, only: str) -> dict:
@@ -245,7 +254,7 @@ def main() -> int:
     from triton.testing import do_bench
     os.environ.setdefault("EMBER_CACHE_DIR", "/tmp/ember-sweep")
     every = {**cases(1.0), **LONG_ROWS, **EPILOGUES, **SHORT_ROWS, **ODD_WIDTHS, **TRANSPOSES, **COLUMNS, **RAGGED,
-             **SCANS}
+             **SCANS, **ROW_STATS}
     fn, make, nbytes = every[args.case]
     torch.manual_seed(0)
     inputs = make()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -24,22 +25,38 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(cache_dir) -> dict:
+def _run(cache_dir, torch_cache=None) -> dict:
     env = dict(os.environ, EMBER_CACHE_DIR=str(cache_dir))
+    if torch_cache is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(torch_cache)
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_second_process_builds_nothing(tmp_path):
-    first = _run(tmp_path)
+@pytest.fixture(scope="module")
+def first_process(tmp_path_factory):
+    """SCRIPT's first run into empty caches (ember's, and torch's), once for the tests that
+    start from there: each copies the caches (a process takes seconds to start)."""
+    root = tmp_path_factory.mktemp("first_process")
+    return root, _run(root / "ember", root / "torch")
+
+
+def _copy_of(first_process, tmp_path):
+    root, stats = first_process
+    shutil.copytree(root, tmp_path / "copy")
+    return tmp_path / "copy" / "ember", tmp_path / "copy" / "torch", stats
+
+
+def test_second_process_builds_nothing(first_process, tmp_path):
+    cache, torch_cache, first = _copy_of(first_process, tmp_path)
     assert first["kernels_built"] >= 1 and first["cache_hits"] == 0
-    second = _run(tmp_path)
+    second = _run(cache, torch_cache)
     assert second["kernels_built"] == 0
     assert second["cache_hits"] == first["kernels_built"]
-    # torch's AOTAutograd cache (this test's directory, conftest) held the compiled graph too
+    # torch's AOTAutograd cache held the compiled graph too
     assert first["aot_hits"] == 0 and second["aot_hits"] == 1
-    libs = list((tmp_path / "cpp").glob("*.so"))
+    libs = list((cache / "cpp").glob("*.so"))
     assert len(libs) == 1 and libs[0].with_suffix(".cpp").exists()
 
 
@@ -86,14 +103,14 @@ def test_a_library_whose_bytes_changed_is_not_loaded(tmp_path):
 @pytest.mark.parametrize("damage", [
     lambda b: b[:100], lambda b: b[:1000],
 ], ids=["headers_cut", "cut_after_headers"])
-def test_a_damaged_cached_library_is_built_again(tmp_path, damage):
+def test_a_damaged_cached_library_is_built_again(first_process, tmp_path, damage):
     """A cached .so damaged outside ember (truncated) failed to load in every later process, and
     every graph ran through ATen; cut after its headers it crashed the process inside dlopen
     (SIGBUS). Its checksum no longer matches: it is built again."""
-    _run(tmp_path)
-    (lib,) = (tmp_path / "cpp").glob("*.so")
+    cache, torch_cache, _ = _copy_of(first_process, tmp_path)
+    (lib,) = (cache / "cpp").glob("*.so")
     lib.write_bytes(damage(lib.read_bytes()))
-    again = _run(tmp_path)
+    again = _run(cache, torch_cache)
     assert again["graph_fallbacks"] == 0 and again["kernels_built"] >= 1
 
 

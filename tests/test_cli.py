@@ -13,6 +13,24 @@ def _ember(*args, cwd=None, timeout=600):
                           cwd=cwd, timeout=timeout, env=dict(os.environ))
 
 
+def _ember_here(monkeypatch, capsys, *args, cwd):
+    """The command line in this process (an interpreter takes seconds to start): its exit code,
+    stdout and stderr. A SystemExit's message goes to stderr with code 1, as Python's exit does;
+    any other exception fails the test, as a traceback in a subprocess's stderr would."""
+    from ember.cli import main
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # (explain puts the file's folder first)
+    try:
+        code = main(list(args))
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        code = 1 if isinstance(e.code, str) else e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code or 0, out, err)
+
+
 def test_demo():
     proc = _ember("demo", "--batch", "64")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -21,7 +39,7 @@ def test_demo():
     assert "kernel(s)" in out and "eager" in out and "ember" in out and "relative error" in out
 
 
-def test_explain_a_function_in_a_file(tmp_path):
+def test_explain_a_function_in_a_file(tmp_path, monkeypatch, capsys):
     (tmp_path / "model.py").write_text(textwrap.dedent("""
         import torch
         def loss(x, w):
@@ -30,41 +48,42 @@ def test_explain_a_function_in_a_file(tmp_path):
     proc = _ember("explain", "model.py:loss", "--shapes", "32x64,64", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "kernel(s)" in proc.stdout and 'extern "C"' in proc.stdout
-    full = _ember("explain", "model.py:loss", "--shapes", "32x64,64", "--full", "--dynamic", cwd=tmp_path)
+    full = _ember_here(monkeypatch, capsys, "explain", "model.py:loss", "--shapes", "32x64,64", "--full", "--dynamic",
+                       cwd=tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
     assert "-- after cse" in full.stdout and "int64_t s" in full.stdout  # symbolic sizes as arguments
 
 
-def test_explain_a_function_of_no_inputs(tmp_path):
+def test_explain_a_function_of_no_inputs(tmp_path, monkeypatch, capsys):
     (tmp_path / "model.py").write_text(textwrap.dedent("""
         import torch
         def table():
             return torch.arange(12.0).reshape(3, 4).exp().sum(0)
     """))
-    proc = _ember("explain", "model.py:table", cwd=tmp_path)  # no --shapes: no inputs
+    proc = _ember_here(monkeypatch, capsys, "explain", "model.py:table", cwd=tmp_path)  # no --shapes: no inputs
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "1 kernel(s)" in proc.stdout and 'extern "C"' in proc.stdout
 
 
-def test_explain_reports_bad_targets(tmp_path):
-    proc = _ember("explain", "missing.py:f", "--shapes", "3", cwd=tmp_path)
+def test_explain_reports_bad_targets(tmp_path, monkeypatch, capsys):
+    proc = _ember_here(monkeypatch, capsys, "explain", "missing.py:f", "--shapes", "3", cwd=tmp_path)
     assert proc.returncode != 0 and "no such file" in proc.stderr
     # bad shapes, dtypes and input counts are usage errors, not tracebacks
     (tmp_path / "model.py").write_text("def add(x, y):\n    return x + y\n")
     for args, message in ((("--shapes", "4xa,8"), "'4xa' is no shape"), (("--shapes", "4", "--dtype", "foo"),
                           "'foo' is no torch dtype"), (("--shapes", "4"), "takes 2 input(s)")):
-        proc = _ember("explain", "model.py:add", *args, cwd=tmp_path)
+        proc = _ember_here(monkeypatch, capsys, "explain", "model.py:add", *args, cwd=tmp_path)
         assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-def test_explain_reports_bad_files_functions_and_counts(tmp_path):
+def test_explain_reports_bad_files_functions_and_counts(tmp_path, monkeypatch, capsys):
     (tmp_path / "model.py").write_text("def none():\n    return 1\nnotfn = 3\n")
     (tmp_path / "model.txt").write_text("def f(x):\n    return x\n")
     for target, message in (("model.py:notfn", "not a function"), ("model.txt:f", "not a Python file"),
                             ("model.py:none", "takes at most 0 input(s)")):
-        proc = _ember("explain", target, "--shapes", "3", cwd=tmp_path)
+        proc = _ember_here(monkeypatch, capsys, "explain", target, "--shapes", "3", cwd=tmp_path)
         assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-    proc = _ember("demo", "--batch", "-1")
+    proc = _ember_here(monkeypatch, capsys, "demo", "--batch", "-1", cwd=tmp_path)
     assert proc.returncode == 2 and "not positive" in proc.stderr
 
 
@@ -99,11 +118,11 @@ def test_cache_clear_removes_only_embers_kernels(tmp_path):
     assert not (root / "cpp").exists() and (root / "notes.txt").read_text() == "keep me"
 
 
-def test_explain_reports_a_class_named_as_the_function(tmp_path):
+def test_explain_reports_a_class_named_as_the_function(tmp_path, monkeypatch, capsys):
     # the class was called with the inputs: a traceback from its __init__
     (tmp_path / "model.py").write_text("import torch\nclass Net(torch.nn.Module):\n"
                                        "    def forward(self, x):\n        return x.relu()\n")
-    proc = _ember("explain", "model.py:Net", "--shapes", "4", cwd=tmp_path)
+    proc = _ember_here(monkeypatch, capsys, "explain", "model.py:Net", "--shapes", "4", cwd=tmp_path)
     assert proc.returncode == 1 and "is a class" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 

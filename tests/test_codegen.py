@@ -57,21 +57,28 @@ def test_reduction_kernels_show_their_loops():
     assert "reduction(emax:" in src and "reduction(+:" in src
 
 
-def test_debug_levels(tmp_path):
+def test_debug_levels(tmp_path, capsys):
+    # EMBER_DEBUG read from the environment, in a process of its own; torch's caches private to
+    # it too: an AOTAutograd entry from an earlier run (the default is one directory per machine
+    # user) would rebuild the graph, not compile it
     script = (
         "import torch, ember\n"
         "f = ember.compile(lambda x: torch.relu(x) + 1)\n"
         "f(torch.randn(8)); f(torch.randn(8))\n"
     )
-    outputs = {}
-    for level in (1, 2, 3, 4):
-        # torch's caches private to the test too: an AOTAutograd entry from an earlier run (the
-        # default is one directory per machine user) would rebuild the graph, not compile it
-        env = {"EMBER_DEBUG": str(level), "EMBER_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin",
-               "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch")}
-        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        outputs[level] = proc.stderr
+    env = {"EMBER_DEBUG": "1", "EMBER_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch")}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    outputs = {1: proc.stderr}
+    # the higher levels here, as the option (a process takes seconds to start)
+    for level in (2, 3, 4):
+        torch._dynamo.reset()
+        capsys.readouterr()
+        f = ember.compile(lambda x: torch.relu(x) + 1, options={"debug": level, "cache_dir": tmp_path})
+        f(torch.randn(8))
+        f(torch.randn(8))
+        outputs[level] = capsys.readouterr().err
     assert "inference_0: 1 kernel(s)" in outputs[1] and "after cse" not in outputs[1]
     assert "after cse" in outputs[2] and 'extern "C"' not in outputs[2]
     assert 'extern "C"' in outputs[3] and "def call(args)" in outputs[3]

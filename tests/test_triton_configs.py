@@ -43,6 +43,9 @@ def test_heuristic_matches_what_full_tuning_chose_on_an_h200():
     # cross-entropy 8192 x 32000: one warp per row looping over 1024-wide chunks, pipelined
     assert first("rows", 8192, 32000, ROWS) == dict(XBLOCK=1, RBLOCK=1024, num_warps=1, PERSISTENT=False,
                                                     num_stages=3)
+    # ... and at 1024 rows (under 8 an SM), 4 warps of 16 elements each (lse_vocab_1024)
+    assert first("rows", 1024, 32000, ROWS) == dict(XBLOCK=1, RBLOCK=2048, num_warps=4, PERSISTENT=False,
+                                                    num_stages=3)
     # its backward reads each row once, from the row's saved statistics, and writes it: a row per
     # program in 8192-wide chunks (passes/onehot.py left it no reduction)
     assert first("rows", 8192, 32000, tc.KernelHints(itemsize=2, writes_rows=True, reduces=False)) == dict(
@@ -82,6 +85,8 @@ def test_heuristic_matches_what_full_tuning_chose_on_an_h200():
     assert first("rows", 4096, 4096, tc.KernelHints(writes_rows=True, reduces=False, scans=True))["RBLOCK"] == 1024
     assert first("rows", 1 << 20, 64, scans) == first("rows", 1 << 20, 64, ROWS_WRITTEN)
     assert first("rows", 8, 1 << 20, scans)["RBLOCK"] == 8192
+    # rows as wide as a vocabulary: as a hidden size's where they fill the SMs, else long chunks
+    assert first("rows", 1024, 32000, scans)["RBLOCK"] == 2048 and first("rows", 64, 32000, scans)["RBLOCK"] == 8192
 
 
 def test_heuristic_keeps_the_gpu_busy_and_rows_whole():

@@ -230,12 +230,15 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         # 1000 bf16 384 -> 89; bench/launch_sweep.py --case ce_100 etc.), for reasons not found
         xblock = _fill(outer, max(1, min(2048 // width, rows)), sms)
         return [_config(xblock, width, 2, persistent=True), safe]
-    if hints.scans and 1024 < width <= HEURISTIC_PERSISTENT:
+    if hints.scans and 1024 < width and (width <= HEURISTIC_PERSISTENT or outer >= 4 * sms):
         # a scan over rows of a hidden size: a row per program in chunks of 1024 elements (2048
         # of 16 bits), 4 warps. Each chunk's tl.associative_scan crosses the warps through shared
         # memory, which a whole row in 8 warps did at a larger cost (H200, 4096-wide rows, kernel
         # us: cumsum bf16 77.0 -> 64.8, logcumsumexp fp32 239.7 -> 184.3, cumprod fp32 42.1 ->
-        # 36.0, cumsum fp32 128.7 -> 131.2, at copy speed either way; bench/scan_sweep.sh)
+        # 36.0, cumsum fp32 128.7 -> 131.2, at copy speed either way; bench/scan_sweep.sh). So
+        # do rows as wide as a vocabulary, where they are enough to fill the SMs (bf16 x 32000,
+        # 1024 rows 40.2 -> 36.9, 4096 rows 153.5 -> 139.4, a softmax's cumsum over 1024 rows
+        # 68.1 -> 45.9); fewer long rows keep 8192-wide chunks (64 rows 5.3 against 10.0)
         return [_config(1, 2048 if hints.itemsize <= 2 else 1024, 4), safe]
     if width <= HEURISTIC_PERSISTENT:
         # narrow rows share a program: tiles of 4096 elements, 16 per thread (at 4096 wide,
@@ -288,9 +291,15 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         return [_config(1, 512, 1, stages=3, split=split), safe]
     # wide rows only reduced (a cross-entropy's statistics): warps per row so that about 16
     # warps per SM are busy; one-warp programs reduce with shuffles alone (no barriers) and
-    # pipeline their loads
+    # pipeline their loads. With 2 to 8 rows an SM (fewer are split below), twice the warps and
+    # 16 elements a thread: 16 warps an SM had too few loads in flight (H200, logsumexp over
+    # 32000 bf16, kernel us: 512 rows 21.8 -> 11.5, 1024 rows 33.7 -> 24.0; 2048-8192 rows as
+    # they were: the same or slower with more warps; bench/launch_sweep.py --case lse_vocab_1024)
     warps = max(1, min(16, _prev_pow2(max(1, sms * 16 // max(outer, 1)))))
     rblock = min(width, max(1024, warps * 256))
+    if 2 * sms <= outer <= 8 * sms:
+        warps = min(16, warps * 2)
+        rblock = min(width, max(1024, warps * 512))
     stages = 3 if warps <= 4 else 1
     split = _split(outer, 1, inner, rblock, hints, sms)  # rows too short for the above
     return [_config(1, rblock, warps, stages=stages, split=split), safe]
