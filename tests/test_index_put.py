@@ -90,7 +90,43 @@ def test_scatter_add_and_scatter_reduce_sum(dtype):
     rows = torch.randint(0, 4, (3, 4))
     report = check(lambda x, i, s: x.scatter_reduce(0, i, s, "sum"), x, rows, src)
     assert report.fallbacks == []
-    check(lambda x, i, s: x.scatter_reduce(0, i, s, "amax"), x, rows, src)  # through ATen
+    check(lambda x, i, s: x.scatter_reduce(0, i, s, "prod"), x, rows, src)  # through ATen
+
+
+def _scatter_reduces(x, i, s):
+    """Every generated reduce, with and without self, along both dims; float32, 16-bit floats
+    (max and min in float32) and small ints (in int32)."""
+    outs = []
+    small = (x * 4).nan_to_num().to(torch.int8), (s * 4).nan_to_num().to(torch.int8)
+    for (a, b), reduces in (((x, s), ("amax", "amin", "mean", "sum")), ((x.bfloat16(), s.bfloat16()), ("amax", "mean")),
+                            (small, ("amax", "amin"))):  # (int8 sums are ATen's: no int8 atomics)
+        outs += [a.scatter_reduce(dim, i, b, reduce, include_self=own)
+                 for reduce in reduces for own in (True, False) for dim in (0, 1)]
+    return outs
+
+
+def test_scatter_reduce_amax_amin_mean_like_eager():
+    # duplicates, NaNs (eager's max and min keep them), +0.0 and -0.0, elements written to or not
+    x, src = torch.randn(5, 6), torch.randn(4, 7)
+    x[0, 1], x[2] = float("nan"), -0.0
+    src[0, 2], src[1, :3], src[2, :3] = float("nan"), 0.0, -0.0
+    index = torch.tensor([[0, 4, 2, 2, 1], [2, 2, 0, 3, 1], [4, 0, 2, 2, 0]])
+    report = check(_scatter_reduces, x, index, src)
+    assert report.fallbacks == []
+    assert any("ember_atomic_amax" in k.source for k in report.kernels)
+
+
+def test_scatter_reduce_empty_and_bad_indices_like_eager():
+    x, src = torch.randn(4, 3), torch.randn(2, 3)
+    report = check(lambda x, i, s: (x.scatter_reduce(0, i, s, "amax", include_self=False),
+                                    x.scatter_reduce(1, i, s, "mean")), x, torch.zeros(0, 3, dtype=torch.int64), src)
+    assert report.fallbacks == []
+    fast = ember.compile(lambda x, i, s: x.scatter_reduce(0, i, s, "amin", include_self=False))
+    for bad in (4, -1):
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            x.scatter_reduce(0, torch.tensor([[bad, 0, 0]]), src, "amin", include_self=False)
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            fast(x, torch.tensor([[bad, 0, 0]]), src)
 
 
 def test_bad_indices_raise_like_eager():

@@ -32,6 +32,12 @@ def rmsnorm(x, w):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
+def _special(x: torch.Tensor) -> torch.Tensor:
+    """x with a NaN and rows of +0.0 and -0.0."""
+    x[0, 1], x[1], x[2] = float("nan"), 0.0, -0.0
+    return x
+
+
 CASES = {
     "relu_add": (lambda x, y: torch.relu(x) + y + 1, lambda: (torch.randn(100, 33), torch.randn(33))),
     "rmsnorm_bf16": (rmsnorm, lambda: (torch.randn(20, 50).bfloat16(), torch.randn(50).bfloat16())),
@@ -56,6 +62,14 @@ CASES = {
                   lambda: (torch.randn(6, 6), torch.tensor([5, 0, 0, -2]), torch.tensor([1, 1, 1, 3]), torch.randn(4))),
     "stack_scatter": (lambda x, i: torch.zeros(5, 2).index_put((i,), torch.stack([x.sin(), x.cos()], -1), True),
                       lambda: (torch.randn(7), torch.tensor([0, 4, 4, 1, 0, 2, 2]))),
+    # scatter_reduce's atomic amax/amin (NaNs win, signed zeros), over float, 16-bit and int dtypes
+    "scatter_reduce": (lambda x, i, s: (x.scatter_reduce(0, i, s, "amax", include_self=False),
+                                        x.double().scatter_reduce(1, i, s.double(), "amin"),
+                                        x.bfloat16().scatter_reduce(0, i, s.bfloat16(), "amax"),
+                                        (x.nan_to_num() * 4).long().scatter_reduce(
+                                            0, i, (s.nan_to_num() * 4).long(), "amin", include_self=False),
+                                        x.scatter_reduce(1, i, s, "mean", include_self=False)),
+                       lambda: (_special(torch.randn(5, 6)), torch.randint(0, 5, (3, 4)), _special(torch.randn(4, 8)))),
     "segment_mean": (ragged.segment_mean,
                      lambda: (ragged.from_list([torch.randn(n, 6) for n in (3, 0, 5, 1)]),)),
     "segment_max_bf16": (ragged.segment_max,
@@ -513,7 +527,7 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
 
 
 _VECTOR_LOADS = _KERNELS + """
-for fn, kernel in kernels([json.load(open(sys.argv[1]))]):
+for fn, kernel in kernels([json.load(open(path)) for path in sys.argv[1:]]):
     variant = kernel["variants"][0]
     options = {k: variant.pop(k, 4 if k == "num_warps" else 1) for k in ("num_warps", "num_stages")}
     names = list(kernel["signature"])
@@ -526,27 +540,33 @@ for fn, kernel in kernels([json.load(open(sys.argv[1]))]):
 """
 
 
-def _ptx_loads(report, tmp_path, tag: str, variant: dict) -> tuple[int, int, int]:
-    """Compile ``report``'s one kernel for sm_90 (no GPU needed) at launch ``variant`` and count
-    its global loads in the PTX: 16-byte ones, 2-byte ones, and those behind a predicate."""
+def _ptx_loads(tmp_path, *cases: tuple) -> list[tuple[int, int, int]]:
+    """Compile the one kernel of each ``(report, tag, variant)`` case for sm_90 (no GPU needed)
+    at launch ``variant`` and count its global loads in the PTX: 16-byte ones, 2-byte ones, and
+    those behind a predicate. One process compiles them all (starting one costs seconds)."""
     import json
     import os
     import subprocess
     import sys
 
-    (k,) = report.kernels
-    job = _compile_jobs(report, tmp_path, tag)
-    aligns = {name: 8 for name in re.findall(r"(ALIGN_\w+): tl.constexpr", k.source)}  # 1000 = 8 * 125
-    for kernel in job["kernels"]:
-        kernel["variants"] = [variant | dict(BIG=False, NPROG_BLOCK=1) | aligns]
-    (tmp_path / f"job_{tag}.json").write_text(json.dumps(job))
+    paths = []
+    for report, tag, variant in cases:
+        (k,) = report.kernels
+        job = _compile_jobs(report, tmp_path, tag)
+        aligns = {name: 8 for name in re.findall(r"(ALIGN_\w+): tl.constexpr", k.source)}  # 1000 = 8 * 125
+        for kernel in job["kernels"]:
+            kernel["variants"] = [variant | dict(BIG=False, NPROG_BLOCK=1) | aligns]
+        paths.append(tmp_path / f"job_{tag}.json")
+        paths[-1].write_text(json.dumps(job))
     (tmp_path / "vectors.py").write_text(_VECTOR_LOADS)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(tmp_path / "vectors.py"), str(tmp_path / f"job_{tag}.json")],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, str(tmp_path / "vectors.py"), *map(str, paths)],
+                          capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    _, v4, scalar, predicated = proc.stdout.split()
-    return int(v4), int(scalar), int(predicated)
+    lines = proc.stdout.split("\n")
+    counts = [tuple(int(n) for n in line.split()[1:]) for line in lines if line.strip()]
+    assert len(counts) == len(cases), proc.stdout
+    return counts
 
 
 def test_odd_sizes_still_load_16_bytes_at_a_time(tmp_path):
@@ -564,13 +584,14 @@ def test_odd_sizes_still_load_16_bytes_at_a_time(tmp_path):
                 dict(XBLOCK=1024, RBLOCK=1, PERSISTENT=False, num_warps=4),
                 dict(XBLOCK=64, RBLOCK=64, PERSISTENT=False, num_warps=8),
                 dict(XBLOCK=4, RBLOCK=1024, PERSISTENT=True, num_warps=4)]
-    counts = {}
+    compiles = []
     for i, (fn, args) in enumerate(cases):
         report = ember.explain(fn, *args, target="triton", dynamic=i == 3)
         expected = ("rmask = eh.below(rindex, 1000, RBLOCK)", "xmask = tl.full([XBLOCK], 1, tl.int1)", "tile = ",
                     "* ALIGN_INNER")[i]
         assert expected in report.kernels[0].source, report.kernels[0].source
-        counts[i] = _ptx_loads(report, tmp_path, f"vec{i}", variants[i])[:2]
+        compiles.append((report, f"vec{i}", variants[i]))
+    counts = [c[:2] for c in _ptx_loads(tmp_path, *compiles)]
     # softmax: 4 rows x 1024 lanes over 128 threads, 32 elements a thread in 16-byte loads
     assert counts[0] == (4, 0), counts
     # the add: two inputs, 8 elements a thread, each one 16-byte load in whole blocks, and
@@ -610,19 +631,20 @@ def test_row_kernels_mask_only_what_may_fall_outside(tmp_path):
     odd = ember.explain(layer_norm, torch.randn(64, 999, dtype=bf16), torch.randn(999, dtype=bf16),
                         torch.randn(999, dtype=bf16), target="triton")
     assert re.search(r"tl\.load\(arg1_1 \+ \(r0\), rmask, ", odd.kernels[0].source), odd.kernels[0].source
-    # rows of 999 start at odd addresses: 2-byte loads, 32 a thread for x (4 rows x 1024 lanes
-    # over 128 threads) and 8 each for the weight and the bias, where each took 32 as x does
-    v4, scalar, _ = _ptx_loads(odd, tmp_path, "odd", dict(XBLOCK=4, RBLOCK=1024, PERSISTENT=True, num_warps=4))
-    assert (v4, scalar) == (0, 48), (v4, scalar)
     exact = ember.explain(layer_norm, torch.randn(64, 4096, dtype=bf16), torch.randn(4096, dtype=bf16),
                           torch.randn(4096, dtype=bf16), target="triton")
     assert "xmask = eh.below(xindex, 64, XBLOCK)" in exact.kernels[0].source
-    v4, scalar, predicated = _ptx_loads(exact, tmp_path, "exact", dict(XBLOCK=1, RBLOCK=4096, PERSISTENT=True,
-                                                                       num_warps=8))
+    (v4, scalar, _), exact_counts, partial = _ptx_loads(
+        tmp_path, (odd, "odd", dict(XBLOCK=4, RBLOCK=1024, PERSISTENT=True, num_warps=4)),
+        (exact, "exact", dict(XBLOCK=1, RBLOCK=4096, PERSISTENT=True, num_warps=8)),
+        (exact, "partial", dict(XBLOCK=128, RBLOCK=32, PERSISTENT=False, num_warps=4)))
+    # rows of 999 start at odd addresses: 2-byte loads, 32 a thread for x (4 rows x 1024 lanes
+    # over 128 threads) and 8 each for the weight and the bias, where each took 32 as x does
+    assert (v4, scalar) == (0, 48), (v4, scalar)
     # 16 elements a thread for x, the weight and the bias: 2 16-byte loads each, none predicated
-    assert (v4, scalar, predicated) == (6, 0, 0), (v4, scalar, predicated)
+    assert exact_counts == (6, 0, 0), exact_counts
     # a block past the rows (64 rows in blocks of 128) keeps its mask
-    assert _ptx_loads(exact, tmp_path, "partial", dict(XBLOCK=128, RBLOCK=32, PERSISTENT=False, num_warps=4))[2] > 0
+    assert partial[2] > 0
 
 
 def test_symbolic_sizes_launch_as_quotients_by_their_power_of_two_divisors():

@@ -121,6 +121,12 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
         return args[0][(slice(None),) * node.arg + tuple(args[1:])]
     if op is Op.INDEX_PUT:
         start, accumulate, _error = node.arg
+        if isinstance(accumulate, str):  # amax/amin: every dim indexed (a scatter_reduce's)
+            flat = torch.zeros_like(args[2])
+            for i, n in zip(torch.broadcast_tensors(*args[2:]), args[0].shape):
+                flat = flat * n + i % n
+            out = args[0].flatten().scatter_reduce(0, flat.flatten(), args[1].flatten(), accumulate)
+            return out.view(args[0].shape)
         index = (None,) * start + tuple(args[2:])  # None: the whole dim
         return torch.ops.aten.index_put.default(args[0], list(index), args[1], accumulate)
     if op is Op.SCAN:

@@ -76,6 +76,23 @@ template <typename T> EMBER_FN void ember_atomic_add(T* p, T v) {
   #pragma omp atomic
   *p += v;
 }
+// scatter_reduce's amax/amin: whether v replaces old. A NaN wins (as in eager), and +0.0 beats
+// -0.0 in a max (-0.0 +0.0 in a min), so the result does not depend on the threads' order
+template <typename T> EMBER_FN bool ember_beats(T v, T old, bool max) {
+  if (v != v) return old == old;
+  if (v == old) return v == 0 && std::signbit((double)v) != std::signbit((double)old)
+                       && std::signbit((double)v) != max;
+  return (v > old) == max && old == old;
+}
+template <typename T> EMBER_FN void ember_atomic_combine(T* p, T v, bool max) {
+  T old;
+  __atomic_load(p, &old, __ATOMIC_RELAXED);
+  // (a failed exchange reloads old)
+  while (ember_beats(v, old, max)
+         && !__atomic_compare_exchange(p, &old, &v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+}
+template <typename T> EMBER_FN void ember_atomic_amax(T* p, T v) { ember_atomic_combine(p, v, true); }
+template <typename T> EMBER_FN void ember_atomic_amin(T* p, T v) { ember_atomic_combine(p, v, false); }
 
 // The math helpers spell their fused multiply-adds (std::fma): kernels build with
 // -ffp-contract=off, so user arithmetic rounds as eager's, and the polynomials keep their FMAs.

@@ -326,8 +326,9 @@ class BodyRenderer:
         if v.kind == "store":
             dtype = self.buffer_dtype[v.arg.buffer]
             value = lang.store(dtype, self.name(v.srcs[0]))
-            if v.arg.accumulate:  # threads may add to one element: atomically
-                return f"ember_atomic_add(&{self.access(v)}, ({lang.storage[dtype]}){value});"
+            if v.arg.accumulate:  # threads may add to (or max, min with) one element: atomically
+                combine = v.arg.accumulate if isinstance(v.arg.accumulate, str) else "add"
+                return f"ember_atomic_{combine}(&{self.access(v)}, ({lang.storage[dtype]}){value});"
             return f"{self.access(v)} = {value};"
         if v.kind in ("reduce", "chunksum", "rowreduce"):
             return None  # the backend places accumulators around its loops

@@ -52,6 +52,32 @@ EMBER_FN void ember_atomic_add(int32_t* p, int32_t v) { atomicAdd((int*)p, (int)
 EMBER_FN void ember_atomic_add(int64_t* p, int64_t v) {
   atomicAdd((unsigned long long*)p, (unsigned long long)v);  // two's complement: the same bits
 }
+// scatter_reduce's amax/amin, into a buffer that holds the identity (-inf, +inf) or values
+// written here. A float's bits order as a signed integer where its sign is 0 and as an unsigned
+// one, reversed, where it is 1: a max is an integer max of the first or an unsigned min of the
+// second (+0.0 above -0.0, whatever the order). A NaN becomes the greatest (least) bits, so it wins
+EMBER_FN void ember_atomic_amax(int32_t* p, int32_t v) { atomicMax((int*)p, (int)v); }
+EMBER_FN void ember_atomic_amin(int32_t* p, int32_t v) { atomicMin((int*)p, (int)v); }
+EMBER_FN void ember_atomic_amax(int64_t* p, int64_t v) { atomicMax((long long*)p, (long long)v); }
+EMBER_FN void ember_atomic_amin(int64_t* p, int64_t v) { atomicMin((long long*)p, (long long)v); }
+EMBER_FN void ember_atomic_amax(float* p, float v) {
+  int b = v != v ? 0x7fffffff : __float_as_int(v);
+  if (b >= 0) atomicMax((int*)p, b); else atomicMin((unsigned int*)p, (unsigned int)b);
+}
+EMBER_FN void ember_atomic_amin(float* p, float v) {
+  int b = v != v ? -1 : __float_as_int(v);
+  if (b >= 0) atomicMin((int*)p, b); else atomicMax((unsigned int*)p, (unsigned int)b);
+}
+EMBER_FN void ember_atomic_amax(double* p, double v) {
+  long long b = v != v ? 0x7fffffffffffffffLL : __double_as_longlong(v);
+  if (b >= 0) atomicMax((long long*)p, b);
+  else atomicMin((unsigned long long*)p, (unsigned long long)b);
+}
+EMBER_FN void ember_atomic_amin(double* p, double v) {
+  long long b = v != v ? -1LL : __double_as_longlong(v);
+  if (b >= 0) atomicMin((long long*)p, b);
+  else atomicMax((unsigned long long*)p, (unsigned long long)b);
+}
 // 16-bit floats are stored as their bits (unsigned short) and computed in float32.
 EMBER_FN float ember_bf16_to_f32(unsigned short h) { return __uint_as_float((unsigned int)h << 16); }
 EMBER_FN unsigned short ember_f32_to_bf16(float f) {

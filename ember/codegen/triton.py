@@ -35,7 +35,7 @@ from ..schedule.kernel_ir import (
     outer_var,
 )
 from .layout import tile_counts, transposed_accesses, varies
-from .triton_alu import TL_TYPES, alu, combine_fn, compute_type, literal, neutral, pexpr, typed_neutral
+from .triton_alu import TL_TYPES, alu, atomic_combine, combine_fn, compute_type, literal, neutral, pexpr, typed_neutral
 from .triton_loops import LoopBodies, loop_kind, multi_program, split_rows
 from .triton_scan import render_scan, scan_statement
 from .wrapper import pexpr as host_pexpr
@@ -254,6 +254,14 @@ class TritonKernelRenderer(LoopBodies):
                 # may be scalars (an index_put of one element): give the pointer the block shape
                 # of the value it receives
                 pointer += " + tl.zeros([1, 1], tl.int32)" if self.kind == "full" else " + 0 * xindex"
+            if v.arg.accumulate:
+                # a constant value (a count's 1) is one element, and the interpreter's atomics
+                # read a broadcast one (a stride-0 view) as if dense, past its end: a product
+                # is dense (and * 1 keeps -0.0 and NaN, where + 0 would not)
+                stored = f"tl.broadcast_to({stored}, ({pointer}).shape) * 1"
+            if isinstance(v.arg.accumulate, str):  # scatter_reduce's amax/amin
+                return atomic_combine(v.arg.accumulate, dtype, pointer, stored, mask, self.name(v.srcs[0]),
+                                      "    " * self.depth)
             if v.arg.accumulate:  # programs may add to one element: atomically, in no order
                 return f"tl.atomic_add({pointer}, {stored}{', ' + mask if mask else ''}, sem='relaxed')"
             return f"tl.store({pointer}, {stored}{', ' + mask if mask else ''})"

@@ -178,3 +178,26 @@ def alu(v: Value, args: list[str]) -> str:
     if op in _HELPER:
         return f"eh.{_HELPER[op]}({', '.join(args)})"
     raise RenderError(f"no Triton spelling for {op.value}")
+
+
+def atomic_combine(combine: str, dtype: dt.DType, pointer: str, value: str, mask: str, name: str,
+                   indent: str) -> str:
+    """scatter_reduce's atomic amax/amin of ``value`` into a buffer that holds the identity
+    (-inf, +inf) or values written here. Triton's float atomic_max loses NaNs and orders -0.0
+    below negative numbers, so floats go as their bits: a float's bits order as a signed integer
+    where its sign is 0 and as an unsigned one, reversed, where it is 1, so a max is an integer
+    max of the first or an unsigned min of the second (+0.0 above -0.0, in any order). A NaN
+    becomes the greatest bits (the least, for amin), so it wins, as in eager."""
+    big, small = ("max", "min") if combine == "amax" else ("min", "max")
+    if not dtype.is_float:
+        return f"tl.atomic_{big}({pointer}, {value}{', ' + mask if mask else ''}, sem='relaxed')"
+    bits = 64 if dtype == dt.float64 else 32
+    nan = 2 ** (bits - 1) - 1 if combine == "amax" else -1
+    both = f"{mask} & " if mask else ""
+    lines = [f"{name}_v = {value}",
+             f"{name}_b = tl.where({name}_v != {name}_v, {nan}, {name}_v.to(tl.int{bits}, bitcast=True))",
+             f"tl.atomic_{big}(({pointer}).to(tl.pointer_type(tl.int{bits}), bitcast=True), {name}_b, "
+             f"{both}({name}_b >= 0), sem='relaxed')",
+             f"tl.atomic_{small}(({pointer}).to(tl.pointer_type(tl.uint{bits}), bitcast=True), "
+             f"{name}_b.to(tl.uint{bits}, bitcast=True), {both}({name}_b < 0), sem='relaxed')"]
+    return ("\n" + indent).join(lines)

@@ -255,25 +255,40 @@ def _bucketize(ctx: Context, values: Node, boundaries: Node, *, out_int32: bool 
 _ATOMIC = frozenset({dt.float32, dt.float64, dt.int32, dt.int64})
 
 
-def _put(ctx: Context, x: Node, start: int, indices: list[Node], src: Any, accumulate: bool, error: int) -> Node:
-    """``x`` with ``src`` written (added, when accumulating) at ``x[a, i0, .., ik-1, b]``; indices
-    already wrapped and int64, broadcast here. ``error``: the code a bad index flags on the CPU."""
-    summed = _sum_by_row_ids(ctx, x, start, indices, src, accumulate)
+def _put(ctx: Context, x: Node, start: int, indices: list[Node], src: Any, accumulate: bool | str,
+         error: int) -> Node:
+    """``x`` with ``src`` written (added, when accumulating; combined by "amax" or "amin" when
+    ``accumulate`` names one) at ``x[a, i0, .., ik-1, b]``; indices already wrapped and int64,
+    broadcast here. ``error``: the code a bad index flags on the CPU."""
+    summed = _sum_by_row_ids(ctx, x, start, indices, src, accumulate) if accumulate is True else None
     if summed is not None:
         return summed
-    if torch.are_deterministic_algorithms_enabled():
+    if torch.are_deterministic_algorithms_enabled() and not isinstance(accumulate, str):
+        # (a max or min is one value whatever order the writes come in: signed zeros ordered)
         raise Unsupported("writes at indices under torch.use_deterministic_algorithms (ATen's are)")
     dtype = x.dtype
+    if isinstance(accumulate, str):
+        if dtype.is_bool:
+            raise Unsupported(f"scatter_reduce {accumulate!r} of bools")
+        # max and min are exact in a wider type: 16-bit floats in float32, small ints in int32
+        wide = dt.float32 if dtype.is_low_precision else dtype if dtype in _ATOMIC else dt.int32
+        return ctx.cast(_put_at(ctx, x, start, indices, src, accumulate, error, wide), dtype)
     if accumulate and dtype not in _ATOMIC and not dtype.is_low_precision:
         raise Unsupported(f"accumulating {dtype} at indices")
+    wide = dt.float32 if accumulate and dtype.is_low_precision else dtype
+    return ctx.cast(_put_at(ctx, x, start, indices, src, accumulate, error, wide), dtype)
+
+
+def _put_at(ctx: Context, x: Node, start: int, indices: list[Node], src: Any, accumulate: bool | str,
+            error: int, wide: dt.DType) -> Node:
+    """The INDEX_PUT node, computed in ``wide``."""
+    dtype = x.dtype
     shape_i = sh.broadcast(*(i.shape for i in indices))
     shape = x.shape[:start] + shape_i + x.shape[start + len(indices):]
     indices = [ctx.expand_to(i, shape_i) for i in indices]
     _broadcasts_to(ctx, src, shape)
     values = ctx.operand(src, dtype, shape)
-    wide = dt.float32 if accumulate and dtype.is_low_precision else dtype
-    out = ctx.make(Op.INDEX_PUT, (ctx.cast(x, wide), ctx.cast(values, wide), *indices), (start, accumulate, error))
-    return ctx.cast(out, dtype)
+    return ctx.make(Op.INDEX_PUT, (ctx.cast(x, wide), ctx.cast(values, wide), *indices), (start, accumulate, error))
 
 
 def _broadcasts_to(ctx: Context, src: Any, shape: sh.Shape) -> None:
@@ -371,15 +386,22 @@ def _index_copy(ctx: Context, x: Node, dim: int, index: Node, source: Node) -> N
 def _scatter_add(ctx: Context, x: Node, dim: int, index: Node, src: Node) -> Node:
     """out[.., index[p], ..] += src[p] over index's elements p: an index_put whose other indices
     are the positions themselves."""
-    _index_dtype("scatter_add", index)
+    indices, src = _scatter_indices(ctx, "scatter_add", x, dim, index, src)
+    return _put(ctx, x, 0, indices, src, True, 4)
+
+
+def _scatter_indices(ctx: Context, op: str, x: Node, dim: int, index: Node, src: Node) -> tuple[list[Node], Node]:
+    """A scatter's write as an index_put's: its index along ``dim``, the positions themselves
+    along the other dims; and the part of ``src`` the index covers."""
+    _index_dtype(op, index)
     if x.rank == 0 or index.rank != x.rank or src.rank != x.rank:
-        raise Unsupported("scatter_add of a 0-d tensor or with an index of another rank")
-    source_dtype_matches("scatter_add", x, src)
+        raise Unsupported(f"{op} of a 0-d tensor or with an index of another rank")
+    source_dtype_matches(op, x, src)
     dim = dim % x.rank
     x_sizes, index_sizes, src_sizes = (ctx.arg_metas[i].shape for i in (0, 2, 3))
     if not all(ctx.known(i <= s) for d, (i, s) in enumerate(zip(index_sizes, x_sizes)) if d != dim):
-        raise Unsupported("scatter_add whose index is not provably within self")
-    src = _covered_part(ctx, "scatter_add", src, index, index_sizes, src_sizes)
+        raise Unsupported(f"{op} whose index is not provably within self")
+    src = _covered_part(ctx, op, src, index, index_sizes, src_sizes)
     shape = index.shape
     indices = []
     for d in range(x.rank):
@@ -388,7 +410,7 @@ def _scatter_add(ctx: Context, x: Node, dim: int, index: Node, src: Node) -> Nod
             continue
         positions = ctx.make(Op.IOTA, (), (shape[d], 0, 1), dtype=dt.int64)
         indices.append(ctx.reshape(positions, [s if e == d else 1 for e, s in enumerate(shape)]))
-    return _put(ctx, x, 0, indices, src, True, 4)
+    return indices, src
 
 
 def _covered_part(ctx: Context, op: str, src: Node, index: Node, index_sizes: Sequence[Any],
@@ -406,9 +428,44 @@ def _covered_part(ctx: Context, op: str, src: Node, index: Node, index_sizes: Se
 @register(aten.scatter_reduce.two)
 def _scatter_reduce(ctx: Context, x: Node, dim: int, index: Node, src: Node, reduce: str,
                     *, include_self: bool = True) -> Node:
-    if reduce != "sum" or not include_self:
-        raise Unsupported(f"scatter_reduce {reduce!r} (include_self={include_self})")
-    return _scatter_add(ctx, x, dim, index, src)
+    """sum, mean, amax and amin (prod, a multiply no backend has atomically, stays ATen's). Where
+    ``include_self`` is False, the elements written start from their first value and the others
+    keep self's: a count of the writes at each element (an int32 scatter_add) tells them apart.
+    amax/amin combine atomically into a buffer holding their identity, then with self, so a NaN
+    of self's is taken as torch.maximum takes it; a NaN written wins, as in eager."""
+    if reduce == "sum" and include_self:
+        return _scatter_add(ctx, x, dim, index, src)
+    if reduce not in ("sum", "mean", "amax", "amin"):
+        raise Unsupported(f"scatter_reduce {reduce!r}")
+    indices, src = _scatter_indices(ctx, "scatter_reduce", x, dim, index, src)
+    if x.dtype.is_bool:
+        raise Unsupported(f"scatter_reduce {reduce!r} of bools")
+    count = None
+    if reduce == "mean" or not include_self:
+        zeros = ctx.operand(0, dt.int32, x.shape)
+        count = _put(ctx, zeros, 0, indices, ctx.operand(1, dt.int32, src.shape), True, 4)
+    if reduce in ("amax", "amin"):
+        floats = x.dtype.is_float
+        if reduce == "amax":
+            identity = float("-inf") if floats else torch.iinfo(dt.to_torch(x.dtype)).min
+        else:
+            identity = float("inf") if floats else torch.iinfo(dt.to_torch(x.dtype)).max
+        best = _put(ctx, ctx.operand(identity, x.dtype, x.shape), 0, indices, src, reduce, 4)
+        if include_self:
+            return ctx.make(Op.MAX if reduce == "amax" else Op.MIN, (x, best))
+        return ctx.make(Op.WHERE, (ctx.make(Op.GT, (count, ctx.operand(0, dt.int32, x.shape))), best, x))
+    base = x if include_self else ctx.operand(0, x.dtype, x.shape)
+    total = _put(ctx, base, 0, indices, src, True, 4)
+    if reduce == "sum":
+        return ctx.make(Op.WHERE, (ctx.make(Op.GT, (count, ctx.operand(0, dt.int32, x.shape))), total, x))
+    # mean: eager divides by the count of values (self's one among them), floored for integers,
+    # and an element nothing was written to keeps self (divided by 1)
+    ones = ctx.operand(1, dt.int32, x.shape)
+    divisor = ctx.make(Op.ADD, (count, ones)) if include_self else ctx.make(Op.MAX, (count, ones))
+    mean = ctx.make(Op.DIV if x.dtype.is_float else Op.FLOORDIV, (total, ctx.cast(divisor, x.dtype)))
+    if include_self:
+        return mean
+    return ctx.make(Op.WHERE, (ctx.make(Op.GT, (count, ctx.operand(0, dt.int32, x.shape))), mean, x))
 
 
 @register(torch.ops.ember.segment_reduce.default)

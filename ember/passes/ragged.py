@@ -36,7 +36,7 @@ from ..ir.ops import Op
 
 def ragged_writes_as_gathers(graph: Graph) -> Graph:
     def rule(node: Node, inputs: tuple[Node, ...]) -> Node | None:
-        if node.op is not Op.INDEX_PUT or node.arg[0] != 0 or len(inputs) != 4:
+        if node.op is not Op.INDEX_PUT or node.arg[0] != 0 or len(inputs) != 4 or isinstance(node.arg[1], str):
             return None
         dense, values, rows, positions = inputs
         offsets = row_ids_offsets(rows)

@@ -439,7 +439,8 @@ class KernelBuilder(ReduceBuilder):
         index = offset(home[:start] + syms + home[start + m:], info.strides)
         bound = tuple(sorted((s for s in index.free_symbols if is_indirect_var(s)), key=lambda s: s.name))
         self._emit("store", root.dtype, (value, *(self._indirect[s] for s in bound)),
-                   Access(info.name, index, bound, bool(accumulate)), expr=index)
+                   Access(info.name, index, bound, accumulate if isinstance(accumulate, str) else bool(accumulate)),
+                   expr=index)
 
     def build(self) -> Kernel:
         if self.spec.segment is not None:  # first: the row's start is ind0, as homes expect

@@ -86,7 +86,9 @@ class Access:
     # indirect variables of ``index``: bindings[i] is the value of the load's srcs[i] (of a
     # store's srcs[i + 1]: its first source is the value stored)
     bindings: tuple[sympy.Symbol, ...] = ()
-    accumulate: bool = False   # a store that adds into the buffer, atomically (index_put's +=)
+    # a store that adds into the buffer, atomically (index_put's +=), or combines with what it
+    # holds by "amax" or "amin" (scatter_reduce's), atomically
+    accumulate: bool | str = False
 
 
 @dataclass(frozen=True)
@@ -278,7 +280,9 @@ def format_kernel(k: Kernel) -> str:
             "inner" if v.inner else "after all rows" if v.stage == FINAL_STAGE else f"stage {v.stage}")
         srcs = ", ".join(names[id(s)] for s in v.srcs)
         if v.kind in ("load", "store"):
-            detail = f"{v.arg.buffer}[{v.arg.index}]{' +=' if v.arg.accumulate else ''}"
+            combine = v.arg.accumulate
+            combine = f" {combine}=" if isinstance(combine, str) else " +=" if combine else ""
+            detail = f"{v.arg.buffer}[{v.arg.index}]{combine}"
         elif v.kind == "checkindex":
             detail = f"< {v.arg[0]}"
         elif v.kind == "search":
