@@ -27,6 +27,7 @@ from .frontend.autograd_inputs import (
 from .frontend.dtype_refusals import eager_kernel_refusal
 from .frontend.dynamo import make_backend
 from .frontend.guard_profile import without_guard_profiling
+from .frontend.module_frames import own_frame_per_class
 from .frontend.overlap import refuses_inplace_cast, writes_overlapping_memory
 from .passes.pipeline import check_pass_names
 from .report import GraphReport, Report
@@ -103,6 +104,7 @@ class EmberModule(OptimizedModule):
 
     def _initialize(self) -> None:
         super()._initialize()
+        own_frame_per_class(self.forward, type(self._orig_mod))
         self.forward = _unwrap_errors(self.forward)
 
     # The state of the module it compiles, with that module's keys (torch's compiled module adds

@@ -103,6 +103,21 @@ def test_instances_of_a_module_compiled_one_by_one_share_a_graph():
     assert ember.stats()["graphs_compiled"] == 1
 
 
+def test_torch_nn_modules_compiled_after_an_rnn_or_many_others_still_compile():
+    # torch.nn modules all ran through one shared Dynamo frame (wrap_inline's inner): an nn.RNN,
+    # which Dynamo refuses, marked it skipped, and every torch.nn module compiled after it ran
+    # eagerly; past eight different modules, Dynamo's recompile limit did the same (here 2)
+    torch._dynamo.reset()
+    ember.reset_stats()
+    x = torch.randn(3, 4)
+    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=2):
+        ember.compile(torch.nn.RNN(4, 2))(x)
+        activations = [torch.nn.Tanh(), torch.nn.Mish(), torch.nn.Hardswish()]
+        for module in activations:
+            assert_same(ember.compile(module)(x), module(x))
+    assert ember.stats()["graphs_compiled"] == len(activations)
+
+
 def test_compiled_modules_pickle_and_deep_copy():
     # the backend was a closure (torch.save of a compiled module failed) and a deep copy lost
     # the error unwrapping (Dynamo's TorchRuntimeError instead of the op's RuntimeError)

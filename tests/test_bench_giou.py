@@ -187,3 +187,19 @@ def test_gpu_results_print_from_json(tmp_path, capsys):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells == ["ember(ragged)", "20.0 µs", "45.0 µs", "11.15x / 12.96x", "1 / 2", "nan / 1.0e-03 (over 1e-02)"]
     assert "4.40 ms" in out and "failed: RuntimeError: x" in out and "0 Dynamo frame(s) compiled" in out
+
+
+def test_a_batch_without_boxes_has_a_loss_of_0_in_every_variant():
+    # the ragged loss was a mean over no boxes (NaN, where the padded loss gives 0), and the
+    # per-sample loop's 0 had no graph to pred, so its backward() raised
+    from ember.ragged import from_list
+    from ember.workloads.giou import padded_giou_loss, ragged_giou_loss
+
+    pred = torch.rand(2, 256, 4, requires_grad=True)
+    targets = [torch.zeros(0, 4), torch.zeros(0, 4)]
+    losses = [padded_giou_loss(pred, torch.zeros(2, 256, 4)), ragged_giou_loss(pred, from_list(targets)),
+              giou_bench.per_sample_loss(pred, targets), giou_bench.concat_loss(pred, targets)]
+    for loss in losses:
+        assert loss.item() == 0
+        (grad,) = torch.autograd.grad(loss, pred)
+        assert torch.equal(grad, torch.zeros_like(pred))

@@ -300,6 +300,9 @@ def test_writes_to_views_of_one_element_per_address_still_compile(dynamic):
         x.t().mul_(2)
         x.view(-1)[::2].zero_()
         x.unsqueeze(1).expand(4, 1, 5).sub_(1)  # (a broadcast to size 1 shares nothing)
+        # setitem writes x[i], not all of x: += copies a view onto itself, and rows apart
+        x[0, 1:] += 1
+        x[:2] = x[2:]
         return x * 2
 
     x = torch.randn(4, 5)
@@ -307,6 +310,23 @@ def test_writes_to_views_of_one_element_per_address_still_compile(dynamic):
     fallbacks = ember.stats()["graph_fallbacks"]
     assert_same(ember.compile(fn, dynamic=dynamic)(out_x), fn(ref_x))
     assert_same(out_x, ref_x)
+    assert ember.stats()["graph_fallbacks"] == fallbacks
+
+
+def test_writes_to_rows_apart_at_symbolic_sizes_still_compile():
+    # x[0] ends before x[-1] begins for every n > 1, which the size ranges alone do not prove
+    # (n <= n * (n - 1)): guarded for the sizes called, not run eagerly at every size
+    def fn(x):
+        x[-1] = x[0]
+        return x * 2
+
+    compiled = ember.compile(fn)  # (the second size compiles it with symbolic sizes)
+    fallbacks = ember.stats()["graph_fallbacks"]
+    for n in (4, 6):
+        x = torch.randn(n, n)
+        ref_x, out_x = x.clone(), x.clone()
+        assert_same(compiled(out_x), fn(ref_x))
+        assert_same(out_x, ref_x)
     assert ember.stats()["graph_fallbacks"] == fallbacks
 
 

@@ -440,6 +440,26 @@ def test_std_of_huge_and_tiny_values(target):
         assert_same(o, r)
 
 
+def test_var_and_std_without_degrees_of_freedom_warn_as_eager():
+    # eager warns "var(): degrees of freedom is <= 0" from the sizes (its result is NaN or inf);
+    # ember gave the NaN silently. The host program checks the sizes: symbolic ones each call
+    fn = lambda x: [x.std(1, correction=2), torch.var(x, 0, correction=2), torch.var_mean(x, 1, correction=3)[0]]  # noqa: E731
+    compiled = ember.compile(fn, dynamic=True)
+
+    def warned(f, x):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = f(x)
+        return out, sorted(str(w.message).split("(")[0] for w in caught if w.category is UserWarning)
+
+    for shape in ((3, 4), (3, 2), (2, 5)):  # (one compile: the sizes are symbolic)
+        x = torch.randn(shape, device=DEVICE)
+        (expected, eager_warnings), (got, ember_warnings) = warned(fn, x), warned(compiled, x)
+        assert ember_warnings == eager_warnings, shape
+        for o, r in zip(got, expected):
+            assert_same(o, r)
+
+
 def test_softmax_of_integers_raises_as_in_eager():
     x = torch.arange(6).view(2, 3)
     for fn in (lambda x: torch.softmax(x, -1), lambda x: torch.log_softmax(x, 1)):
@@ -579,6 +599,14 @@ def test_int64_arange_whose_aten_count_overflows_raises_eagers_error():
         with pytest.raises(RuntimeError, match="possible overflow"):
             ember.compile(fn)(torch.ones((), dtype=torch.int64, device=DEVICE))
     check(lambda x: torch.arange(2**63 - 10, 2**63 - 1, 3, device=DEVICE) + x, torch.ones((), dtype=torch.int64))
+    # symbolic bounds: the host program checks the count, where the C loop bound wrapped (two
+    # unwritten elements came back)
+    fn = ember.compile(lambda x, n, step: torch.arange(0, n, step, device=DEVICE) + x, dynamic=True)
+    x = torch.ones((), dtype=torch.int64, device=DEVICE)
+    assert_same(fn(x, 10, 3), torch.arange(0, 10, 3, device=DEVICE) + x)
+    with pytest.raises(RuntimeError, match="arange: invalid size, possible overflow"):
+        fn(x, 2**63 - 1, 2**62)
+    assert_same(fn(x, 2**62, 2**61), torch.arange(0, 2**62, 2**61, device=DEVICE) + x)
 
 
 def test_16_bit_where_with_numbers_past_their_range():

@@ -355,3 +355,15 @@ def test_a_ragged_built_inside_compiled_code_does_not_recompile_per_longest_row(
         r = ragged.from_list([torch.randn(2, 8), torch.randn(longest, 8)])
         assert_same(compiled(r, w), attention_pool(r, w))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - before <= 2
+
+
+def test_a_jagged_softmax_of_a_ragged_without_max_length_is_one_graph():
+    # jagged_softmax read max_length only to hand it to its result; for a Ragged built in
+    # compiled code without one, that read (a host sync) broke the graph into three
+    def f(r, w):
+        return ragged.jagged_softmax(ragged.Ragged(r.values * w, r.offsets, validate=False)).values
+
+    r = ragged.from_list([torch.randn(3, 2), torch.randn(0, 2), torch.randn(5, 2)])
+    w = torch.randn(2)
+    assert torch._dynamo.explain(f)(r, w).graph_break_count == 0
+    assert_same(f(r, w), torch.cat([row.softmax(0) for row in (r.values * w).split([3, 0, 5])]))

@@ -108,14 +108,16 @@ def test_one_compile_serves_every_batch():
                          ids=["sum", "mean", "max"])
 def test_gradients_match_eager(fn):
     r = make([3, 0, 5, 2], (4,), torch.float64)
-    # ties: the max's gradient is split evenly between them, as eager's amax
+    # ties: the max's gradient is split evenly between them, as eager's amax; a NaN max: NaN
+    # gradients in its row, as amax's
     r.values.data[1] = r.values.data[0]
+    r.values.data[4, 2] = float("nan")
     leaf = r.values.clone().requires_grad_()
     ref_leaf = r.values.clone().requires_grad_()
     grad = torch.randn(4, 4, dtype=torch.float64)
     fn(Ragged(ref_leaf, r.offsets, r.max_length)).backward(grad)
     ember.compile(fn)(Ragged(leaf, r.offsets, r.max_length)).backward(grad)
-    torch.testing.assert_close(leaf.grad, ref_leaf.grad)
+    torch.testing.assert_close(leaf.grad, ref_leaf.grad, equal_nan=True)
 
 
 def test_jagged_softmax_matches_eager_with_segment_kernels():

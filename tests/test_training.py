@@ -482,3 +482,18 @@ def test_margin_losses_at_the_margin_and_with_nan_match_eager(loss):
         torch._dynamo.reset()
         outs, grads, _ = _grads(ember.compile(f), [x], g)
         assert_same(outs + grads, ref_outs + ref_grads)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # (a graph run eagerly warns, with no report)
+@pytest.mark.parametrize("shape", [(2, 0, 3), (2, 4, 0)], ids=["no_channels", "no_pixels"])
+def test_group_norm_gradients_over_empty_groups_match_eager(shape):
+    # torch's decomposition of the backward divides by the group's size (0): the whole training
+    # graph ran eagerly with a warning. Eager's weight gradient over 0 pixels is NaN.
+    fn = lambda x, w, b: F.group_norm(x, 2 if shape[1] else 1, w, b)  # noqa: E731
+    x = torch.randn(shape, device=DEVICE, requires_grad=True)
+    w, b = (torch.randn(shape[1], device=DEVICE, requires_grad=True) for _ in range(2))
+    ref_outs, ref_grads, g = _grads(fn, [x, w, b])
+    report = ember.Report()
+    outs, grads, _ = _grads(ember.compile(fn, report=report), [x, w, b], g)
+    assert not [r.error for r in report.graphs if r.error], [r.error for r in report.graphs]
+    torch.testing.assert_close(outs + grads, ref_outs + ref_grads, equal_nan=True)

@@ -148,10 +148,35 @@ class WrapperWriter(OutputLayouts):
         missing = sorted(str(s) for s in needed - set(bound))
         if missing:
             raise WrapperError(f"cannot bind size symbol(s) {missing} from the inputs")
+        # eager's checks of sizes, each made once its sizes are known (a check of sizes no input
+        # carries, nor any result, cannot be made: nothing computed reads them either). Not the
+        # warnings of a backward: a var it recomputes warned in the forward, as eager's only does
+        backward = self.s.graph.name.startswith("backward")
+        self.pending_checks = [c for c in self.s.graph.size_checks
+                               if c.value.free_symbols <= set(bound) and not (c.warn and backward)]
+        for check in self.pending_checks:
+            needed |= check.value.free_symbols
         self.symbols = sorted(needed, key=lambda s: s.name)
+        self.known_symbols = {sym for sym in self.symbols if bound[sym] is not None}
         for sym in self.symbols:
             if bound[sym] is not None:
                 self.emit(f"{sym.name} = {bound[sym]}")
+        self._emit_size_checks()
+
+    def _emit_size_checks(self) -> None:
+        """Eager's errors of sizes (Graph.size_checks) whose sizes are all known by now."""
+        for check in [c for c in self.pending_checks if c.value.free_symbols <= self.known_symbols]:
+            self.pending_checks.remove(check)
+            value = sympy.sympify(check.value)
+            if value.is_Integer and check.low <= int(value) <= check.high:
+                continue  # (static sizes that pass)
+            act = f"warnings.warn({check.message!r}, {check.error})" if check.warn else (
+                f"raise {check.error}({check.message!r})")
+            if value.is_Integer:
+                self.emit(act)
+            else:
+                self.emit(f"if not {check.low} <= {pexpr(value)} <= {check.high}:")
+                self.emit(act, depth=2)
 
     # ---- steps ----------------------------------------------------------------------------
     def write(self) -> Wrapper:
@@ -332,6 +357,8 @@ class WrapperWriter(OutputLayouts):
         result = f"{target}({', '.join(args)})"
         if call.binds is not None:
             self.emit(f"{call.binds.name} = {result}  # a size only the data knows")
+            self.known_symbols.add(call.binds)
+            self._emit_size_checks()
             return
         if node.shape is not None:
             self.emit(f"{self.var[node]} = {result}")
@@ -349,6 +376,8 @@ class WrapperWriter(OutputLayouts):
     def _bind_from(self, node: Node) -> None:
         for sym, source in self.bind_after.get(node, ()):
             self.emit(f"{sym.name} = {source}  # a size only this result knows")
+            self.known_symbols.add(sym)
+        self._emit_size_checks()
 
     def _dense_for_kernels(self, node: Node) -> None:
         """Kernels read an ATen result densely. What the graph returns keeps eager's layout: a

@@ -11,10 +11,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import sympy
 import torch
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from ..ir import dtypes as dt
-from ..ir.node import Node
+from ..ir.node import Node, SizeCheck
 from ..ir.ops import Op
 from .aten_scalars import _rounded_to, _symbolic, checked_scalar
 from .lowering import Context, Unsupported, register, size_arg
@@ -121,7 +123,52 @@ def _arange(ctx: Context, *args: Any, **_: Any) -> Node:
         # (Where its count comes out another length without raising, the traced one is kept: an
         # ATen call's result must have the traced shape the kernels after it read.)
         raise Unsupported("an arange whose length ATen's int64 count overflows")
+    if dtype is dt.int64:
+        _check_int64_count(ctx, start, end, step)
     return ctx.make(Op.IOTA, (), (length, start, step), dtype=dtype)
+
+
+_INT64 = (-2**63, 2**63 - 1)
+
+
+def _check_int64_count(ctx: Context, start: Any, end: Any, step: Any) -> None:
+    """Where symbolic bounds may make ATen's int64 count (end - start + step - sign(step),
+    compute_arange_size) leave int64, the host program checks it as eager does: the traced length
+    is exact, the kernels' C loop bound would wrap (arange(0, 2**63 - 1, 2**62) gave 2 unwritten
+    elements). Sizes alone decide it, so the check is a comparison on the host, never a sync."""
+    if isinstance(step, int) or _known(ctx, sympy.sympify(step) > 0) or _known(ctx, sympy.sympify(step) < 0):
+        sign = 1 if isinstance(step, int) and step > 0 or _known(ctx, sympy.sympify(step) > 0) else -1
+    else:  # (Dynamo guards the step's sign while tracing the arange)
+        return
+    count = sympy.sympify(end - start + step - sign)
+    if count.is_Integer or count.is_Symbol or _fits_int64(ctx, count):  # (a symbol holds an int64)
+        return
+    ctx.size_checks.append(SizeCheck(count, *_INT64, "RuntimeError",
+                                     "arange: invalid size, possible overflow? (its int64 element count "
+                                     "end - start + step - sign(step) leaves int64)"))
+
+
+def _known(ctx: Context, fact: Any) -> bool:
+    env = ctx._shape_env()
+    try:
+        return env is not None and env._maybe_evaluate_static(fact) == sympy.true
+    except Exception:  # noqa: BLE001 -- a private torch API: unknown
+        return False
+
+
+def _fits_int64(ctx: Context, expr: sympy.Expr) -> bool:
+    """Whether ``expr`` stays in int64 for every int64 value of its symbols in their ranges."""
+    env = ctx._shape_env()
+    ranges = {}
+    for symbol in expr.free_symbols:
+        known = env.var_to_range.get(symbol) if env is not None else None
+        low, high = (known.lower, known.upper) if known is not None else _INT64
+        ranges[symbol] = ValueRanges(max(low, _INT64[0]), min(high, _INT64[1]))
+    try:
+        bound = bound_sympy(expr, ranges)
+    except Exception:  # noqa: BLE001 -- a torch helper over any expression: unknown
+        return False
+    return bool(bound.lower >= _INT64[0] and bound.upper <= _INT64[1])
 
 
 def _aten_length(start: int, end: int, step: int, dtype: dt.DType) -> int | None:

@@ -18,7 +18,7 @@ import torch
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import Node
+from ..ir.node import Node, SizeCheck
 from ..ir.ops import Op
 from .lowering import Context, Unsupported, register
 
@@ -162,15 +162,35 @@ def _var(ctx: Context, x: Node, dims: tuple[int, ...], correction: Any, keepdim:
     return _keepdim_or_squeeze(ctx, var, dims, keepdim), _keepdim_or_squeeze(ctx, mean, dims, keepdim)
 
 
+def _warn_no_degrees_of_freedom(ctx: Context, x: Node, dims: tuple[int, ...], correction: Any) -> None:
+    """Eager's UserWarning where the count of each reduction (numel over output numel: 0 where
+    there is no output) is at most the correction: the result is NaN or inf. Sizes decide it, so
+    the host program checks them on each call (a comparison; none where they cannot fail)."""
+    corr = 1 if correction is None else float(correction)
+    low = math.floor(corr) + 1  # (counts are integers: count - correction > 0 from here on)
+    if low <= 0 or not math.isfinite(corr):
+        return
+    kept = sh.numel([x.shape[d] for d in range(x.rank) if d not in dims])
+    count = sympy.sympify(_count(x, dims) * sympy.Min(1, kept))
+    fname = ctx.aten.split(".")[-1]
+    ctx.size_checks.append(SizeCheck(count, low, 2**63 - 1, "UserWarning",
+                                     f"{fname}(): degrees of freedom is <= 0. Correction should be strictly less "
+                                     "than the reduction factor (input numel divided by output numel).", warn=True))
+
+
 @register(aten.var.correction)
 def _var_correction(ctx: Context, x: Node, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Node:
-    return _var(ctx, x, _dims(dim, x.rank), correction, keepdim)[0]
+    var = _var(ctx, x, _dims(dim, x.rank), correction, keepdim)[0]
+    _warn_no_degrees_of_freedom(ctx, x, _dims(dim, x.rank), correction)
+    return var
 
 
 @register(aten.var_mean.correction)
 def _var_mean(ctx: Context, x: Node, dim: Any = None, *, correction: Any = None,
               keepdim: bool = False) -> tuple[Node, Node]:
-    return _var(ctx, x, _dims(dim, x.rank), correction, keepdim)
+    out = _var(ctx, x, _dims(dim, x.rank), correction, keepdim)
+    _warn_no_degrees_of_freedom(ctx, x, _dims(dim, x.rank), correction)
+    return out
 
 
 @register(aten.linalg_vector_norm.default)
@@ -238,6 +258,7 @@ def _std(ctx: Context, x: Node, dim: Any = None, *, correction: Any = None, keep
         raise Unsupported("ATen's var and std reject integer and bool inputs")
     wide = ctx.cast(x, dt.float64)
     var, mean = _var(ctx, wide, _dims(dim, x.rank), correction, keepdim)
+    _warn_no_degrees_of_freedom(ctx, x, _dims(dim, x.rank), correction)
     std = ctx.cast(ctx.make(Op.SQRT, (var,)), x.dtype)
     return (std, ctx.cast(mean, x.dtype)) if ctx.aten == "aten.std_mean" else std
 

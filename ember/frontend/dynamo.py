@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -107,6 +109,11 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # ATen special-cases empty inputs (pixel_unshuffle returns them as they are, shape included).
     for op in (aten.pixel_shuffle.default, aten.pixel_unshuffle.default):
         table[op] = _eager_when(table[op], _empty)
+    # Its decomposition divides by the group's size: over 0 channels or pixels a
+    # ZeroDivisionError ran the whole training graph eagerly (keeping the op does not help:
+    # fake tensors run the same decomposition for its shapes)
+    table[aten.native_group_norm_backward.default] = _empty_groups_apart(
+        table[aten.native_group_norm_backward.default])
     # Its decomposition returns the attention weights where the op returns the log-sum-exp. In a
     # training graph the op's backward (never decomposed) then reads the weights as the
     # log-sum-exp, and every gradient is wrong, silently. It runs through ATen, as in Inductor.
@@ -202,6 +209,24 @@ def _eager_when(decomposition: Callable[..., Any], keep_op: Callable[..., bool])
     return decompose
 
 
+def _empty_groups_apart(decomposition: Callable[..., Any]) -> Callable[..., Any]:
+    """native_group_norm_backward, with groups of no elements (0 channels or 0 pixels) computed
+    as eager's kernel computes them: the input's gradient is empty, the bias's 0 and the
+    weight's the sum over the batch of 0 * mean * rstd (NaN where the group's mean is 0/0)."""
+    @functools.wraps(decomposition)
+    def decompose(grad: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                  weight: torch.Tensor | None, n: Any, c: Any, hxw: Any, group: int,
+                  mask: Sequence[bool]) -> Any:
+        if not (isinstance(c, int) and c // group == 0 or isinstance(hxw, int) and hxw == 0):
+            return decomposition(grad, x, mean, rstd, weight, n, c, hxw, group, mask)
+        dtype = weight.dtype if weight is not None else x.dtype
+        per_group = (mean * rstd * 0).reshape(n, group, 1).expand(n, group, c // group)
+        return (x.new_zeros(x.shape) if mask[0] else None,
+                per_group.reshape(n, c).sum(0).to(dtype) if mask[1] else None,
+                x.new_zeros((c,), dtype=dtype) if mask[2] else None)
+    return decompose
+
+
 def _wrapping_negative_indices(decomposition: Callable[..., Any]) -> Callable[..., Any]:
     """``decomposition(x, dim, index, value)`` with each negative index plus ``x``'s size along
     ``dim`` (one below minus the size stays negative: index_copy's IndexError, as eager's)."""
@@ -280,15 +305,37 @@ def _norm_parameter_dtypes(decomposition: Callable[..., Any], mixed_on_gpus: boo
 
 def _replacements_in_dtype(decomposition: Callable[..., Any]) -> Callable[..., Any]:
     """nan_to_num with its replacement values converted to a float32 input's dtype as eager's
-    kernel converts them (a C cast: beyond the range is inf). 16-bit ones already are, by
-    scalar_tensor's lowering; a Python float always fits float64."""
+    kernel converts them (a C cast: beyond the range is inf), and a 16-bit input's too: on the GPU
+    the decomposition's scalar_tensor checks the range and raised where eager's kernel gives inf
+    (the CPU's scalar_tensor rounds unchecked already). A Python float always fits float64."""
     @functools.wraps(decomposition)
     def decompose(x: torch.Tensor, nan: Any = 0.0, posinf: Any = None, neginf: Any = None) -> Any:
         if x.dtype == torch.float32:
             nan, posinf, neginf = (ctypes.c_float(v).value if isinstance(v, (int, float)) else v
                                    for v in (nan, posinf, neginf))
+        elif x.dtype in (torch.float16, torch.bfloat16):
+            nan, posinf, neginf = (_rounded_16(float(v), x.dtype) if isinstance(v, (int, float)) else v
+                                   for v in (nan, posinf, neginf))
         return decomposition(x, nan, posinf, neginf)
     return decompose
+
+
+def _rounded_16(v: float, dtype: torch.dtype) -> float:
+    """``v`` rounded to float16 or bfloat16 as eager's scalar conversion rounds it (through
+    float32, to nearest even; beyond the range: inf), in Python: a torch.tensor made while
+    AOTAutograd traces is a lift_fresh_copy and a detach_, which it refuses in a training graph
+    (nan_to_num of a bfloat16 tensor needing grad ran the whole graph eagerly)."""
+    f = ctypes.c_float(v).value  # (a C cast: beyond float32's range is inf)
+    if math.isnan(f) or math.isinf(f):
+        return f
+    if dtype == torch.float16:
+        try:
+            return struct.unpack("<e", struct.pack("<e", f))[0]
+        except OverflowError:  # (rounds past float16's largest value)
+            return math.copysign(math.inf, f)
+    bits = struct.unpack("<I", struct.pack("<f", f))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 def _16_bit(x: torch.Tensor, *_: Any, **__: Any) -> bool:

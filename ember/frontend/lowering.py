@@ -22,7 +22,18 @@ from torch.utils._sympy.functions import FloatPow, FloatTrueDiv, Max, ToFloat
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import ArgRef, ExternCall, Graph, InputSpec, Node, TensorConst, make, op_name, record_ragged_totals
+from ..ir.node import (
+    ArgRef,
+    ExternCall,
+    Graph,
+    InputSpec,
+    Node,
+    SizeCheck,
+    TensorConst,
+    make,
+    op_name,
+    record_ragged_totals,
+)
 from ..ir.ops import Op
 
 
@@ -63,6 +74,7 @@ class Context:
         self.arg_metas: list[Any] = []      # meta values of its positional args
         self.bindable: set[sympy.Symbol] = set()  # symbols the graph's inputs carry
         self.effects: list[Node] = []       # calls that must run though no value reads them
+        self.size_checks: list[SizeCheck] = []  # eager's errors only the run-time sizes decide
         self.input_storages: set[Any] = set()  # the fake storages of the graph's tensor inputs
         self.metas: dict[Node, Any] = {}    # the traced value of each op's result node
 
@@ -314,7 +326,8 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
         else:
             raise Unsupported(f"FX node kind {fx_node.op}")
     return record_ragged_totals(Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs), output_strides,
-                                      fresh_outputs=frozenset(fresh_outputs), effects=effects))
+                                      fresh_outputs=frozenset(fresh_outputs), effects=effects,
+                                      size_checks=ctx.size_checks))
 
 
 # ATen calls that return nothing and must still run: eager's checks of values (one_hot's class

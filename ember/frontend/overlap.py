@@ -25,7 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
 from torch.multiprocessing.reductions import StorageWeakRef
 
 _INPLACE_OPERATORS = {operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
@@ -37,13 +37,16 @@ def writes_overlapping_memory(gm: torch.fx.GraphModule) -> bool:
     """Does an in-place op of Dynamo's graph write to a tensor two of whose elements share memory,
     or read a tensor that overlaps the one it writes only in part?"""
     for node in gm.graph.nodes:
-        for written in map(_value, _written(node)):
+        for written in _written_values(node):
             if not isinstance(written, torch.Tensor):
                 continue
             if _may_overlap(written):
                 return True
+            # (the tensors written are not read: setitem's x is written as its view x[i])
+            written_args = [_value(a) for a in _written(node)]
             read = [_value(a) for a in pytree.tree_leaves((node.args, node.kwargs))]
-            if any(isinstance(r, torch.Tensor) and r is not written and _partly_overlap(written, r) for r in read):
+            if any(isinstance(r, torch.Tensor) and r is not written and not any(r is w for w in written_args)
+                   and _partly_overlap(written, r) for r in read):
                 return True
     return False
 
@@ -122,6 +125,38 @@ def _written(node: torch.fx.Node) -> list[Any]:
     return out
 
 
+def _written_values(node: torch.fx.Node) -> list[Any]:
+    """The example values of what ``node`` writes: for ``x[i, 1:] = v`` with an index of ints,
+    slices, None and Ellipsis, the view ``x[i, 1:]`` (eager's copy_ into it may read all of
+    that view, as ``x[0, 1:] += 1`` does, but nothing else of ``x``); with tensors in the index,
+    all of ``x`` (eager's index_put_ refuses values that overlap any of it)."""
+    values = [_value(a) for a in _written(node)]
+    if node.op != "call_function" or node.target is not operator.setitem or len(node.args) != 3:
+        return values
+    target, index = values[-1], node.args[1]
+    index = [_index_value(i) for i in (index if isinstance(index, tuple) else (index,))]
+    if not isinstance(target, FakeTensor) or not all(_basic_index(i) for i in index):
+        return values
+    try:
+        with target.fake_mode:
+            return [*values[:-1], target[tuple(index)]]
+    except Exception:  # noqa: BLE001 -- an index the check cannot apply: all of x, as before
+        return values
+
+
+def _index_value(i: Any) -> Any:
+    if isinstance(i, slice):
+        return slice(*(_index_value(p) for p in (i.start, i.stop, i.step)))
+    return _value(i) if isinstance(i, torch.fx.Node) else i
+
+
+def _basic_index(i: Any) -> bool:
+    """An index that selects a view (no tensor, list or bool: those make index_put_)."""
+    if isinstance(i, slice):
+        return all(_basic_index(p) for p in (i.start, i.stop, i.step))
+    return i is None or i is Ellipsis or isinstance(i, torch.SymInt) or (isinstance(i, int) and not isinstance(i, bool))
+
+
 def _writes_data(name: str) -> bool:
     """An ATen in-place op (``add_``), but not one that only changes a view's metadata
     (``unsqueeze_``, ``t_``: tagged inplace_view) nor a flag (``requires_grad_``: not ATen)."""
@@ -166,8 +201,10 @@ def _partly_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if statically_known_true(a_begin == b_begin) and statically_known_true(a_end == b_end):
         return not (a.dtype == b.dtype and _known_equal(a.shape, b.shape) and _known_equal(a.stride(), b.stride()))
-    # (symbolic ranges that may intersect count as intersecting: eager's kernels then decide)
-    return not statically_known_true(a_end <= b_begin) and not statically_known_true(b_end <= a_begin)
+    # symbolic ranges apart for these sizes (x[-1] and x[0]: n <= n * (n - 1)) are guarded apart,
+    # so that sizes where they meet recompile and run eagerly; not only where provably apart
+    # for every size, which sent every dynamic graph writing a row read from another eagerly
+    return not guard_or_false(a_end <= b_begin) and not guard_or_false(b_end <= a_begin)
 
 
 def _known_equal(xs: tuple[Any, ...], ys: tuple[Any, ...]) -> bool:

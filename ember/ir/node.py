@@ -89,6 +89,21 @@ class ExternCall:
         return op_name(self.target)
 
 
+@dataclass(frozen=True)
+class SizeCheck:
+    """A check of sizes eager makes on the host (Graph.size_checks): ``value`` (a size
+    expression) must lie within [low, high], else the program raises ``error`` (a builtin
+    exception's name, eager's type) with ``message``, or warns it where ``warn`` (a builtin
+    warning's name: var's degrees of freedom)."""
+
+    value: sympy.Expr
+    low: int
+    high: int
+    error: str
+    message: str
+    warn: bool = False
+
+
 @dataclass(frozen=True, eq=False)
 class TensorConst:
     name: str
@@ -327,12 +342,15 @@ class Graph:
     node as an input or another output (a clone is the value it copies; CSE merges equal values).
     ``effects``: ATen calls that return nothing but must run, in graph order (the checks of
     ``torch._assert_async``: one_hot's class bounds).
+    ``size_checks``: eager's errors that only the run-time sizes decide (an int64 arange whose
+    count overflows), checked by the host program before a kernel reads those sizes.
     """
 
     def __init__(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node],
                  name: str = "graph", scalar_outputs: frozenset[int] = frozenset(),
                  output_strides: Sequence[sh.Shape | None] = (), totals: dict[sympy.Symbol, int] | None = None,
-                 fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = ()):
+                 fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = (),
+                 size_checks: Sequence[SizeCheck] = ()):
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes = list(nodes)
@@ -342,16 +360,18 @@ class Graph:
         self.totals = dict(totals or {})
         self.fresh_outputs = fresh_outputs
         self.effects = tuple(effects)
+        self.size_checks = tuple(size_checks)
 
     @classmethod
     def from_outputs(cls, inputs: Sequence[Node], outputs: Sequence[Node | None], name: str = "graph",
                      scalar_outputs: frozenset[int] = frozenset(),
                      output_strides: Sequence[sh.Shape | None] = (),
                      totals: dict[sympy.Symbol, int] | None = None,
-                     fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = ()) -> Graph:
+                     fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = (),
+                     size_checks: Sequence[SizeCheck] = ()) -> Graph:
         """A graph holding exactly the nodes the outputs and effects need (plus all inputs)."""
         return cls(inputs, outputs, toposort(list(inputs) + [o for o in outputs if o is not None] + list(effects)),
-                   name, scalar_outputs, output_strides, totals, fresh_outputs, effects)
+                   name, scalar_outputs, output_strides, totals, fresh_outputs, effects, size_checks)
 
     def users(self) -> dict[Node, list[Node]]:
         result: dict[Node, list[Node]] = {n: [] for n in self.nodes}
@@ -363,7 +383,7 @@ class Graph:
     def with_nodes(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node],
                    effects: Sequence[Node] | None = None) -> Graph:
         return Graph(inputs, outputs, nodes, self.name, self.scalar_outputs, self.output_strides, self.totals,
-                     self.fresh_outputs, self.effects if effects is None else effects)
+                     self.fresh_outputs, self.effects if effects is None else effects, self.size_checks)
 
     def __str__(self) -> str:
         from .printer import format_graph
@@ -513,4 +533,4 @@ def record_ragged_totals(graph: Graph) -> Graph:
     is still offsets[-1] once nothing searches the offsets."""
     totals = {s: graph.inputs.index(n) for s, n in ragged_totals(graph).items()}
     return Graph(graph.inputs, graph.outputs, graph.nodes, graph.name, graph.scalar_outputs,
-                 graph.output_strides, totals, graph.fresh_outputs, graph.effects)
+                 graph.output_strides, totals, graph.fresh_outputs, graph.effects, graph.size_checks)

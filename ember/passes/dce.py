@@ -14,5 +14,6 @@ def dce(graph: Graph) -> Graph:
     nodes = [n for n in graph.nodes if n in needed]
     if len(nodes) != len(needed):  # (a node the list lacks: place every needed one afresh)
         return Graph.from_outputs(graph.inputs, graph.outputs, graph.name, graph.scalar_outputs,
-                                  graph.output_strides, graph.totals, graph.fresh_outputs, graph.effects)
+                                  graph.output_strides, graph.totals, graph.fresh_outputs, graph.effects,
+                                  graph.size_checks)
     return graph.with_nodes(graph.inputs, graph.outputs, nodes)

@@ -106,11 +106,13 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202 -- torch.library
     spread = grad[rows]  # each packed row gets its segment's gradient
     if ctx.reduce == "sum":
         return spread, None, None
-    # amax/amin: the gradient goes to the row's extremes, split evenly between ties (as amax)
+    # amax/amin: the gradient goes to the row's extremes, split evenly between ties. Written as
+    # amax's backward (grad / count * mask), not as a where: a row whose extreme is NaN has no
+    # element equal to it (count 0), and amax's gradient is NaN there, not a silent 0
     values, output = saved
-    hit = values == output[rows]
-    count = segment_reduce(hit.to(grad.dtype), offsets, "sum")
-    return torch.where(hit, spread / count[rows], 0), None, None
+    hit = (values == output[rows]).to(grad.dtype)
+    count = segment_reduce(hit, offsets, "sum")
+    return spread / count[rows] * hit, None, None
 
 
 segment_reduce.register_autograd(_backward, setup_context=_setup_context)

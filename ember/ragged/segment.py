@@ -94,4 +94,6 @@ def jagged_softmax(r: Ragged) -> Ragged:
     shift = segment_reduce(x.detach(), r.offsets, "amax")
     e = torch.exp(x - shift[row_ids])
     out = e / _sum_rows(e, r.offsets)[row_ids]
-    return Ragged._make(out.to(r.dtype), r.offsets, r.max_length)
+    # r._max_length, not r.max_length: a Ragged built in compiled code without one finds it
+    # when read, and reading it here would break the graph (a host sync) just to pass it on
+    return Ragged._make(out.to(r.dtype), r.offsets, r._max_length)

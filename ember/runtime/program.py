@@ -12,6 +12,7 @@ import math
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -211,9 +212,9 @@ class CompiledProgram:
             self.timings.setdefault(kernel, []).append(ms)
             log(4, f"{name}: {kernel} {ms:.3f} ms", cfg)
 
-        ns = {"torch": torch, "math": math, **_fast_allocators(), "advise_huge": make_advise_huge(cfg),
-              "relayout": relayout, "as_traced": as_traced, "in_graphed_step": capture.in_graphed_step,
-              "thread_error_flag": thread_error_flag,
+        ns = {"torch": torch, "math": math, "warnings": warnings, **_fast_allocators(),
+              "advise_huge": make_advise_huge(cfg), "relayout": relayout, "as_traced": as_traced,
+              "in_graphed_step": capture.in_graphed_step, "thread_error_flag": thread_error_flag,
               "check_error_flag": check_error_flag, "timed": timed, **namespace}
         filename = f"<ember wrapper {name}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
