@@ -13,12 +13,29 @@ import ember
 from .helpers import assert_same
 
 
+def _ember_installed() -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("ember")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+# backend="ember" is registered by the package's entry point: a tree run without installing it
+# (the GPU machines' copies) has none
+by_name = pytest.mark.skipif(not _ember_installed(), reason="ember is not pip-installed here (its entry point)")
+
+
+@by_name
 def test_torch_compile_backend_by_name():
     fn = torch.compile(lambda x: torch.relu(x) * 2, backend="ember")
     x = torch.randn(16)
     assert_same(fn(x), torch.relu(x) * 2)
 
 
+@by_name
 def test_backend_takes_options():
     fn = torch.compile(lambda x: x.exp() + 1, backend="ember", options={"fusion": False})
     x = torch.randn(16)

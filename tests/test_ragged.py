@@ -336,7 +336,7 @@ def test_collate_tuples():
     assert ids._values_buffer is ids._offsets_buffer is feats._offsets_buffer
     assert feats._values_buffer.numel() == 7 * 4 and feats._values_buffer.dtype == torch.float32
     assert ids._values_buffer.numel() == 10 + 2 * 4
-    assert not feats.values.is_pinned()  # no accelerator here: nothing pinned
+    assert feats.values.is_pinned() == torch.cuda.is_available()  # (pinned where an accelerator is)
     assert feats.max_length == 5 and ids.max_length == 6
 
 
@@ -455,3 +455,15 @@ def test_segment_sum_counts_bools_and_max_length_takes_any_integer():
     assert torch.equal(ember.compile(ragged.segment_sum)(r), expected)
     with pytest.raises(TypeError, match="max_length"):
         ragged.Ragged(torch.ones(4), torch.tensor([0, 4]), max_length=4.0)
+
+
+def test_collate_pins_nothing_in_a_dataloader_worker(monkeypatch):
+    # a worker forked after the main process initialized CUDA cannot pin ("CUDA error:
+    # initialization error" in every batch); DataLoader(pin_memory=True) pins in the main process
+    import importlib
+
+    collate_module = importlib.import_module("ember.ragged.collate")  # (the package's collate is the function)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert collate_module._should_pin(None)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    assert not collate_module._should_pin(None)

@@ -489,6 +489,8 @@ def test_margin_losses_at_the_margin_and_with_nan_match_eager(loss):
 def test_group_norm_gradients_over_empty_groups_match_eager(shape):
     # torch's decomposition of the backward divides by the group's size (0): the whole training
     # graph ran eagerly with a warning. Eager's weight gradient over 0 pixels is NaN.
+    if not shape[1] and torch.device(DEVICE).type == "cuda":
+        pytest.skip("eager's CUDA kernel fails over 0 channels (cudaErrorInvalidValue)")
     fn = lambda x, w, b: F.group_norm(x, 2 if shape[1] else 1, w, b)  # noqa: E731
     x = torch.randn(shape, device=DEVICE, requires_grad=True)
     w, b = (torch.randn(shape[1], device=DEVICE, requires_grad=True) for _ in range(2))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils.data
 
 from .tensor import Ragged
 
@@ -64,7 +65,8 @@ def collate(batch: Sequence[Any], *, ragged_fields: Iterable[Hashable] | None = 
     * All ragged fields are packed into one flat buffer (a region per dtype, their offsets in the
       int64 region), and the ``Ragged`` objects are views of it; see the module docstring and
       ``to_device``.
-    * ``pin_memory=None`` pins host buffers (and dense fields) if ``torch.cuda.is_available()``;
+    * ``pin_memory=None`` pins host buffers (and dense fields) if ``torch.cuda.is_available()``,
+      except in a DataLoader's worker process (pass ``pin_memory=True`` to the DataLoader);
       ``True`` without an accelerator warns and does not pin (pinning raises there).
 
     Returns the samples' container type: a tuple (or list, or namedtuple) or a dict. Inputs are
@@ -251,7 +253,10 @@ def _is_view_of(tensor: torch.Tensor, buffer: torch.Tensor) -> bool:
 
 def _should_pin(pin_memory: bool | None) -> bool:
     if pin_memory is None:
-        return torch.cuda.is_available()
+        # not in a DataLoader's worker: a worker forked from a process that has initialized CUDA
+        # cannot pin (CUDA raises "initialization error"), and its batch reaches the main process
+        # through shared memory, unpinned, anyway (DataLoader(pin_memory=True) pins it there)
+        return torch.cuda.is_available() and torch.utils.data.get_worker_info() is None
     if pin_memory and not _accelerator_available():
         warnings.warn("collate: pin_memory=True but no accelerator is available; not pinning", stacklevel=3)
         return False
