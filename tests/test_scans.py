@@ -53,6 +53,40 @@ def test_scan_edges_match_eager():
         check(f, torch.randn(2, 9000))  # (GPUs: several chunks a row, in both CUDA layouts)
 
 
+def _ties_nan_zeros(shape, dtype=torch.float32):
+    """Elements drawn from few values: ties, NaN, +-0.0 and infinities (only their range for
+    integers and bools)."""
+    values = torch.tensor([0.0, -0.0, 1.0, float("nan"), -1.0, float("inf"), float("-inf"), 1.0])
+    if not dtype.is_floating_point:
+        values = torch.tensor([0, 1, 2, -1, 1, 0, 2, 1]) if dtype is not torch.bool else torch.arange(8) % 2
+    return values[torch.randint(0, 8, shape, generator=torch.Generator().manual_seed(0))].to(dtype)
+
+
+def _extrema(x, dim):
+    values, indices = x.cummax(dim)
+    low, where = x.cummin(dim)
+    if x.dtype.is_floating_point:  # (-0.0 replaces 0.0 on a tie: compared through their sign bits)
+        return values, indices, low, where, values.signbit(), low.signbit()
+    return values, indices, low, where
+
+
+def test_cummax_cummin_match_eager():
+    """Values and indices, exactly: ties take the later index, a NaN sticks with its latest
+    index, -0.0 replaces 0.0; over dtypes, dims, sizes 0 and 1, strided and transposed inputs."""
+    def fn(f, h, b, d, i, u, m, e0, e1):
+        return (*_extrema(f, 1), *_extrema(f, 0), *_extrema(f.t()[::2], 1), *_extrema(h * 2, -1),
+                *_extrema(b, 0), *_extrema(d, 2), *_extrema(i, 1), *_extrema(u, 0), *_extrema(m, 1),
+                *_extrema(e0, 1), *_extrema(e1, 1), *_extrema(e0[0, 0], 0))
+
+    args = [_ties_nan_zeros((6, 300)), _ties_nan_zeros((4, 33), torch.float16),
+            _ties_nan_zeros((33, 4), torch.bfloat16), _ties_nan_zeros((2, 3, 17), torch.float64),
+            _ties_nan_zeros((3, 40), torch.int32), _ties_nan_zeros((9, 2), torch.uint8),
+            _ties_nan_zeros((3, 40), torch.bool), torch.randn(3, 1), torch.randn(3, 0)]
+    report = check(fn, *args)
+    assert not report.fallbacks
+    check(lambda x: _extrema(x, -1), torch.randint(-50, 50, (2, 70), dtype=torch.int8))
+
+
 def test_producers_and_consumers_fuse():
     def position_ids(x, mask):  # an attention mask's positions, and a pointwise producer
         return mask.long().cumsum(-1) - 1, (torch.relu(x) + 1).cumsum(-1) * 2
@@ -75,7 +109,8 @@ def test_reversed_scans_and_gradients():
         assert re.search(r"for \(int64_t r0 = \d+ - 1; r0 >= 0; --r0\)", k.source), k.source
     x = torch.randn(4, 30, requires_grad=True)
     for f in (lambda x: (x.cumsum(-1) ** 2).sum(), lambda x: (x.logcumsumexp(-1) ** 2).sum(),
-              lambda x: (x.cumprod(0) ** 2).sum()):
+              lambda x: (x.cumprod(0) ** 2).sum(), lambda x: (x.cummax(1).values * x).sum(),
+              lambda x: (x.round().cummin(0)[0] ** 2).sum()):  # (round: ties share the gradient's index)
         (expected,) = torch.autograd.grad(f(x), x)
         report = ember.Report()
         (got,) = torch.autograd.grad(ember.compile(f, report=report)(x), x)
@@ -110,7 +145,7 @@ def test_offsets_from_lengths_are_one_scan_kernel():
 
 
 def test_symbolic_lengths_one_compile():
-    fn = lambda x: (x * 2).cumsum(-1) + x.logcumsumexp(0)  # noqa: E731
+    fn = lambda x: (x * 2).cumsum(-1) + x.logcumsumexp(0) + x.cummax(-1)[0] * x.cummin(0)[1]  # noqa: E731
     fast = ember.compile(fn, dynamic=True)
     before = ember.stats()["graphs_compiled"]
     for n in (5, 9, 100):
@@ -131,6 +166,8 @@ def test_triton_scans(options):
     x[1, 2], x[2, 3], x[0, 1] = float("nan"), float("inf"), float("-inf")
     check(lambda x: (x.logcumsumexp(1), x.flip(1).cumsum(1).flip(1)), x, options=options)
     check(lambda m: m.cumsum(0) - 1, torch.randint(0, 2, (33,)), options=options)
+    check(lambda x, i: (*_extrema(x, 1), *_extrema(i, 0)), _ties_nan_zeros((3, 37)),
+          _ties_nan_zeros((37, 2), torch.int64), options=options)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not installed")
@@ -146,10 +183,19 @@ def test_cuda_scans_compile_for_sm90(tmp_path):
         (lambda x: x.cumsum(1, dtype=torch.int32), torch.randint(0, 9, (4, 40), dtype=torch.int32)),
         # chained scans of int8 (a block-wide scan of 8-bit integers, whose shuffles give int32)
         (lambda x: x.cumsum(1, dtype=torch.int8).cumprod(1), torch.randint(-3, 3, (4, 40), dtype=torch.int8)),
+        # cummax, cummin: values and indices (the indices' scan reads the values': chained), and
+        # values alone (warps' runs) of 8- and 16-bit integers and floats
+        (lambda x: (*x.cummax(1), *x.cummin(-1)), torch.randn(5, 70)),
+        (lambda x: (x.cummax(1).values, x.cummin(1).values * 2), torch.randn(5, 70).bfloat16()),
+        (lambda x: x.cummin(-1), torch.randint(0, 9, (5, 70), dtype=torch.int8)),
+        (lambda x: (x.cummin(-1).values, x.short().cummax(-1).values), torch.randint(0, 9, (5, 70), dtype=torch.uint8)),
+        (lambda x: x.cummax(-1), torch.rand(5, 70) > 0.5),
         # along a dim whose elements are far apart: lanes take adjacent rows (no shuffles)
         (lambda x: (x.cumsum(0), x.flip(1).logcumsumexp(1).flip(1)), torch.randn(70, 3, 100).bfloat16()),
         (lambda x: x.cumsum(0) - 1, torch.randint(0, 2, (300, 33))),
+        (lambda x: (x.cummin(0).values, x.double().cummax(0).values), torch.randn(300, 33).half()),
     ]
+    first_columns = 14
     sources = []
     for i, (fn, x) in enumerate(cases):
         report = ember.explain(fn, x, target="cuda")
@@ -157,7 +203,7 @@ def test_cuda_scans_compile_for_sm90(tmp_path):
         for k in report.kernels:
             columns = "strategy: scan columns" in k.source
             assert "strategy: scan" in k.source and (columns or re.search(r"ember_(block_scan|warp_scan)<", k.source))
-            assert columns or i < 9, k.source
+            assert columns or i < first_columns, k.source
             sources.append(re.sub(rf"\b{re.escape(k.name)}(?=(_body|_i64)?\b)", f"{k.name}_{i}", k.source))
     path = tmp_path / "scans.cu"
     path.write_text(cuda.PRELUDE + "\n" + "\n\n".join(sources) + "\n")

@@ -154,8 +154,10 @@ def eval_node(node: Node, args: Sequence[Any], sizes: Sizes) -> Any:
 
 
 def scan(x: torch.Tensor, arg: Any) -> torch.Tensor:
-    """Op.SCAN: eager's cumsum / cumprod / logcumsumexp (16-bit floats accumulate in float32)."""
-    fn = {"sum": torch.cumsum, "prod": torch.cumprod, "logsumexp": torch.logcumsumexp}[arg.combine]
+    """Op.SCAN: eager's cumsum / cumprod / logcumsumexp / cummax / cummin's values (16-bit floats
+    accumulate in float32)."""
+    fn = {"sum": torch.cumsum, "prod": torch.cumprod, "logsumexp": torch.logcumsumexp,
+          "max": lambda x, d: torch.cummax(x, d).values, "min": lambda x, d: torch.cummin(x, d).values}[arg.combine]
     if arg.reverse:
         return fn(x.flip(arg.dim), arg.dim).flip(arg.dim)
     return fn(x, arg.dim)

@@ -168,6 +168,15 @@ template <typename T> EMBER_FN T ember_logaddexp(T x, T y) {
   return x;  // (both the same infinity)
 }
 
+// cummax's and cummin's step, as eager's (cummax_cummin_helper): x, the next element, replaces
+// the best so far where it is NaN, or the best is not and x is >= it (<=): ties take the later
+template <typename T> EMBER_FN T ember_scan_max(T best, T x) {
+  return x != x || (best == best && x >= best) ? x : best;
+}
+template <typename T> EMBER_FN T ember_scan_min(T best, T x) {
+  return x != x || (best == best && x <= best) ? x : best;
+}
+
 #pragma omp declare reduction(emax : float : omp_out = ember_max(omp_out, omp_in)) initializer(omp_priv = -INFINITY)
 #pragma omp declare reduction(emin : float : omp_out = ember_min(omp_out, omp_in)) initializer(omp_priv = INFINITY)
 #pragma omp declare reduction(emax : double : omp_out = ember_max(omp_out, omp_in)) initializer(omp_priv = -INFINITY)

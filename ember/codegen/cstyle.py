@@ -257,8 +257,22 @@ def scan_acc_type(lang: Language, v: Value) -> str:
     return lang.sum_acc_f32 if ctype == "float" and not v.dtype.is_low_precision else ctype
 
 
+def int_bound(dtype: dt.DType, top: bool) -> int:
+    """An integer dtype's largest value (``top``) or its smallest."""
+    bits = 8 * dtype.itemsize - (dtype.kind == "i")
+    if top:
+        return 2 ** bits - 1
+    return -(2 ** bits) if dtype.kind == "i" else 0
+
+
 def scan_init(lang: Language, v: Value) -> str:
     acc = scan_acc_type(lang, v)
+    if v.arg.combine in ("max", "min"):  # (below or above every value of the dtype: the neutral)
+        if v.dtype.is_float:
+            return f"{'-' if v.arg.combine == 'max' else ''}({acc})INFINITY"
+        bound = int_bound(v.dtype, v.arg.combine == "min")
+        # (INT64_MIN has no literal: its negation overflows)
+        return f"({acc})({bound + 1}LL - 1)" if bound < 0 else f"({acc}){bound}LL"
     return {"sum": f"({acc})0", "prod": f"({acc})1", "logsumexp": f"-({acc})INFINITY"}[v.arg.combine]
 
 
@@ -268,6 +282,8 @@ def scan_combine(v: Value, acc: str, x: str) -> str:
         return f"{acc} + {x}"
     if v.arg.combine == "prod":
         return f"{acc} * {x}"
+    if v.arg.combine in ("max", "min"):  # (cummax's rule: ember_scan_max in the preludes)
+        return f"ember_scan_{v.arg.combine}({acc}, {x})"
     return f"ember_logaddexp({x}, {acc})"
 
 

@@ -49,6 +49,16 @@ EMBER_FN double ember_logaddexp(double x, double y) {
 // combines of an earlier value a and a later b
 struct EmberScanSum { template <typename T> EMBER_FN T operator()(T a, T b) const { return a + b; } };
 struct EmberScanProd { template <typename T> EMBER_FN T operator()(T a, T b) const { return a * b; } };
+// cummax's and cummin's step, as eager's: the later element replaces the best where it is NaN, or
+// the best is not and it is >= (<=) the best (b: an 8- or 16-bit integer's shuffle gives int32)
+template <typename T, typename U> EMBER_FN T ember_scan_max(T a, U b) {
+  return b != b || (a == a && b >= a) ? (T)b : a;
+}
+template <typename T, typename U> EMBER_FN T ember_scan_min(T a, U b) {
+  return b != b || (a == a && b <= a) ? (T)b : a;
+}
+struct EmberScanMax { template <typename T> EMBER_FN T operator()(T a, T b) const { return ember_scan_max(a, b); } };
+struct EmberScanMin { template <typename T> EMBER_FN T operator()(T a, T b) const { return ember_scan_min(a, b); } };
 struct EmberScanLogsumexp {
   template <typename T> EMBER_FN T operator()(T a, T b) const { return ember_logaddexp(b, a); }
 };

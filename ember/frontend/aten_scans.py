@@ -1,4 +1,5 @@
-"""Lowerings of cumulative scans: cumsum, cumprod and logcumsumexp, each an Op.SCAN along a dim.
+"""Lowerings of cumulative scans: cumsum, cumprod, logcumsumexp, cummax and cummin, each an Op.SCAN
+along a dim (cummax and cummin two: their values, then their indices).
 
 A scan is a kernel of its own kind (schedule/domains.py): each row along the dim is walked in
 order, its producers fused into its loads and its pointwise consumers into its stores. Before
@@ -11,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.node import Node, ScanArg
 from ..ir.ops import Op
@@ -40,3 +42,38 @@ def _scan(ctx: Context, x: Node, dim: int, *, dtype: Any = None) -> Node:
     if sh.is_one(x.shape[d]) or any(sh.equal(s, 0) for s in x.shape):
         return x  # one element along the dim (its own scan), or none at all
     return ctx.make(Op.SCAN, (x,), ScanArg(combine, d))
+
+
+_EXTREMUM = {"aten.cummax": "max", "aten.cummin": "min"}
+
+
+@register(aten.cummax.default, aten.cummin.default)
+def _cummax_cummin(ctx: Context, x: Node, dim: int) -> tuple[Node, Node]:
+    """Values and indices as eager's rule (ATen's cummax_cummin_helper): an element replaces the
+    best so far where it is NaN, or where the best is not NaN and it is >= it (<= for cummin): ties
+    take the later index, a NaN sticks (the latest NaN's index), -0.0 replaces 0.0. The values are
+    a scan of that combine; the indices need no pair of carries: element j replaced the best
+    exactly where the values' scan at j is x[j] itself (equal, or both NaN: where it did not, the
+    best stayed strictly beyond x[j], or NaN against a number), so the index at i is the last such
+    j <= i, a running max of ``j where replaced else 0`` (element 0 always replaces)."""
+    combine = _EXTREMUM[ctx.aten]
+    values_dtype = x.dtype
+    if x.dtype.is_bool:  # (bools scanned as 0 and 1: the same order)
+        x = ctx.cast(x, dt.uint8)
+    if x.rank == 0 and dim not in (-1, 0):  # (the trace lets it by: ATen raises eager's IndexError)
+        raise Unsupported(f"{ctx.aten} of a 0-d tensor along dim {dim}")
+    shape = x.shape
+    d = dim % x.rank if x.rank else 0
+    if x.rank == 0 or sh.is_one(shape[d]) or any(sh.equal(s, 0) for s in shape):
+        # one element along the dim (its own best, index 0), or none at all
+        return ctx.cast(x, values_dtype), ctx.expand_to(ctx.const(0, dt.int64), shape)
+    values = ctx.make(Op.SCAN, (x,), ScanArg(combine, d))
+    replaced = ctx.make(Op.EQ, (values, x))
+    if x.dtype.is_float:
+        both_nan = ctx.make(Op.AND, (ctx.make(Op.ISNAN, (values,)), ctx.make(Op.ISNAN, (x,))))
+        replaced = ctx.make(Op.OR, (replaced, both_nan))
+    positions = ctx.make(Op.IOTA, (), (shape[d], 0, 1), dtype=dt.int64)
+    positions = ctx.expand_to(ctx.reshape(positions, [s if i == d else 1 for i, s in enumerate(shape)]), shape)
+    taken = ctx.make(Op.WHERE, (replaced, positions, ctx.expand_to(ctx.const(0, dt.int64), shape)))
+    indices = ctx.make(Op.SCAN, (taken,), ScanArg("max", d))
+    return ctx.cast(values, values_dtype), indices

@@ -48,7 +48,7 @@ class InputSpec:
     item: sympy.Symbol | None = None
 
 
-SCAN_COMBINES = ("sum", "prod", "logsumexp")
+SCAN_COMBINES = ("sum", "prod", "logsumexp", "max", "min")  # (max, min: cummax, cummin's values)
 
 
 @dataclass(frozen=True)

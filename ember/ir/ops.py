@@ -111,7 +111,8 @@ class Op(Enum):
 
     # --- scans: arg = ScanArg (combine, dim, reverse); output = input's shape and dtype -----------
     SCAN = "scan"              # out[.., i, ..] = x[.., 0, ..] (+) .. (+) x[.., i, ..] along dim (from the
-    #                            end when reverse): cumsum, cumprod, logcumsumexp. 16-bit floats
+    #                            end when reverse): cumsum, cumprod, logcumsumexp, and cummax,
+    #                            cummin's values (eager's tie and NaN rule). 16-bit floats
     #                            accumulate in float32 and round each result, as eager does
 
     # --- data-dependent indexing ----------------------------------------------------------------

@@ -71,7 +71,7 @@ def flipped_dim(node: Node, x: Node | None) -> int | None:
 
 
 # each combine's neutral element: a prefix of it leaves the scan's later values unchanged
-_NEUTRAL = {"sum": 0, "prod": 1, "logsumexp": -math.inf}
+_NEUTRAL = {"sum": 0, "prod": 1, "logsumexp": -math.inf, "max": -math.inf, "min": math.inf}
 
 
 def padded_scans(graph: Graph) -> Graph:

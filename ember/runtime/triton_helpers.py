@@ -525,3 +525,15 @@ def logaddexp(a, b):
     same_inf = (lo == hi) & (tl.abs(lo) == float("inf"))
     out = log1p(tl.exp(tl.where(same_inf, 0.0, lo) - tl.where(same_inf, 1.0, hi))) + hi
     return tl.where((a != a) | (b != b), a + b, tl.where(same_inf, a, out))
+
+
+@triton.jit
+def scan_max(a, b):
+    """cummax's combine, as eager's step: b, the later, replaces a where it is NaN, or a is not
+    and b >= a (ties take the later: -0.0 replaces 0.0)."""
+    return tl.where((b != b) | ((a == a) & (b >= a)), b, a)
+
+
+@triton.jit
+def scan_min(a, b):
+    return tl.where((b != b) | ((a == a) & (b <= a)), b, a)
