@@ -48,7 +48,7 @@ from .frontend.dynamo import GraphCompiler, make_backend
 from .frontend.lowering import storage_of
 from .runtime import capture
 from .runtime.choice import TimedChoice
-from .runtime.program import CompiledProgram
+from .runtime.program import CompiledProgram, boxed, eager_for_batched_calls
 
 try:  # private torch API: without it (or any piece below), ember compiles as it did before
     from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
@@ -106,7 +106,7 @@ def cached_backend(compile_graph: GraphCompiler, cfg: Config) -> Backend:
         # the entry is saved by now (the backward was compiled with the forward), or never will
         # be: the IR need not stay alive with the program
         for code in made:
-            code._plan = None
+            code._plan = code._eager = None
         return compiled
 
     return backend
@@ -227,7 +227,8 @@ def _serializable(kind: str, compile_fn: Callable[[torch.fx.GraphModule, Sequenc
         plan = None
         if isinstance(program, (CompiledProgram, TimedChoice)):
             plan, program.plan = program.plan, None
-        made.append(EmberOutputCode(program, kind, cfg, plan, time.perf_counter_ns() - start, baked))
+        made.append(EmberOutputCode(program, kind, cfg, plan, time.perf_counter_ns() - start, baked,
+                                    eager=gm if kind == "backward" else None))
         return made[-1]
     return SerializableAOTDispatchCompiler(EmberOutputCode, compile_and_wrap)
 
@@ -250,8 +251,11 @@ class EmberOutputCode(OutputCode):
 
     def __init__(self, program: Callable[..., Any], kind: str, cfg: Config,
                  plan: tuple[Any, Any] | list[tuple[Any, Any]] | None, time_taken_ns: int,
-                 baked: tuple[int, ...] = ()):
+                 baked: tuple[int, ...] = (), eager: torch.fx.GraphModule | None = None):
         self._boxed_call = True
+        # a backward's ATen graph, which a hit's program runs for vmap's batched gradients
+        # (runtime/program.py eager_for_batched_calls), as the compiled one does
+        self._eager = eager
         self._baked = baked  # (_scalar_floats' positions, of the floats held as constants)
         self._kind = kind
         self._cfg = cfg
@@ -278,6 +282,7 @@ class EmberOutputCode(OutputCode):
     def prepare_for_serialization(self) -> None:
         """Runs on a copy, right before torch pickles the entry."""
         self._plan_bytes = self._pickled_plan()
+        self._eager = self._pickled_eager()
         self._plan = None
         self._set_program(None)
 
@@ -292,12 +297,24 @@ class EmberOutputCode(OutputCode):
         except Exception as e:  # noqa: BLE001 -- whatever does not pickle is simply not cached
             raise BypassAOTAutogradCache(f"ember: the plan does not pickle ({type(e).__name__}: {e})") from e
 
+    def _pickled_eager(self) -> bytes | None:
+        if self._eager is None or isinstance(self._eager, bytes):
+            return self._eager
+        try:
+            return pickle.dumps(self._eager)
+        except Exception as e:  # noqa: BLE001 -- a hit without it would crash on batched gradients
+            raise BypassAOTAutogradCache(f"ember: the backward's ATen graph does not pickle "
+                                         f"({type(e).__name__}: {e})") from e
+
     def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
         """On a cache hit: build the program from the plan. Any failure propagates, and torch
         then compiles the graph afresh."""
         if self._program is None:
             self._cfg = _loading_cfg.get() or self._cfg
-            self._set_program(driver.rebuild(_load_plan(self._plan_bytes), self._kind, self._cfg))
+            program = driver.rebuild(_load_plan(self._plan_bytes), self._kind, self._cfg)
+            if isinstance(self._eager, bytes):
+                eager_for_batched_calls(program, boxed(pickle.loads(self._eager)))
+            self._set_program(program)
             baked = _loaded_baked.get()
             if baked is not None:
                 baked.update(self._baked)
@@ -309,13 +326,14 @@ class EmberOutputCode(OutputCode):
 
     def __getstate__(self) -> dict[str, Any]:
         return {"kind": self._kind, "cfg": self._cfg, "plan": self._pickled_plan(), "ns": self._time_taken_ns,
-                "baked": self._baked}
+                "baked": self._baked, "eager": self._pickled_eager()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._boxed_call = True
         self._kind, self._cfg, self._plan_bytes = state["kind"], state["cfg"], state["plan"]
         self._time_taken_ns = state["ns"]
         self._baked = state.get("baked", ())
+        self._eager = state.get("eager")  # (pickled)
         self._plan = None
         self._set_program(None)
 

@@ -29,11 +29,12 @@ from .frontend.dynamo import donated_inputs
 from .frontend.lowering import lower_graph, shape_env_of
 from .ir.node import Graph
 from .ir.ops import Op
+from .passes.fold import unit_reductions
 from .passes.pipeline import run_pipeline
 from .runtime import capture, stats
 from .runtime.backend import BuiltKernels, backend_name, get_backend
 from .runtime.choice import CudaClock, HostClock, TimedChoice
-from .runtime.program import CompiledProgram, boxed, group_fallback
+from .runtime.program import CompiledProgram, boxed, eager_for_batched_calls, group_fallback
 from .runtime.triton_matmul import wait_for_kernels
 from .schedule.fusion import plan
 from .schedule.steps import KernelStep, Schedule
@@ -66,6 +67,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
         warn_once(f"{type(e).__name__}:{e}", f"ember could not compile graph {name} ({report.error}); "
                   "it runs through ATen. Set EMBER_DEBUG=1 for details.")
         program = boxed(gm)
+    if kind == "backward" and isinstance(program, (CompiledProgram, TimedChoice)):
+        eager_for_batched_calls(program, boxed(gm))  # (vmap's batched gradients: ATen batches them)
     report.compile_ms = (time.perf_counter() - start) * 1e3
     stats.add_time("compile_seconds", report.compile_ms / 1e3)
     if sink is not None:
@@ -176,6 +179,7 @@ def _planned_graph(gm: torch.fx.GraphModule, name: str, cfg: Config, donated: fr
         return (*hit, key)
     graph = lower_graph(gm, name, donated)
     graph = run_pipeline(graph, cfg, passes)
+    graph = unit_reductions(graph)  # (the planner's need, not a pass: runs with any passes off)
     schedule = plan(graph, cfg)
     fallbacks = _fallbacks(schedule)
     if key is not None:

@@ -89,3 +89,31 @@ def test_training_graph_writing_an_inference_tensor_in_place_raises_eagers_error
             with warnings.catch_warnings(), pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
                 warnings.simplefilter("ignore", RuntimeWarning)
                 run(x)
+
+
+def test_batched_gradients_through_a_compiled_backward_match_eager():
+    # autograd.grad(..., is_grads_batched=True) and jacobian(..., vectorize=True) call the
+    # backward under torch's vmap, with batched gradients: ember's kernels read their memory,
+    # which they have none of ("Cannot access data pointer"), where eager and aot_eager compute.
+    # Compiled twice: the second compile loads the graphs from torch's AOTAutograd cache.
+    from torch._dynamo.utils import counters
+
+    def fn(x, w):
+        return torch.tanh(x @ w).sin() * x.sum(-1, keepdim=True)
+
+    x = torch.linspace(-1, 1, 6).reshape(2, 3)
+    w = torch.linspace(0.5, 1.5, 12).reshape(3, 4)
+    eye = torch.eye(8).reshape(8, 2, 4)
+
+    def batched(run):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        return torch.autograd.grad(run(xs, ws), (xs, ws), eye, is_grads_batched=True)
+
+    expected = [batched(fn), torch.autograd.functional.jacobian(fn, (x, w), vectorize=True)]
+    for _ in range(2):
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = ember.compile(fn)
+        assert_same([batched(compiled), torch.autograd.functional.jacobian(compiled, (x, w), vectorize=True)],
+                    expected)
+    assert counters["aot_autograd"]["autograd_cache_hit"] >= 1 or not ember.aot_cache.SUPPORTED

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import sympy
 import torch
@@ -9,8 +11,12 @@ import torch
 import ember
 from ember.ir import GraphBuilder, Op, dtypes, structurally_equal, verify
 from ember.passes import PIPELINE, cse, dce, fold_constants, run_pipeline, simplify_views
+from ember.passes.fold import scalar_value
 from ember.passes.onehot import one_hot_sums
+from ember.passes.pipeline import PASS_NAMES
 from ember.passes.scans import padded_scans
+
+from .helpers import assert_clean, assert_same
 
 
 def assert_pass(pass_fn, before, expected):
@@ -144,10 +150,13 @@ def test_fold_symbolic_sizes_stay_symbolic():
 def test_reduction_over_size_one_dims_is_identity():
     b = GraphBuilder()
     x = b.input((4, 1))
-    before = b.build(b.sum(x, (1,)), b.argmax(x, (1,)))
+    before = b.build(b.amax(x, (1,)), b.argmax(x, (1,)), b.sum(x, (1,)))
     after = dce(fold_constants(before))
     assert after.outputs[0] is after.inputs[0]
     assert after.outputs[1].op is Op.EXPAND and after.outputs[1].inputs[0].arg == 0
+    # eager's sum starts from 0.0: a lone -0.0 sums to 0.0, so a float sum is x + 0.0
+    total = after.outputs[2]
+    assert total.op is Op.ADD and total.inputs[0] is after.inputs[0] and scalar_value(total.inputs[1]) == 0.0
 
 
 def test_view_chains_collapse():
@@ -266,3 +275,31 @@ def test_a_scan_after_its_neutral_becomes_the_scan_of_the_padded_input():
     kept = graph(lambda b, x, z: [b.op(Op.CAT, b.op(Op.SCAN, x, arg=total), z, arg=0),
                                   b.op(Op.CAT, one(b), b.op(Op.SCAN, x, arg=total), arg=0)])
     assert_pass(padded_scans, kept, kept)
+
+
+def _unit_reductions(x, i):
+    """Reductions whose reduced dims all have size 1 (a batch of one), float and integer."""
+    return (x.sum(0), 1 / x.sum(0), torch.log_softmax(x, 0), x.amax(0) + x.argmax(0), (x > 0).any(0),
+            i.sum(0), x.mean((0, 2), keepdim=True))
+
+
+@pytest.mark.parametrize("name", PASS_NAMES)
+def test_any_pass_left_out_still_compiles_reductions_over_size_one_dims(name):
+    # fold_constants removed these reductions, and without it the planner made a kernel with no
+    # inner loop, which codegen could not render: the whole graph ran through ATen. A sum of a
+    # lone -0.0 is 0.0, as eager's sum starts from 0 (1 / sum is inf, not -inf).
+    x = torch.tensor([[-0.0, 1.5, -2.0]]).unsqueeze(-1)
+    i = torch.tensor([[3, -4, 5]], dtype=torch.int32)
+    options = {"target": "cpp", "passes_off": (name,), "skip_masked": name in ("mask_multiplies", "cse_masks")}
+    report = ember.Report()
+    got = ember.compile(_unit_reductions, options=options, report=report)(x, i)
+    assert_clean(report)
+    assert_same(got, _unit_reductions(x, i))
+    if name == "fold_constants":  # the GPU backends too: CUDA C++ rendered (not built), Triton run
+        assert not [g.error for g in ember.explain(_unit_reductions, x, i, target="cuda", options=options).graphs
+                    if g.error]
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            report = ember.Report()
+            got = ember.compile(_unit_reductions, options={**options, "target": "triton"}, report=report)(x, i)
+            assert_clean(report)
+            assert_same(got, _unit_reductions(x, i))

@@ -3,7 +3,7 @@
 * pointwise ops on constants are evaluated (with torch's own semantics, 16-bit floats in float32
   as kernels compute them, rounded once) and become constants; arithmetic on symbolic sizes stays
   symbolic;
-* reductions over size-1 dims disappear;
+* reductions over size-1 dims become casts (``unit_reduction``);
 * identities that hold bit for bit, NaN and -0.0 included: x*1, x/1, x-0, x+(-0.0), integer x+0,
   -(-x), where(constant, a, b), and casts that round-trip through a wider type (bf16->f32->bf16).
 """
@@ -52,22 +52,36 @@ _SYMBOLIC = {Op.ADD: lambda a, b: a + b, Op.SUB: lambda a, b: a - b, Op.MUL: lam
              Op.FLOORDIV: FloorDiv, Op.MAX: sympy.Max, Op.MIN: sympy.Min}
 
 
-def _fold_reduce(node: Node, x: Node) -> Node | None:
-    """A reduction over dims of size 1 is the identity (argmax/argmin: zeros)."""
-    if not all(sh.is_one(x.shape[d]) for d in node.arg):
+def unit_reduction(node: Node, x: Node) -> Node | None:
+    """A reduction over dims that all have size 1, as the pointwise op it is: its input cast to
+    its dtype (any/all: tested against 0), plus 0.0 for a float sum (eager's sum starts from
+    0.0, so a lone -0.0 sums to 0.0); argmax/argmin: zeros. None for any other reduction."""
+    if node.op not in REDUCE_OPS or not all(sh.is_one(x.shape[d]) for d in node.arg):
         return None
     if node.op in (Op.ARGMAX, Op.ARGMIN):
         c = make(Op.CONST, (), 0, dtype=node.dtype, device=node.device, origin=node.origin)
         return make(Op.EXPAND, (c,), node.shape, device=node.device) if node.shape else c
-    if x.dtype != node.dtype:
-        return None
-    return x
+    out = x if x.dtype == node.dtype else make(Op.CAST, (x,), dtype=node.dtype, device=node.device,
+                                                origin=node.origin)
+    if node.op is Op.SUM and node.dtype.is_float:
+        zero = make(Op.CONST, (), 0.0, dtype=node.dtype, device=node.device, origin=node.origin)
+        if node.shape:
+            zero = make(Op.EXPAND, (zero,), node.shape, device=node.device)
+        out = make(Op.ADD, (out, zero), None, dtype=node.dtype, device=node.device, origin=node.origin)
+    return out
+
+
+def unit_reductions(graph: Graph) -> Graph:
+    """Every reduction over size-1 dims rewritten as a pointwise op (``unit_reduction``). Not an
+    optional pass: the kernel planner needs it, as such a reduction has no loop to reduce in
+    (the driver runs it after the pipeline, whichever passes were left out)."""
+    return rewrite(graph, lambda node, inputs: unit_reduction(node, inputs[0]) if inputs else None)
 
 
 def _fold(node: Node, inputs: tuple[Node, ...]) -> Node | None:
     op = node.op
     if op in REDUCE_OPS:
-        return _fold_reduce(node, inputs[0])
+        return unit_reduction(node, inputs[0])
     if op not in POINTWISE_OPS:
         return None
     values = [scalar_value(i) for i in inputs]

@@ -133,6 +133,28 @@ def boxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:
     return call
 
 
+_functorch = torch._C._functorch
+
+
+def eager_for_batched_calls(program: Any, eager: Callable[[list[Any]], Any]) -> None:
+    """Make ``program`` (a backward's CompiledProgram or TimedChoice) run ``eager``, its ATen
+    graph in the boxed convention, when a batched tensor of torch's own vmap is among the
+    arguments. Autograd calls a backward so under ``autograd.grad(..., is_grads_batched=True)``
+    and ``autograd.functional.jacobian(..., vectorize=True)``: the incoming gradients are batched
+    tensors, which have no memory a kernel could read ("Cannot access data pointer of Tensor that
+    doesn't have storage"), where ATen's ops batch them as in eager (and as ``aot_eager``).
+    (``torch.func.vmap`` over a compiled backward is refused by AOTAutograd before it gets
+    here.) The check runs per backward call only, never in a forward."""
+    inner = program.run
+
+    def run(args: list[Any]) -> Any:
+        for a in args:
+            if isinstance(a, torch.Tensor) and _functorch.is_legacy_batchedtensor(a):
+                return eager(args)
+        return inner(args)
+
+    program.run = run
+
 _THREAD = threading.local()
 
 
