@@ -506,3 +506,45 @@ def test_one_graph_traced_under_other_guards_is_planned_again():
     for width in (8, 6, 3):
         q = torch.randint(-8, 8, (2, width), dtype=torch.int8)
         assert torch.equal(compiled(q), pack(q)), width
+
+
+@pytest.mark.parametrize("take", ["rows_from", "row_at"])
+def test_training_through_a_slice_at_a_position_read_with_item(take):
+    # y[n:] with n from .item(): the forward returns the slice's storage offset (a size only the
+    # ATen slice knows) for the backward, and nothing bound it; y[n]'s backward (select_scatter)
+    # was decomposed branching on n < 0, which an unbacked n cannot answer. Either way the
+    # whole graph ran eagerly with a warning
+    def fn(x):
+        y = x.sin()
+        n = int(y.argmax())
+        return (y[n:] if take == "rows_from" else y[n]) * 3
+
+    x = torch.randn(6, requires_grad=True)
+    ref = x.detach().clone().requires_grad_()
+    with torch._dynamo.config.patch(capture_scalar_outputs=True), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        out = ember.compile(fn)(x)
+        out.sum().backward()
+    expected = fn(ref)
+    expected.sum().backward()
+    assert_same(out, expected)
+    assert_same(x.grad, ref.grad)
+
+
+def test_writes_at_an_int_index_that_changes_compile_once_more():
+    # the in-place overlap check took the written view x[i] with Tensor.__getitem__, which read
+    # the SymInt i as an int: a guard on its value and a recompile for every index
+    def fn(x, i):
+        y = x.clone()
+        y[i] = 0.0
+        return y
+
+    ember.reset_stats()
+    compiled = ember.compile(fn)
+    for i in (2, 3, -1, 0, 4):
+        x = torch.randn(5, 3)
+        assert_same(compiled(x, i), fn(x, i))
+    # (the first index, then a symbolic one, and its sign: aot_eager compiles as many)
+    assert ember.stats()["graphs_compiled"] <= 3
+    with pytest.raises(IndexError):  # (torch's decomposition of the write ignored the range)
+        ember.compile(lambda x: torch.select_scatter(x, torch.zeros(3), 0, 7))(torch.randn(5, 3))

@@ -61,3 +61,38 @@ def test_outputs_over_a_relaid_aten_result_share_its_memory():
     assert y.stride() == want_y.stride() and row.stride() == want_row.stride()
     y.zero_()
     assert row.abs().sum().item() == 0
+
+
+@pytest.mark.parametrize("x", [torch.randn(2, 4, 5, 5).to(memory_format=torch.channels_last),
+                               torch.randn(2, 4, 3, 5, 5).to(memory_format=torch.channels_last_3d)],
+                         ids=["2d", "3d"])
+def test_global_average_pooling_of_channels_last_trains_without_aten(x):
+    # ATen gives the mean channels_last strides with an in-place as_strided_: traced, it and its
+    # gradient (an as_strided_scatter) ran through ATen, and the result came back contiguous
+    pool = F.adaptive_avg_pool2d if x.dim() == 4 else F.adaptive_avg_pool3d
+    fn = lambda x: pool(x, 1)  # noqa: E731
+    report = ember.Report()
+    got_x, want_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got, want = ember.compile(fn, report=report)(got_x), fn(want_x)
+    grad = torch.randn_like(want)
+    got.backward(grad)
+    want.backward(grad)
+    assert_same((got, got_x.grad), (want, want_x.grad))
+    assert got.stride() == want.stride() and got_x.grad.stride() == want_x.grad.stride()
+    assert report.fallbacks == []
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.empty_like(x).fill_(1) * x,
+    lambda x: F.channel_shuffle(x * 2, 3),
+], ids=["empty_like", "channel_shuffle"])
+def test_ops_over_channels_last_keep_eager_layout_without_aten(fn):
+    # empty_like of a channels_last tensor is an empty_permuted in the trace, which ran through
+    # ATen; torch's channel_shuffle decomposition returned a contiguous result (eager's keeps the
+    # input's format)
+    report = ember.Report()
+    x = _CL.clone().requires_grad_()  # (a training graph: an inference one folded the empty away)
+    got, want = ember.compile(fn, report=report)(x), fn(x)
+    assert_same(got, want)
+    assert got.stride() == want.stride()
+    assert report.fallbacks == []

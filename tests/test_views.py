@@ -122,6 +122,18 @@ def test_as_strided_with_symbolic_sizes_compiles():
             assert_same(x.grad, ref.grad)
 
 
+def test_group_norm_with_symbolic_channels_compiles():
+    # with the channels symbolic too, the as_strided's argument has strides and a storage size
+    # spelled with Max(1, c // 2): its memory order was not proved and the graph ran through ATen
+    fn = lambda x, w, b: torch.nn.functional.group_norm(x, 2, w, b)  # noqa: E731
+    compiled = ember.compile(fn, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for shape in ((2, 4, 5), (3, 6, 4)):
+            args = [torch.randn(shape), torch.randn(shape[1]), torch.randn(shape[1])]
+            assert_same(compiled(*args), fn(*args))
+
+
 def test_view_output_of_an_expanded_input_that_aten_would_copy_from_a_contiguous_one():
     # the reshape copies a contiguous (2, 3, 4) but is a view of the expanded input, with a
     # stride 0: the program replays it from the input, which planning made a kernel's root
@@ -134,3 +146,22 @@ def test_view_output_of_an_expanded_input_that_aten_would_copy_from_a_contiguous
     assert not [g.error for g in report.graphs if g.error]
     assert_same(out, fn(x))
     assert out.stride() == fn(x).stride()
+
+
+def test_slices_and_writes_with_a_symbolic_step_compile():
+    # a SymInt step (x[::k] with k an int argument Dynamo made dynamic) failed to lower and the
+    # whole graph ran through ATen; the write y[::k] = v (slice_scatter) ran as an ATen call
+    def fn(x, k):
+        y = x.clone()
+        y[1::k] = -1.0
+        return x[::k] * 2, y
+
+    report = ember.Report()
+    compiled = ember.compile(fn, dynamic=True, report=report)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for k in (2, 3, 1, 9):
+            x = torch.randn(8)
+            assert_same(compiled(x, k), fn(x, k))
+    assert not [g.error for g in report.graphs if g.error]
+    assert report.fallbacks == []

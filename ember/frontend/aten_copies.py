@@ -75,11 +75,12 @@ def _full_like(ctx: Context, x: Node, value: Any, **_: Any) -> Node:
     return ctx.operand(_filled_with(value, ctx.out_dtype), ctx.out_dtype, ctx.out_shape)
 
 
-@register(aten.empty.memory_format, aten.empty_strided.default)
+@register(aten.empty.memory_format, aten.empty_strided.default, aten.empty_permuted.default)
 def _empty(ctx: Context, size: Sequence[Any], *_: Any, **__: Any) -> Node:
     # Its values are whatever memory held, so zeros are as good as any: a circular pad's
     # decomposition fills an empty tensor slice by slice, and an ATen call here kept the
-    # fills out of the kernel
+    # fills out of the kernel. (empty_permuted is empty_like of a channels_last tensor: its
+    # layout is the traced one, which outputs come back in.)
     return ctx.operand(0, ctx.out_dtype, ctx.out_shape)
 
 

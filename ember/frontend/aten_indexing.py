@@ -135,12 +135,12 @@ def _as_strided(ctx: Context, x: Node, size: Sequence[Any], stride: Sequence[Any
     # the value whose memory it is: the argument itself where it fills its memory (a clone),
     # else the value its views start from (a slice of an exp: the exp), traced over the same memory
     base, base_meta = x, meta
-    if not _fills_its_memory(meta):
+    if not _fills_its_memory(ctx, meta):
         base = view_base(x)
         base_meta = ctx.metas.get(base)
-    order = None if base_meta is None else _memory_order(base_meta)
+    order = None if base_meta is None else _memory_order(ctx, base_meta)
     if (order is None or storage_of(base_meta) != storage_of(meta)
-            or not sh.shapes_equal(base.shape, sh.shape(base_meta.shape)) or not _fills_its_memory(base_meta)):
+            or not sh.shapes_equal(base.shape, sh.shape(base_meta.shape)) or not _fills_its_memory(ctx, base_meta)):
         # (any failure here sends the whole graph through ATen, with one warning: the IR could
         # only read the buffer in ember's own order, which is not eager's)
         raise NotImplementedError("as_strided of a computed value whose memory order the trace does not fix")
@@ -156,19 +156,22 @@ def _as_strided(ctx: Context, x: Node, size: Sequence[Any], stride: Sequence[Any
     return ctx.make(Op.INDEX, (flat, position), 0)
 
 
-def _fills_its_memory(meta: torch.Tensor) -> bool:
-    """A traced value that is all of its memory: from offset 0, dense, nothing else in it."""
+def _fills_its_memory(ctx: Context, meta: torch.Tensor) -> bool:
+    """A traced value that is all of its memory: from offset 0, dense, nothing else in it.
+    (Equalities are proved from the shape environment: symbolic strides and storage sizes are
+    spelled with ``Max(1, n)``, which is ``n`` for Dynamo's sizes of 2 or more.)"""
     numel = sh.numel(sh.shape(meta.shape))
     nbytes = sh.expr(meta.untyped_storage().nbytes())
-    return (sh.equal(nbytes, numel * meta.element_size()) and sh.equal(sh.expr(meta.storage_offset()), 0)
+    return (ctx.known_equal(nbytes, numel * meta.element_size()) and sh.equal(sh.expr(meta.storage_offset()), 0)
             and torch._prims_common.is_non_overlapping_and_dense_or_false(meta))
 
 
-def _memory_order(meta: torch.Tensor) -> list[int] | None:
+def _memory_order(ctx: Context, meta: torch.Tensor) -> list[int] | None:
     """A dense value's dims from the largest stride to the smallest: row-major where its strides
     are (symbolic ones too), else by static strides; None where they cannot be ordered."""
     shape, strides = sh.shape(meta.shape), sh.shape(meta.stride())
-    if all(sh.is_one(n) or sh.equal(st, sh.numel(shape[d + 1:])) for d, (n, st) in enumerate(zip(shape, strides))):
+    if all(sh.is_one(n) or ctx.known_equal(st, sh.numel(shape[d + 1:]))
+           for d, (n, st) in enumerate(zip(shape, strides))):
         return list(range(len(shape)))
     if any(sh.static(st) is None for st in strides):
         return None

@@ -110,8 +110,9 @@ def _slice_scatter(ctx: Context, x: Node, src: Node, dim: int = 0, start: Any = 
     dim = dim % x.rank
     n, length = x.shape[dim], src.shape[dim]
     first, last, step = _bound(ctx, start, 0, n), _bound(ctx, end, n, n), size_arg(step)
-    if not step.is_Integer or int(step) < 1:
-        raise Unsupported("slice_scatter with a symbolic step")
+    # (a symbolic step, y[::k] = v, is positive under the guards: the slice checked it)
+    if not (int(step) >= 1 if step.is_Integer else _known(ctx, sympy.Ge(step, 1))):
+        raise Unsupported("slice_scatter with a step that may not be positive")
     # src must be the slice's shape (the trace does not check it): else ATen raises eager's error
     span = last - first if _known(ctx, sympy.Ge(last, first)) else sympy.Max(0, last - first)
     covered = FloorDiv(span + step - 1, step)  # (torch's spelling of the slice's length)
@@ -123,7 +124,7 @@ def _slice_scatter(ctx: Context, x: Node, src: Node, dim: int = 0, start: Any = 
     p = _positions(ctx, n, 0, 1)
     c = lambda v: ctx.operand(v, dt.int64, (n,))  # noqa: E731
     inside = ctx.make(Op.AND, (ctx.make(Op.GE, (p, c(first))), ctx.make(Op.LT, (p, c(first + step * length)))))
-    if step == 1:
+    if sh.equal(step, 1):
         # src padded to x's size along dim: read in place, no lookup
         pairs = tuple((first, n - first - length) if d == dim else (sympy.Integer(0), sympy.Integer(0))
                       for d in range(x.rank))

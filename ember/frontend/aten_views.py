@@ -81,9 +81,10 @@ def _slice(ctx: Context, x: Node, dim: int = 0, start: Any = None, end: Any = No
     dim = dim % x.rank
     length = ctx.out_shape[dim]
     first = _slice_start(ctx, dim, start, x.shape[dim])
-    if sh.equal(first, 0) and step == 1 and sh.equal(length, x.shape[dim]):
+    step = size_arg(step)  # (a SymInt step, x[::k], arrives as its scalar node)
+    if sh.equal(first, 0) and sh.equal(step, 1) and sh.equal(length, x.shape[dim]):
         return x
-    return ctx.make(Op.SLICE, (x,), (dim, first, sympy.Integer(step), length))
+    return ctx.make(Op.SLICE, (x,), (dim, first, step, length))
 
 
 @register(aten.select.int)

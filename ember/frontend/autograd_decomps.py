@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch._C import DispatchKey
 
+from .layout_decomps import layout_overrides
+
 aten = torch.ops.aten
 
 _MEAN, _SUM = 1, 2  # torch's Reduction enum (0 is "none")
@@ -137,19 +139,22 @@ _OVERRIDES = {aten.multi_margin_loss.default: multi_margin_loss,
 def eager_decompositions() -> Iterator[None]:
     """While AOTAutograd traces: the ops above in place of torch's Autograd-key decompositions
     (restored after, so other backends in the process keep torch's)."""
-    saved = {}
-    for op, fn in _OVERRIDES.items():
-        saved[op] = op.py_kernels.get(DispatchKey.Autograd)
-        op.py_kernels[DispatchKey.Autograd] = fn
+    overrides = [(op, DispatchKey.Autograd, fn) for op, fn in _OVERRIDES.items()]
+    # (global average pooling of channels_last tensors without ATen's as_strided_: layout_decomps.py)
+    overrides += [(op, DispatchKey.CompositeImplicitAutograd, fn) for op, fn in layout_overrides().items()]
+    saved = []
+    for op, key, fn in overrides:
+        saved.append((op, key, op.py_kernels.get(key)))
+        op.py_kernels[key] = fn
         op._dispatch_cache.clear()
     try:
         yield
     finally:
-        for op, fn in saved.items():
+        for op, key, fn in saved:
             if fn is None:
-                op.py_kernels.pop(DispatchKey.Autograd, None)
+                op.py_kernels.pop(key, None)
             else:
-                op.py_kernels[DispatchKey.Autograd] = fn
+                op.py_kernels[key] = fn
             op._dispatch_cache.clear()
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
+from torch.fx.experimental.symbolic_shapes import guard_or_true
 
 from ..config import Config
 from ..ir import dtypes as dt
@@ -28,6 +29,7 @@ from .autograd_decomps import (
     multi_margin_loss,
     multilabel_margin_loss_forward,
 )
+from .layout_decomps import layout_decompositions
 from .loss_decomps import loss_decompositions
 from .optimizer_decomps import optimizer_decompositions
 from .partition import partition
@@ -142,6 +144,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.multilabel_margin_loss_forward.default] = in_table(multilabel_margin_loss_forward)
     # list ops split per tensor, Dynamo's fma, add's symbolic alpha, GradScaler's ops (optimizer_decomps.py)
     table.update(optimizer_decompositions())
+    # channel_shuffle's result in its input's memory format, as eager's (layout_decomps.py)
+    table.update(layout_decompositions())
     # torch has none: weight norm's backward (weight_norm's, whose forward is decomposed) ran
     # through ATen in every training step of a weight-normed layer
     table[aten._weight_norm_interface_backward.default] = _weight_norm_interface_backward
@@ -150,6 +154,10 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # where eager's kernels refuse the dtype (mse_loss, xlogy, nansum of complex) or fail to trace
     # it (nan_to_num's isneginf ran the whole graph eagerly). The optimizers' decompositions
     # decide for themselves: a list op is split all the same, each part an op over one tensor.
+    # Its decomposition branches on the index's sign: a SymInt index added a guard (a recompile
+    # once it turned negative), and an unbacked one (y[n] with n from .item(), in training:
+    # select's backward) failed the trace, and the whole graph ran eagerly
+    table[aten.select_scatter.default] = _select_scatter
     per_tensor = optimizer_decompositions()
     for op, fn in table.items():
         if op not in per_tensor:
@@ -181,6 +189,30 @@ def _weight_norm_interface_backward(grad_w: torch.Tensor, saved_v: torch.Tensor,
     along = (grad * v).sum(keep, keepdim=True) if keep else grad * v
     grad_v = (g / norms) * (grad - v * (along / (norms * norms)))
     return grad_v.to(saved_v.dtype), (along / norms).to(saved_g.dtype)
+
+
+def _select_scatter(x: torch.Tensor, src: torch.Tensor, dim: int, index: Any) -> Any:
+    """``x`` with ``src`` written over ``x.select(dim, index)``, as torch's decomposition writes
+    it, but with a symbolic index compared as it is and wrapped from the end (one of the two
+    matches an index in range) rather than branched on its sign. An index out of range raises
+    eager's IndexError (torch's decomposition returned ``x`` unchanged)."""
+    if x.dim() == 0:
+        return NotImplemented  # (ATen raises eager's error)
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    # (a symbolic index in range is a guard; one the data decides, a check when the graph runs)
+    if not (guard_or_true(index < n) and guard_or_true(index >= -n)):
+        return NotImplemented  # (ATen raises eager's error)
+    torch._check_index(index < n, lambda: f"select_scatter(): index {index} out of range for size {n}")
+    torch._check_index(index >= -n, lambda: f"select_scatter(): index {index} out of range for size {n}")
+    along = [1] * x.dim()
+    along[dim] = -1
+    at = torch.arange(n, device=x.device).view(along)
+    if isinstance(index, int):
+        mask = at == (index + n if index < 0 else index)
+    else:
+        mask = (at == index) | (at == index + n)
+    return torch.where(mask, src.unsqueeze(dim).expand(x.shape), x)
 
 
 def _floats_only(decomposition: Callable[..., Any]) -> Callable[..., Any]:

@@ -445,10 +445,12 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
         return args[0][args[1]]
     if target is operator.getitem and _is_tuple_result(args[0]) and isinstance(args[1], int):
         return _item(ctx, args[0], args[1], val)
-    item_of = _bound_by_item(val) if target is torch.ops.aten._local_scalar_dense.default else None
+    item_of = _bound_by_item(val) if target in _READS_A_SIZE else None
     if item_of is not None and item_of not in ctx.bindable and isinstance(args[0], Node):
         # .item() of a computed tensor (capture_scalar_outputs): a size only the data knows,
-        # read by the ATen call when the program runs and used from then on
+        # read by the ATen call when the program runs and used from then on. So is the storage
+        # offset (or a stride) of an ATen result no other size gives: y[n:] with n from .item()
+        # in training, whose offset n the forward returns for the backward.
         symbol = item_of
         node = _extern(ctx, target, args, kwargs, None)
         object.__setattr__(node.arg, "binds", symbol)
@@ -511,6 +513,11 @@ def shape_env_of(values: Iterable[Any]) -> Any:
                 if isinstance(d, torch.SymInt):
                     return d.node.shape_env
     return None
+
+
+# ATen calls whose int result may be a size symbol only the data decides
+_READS_A_SIZE = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.sym_storage_offset.default,
+                 torch.ops.aten.sym_stride.int, torch.ops.aten.sym_size.int)
 
 
 def _bound_by_item(val: Any) -> sympy.Symbol | None:

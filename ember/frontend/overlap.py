@@ -139,9 +139,31 @@ def _written_values(node: torch.fx.Node) -> list[Any]:
         return values
     try:
         with target.fake_mode:
-            return [*values[:-1], target[tuple(index)]]
+            return [*values[:-1], _basic_view(target, index)]
     except Exception:  # noqa: BLE001 -- an index the check cannot apply: all of x, as before
         return values
+
+
+def _basic_view(t: torch.Tensor, index: list[Any]) -> torch.Tensor:
+    """``t[tuple(index)]`` for a basic index, through the ATen view ops: Tensor.__getitem__ reads
+    a SymInt in the index as a Python int, a guard on its value (``x[i] = v`` with an index that
+    changes recompiled for every one)."""
+    at = next((k for k, i in enumerate(index) if i is Ellipsis), None)
+    if at is not None:
+        real = sum(1 for i in index if i is not None and i is not Ellipsis)
+        index = [*index[:at], *[slice(None)] * (t.dim() - real), *index[at + 1:]]
+    dim = 0
+    for i in index:
+        if i is None:
+            t = t.unsqueeze(dim)
+            dim += 1
+        elif isinstance(i, slice):
+            step = 1 if i.step is None else i.step
+            t = torch.ops.aten.slice.Tensor(t, dim, i.start, i.stop, step)
+            dim += 1
+        else:
+            t = torch.ops.aten.select.int(t, dim, i)
+    return t
 
 
 def _index_value(i: Any) -> Any:

@@ -41,7 +41,7 @@ def host_symbols(graph: Graph, schedule: Schedule, failed: set[str]) -> set[symp
             for node in (step.node, *step.node.inputs):
                 used |= sh.free_symbols(node.shape or ())
         elif isinstance(step, ViewStep) and step.node.op is Op.SLICE:
-            used |= sh.free_symbols([step.node.arg[1]])  # the start: an offset into the base
+            used |= sh.free_symbols(step.node.arg[1:3])  # the start (an offset into the base) and step
     for node in graph.inputs:
         if node.arg.kind == "tensor":
             used |= sh.free_symbols(node.arg.strides or ())

@@ -461,8 +461,9 @@ class Planner(DomainRules, StepOrder):
                 continue
             if any(sh.equal(st, 0) and not sh.is_one(size) for st, size in zip(strides, node.shape)):
                 continue
-            if any(not sh.equal(a, b) for a, b, size in zip(strides, sh.contiguous_strides(node.shape), node.shape)
-                   if not sh.is_one(size)):
+            # (size-1 dims too: their strides move no element, but eager's come back as eager's, an
+            # (n, c, 1, 1) channels_last pooling's (c, 1, c, c))
+            if any(not sh.equal(a, b) for a, b in zip(strides, sh.contiguous_strides(node.shape))):
                 # (a stride that may be negative, min(w, h - 5) of a diagonal past the matrix, is
                 # one of an empty tensor: 0 is as good, and empty_strided takes no negative one)
                 wanted[node] = tuple(st if sh.nonnegative(st) else sympy.Max(0, sh.expr(st)) for st in strides)
