@@ -24,7 +24,7 @@ import torch
 
 from . import report as rp
 from .codegen.wrapper import KernelCall, write_wrapper
-from .config import Config, log
+from .config import GPU_BACKENDS, Config, log
 from .frontend.dynamo import donated_inputs
 from .frontend.lowering import lower_graph, shape_env_of
 from .ir.node import Graph
@@ -237,6 +237,17 @@ def _fallbacks(schedule: Schedule) -> dict[str, Callable[..., None]]:
     return {s.kernel.name: group_fallback(s, schedule) for s in schedule.steps if isinstance(s, KernelStep)}
 
 
+def _runs_on(target: str, device: str) -> bool:
+    """Can ``target``'s kernels run on ``device``? explain(fn, target="cuda") on a CPU-only
+    machine renders the GPU kernels and runs the graph through ATen. Either GPU backend runs on
+    a GPU, whichever gpu_backend is (target="triton" under gpu_backend="cuda" ran through ATen,
+    silently); under TRITON_INTERPRET=1 Triton kernels run on CPU tensors (how the tests check
+    them)."""
+    if device.startswith("cuda"):
+        return target in GPU_BACKENDS
+    return target == "cpp" or target == "triton" and _triton_interpreting()
+
+
 def _build(graph: Graph, schedule: Schedule, fallbacks: dict[str, Callable[..., None]], name: str,
            cfg: Config, report: rp.GraphReport, detail: bool, counted: bool = True) -> CompiledProgram | None:
     """Build a planned graph's kernels and its host program; None when the target is only
@@ -246,9 +257,7 @@ def _build(graph: Graph, schedule: Schedule, fallbacks: dict[str, Callable[..., 
     natural = backend_name(device, cfg)
     target = cfg.target or natural
     backend = get_backend(target)
-    # explain(fn, target="cuda") on a CPU-only machine: render the GPU kernels, run through ATen.
-    # Under TRITON_INTERPRET=1 Triton kernels run on CPU tensors (how the tests check them).
-    render_only = target != natural and not (target == "triton" and device == "cpu" and _triton_interpreting())
+    render_only = not _runs_on(target, device)
     report.target = target
     if counted:
         stats.bump("graphs_compiled")

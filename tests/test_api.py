@@ -305,3 +305,12 @@ def test_debug_3_prints_kernels_rendered_for_another_target(capfd):
     assert_same(ember.compile(lambda x: x.sin() * 2, options={"target": "cuda", "debug": 3})(x), x.sin() * 2)
     err = capfd.readouterr().err
     assert "__global__" in err and "host program" in err and "runs through ATen (kernels rendered only)" in err
+
+
+def test_either_gpu_backend_runs_on_a_gpu_whichever_gpu_backend_is_set():
+    # options={"target": "triton"} under gpu_backend="cuda" (EMBER_GPU_BACKEND=cuda) rendered
+    # Triton kernels and ran the graph through ATen, silently
+    from ember.driver import _runs_on
+
+    assert _runs_on("triton", "cuda") and _runs_on("cuda", "cuda:1") and not _runs_on("cpp", "cuda")
+    assert _runs_on("cpp", "cpu") and not _runs_on("cuda", "cpu")
