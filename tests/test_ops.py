@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 import ember
 
 from .conftest import DEVICE
-from .helpers import assert_same, check, on_the_interpreter, run
+from .helpers import assert_clean, assert_same, check, compile_checked, on_the_interpreter, run
 
 UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
          "reciprocal", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
@@ -530,6 +530,14 @@ def test_roll_corners():
     check(lambda x: torch.roll(x, (1,)) * 2, torch.arange(6, device=DEVICE).view(2, 3))  # (flattened: ATen)
     for n in (5, 8, 9):
         check(lambda x: x.roll(2, 1) - x, torch.randn(3, n, device=DEVICE), dynamic=True)
+    # along symbolic sizes, by a symbolic shift too: one graph of one kernel (they went to ATen)
+    rolled = lambda x, k: torch.roll(x, (k, -1), (0, 1)).sin()  # noqa: E731
+    compiled, report = compile_checked(rolled, dynamic=True)
+    for n, k in ((5, 2), (8, -3), (9, 9), (3, 7)):
+        x = torch.randn(n, n + 1, device=DEVICE)
+        assert_same(compiled(x, k), rolled(x, k))
+    assert_clean(report)
+    assert len(report.graphs) == 1 and len(report.kernels) == 1 and report.fallbacks == []
     x = torch.randn(4, 6, device=DEVICE, requires_grad=True)
     compiled = ember.compile(lambda x: (torch.roll(x, 5, 1) * torch.arange(6.0, device=DEVICE)).sum())
     compiled(x).backward()

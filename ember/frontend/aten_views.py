@@ -131,24 +131,27 @@ def _cat(ctx: Context, tensors: Sequence[Any], dim: int = 0) -> Node:
 
 @register(aten.roll.default)
 def _roll(ctx: Context, x: Node, shifts: Any, dims: Any = ()) -> Node:
-    """roll along a dim of static size: the rows past the shift, then the rest (a cat of two
-    slices, which fuses with what reads it; the decomposition's index_select along another dim
-    than the first ran through ATen)."""
+    """roll along a dim: the rows past the shift, then the rest (a cat of two slices, which
+    fuses with what reads it; the decomposition's index_select along another dim than the first
+    ran through ATen). Sizes and shifts may be symbolic (the shift taken modulo the size, in
+    Python's sign convention as eager's): a size that may be 0 goes to ATen."""
     shifts = list(shifts) if isinstance(shifts, (list, tuple)) else [shifts]
     dims = list(dims) if isinstance(dims, (list, tuple)) else [dims]
     if not dims or len(shifts) != len(dims) or x.rank == 0:
         raise Unsupported("roll of the flattened tensor (or shifts and dims of other lengths)")
     out = x
+    one = sympy.Integer(1)
     for shift, dim in zip(shifts, dims):
-        dim, size, shift = dim % x.rank, sh.static(x.shape[dim % x.rank]), size_arg(shift)
-        if size is None or not shift.is_Integer:
-            raise Unsupported("roll along a symbolic size or by a symbolic shift")
-        if size == 0 or int(shift) % size == 0:
+        dim, shift = dim % x.rank, size_arg(shift)
+        size = sh.expr(x.shape[dim])
+        if size.is_Integer and (size == 0 or shift.is_Integer and int(shift) % int(size) == 0):
             continue
-        keep = size - int(shift) % size
-        one = sympy.Integer(1)
-        tail = ctx.make(Op.SLICE, (out,), (dim, sympy.Integer(keep), one, sympy.Integer(size - keep)))
-        head = ctx.make(Op.SLICE, (out,), (dim, sympy.Integer(0), one, sympy.Integer(keep)))
+        if not ctx.known_nonzero(size):
+            raise Unsupported("roll along a size that may be 0")
+        # (a whole turn leaves the tail empty: the cat is then the input, as eager's roll)
+        keep = sympy.expand(size - sympy.Mod(shift, size))
+        tail = ctx.make(Op.SLICE, (out,), (dim, keep, one, sympy.expand(size - keep)))
+        head = ctx.make(Op.SLICE, (out,), (dim, sympy.Integer(0), one, keep))
         out = ctx.make(Op.CAT, (tail, head), dim)
     return out
 
