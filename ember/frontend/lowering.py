@@ -18,13 +18,11 @@ import sympy
 import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
-from torch.utils._sympy.functions import FloatPow, FloatTrueDiv, Max, ToFloat
+from torch.utils._sympy.functions import FloatPow, FloatTrueDiv, ToFloat
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.node import (
-    ArgRef,
-    ExternCall,
     Graph,
     InputSpec,
     Node,
@@ -35,6 +33,7 @@ from ..ir.node import (
     record_ragged_totals,
 )
 from ..ir.ops import Op
+from .aten_calls import extern_call, is_sym, is_tuple_result, traced_strides, tuple_item
 
 
 class Unsupported(Exception):
@@ -224,28 +223,6 @@ def _sym_dtype(val: Any) -> dt.DType:
     return dt.int64
 
 
-def _strides(meta: torch.Tensor) -> sh.Shape:
-    """A fake tensor's strides. torch writes a contiguous stride as max(1, the sizes after it):
-    the 1 matters only where those sizes are 0, and then nothing is stored there."""
-    return tuple(st.replace(lambda e: isinstance(e, Max) and 1 in e.args,
-                            lambda e: Max(*[a for a in e.args if a != 1]))
-                 for st in sh.shape(meta.stride()))
-
-
-def _eager_layout(meta: Any) -> sh.Shape | None:
-    """A traced tensor's strides where they are not row-major (size-1 dims aside), else None."""
-    if not isinstance(meta, torch.Tensor) or meta.is_sparse or meta.layout != torch.strided:
-        return None
-    strides, shape = _strides(meta), sh.shape(meta.shape)
-    if all(sh.equal(a, b) or sh.is_one(n) for a, b, n in zip(strides, sh.contiguous_strides(shape), shape)):
-        return None
-    return strides
-
-
-def _is_sym(val: Any) -> bool:
-    return isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool)
-
-
 def _device_of(gm: torch.fx.GraphModule) -> str:
     """The graph's device: an accelerator if any tensor lives on one (0-d CPU tensors mix with
     GPU tensors as scalars), else the CPU."""
@@ -287,7 +264,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
                 ctx.input_storages.add(storage_of(val))
             inputs.append(node)
             ctx.nodes.append(node)
-            env[fx_node] = ctx.const(val, _sym_dtype(val)) if _is_sym(val) else node
+            env[fx_node] = ctx.const(val, _sym_dtype(val)) if is_sym(val) else node
         elif fx_node.op == "get_attr":
             tensor = getattr(gm, fx_node.target)
             if not isinstance(tensor, torch.Tensor):  # a higher-order op's subgraph (cond's branches):
@@ -307,7 +284,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
         elif fx_node.op == "output":
             for i, out in enumerate(_flat_outputs(fx_node.args[0])):
                 meta = out.meta.get("val") if isinstance(out, torch.fx.Node) else None
-                output_strides.append(_strides(meta) if isinstance(meta, torch.Tensor) else None)
+                output_strides.append(traced_strides(meta) if isinstance(meta, torch.Tensor) else None)
                 if isinstance(meta, torch.Tensor):
                     if storage_of(meta) not in storages:  # (not an input's, nor an earlier output's)
                         fresh_outputs.add(i)
@@ -317,7 +294,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
                     outputs.append(None)
                 elif isinstance(value, Node):
                     outputs.append(value)
-                    if value.op is Op.CONST and isinstance(out, torch.fx.Node) and _is_sym(out.meta.get("val")):
+                    if value.op is Op.CONST and isinstance(out, torch.fx.Node) and is_sym(out.meta.get("val")):
                         scalar_outputs.add(i)
                 else:
                     node = ctx.const(value, _sym_dtype(value))
@@ -332,9 +309,6 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
 
 # ATen calls that return nothing and must still run: eager's checks of values (one_hot's class
 # bounds, torch._assert_async); through ATen they raise as eager does (on a GPU, a device assert)
-# torch.distributed's functional collectives (and their waits)
-_COLLECTIVES = frozenset({"_c10d_functional", "c10d_functional", "_c10d_functional_autograd"})
-
 _EFFECTS = frozenset({torch.ops.aten._assert_async.msg, torch.ops.aten._assert_async.default,
                       torch.ops.aten._assert_scalar.default})
 
@@ -377,11 +351,11 @@ def _placeholder(fx_node: torch.fx.Node, index: int, val: Any, device: str, dona
         on_host = str(val.device) == "cpu" and device != "cpu"
         # (a dense copy keeps its strides; .to() of any other layout would not)
         moved = device if on_host and (val.dim() == 0 or val.is_contiguous() and _only_indexes(fx_node)) else None
-        spec = InputSpec(index, name, "tensor", _strides(val), to_device=moved, donated=donated and not moved,
+        spec = InputSpec(index, name, "tensor", traced_strides(val), to_device=moved, donated=donated and not moved,
                          item=_item_symbol(fx_node, val))
         return make(Op.INPUT, (), spec, dtype=dtype, shape=sh.shape(val.shape), device=moved or str(val.device))
-    if _is_sym(val) or isinstance(val, int | float | bool):
-        spec = InputSpec(index, name, "symint", expr=sh.expr(val) if _is_sym(val) or isinstance(val, int) else None)
+    if is_sym(val) or isinstance(val, int | float | bool):
+        spec = InputSpec(index, name, "symint", expr=sh.expr(val) if is_sym(val) or isinstance(val, int) else None)
         return make(Op.INPUT, (), spec, dtype=_sym_dtype(val), shape=())
     return make(Op.INPUT, (), InputSpec(index, name, "opaque"), dtype=None, shape=None)
 
@@ -427,7 +401,7 @@ def _item_symbol(fx_node: torch.fx.Node, val: torch.Tensor) -> sympy.Symbol | No
         return None
     for user in fx_node.users:
         out = user.meta.get("val")
-        if user.target is torch.ops.aten._local_scalar_dense.default and _is_sym(out) and out.node.expr.is_Symbol:
+        if user.target is torch.ops.aten._local_scalar_dense.default and is_sym(out) and out.node.expr.is_Symbol:
             return out.node.expr
         if (user.target is torch.ops.prims.convert_element_type.default and isinstance(out, torch.Tensor)
                 and out.dtype == val.dtype):  # (the decomposition of .item() copies first)
@@ -443,8 +417,8 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
     kwargs = torch.fx.node.map_arg(fx_node.kwargs, lambda n: env[n])
     if target is operator.getitem and isinstance(args[0], (tuple, list)):
         return args[0][args[1]]
-    if target is operator.getitem and _is_tuple_result(args[0]) and isinstance(args[1], int):
-        return _item(ctx, args[0], args[1], val)
+    if target is operator.getitem and is_tuple_result(args[0]) and isinstance(args[1], int):
+        return tuple_item(ctx, args[0], args[1], val)
     item_of = _bound_by_item(val) if target in _READS_A_SIZE else None
     if item_of is not None and item_of not in ctx.bindable and isinstance(args[0], Node):
         # .item() of a computed tensor (capture_scalar_outputs): a size only the data knows,
@@ -452,12 +426,12 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
         # offset (or a stride) of an ATen result no other size gives: y[n:] with n from .item()
         # in training, whose offset n the forward returns for the backward.
         symbol = item_of
-        node = _extern(ctx, target, args, kwargs, None)
+        node = extern_call(ctx, target, args, kwargs, None)
         object.__setattr__(node.arg, "binds", symbol)
         ctx.effects.append(node)
         ctx.bindable.add(symbol)
         return ctx.const(val, _sym_dtype(val))
-    if _is_sym(val):
+    if is_sym(val):
         # Size arithmetic (sym_size, operator.mul on SymInts, ...): known from its expression.
         ctx.aten = ctx.origin = op_name(target)
         if not sh.expr(val).free_symbols <= ctx.bindable and target in _SYM_ARITHMETIC:
@@ -494,7 +468,7 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
     # node may stand for a clone too, which ember lowers as no op, and keep the metadata of what
     # it cloned)
     traced = torch.fx.node.map_arg((fx_node.args, fx_node.kwargs), lambda n: n.meta.get("val"))
-    return _extern(ctx, target, args, kwargs, val, traced)
+    return extern_call(ctx, target, args, kwargs, val, traced)
 
 
 def _opaque(arg: Any) -> bool:
@@ -523,7 +497,7 @@ _READS_A_SIZE = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.sym_
 def _bound_by_item(val: Any) -> sympy.Symbol | None:
     """The symbol an ``.item()`` result binds: its own, or for a bool, the 0/1 integer torch
     spells it with (``Eq(u0, 1)``)."""
-    if not _is_sym(val):
+    if not is_sym(val):
         return None
     e = sh.expr(val)
     if e.is_Symbol:
@@ -550,104 +524,3 @@ def _finish(ctx: Context, result: Any, val: Any) -> Any:
             raise AssertionError(f"lowering of {ctx.aten} built {sh.fmt(result.shape)}, "
                                  f"ATen gives {sh.fmt(sh.shape(val.shape))}")
     return result
-
-
-def _is_tuple_result(x: Any) -> bool:
-    """An ATen call's result that is a tuple ember did not unpack (a higher-order op such as
-    run_and_save_rng_state, whose node carries no fake result), or an item of one that is."""
-    return isinstance(x, Node) and x.op in (Op.EXTERN, Op.GETITEM) and x.shape is None
-
-
-def _item(ctx: Context, result: Node, index: int, val: Any) -> Node:
-    """Item ``index`` of a tuple result: a GETITEM of the ATen call at a path, nested tuples
-    included (checkpointed dropout: (rng state, (output, mask)))."""
-    call, path = result, ()
-    if result.op is Op.GETITEM:
-        call, path = result.inputs[0], result.arg if isinstance(result.arg, tuple) else (result.arg,)
-    return _getitem(ctx, call, (*path, index), val)
-
-
-def _getitem(ctx: Context, call: Node, path: tuple[int, ...], val: Any) -> Node:
-    """The item of ATen call ``call``'s result at ``path`` (an int arg for a top-level item),
-    typed by its fake value ``val``: a tensor, or a tuple whose items are taken later."""
-    tensor = isinstance(val, torch.Tensor)
-    dtype = dt.from_torch(val.dtype) if tensor and dt.is_supported_torch(val.dtype) else None
-    node = make(Op.GETITEM, (call,), path[0] if len(path) == 1 else path, dtype=dtype,
-                shape=sh.shape(val.shape) if tensor else None, device=str(val.device) if tensor else call.device,
-                origin=call.origin)
-    ctx.nodes.append(node)
-    return node
-
-
-def _extern(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any,
-            traced: tuple[Any, Any] | None = None) -> Node | tuple[Node, ...]:
-    """An ATen call of ``args`` and ``kwargs`` (nodes where tensors go); ``traced``: the traced
-    values of the FX node's (args, kwargs), the layouts eager gave the tensors."""
-    tensors: list[Node] = []
-    metas: list[Any] = []
-
-    def template(x: Any, meta: Any = None) -> Any:
-        if isinstance(x, Node):
-            if x.op is Op.CONST and isinstance(x.arg, sympy.Basic) and x.shape == ():
-                return x.arg  # a size: evaluated when the program runs
-            tensors.append(x)
-            metas.append(meta if isinstance(meta, torch.Tensor) else ctx.metas.get(x))
-            return ArgRef(len(tensors) - 1)
-        if isinstance(x, (list, tuple)):
-            same = isinstance(meta, (list, tuple)) and len(meta) == len(x)
-            items = [template(i, meta[k] if same else None) for k, i in enumerate(x)]
-            return items if isinstance(x, list) else tuple(items)
-        if isinstance(x, dict):
-            return {k: template(v, meta.get(k) if isinstance(meta, dict) else None) for k, v in x.items()}
-        if _is_sym(x):
-            return x.node.expr
-        return x
-
-    t_args = template(tuple(args), tuple(traced[0]) if traced is not None else None)
-    t_kwargs = template(dict(kwargs), dict(traced[1]) if traced is not None else None)
-    # random ops, mutations and collectives (each rank must issue the same ones, in one order)
-    impure = isinstance(target, torch._ops.OpOverload) and (
-        torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable
-        or target.namespace in _COLLECTIVES)
-    call = ExternCall(target, t_args, t_kwargs, impure=impure, input_strides=tuple(_eager_layout(m) for m in metas))
-    origin = op_name(target)
-    device = str(val.device) if isinstance(val, torch.Tensor) else ctx.device
-    if isinstance(val, (tuple, list)):
-        node = make(Op.EXTERN, tensors, call, dtype=None, shape=None, device=device, origin=origin)
-        ctx.nodes.append(node)
-
-        def items(vals: Any, path: tuple[int, ...]) -> tuple[Any, ...]:
-            # nested results too: run_and_save_rng_state (checkpointed dropout) returns
-            # (rng state, (output, mask)); a GETITEM's arg is its path into the result
-            outs = []
-            for i, v in enumerate(vals):
-                if isinstance(v, torch.Tensor):
-                    outs.append(_getitem(ctx, node, (*path, i), v))
-                    _binds_sizes(ctx, outs[-1])
-                elif isinstance(v, (tuple, list)):
-                    outs.append(items(v, (*path, i)))
-                else:
-                    outs.append(v)
-            return tuple(outs)
-
-        return items(val, ())
-    if isinstance(val, torch.Tensor):
-        dtype = dt.from_torch(val.dtype) if dt.is_supported_torch(val.dtype) else None
-        shape = sh.shape(val.shape)
-    else:
-        dtype, shape = None, None
-    node = make(Op.EXTERN, tensors, call, dtype=dtype, shape=shape, device=device, origin=origin)
-    ctx.nodes.append(node)
-    if shape is not None:
-        _binds_sizes(ctx, node)
-    return node
-
-
-def _binds_sizes(ctx: Context, node: Node) -> None:
-    """The program reads sizes only this ATen result knows (nonzero's count) from it. Where it
-    is the first to know one, it must run even if only that size is used (``x * nz.shape[0]``):
-    it is kept as an effect."""
-    new = sh.free_symbols(node.shape) - ctx.bindable
-    if new:
-        ctx.bindable |= new
-        ctx.effects.append(node)
