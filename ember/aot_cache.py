@@ -48,7 +48,7 @@ from .frontend.dynamo import GraphCompiler, make_backend
 from .frontend.lowering import storage_of
 from .runtime import capture
 from .runtime.choice import TimedChoice
-from .runtime.program import CompiledProgram, boxed, eager_for_batched_calls
+from .runtime.program import CompiledProgram, boxed, eager_for_batched_calls, tangent_positions
 
 try:  # private torch API: without it (or any piece below), ember compiles as it did before
     from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
@@ -256,6 +256,7 @@ class EmberOutputCode(OutputCode):
         # a backward's ATen graph, which a hit's program runs for vmap's batched gradients
         # (runtime/program.py eager_for_batched_calls), as the compiled one does
         self._eager = eager
+        self._tangents = tangent_positions(eager) if eager is not None else ()
         self._baked = baked  # (_scalar_floats' positions, of the floats held as constants)
         self._kind = kind
         self._cfg = cfg
@@ -312,8 +313,9 @@ class EmberOutputCode(OutputCode):
         if self._program is None:
             self._cfg = _loading_cfg.get() or self._cfg
             program = driver.rebuild(_load_plan(self._plan_bytes), self._kind, self._cfg)
-            if isinstance(self._eager, bytes):
-                eager_for_batched_calls(program, boxed(pickle.loads(self._eager)))
+            if isinstance(self._eager, bytes):  # (unpickled at the first batched call only)
+                data = self._eager
+                eager_for_batched_calls(program, lambda: boxed(pickle.loads(data)), self._tangents)
             self._set_program(program)
             baked = _loaded_baked.get()
             if baked is not None:
@@ -326,7 +328,7 @@ class EmberOutputCode(OutputCode):
 
     def __getstate__(self) -> dict[str, Any]:
         return {"kind": self._kind, "cfg": self._cfg, "plan": self._pickled_plan(), "ns": self._time_taken_ns,
-                "baked": self._baked, "eager": self._pickled_eager()}
+                "baked": self._baked, "eager": self._pickled_eager(), "tangents": self._tangents}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._boxed_call = True
@@ -334,6 +336,7 @@ class EmberOutputCode(OutputCode):
         self._time_taken_ns = state["ns"]
         self._baked = state.get("baked", ())
         self._eager = state.get("eager")  # (pickled)
+        self._tangents = state.get("tangents", ())
         self._plan = None
         self._set_program(None)
 

@@ -34,7 +34,7 @@ from .passes.pipeline import run_pipeline
 from .runtime import capture, stats
 from .runtime.backend import BuiltKernels, backend_name, get_backend
 from .runtime.choice import CudaClock, HostClock, TimedChoice
-from .runtime.program import CompiledProgram, boxed, eager_for_batched_calls, group_fallback
+from .runtime.program import CompiledProgram, boxed, eager_for_batched_calls, group_fallback, tangent_positions
 from .runtime.triton_matmul import wait_for_kernels
 from .schedule.fusion import plan
 from .schedule.steps import KernelStep, Schedule
@@ -68,7 +68,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
                   "it runs through ATen. Set EMBER_DEBUG=1 for details.")
         program = boxed(gm)
     if kind == "backward" and isinstance(program, (CompiledProgram, TimedChoice)):
-        eager_for_batched_calls(program, boxed(gm))  # (vmap's batched gradients: ATen batches them)
+        # (vmap's batched gradients: ATen batches them)
+        eager_for_batched_calls(program, lambda: boxed(gm), tangent_positions(gm))
     report.compile_ms = (time.perf_counter() - start) * 1e3
     stats.add_time("compile_seconds", report.compile_ms / 1e3)
     if sink is not None:

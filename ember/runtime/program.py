@@ -136,24 +136,38 @@ def boxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:
 _functorch = torch._C._functorch
 
 
-def eager_for_batched_calls(program: Any, eager: Callable[[list[Any]], Any]) -> None:
-    """Make ``program`` (a backward's CompiledProgram or TimedChoice) run ``eager``, its ATen
-    graph in the boxed convention, when a batched tensor of torch's own vmap is among the
-    arguments. Autograd calls a backward so under ``autograd.grad(..., is_grads_batched=True)``
-    and ``autograd.functional.jacobian(..., vectorize=True)``: the incoming gradients are batched
-    tensors, which have no memory a kernel could read ("Cannot access data pointer of Tensor that
-    doesn't have storage"), where ATen's ops batch them as in eager (and as ``aot_eager``).
-    (``torch.func.vmap`` over a compiled backward is refused by AOTAutograd before it gets
-    here.) The check runs per backward call only, never in a forward."""
+def tangent_positions(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Where a backward graph takes its incoming gradients (AOTAutograd's ``tangents_*``, after
+    the saved values); every position where it names none."""
+    names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    return tuple(i for i, name in enumerate(names) if name.startswith("tangents")) or tuple(range(len(names)))
+
+
+def eager_for_batched_calls(program: Any, load_eager: Callable[[], Callable[[list[Any]], Any]],
+                            tangents: tuple[int, ...]) -> None:
+    """Make ``program`` (a backward's CompiledProgram or TimedChoice) run its ATen graph (in the
+    boxed convention, from ``load_eager()`` at the first such call) when an incoming gradient
+    (at ``tangents``) is a batched tensor of torch's own vmap. Autograd calls a backward so under
+    ``autograd.grad(..., is_grads_batched=True)`` and ``autograd.functional.jacobian(...,
+    vectorize=True)``: the gradients have no memory a kernel could read ("Cannot access data
+    pointer of Tensor that doesn't have storage"), where ATen's ops batch them as in eager (and
+    as ``aot_eager``). (``torch.func.vmap`` over a compiled backward is refused by AOTAutograd
+    before it gets here.) Only the gradients are looked at, in backward calls only: a step's
+    host time pays a check or two, not one per saved value."""
     inner = program.run
+    eager: list[Callable[[list[Any]], Any]] = []
 
     def run(args: list[Any]) -> Any:
-        for a in args:
+        for i in tangents:
+            a = args[i]
             if isinstance(a, torch.Tensor) and _functorch.is_legacy_batchedtensor(a):
-                return eager(args)
+                if not eager:
+                    eager.append(load_eager())
+                return eager[0](args)
         return inner(args)
 
     program.run = run
+
 
 _THREAD = threading.local()
 
