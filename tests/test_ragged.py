@@ -429,9 +429,13 @@ class VarLenDataset(Dataset):
 
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_dataloader(num_workers):
-    loader = DataLoader(VarLenDataset(), batch_size=4, collate_fn=ragged.collate, num_workers=num_workers)
+    pin = torch.cuda.is_available()  # the loader pins each field: the batch stays one pinned buffer
+    loader = DataLoader(VarLenDataset(), batch_size=4, collate_fn=ragged.collate, num_workers=num_workers,
+                        pin_memory=pin)
     seen = []
     for batch in loader:
+        tokens, boxes = batch["tokens"], batch["boxes"]
+        assert storage_ptr(tokens.offsets) == storage_ptr(boxes.values) and tokens.values.is_pinned() == pin
         batch = ragged.to_device(batch, "cpu", non_blocking=False)
         tokens, boxes = batch["tokens"], batch["boxes"]
         assert storage_ptr(tokens.offsets) == storage_ptr(boxes.offsets) == storage_ptr(tokens.values)
@@ -455,6 +459,35 @@ def test_segment_sum_counts_bools_and_max_length_takes_any_integer():
     assert torch.equal(ember.compile(ragged.segment_sum)(r), expected)
     with pytest.raises(TypeError, match="max_length"):
         ragged.Ragged(torch.ones(4), torch.tensor([0, 4]), max_length=4.0)
+
+
+def test_dataloader_pinning_keeps_a_batch_in_one_buffer(monkeypatch):
+    # DataLoader(pin_memory=True) pins a batch field by field (Ragged.pin_memory each): the fields
+    # pinned one by one landed in separate buffers, and the batch took a copy per tensor to the GPU
+    from torch.utils.data._utils.pin_memory import pin_memory as dataloader_pin
+
+    pinned_bytes = []
+
+    def fake_pin(self, device=None):  # no accelerator here: a copy stands for the pinned one
+        pinned_bytes.append(self.numel() * self.element_size())
+        return self.clone()
+
+    batch = ragged.collate(tuple_batch(), pin_memory=False)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    pinned = dataloader_pin(batch)
+    feats, ids = pinned[0], pinned[1]
+    storage = feats.values.untyped_storage().data_ptr()
+    assert storage != batch[0].values.untyped_storage().data_ptr()
+    assert {t.untyped_storage().data_ptr() for t in (feats.values, feats.offsets, ids.values, ids.offsets)} == {storage}
+    whole = batch[0].values.untyped_storage().nbytes()
+    assert pinned_bytes.count(whole) == 1 and len(pinned_bytes) == 3  # the buffer once, two dense fields
+    for new, old in zip(pinned[:2], batch[:2]):
+        assert torch.equal(new.values, old.values) and torch.equal(new.offsets, old.offsets)
+        assert new.max_length == old.max_length
+    moved = ragged.to_device(pinned, "meta")  # still one buffer: one copy moves both fields
+    assert moved[0].values.untyped_storage().data_ptr() == moved[1].offsets.untyped_storage().data_ptr()
+    lone = ragged.from_list(make_rows([1, 2]))  # not from collate: both tensors pinned on their own
+    assert torch.equal(lone.pin_memory().values, lone.values) and len(pinned_bytes) == 5
 
 
 def test_collate_pins_nothing_in_a_dataloader_worker(monkeypatch):

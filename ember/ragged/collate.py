@@ -13,6 +13,10 @@ one copy for the whole ragged part of the batch, however many fields and dtypes 
     for batch in loader:
         batch = ragged.to_device(batch, "cuda")       # one non-blocking copy for the ragged part
 
+``DataLoader(..., pin_memory=True)`` pins the batch field by field in the main process;
+``Ragged.pin_memory`` pins the buffer once for all the fields that view it, so the pinned batch
+is one buffer still.
+
 A step captured with ``ember.cuda_graph`` takes the batch as it is, in pinned host memory, and
 copies it into its buffers itself (one copy: the offsets come first, so a batch's bytes up to its
 values' end are a prefix of the capture's layout).
@@ -28,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.utils.data
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .tensor import Ragged
 
@@ -123,20 +128,15 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool = True,
     already on ``device`` (e.g. to detach the batch from a worker's buffers).
     """
     device = torch.device(device)
-    moved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # storage address -> (old bytes, new)
+    moved: dict[int, torch.Tensor] = {}  # storage address -> the whole storage's bytes moved
 
     def move(tensor: torch.Tensor, buffer: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         if buffer is None or not _is_view_of(tensor, buffer):
             return tensor.to(device, non_blocking=non_blocking, copy=copy), None
-        storage = buffer.untyped_storage()
-        entry = moved.get(storage.data_ptr())
-        if entry is None:  # the whole storage (every dtype's region) in one copy
-            whole = torch.empty(0, dtype=torch.uint8, device=buffer.device).set_(storage)
-            entry = moved[storage.data_ptr()] = (whole, whole.to(device, non_blocking=non_blocking, copy=copy))
-        start = buffer.storage_offset() * buffer.element_size()
-        new = entry[1][start:start + buffer.numel() * buffer.element_size()].view(buffer.dtype)
-        offset = new.storage_offset() + tensor.storage_offset() - buffer.storage_offset()
-        return new.as_strided(tensor.shape, tensor.stride(), offset), new
+        address = buffer.untyped_storage().data_ptr()
+        if address not in moved:  # the whole storage (every dtype's region) in one copy
+            moved[address] = _storage_bytes(buffer).to(device, non_blocking=non_blocking, copy=copy)
+        return _view_in(moved[address], tensor, buffer)
 
     def visit(x: Any) -> Any:
         if isinstance(x, Ragged):
@@ -243,6 +243,46 @@ def _pack(fields: list[_RaggedField], batch_size: int, pin: bool) -> dict[Hashab
         offsets = offsets_buffer[f.offsets_start:f.offsets_start + batch_size + 1]
         out[f.key] = Ragged._make(values, offsets, max(f.lengths), values_buffer, offsets_buffer)
     return out
+
+
+def _storage_bytes(buffer: torch.Tensor) -> torch.Tensor:
+    """The whole storage ``buffer`` views, as bytes: every dtype's region of a collate buffer."""
+    return torch.empty(0, dtype=torch.uint8, device=buffer.device).set_(buffer.untyped_storage())
+
+
+def _view_in(whole: torch.Tensor, tensor: torch.Tensor, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tensor`` and the region ``buffer`` it views, rebuilt as views of ``whole``, a copy of
+    their storage's bytes (on another device, or pinned)."""
+    start = buffer.storage_offset() * buffer.element_size()
+    new = whole[start:start + buffer.numel() * buffer.element_size()].view(buffer.dtype)
+    offset = new.storage_offset() + tensor.storage_offset() - buffer.storage_offset()
+    return new.as_strided(tensor.shape, tensor.stride(), offset), new
+
+
+# pinned copies of collate buffers, by the offsets region every Ragged of a batch shares: a
+# DataLoader(pin_memory=True) pins a batch field by field (Ragged.pin_memory each), and the
+# second field must land in the first one's pinned copy, or the batch is no longer one buffer
+_PINNED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def pin_packed(r: Ragged) -> Ragged | None:
+    """``r`` rebuilt over a pinned copy of the collate buffer it views, pinned once for all the
+    ``Ragged`` of its batch (pinning a batch twice, while the first pinned copy lives, gives that
+    copy again); None if ``r`` views no host collate buffer."""
+    values_buffer, offsets_buffer = r._values_buffer, r._offsets_buffer
+    if (values_buffer is None or offsets_buffer is None or offsets_buffer.device.type != "cpu"
+            or not _is_view_of(r.values, values_buffer) or not _is_view_of(r.offsets, offsets_buffer)
+            or values_buffer.untyped_storage().data_ptr() != offsets_buffer.untyped_storage().data_ptr()):
+        return None
+    whole = _PINNED.get(offsets_buffer)
+    if whole is None:
+        whole = _storage_bytes(offsets_buffer)
+        if not whole.is_pinned():
+            whole = whole.pin_memory()
+        _PINNED[offsets_buffer] = whole
+    values, new_values_buffer = _view_in(whole, r.values, values_buffer)
+    offsets, new_offsets_buffer = _view_in(whole, r.offsets, offsets_buffer)
+    return Ragged._make(values, offsets, r.max_length, new_values_buffer, new_offsets_buffer)
 
 
 def _is_view_of(tensor: torch.Tensor, buffer: torch.Tensor) -> bool:

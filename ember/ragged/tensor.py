@@ -221,7 +221,14 @@ class Ragged:
 
     def pin_memory(self) -> Ragged:
         """Page-locked copies of both tensors, for asynchronous host-to-device copies. Needs an
-        accelerator: torch raises on a CPU-only build."""
+        accelerator: torch raises on a CPU-only build. The fields of one ``collate`` batch (as
+        ``DataLoader(pin_memory=True)`` pins them, one by one) share one pinned copy of its
+        buffer, so the batch still reaches the device in one copy."""
+        from .collate import pin_packed  # (collate builds on this module)
+
+        packed = pin_packed(self)
+        if packed is not None:
+            return packed
         return Ragged._make(self.values.pin_memory(), self.offsets.pin_memory(), self.max_length)
 
     def clone(self) -> Ragged:
