@@ -205,6 +205,9 @@ def test_cuda_scans_compile_for_sm90(tmp_path):
             assert "strategy: scan" in k.source and (columns or re.search(r"ember_(block_scan|warp_scan)<", k.source))
             assert columns or i < first_columns, k.source
             sources.append(re.sub(rf"\b{re.escape(k.name)}(?=(_body|_i64)?\b)", f"{k.name}_{i}", k.source))
+    # sums of narrow rows are scanned across the warp; costlier combines through shared memory
+    assert "ember_runs_" not in sources[0] and "ember_warp_scan<float>(ember_in" in sources[0]
+    assert any("ember_runs_" in s and "EmberScanLogsumexp" in s for s in sources)
     path = tmp_path / "scans.cu"
     path.write_text(cuda.PRELUDE + "\n" + "\n\n".join(sources) + "\n")
     for wide in ([], ["-DEMBER_WIDE_INDEX"]):

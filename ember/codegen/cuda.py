@@ -206,6 +206,7 @@ class CudaKernelRenderer:
         else:
             self._full()
         self.close()
+        threads = getattr(self, "block_limit", threads)  # (a body may need smaller blocks: its shared memory)
         args = ", ".join(self.arguments())
         # One entry point per compile: the 64-bit one is built (with EMBER_WIDE_INDEX defined) only
         # when a launch needs it, so a cold start compiles each body once, not twice

@@ -2,7 +2,8 @@
 
 A block per row (blocks stride over the rows). The block walks its row in chunks, in order (from
 the row's end when the kernel's scans are reversed). Each warp takes SCAN_ITEMS x 32 consecutive
-elements of a chunk, 32 at a time (lane l at element l of each 32: coalesced), in three steps:
+elements of a chunk, loading them 32 at a time (lane l at element l of each 32: coalesced), in
+one of two layouts. Shuffled (``_shuffled_runs``: sums over rows up to 8192 wide):
 
 1. the scans' inputs at each 32 elements, scanned across the warp (shuffles), each after the
    totals of the warp's earlier 32s, kept in registers;
@@ -11,11 +12,14 @@ elements of a chunk, 32 at a time (lane l at element l of each 32: coalesced), i
 3. each element again, now with its scan (carry, then the warps before, then its own), and the
    stores; the carry takes in the chunk's total.
 
+Transposed (``_transposed_runs``: costlier combines, wider rows): step 1 writes the inputs to the
+warp's shared memory instead, and each lane scans SCAN_ITEMS consecutive of them in its registers
+(one combine an element, not five), the warp its lanes' totals, the block its warps'; the lanes
+write the scans back, and step 3 reads them there.
+
 Recomputing step 1's values in step 3 costs arithmetic and L1 hits, not memory traffic; keeping
 them would cost registers for every value a consumer reads. Elements past the row's end scan the
-combine's neutral and store nothing. Where the combine is costly (logcumsumexp's), each thread
-takes SCAN_ITEMS consecutive elements instead and scans them in its registers, one combine an
-element rather than five (``_consecutive``). A kernel where a scan reads another scan (whose
+combine's neutral and store nothing. A kernel where a scan reads another scan (whose
 inputs need the first scan's results) walks chunks of blockDim.x elements, a thread an element,
 a block-wide scan per element (``_striped``).
 """
@@ -103,6 +107,9 @@ template <typename T, typename Op> EMBER_FN T ember_block_scan(T v, Op op, T* sl
   const T before = ember_warps_before<T>(ember_shfl(v, 31), op, v, slots, &total);  // (v: warp 0's, unused)
   return (threadIdx.x >> 5) > 0 ? op(before, v) : v;
 }
+// A warp's chunk in shared memory: element e at e + e / 32, so that lanes reading 8 consecutive
+// elements each (at 8 * lane + j) hit 32 different banks, as lanes reading a run of 32 do
+EMBER_FN int ember_skew(int e) { return e + (e >> 5); }
 // thread ``last``'s v, in every thread of the block
 template <typename T> EMBER_FN T ember_block_pick(T v, int last, T* slots) {
   if ((int)threadIdx.x == last) slots[0] = v;
@@ -113,12 +120,16 @@ template <typename T> EMBER_FN T ember_block_pick(T v, int last, T* slots) {
 }
 """
 
-SCAN_ITEMS = 8  # elements a thread takes per chunk (32 apart: a warp's run of 32 each)
+SCAN_ITEMS = 8  # elements a thread takes per chunk (loaded 32 apart, scanned 8 consecutive)
+RUN_SLOTS = 32 * SCAN_ITEMS + SCAN_ITEMS  # shared memory a warp's chunk takes, per scan (skewed)
+RUN_WARPS = 8  # warps of a transposed scan's block at most (H200: 256 threads beat 512 but for logcumsumexp's 2%)
+RUN_BYTES = 32 * 1024  # shared memory a block's runs take at most (fewer warps where more)
 COLUMN_SEGMENTS = 16  # warps of a column scan's block at most: segments of the scanned dim
 
 STRATEGY = ("scan -- a block per row (blocks stride over the rows), walking it in chunks of "
-            f"{SCAN_ITEMS} x blockDim.x elements: each warp scans {SCAN_ITEMS} runs of 32 (shuffles), then one "
-            "block-wide scan of the warps' totals, after the earlier chunks' carry")
+            f"{SCAN_ITEMS} x blockDim.x elements, {SCAN_ITEMS} runs of 32 a warp: scanned across the warp "
+            f"(shuffles) or, transposed through shared memory, {SCAN_ITEMS} consecutive a lane; then the block's "
+            "warps' totals, after the earlier chunks' carry")
 
 
 def items_per_thread(kernel: Kernel) -> int:
@@ -166,6 +177,29 @@ def _scan_inputs(values: list[Value]) -> list[Value]:
 
 
 def _warp_runs(r: CudaKernelRenderer) -> None:
+    if _transposed(r.k):
+        _transposed_runs(r)
+    else:
+        _shuffled_runs(r)
+
+
+def _transposed(kernel: Kernel) -> bool:
+    """Do the kernel's scans go through shared memory (each lane scanning consecutive elements)
+    rather than across the warp, a run of 32 at a time (five shuffles and combines an element)?
+    Where a combine costs more than an add, or rows are wide. H200, µs, shuffled / transposed:
+    logcumsumexp f32 4096 x 4096 163 / 115, cumprod 61 / 49, softmax + cumsum over 1024 x 32000
+    130 / 117; but cumsum f32 16384 x 4096 145 / 160, 4096 x 4096 41 / 46."""
+    wide = _static_width(kernel) > 8192
+    return wide or any(v.arg.combine != "sum" for v in kernel.scans)
+
+
+def _static_width(kernel: Kernel) -> int:
+    """The scanned length where it is a number (symbolic: taken as narrow)."""
+    n = kernel.inner[0]
+    return int(n) if getattr(n, "is_number", False) else 0
+
+
+def _shuffled_runs(r: CudaKernelRenderer) -> None:
     k = r.k
     body = r.body
     values = k.loop_values(1)
@@ -180,55 +214,32 @@ def _warp_runs(r: CudaKernelRenderer) -> None:
     for v in k.scans:
         r.emit(body.scan_decl(v) + "  // the carry: the row's scan so far")
     r.open("for (int64_t ember_base = 0; ember_base < ember_n; ember_base += ember_chunk) {")
-    consecutive = _consecutive(k)
-    if consecutive:
-        r.emit(f"const int64_t ember_first = ember_base + (int64_t)threadIdx.x * {SCAN_ITEMS};  // this thread's first")
-    else:
-        r.emit(f"const int64_t ember_first = ember_base + (int64_t)(threadIdx.x >> 5) * {32 * SCAN_ITEMS} "
-               "+ (threadIdx.x & 31);  // this lane's first element")
+    r.emit(f"const int64_t ember_first = ember_base + (int64_t)(threadIdx.x >> 5) * {32 * SCAN_ITEMS} "
+           "+ (threadIdx.x & 31);  // this lane's first element")
     for v in k.scans:
         ctype, items = scan_acc_type(body.lang, v), _items(body, v)
         r.emit(f"{ctype} {items}[{SCAN_ITEMS}];")
-        if not consecutive:
-            r.emit(f"{ctype} {items}_warp = {scan_init(body.lang, v)};  // the warp's runs so far")
-    r.emit("// 1. the scans' inputs, " + ("scanned in the thread's registers" if consecutive else
-                                        "each run of 32 scanned across the warp after the warp's earlier runs"))
-    _each_item(r, consecutive)
+        r.emit(f"{ctype} {items}_warp = {scan_init(body.lang, v)};  // the warp's runs so far")
+    r.emit("// 1. the scans' inputs, each run of 32 scanned across the warp after the warp's earlier runs")
+    _each_item(r)
     r._statements(inputs)
     for v in k.scans:
         ctype, items, op = scan_acc_type(body.lang, v), _items(body, v), _op(v)
         x = f"ember_in ? ({ctype}){body.name(v.srcs[0])} : {scan_init(body.lang, v)}"
-        if consecutive:
-            r.emit(f"{items}[ember_j] = {x};")
-            continue
         r.emit(f"const {ctype} {items}_run = ember_warp_scan<{ctype}>({x}, {op});")
         r.emit(f"{items}[ember_j] = {scan_combine(v, f'{items}_warp', f'{items}_run')};")
         r.emit(f"{items}_warp = {scan_combine(v, f'{items}_warp', f'ember_shfl({items}_run, 31)')};")
     r.close()
-    r.emit("// 2. what the " + ("threads" if consecutive else "warps") + " before this one hold, after the "
-           "earlier chunks' carry")
+    r.emit("// 2. what the warps before this one hold, after the earlier chunks' carry")
     for v in k.scans:
         ctype, items, acc, op = scan_acc_type(body.lang, v), _items(body, v), body.acc_names[id(v)], _op(v)
-        none = scan_init(body.lang, v)
         slots = f"reinterpret_cast<{ctype}*>(ember_scan_slots)"
-        if consecutive:
-            r.emit("#pragma unroll")
-            r.emit(f"for (int ember_j = 1; ember_j < {SCAN_ITEMS}; ++ember_j) "
-                   f"{items}[ember_j] = {scan_combine(v, f'{items}[ember_j - 1]', f'{items}[ember_j]')};")
-            r.emit(f"const {ctype} {items}_lanes = ember_warp_scan<{ctype}>({items}[{SCAN_ITEMS - 1}], {op});")
-            r.emit(f"const {ctype} {items}_up = ember_shfl_up({items}_lanes, 1);  // (every lane shuffles)")
-            r.emit(f"const {ctype} {items}_warp = ember_shfl({items}_lanes, 31);")
-        before = f"ember_warps_before<{ctype}>({items}_warp, {op}, {none}, {slots}, &{items}_total)"
+        before = f"ember_warps_before<{ctype}>({items}_warp, {op}, {scan_init(body.lang, v)}, {slots}, &{items}_total)"
         r.emit(f"{ctype} {items}_total;")
-        r.emit(f"const {ctype} {items}_warps = {scan_combine(v, acc, before)};")
-        if consecutive:
-            lane_before = f"((threadIdx.x & 31) == 0 ? {none} : {items}_up)"
-            r.emit(f"const {ctype} {items}_before = {scan_combine(v, f'{items}_warps', lane_before)};")
-        else:
-            r.emit(f"const {ctype} {items}_before = {items}_warps;")
+        r.emit(f"const {ctype} {items}_before = {scan_combine(v, acc, before)};")
     r.emit("// 3. every value at this lane's elements, with their scans, and the stores")
-    body.scan_line = lambda v: _item_line(r, v)
-    _each_item(r, consecutive)
+    body.scan_line = lambda v: _item_line(r, v, shuffled=True)
+    _each_item(r)
     r._statements(values)
     stores = [v for v in k.values if v.kind == "store" and v.inner]
     r.open("if (ember_in) {")
@@ -240,13 +251,89 @@ def _warp_runs(r: CudaKernelRenderer) -> None:
     r.close(2)
 
 
-def _consecutive(kernel: Kernel) -> bool:
-    """Does each thread take consecutive elements (scanned in its registers, one combine an
-    element) rather than one of each run of 32 (scanned across the warp, five)? Where the
-    combine is costly: logcumsumexp's (a log and an exp). On an H200, 4096 x 4096 float32:
-    logcumsumexp 162 us consecutive, 285 in runs; cumsum 579 consecutive, 143 in runs (a warp's
-    load of consecutive items spans 32 sectors)."""
-    return any(v.arg.combine == "logsumexp" for v in kernel.scans)
+def _transposed_runs(r: CudaKernelRenderer) -> None:
+    k = r.k
+    body = r.body
+    values = k.loop_values(1)
+    inputs = _scan_inputs(values)
+    warps = run_warps(r)
+    r.block_limit = 32 * warps
+    r.emit(f"const I ember_rows = (I)({index_expr(sh.numel(k.outer))});")
+    r.emit(f"const int64_t ember_n = {index_expr(k.inner[0])};  // each row's length")
+    r.emit("__shared__ double ember_scan_slots[32];  // warps' totals (8 bytes each at most)")
+    for v in k.scans:
+        r.emit(f"__shared__ {scan_acc_type(body.lang, v)} {_runs(body, v)}[{warps * RUN_SLOTS}];  "
+               f"// each warp's {32 * SCAN_ITEMS} inputs, then their scans ({RUN_SLOTS} a warp: skewed)")
+    r.emit(f"const int64_t ember_chunk = (int64_t)blockDim.x * {SCAN_ITEMS};")
+    r.emit(f"const int ember_lane = (int)(threadIdx.x & 31), ember_run0 = (int)(threadIdx.x >> 5) * {RUN_SLOTS};")
+    r.open("for (I ember_row = blockIdx.x; ember_row < ember_rows; ember_row += gridDim.x) {")
+    r._decompose("ember_row", k.outer, outer_var)
+    r._statements([v for v in k.values if not v.inner and v.kind != "store"])
+    for v in k.scans:
+        r.emit(body.scan_decl(v) + "  // the carry: the row's scan so far")
+    r.open("for (int64_t ember_base = 0; ember_base < ember_n; ember_base += ember_chunk) {")
+    r.emit(f"const int64_t ember_first = ember_base + (int64_t)(threadIdx.x >> 5) * {32 * SCAN_ITEMS} "
+           "+ ember_lane;  // this lane's first element")
+    r.emit("__syncwarp();  // (the last chunk's reads of the runs are done)")
+    r.emit("// 1. the scans' inputs, a run of 32 at a time (coalesced), into the warp's shared memory")
+    _each_item(r)
+    r._statements(inputs)
+    for v in k.scans:
+        x = f"ember_in ? ({scan_acc_type(body.lang, v)}){body.name(v.srcs[0])} : {scan_init(body.lang, v)}"
+        r.emit(f"{_runs(body, v)}[ember_run0 + ember_skew(ember_j * 32 + ember_lane)] = {x};")
+    r.close()
+    r.emit("__syncwarp();")
+    r.emit(f"// 2. each lane scans {SCAN_ITEMS} consecutive inputs in its registers, the warp its lanes' totals, "
+           "the block its warps' (after the earlier chunks' carry)")
+    for v in k.scans:
+        ctype, items, runs, acc, op = (scan_acc_type(body.lang, v), _items(body, v), _runs(body, v),
+                                       body.acc_names[id(v)], _op(v))
+        none = scan_init(body.lang, v)
+        slots = f"reinterpret_cast<{ctype}*>(ember_scan_slots)"
+        at = f"ember_run0 + ember_skew(ember_lane * {SCAN_ITEMS} + ember_j)"
+        r.emit(f"{ctype} {items}[{SCAN_ITEMS}];")
+        r.emit("#pragma unroll")
+        r.emit(f"for (int ember_j = 0; ember_j < {SCAN_ITEMS}; ++ember_j) {items}[ember_j] = {runs}[{at}];")
+        r.emit("#pragma unroll")
+        r.emit(f"for (int ember_j = 1; ember_j < {SCAN_ITEMS}; ++ember_j) "
+               f"{items}[ember_j] = {scan_combine(v, f'{items}[ember_j - 1]', f'{items}[ember_j]')};")
+        r.emit(f"const {ctype} {items}_lanes = ember_warp_scan<{ctype}>({items}[{SCAN_ITEMS - 1}], {op});")
+        r.emit(f"const {ctype} {items}_up = ember_shfl_up({items}_lanes, 1);  // (every lane shuffles)")
+        before = (f"ember_warps_before<{ctype}>(ember_shfl({items}_lanes, 31), {op}, {none}, {slots}, "
+                  f"&{items}_total)")
+        r.emit(f"{ctype} {items}_total;")
+        r.emit(f"const {ctype} {items}_warps = {scan_combine(v, acc, before)};")
+        lane_before = f"(ember_lane == 0 ? {none} : {items}_up)"
+        r.emit(f"const {ctype} {items}_before = {scan_combine(v, f'{items}_warps', lane_before)};")
+        r.emit("#pragma unroll")
+        r.emit(f"for (int ember_j = 0; ember_j < {SCAN_ITEMS}; ++ember_j) "
+               f"{runs}[{at}] = {scan_combine(v, f'{items}_before', f'{items}[ember_j]')};")
+    r.emit("__syncwarp();")
+    r.emit("// 3. every value at this lane's elements, with their scans from shared memory, and the stores")
+    body.scan_line = lambda v: _item_line(r, v)
+    _each_item(r)
+    r._statements(values)
+    stores = [v for v in k.values if v.kind == "store" and v.inner]
+    r.open("if (ember_in) {")
+    r._statements(stores)
+    r.close(2)
+    for v in k.scans:
+        acc, items = body.acc_names[id(v)], _items(body, v)
+        r.emit(f"{acc} = {scan_combine(v, acc, f'{items}_total')};")
+    r.close(2)
+
+
+def run_warps(r: CudaKernelRenderer) -> int:
+    """Warps a block of this scan kernel has at most: as many as a row kernel's, fewer where the
+    scans' shared memory would pass RUN_BYTES (8-byte accumulators, several scans)."""
+    from .cuda_prelude import REDUCTION_THREADS  # (the prelude takes this module's)
+
+    sizes = {"double": 8, "int64_t": 8, "uint64_t": 8}
+    per_warp = RUN_SLOTS * sum(sizes.get(scan_acc_type(r.body.lang, v), 4) for v in r.k.scans)
+    warps = min(RUN_WARPS, REDUCTION_THREADS // 32)
+    while warps > 1 and warps * per_warp > RUN_BYTES:
+        warps //= 2
+    return warps
 
 
 def _op(v: Value) -> str:
@@ -257,21 +344,29 @@ def _items(body, v: Value) -> str:
     return f"ember_items_{body.name(v)}"
 
 
-def _each_item(r: CudaKernelRenderer, consecutive: bool) -> None:
-    """Open the unrolled loop over this thread's elements of the chunk (one level)."""
+def _each_item(r: CudaKernelRenderer) -> None:
+    """Open the unrolled loop over this lane's elements of the chunk, one in each run of 32."""
     k = r.k
     r.emit("#pragma unroll")
     r.open(f"for (int ember_j = 0; ember_j < {SCAN_ITEMS}; ++ember_j) {{")
-    r.emit(f"const int64_t ember_i = ember_first + {'ember_j' if consecutive else '32 * ember_j'};")
+    r.emit("const int64_t ember_i = ember_first + 32 * ember_j;")
     r.emit("const bool ember_in = ember_i < ember_n;")
     at = "(ember_in ? ember_i : ember_n - 1)"
     r.emit(f"const int64_t {inner_var(0).name} = {f'ember_n - 1 - {at}' if k.scan_reverse else at};")
 
 
-def _item_line(r: CudaKernelRenderer, v: Value) -> str:
-    items, compute = _items(r.body, v), r.body.lang.compute(v.dtype)
-    return (f"const {compute} {r.body.name(v)} = "
-            f"({compute})({scan_combine(v, f'{items}_before', f'{items}[ember_j]')});")
+def _item_line(r: CudaKernelRenderer, v: Value, shuffled: bool = False) -> str:
+    compute = r.body.lang.compute(v.dtype)
+    if shuffled:
+        items = _items(r.body, v)
+        scan = scan_combine(v, f"{items}_before", f"{items}[ember_j]")
+    else:
+        scan = f"{_runs(r.body, v)}[ember_run0 + ember_skew(ember_j * 32 + ember_lane)]"
+    return f"const {compute} {r.body.name(v)} = ({compute})({scan});"
+
+
+def _runs(body, v: Value) -> str:
+    return f"ember_runs_{body.name(v)}"
 
 
 def _striped(r: CudaKernelRenderer) -> None:
