@@ -175,7 +175,7 @@ def test_cuda_scans_compile_for_sm90(tmp_path):
     cases = [
         (lambda x: (torch.relu(x) + 1).cumsum(-1) * 2, torch.randn(8, 16)),
         (lambda x: (x.cumsum(-1), (1 + 0.01 * x).cumprod(0), x.logcumsumexp(1)), torch.randn(5, 70)),
-        (lambda x: (x.cumsum(-1), x.logcumsumexp(1)), torch.randn(5, 70).bfloat16()),
+        (lambda x: (x.cumsum(-1), x.logcumsumexp(1)), torch.randn(5, 72).bfloat16()),
         (lambda x: (x.cumsum(-1), x.logcumsumexp(0)), torch.randn(5, 70).double()),
         (lambda x: x.cumsum(-1) - 1, torch.randint(0, 2, (5, 70))),
         (lambda x: x.flip(1).cumsum(1).flip(1), torch.randn(4, 40)),
@@ -196,7 +196,7 @@ def test_cuda_scans_compile_for_sm90(tmp_path):
         (lambda x: (x.cummin(0).values, x.double().cummax(0).values), torch.randn(300, 33).half()),
     ]
     first_columns = 14
-    sources = []
+    sources, by_case = [], {}
     for i, (fn, x) in enumerate(cases):
         report = ember.explain(fn, x, target="cuda")
         assert report.kernels and not report.fallbacks
@@ -205,8 +205,11 @@ def test_cuda_scans_compile_for_sm90(tmp_path):
             assert "strategy: scan" in k.source and (columns or re.search(r"ember_(block_scan|warp_scan)<", k.source))
             assert columns or i < first_columns, k.source
             sources.append(re.sub(rf"\b{re.escape(k.name)}(?=(_body|_i64)?\b)", f"{k.name}_{i}", k.source))
+            by_case[i] = by_case.get(i, "") + k.source
     # sums of narrow rows are scanned across the warp; costlier combines through shared memory
     assert "ember_runs_" not in sources[0] and "ember_warp_scan<float>(ember_in" in sources[0]
+    # where rows are aligned, a lane's group of consecutive elements loads at once; not reversed
+    assert "ember_load_vec<unsigned short, 8>" in by_case[2] and "ember_load_vec" not in by_case[5]
     assert any("ember_runs_" in s and "EmberScanLogsumexp" in s for s in sources)
     path = tmp_path / "scans.cu"
     path.write_text(cuda.PRELUDE + "\n" + "\n\n".join(sources) + "\n")

@@ -17,6 +17,10 @@ warp's shared memory instead, and each lane scans SCAN_ITEMS consecutive of them
 (one combine an element, not five), the warp its lanes' totals, the block its warps'; the lanes
 write the scans back, and step 3 reads them there.
 
+Where the row's loads and stores along it are aligned to 16 bytes (tested once per kernel
+call), a third form replaces both (``_group_runs``): each lane takes a group of consecutive
+elements, loaded and stored at once, and scans it in its registers.
+
 Recomputing step 1's values in step 3 costs arithmetic and L1 hits, not memory traffic; keeping
 them would cost registers for every value a consumer reads. Elements past the row's end scan the
 combine's neutral and store nothing. A kernel where a scan reads another scan (whose
@@ -28,10 +32,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import sympy
+
 from ..ir import shapes as sh
 from ..schedule.kernel_ir import Kernel, Value, inner_var, outer_var
 from .cexpr import index_expr
 from .cstyle import scan_acc_type, scan_combine, scan_init
+from .cuda_vectors import VectorPlan, plan_loop
 
 if TYPE_CHECKING:
     from .cuda import CudaKernelRenderer
@@ -129,7 +136,8 @@ COLUMN_SEGMENTS = 16  # warps of a column scan's block at most: segments of the 
 STRATEGY = ("scan -- a block per row (blocks stride over the rows), walking it in chunks of "
             f"{SCAN_ITEMS} x blockDim.x elements, {SCAN_ITEMS} runs of 32 a warp: scanned across the warp "
             f"(shuffles) or, transposed through shared memory, {SCAN_ITEMS} consecutive a lane; then the block's "
-            "warps' totals, after the earlier chunks' carry")
+            "warps' totals, after the earlier chunks' carry. Where the rows' accesses are aligned, each lane "
+            "takes a group of consecutive elements instead, loaded and stored at once (16 bytes)")
 
 
 def items_per_thread(kernel: Kernel) -> int:
@@ -177,10 +185,144 @@ def _scan_inputs(values: list[Value]) -> list[Value]:
 
 
 def _warp_runs(r: CudaKernelRenderer) -> None:
+    plan = _group_plan(r.k)
+    if plan is not None:
+        test = " && ".join(plan.conditions) or "true"
+        r.emit(f"// vector form where every group of {plan.width} is aligned: "
+               f"{', '.join(sorted({v.arg.buffer for v in plan.values}))}")
+        r.open(f"if ({test}) {{")
+        _group_runs(r, plan)
+        r.depth -= 1
+        r.open("} else {")
     if _transposed(r.k):
         _transposed_runs(r)
     else:
         _shuffled_runs(r)
+    if plan is not None:
+        r.close()
+
+
+def _group_plan(kernel: Kernel) -> VectorPlan | None:
+    """The vector form of a scan kernel's loop (cuda_vectors.py), where it reads or writes along
+    the rows a group at a time; none for reversed scans (a lane's group would go backwards), nor
+    for sums of 4- or 8-byte elements over rows the warp shuffles take (H200, float32 cumsum
+    16384 x 4096: 143 us shuffled, 169 in groups; bfloat16: 127 shuffled, 85 in groups)."""
+    if kernel.scan_reverse:
+        return None
+    stores = [v for v in kernel.values if v.kind == "store" and v.inner]
+    plan = plan_loop(kernel, kernel.loop_values(1) + stores, kernel.inner, inner=True)
+    if plan is None or plan.width <= 4 and not _transposed(kernel):
+        return None
+    return plan
+
+
+def _group_runs(r: CudaKernelRenderer, plan: VectorPlan) -> None:
+    """Each lane takes SCAN_ITEMS consecutive elements, in vectors of ``plan.width`` (its loads and
+    stores up to 16 bytes at once, coalesced across the warp), and scans them in its registers;
+    the warp scans its lanes' totals, the block its warps'. Where a row's 2-byte elements went
+    one at a time, a warp moved 64 bytes a load: a bfloat16 cumsum took 1.9x Triton's time."""
+    k, body, width = r.k, r.body, plan.width
+    items = max(width, SCAN_ITEMS)
+    values = k.loop_values(1)
+    inputs = _scan_inputs(values)
+    stores = [v for v in k.values if v.kind == "store" and v.inner]
+    grouped = {id(v) for v in plan.values}
+    r.emit(f"const I ember_rows = (I)({index_expr(sh.numel(k.outer))});")
+    r.emit(f"const int64_t ember_n = {index_expr(k.inner[0])};  // each row's length (a multiple of {width} here)")
+    r.emit("__shared__ double ember_scan_slots[32];  // warps' totals (8 bytes each at most)")
+    r.emit(f"const int64_t ember_chunk = (int64_t)blockDim.x * {items};")
+    r.open("for (I ember_row = blockIdx.x; ember_row < ember_rows; ember_row += gridDim.x) {")
+    r._decompose("ember_row", k.outer, outer_var)
+    r._statements([v for v in k.values if not v.inner and v.kind != "store"])
+    for v in k.scans:
+        r.emit(body.scan_decl(v) + "  // the carry: the row's scan so far")
+    r.open("for (int64_t ember_base = 0; ember_base < ember_n; ember_base += ember_chunk) {")
+    r.emit(f"const int64_t ember_first = ember_base + (int64_t)threadIdx.x * {items};  // this lane's elements")
+    for v in k.scans:
+        r.emit(f"{scan_acc_type(body.lang, v)} {_items(body, v)}[{items}];")
+    r.emit(f"// 1. the scans' inputs, {width} at a time, scanned in the lane's registers")
+    _open_group(r, plan, [v for v in plan.values if v.kind == "load" and id(v) in {id(u) for u in inputs}], items)
+    r._statements(inputs)
+    for v in k.scans:
+        x = f"ember_in ? ({scan_acc_type(body.lang, v)}){body.name(v.srcs[0])} : {scan_init(body.lang, v)}"
+        r.emit(f"{_items(body, v)}[ember_k] = {x};")
+    r.close(2)
+    body.vector_access.clear()
+    r.emit("// 2. what the lanes and warps before this one hold, after the earlier chunks' carry")
+    for v in k.scans:
+        ctype, name, acc, op = scan_acc_type(body.lang, v), _items(body, v), body.acc_names[id(v)], _op(v)
+        none = scan_init(body.lang, v)
+        slots = f"reinterpret_cast<{ctype}*>(ember_scan_slots)"
+        r.emit("#pragma unroll")
+        r.emit(f"for (int ember_k = 1; ember_k < {items}; ++ember_k) "
+               f"{name}[ember_k] = {scan_combine(v, f'{name}[ember_k - 1]', f'{name}[ember_k]')};")
+        r.emit(f"const {ctype} {name}_lanes = ember_warp_scan<{ctype}>({name}[{items - 1}], {op});")
+        r.emit(f"const {ctype} {name}_up = ember_shfl_up({name}_lanes, 1);  // (every lane shuffles)")
+        before = (f"ember_warps_before<{ctype}>(ember_shfl({name}_lanes, 31), {op}, {none}, {slots}, "
+                  f"&{name}_total)")
+        r.emit(f"{ctype} {name}_total;")
+        r.emit(f"const {ctype} {name}_warps = {scan_combine(v, acc, before)};")
+        lane_before = f"((threadIdx.x & 31) == 0 ? {none} : {name}_up)"
+        r.emit(f"const {ctype} {name}_before = {scan_combine(v, f'{name}_warps', lane_before)};")
+    r.emit("// 3. every value of the lane's elements, with their scans, and the stores")
+    body.scan_line = lambda v: _group_line(r, v)
+    used = {id(v) for v in (*values, *stores)}
+    _open_group(r, plan, [v for v in plan.values if id(v) in used], items)
+    r._statements(values)
+    r._statements([v for v in stores if id(v) in grouped])  # (into the lane's vectors)
+    if any(id(v) not in grouped for v in stores):
+        r.open("if (ember_in) {")
+        r._statements([v for v in stores if id(v) not in grouped])
+        r.close()
+    r.close()
+    r.emit("#pragma unroll")
+    r.open(f"for (int ember_g = 0; ember_g < {items // width}; ++ember_g) {{")
+    r.open(f"if (ember_first + ember_g * {width} < ember_n) {{")
+    for v in plan.values:
+        if v.kind == "store":
+            ctype = body.lang.storage[body.buffer_dtype[v.arg.buffer]]
+            r.emit(f"ember_store_vec<{ctype}, {width}>({_group_address(v, width)}, {body.name(v)}_vec[ember_g]);")
+    r.close(3)
+    body.vector_access.clear()
+    for v in k.scans:
+        acc, name = body.acc_names[id(v)], _items(body, v)
+        r.emit(f"{acc} = {scan_combine(v, acc, f'{name}_total')};")
+    r.close(2)
+
+
+def _open_group(r: CudaKernelRenderer, plan: VectorPlan, accesses: list[Value], items: int) -> None:
+    """Open a scope with the lane's vectors of ``accesses`` (loads read, stores declared; a
+    vector past the row's end reads the row's last) and the unrolled loop over its elements
+    (two levels)."""
+    body, width = r.body, plan.width
+    r.open("{")
+    for v in accesses:
+        ctype, name = body.lang.storage[body.buffer_dtype[v.arg.buffer]], f"{body.name(v)}_vec"
+        r.emit(f"EmberVec<{ctype}, {width}> {name}[{items // width}];")
+        if v.kind == "load":
+            r.emit("#pragma unroll")
+            r.emit(f"for (int ember_g = 0; ember_g < {items // width}; ++ember_g) "
+                   f"{name}[ember_g] = ember_load_vec<{ctype}, {width}>({_group_address(v, width)});")
+        body.vector_access[id(v)] = f"{name}[ember_k / {width}].v[ember_k % {width}]"
+    r.emit("#pragma unroll")
+    r.open(f"for (int ember_k = 0; ember_k < {items}; ++ember_k) {{")
+    r.emit("const bool ember_in = ember_first + ember_k < ember_n;")
+    r.emit(f"const int64_t {inner_var(0).name} = "
+           f"ember_in ? ember_first + ember_k : ember_n - {width} + ember_k % {width};")
+
+
+def _group_address(v: Value, width: int) -> str:
+    """Where vector ``ember_g`` of the lane's elements starts (the row's last where it is past the end)."""
+    at = f"(ember_first + ember_g * {width} < ember_n ? ember_first + ember_g * {width} : ember_n - {width})"
+    index = index_expr(sympy.sympify(v.arg.index).xreplace({inner_var(0): sympy.Symbol("ember_at", integer=True)}))
+    return f"{v.arg.buffer} + ({index.replace('ember_at', at)})"
+
+
+def _group_line(r: CudaKernelRenderer, v: Value) -> str:
+    items, compute = _items(r.body, v), r.body.lang.compute(v.dtype)
+    return f"const {compute} {r.body.name(v)} = ({compute})({scan_combine(v, f'{items}_before', f'{items}[ember_k]')});"
+
+
 
 
 def _transposed(kernel: Kernel) -> bool:
