@@ -185,7 +185,6 @@ class CudaKernelRenderer:
 
     def render(self) -> str:
         k = self.k
-        threads = {"pointwise": POINTWISE_THREADS, "tiles": LANES * TILE_ROWS}.get(self.strategy, REDUCTION_THREADS)
         self.emit(f"// {k.name}: fuses {', '.join(k.origins) or '-'}")
         self.emit(f"// outer {sh.fmt(k.outer)}, inner {sh.fmt(k.inner)}, {k.n_loops} inner loop(s)")
         self.emit(f"// strategy: {_STRATEGY[self.strategy + (' split' if self.split else '')]}")
@@ -206,7 +205,8 @@ class CudaKernelRenderer:
         else:
             self._full()
         self.close()
-        threads = getattr(self, "block_limit", threads)  # (a body may need smaller blocks: its shared memory)
+        threads = getattr(self, "block_limit", None) or {  # (a scan's shared memory may need smaller blocks)
+            "pointwise": POINTWISE_THREADS, "tiles": LANES * TILE_ROWS}.get(self.strategy, REDUCTION_THREADS)
         args = ", ".join(self.arguments())
         # One entry point per compile: the 64-bit one is built (with EMBER_WIDE_INDEX defined) only
         # when a launch needs it, so a cold start compiles each body once, not twice
