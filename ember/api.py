@@ -26,9 +26,10 @@ from .frontend.autograd_inputs import (
 )
 from .frontend.dtype_refusals import eager_kernel_refusal
 from .frontend.dynamo import make_backend
+from .frontend.fma_rewrites import restore_inplace_updates
 from .frontend.guard_profile import without_guard_profiling
 from .frontend.module_frames import own_frame_per_class
-from .frontend.overlap import refuses_inplace_cast, writes_overlapping_memory
+from .frontend.overlap import refuses_inplace_cast, writes_overlapping_memory, writes_through_a_gapped_unfold
 from .passes.pipeline import check_pass_names
 from .report import GraphReport, Report
 from .runtime import stats as stats_module
@@ -54,9 +55,22 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
     ``options`` are ember settings (see ``ember.config.Config``), as in
     ``torch.compile(fn, backend="ember", options={"debug": 2})``. ``mode`` (Inductor's
     "max-autotune", "reduce-overhead") is accepted and ignored, as other backends do: ember's
-    tuning is ``triton_tuning``, its CUDA graphs ``ember.cuda_graph``.
+    tuning is ``triton_tuning``, its CUDA graphs ``ember.cuda_graph``. A mode that is none of
+    torch's raises Inductor's RuntimeError (a typo, "max-autotun", was ignored silently).
     """
+    modes = _torch_compile_modes()
+    if mode is not None and modes and mode not in modes:
+        raise RuntimeError(f"Unrecognized mode={mode!r}, should be one of: {', '.join(modes)}")
     return _backend(_config(options), None)(gm, example_inputs)
+
+
+def _torch_compile_modes() -> list[str]:
+    """torch.compile's modes (Inductor's list), or none where this torch has no such list."""
+    try:
+        from torch._inductor import list_mode_options
+        return list(list_mode_options())
+    except Exception:  # noqa: BLE001 -- a private API: without it, any mode is accepted
+        return []
 
 
 _SHARED_BACKENDS: dict[str, Callable[..., Any]] = {}
@@ -118,6 +132,16 @@ class EmberModule(OptimizedModule):
             state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
         return self._orig_mod.load_state_dict(state_dict, *args, **kwargs)
 
+    # A parent module's load_state_dict loads its children through this, not through the method
+    # above, and then hands each key under prefix + "_orig_mod." to the module compiled: the
+    # keys state_dict() gave (prefix + "weight") were unexpected there, and a model holding a
+    # compiled submodule could not load its own checkpoint. (The dict is the loading's own copy.)
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        inner = prefix + "_orig_mod."
+        for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+            state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
 
 def _backend(cfg: Config, sink: list[GraphReport] | None) -> Callable[..., Any]:
     def compile_one(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
@@ -134,13 +158,24 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[...
     its numel in Python). The user's program runs, with one warning; an error the graph's ops
     raise, eager raises when it runs them. So do graphs writing in place to tensors whose elements
     share memory, or whose result type eager cannot cast to the tensor written (``ints.mul_(floats)``),
-    which functionalization gets wrong (``frontend/overlap.py``), calls with
+    which functionalization gets wrong (``frontend/overlap.py``), as it does writes through an
+    ``unfold`` view with gaps between its windows, calls with
     forward-mode AD dual tensors, whose tangents ember's kernels drop, and training graphs over
     inference tensors that save or return them (``frontend/autograd_inputs.py``)."""
     def compile_or_eager(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        if restore_inplace_updates(gm):
+            # (no warning: an update eager refuses (an add_'s tensor alpha) raises eager's error)
+            stats_module.bump("graph_fallbacks")
+            return gm.forward
         if writes_overlapping_memory(gm):
             warnings.warn("ember: a graph writes in place to a tensor whose elements share memory, or that "
                           "overlaps one the write reads (an expand, a shifted view); it runs eagerly",
+                          RuntimeWarning, stacklevel=2)
+            stats_module.bump("graph_fallbacks")
+            return gm.forward
+        if writes_through_a_gapped_unfold(gm):
+            warnings.warn("ember: a graph writes in place through an unfold view whose windows do not cover "
+                          "its dim, which torch's functionalization zeroes between them; it runs eagerly",
                           RuntimeWarning, stacklevel=2)
             stats_module.bump("graph_fallbacks")
             return gm.forward
@@ -224,6 +259,12 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return compiled(*args, **kwargs)
+        except IndexError as e:
+            if _function_names(e)[-1:] != ["_cat_meta"]:
+                raise
+            # prims.cat's meta indexes the shape of a 0-d tensor (Dynamo lets its IndexError
+            # through); eager's cat checks its tensors first and raises RuntimeError
+            raise RuntimeError(f"torch.cat: zero-dimensional tensors cannot be concatenated ({e})") from None
         except torch._dynamo.exc.TorchRuntimeError as e:
             chain = _exception_chain(e)
             original = chain[-1]
@@ -268,6 +309,15 @@ def _frames(e: BaseException) -> list[str]:
         files.append(tb.tb_frame.f_code.co_filename.replace("\\", "/"))
         tb = tb.tb_next
     return files
+
+
+def _frame_objects(e: BaseException) -> list[Any]:
+    """The frames of ``e``'s traceback, outermost first."""
+    frames, tb = [], e.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
 
 
 def _function_names(e: BaseException) -> list[str]:
@@ -370,8 +420,12 @@ def _empty_reduction(e: BaseException) -> bool:
     """A reduction without identity over an empty dim it names, refused by torch's references or
     meta functions with a RuntimeError, where eager's own check raises IndexError. (Over every
     dim, ``amin()``, eager's error is a RuntimeError too: "Expected reduction dim to be
-    specified"; ``argmax()``'s an IndexError.)"""
+    specified"; ``argmax()``'s an IndexError.) kthvalue's meta function checks only k against
+    the dim's size, where eager checks first that the dim is not empty."""
     text = str(e)
+    if text.startswith("kthvalue(): selected number k out of range"):
+        return any(frame.f_code.co_name == "kthvalue_meta" and frame.f_locals.get("dimSize") == 0
+                   for frame in _frame_objects(e))
     if not ("zero-size dimension" in text or "Expected reduction dim" in text):
         return False
     if not any("/torch/_refs/" in f or "/torch/_meta_registrations" in f for f in _frames(e)):

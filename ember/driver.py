@@ -56,6 +56,13 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     name = f"{kind}_{next(_graph_ids)}"
     report = rp.GraphReport(name, kind)
     start = time.perf_counter()
+    if _on_meta(gm):
+        # meta tensors hold no data: ATen's meta kernels compute their shapes, all a compiled
+        # program could (no kernel backend has the device; this is no failure to warn of)
+        log(1, f"{name}: a graph of meta tensors runs through ATen's meta kernels", cfg)
+        if sink is not None:
+            sink.append(report)
+        return boxed(gm)
     try:
         # what only a report shows (the IR after each pass, each kernel's source) is skipped
         # when nobody asked for one: it is most of ember's own time on a warm start
@@ -78,6 +85,15 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     aten = "runs through ATen (kernels rendered only)" if rendered_only else f"{len(report.fallbacks)} ATen call(s)"
     log(1, f"{name}: {len(report.kernels)} kernel(s), {aten}, {report.compile_ms:.0f} ms", cfg)
     return program
+
+
+def _on_meta(gm: torch.fx.GraphModule) -> bool:
+    """Does the graph take or make meta tensors (shapes without data)?"""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.device.type == "meta":
+            return True
+    return False
 
 
 def _fingerprint(gm: torch.fx.GraphModule, kind: str, cfg: Config, donated: frozenset[int] = frozenset()) -> str | None:

@@ -248,6 +248,8 @@ def test_torch_compile_modes_are_accepted_and_explain_raises_the_ops_error():
     fn = lambda x: torch.relu(x) + 1  # noqa: E731
     x = torch.randn(8)
     assert_same(torch.compile(fn, backend=ember.ember_backend, mode="max-autotune")(x), fn(x))
+    with pytest.raises(RuntimeError, match="Unrecognized mode='max-autotun'"):  # (as Inductor's; was ignored)
+        torch.compile(fn, backend=ember.ember_backend, mode="max-autotun")(x)
     with pytest.raises(RuntimeError, match=r"shape '\[5, 7\]' is invalid"):  # (not Dynamo's wrapper)
         ember.explain(lambda a: a.view(5, 7), torch.randn(4, 8))
 
@@ -272,6 +274,13 @@ def test_a_compiled_modules_state_dict_has_the_modules_keys():
     plain.eval()
     compiled.eval()
     assert_same(compiled(x), plain(x))
+    # a model holding a compiled submodule loads its own checkpoint, and a plain model's (the
+    # parent's load_state_dict reaches the submodule under "_orig_mod.": its keys were unexpected)
+    parent, plain_parent = torch.nn.Sequential(ember.compile(make()), torch.nn.ReLU()), torch.nn.Sequential(make())
+    assert list(parent.state_dict()) == list(plain_parent.state_dict())
+    parent.load_state_dict(plain_parent.state_dict())
+    parent.load_state_dict({k: v + 1 for k, v in parent.state_dict().items() if v.is_floating_point()}, strict=False)
+    assert_same(parent[0]._orig_mod[0].weight, plain_parent[0][0].weight + 1)
 
 
 def test_a_compiled_function_can_be_explained_and_compiled_again():

@@ -313,6 +313,15 @@ def test_checks_in_torchs_decompositions_raise_eagers_runtime_error():
         ember.compile(fn)(*args)
 
 
+def test_cat_of_zero_dimensional_tensors_raises_eagers_runtime_error():
+    # prims.cat's meta function indexed the 0-d shape: an IndexError came through Dynamo
+    fn = lambda a, b: torch.cat([a, b * 2])  # noqa: E731
+    args = torch.tensor(1.0), torch.tensor(2.0)
+    assert _eager_error(fn, *args) is RuntimeError
+    with pytest.raises(RuntimeError, match="zero-dimensional"):
+        ember.compile(fn)(*args)
+
+
 def test_unknown_option_is_a_clear_type_error():
     with pytest.raises(TypeError, match="unknown ember option"):
         ember.compile(lambda x: x, options={"fuse_everything": True})
@@ -353,16 +362,31 @@ def test_threads_get_their_own_errors():
 
 
 @pytest.mark.parametrize("fn", [lambda e: e.amax(0), lambda e: e.argmax(), lambda e: torch.aminmax(e, dim=0),
-                                lambda e: e.amin(), lambda e: e.amax(()), lambda e: torch.aminmax(e)],
-                         ids=["amax", "argmax", "aminmax", "amin_all", "amax_no_dims", "aminmax_all"])
+                                lambda e: e.amin(), lambda e: e.amax(()), lambda e: torch.aminmax(e),
+                                lambda e: e.kthvalue(1, 0)],
+                         ids=["amax", "argmax", "aminmax", "amin_all", "amax_no_dims", "aminmax_all", "kthvalue"])
 def test_reductions_over_an_empty_dim_raise_eagers_error(fn):
     # torch's references refuse them with a RuntimeError while tracing; eager's is an IndexError
-    # for a dim named (or argmax()), a RuntimeError for a reduction over every dim
+    # for a dim named (or argmax()), a RuntimeError for a reduction over every dim (kthvalue's
+    # meta function checks only k against the dim's size: its RuntimeError)
     e = torch.randn(0, 5)
     expected = _eager_error(fn, e)
     with pytest.raises(expected) as info:
         ember.compile(fn)(e)
     assert type(info.value) is expected
+
+
+@pytest.mark.parametrize("fn, x", [(lambda x: x.softmax(2), torch.randn(2, 3)),
+                                   (lambda x: F.softmax(x, -3), torch.randn(2, 3)),
+                                   (lambda x: x.softmax(1), torch.tensor(1.5))], ids=["2d", "2d_negative", "0d"])
+def test_softmax_over_a_dim_out_of_range_raises_eagers_error(fn, x):
+    # the decomposition's amax raised while tracing: the whole graph ran eagerly, with a warning
+    expected = _eager_error(fn, x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(expected):
+            ember.compile(fn)(x)
+    assert not [w for w in caught if "ember" in str(w.message)]
 
 
 def test_ops_eager_refuses_for_bools_raise_its_error():

@@ -233,6 +233,24 @@ def test_an_aten_result_of_another_dtype_than_traced_is_converted_for_kernels():
     torch.testing.assert_close(ember.compile(fn)(x).double(), fn(x).double())
 
 
+
+@torch.library.custom_op("ember_test::column_sums", mutates_args=())
+def _column_sums(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(0)
+
+
+@_column_sums.register_fake
+def _(x):  # a user's fake that disagrees with the op's sizes
+    return torch.empty_like(x)
+
+
+def test_a_custom_op_result_of_other_sizes_than_its_fake_raises_naming_the_op():
+    # the kernel adding 1 read the (4,) result as (3, 4): past its memory, a (3, 4) result of
+    # garbage; eager and aot_eager compute from the op's real (4,) result, Inductor asserts
+    fn = lambda x: torch.ops.ember_test.column_sums(x) + 1  # noqa: E731
+    with pytest.raises(RuntimeError, match=r"ember_test.column_sums: the op returned sizes \(4,\)"):
+        ember.compile(fn)(torch.ones(3, 4))
+
 def _rope_channels_first(x):  # (B, D, T): made contiguous for view_as_complex
     y = x.transpose(1, 2).contiguous()
     return torch.view_as_real(torch.view_as_complex(y.view(*y.shape[:-1], -1, 2)) * 1j).flatten(-2)
@@ -278,3 +296,22 @@ def test_a_graph_torch_cannot_trace_runs_eagerly_with_one_warning(loss):
     out.backward()
     assert_same((out, x.grad), (expected, grad))
     assert ember.stats()["graph_fallbacks"] == before + (loss != "smooth_l1")
+
+
+def test_meta_tensors_run_through_atens_meta_kernels_without_a_warning():
+    # meta tensors hold no data, so there is nothing to generate: the graph (and its backward)
+    # ran through ATen after "ember could not compile graph" (no kernel backend for 'meta')
+    def fn(x, w):
+        return (x * w).softmax(-1).sum(0)
+
+    x, w = torch.empty(3, 4, device="meta"), torch.empty(4, device="meta", requires_grad=True)
+    expected = fn(x, w)
+    before = ember.stats()["graph_fallbacks"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = ember.compile(fn)(x, w)
+        out.sum().backward()
+    assert (out.shape, out.dtype, out.device, out.requires_grad) == (
+        expected.shape, expected.dtype, expected.device, expected.requires_grad)
+    assert w.grad.shape == w.shape and w.grad.device.type == "meta"
+    assert ember.stats()["graph_fallbacks"] == before

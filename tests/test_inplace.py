@@ -265,6 +265,9 @@ OVERLAPPING_WRITES = {
     "copy_ of a shifted view": lambda x: x[1:].copy_(x[:-1]),
     "add_ of its transpose": lambda x: (lambda s: s.add_(s.t()))(x.view(-1)[4:].view(4, 4)),
     "index_put_ of its own rows": lambda x: x.index_put_((torch.tensor([0, 1]),), x[1:3]),
+    # functionalized through unfold_backward, which zeroed the elements between the windows
+    "mul_ of an unfold with gaps": lambda x: x.unfold(1, 2, 3).mul_(3),
+    "setitem into a window of an unfold": lambda x: x.unfold(0, 1, 2)[1].fill_(7.0),
 }
 
 
@@ -303,6 +306,7 @@ def test_writes_to_views_of_one_element_per_address_still_compile(dynamic):
         # setitem writes x[i], not all of x: += copies a view onto itself, and rows apart
         x[0, 1:] += 1
         x[:2] = x[2:]
+        x.unfold(0, 1, 1).add_(1)  # (windows covering the dim: written back right)
         return x * 2
 
     x = torch.randn(4, 5)
@@ -361,3 +365,55 @@ def test_in_place_results_eager_cannot_cast_raise_eagers_error(fn, make):
     fallbacks = ember.stats()["graph_fallbacks"]
     assert_same(ember.compile(_mul_into)(*[t.clone() for t in floats]), _mul_into(*[t.clone() for t in floats]))
     assert ember.stats()["graph_fallbacks"] == fallbacks
+
+
+def _addcmul_into(a, b, c):
+    a.addcmul_(b, c, value=2.7)
+    return a
+
+
+def _addcmul_third_into(a, b, c):
+    a.addcmul_(b, c, value=0.3)
+    return a
+
+
+def _addcdiv_into(a, b, c):
+    a.addcdiv_(b, c, value=2)
+    return a
+
+
+def _add_tensor_alpha_into(a, b, c):
+    a.add_(b, alpha=c)
+    return a
+
+
+def _ints(*shift):
+    return torch.tensor([-5, 3, 4, -1, 2]) + torch.tensor(list(shift) or [0])
+
+
+@pytest.mark.parametrize("fn, make", [
+    (_addcmul_into, lambda: (_ints(), _ints(), _ints())),  # eager truncates the value to 2
+    (_addcmul_third_into, lambda: (torch.linspace(-2, 2, 64), torch.linspace(-3, 1, 64).half(),
+                                   torch.linspace(1, 9, 64).half())),  # 0.3 * t1 * t2 in float32, once
+    (lambda a, b, c: torch.addcmul(a, b, c, value=0.5), lambda: (_ints(), _ints(), _ints())),
+    (_addcmul_into, lambda: (_ints(), torch.rand(5), torch.rand(5))),  # float into int64
+    (_addcdiv_into, lambda: (_ints(), _ints(), _ints(10))),  # integer addcdiv
+    (_add_tensor_alpha_into, lambda: (_ints(), _ints(), torch.tensor(0.5))),  # float alpha for ints
+    (_add_tensor_alpha_into, lambda: (torch.rand(5), torch.rand(5), torch.tensor([0.5]))),  # alpha with a dim
+], ids=["addcmul_int_value", "addcmul_16bit", "addcmul_int_value_out_of_place", "addcmul_cast",
+        "addcdiv_int", "add_float_alpha", "add_alpha_with_dim"])
+def test_in_place_updates_dynamo_rewrites_into_fma_are_eagers(fn, make):
+    """Dynamo traces addcmul_/addcdiv_ with a value, and add_ with a tensor alpha, into
+    ``x.copy_(fma(...))``, which cast silently where eager raises and computed other values (an
+    integer addcmul_ truncates a float value first); addcmul's reference refused a float value for
+    integers, so the whole graph ran eagerly with a warning. Values and errors are eager's now."""
+    try:
+        ref = fn(*make())
+    except (RuntimeError, TypeError) as e:
+        with pytest.raises(type(e), match=str(e).split(",")[0][:40].replace("(", r"\(").replace(")", r"\)")):
+            ember.compile(fn)(*make())
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = ember.compile(fn)(*make())
+    torch.testing.assert_close(out, ref)  # (exact for integers; float32 within eager's FMA's rounding)

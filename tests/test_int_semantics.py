@@ -25,6 +25,14 @@ _NO_KERNEL = {
     "div floor bool": lambda b, f, i: torch.div(b, b, rounding_mode="floor"),
     "lcm of bools": lambda b, f, i: torch.lcm(b, b),
     "complex // int": lambda b, f, i: (f * 1j) // 2,  # (eager has no complex floor division)
+    # float-only ops whose references refuse the dtype: elu's alpha cast to int, a bool
+    # subtraction or negation (frac, logaddexp, log_sigmoid)
+    "elu of ints": lambda b, f, i: torch.nn.functional.elu(i),
+    "selu of bools": lambda b, f, i: torch.nn.functional.selu(b),
+    "frac of bools": lambda b, f, i: torch.frac(b),
+    "logsigmoid of bools": lambda b, f, i: torch.nn.functional.logsigmoid(b),
+    "logaddexp of bools": lambda b, f, i: torch.logaddexp(b, b),
+    "logaddexp2 of bools": lambda b, f, i: torch.logaddexp2(b, b),
 }
 
 

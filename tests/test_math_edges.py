@@ -61,7 +61,7 @@ def test_16_bit_erf_of_small_values_is_erf_rounded(target):
 
 
 _EDGES = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.0, -8.0, 1e-7, 1e-3, 7.0,
-          -7.3, 88.0, 3e38, -3e38]
+          -7.3, 88.0, 3e38, -3e38, 0.999999]
 
 
 @pytest.mark.parametrize("target", [None, pytest.param("triton", marks=on_the_interpreter)], ids=["native", "triton"])
@@ -69,7 +69,9 @@ _EDGES = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 0.5, 
 def test_math_at_the_edges_of_its_domain(dtype, target):
     # the interpreter's Triton math (libdevice's stand-ins): atan2(inf, inf) was NaN, atan2(nan,
     # 0) 0, pow(-0.0, -1) inf, pow(-1, inf) NaN, atan(3e38) 0, erfc(7) 0, expm1 and log1p lost
-    # x's low digits (2e-5 at 1e-3), tanh(1e-7) was 0.87e-7, and expm1(-0.0) and tanh(-0.0) +0.0
+    # x's low digits (2e-5 at 1e-3), tanh(1e-7) was 0.87e-7, and expm1(-0.0) and tanh(-0.0) +0.0;
+    # asinh(-0.0) was +0.0, asinh(3e38) and acosh(3e38) inf, acosh(-3e38) inf (not NaN), and
+    # asinh, sinh (1e-3) and acos (0.999999) 2e-5 off
     x = torch.tensor(_EDGES, dtype=dtype, device=DEVICE)
     a, b = x.repeat_interleave(len(_EDGES)), x.repeat(len(_EDGES))
 
@@ -77,7 +79,8 @@ def test_math_at_the_edges_of_its_domain(dtype, target):
 
     def fn(x, a, b, s):
         return [torch.atan2(a, b), torch.pow(a, b), torch.atan(x), torch.erfc(x), torch.expm1(x), torch.log1p(x),
-                torch.tanh(x), torch.nn.functional.elu(x), torch.pow(s, x), torch.atan2(s, x), torch.expm1(s) + x]
+                torch.tanh(x), torch.nn.functional.elu(x), torch.pow(s, x), torch.atan2(s, x), torch.expm1(s) + x,
+                torch.asinh(x), torch.acosh(x), torch.sinh(x), torch.cosh(x), torch.acos(x)]
 
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="ember")  # (no kernel may fall back to ATen)
@@ -99,3 +102,34 @@ def test_logspace_of_a_negative_base_is_aten_alone():
         out, report = run(fn, x)
     assert_same(out, fn(x))
     assert not [g.error for g in report.graphs if g.error] and report.fallbacks == ["aten.logspace"]
+
+
+@pytest.mark.parametrize("dtype,eps", [(torch.bfloat16, 1e-3), (torch.float16, 1e-4)], ids=str)
+def test_logit_clamps_to_bounds_rounded_to_the_dtype_as_eager(dtype, eps):
+    # eager's kernels hold lo = eps and hi = 1 - lo in the input's dtype: in bfloat16 1 - 1e-3 is
+    # 1.0, so logit(1.0, eps=1e-3) is inf (its gradient too), where the decomposition's float
+    # bounds gave 6.9 (and a gradient of 0)
+    x = torch.tensor([1.0, 0.9995, 0.001, 1e-4, 0.5, 0.0, 0.99609375, 2.0], dtype=dtype, device=DEVICE,
+                     requires_grad=True)
+    fn = lambda x: torch.logit(x, eps=eps)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        out, report = run(fn, x)
+    ref = fn(x)
+    assert torch.equal(out, ref), (out, ref)
+    grads = [torch.autograd.grad(y.sum(), x)[0] for y in (out, ref)]
+    assert torch.equal(grads[0], grads[1]), grads
+    assert not [g.error for g in report.graphs if g.error] and not report.fallbacks
+
+
+def test_rrelu_in_evaluation_is_generated_as_eagers_leaky_relu():
+    # eager's rrelu out of training is leaky_relu(x, (lower + upper) / 2); it and its backward
+    # ran through ATen
+    x = torch.tensor([-3.0, -0.0, 0.0, 2.0, float("nan"), -float("inf"), 1e-40], device=DEVICE, requires_grad=True)
+    fn = lambda x: torch.nn.functional.rrelu(x, lower=0.1, upper=0.7, training=False) * 2  # noqa: E731
+    out, report = run(fn, x)
+    ref = fn(x)
+    assert torch.equal(out.nan_to_num(7.0), ref.nan_to_num(7.0)) and torch.equal(out.signbit(), ref.signbit())
+    grads = [torch.autograd.grad(y.sum(), x)[0] for y in (out, ref)]
+    assert torch.equal(grads[0].nan_to_num(7.0), grads[1].nan_to_num(7.0)), grads
+    assert not [g.error for g in report.graphs if g.error] and not report.fallbacks, report.fallbacks

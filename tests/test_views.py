@@ -165,3 +165,29 @@ def test_slices_and_writes_with_a_symbolic_step_compile():
             assert_same(compiled(x, k), fn(x, k))
     assert not [g.error for g in report.graphs if g.error]
     assert report.fallbacks == []
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.diag(x + 1),
+    lambda x: [t.contiguous() for t in (x + 1).split(4, 1)],
+], ids=["diag", "split_contiguous"])
+def test_a_fresh_output_viewing_a_kernel_buffer_has_eager_strides(fn):
+    # the clone eager makes is no op in ember's IR: the output came back as the view of the
+    # buffer ((11,) for diag, (10, 1) for the first piece), and the user's .view(-1) raised
+    x = torch.randn(3, 10)
+    out, ref = ember.compile(fn)(x), fn(x)
+    assert_same(out, ref)
+    assert [t.stride() for t in ([out] if torch.is_tensor(out) else out)] == \
+        [t.stride() for t in ([ref] if torch.is_tensor(ref) else ref)]
+
+
+def test_an_unfold_returned_beside_its_base_is_a_view_of_it():
+    # unfold is lowered as a gather: returned with the value it unfolds, it came back as a copy,
+    # and a write into one did not show in the other as in eager
+    fn = lambda x: (lambda y: (y, y.unfold(1, 2, 2)))(x * 2)  # noqa: E731
+    x = torch.randn(4, 6)
+    out, ref = ember.compile(fn)(x), fn(x)
+    assert_same(out, ref)
+    out[1].zero_()
+    ref[1].zero_()
+    assert_same(out[0], ref[0])

@@ -108,6 +108,10 @@ class OutputLayouts:
         each has eager's strides, and are replayed from it: they share memory as in eager.
         Overlapping layouts (a broadcast view of the result) stay as replayed.
 
+        A view of a kernel's buffer that eager returns in memory of its own (``torch.diag(x + 1)``,
+        ``[t.contiguous() for t in (x + 1).split(4, 1)]``: the clone is no op in ember's IR) is
+        handled so too, where the buffer could not be laid out to give it eager's strides.
+
         {ATen result: (the outputs over it, the layout they are replayed from, or None: each
         output on its own)}."""
         g = self.s.graph
@@ -115,11 +119,15 @@ class OutputLayouts:
         for i, node in enumerate(g.outputs):
             strides = g.output_strides[i] if i < len(g.output_strides) else None
             if (node is None or i in g.scalar_outputs or i in fresh or strides is None or node.shape is None
-                    or len(strides) != node.rank or self._memory_of(node).op not in (Op.EXTERN, Op.GETITEM)
+                    or len(strides) != node.rank
                     or not sh.free_symbols(strides) <= set(self.symbols)
                     or any(sh.equal(st, 0) and not sh.is_one(n) for st, n in zip(strides, node.shape))):
                 continue
-            over.setdefault(self._memory_of(node), []).append(i)
+            base = self._memory_of(node)
+            if base.op in (Op.EXTERN, Op.GETITEM):
+                over.setdefault(base, []).append(i)
+            elif i in g.fresh_outputs and base is not node:
+                over.setdefault(node, []).append(i)  # (on its own: no other output shares its memory)
         return {base: (outs, self._one_layout(base, outs) if len(outs) > 1 else None) for base, outs in over.items()}
 
     def _as_traced(self, traced: dict[Node, tuple[list[int], sh.Shape | None]], returned: list[str]) -> None:

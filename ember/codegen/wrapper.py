@@ -27,7 +27,7 @@ import torch
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import ArgRef, Node
+from ..ir.node import ArgRef, Node, op_name
 from ..ir.ops import VIEW_OPS, Op
 from ..schedule.device_sizes import DEVICE_TOTALS
 from ..schedule.indexing import compose_strided
@@ -389,6 +389,14 @@ class WrapperWriter(OutputLayouts):
         if node in self.outputs or node in self.viewed_for_outputs:
             self.eager_layout[node] = f"{name}_eager"
             self.emit(f"{name}_eager = {name}  # returned as eager lays it out")
+        target = (node.inputs[0] if node.op is Op.GETITEM else node).arg.target
+        if getattr(target, "namespace", "aten") not in ("aten", "prims") and node.shape is not None:
+            # a custom op's sizes come from its user-written fake: one that disagrees with the
+            # op would have the kernels read past the result's memory
+            expected = shape_tuple(node.shape)
+            message = f"{op_name(target)}: the op returned sizes {{}}, its fake (register_fake) gives {{}}"
+            self.emit(f"if tuple({name}.shape) != {expected}: "
+                      f"raise RuntimeError({message!r}.format(tuple({name}.shape), {expected}))")
         if node.dtype is not None:
             # kernels are built for the traced dtype; a meta function may disagree with the op
             # (torch 2.11 typed unique's inverse float32): they would read the bits as it

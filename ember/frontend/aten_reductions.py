@@ -272,6 +272,8 @@ def _softmax(ctx: Context, x: Node, dim: int, half_to_float: bool = False) -> No
     log = ctx.aten == "aten._log_softmax"
     if not x.dtype.is_float:
         raise Unsupported("ATen's softmax rejects integer and bool inputs")  # (eager's error)
+    if not -max(x.rank, 1) <= dim < max(x.rank, 1):
+        raise Unsupported(f"softmax over dim {dim} of a {x.rank}-d tensor (ATen's IndexError)")
     x = ctx.cast(x, dt.compute_dtype(x.dtype))
     if x.rank == 0:
         return ctx.operand(0.0 if log else 1.0, x.dtype, ())

@@ -20,7 +20,7 @@ from ..ir import shapes as sh
 from ..ir.node import Node
 from ..ir.ops import Op
 from .aten_indexing import source_dtype_matches
-from .lowering import Context, Unsupported, register, size_arg
+from .lowering import Context, Unsupported, register, size_arg, storage_of
 
 aten = torch.ops.aten
 
@@ -85,6 +85,10 @@ def _unfold(ctx: Context, x: Node, dim: int, size: Any, step: Any) -> Node:
     out[.., w, .., j] = x[.., w * step + j, ..]."""
     if x.rank == 0:
         raise Unsupported("unfold of a 0-d tensor")
+    if isinstance(ctx.out, torch.Tensor) and storage_of(ctx.out) in ctx.shared_output_storages:
+        # returned beside another output over its memory (y and y.unfold(...)): eager's is a
+        # view of it, where a write into one shows in the other; a gather would be a copy
+        raise Unsupported("unfold returned beside another output over its memory: ATen's view")
     dim = dim % x.rank
     size, step = size_arg(size), size_arg(step)
     windows = ctx.out_shape[dim]  # (n - size) // step + 1, as the trace computed it

@@ -1,6 +1,7 @@
-"""Integer ops whose tracing refuses a dtype with a RuntimeError where eager's kernel, finding no
+"""Ops whose tracing refuses a dtype with a RuntimeError where eager's kernel, finding no
 implementation for the dtype, raises NotImplementedError ('"lshift_cpu" not implemented for
-'Bool''): shifts of bools or floats, floor division of bools or complex numbers, lcm of bools.
+'Bool''): shifts of bools or floats, floor division of bools or complex numbers, lcm of bools,
+elu and selu of integers, frac, log_sigmoid and logaddexp of bools.
 
 torch's meta functions and references check dtypes with ``torch._check`` (RuntimeError) while
 Dynamo traces the program; eager only reaches its dispatch macro, which raises
@@ -15,6 +16,12 @@ from types import FrameType
 import torch
 
 _SHIFT_KERNELS = {"lshift": "lshift", "rshift": "rshift"}
+# Float-only ops whose references (or decompositions) compute in the operands' dtype and refuse
+# an integer or bool one with a RuntimeError (elu's alpha cast to int, a bool subtraction or
+# negation): their frame's name -> (eager's kernel, the operands' names). selu goes through elu.
+_FLOAT_ONLY_REFS = {"elu": ("elu", ("a",)), "frac": ("frac", ("x",)),
+                    "log_sigmoid_forward": ("log_sigmoid", ("self",)),
+                    "logaddexp": ("logaddexp", ("a", "b")), "logaddexp2": ("logaddexp2", ("a", "b"))}
 
 
 def _frames(e: BaseException) -> list[FrameType]:
@@ -66,4 +73,11 @@ def eager_kernel_refusal(e: BaseException) -> NotImplementedError | None:
                 # (eager's integer kernels exclude bools; its floor division has no complex one)
                 kernel = "div_floor" if name == "floor_divide" else name
                 return NotImplementedError(f'"{kernel}_cpu" not implemented for \'{_dtype_name(dtype)}\'')
+        if name in _FLOAT_ONLY_REFS and (_in_torch(frame, "/torch/_refs/") or _in_torch(frame, "/torch/_decomp/")):
+            kernel, names = _FLOAT_ONLY_REFS[name]
+            operands = [local.get(n) for n in names]
+            dtype = _promoted(*operands) if len(operands) == 2 else getattr(operands[0], "dtype", None)
+            if isinstance(dtype, torch.dtype) and not (dtype.is_floating_point or dtype.is_complex):
+                return NotImplementedError(f'"{kernel}_cpu" not implemented for \'{_dtype_name(dtype)}\'')
+            return None
     return None

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 from torch.fx.experimental.symbolic_shapes import guard_or_true
 
 from ..config import Config
@@ -33,6 +34,7 @@ from .layout_decomps import layout_decompositions
 from .loss_decomps import loss_decompositions
 from .optimizer_decomps import optimizer_decompositions
 from .partition import partition
+from .special_decomps import special_decompositions
 
 aten = torch.ops.aten
 
@@ -57,6 +59,10 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # a whole _log_softmax, and would save the full output for the backward).
     # (of floats: ATen's kernels reject integer inputs, whose decomposition would compute them)
     table.update({op: _floats_only(fn) for op, fn in get_decompositions([aten._softmax, aten._log_softmax]).items()})
+    # (over a dim out of range the op stays: ATen raises eager's IndexError, where the
+    # decomposition's amax raised while tracing and the whole graph ran eagerly, with a warning)
+    for op in (aten._softmax.default, aten._log_softmax.default):
+        table[op] = _eager_when(table[op], _dim_out_of_range)
     # ember lowers these itself, keeping the whole op visible to fusion and to kernel names
     # (index_add and index_copy also keep eager's errors: their decompositions wrap negative
     # indices, which eager refuses; roll's index_select ran through ATen).
@@ -95,9 +101,12 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     for op in (aten.mv.default, aten.dot.default, aten.vdot.default, aten.linalg_cross.default, aten.trace.default):
         if op in table:
             table[op] = _eager_when(table[op], _mixed_or_bool)
-    for op in (aten.addcmul.default, aten.addcdiv.default):
-        if op in table:
-            table[op] = _eager_when(table[op], _of_bools)
+    # (and their references refuse a float value for integers, which eager's kernels truncate
+    # (the whole graph ran eagerly), and compute integer addcdiv, which eager refuses)
+    if aten.addcmul.default in table:
+        table[aten.addcmul.default] = _eager_when(table[aten.addcmul.default], _addc_kept)
+    if aten.addcdiv.default in table:
+        table[aten.addcdiv.default] = _eager_when(table[aten.addcdiv.default], _addc_kept_or_integer)
     # Its decomposition makes a 1-pixel grid with torch.tensor(0), an in-place detach_ that
     # AOTAutograd refuses (the compile failed); ATen makes those grids.
     table[aten.affine_grid_generator.default] = _eager_when(table[aten.affine_grid_generator.default],
@@ -128,6 +137,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # float16's epsilon) are replaced by eager's formulas (loss_decomps.py).
     table.pop(aten.binary_cross_entropy.default, None)
     table.update(loss_decompositions())
+    # logit's bounds rounded to the input's dtype, as eager's kernels hold them (special_decomps.py)
+    table.update(special_decompositions())
     table[aten.smooth_l1_loss.default] = _eager_when(table[aten.smooth_l1_loss.default], _negative_beta)
     # eager takes int64 and uint8 targets (an int32 one raises in eager, not in the decomposition)
     # and class weights of the input's dtype
@@ -382,8 +393,25 @@ def _empty(x: torch.Tensor, *_: Any, **__: Any) -> bool:
     return any(isinstance(s, int) and s == 0 for s in x.shape)
 
 
-def _of_bools(x: torch.Tensor, *_: Any, **__: Any) -> bool:
-    return x.dtype == torch.bool
+def _addc_kept(x: torch.Tensor, t1: Any, t2: Any, value: Any = 1, **_: Any) -> bool:
+    """addcmul/addcdiv ATen runs: of bools (no kernel), or of integers with a value that is not
+    an integer (eager's kernel truncates it, overflow checked)."""
+    if x.dtype == torch.bool:
+        return True
+    _, dtype = elementwise_dtypes(x, t1, t2, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+    return not (dtype.is_floating_point or dtype.is_complex) and not isinstance(value, (bool, int, torch.SymInt))
+
+
+def _addc_kept_or_integer(x: torch.Tensor, t1: Any, t2: Any, value: Any = 1, **_: Any) -> bool:
+    integer = all(isinstance(t, torch.Tensor) and not (t.dtype.is_floating_point or t.dtype.is_complex)
+                  for t in (t1, t2))
+    return integer or _addc_kept(x, t1, t2, value)
+
+
+def _dim_out_of_range(x: torch.Tensor, dim: Any, *_: Any, **__: Any) -> bool:
+    """A dim outside [-rank, rank) ([-1, 0] for a 0-d tensor), as eager wraps dims."""
+    rank = max(x.dim(), 1)
+    return isinstance(dim, int) and not -rank <= dim < rank
 
 
 def _over_no_dims(x: torch.Tensor, dim: Any = (), *_: Any, **__: Any) -> bool:

@@ -75,6 +75,7 @@ class Context:
         self.effects: list[Node] = []       # calls that must run though no value reads them
         self.size_checks: list[SizeCheck] = []  # eager's errors only the run-time sizes decide
         self.input_storages: set[Any] = set()  # the fake storages of the graph's tensor inputs
+        self.shared_output_storages: set[Any] = set()  # those that two or more outputs return
         self.metas: dict[Node, Any] = {}    # the traced value of each op's result node
 
     # ---- building -------------------------------------------------------------------------
@@ -253,6 +254,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
     fresh_outputs: set[int] = set()
     effects = ctx.effects  # checks that return nothing, sizes read with .item() (Graph.effects)
     storages: dict[Any, int] = {}  # fake storages of the inputs and the outputs so far
+    ctx.shared_output_storages = _shared_output_storages(gm)
 
     for fx_node in gm.graph.nodes:
         val = fx_node.meta.get("val")
@@ -322,6 +324,19 @@ def storage_of(tensor: torch.Tensor) -> Any:
         return StorageWeakRef(tensor.untyped_storage())
     except (NotImplementedError, RuntimeError):  # (a tensor subclass without one)
         return id(tensor)
+
+
+def _shared_output_storages(gm: torch.fx.GraphModule) -> set[Any]:
+    """The fake storages that two or more of the graph's outputs are over (``y`` and a view of
+    it): a lowering that would copy one of them (a gather) declines, so that the view stays one."""
+    seen: set[Any] = set()
+    shared: set[Any] = set()
+    for out in _flat_outputs(gm.graph.output_node().args[0]):
+        meta = out.meta.get("val") if isinstance(out, torch.fx.Node) else None
+        if isinstance(meta, torch.Tensor):
+            storage = storage_of(meta)
+            (shared if storage in seen else seen).add(storage)
+    return shared
 
 
 def _flat_outputs(out: Any) -> list[Any]:

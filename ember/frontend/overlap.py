@@ -51,6 +51,51 @@ def writes_overlapping_memory(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
+_UNFOLDS = {"unfold", torch.Tensor.unfold, torch.ops.aten.unfold.default}
+
+
+def writes_through_a_gapped_unfold(gm: torch.fx.GraphModule) -> bool:
+    """Does an in-place op of Dynamo's graph write through an ``unfold`` view whose windows leave
+    elements of the unfolded dim uncovered (``x.unfold(0, 2, 3).mul_(3)``)? Functionalization
+    writes such a view back into its base with ``unfold_backward``, the view's gradient, which
+    sets every uncovered element to 0 (pytorch/pytorch#198102): eager leaves them as they were."""
+    for node in gm.graph.nodes:
+        for written in _written(node):
+            seen = written
+            while isinstance(seen, torch.fx.Node):
+                if seen.op in ("call_method", "call_function") and seen.target in _UNFOLDS \
+                        and not _windows_cover(seen):
+                    return True
+                base = seen.args[0] if seen.args else None
+                # (up through views and in-place results: tensors over the written one's memory)
+                if not (isinstance(base, torch.fx.Node) and _same_memory(_value(seen), _value(base))):
+                    break
+                seen = base
+    return False
+
+
+def _windows_cover(unfold: torch.fx.Node) -> bool:
+    """Do the windows of ``unfold`` cover every element of its dim, each once, provably?"""
+    args = [_value(a) if isinstance(a, torch.fx.Node) else a for a in unfold.args]
+    kwargs = {k: _value(v) if isinstance(v, torch.fx.Node) else v for k, v in unfold.kwargs.items()}
+    try:
+        base, dim, size, step = (*args, *(kwargs[k] for k in ("dimension", "size", "step")[len(args) - 1:]))
+    except (KeyError, ValueError):
+        return False
+    if not isinstance(base, torch.Tensor):
+        return False
+    if base.dim() == 0:
+        return statically_known_true(size == 1)
+    length = base.shape[dim]
+    return (statically_known_true(size > 0) and statically_known_true(step == size)
+            and statically_known_true(length % size == 0))
+
+
+def _same_memory(a: Any, b: Any) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.device == b.device
+            and StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage()))
+
+
 # in-place operators and the out-of-place ops whose result type they write (a += b: a + b's)
 _OUT_OF_PLACE = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
                  operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv,

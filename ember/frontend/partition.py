@@ -104,6 +104,7 @@ def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_output
 
     def min_cut() -> Modules:
         mark_row_ids_for_recompute(joint_module)  # ragged row ids: recomputed, never saved
+        keep_what_mutated_inputs_fed(joint_module)
         return min_cut_rematerialization_partition(
             joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
             static_lifetime_input_indices=static_lifetime_input_indices, **kwargs)
@@ -124,6 +125,42 @@ def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_output
         return default
     stats.bump("grads_in_forward")
     return planned
+
+
+def keep_what_mutated_inputs_fed(joint_module: fx.GraphModule) -> None:
+    """Ban min-cut from recomputing, in the backward, what the forward computed from an input
+    the graph writes in place (``y = (w * x).exp()`` then ``w.mul_(2)`` under no_grad): the write
+    is copied into the input after the forward runs, so a backward recomputing ``exp`` would read
+    the new ``w`` (and autograd, checking the saved input's version, raised "modified by an
+    inplace operation" where eager, which saved ``exp``, computes). The first non-view forward
+    users of such an input are marked must-save; what the backward reads of the input itself
+    (eager saved it too, and raises as eager does) stays saved."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    try:
+        from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
+    except ImportError:  # (a torch without output descriptions: min-cut as before)
+        return
+
+    descs = joint_module.graph.output_node().meta.get("desc") or ()
+    mutated = [d.mutated_input for d in descs if isinstance(d, InputMutationAOTOutput)]
+    if not mutated:
+        return
+    backward: set[fx.Node] = set()  # nodes computed from a tangent
+    for node in joint_module.graph.nodes:
+        if _is_tangent(node) or any(a in backward for a in node.all_input_nodes):
+            backward.add(node)
+    for primal in joint_module.graph.find_nodes(op="placeholder"):
+        if primal.meta.get("desc") not in mutated:
+            continue
+        stack = list(primal.users)
+        while stack:
+            user = stack.pop()
+            if user.op != "call_function" or user in backward:
+                continue
+            if _is_view(user):
+                stack.extend(user.users)
+            elif user.meta.get("recompute") is None:
+                user.meta["recompute"] = CheckpointPolicy.MUST_SAVE
 
 
 def gradient_in_forward(joint_module: fx.GraphModule, num_fwd_outputs: int,

@@ -206,21 +206,36 @@ if INTERPRET:
 
     @triton.jit
     def sinh(x):
-        return tl.where(tl.abs(x) < 1e-4, x, 0.5 * (tl.exp(x) - tl.exp(-x)))
+        # (u + u / (u + 1)) / 2 for u = expm1(|x|): exp(x) - exp(-x) cancelled (sinh(1e-3) was
+        # 1.7e-5 off relatively); past 20, exp(|x| - log 2), finite up to 89.4 as sinh is
+        ax = tl.abs(x)
+        u = expm1(ax)
+        r = tl.where(ax > 20.0, tl.exp(ax - 0.6931471805599453), 0.5 * (u + u / (u + 1.0)))
+        return tl.where(x != x, x, tl.where(_negative(x), r * -1.0, tl.where(x == 0, x, r)))
 
     @triton.jit
     def cosh(x):
-        return 0.5 * (tl.exp(x) + tl.exp(-x))
+        ax = tl.abs(x)
+        return tl.where(ax > 20.0, tl.exp(ax - 0.6931471805599453), 0.5 * (tl.exp(ax) + tl.exp(-ax)))
 
     @triton.jit
     def asinh(x):
+        # log1p(a + a^2 / (1 + sqrt(1 + a^2))): log(a + sqrt(a^2 + 1)) lost a's low digits
+        # (asinh(1e-3) was 2.3e-5 off) and a^2 overflowed past 1.8e19 (asinh(3e38) was inf);
+        # the sign by a product, so asinh(-0.0) is -0.0
         ax = tl.abs(x)
-        r = tl.where(ax < 1e-4, ax, tl.log(ax + tl.sqrt(ax * ax + 1.0)))
-        return tl.where(x < 0, -r, r)
+        big = ax > 1e18
+        a = tl.where(big, 1.0, ax)
+        r = tl.where(big, tl.log(ax) + 0.6931471805599453, log1p(a + a * a / (1.0 + tl.sqrt(1.0 + a * a))))
+        return tl.where(x != x, x, tl.where(_negative(x), r * -1.0, tl.where(x == 0, x, r)))
 
     @triton.jit
     def acosh(x):
-        return tl.log(x + tl.sqrt(x * x - 1.0))
+        # log1p(t + sqrt(2t + t^2)) for t = x - 1 (exact near 1), log(x) + log 2 past 1e18 (x * x
+        # overflowed: acosh(3e38) was inf, acosh(-3e38) inf, not NaN); NaN below 1
+        t = tl.where(x > 1e18, 0.0, x - 1.0)
+        r = tl.where(x > 1e18, tl.log(x) + 0.6931471805599453, log1p(t + tl.sqrt(2.0 * t + t * t)))
+        return tl.where(x < 1.0, float("nan"), r)
 
     @triton.jit
     def atanh(x):
@@ -252,11 +267,15 @@ if INTERPRET:
 
     @triton.jit
     def asin(x):
-        return atan(x / tl.sqrt(1.0 - x * x))
+        # ((1 - x)(1 + x), not 1 - x * x, which rounds away x's low digits near 1)
+        return atan(x / tl.sqrt((1.0 - x) * (1.0 + x)))
 
     @triton.jit
     def acos(x):
-        return 1.5707963267948966 - asin(x)
+        # beyond 0.5, 2 atan(sqrt((1 - x) / (1 + x))): pi/2 - asin(x) cancelled near 1
+        # (acos(0.999999) was 1.8e-5 off relatively); pi in x's dtype (a Python float is float32)
+        half_pi = tl.full([1], 1.5707963267948966, x.dtype)
+        return tl.where(x > 0.5, 2.0 * atan(tl.sqrt((1.0 - x) / (1.0 + x))), half_pi - asin(x))
 
     @triton.jit
     def _negative(x):  # x < 0, -0.0 included (1 / -0.0 is -inf)
