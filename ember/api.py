@@ -260,7 +260,8 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return compiled(*args, **kwargs)
         except IndexError as e:
-            if _function_names(e)[-1:] != ["_cat_meta"]:
+            prims = [name for f, name in zip(_frames(e), _function_names(e)) if "/torch/_prims/" in f]
+            if not (any("cat" in name for name in prims) or prims and str(e).startswith("cat: ")):
                 raise
             # prims.cat's meta indexes the shape of a 0-d tensor (Dynamo lets its IndexError
             # through); eager's cat checks its tensors first and raises RuntimeError

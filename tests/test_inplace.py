@@ -402,6 +402,8 @@ def _ints(*shift):
     (_add_tensor_alpha_into, lambda: (torch.rand(5), torch.rand(5), torch.tensor([0.5]))),  # alpha with a dim
 ], ids=["addcmul_int_value", "addcmul_16bit", "addcmul_int_value_out_of_place", "addcmul_cast",
         "addcdiv_int", "add_float_alpha", "add_alpha_with_dim"])
+@pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13),
+                    reason="torch 2.11's Dynamo traces these updates otherwise (measured on the GPU machines)")
 def test_in_place_updates_dynamo_rewrites_into_fma_are_eagers(fn, make):
     """Dynamo traces addcmul_/addcdiv_ with a value, and add_ with a tensor alpha, into
     ``x.copy_(fma(...))``, which cast silently where eager raises and computed other values (an

@@ -1,7 +1,8 @@
 """Decompositions of special functions that compute what eager's kernels compute.
 
-* ``logit(x, eps)`` and its backward: eager's kernels hold the bounds as values of the input's
-  dtype, ``lo = eps`` and ``hi = 1 - lo``, each rounded to it. torch's decompositions clamp to
+* ``logit(x, eps)`` and its backward: eager's CPU kernels hold the bounds as values of the
+  input's dtype, ``lo = eps`` and ``hi = 1 - lo``, each rounded to it (its CUDA kernels hold them
+  in float32, as the decompositions do: measured on an H200). torch's decompositions clamp to
   the Python floats ``eps`` and ``1 - eps``: in bfloat16, ``1 - 1e-3`` rounds to 1.0, so eager's
   ``logit(1.0, eps=1e-3)`` is inf (and its gradient inf) where the decomposition gave 6.9 (and a
   gradient of 0); a bfloat16 ``x = 0.001`` (0.0010004) sits at eager's rounded ``lo`` and has a
@@ -42,7 +43,7 @@ def _in_dtype(v: float, dtype: torch.dtype) -> float:
 
 def _logit(original: Callable[..., Any]) -> Callable[..., Any]:
     def logit(x: torch.Tensor, eps: Any = None) -> torch.Tensor:
-        bounds = None if eps is None else _bounds(eps, x.dtype)
+        bounds = None if eps is None or x.device.type != "cpu" else _bounds(eps, x.dtype)
         if bounds is None:
             return original(x, eps)
         x = torch.clamp(x, *bounds)
@@ -52,7 +53,7 @@ def _logit(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _logit_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     def logit_backward(grad_output: torch.Tensor, x: torch.Tensor, eps: Any = None) -> torch.Tensor:
-        bounds = None if eps is None else _bounds(eps, x.dtype)
+        bounds = None if eps is None or x.device.type != "cpu" else _bounds(eps, x.dtype)
         if bounds is None:
             return original(grad_output, x, eps)
         lo, hi = bounds
