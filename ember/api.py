@@ -22,6 +22,7 @@ from .frontend.autograd_inputs import (
     eager_for_dual_tensors,
     inference_inputs,
     returns_a_view_of,
+    takes_fake_tensors,
     with_normal_copies,
 )
 from .frontend.dtype_refusals import eager_kernel_refusal
@@ -182,6 +183,9 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[...
         if refuses_inplace_cast(gm):
             # (no warning: eager's error follows, raised by the op when the graph runs it)
             stats_module.bump("graph_fallbacks")
+            return gm.forward
+        if takes_fake_tensors(gm):
+            # (no warning: fake tensors hold no data for kernels; eager's ops make fake results)
             return gm.forward
         inference = inference_inputs(example_inputs)
         if inference and (autograd_refuses_an_inference_tensor(gm, example_inputs) or returns_a_view_of(gm, inference)):

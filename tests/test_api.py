@@ -323,3 +323,20 @@ def test_either_gpu_backend_runs_on_a_gpu_whichever_gpu_backend_is_set():
 
     assert _runs_on("triton", "cuda") and _runs_on("cuda", "cuda:1") and not _runs_on("cpp", "cuda")
     assert _runs_on("cpp", "cpu") and not _runs_on("cuda", "cpu")
+
+
+def test_a_dead_program_leaves_no_source_behind():
+    # each compiled program's source is in linecache for tracebacks; every recompile or
+    # torch._dynamo.reset() left one more copy there for the life of the process
+    import gc
+    import linecache
+
+    report = ember.Report()
+    fn = ember.compile(lambda x: x.sin() * 2, report=report)
+    fn(torch.randn(8))
+    name = f"<ember wrapper {report.graphs[0].name}>"
+    assert name in linecache.cache
+    del fn
+    torch._dynamo.reset()
+    gc.collect()
+    assert name not in linecache.cache

@@ -280,3 +280,56 @@ def test_a_relative_cache_dir_stays_where_it_was_given(tmp_path, monkeypatch):
     monkeypatch.chdir("/")
     assert from_env.cache_dir == tmp_path / "env-cache"
     assert from_option.cache_dir == tmp_path / "option-cache"
+
+
+@pytest.mark.parametrize("where", ["our write", "the linker"])
+def test_a_cache_dir_on_a_full_disk_builds_in_a_temporary_one(tmp_path, monkeypatch, where):
+    # the directory could be created and probed (an empty file fits), the library could not be
+    # written: every graph went through ATen (OSError: No space left on device)
+    import errno
+    import warnings
+
+    import ember
+    from ember.runtime import cache_dirs, cpp_build
+    from ember.runtime.backend import BuildError
+
+    cfg = ember.config.replace(cache_dir=tmp_path / "full")
+    source = 'extern "C" int answer() { return 42; }\n'
+    real_copy, real_run = cpp_build.shutil.copyfile, cpp_build.run_compiler
+
+    def copy(src, dst, *args, **kwargs):
+        if str(dst).startswith(str(tmp_path)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_copy(src, dst, *args, **kwargs)
+
+    def link(cmd, *args, **kwargs):
+        if str(tmp_path) in " ".join(cmd):
+            raise BuildError(f"{' '.join(cmd)} failed:\nld: final link failed: {os.strerror(errno.ENOSPC)}")
+        return real_run(cmd, *args, **kwargs)
+
+    if where == "our write":
+        monkeypatch.setattr(cpp_build.shutil, "copyfile", copy)
+    else:
+        monkeypatch.setattr(cpp_build, "run_compiler", link)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path, cached = cpp_build.build(source, cfg)
+    assert not cached and cpp_build.load(path).answer() == 42
+    assert path.parent == cache_dirs.stand_in_for(cfg.cache_dir) / "cpp"
+    assert [str(w.message) for w in caught if "No space left" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_a_kernel_that_does_not_compile_is_compiled_once(tmp_path, monkeypatch):
+    # every failed build ran three times (the check for a build directory removed by another
+    # process asked after leaving the block that removes it): a graph's failing kernel three
+    # compiles for the module and three alone
+    import ember
+    from ember.runtime import cpp_build
+    from ember.runtime.backend import BuildError
+
+    calls = []
+    real_run = cpp_build.run_compiler
+    monkeypatch.setattr(cpp_build, "run_compiler", lambda cmd, *a, **k: calls.append(cmd) or real_run(cmd, *a, **k))
+    with pytest.raises(BuildError):
+        cpp_build.build('extern "C" int broken( { return; }\n', ember.config.replace(cache_dir=tmp_path))
+    assert len(calls) == 1

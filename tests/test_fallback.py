@@ -113,6 +113,40 @@ def test_random_draws_keep_eagers_order_under_a_seed():
     assert_same(results[1], results[0])
 
 
+def _dropout_all(x):
+    return torch.nn.functional.dropout(x, 1.0, training=True) + torch.rand(3)
+
+
+def _fill_in_place(x):
+    mask = torch.empty_like(x).bernoulli_(0.4)  # (in place: drawn in x's memory order)
+    return mask * x, torch.nn.functional.alpha_dropout(x, 0.3, training=True)
+
+
+@pytest.mark.parametrize("fn", [_dropout_all, _fill_in_place], ids=["dropout_p1", "bernoulli_transposed"])
+def test_random_draws_are_eagers_draws(fn):
+    # dropout at p=1 drew a mask that eager's kernel never draws (every later draw differed);
+    # bernoulli_ of a transposed tensor became bernoulli.p, which draws in row-major order where
+    # the in-place op draws in memory order (alpha_dropout of a transposed input fills one so)
+    x = torch.randn(3, 4).t()
+    torch.manual_seed(0)
+    expected = (fn(x), torch.rand(2))
+    torch.manual_seed(0)
+    assert_same((ember.compile(fn)(x), torch.rand(2)), expected)
+
+
+def test_dropout_without_draws_returns_its_input_as_eager():
+    # eager's dropout returns the input itself where nothing is dropped: a write into the
+    # result of an evaluation-mode dropout reaches the input
+    def fn(x):
+        y = torch.nn.functional.dropout(x, 0.5, training=False)
+        y.add_(1)
+        return x * 2
+
+    x, y = torch.zeros(4), torch.zeros(4)
+    assert_same(ember.compile(fn)(x), fn(y))
+    assert_same(x, y)
+
+
 def test_kernel_build_failure_falls_back_with_one_warning(tmp_path):
     # An invalid compiler flag makes every build fail: the program still runs, through ATen.
     opts = {"cache_dir": tmp_path, "cxx_flags": ("-O3", "-fPIC", "-shared", "--not-a-real-flag")}
@@ -134,6 +168,26 @@ def test_a_compiler_asked_for_by_name_is_used_or_named(tmp_path):
                        options={"cache_dir": tmp_path, "cxx": "no-such-compiler++"})
     assert [w for w in caught if "'no-such-compiler++'" in str(w.message)]
     assert report.kernels and not report.kernels[0].built
+
+
+@pytest.mark.parametrize("compiler", ["missing", "writes nothing"])
+def test_a_compiler_that_builds_nothing_warns_once_per_graph(tmp_path, compiler):
+    # a missing or broken compiler (EMBER_CXX) warned once per kernel, each built alone; one
+    # that exited 0 writing no library sent the whole graph through ATen (FileNotFoundError)
+    cxx = "no-such-compiler++"
+    if compiler == "writes nothing":
+        script = tmp_path / "fake c++"
+        script.write_text("#!/bin/sh\nexit 0\n")
+        script.chmod(0o755)
+        cxx = str(script)
+    x = torch.randn(6, 7)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = check(lambda a: torch.softmax(a, -1).cumsum(-1) + a.sum(), x, expect_built=False,
+                       options={"cache_dir": tmp_path / "cache", "cxx": cxx})
+    assert len(report.kernels) > 1 and not any(k.built for k in report.kernels)
+    messages = [str(w.message) for w in caught if "ember" in str(w.message)]
+    assert len(messages) == 1 and "failed to build" in messages[0], messages
 
 
 def test_graph_level_fallback_when_ember_cannot_compile(monkeypatch):
@@ -315,3 +369,31 @@ def test_meta_tensors_run_through_atens_meta_kernels_without_a_warning():
         expected.shape, expected.dtype, expected.device, expected.requires_grad)
     assert w.grad.shape == w.shape and w.grad.device.type == "meta"
     assert ember.stats()["graph_fallbacks"] == before
+
+
+def test_fake_tensors_run_the_graph_eagerly_as_eager_does():
+    # under a FakeTensorMode (shape and memory estimates) the program's buffers came back fake
+    # and its kernels wrote through their null data pointers: a segfault
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    def fn(x, w):
+        return (x @ w).relu().sum(-1) + x.sin().mean()
+
+    fast = ember.compile(fn)
+    make = ember.compile(lambda: torch.ones(3).sin() * 2)  # no inputs: only the mode says fake
+    x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
+    assert_same(fast(x, w), fn(x, w))
+    assert_same(make(), torch.ones(3).sin() * 2)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with mode:
+            out, made = fast(x, w), make()  # the graphs compiled for real tensors, fake results
+            out.sum().backward()
+        fake_x, fake_w = mode.from_tensor(x), mode.from_tensor(torch.randn(4, 5))
+        outside = fast(fake_x, fake_w)  # fake inputs outside the mode: compiled for fake ones
+    for t in (out, made, outside, w.grad):
+        assert isinstance(t, FakeTensor)
+    assert (out.shape, made.shape, outside.shape, w.grad.shape) == ((3,), (3,), (3,), (4, 5))
+    w.grad = None
+    assert_same(fast(x, w), fn(x, w))  # real calls after them: compiled as before

@@ -59,3 +59,21 @@ def test_a_bad_index_into_an_empty_tensor_raises_as_in_eager(fn):
     assert _eager_error(fn, x, bad) is RuntimeError
     with pytest.raises(RuntimeError):
         ember.compile(fn)(x, bad)
+
+
+def test_index_tensors_on_dims_apart_are_generated_with_their_dims_first():
+    # x[a, :, b] puts the broadcast index dims first in eager's result; it ran through ATen,
+    # and so did its backward (an accumulating index_put with the values' index dims first)
+    fn = lambda x, a, b: x[a, 1:4, b] * 2  # noqa: E731
+    x = torch.randn(4, 5, 6, 3, requires_grad=True)
+    a, b = torch.tensor([[0], [3], [-1]]), torch.tensor([1, 5, -6, 1])
+    report = check(fn, x.detach(), a, b)
+    assert report.fallbacks == []
+    report = ember.Report()
+    compiled = ember.compile(fn, report=report)
+    (grad,) = torch.autograd.grad(compiled(x, a, b).sum(), x)
+    (expect,) = torch.autograd.grad(fn(x, a, b).sum(), x)
+    assert_same(grad, expect)  # duplicate positions (b's 1 twice) add up, as in eager
+    assert report.fallbacks == []
+    with pytest.raises(IndexError):
+        compiled(x.detach(), a, b + 6)

@@ -39,7 +39,8 @@ def test_accumulating_index_put_is_one_kernel_with_its_values(dtype):
     assert "ember_atomic_add" in report.kernels[0].source
 
 
-@pytest.mark.parametrize("case", ["leading_slice", "broadcast_values", "trailing_dims", "empty_index", "scalar_value"])
+@pytest.mark.parametrize("case", ["leading_slice", "broadcast_values", "trailing_dims", "empty_index", "scalar_value",
+                                  "boolean_masks"])
 def test_index_put_shapes_like_eager(case):
     x = torch.randn(4, 6, 3)
     if case == "leading_slice":     # x[:, i] += v
@@ -54,6 +55,10 @@ def test_index_put_shapes_like_eager(case):
     elif case == "empty_index":
         fn = lambda x, i, v: x.index_put((i,), v, accumulate=True) * 2  # noqa: E731
         args = (torch.zeros(0, dtype=torch.int64), torch.randn(0, 6, 3))
+    elif case == "boolean_masks":   # x[:, m] = v and x[x[..., 0] > 0] += v: a where (ran through ATen)
+        fn = lambda x, m, v: (torch.ops.aten.index_put(x, [None, m], v),  # noqa: E731
+                              x.index_put((x[..., 0] > 0,), v, accumulate=True))
+        args = (torch.tensor([True, False, False, True, True, False]), torch.randn(3))
     else:
         fn = lambda x, i, v: x.index_put((i,), v, accumulate=True)  # noqa: E731
         args = (torch.tensor([2, 2, 0]), torch.tensor(1.5))
@@ -146,6 +151,22 @@ def test_bad_indices_raise_like_eager():
             ember.compile(lambda x, i, s: x.index_add(0, i, s) * 2)(dst, index, src)
     with pytest.raises(RuntimeError, match="out of bounds"):
         ember.compile(lambda x, i: x.scatter_add(0, i, torch.ones(1, 1)))(x, torch.tensor([[7]]))
+
+
+def test_put_and_takes_backward_are_generated_with_eagers_errors():
+    # put (take's backward) ran through ATen: an index_put into self flattened, negative indices
+    # counted from the end, duplicates added when accumulating
+    fn = lambda x, i, s: (x.put(i, s, accumulate=True) * 2, torch.take(x, i).sin())  # noqa: E731
+    x, index, src = torch.randn(4, 6, requires_grad=True), torch.tensor([[3, 3], [-1, 23]]), torch.randn(2, 2)
+    report = ember.Report()
+    compiled = ember.compile(fn, report=report)
+    out, expect = compiled(x, index, src), fn(x, index, src)
+    assert_same(out, expect)
+    (grad,) = torch.autograd.grad(out[1].sum(), x)
+    assert_same(grad, torch.autograd.grad(expect[1].sum(), x)[0])
+    assert report.fallbacks == [] and not [g.error for g in report.graphs if g.error]
+    with pytest.raises(IndexError, match="put|take"):
+        compiled(x, torch.tensor([[1, -25], [0, 0]]), src)
 
 
 def test_unsupported_writes_run_through_aten():

@@ -125,11 +125,13 @@ def test_activation_checkpointing_around_random_ops_compiles(dynamic):
     run_and_save_rng_state, whose result nests a tuple in a tuple: the graphs ran through ATen
     with a KeyError (on the GPU they also take the generator as an input). The recompute replays
     the forward's mask: same seed, same values as AOTAutograd run by ATen (which on the CPU are
-    eager's; on the GPU compiled dropout draws other numbers than eager, with any backend)."""
+    eager's; on the GPU compiled dropout draws other numbers than eager, with any backend).
+    A replayed op of one result (rand_like) had no traced value: the backward ran through ATen."""
     from torch.utils.checkpoint import checkpoint
 
     def block(x, w):
-        h = checkpoint(lambda t: F.dropout((t @ w).sin(), 0.5, True), x, use_reentrant=False)
+        h = checkpoint(lambda t: F.dropout((t @ w).sin(), 0.5, True) * torch.rand_like(t), x,
+                       use_reentrant=False)
         a = checkpoint(lambda t: F.scaled_dot_product_attention(t, t, t, is_causal=True), h.view(2, 2, 4, 8),
                        use_reentrant=False)
         return (h * h).sum() + a.sum()

@@ -141,8 +141,21 @@ class OutputLayouts:
                     returned[i] = self._replayed(name, g.outputs[i], base)
                 continue
             for i in outs:
-                self.emit(f"out{i} = as_traced({returned[i]}, {shape_tuple(g.output_strides[i])})  # eager's layout")
+                own = i in g.whole_outputs and self._alone_in_a_larger_buffer(i)
+                self.emit(f"out{i} = {'as_own' if own else 'as_traced'}({returned[i]}, "
+                          f"{shape_tuple(g.output_strides[i])})  # eager's layout{' and memory' if own else ''}")
                 returned[i] = f"out{i}"
+
+    def _alone_in_a_larger_buffer(self, i: int) -> bool:
+        """Is output ``i`` a view of a larger buffer (an ATen result, a kernel's) that no output
+        views where eager's views it (``y, y[0]``)? Eager returning it in memory of its own, it
+        is copied (``as_own``), not to keep that buffer alive with it; where eager's outputs
+        share its memory, they keep sharing the buffer."""
+        g = self.s.graph
+        memory = self._memory_of(g.outputs[i])
+        return memory is not g.outputs[i] and not any(
+            j != i and o is not None and j not in g.scalar_outputs and j not in g.whole_outputs
+            and self._memory_of(o) is memory for j, o in enumerate(g.outputs))
 
     def _one_layout(self, base: Node, outs: list[int]) -> sh.Shape | None:
         """The layout of ``base`` giving every output in ``outs`` (``base`` itself, or views

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import sympy
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._sympy.functions import Max
 
 from ..ir import dtypes as dt
@@ -25,6 +26,20 @@ def traced_strides(meta: torch.Tensor) -> sh.Shape:
     return tuple(st.replace(lambda e: isinstance(e, Max) and 1 in e.args,
                             lambda e: Max(*[a for a in e.args if a != 1]))
                  for st in sh.shape(meta.stride()))
+
+
+def whole_memory(meta: torch.Tensor) -> bool:
+    """Does eager's traced result hold all of its memory (a clone, a new result), not a view into
+    a larger intermediate? Symbolic sizes answer only where no size value could change it."""
+    if meta.is_sparse or meta.layout != torch.strided:
+        return False
+    try:
+        nbytes = meta.untyped_storage().nbytes()
+    except (NotImplementedError, RuntimeError):  # (a tensor subclass without a storage)
+        return False
+    extent = 0 if any(statically_known_true(n == 0) for n in meta.shape) else (
+        1 + sum((n - 1) * st for n, st in zip(meta.shape, meta.stride()))) * meta.element_size()
+    return statically_known_true(meta.storage_offset() == 0) and statically_known_true(nbytes == extent)
 
 
 def eager_layout(meta: Any) -> sh.Shape | None:
@@ -49,6 +64,22 @@ def is_tuple_result(x: Any) -> bool:
     """An ATen call's result that is a tuple ember did not unpack (a higher-order op such as
     run_and_save_rng_state, whose node carries no fake result), or an item of one that is."""
     return isinstance(x, Node) and x.op in (Op.EXTERN, Op.GETITEM) and x.shape is None
+
+
+def replayed_value(fx_node: torch.fx.Node) -> Any:
+    """The fake result of a ``run_with_rng_state`` node (a checkpointed random op replayed in
+    the backward), which the partitioner leaves without one: the replayed op's, from the traced
+    arguments. A replayed rand_like had none, and the ATen call reading it (an alias) found no
+    result to read: the whole backward ran eagerly. None for any other node."""
+    if fx_node.target is not torch.ops.higher_order.run_with_rng_state or len(fx_node.args) < 2:
+        return None
+    op = fx_node.args[1]
+    args, kwargs = torch.fx.node.map_arg((fx_node.args[2:], fx_node.kwargs), lambda n: n.meta.get("val"))
+    mode = torch._guards.detect_fake_mode((args, kwargs))
+    if not isinstance(op, torch._ops.OpOverload) or mode is None:
+        return None
+    with mode:
+        return op(*args, **kwargs)
 
 
 def tuple_item(ctx: Context, result: Node, index: int, val: Any) -> Node:

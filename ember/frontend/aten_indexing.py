@@ -94,9 +94,9 @@ def _wrapped(ctx: Context, index: Node, size: sympy.Expr) -> Node:
     return ctx.make(Op.WHERE, (negative, shifted, index))
 
 
-def _adjacent_indices(x: Node, indices: Sequence[Any], op: str) -> list[int]:
-    """The dims ``indices`` index (None skips a dim): integer index tensors on adjacent dims of a
-    tensor of rank >= 1, else the op runs through ATen."""
+def _indexed_dims(x: Node, indices: Sequence[Any], op: str) -> list[int]:
+    """The dims ``indices`` index (None skips a dim): integer index tensors on dims of a tensor
+    of rank >= 1, else the op runs through ATen."""
     present = [d for d, i in enumerate(indices) if i is not None]
     if x.rank == 0 or not present:
         raise Unsupported(f"{op} of a 0-d tensor or with no index tensor")
@@ -105,20 +105,29 @@ def _adjacent_indices(x: Node, indices: Sequence[Any], op: str) -> list[int]:
         raise Unsupported(f"{op} with a boolean mask (its result's size depends on the data)")
     for d in present:
         _index_dtype(op, indices[d])
-    if present != list(range(present[0], present[0] + len(present))):
-        raise Unsupported(f"{op} with index tensors on dims that are not adjacent (the result's dims move)")
     return present
+
+
+def _indexed_first(ctx: Context, x: Node, present: list[int]) -> tuple[Node, int]:
+    """Index tensors on dims that are not adjacent (``x[i, :, j]``) put their broadcast dims
+    first in eager's result, then the other dims in order: that is indexing at dim 0 of ``x``
+    permuted to (indexed dims, other dims). Adjacent ones index in place, at the first of them.
+    Returns the tensor to index and the dim its indexing starts at."""
+    if present == list(range(present[0], present[0] + len(present))):
+        return x, present[0]
+    order = present + [d for d in range(x.rank) if d not in present]
+    return ctx.make(Op.PERMUTE, (x,), tuple(order)), 0
 
 
 @register(aten.index.Tensor)
 def _index(ctx: Context, x: Node, indices: Sequence[Any]) -> Node:
-    """``x[i0, i1, ...]`` with integer index tensors on adjacent dims (None skips a dim)."""
-    present = _adjacent_indices(x, indices, "index")
-    start, k = present[0], len(present)
-    out = ctx.out_shape
+    """``x[i0, i1, ...]`` with integer index tensors (None skips a dim)."""
+    present = _indexed_dims(x, indices, "index")
+    source, start = _indexed_first(ctx, x, present)
+    k, out = len(present), ctx.out_shape
     shape = out[start:len(out) - (x.rank - start - k)]
     wrapped = [ctx.expand_to(_wrapped(ctx, indices[d], x.shape[d]), shape) for d in present]
-    return ctx.make(Op.INDEX, (x, *wrapped), start)
+    return ctx.make(Op.INDEX, (source, *wrapped), start)
 
 
 @register(aten.as_strided.default)
@@ -338,12 +347,49 @@ def _sum_by_row_ids(ctx: Context, x: Node, start: int, indices: list[Node], src:
 
 @register(aten.index_put.default)
 def _index_put(ctx: Context, x: Node, indices: Sequence[Any], values: Any, accumulate: bool = False) -> Node:
-    """``x[i0, i1, ...] = values`` (``+=`` when accumulating), integer index tensors on adjacent
-    dims (``x.index_put_``, and in-place ``x[i] += v`` after functionalization)."""
-    present = _adjacent_indices(x, indices, "index_put")
+    """``x[i0, i1, ...] = values`` (``+=`` when accumulating), integer index tensors
+    (``x.index_put_``, and in-place ``x[i] += v`` after functionalization; the backward of
+    ``x[i, :, j]``, whose values have the indexed dims first)."""
     source_dtype_matches("index_put", x, values)
+    masked = _masked_write(ctx, x, indices, values, bool(accumulate))
+    if masked is not None:
+        return masked
+    present = _indexed_dims(x, indices, "index_put")
     wrapped = [_wrapped(ctx, indices[d], x.shape[d]) for d in present]
-    return _put(ctx, x, present[0], wrapped, values, bool(accumulate), 3)
+    target, start = _indexed_first(ctx, x, present)
+    out = _put(ctx, target, start, wrapped, values, bool(accumulate), 3)
+    if target is x:
+        return out
+    order = target.arg  # back from (indexed dims, other dims) to x's order
+    return ctx.make(Op.PERMUTE, (out,), tuple(order.index(d) for d in range(x.rank)))
+
+
+def _masked_write(ctx: Context, x: Node, indices: Sequence[Any], values: Any, accumulate: bool) -> Node | None:
+    """``x[mask] = v`` (``+=``) with one boolean mask and a ``v`` that broadcasts over the masked
+    elements (a scalar, or a row per element: no size of the selected count) is ``where(mask, v,
+    x)``, no data-dependent size in it; None for any other write (a mask whose shape is not
+    x's there is eager's error, ATen's)."""
+    present = [d for d, i in enumerate(indices) if i is not None]
+    if len(present) != 1 or not isinstance(indices[present[0]], Node) or not indices[present[0]].dtype.is_bool:
+        return None
+    start, mask = present[0], indices[present[0]]
+    rest = x.rank - start - mask.rank
+    if rest < 0 or not all(ctx.known_equal(m, n) for m, n in zip(mask.shape, x.shape[start:])):
+        return None
+    if isinstance(values, Node) and values.rank > rest:
+        count = values.rank - 1 - rest  # values' dim of the selected elements: it must broadcast
+        if not sh.is_one(values.shape[count]) or values.rank - 1 + mask.rank > x.rank:
+            return None
+        values = ctx.reshape(values, [*values.shape[:count], *[sympy.Integer(1)] * mask.rank,
+                                      *values.shape[count + 1:]])
+    if isinstance(values, Node) and not all(sh.is_one(a) or ctx.known_equal(a, b)
+                                            for a, b in zip(values.shape[::-1], x.shape[::-1])):
+        return None  # (values that do not broadcast: eager's error)
+    mask = ctx.expand_to(ctx.reshape(mask, [*[sympy.Integer(1)] * start, *mask.shape, *[sympy.Integer(1)] * rest]),
+                         x.shape)
+    if accumulate:
+        values = ctx.make(Op.ADD, (x, ctx.operand(values, x.dtype, x.shape)))
+    return ctx.make(Op.WHERE, (mask, ctx.operand(values, x.dtype, x.shape), x))
 
 
 @register(aten.index_add.default)
@@ -383,6 +429,23 @@ def _index_copy(ctx: Context, x: Node, dim: int, index: Node, source: Node) -> N
         # eager takes a source of self's sizes but along dim (none broadcast): its IndexError
         raise Unsupported("index_copy with a source not shaped like self, but along dim")
     return _put(ctx, x, dim, [ctx.reshape(ctx.cast(index, dt.int64), [count])], source, False, 10)
+
+
+@register(aten.put.default)
+def _put_flat(ctx: Context, x: Node, index: Node, source: Node, accumulate: bool = False) -> Node:
+    """x's elements in row-major order written (added, when accumulating) at ``index`` from
+    ``source``'s (``take``'s backward): an index_put into x flattened, negative indices from the
+    end. eager's errors (an index not int64, sizes that differ, an empty self) stay ATen's."""
+    if index.dtype != dt.int64 or not isinstance(source, Node):
+        raise Unsupported("put with an index that is not int64 (eager's error)")
+    source_dtype_matches("put", x, source)
+    numel, count = sh.numel(x.shape), sh.numel(index.shape)
+    if not ctx.known_nonzero(numel) or not ctx.known_equal(count, sh.numel(source.shape)):
+        raise Unsupported("put into a tensor that may be empty, or with a source of another size")
+    flat = ctx.reshape(x, [numel])
+    wrapped = _wrapped(ctx, ctx.reshape(index, [count]), numel)
+    out = _put(ctx, flat, 0, [wrapped], ctx.reshape(source, [count]), bool(accumulate), 12)
+    return ctx.reshape(out, x.shape)
 
 
 @register(aten.scatter_add.default)

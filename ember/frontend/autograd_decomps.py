@@ -20,7 +20,8 @@ tensors before any backend is called; the checks only raise eager's errors).
 (softshrink's decomposition gives a NaN input a gradient of 0, as eager's vectorized kernel does,
 where its scalar tail passes the incoming one: eager has no one answer there.)
 
-``eager_decompositions()`` puts the versions below in their place while AOTAutograd traces.
+``eager_decompositions()`` puts the versions below in their place while AOTAutograd traces
+(and random_decomps.py's dropout and bernoulli_, which draw what eager's kernels draw).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 from torch._C import DispatchKey
 
 from .layout_decomps import layout_overrides
+from .random_decomps import dropout_overrides, functional_bernoulli
 
 aten = torch.ops.aten
 
@@ -142,13 +144,16 @@ def eager_decompositions() -> Iterator[None]:
     overrides = [(op, DispatchKey.Autograd, fn) for op, fn in _OVERRIDES.items()]
     # (global average pooling of channels_last tensors without ATen's as_strided_: layout_decomps.py)
     overrides += [(op, DispatchKey.CompositeImplicitAutograd, fn) for op, fn in layout_overrides().items()]
+    # (dropout drawing only where eager's kernel draws: random_decomps.py)
+    overrides += [(op, key, fn) for (op, key), fn in dropout_overrides().items()]
     saved = []
     for op, key, fn in overrides:
         saved.append((op, key, op.py_kernels.get(key)))
         op.py_kernels[key] = fn
         op._dispatch_cache.clear()
     try:
-        yield
+        with functional_bernoulli():  # (bernoulli_ in its tensor's memory order)
+            yield
     finally:
         for op, key, fn in saved:
             if fn is None:

@@ -1,5 +1,5 @@
 """Inputs whose autograd state the compiled graph cannot carry: forward-mode AD dual tensors,
-and inference tensors in a training graph.
+and inference tensors in a training graph; and fake tensors, which hold no data for its kernels.
 
 **Dual tensors.** Dynamo does not guard on an input's tangent, and AOTAutograd traces the graph
 without one, so a graph compiled for plain tensors is also called with dual tensors. ember's
@@ -18,6 +18,13 @@ graphs run eagerly instead: one whose ops eager's autograd refuses (``x * w`` sa
 in-place write to one, a BatchNorm built under inference_mode updating its running statistics in
 training, which on the copy was lost without eager's error: the error is eager's), and one
 returning a view of such an input (a view of the copy would be a normal tensor over other memory).
+
+**Fake tensors.** Under a ``FakeTensorMode`` (shape and memory estimates, export), or with fake
+tensors as inputs, eager computes fake results. The compiled program's buffers came back fake
+from its allocations and its kernels wrote through their null data pointers: a segfault. Such
+a call runs Dynamo's graph eagerly, with no warning (shapes without data, as meta tensors).
+Dynamo guards on an input's type, so a graph compiled for fake inputs only ever sees fake ones,
+which is decided once, when it compiles; a fake mode around a call is checked at each call.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 import torch
 import torch.autograd.forward_ad as forward_ad
 from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 
 
@@ -36,13 +44,34 @@ def _has_tangent(args: tuple[Any, ...]) -> bool:
     return any(isinstance(a, torch.Tensor) and forward_ad.unpack_dual(a).tangent is not None for a in args)
 
 
+def takes_fake_tensors(gm: torch.fx.GraphModule) -> bool:
+    """Were any of the inputs Dynamo compiled ``gm`` for fake tensors (the user's, not Dynamo's
+    own fakes of real ones)? Dynamo's guards check each tensor input's type: every call gets
+    fake ones too."""
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            break
+        arg = node.meta.get("grapharg")
+        if isinstance(getattr(arg, "example", None), FakeTensor):
+            return True
+    return False
+
+
+# the mode stack's depth, a cheap check made first (fake modes are on it, with any other)
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
+
+
 def eager_for_dual_tensors(compiled: Callable[..., Any], gm: torch.fx.GraphModule) -> Callable[..., Any]:
     """``compiled``, except that a call made with a dual tensor among its inputs runs ``gm``
-    (Dynamo's graph of torch-level ops) eagerly, with one warning per graph."""
+    (Dynamo's graph of torch-level ops) eagerly, with one warning per graph; so does, without
+    one, a call under a fake tensor mode, whose results eager makes fake."""
     warned = False
 
     def call(*args: Any) -> Any:
         nonlocal warned
+        if _dispatch_modes() and torch._C._get_dispatch_mode(_FAKE_MODE) is not None:
+            return gm.forward(*args)
         # (no dual level entered: the usual case costs one global's read)
         if forward_ad._current_level >= 0 and _has_tangent(args):
             if not warned:

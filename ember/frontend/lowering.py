@@ -33,7 +33,15 @@ from ..ir.node import (
     record_ragged_totals,
 )
 from ..ir.ops import Op
-from .aten_calls import extern_call, is_sym, is_tuple_result, traced_strides, tuple_item
+from .aten_calls import (
+    extern_call,
+    is_sym,
+    is_tuple_result,
+    replayed_value,
+    traced_strides,
+    tuple_item,
+    whole_memory,
+)
 
 
 class Unsupported(Exception):
@@ -252,12 +260,15 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
     scalar_outputs: set[int] = set()
     output_strides: list[sh.Shape | None] = []
     fresh_outputs: set[int] = set()
+    whole_outputs: set[int] = set()  # (Graph.whole_outputs)
     effects = ctx.effects  # checks that return nothing, sizes read with .item() (Graph.effects)
     storages: dict[Any, int] = {}  # fake storages of the inputs and the outputs so far
     ctx.shared_output_storages = _shared_output_storages(gm)
 
     for fx_node in gm.graph.nodes:
         val = fx_node.meta.get("val")
+        if val is None:
+            val = replayed_value(fx_node)
         if fx_node.op == "placeholder":
             node = _placeholder(fx_node, len(inputs), val, ctx.device, len(inputs) in donated)
             ctx.bindable |= _carried_symbols(node)
@@ -290,6 +301,8 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
                 if isinstance(meta, torch.Tensor):
                     if storage_of(meta) not in storages:  # (not an input's, nor an earlier output's)
                         fresh_outputs.add(i)
+                        if whole_memory(meta):
+                            whole_outputs.add(i)
                     storages.setdefault(storage_of(meta), i)
                 value = env[out] if isinstance(out, torch.fx.Node) else out
                 if value is None:
@@ -306,7 +319,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
             raise Unsupported(f"FX node kind {fx_node.op}")
     return record_ragged_totals(Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs), output_strides,
                                       fresh_outputs=frozenset(fresh_outputs), effects=effects,
-                                      size_checks=ctx.size_checks))
+                                      size_checks=ctx.size_checks, whole_outputs=frozenset(whole_outputs)))
 
 
 # ATen calls that return nothing and must still run: eager's checks of values (one_hot's class

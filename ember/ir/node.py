@@ -340,6 +340,9 @@ class Graph:
     ``fresh_outputs``: outputs that eager returns in memory of their own (a clone, a new result),
     sharing it with no input and no other output, though ember's IR may have made them the same
     node as an input or another output (a clone is the value it copies; CSE merges equal values).
+    ``whole_outputs``: the fresh outputs eager returns as all of their memory (a clone, a new
+    result), not as a view into a larger intermediate (``x.cumsum(0)[-1]``): returned as a view
+    of a larger buffer of ember's, they are copied (``codegen/outputs.py``).
     ``effects``: ATen calls that return nothing but must run, in graph order (the checks of
     ``torch._assert_async``: one_hot's class bounds).
     ``size_checks``: eager's errors that only the run-time sizes decide (an int64 arange whose
@@ -350,7 +353,7 @@ class Graph:
                  name: str = "graph", scalar_outputs: frozenset[int] = frozenset(),
                  output_strides: Sequence[sh.Shape | None] = (), totals: dict[sympy.Symbol, int] | None = None,
                  fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = (),
-                 size_checks: Sequence[SizeCheck] = ()):
+                 size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset()):
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes = list(nodes)
@@ -361,6 +364,7 @@ class Graph:
         self.fresh_outputs = fresh_outputs
         self.effects = tuple(effects)
         self.size_checks = tuple(size_checks)
+        self.whole_outputs = whole_outputs
 
     @classmethod
     def from_outputs(cls, inputs: Sequence[Node], outputs: Sequence[Node | None], name: str = "graph",
@@ -368,10 +372,10 @@ class Graph:
                      output_strides: Sequence[sh.Shape | None] = (),
                      totals: dict[sympy.Symbol, int] | None = None,
                      fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = (),
-                     size_checks: Sequence[SizeCheck] = ()) -> Graph:
+                     size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset()) -> Graph:
         """A graph holding exactly the nodes the outputs and effects need (plus all inputs)."""
         return cls(inputs, outputs, toposort(list(inputs) + [o for o in outputs if o is not None] + list(effects)),
-                   name, scalar_outputs, output_strides, totals, fresh_outputs, effects, size_checks)
+                   name, scalar_outputs, output_strides, totals, fresh_outputs, effects, size_checks, whole_outputs)
 
     def users(self) -> dict[Node, list[Node]]:
         result: dict[Node, list[Node]] = {n: [] for n in self.nodes}
@@ -383,7 +387,8 @@ class Graph:
     def with_nodes(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node],
                    effects: Sequence[Node] | None = None) -> Graph:
         return Graph(inputs, outputs, nodes, self.name, self.scalar_outputs, self.output_strides, self.totals,
-                     self.fresh_outputs, self.effects if effects is None else effects, self.size_checks)
+                     self.fresh_outputs, self.effects if effects is None else effects, self.size_checks,
+                     self.whole_outputs)
 
     def __str__(self) -> str:
         from .printer import format_graph
@@ -533,4 +538,5 @@ def record_ragged_totals(graph: Graph) -> Graph:
     is still offsets[-1] once nothing searches the offsets."""
     totals = {s: graph.inputs.index(n) for s, n in ragged_totals(graph).items()}
     return Graph(graph.inputs, graph.outputs, graph.nodes, graph.name, graph.scalar_outputs,
-                 graph.output_strides, totals, graph.fresh_outputs, graph.effects, graph.size_checks)
+                 graph.output_strides, totals, graph.fresh_outputs, graph.effects, graph.size_checks,
+                 graph.whole_outputs)

@@ -74,6 +74,11 @@ class Backend(ABC):
     def uses_error_flag(self, kernel: Kernel) -> bool:
         return False
 
+    def toolchain_problem(self, cfg: Config) -> str | None:
+        """Why no kernel at all can build here (no compiler, one that fails on an empty
+        module), or None: asked after a module failed to build."""
+        return None
+
     def passes_tensors(self, kernel: Kernel) -> bool:
         """Does the host program pass ``kernel`` tensors (else ``data_ptr()`` ints)?"""
         return self.pass_tensors
@@ -81,13 +86,22 @@ class Backend(ABC):
     def build(self, kernels: list[Kernel], cfg: Config,
               fallbacks: dict[str, Callable[..., None]] | None = None) -> BuiltKernels:
         """Build the module; if that fails, find the kernels at fault by building each alone,
-        warn once per failed kernel, and build the rest together."""
+        warn once per failed kernel, and build the rest together. Where no kernel can build
+        (``toolchain_problem``), one warning for them all."""
         if not kernels:
             return BuiltKernels()
         try:
             return self.build_module(kernels, cfg, fallbacks)
         except BuildError as whole:
             log(1, f"{self.name} module build failed, retrying kernel by kernel:\n{whole}", cfg)
+        # (a missing or broken compiler warned once per kernel of every graph, each built alone)
+        problem = self.toolchain_problem(cfg)
+        if problem is not None:
+            stats.bump("build_failures", len(kernels))
+            warnings.warn(f"ember: no {self.name} kernel can be built here, so this graph's {len(kernels)} kernel(s) "
+                          f"failed to build; their ops run through ATen instead.\n{problem[-1500:]}",
+                          RuntimeWarning, stacklevel=3)
+            return BuiltKernels(failed={k.name: problem for k in kernels})
         good: list[Kernel] = []
         failed: dict[str, str] = {}
         for k in kernels:

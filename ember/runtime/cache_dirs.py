@@ -53,6 +53,13 @@ def stand_in_for(cache_dir: Path | str) -> Path | None:
         return _stand_ins.get(Path(cache_dir))
 
 
+def stand_in_after(cache_dir: Path | str, error: OSError) -> Path:
+    """From now on in this process, the temporary directory that stands in for ``cache_dir``,
+    which a build found it could not write after all (a full disk: the probe of writable_part
+    fits, a library does not). One warning, as for a directory that cannot be written at all."""
+    return _stand_in(Path(cache_dir), error)
+
+
 def _stand_in(root: Path, error: OSError) -> Path:
     with _lock:
         if root in _stand_ins:

@@ -11,6 +11,7 @@ library crashed the process inside dlopen (SIGBUS), where no Python error can be
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import hashlib
 import os
@@ -92,16 +93,32 @@ def build(source: str, cfg: Config, again: bool = False) -> tuple[Path, bool]:
         target = cache_dirs.writable_part(cfg.cache_dir, "cpp") / target.name
         if not again and intact(target):
             return target, True
-        if _compile(source, cfg, compiler, target, last=attempt == 2):
-            return target, False
+        try:
+            if _compile(source, cfg, compiler, target, last=attempt == 2):
+                return target, False
+        except (OSError, BuildError) as e:
+            # a full disk (or quota) under cache_dir sent the whole graph through ATen: the cache
+            # is a speed-up, never a condition, so build in this process's stand-in instead
+            if attempt == 2 or not _out_of_space(e) or cache_dirs.stand_in_for(cfg.cache_dir) is not None:
+                raise
+            code = e.errno if isinstance(e, OSError) else errno.ENOSPC
+            cache_dirs.stand_in_after(cfg.cache_dir, OSError(code, os.strerror(code), str(target.parent)))
     raise AssertionError("unreachable")  # (the last attempt returns or raises)
+
+
+def _out_of_space(error: OSError | BuildError) -> bool:
+    """Whether a build failed for want of disk space: our own writes (an OSError), or the
+    compiler's or linker's (a BuildError whose output holds the system's message for it)."""
+    codes = (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(error, OSError):
+        return error.errno in codes
+    return any(os.strerror(code) in str(error) for code in codes)
 
 
 def _compile(source: str, cfg: Config, compiler: str, target: Path, last: bool) -> bool:
     """Builds ``target`` through a directory beside it; False where that directory vanished
     meanwhile (`ember cache clear` in another process: the build failed, and its graph ran
     through ATen for the rest of the process), unless ``last``."""
-    build_dir: Path | None = None
     try:
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
             build_dir = Path(tmp)
@@ -109,13 +126,18 @@ def _compile(source: str, cfg: Config, compiler: str, target: Path, last: bool) 
             out = build_dir / "kernels.so"
             src.write_text(source)
             run_compiler([compiler, *cfg.cxx_flags, *BUILD_FLAGS, str(src), "-o", str(out)], timeout=300)
+            if not out.is_file():  # (a compiler that succeeds writing nothing: not a missing directory)
+                raise BuildError(f"{compiler} exited without an error but wrote no library ({out})")
             shutil.copyfile(src, target.with_suffix(".cpp"))
             stamp = build_dir / "kernels.sha256"
             stamp.write_text(_sha256(out))
             os.replace(stamp, stamp_path(target))
             os.replace(out, target)
     except (OSError, BuildError):
-        if last or (build_dir is not None and build_dir.exists()):
+        # (whether the build directory itself vanished cannot be asked: leaving the with block
+        # removed it whatever failed, and every failed build, a kernel's own compile error too,
+        # ran three times)
+        if last or target.parent.is_dir():
             raise
         return False
     return True

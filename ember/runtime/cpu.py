@@ -7,8 +7,11 @@ from ..config import Config, log
 from ..ir import shapes as sh
 from ..schedule.kernel_ir import Kernel
 from . import cpp_build, stats
-from .backend import Backend, BuiltKernels
+from .backend import Backend, BuildError, BuiltKernels
 from .program import bind_kernel
+
+# (compiler, flags, cache directory) -> why no kernel builds with them, or None: asked once
+_toolchain_problems: dict[tuple, str | None] = {}
 
 
 class CppBackend(Backend):
@@ -23,6 +26,19 @@ class CppBackend(Backend):
 
     def uses_error_flag(self, kernel: Kernel) -> bool:
         return cpp.uses_error_flag(kernel)
+
+    def toolchain_problem(self, cfg: Config) -> str | None:
+        # an empty module: what every kernel's build needs (the compiler, its flags, the prelude)
+        key = (cfg.cxx, cfg.cxx_flags, str(cfg.cache_dir))
+        if key not in _toolchain_problems:
+            try:
+                cpp_build.build(cpp.PRELUDE + '\nextern "C" void ember_toolchain_probe(void) {}\n', cfg)
+                _toolchain_problems[key] = None
+            except BuildError as e:
+                _toolchain_problems[key] = str(e)
+            except OSError:
+                return None  # (nowhere to build it: each kernel tells)
+        return _toolchain_problems[key]
 
     def build_module(self, kernels: list[Kernel], cfg: Config, fallbacks: dict | None = None) -> BuiltKernels:
         source = self.render_module(kernels)

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -123,6 +124,26 @@ def as_traced(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
     return relayout(t, strides)
 
 
+def as_own(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+    """``as_traced(t, strides)``, and a copy too where ``t`` views only part of its memory: an
+    output eager returns in memory of its own that ember's program returns as a view of an ATen
+    result or a kernel's buffer (``(x @ w)[:1].clone()``, ``x.cumsum(0)[-1].clone()``: the clone
+    is no op in ember's IR) kept that whole buffer alive as long as the user held the result (a
+    row of a 512 x 512 product kept 1 MB), and began at another storage offset than eager's."""
+    out = as_traced(t, strides)
+    if out is t and t.layout == torch.strided and (t.storage_offset() != 0
+                                                   or t.untyped_storage().nbytes() > _extent(t)):
+        return relayout(t, strides)
+    return out
+
+
+def _extent(t: torch.Tensor) -> int:
+    """The bytes from ``t``'s first element to its last, inclusive (0 when empty)."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))) * t.element_size()
+
+
 def boxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:
     """``fn(*args)`` in AOTAutograd's boxed convention (for graphs that run through ATen)."""
 
@@ -214,6 +235,8 @@ _INDEX_ERRORS = {
                      "dimension it indexes)"),
     11: (RuntimeError, "index_select: INDICES element is out of DATA bounds (an index along dim 1 is negative "
                        "or not smaller than its size)"),
+    12: (IndexError, "put: index out of range (an index is below minus the number of elements of self, or not "
+                     "smaller than it)"),
 }
 
 
@@ -250,12 +273,16 @@ class CompiledProgram:
 
         ns = {"torch": torch, "math": math, "warnings": warnings, **_fast_allocators(),
               "advise_huge": make_advise_huge(cfg), "relayout": relayout, "as_traced": as_traced,
+              "as_own": as_own,
               "in_graphed_step": capture.in_graphed_step, "thread_error_flag": thread_error_flag,
               "check_error_flag": check_error_flag, "timed": timed, **namespace}
         filename = f"<ember wrapper {name}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         exec(compile(source, filename, "exec"), ns)
         self._call = ns["call"]
+        # (the source, for tracebacks, only while the program lives: each compile's name is
+        # new, and every recompile or torch._dynamo.reset() left another copy in linecache)
+        weakref.finalize(self._call, linecache.cache.pop, filename, None)
         # The program allocates and launches on the current device, as Inductor's does: a graph
         # on another GPU than the current one runs with that GPU made current.
         self.cuda_device = cuda_device
