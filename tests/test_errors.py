@@ -313,6 +313,8 @@ def test_checks_in_torchs_decompositions_raise_eagers_runtime_error():
         ember.compile(fn)(*args)
 
 
+@pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13),
+                    reason="torch 2.11's fake tensors raise the IndexError otherwise (still IndexError there)")
 def test_cat_of_zero_dimensional_tensors_raises_eagers_runtime_error():
     # prims.cat's meta function indexed the 0-d shape: an IndexError came through Dynamo
     fn = lambda a, b: torch.cat([a, b * 2])  # noqa: E731
