@@ -166,24 +166,16 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[...
     def compile_or_eager(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         if restore_inplace_updates(gm):
             # (no warning: an update eager refuses (an add_'s tensor alpha) raises eager's error)
-            stats_module.bump("graph_fallbacks")
-            return gm.forward
+            return _eagerly(gm)
         if writes_overlapping_memory(gm):
-            warnings.warn("ember: a graph writes in place to a tensor whose elements share memory, or that "
-                          "overlaps one the write reads (an expand, a shifted view); it runs eagerly",
-                          RuntimeWarning, stacklevel=2)
-            stats_module.bump("graph_fallbacks")
-            return gm.forward
+            return _eagerly(gm, "a graph writes in place to a tensor whose elements share memory, or that "
+                                "overlaps one the write reads (an expand, a shifted view)")
         if writes_through_a_gapped_unfold(gm):
-            warnings.warn("ember: a graph writes in place through an unfold view whose windows do not cover "
-                          "its dim, which torch's functionalization zeroes between them; it runs eagerly",
-                          RuntimeWarning, stacklevel=2)
-            stats_module.bump("graph_fallbacks")
-            return gm.forward
+            return _eagerly(gm, "a graph writes in place through an unfold view whose windows do not cover "
+                                "its dim, which torch's functionalization zeroes between them")
         if refuses_inplace_cast(gm):
             # (no warning: eager's error follows, raised by the op when the graph runs it)
-            stats_module.bump("graph_fallbacks")
-            return gm.forward
+            return _eagerly(gm)
         if takes_fake_tensors(gm):
             # (no warning: fake tensors hold no data for kernels; eager's ops make fake results)
             return gm.forward
@@ -192,22 +184,26 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[...
             # (eager's autograd refuses the first, which the graph raises when it runs; the
             # compiled graph reads normal copies of inference tensors: a write would go to the
             # copy, lost, and a view would be one of the copy)
-            warnings.warn("ember: a training graph over inference tensors that saves one for the backward, "
-                          "writes one in place or returns a view of one runs eagerly", RuntimeWarning, stacklevel=2)
-            stats_module.bump("graph_fallbacks")
-            return gm.forward
+            return _eagerly(gm, "a training graph over inference tensors that saves one for the backward, "
+                                "writes one in place or returns a view of one", ending=" runs eagerly")
         try:
             compiled = backend(gm, example_inputs)
             return eager_for_dual_tensors(with_normal_copies(compiled, inference) if inference else compiled, gm)
         except Exception as e:  # noqa: BLE001 -- any failure to trace: eager runs the graph
             if isinstance(e, torch._dynamo.exc.TorchDynamoException) or not _in_torch_tracing(e):
                 raise
-            warnings.warn(f"ember: torch could not trace a graph for compiling ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}); it runs eagerly", RuntimeWarning,
-                          stacklevel=2)
-            stats_module.bump("graph_fallbacks")
-            return gm.forward
+            return _eagerly(gm, f"torch could not trace a graph for compiling ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0] if str(e) else ''})")
     return compile_or_eager
+
+
+def _eagerly(gm: torch.fx.GraphModule, why: str | None = None, ending: str = "; it runs eagerly") -> Any:
+    """Dynamo's graph ``gm`` as it is (run eagerly), counted as a graph fallback; with one warning
+    saying ``why`` where there is one."""
+    if why is not None:
+        warnings.warn(f"ember: {why}{ending}", RuntimeWarning, stacklevel=3)
+    stats_module.bump("graph_fallbacks")
+    return gm.forward
 
 
 def _in_torch_tracing(e: BaseException) -> bool:

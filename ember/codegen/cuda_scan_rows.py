@@ -212,15 +212,7 @@ def _shuffled_runs(r: CudaKernelRenderer) -> None:
         before = f"ember_warps_before<{ctype}>({items}_warp, {op}, {scan_init(body.lang, v)}, {slots}, &{items}_total)"
         r.emit(f"{ctype} {items}_total;")
         r.emit(f"const {ctype} {items}_before = {scan_combine(v, acc, before)};")
-    r.emit("// 3. every value at this lane's elements, with their scans, and the stores")
-    body.scan_line = lambda v: _item_line(r, v, shuffled=True)
-    _each_item(r)
-    r._statements(values)
-    stores = [v for v in k.values if v.kind == "store" and v.inner]
-    r.open("if (ember_in) {")
-    r._statements(stores)
-    r.close(2)
-    _close_chunks(r)
+    _store_items(r, "with their scans", shuffled=True)
 
 
 def _transposed_runs(r: CudaKernelRenderer) -> None:
@@ -259,15 +251,7 @@ def _transposed_runs(r: CudaKernelRenderer) -> None:
         r.emit(f"for (int ember_j = 0; ember_j < {SCAN_ITEMS}; ++ember_j) "
                f"{runs}[{at}] = {scan_combine(v, f'{items}_before', f'{items}[ember_j]')};")
     r.emit("__syncwarp();")
-    r.emit("// 3. every value at this lane's elements, with their scans from shared memory, and the stores")
-    body.scan_line = lambda v: _item_line(r, v)
-    _each_item(r)
-    r._statements(values)
-    stores = [v for v in k.values if v.kind == "store" and v.inner]
-    r.open("if (ember_in) {")
-    r._statements(stores)
-    r.close(2)
-    _close_chunks(r)
+    _store_items(r, "with their scans from shared memory", shuffled=False)
 
 
 def run_warps(r: CudaKernelRenderer) -> int:
@@ -357,3 +341,16 @@ def _lanes_before(r: CudaKernelRenderer, v: Value, items: int) -> None:
     r.emit(f"const {ctype} {name}_warps = {scan_combine(v, acc, before)};")
     lane_before = f"((threadIdx.x & 31) == 0 ? {none} : {name}_up)"
     r.emit(f"const {ctype} {name}_before = {scan_combine(v, f'{name}_warps', lane_before)};")
+
+
+def _store_items(r: CudaKernelRenderer, scans_from: str, shuffled: bool) -> None:
+    """Step 3 of the shuffled and transposed layouts: every value at the lane's elements again,
+    each scan from where the layout left it, and the stores; then the chunk's end."""
+    r.emit(f"// 3. every value at this lane's elements, {scans_from}, and the stores")
+    r.body.scan_line = lambda v: _item_line(r, v, shuffled=shuffled)
+    _each_item(r)
+    r._statements(r.k.loop_values(1))
+    r.open("if (ember_in) {")
+    r._statements([v for v in r.k.values if v.kind == "store" and v.inner])
+    r.close(2)
+    _close_chunks(r)
