@@ -25,7 +25,7 @@ from .frontend.autograd_inputs import (
     takes_fake_tensors,
     with_normal_copies,
 )
-from .frontend.dtype_refusals import eager_kernel_refusal
+from .frontend.dtype_refusals import eager_kernel_refusal, traceback_frames
 from .frontend.dynamo import make_backend
 from .frontend.fma_rewrites import restore_inplace_updates
 from .frontend.guard_profile import without_guard_profiling
@@ -313,15 +313,6 @@ def _frames(e: BaseException) -> list[str]:
     return files
 
 
-def _frame_objects(e: BaseException) -> list[Any]:
-    """The frames of ``e``'s traceback, outermost first."""
-    frames, tb = [], e.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    return frames
-
-
 def _function_names(e: BaseException) -> list[str]:
     """The functions of ``e``'s traceback, outermost first."""
     names, tb = [], e.__traceback__
@@ -427,7 +418,7 @@ def _empty_reduction(e: BaseException) -> bool:
     text = str(e)
     if text.startswith("kthvalue(): selected number k out of range"):
         return any(frame.f_code.co_name == "kthvalue_meta" and frame.f_locals.get("dimSize") == 0
-                   for frame in _frame_objects(e))
+                   for frame in traceback_frames(e))
     if not ("zero-size dimension" in text or "Expected reduction dim" in text):
         return False
     if not any("/torch/_refs/" in f or "/torch/_meta_registrations" in f for f in _frames(e)):

@@ -24,7 +24,8 @@ _FLOAT_ONLY_REFS = {"elu": ("elu", ("a",)), "frac": ("frac", ("x",)),
                     "logaddexp": ("logaddexp", ("a", "b")), "logaddexp2": ("logaddexp2", ("a", "b"))}
 
 
-def _frames(e: BaseException) -> list[FrameType]:
+def traceback_frames(e: BaseException) -> list[FrameType]:
+    """The frames of ``e``'s traceback, outermost first."""
     frames, tb = [], e.__traceback__
     while tb is not None:
         frames.append(tb.tb_frame)
@@ -57,7 +58,7 @@ def eager_kernel_refusal(e: BaseException) -> NotImplementedError | None:
     something else (a shift of bools by an integer runs in int64 in eager)."""
     if type(e) is not RuntimeError:
         return None
-    for frame in _frames(e):
+    for frame in traceback_frames(e):
         name, local = frame.f_code.co_name, frame.f_locals
         if name == "shift_dtype_check" and _in_torch(frame, "/torch/_meta_registrations"):
             # eager shifts in the promoted dtype and has kernels for integers only
