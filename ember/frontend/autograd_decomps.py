@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch._C import DispatchKey
 
+from .bag_decomps import bag_overrides
 from .layout_decomps import layout_overrides
 from .random_decomps import dropout_overrides, functional_bernoulli
 
@@ -144,6 +145,8 @@ def eager_decompositions() -> Iterator[None]:
     overrides = [(op, DispatchKey.Autograd, fn) for op, fn in _OVERRIDES.items()]
     # (global average pooling of channels_last tensors without ATen's as_strided_: layout_decomps.py)
     overrides += [(op, DispatchKey.CompositeImplicitAutograd, fn) for op, fn in layout_overrides().items()]
+    # (embedding_bag's sum and mean as segment reductions: bag_decomps.py)
+    overrides += [(op, DispatchKey.CompositeImplicitAutograd, fn) for op, fn in bag_overrides().items()]
     # (dropout drawing only where eager's kernel draws: random_decomps.py)
     overrides += [(op, key, fn) for (op, key), fn in dropout_overrides().items()]
     saved = []
