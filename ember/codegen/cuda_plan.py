@@ -67,11 +67,16 @@ def _adjacent_rows(kernel: Kernel) -> bool:
     if not kernel.inner:
         return False
     o, r = outer_var(len(kernel.outer) - 1), inner_var(len(kernel.inner) - 1)
+    outers = {outer_var(i) for i in range(len(kernel.outer))}
     along_rows = along_inner = 0
     for v in kernel.values:
         if v.kind in ("load", "store") and v.inner:
             along_rows += _unit_step(v.arg.index, o)
-            along_inner += _unit_step(v.arg.index, r)
+            # an access the same for every row (a norm's weight; a bag's indices, read down the
+            # bag while its rows, gathered at them, step along the columns) is one broadcast
+            # read a step for lanes that take rows: it says nothing about the layout
+            if outers & sympy.sympify(v.arg.index).free_symbols:
+                along_inner += _unit_step(v.arg.index, r)
     return along_rows > along_inner
 
 

@@ -77,9 +77,15 @@ def _hints_of(kernel: Kernel) -> KernelHints:
         # gathers and scatters: their layout says nothing about the tile; but a segment kernel
         # reads its rows from a loaded start (its first indirect variable) + r0
         row_start = kernel.segment_length is not None and v.arg.bindings == (indirect_var(0),)
-        if any(is_indirect_var(s) for s in index.free_symbols) and not row_start:
-            continue
         names = {s.name for s in index.free_symbols}
+        if any(is_indirect_var(s) for s in index.free_symbols) and not row_start:
+            # a gather inside the loop at indices read down it (an embedding bag's rows), whose
+            # elements are adjacent along the last outer dim: a column access
+            if (v.kind == "load" and v.inner and last is not None and last.name not in names
+                    and outers and sympy.diff(index, outers[-1]) == 1):
+                strided += 1
+                sizes.append(v.dtype.itemsize)
+            continue
         varying = any(n[0] == "o" and n[1:].isdigit() for n in names)
         dense = dense or any(sympy.diff(index, o) == 1 for o in outers if o.name in names)
         if v.inner and last is not None and (v.kind == "load" or kernel.segment_length is not None):
