@@ -494,6 +494,21 @@ def test_a_size_the_guards_make_1_broadcasts(fn, shape):
         check(fn, x, dynamic=True)
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.ones(x.shape[0] // 2, x.shape[1] % 3 + 1, dtype=torch.int64).cumsum(0),
+    lambda x: x[:, :x.shape[1] % 3 + 1].flip(1).cumprod(1),
+    lambda x: torch.layer_norm(x[:, :x.shape[1] % 3 + 1], (x.shape[1] % 3 + 1,)),
+], ids=["ones_cumsum", "slice_flip_cumprod", "slice_layer_norm"])
+def test_a_size_a_later_op_makes_1_matches_atens_spelling(fn):
+    # s1 % 3 + 1 at s1 = 6: the scan's (or the norm's) meta guards it to 1 and gives ATen's
+    # result a literal 1, where the lowering kept s1 % 3 + 1: the shape check failed and the
+    # whole graph ran through ATen
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for shape in [(6, 3), (8, 6)]:
+            check(fn, torch.randn(shape), dynamic=True)
+
+
 def test_one_graph_traced_under_other_guards_is_planned_again():
     # int4 pairs packed from a width that became dynamic: the FX graph at width 3 is the graph
     # at width 6 (the same code and symbolic shapes), but its guards make the odd columns one

@@ -419,3 +419,24 @@ def test_in_place_updates_dynamo_rewrites_into_fma_are_eagers(fn, make):
         warnings.simplefilter("error")
         out = ember.compile(fn)(*make())
     torch.testing.assert_close(out, ref)  # (exact for integers; float32 within eager's FMA's rounding)
+
+
+def test_in_place_updates_with_a_symbolic_value_or_an_alpha_needing_grad_are_eagers():
+    """A value that changed between calls is symbolic in Dynamo's graph: its fma was not undone,
+    so an integer addcmul_ used 0.5 where eager truncates it to 0, and a float one into an
+    integer tensor cast silently. A tensor alpha that requires grad is no number to eager's
+    parser (TypeError, under no_grad too)."""
+    compiled = ember.compile(_addcmul_value_into)
+    for value in (2, 0.5, 2.5):
+        ref = _addcmul_value_into(_ints(), _ints(), _ints(), value)
+        assert torch.equal(compiled(_ints(), _ints(), _ints(), value), ref)
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+        compiled(_ints(), torch.rand(5), torch.rand(5), 1.5)
+    alpha = torch.tensor(2.0, requires_grad=True)
+    with torch.no_grad(), pytest.raises(TypeError, match="must be Number, not Tensor"):
+        ember.compile(_add_tensor_alpha_into)(torch.rand(5), torch.rand(5), alpha)
+
+
+def _addcmul_value_into(a, b, c, value):
+    a.addcmul_(b, c, value=value)
+    return a

@@ -237,6 +237,17 @@ def test_one_hot_sums_over_a_narrow_iota(dtype, n):
     torch.testing.assert_close(ember.compile(fn)(tokens), fn(tokens))
 
 
+def test_one_hot_sums_of_negative_zeros_are_zero():
+    # t + (N - 1) * f was -0.0 for terms all -0.0, where eager's sum starts from 0.0
+    def fn(k, x, n):
+        return ((torch.arange(n.shape[0]) == k[:, None]).float() * x[:, None]).sum(1)
+
+    k, x = torch.tensor([1, -1, 9, 3]), torch.tensor([-0.0, -0.0, -0.0, 2.0])
+    for dynamic in (False, True):
+        out, ref = ember.compile(fn, dynamic=dynamic)(k, x, torch.empty(8)), fn(k, x, torch.empty(8))
+        assert torch.equal(out, ref) and torch.equal(out.signbit(), ref.signbit()), (out, ref)
+
+
 def test_one_hot_sums_leave_other_sums_alone():
     for variant in ("varies", "two positions", "iota from 1", "integer"):
         b = GraphBuilder()

@@ -144,6 +144,21 @@ def test_offsets_from_lengths_are_one_scan_kernel():
     assert ember.stats()["graphs_compiled"] - before <= 1
 
 
+def test_scans_cropped_or_padded_with_negative_zero_keep_eagers_values():
+    """A pad with a negative amount crops the scan's result (the scan of the cropped input gave
+    other values), and a pad of -0.0 is no sum's neutral (the scan started from 0.0)."""
+    F = torch.nn.functional
+    x = torch.randn(3, 6)
+    for fn in (lambda x: F.pad(x.cumsum(-1), (-2, 0)),
+               lambda x: F.pad(x.flip(-1).cumsum(-1).flip(-1), (0, -1))):
+        check(fn, x)
+    zeros = torch.full((2, 3), -0.0)
+    for fn in (lambda x: F.pad(x.cumsum(-1), (1, 0), value=-0.0),
+               lambda x: torch.cat([torch.full((2, 1), -0.0), x.cumsum(-1)], -1)):
+        out, ref = ember.compile(fn)(zeros), fn(zeros)
+        assert torch.equal(out.signbit(), ref.signbit()), (out, ref)
+
+
 def test_symbolic_lengths_one_compile():
     fn = lambda x: (x * 2).cumsum(-1) + x.logcumsumexp(0) + x.cummax(-1)[0] * x.cummin(0)[1]  # noqa: E731
     fast = ember.compile(fn, dynamic=True)

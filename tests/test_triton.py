@@ -654,6 +654,21 @@ def test_symbolic_sizes_launch_as_quotients_by_their_power_of_two_divisors():
     assert _align((1 << 31) + 8) == 1  # a quotient Triton could type as int32 would overflow
 
 
+def test_strided_views_reaching_past_2_to_the_31_take_64_bit_offsets():
+    from ember.runtime.triton_matmul import needs_int64_offsets
+
+    # (meta tensors: the shapes and strides of 8 GiB bases, no memory)
+    wide = torch.empty(2**20, 4096, device="meta")
+    # 2^21 elements, but the last one is 2^32 - 4095 elements past the first: int32 offsets
+    # (row * 4096) wrapped negative, as the launch looked at the element count alone
+    assert needs_int64_offsets(wide[:, :2])
+    assert needs_int64_offsets(wide.t()[:3])
+    assert needs_int64_offsets(torch.empty(2**31, device="meta"))
+    assert not needs_int64_offsets(wide[:2**19 - 1, :1])  # its last offset, 2^31 - 8192, fits
+    assert not needs_int64_offsets(torch.empty(2**20, device="meta").expand(1024, 2**20))
+    assert not needs_int64_offsets(wide[:0])
+
+
 @pytest.mark.parametrize("fn, make", [
     (lambda x: x.argmax(0), lambda: torch.randn(1, 5).expand(4, 5)),
     (lambda x: x.max(1), lambda: torch.randn(5, 1).expand(5, 6)),

@@ -39,8 +39,15 @@ def _to_copy(ctx: Context, x: Node, *, dtype: Any = None, device: Any = None, la
              pin_memory: Any = None, non_blocking: bool = False, memory_format: Any = None) -> Node:
     if device is not None and torch.device(device) != ctx.out.device:
         raise Unsupported("device copy")
-    if str(ctx.out.device) != x.device or layout not in (None, torch.strided) or pin_memory:
-        raise Unsupported("layout or device change")
+    if layout not in (None, torch.strided) or pin_memory:
+        raise Unsupported("layout change")
+    if not isinstance(x, Node):
+        # a Python number, as nested vmap's graph casts a literal (``a * 2``): ATen wraps it in
+        # a 0-d tensor and casts that, unchecked (a 16-bit float rounds)
+        dtype = ctx.out_dtype
+        return ctx.const(_rounded_to(x, dtype) if dtype.is_low_precision else x, dtype)
+    if str(ctx.out.device) != x.device:
+        raise Unsupported("device change")
     return ctx.cast(x, ctx.out_dtype)
 
 

@@ -40,13 +40,17 @@ def restore_inplace_updates(gm: torch.fx.GraphModule) -> bool:
         first, value, written = fma.args
         if not isinstance(first, torch.fx.Node) or not isinstance(written, torch.fx.Node):
             continue
-        if isinstance(value, torch.fx.Node):  # add_(y, alpha=tensor): restored only where eager refuses it
+        number = isinstance(value, (bool, int, float)) or _symbolic_number(value)
+        if isinstance(value, torch.fx.Node) and not number:
+            # add_(y, alpha=tensor): restored only where eager refuses it
             if not _refuses_tensor_alpha(_example(written), _example(first), _example(value)):
                 continue
             refused = True
             method, args, kwargs = "add_", (written, first), {"alpha": value}
-        elif isinstance(value, (bool, int, float)) and first.target in _RESTORED and len(first.users) == 1 \
+        elif number and first.target in _RESTORED and len(first.users) == 1 \
                 and len(first.args) == 2 and not first.kwargs:
+            # (a ``value`` Dynamo made symbolic, a Python number that changed between calls, too:
+            # an integer addcmul_ truncates it as it does a literal one)
             method, args, kwargs = _RESTORED[first.target], (written, *first.args), {"value": value}
             # (eager refuses integer addcdiv_; so do torch's meta functions, while tracing)
             refused |= method == "addcdiv_" and all(_integer(_example(a)) for a in first.args)
@@ -70,18 +74,25 @@ def _example(node: torch.fx.Node) -> Any:
     return node.meta.get("example_value")
 
 
+def _symbolic_number(value: Any) -> bool:
+    """A node standing for a Python number (a SymInt, SymFloat or SymBool Dynamo made of it)."""
+    return isinstance(value, torch.fx.Node) and isinstance(_example(value),
+                                                            (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
 def _integer(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and not (t.dtype.is_floating_point or t.dtype.is_complex)
 
 
 def _refuses_tensor_alpha(x: Any, y: Any, alpha: Any) -> bool:
-    """Does eager refuse ``x.add_(y, alpha=alpha)``? Its argument parser takes a 0-d tensor as
-    the number ``alpha`` only; its ``alpha_check`` refuses a bool alpha but for bool results, a
-    float one for integer results and a complex one for real results; the in-place write refuses
-    a result type that cannot be cast to ``x``'s dtype."""
+    """Does eager refuse ``x.add_(y, alpha=alpha)``? Its argument parser takes a 0-d tensor that
+    does not require grad as the number ``alpha`` only (even under no_grad); its ``alpha_check``
+    refuses a bool alpha but for bool results, a float one for integer results and a complex one
+    for real results; the in-place write refuses a result type that cannot be cast to ``x``'s
+    dtype."""
     if not all(isinstance(t, torch.Tensor) for t in (x, y, alpha)):
         return False
-    if alpha.dim() != 0:
+    if alpha.dim() != 0 or alpha.requires_grad:  # (the parser takes no tensor needing grad as a number)
         return True
     dtype = torch.result_type(x, y)
     if alpha.dtype == torch.bool and dtype != torch.bool:

@@ -92,8 +92,19 @@ def _windows_cover(unfold: torch.fx.Node) -> bool:
 
 
 def _same_memory(a: Any, b: Any) -> bool:
-    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.device == b.device
-            and StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage()))
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    a, b = _unwrapped(a), _unwrapped(b)
+    return a.device == b.device and StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
+
+
+def _unwrapped(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding ``t``'s memory: under torch.func's transforms (grad, jvp, vmap: a
+    jacrev's ``new_zeros(...).diagonal().fill_(1)``) Dynamo's values are wrappers, which have
+    no storage of their own ("Cannot access storage of TensorWrapper")."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
 
 
 # in-place operators and the out-of-place ops whose result type they write (a += b: a + b's)
@@ -258,6 +269,7 @@ def _may_overlap(t: torch.Tensor) -> bool:
 def _partly_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Eager's PARTIAL overlap (``get_overlap_status``): two dense tensors of one storage whose
     byte ranges intersect, unless they are the same elements in the same order."""
+    a, b = _unwrapped(a), _unwrapped(b)
     if a.device != b.device or StorageWeakRef(a.untyped_storage()) != StorageWeakRef(b.untyped_storage()):
         return False
     if not (is_non_overlapping_and_dense_or_false(a) and is_non_overlapping_and_dense_or_false(b)):

@@ -11,7 +11,8 @@ kernel then makes one pass over the logits (read, write the gradient) instead of
 row's 32000 positions first.
 
 Exact where eager is: F(false) is usually 0, and t + (N - 1) * 0 is t (NaN and inf in F(false)
-propagate as they would through eager's N-term sum); a nonzero finite F(false) rounds once in the
+propagate as they would through eager's N-term sum; 0.0 is added to the (N - 1) and N copies, as
+eager's sum starts from it, so terms all -0.0 sum to 0.0); a nonzero finite F(false) rounds once in the
 product where eager adds N - 1 times, as any reordered float sum does. Only float sums over one
 dimension, of pointwise ops over the comparison and values that do not vary along d.
 """
@@ -62,13 +63,16 @@ def _closed_form(node: Node, when_true: Node, when_false: Node, k: Node, n: symp
         return make(Op.EXPAND, (c,), shape, device=device) if shape else c
 
     def times(count: sympy.Expr, value: Node) -> Node:
-        # count copies of value summed: none sum to 0, where 0 * inf or 0 * NaN would not
+        # count copies of value summed from 0.0, as eager's sum starts: none sum to 0, where
+        # 0 * inf or 0 * NaN would not, and copies of -0.0 to 0.0 (so t + them is t + 0.0: 0.0
+        # for a t of -0.0 too). A literal 0 folds to 0.0, leaving t + 0.0
         count = sympy.sympify(count)
+        zero = const(0.0, node.dtype)
         product = make(Op.MUL, (const(count, node.dtype), value), origin=origin)
         if count.is_number:
-            return product if count > 0 else const(0, node.dtype)
+            return make(Op.ADD, (product, zero), origin=origin) if count > 0 else zero
         some = make(Op.GT, (const(count, dt.int64), const(0, dt.int64)), origin=origin)
-        return make(Op.WHERE, (some, product, const(0, node.dtype)), origin=origin)
+        return make(Op.ADD, (make(Op.WHERE, (some, product, zero), origin=origin), zero), origin=origin)
 
     # (compared in int64: n need not fit k's dtype, 256 of a uint8 iota)
     k = make(Op.CAST, (k,), dtype=dt.int64, origin=origin) if k.dtype != dt.int64 else k

@@ -88,8 +88,9 @@ def padded_scans(graph: Graph) -> Graph:
             scan, value = inputs
             dim = scan.arg.dim
             lo, hi = node.arg[dim]
-            before = sh.equal(hi, 0) and not scan.arg.reverse
-            after = sh.equal(lo, 0) and scan.arg.reverse
+            # (a negative amount crops the scan's result: the scan of a cropped input differs)
+            before = sh.equal(hi, 0) and _non_negative(lo) and not scan.arg.reverse
+            after = sh.equal(lo, 0) and _non_negative(hi) and scan.arg.reverse
             others = all(sh.equal(a, 0) and sh.equal(b, 0) for d, (a, b) in enumerate(node.arg) if d != dim)
             if (before or after) and others and _pads(node, scan, value, dim):
                 padded = make(Op.PAD, (scan.inputs[0], value), node.arg, origin=node.origin)
@@ -99,10 +100,16 @@ def padded_scans(graph: Graph) -> Graph:
     return rewrite(graph, rule)
 
 
+def _non_negative(amount: object) -> bool:
+    return bool(sh.expr(amount).is_nonnegative)
+
+
 def _pads(node: Node, scan: Node, pad: Node, dim: int) -> bool:
     """Is ``pad`` the neutral of ``scan``'s combine, ``scan`` along ``dim``, all of one dtype
-    (a cast between them would change what the scan adds up)?"""
+    (a cast between them would change what the scan adds up)? A pad of -0.0 is no sum's neutral:
+    the scan starts from 0.0, so its first value would be 0.0 where eager's pad stays -0.0."""
     value = scalar_value(pad)
     return (scan.op is Op.SCAN and scan.arg.dim == dim and value is not None
             and not isinstance(value, sympy.Basic) and value == _NEUTRAL[scan.arg.combine]
+            and not (isinstance(value, float) and math.copysign(1.0, value) < 0 and value == 0)
             and node.dtype == scan.dtype == scan.inputs[0].dtype == pad.dtype)

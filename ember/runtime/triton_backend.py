@@ -39,7 +39,7 @@ from . import cache_dirs, cuda_matmul, stats
 from . import triton_configs as tc
 from .backend import Backend, BuildError, BuiltKernels, fall_back
 from .triton_direct import direct_launcher
-from .triton_matmul import MatmulLauncher, submit_compile
+from .triton_matmul import MatmulLauncher, needs_int64_offsets, submit_compile
 
 _tuning_lock = threading.Lock()
 
@@ -269,13 +269,8 @@ class Launcher:
 
             def launch(args: tuple[Any, ...], outer: int, inner: int) -> None:
                 given = args
-                # int32 offsets unless some tensor is too large for them
-                big = outer * inner >= 2**31
-                if not big:
-                    for t in args[:n]:
-                        if t.numel() >= 2**31:
-                            big = True
-                            break
+                # int32 offsets unless some tensor's offsets reach past them
+                big = outer * inner >= 2**31 or any(needs_int64_offsets(t) for t in args[:n])
                 if kind == "full":
                     nprog = min(triton_cdiv(inner, rblock), 1024) if multi else 1
                     grid = (max(nprog, 1),)

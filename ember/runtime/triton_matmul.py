@@ -79,6 +79,17 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def needs_int64_offsets(t: torch.Tensor) -> bool:
+    """Can a kernel's offsets into ``t`` reach 2^31? Not only when it has that many elements:
+    a strided view (``base[:, :2]`` of a wide base) has few elements but offsets up to its
+    last element's, and a kernel given int32 offsets (BIG false) wraps them negative."""
+    if t.numel() >= 2**31:
+        return True
+    if t.numel() == 0 or t.is_contiguous():
+        return False
+    return sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())) >= 2**31
+
+
 def _config(c: tuple[int, int, int, int, int]) -> dict[str, Any]:
     bm, bn, bk, warps, stages = c
     return {"BM": bm, "BN": bn, "BK": bk, "num_warps": warps, "num_stages": stages}
@@ -163,7 +174,7 @@ class MatmulLauncher:
     def _launch(self, args: tuple[Any, ...], m: int, n: int, k: int) -> None:
         tensors = args[:self.n_params]
         tma = self._tma(args, args[self.n_params:])
-        big = any(t.numel() >= 2**31 for t in tensors)
+        big = any(needs_int64_offsets(t) for t in tensors)
         bucket = (m.bit_length(), n.bit_length(), k.bit_length(), tma, big)
         config = self._configs.get(bucket)
         if config is None:
