@@ -187,6 +187,9 @@ def test_sizes_only_an_aten_result_knows(monkeypatch):
 
 
 @pytest.mark.parametrize("use", ["count", "unique_size", "masked_numel", "zeros_of_count"])
+@pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13),
+                    reason="torch 2.11's Dynamo fails these itself (InternalTorchDynamoError: "
+                           "capture_dynamic_output_shape_ops does not exist; the GPU machines)")
 def test_size_only_a_dropped_result_knows(monkeypatch, use):
     # Only the size of a data-dependent result is used (x * nz.shape[0]): dead-code elimination
     # dropped the ATen call that knows it, so the program could not bind u0 and the graph ran

@@ -421,6 +421,8 @@ def test_in_place_updates_dynamo_rewrites_into_fma_are_eagers(fn, make):
     torch.testing.assert_close(out, ref)  # (exact for integers; float32 within eager's FMA's rounding)
 
 
+@pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13),
+                    reason="torch 2.11's Dynamo traces these updates otherwise (measured on the GPU machines)")
 def test_in_place_updates_with_a_symbolic_value_or_an_alpha_needing_grad_are_eagers():
     """A value that changed between calls is symbolic in Dynamo's graph: its fma was not undone,
     so an integer addcmul_ used 0.5 where eager truncates it to 0, and a float one into an

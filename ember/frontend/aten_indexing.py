@@ -23,6 +23,7 @@ from ..ir import shapes as sh
 from ..ir.node import Node, fill_value, row_ids_offsets, view_base
 from ..ir.ops import Op
 from ..ragged import ops as _ragged_ops  # noqa: F401 -- registers torch.ops.ember.segment_reduce
+from . import bag_decomps as _bag_decomps  # noqa: F401 -- registers torch.ops.ember.bag_bounds
 from .aten_scalars import checked_scalar
 from .lowering import Context, Unsupported, register, size_arg, storage_of
 
@@ -532,6 +533,20 @@ def _scatter_reduce(ctx: Context, x: Node, dim: int, index: Node, src: Node, red
     if include_self:
         return mean
     return ctx.make(Op.WHERE, (ctx.make(Op.GT, (count, ctx.operand(0, dt.int32, x.shape))), mean, x))
+
+
+@register(torch.ops.ember.bag_bounds.default)
+def _bag_bounds(ctx: Context, offsets: Node, total: Any, include_last_offset: bool) -> Node:
+    """embedding_bag's bag bounds on a GPU: its offsets and, unless they include it, T after
+    them (a cat the segment kernel reads through, no call of the op: its Python dispatch cost a
+    training step 85 us of host time on an H200). Eager's GPU kernels do not check the offsets;
+    on the CPU the op runs, and checks them as eager's CPU kernel does."""
+    if ctx.device == "cpu" or offsets.rank != 1 or not offsets.dtype.is_int:
+        raise Unsupported("embedding_bag's offsets on the CPU: the op checks them")
+    if include_last_offset:
+        return offsets
+    last = ctx.reshape(ctx.const(total, offsets.dtype), [sympy.Integer(1)])
+    return ctx.make(Op.CAT, (offsets, last), 0)
 
 
 @register(torch.ops.ember.segment_reduce.default)
