@@ -21,8 +21,9 @@ when nothing reads them.
 Offsets: ``ember::bag_bounds`` turns them into the B + 1 row bounds segment kernels read (the
 last one T unless ``include_last_offset``), and on the CPU checks them as eager's CPU kernel does
 (the first 0, the last at most T; decreasing offsets too, where eager fails an internal check).
-Eager's GPU kernels do not check them (reading them would sync), nor does this; segment kernels
-clamp every bound into [0, T], so no offset reads out of bounds.
+Eager's GPU kernels do not check them (reading them would sync), nor does ember there, where it
+lowers the op to a cat the kernels read (aten_indexing.py); segment kernels clamp every bound into
+[0, T], so no offset reads out of bounds.
 """
 
 from __future__ import annotations
