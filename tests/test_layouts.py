@@ -96,3 +96,25 @@ def test_ops_over_channels_last_keep_eager_layout_without_aten(fn):
     assert_same(got, want)
     assert got.stride() == want.stride()
     assert report.fallbacks == []
+
+
+_ROWS = torch.randn(6, 40)      # row-major
+_COLS = torch.randn(40, 6).t()  # the same shape, column-major
+
+
+@pytest.mark.parametrize("fn, a, b", [
+    (torch.copysign, _ROWS, _COLS),
+    (torch.copysign, _COLS, _ROWS),
+    (lambda a, b: torch.copysign(a, b) * 2, _ROWS, _COLS),
+    (lambda a, b: torch.copysign(a, b).t(), _ROWS, _COLS),
+    (lambda a, b: torch.xlogy(a.abs(), b.abs()), _ROWS, _COLS),
+    (torch.floor_divide, _ROWS, _COLS),
+    (lambda a, b: torch.ops.aten.hardtanh_backward(a, b, -0.5, 0.5), _ROWS, _COLS),
+], ids=["copysign", "copysign_ba", "copysign_then_mul", "copysign_t", "xlogy", "floor_divide", "hardtanh_backward"])
+def test_pointwise_results_are_laid_out_as_eager_does(fn, a, b):
+    # eager lays a pointwise result out after its operands, the first deciding a tie; these ops'
+    # fake tensors (Python decompositions: where over the second operand) followed the second
+    expected = fn(a, b)
+    got = ember.compile(fn)(a, b)
+    assert_same(got, expected)
+    assert _dims_strides(got) == _dims_strides(expected)

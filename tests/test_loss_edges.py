@@ -100,3 +100,21 @@ def test_p_norms_of_other_orders_are_generated_with_eager_gradients():
                lambda x: F.normalize(x, p=-2, dim=1).sum(1) ** 2):
         report = _same_as_eager(fn, (x,), (0,))
         assert not report.fallbacks, report.fallbacks
+
+
+@pytest.mark.parametrize("target_dtype", [torch.int64, torch.uint8])
+@pytest.mark.parametrize("reduction", ["none", "sum"])
+def test_binary_cross_entropy_with_logits_integer_target_raises_as_eager(target_dtype, reduction):
+    # eager computes in the target's dtype ((1 - target).mul_(input)) and refuses an integer one;
+    # the decomposition cast the loss to int64 and returned it (Bernoulli(logits).log_prob(ints))
+    def loss(x, y):
+        return F.binary_cross_entropy_with_logits(x, y, reduction=reduction)
+
+    x, y = torch.randn(6), torch.tensor([1, 0, 1, 1, 0, 0], dtype=target_dtype)
+    with pytest.raises(RuntimeError) as eager:
+        loss(x, y)
+    with pytest.raises(RuntimeError) as compiled:
+        ember.compile(loss)(x, y)
+    assert str(compiled.value) == str(eager.value)
+    # a float target of another dtype than the input still decomposes, with eager's values
+    assert_same(ember.compile(loss)(x, y.double()), loss(x, y.double()))

@@ -235,3 +235,15 @@ def test_guarded_cuda_kernels_compile_for_sm90(tmp_path):
     proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "g.cubin"),
                            str(path)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_minus_zero_fill_is_no_mask():
+    # where(m, x, -0.0) fills with -0.0: moved out as a select it came back +0.0
+    def fn(x, m, z):
+        return torch.where(m > 0, x, -0.0) * z
+
+    x, m, z = torch.randn(4, 8), torch.randn(4, 8), torch.rand(4, 8) + 0.5
+    expected = fn(x, m, z)
+    got = ember.compile(fn, options=SKIP)(x, m, z)
+    assert torch.equal(got, expected)
+    assert torch.equal(torch.signbit(got), torch.signbit(expected))

@@ -30,6 +30,7 @@ from .autograd_decomps import (
     multi_margin_loss,
     multilabel_margin_loss_forward,
 )
+from .eager_strides import in_eager_layout, is_iterator_op
 from .layout_decomps import layout_decompositions
 from .loss_decomps import loss_decompositions
 from .optimizer_decomps import optimizer_decompositions
@@ -140,6 +141,10 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # logit's bounds rounded to the input's dtype, as eager's kernels hold them (special_decomps.py)
     table.update(special_decompositions())
     table[aten.smooth_l1_loss.default] = _eager_when(table[aten.smooth_l1_loss.default], _negative_beta)
+    # eager computes in the target's dtype, in place ((1 - target).mul_(input)), so an integer or
+    # bool target raises; the decomposition cast the loss to int64 and returned it
+    table[aten.binary_cross_entropy_with_logits.default] = _eager_when(
+        table[aten.binary_cross_entropy_with_logits.default], _integer_target)
     # eager takes int64 and uint8 targets (an int32 one raises in eager, not in the decomposition)
     # and class weights of the input's dtype
     for op, at in ((aten.nll_loss_forward.default, 1), (aten.nll_loss2d_forward.default, 1),
@@ -171,6 +176,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.select_scatter.default] = _select_scatter
     per_tensor = optimizer_decompositions()
     for op, fn in table.items():
+        if is_iterator_op(op):  # (eager's layout, where the decomposition's ops give another)
+            fn = in_eager_layout(op, fn)
         if op not in per_tensor:
             table[op] = _eager_when(fn, _any_opaque_dtype)
     return table
@@ -214,6 +221,11 @@ def _select_scatter(x: torch.Tensor, src: torch.Tensor, dim: int, index: Any) ->
     # (a symbolic index in range is a guard; one the data decides, a check when the graph runs)
     if not (guard_or_true(index < n) and guard_or_true(index >= -n)):
         return NotImplemented  # (ATen raises eager's error)
+    # eager wants src exactly the selected slice's shape: one that would broadcast (a [1] or a
+    # 0-d src) was written over the slice instead of raising
+    slice_shape = x.shape[:dim] + x.shape[dim + 1:]
+    if src.dim() != len(slice_shape) or not all(guard_or_true(a == b) for a, b in zip(src.shape, slice_shape)):
+        return NotImplemented  # (ATen raises eager's error)
     torch._check_index(index < n, lambda: f"select_scatter(): index {index} out of range for size {n}")
     torch._check_index(index >= -n, lambda: f"select_scatter(): index {index} out of range for size {n}")
     along = [1] * x.dim()
@@ -223,7 +235,8 @@ def _select_scatter(x: torch.Tensor, src: torch.Tensor, dim: int, index: Any) ->
         mask = at == (index + n if index < 0 else index)
     else:
         mask = (at == index) | (at == index + n)
-    return torch.where(mask, src.unsqueeze(dim).expand(x.shape), x)
+    # (in x's dtype, as eager copies src into it; where() promoted to src's)
+    return torch.where(mask, src.to(x.dtype).unsqueeze(dim).expand(x.shape), x)
 
 
 def _floats_only(decomposition: Callable[..., Any]) -> Callable[..., Any]:
@@ -310,6 +323,10 @@ def _value_may_overflow(x: torch.Tensor, mask: torch.Tensor, value: torch.Tensor
         return high.max > torch.finfo(into).max
     limits = torch.iinfo(into)
     return of.is_floating_point or high.max > limits.max or high.min < limits.min
+
+
+def _integer_target(x: torch.Tensor, target: torch.Tensor, *_: Any, **__: Any) -> bool:
+    return not (target.dtype.is_floating_point or target.dtype.is_complex)
 
 
 def _negative_beta(x: torch.Tensor, target: torch.Tensor, reduction: int = 1, beta: float = 1.0) -> bool:

@@ -42,6 +42,7 @@ from .aten_calls import (
     tuple_item,
     whole_memory,
 )
+from .eager_strides import eager_output_strides
 
 
 class Unsupported(Exception):
@@ -264,6 +265,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
     effects = ctx.effects  # checks that return nothing, sizes read with .item() (Graph.effects)
     storages: dict[Any, int] = {}  # fake storages of the inputs and the outputs so far
     ctx.shared_output_storages = _shared_output_storages(gm)
+    eager_layouts: dict[torch.fx.Node, Any] = {}  # (eager_strides.py)
 
     for fx_node in gm.graph.nodes:
         val = fx_node.meta.get("val")
@@ -297,7 +299,8 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
         elif fx_node.op == "output":
             for i, out in enumerate(_flat_outputs(fx_node.args[0])):
                 meta = out.meta.get("val") if isinstance(out, torch.fx.Node) else None
-                output_strides.append(traced_strides(meta) if isinstance(meta, torch.Tensor) else None)
+                output_strides.append(eager_output_strides(out, meta, eager_layouts)
+                                      if isinstance(meta, torch.Tensor) else None)
                 if isinstance(meta, torch.Tensor):
                     if storage_of(meta) not in storages:  # (not an input's, nor an earlier output's)
                         fresh_outputs.add(i)

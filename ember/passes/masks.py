@@ -15,6 +15,7 @@ the zero (or a quotient became 0/0), and -0 where a negation or a negative facto
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..ir import dtypes as dt
@@ -59,7 +60,7 @@ def mask_multiplies(graph: Graph) -> Graph:
         if c is not None:
             one = build(Op.CONST, (), 1.0, dtype=n.dtype, device=n.device)
             return c, build(Op.EXPAND, (one,), n.shape) if n.shape else one
-        if n.op is Op.WHERE and fill_value(n.inputs[2]) == 0 and n.inputs[1].dtype == n.dtype:
+        if n.op is Op.WHERE and _plus_zero(n.inputs[2]) and n.inputs[1].dtype == n.dtype:
             return n.inputs[0], n.inputs[1]
         return None
 
@@ -90,7 +91,7 @@ def mask_multiplies(graph: Graph) -> Graph:
             conds = tuple(p[0] for p in parts)
             xs = tuple(p[1] for p in parts)
             return select(build(Op.CAT, conds, node.arg), build(Op.CAT, xs, node.arg, origin=node.origin), node)
-        if op is Op.PAD and parts[0] is not None and fill_value(inputs[1]) == 0:
+        if op is Op.PAD and parts[0] is not None and _plus_zero(inputs[1]):
             c, x = parts[0]
             false = build(Op.CONST, (), False, dtype=dt.bool_, device=node.device)
             return select(build(Op.PAD, (c, false), node.arg),
@@ -102,7 +103,7 @@ def mask_multiplies(graph: Graph) -> Graph:
             for x, part in zip(inputs[1:], parts[1:]):
                 if part is not None and part[0] is c:
                     branches.append(part[1])
-                elif part is None and fill_value(x) == 0:
+                elif part is None and _plus_zero(x):
                     branches.append(x)
                 else:
                     return None
@@ -110,3 +111,10 @@ def mask_multiplies(graph: Graph) -> Graph:
         return None
 
     return rewrite(graph, rule)
+
+
+def _plus_zero(node: Node) -> bool:
+    """Is ``node`` filled with +0? The selects this pass builds fill with +0, so an explicit -0.0
+    fill (``torch.where(m, x, -0.0)``), equal to 0, must keep its sign: it is no zero here."""
+    value = fill_value(node)
+    return value is not None and value == 0 and math.copysign(1.0, value) > 0
