@@ -13,6 +13,7 @@ overrides any field for one compiled function.
                    shape) or 'full' (compile and time every candidate; slower first call)
   EMBER_GRAD_IN_FORWARD  0 turns off computing a scalar loss's gradient in the forward graph
   EMBER_SKIP_MASKED  1 skips the masked-out elements of x * mask (see skip_masked below)
+  EMBER_CPU_EMBEDDING_BAG  1 generates embedding_bag on the CPU too (see cpu_embedding_bag below)
   EMBER_AOT_CACHE  0 turns off keeping compiled graphs in torch's AOTAutograd cache
   EMBER_ROW_CHUNKS  runs of rows a row kernel splits into to also sum columns (see row_chunks)
   EMBER_PROFILE_GUARDS  1 lets Dynamo time the guards of ember's frames (see profile_guards)
@@ -127,6 +128,10 @@ class Config:
     # NaN in x, or a 0/0 downstream) and in the sign of zeros. Selects (torch.where) skip their
     # untaken branch always; that is exact.
     skip_masked: bool = field(default_factory=lambda: _env_int("EMBER_SKIP_MASKED", 0) != 0)
+    # Generate embedding_bag (sum and mean) on the CPU too (frontend/bag_decomps.py). Off: the CPU
+    # segment kernel walks each bag once per column, with no SIMD across the columns, and took
+    # 3-5x eager's time forward (2 cores, bench/embedding_bag.py --device cpu); GPUs generate it.
+    cpu_embedding_bag: bool = field(default_factory=lambda: _env_int("EMBER_CPU_EMBEDDING_BAG", 0) != 0)
     # Keep compiled graphs in torch's AOTAutograd cache (under torch's cache directory,
     # TORCHINDUCTOR_CACHE_DIR): a warm start, after torch._dynamo.reset() or in a new process,
     # then skips AOTAutograd's tracing and partitioning and ember's planning, and only loads the

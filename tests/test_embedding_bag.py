@@ -17,6 +17,12 @@ from .test_cuda import compile_batches, explain, needs_nvcc, sources
 LENGTHS = [3, 0, 5, 1, 0]
 
 
+@pytest.fixture(autouse=True)
+def _generated_on_the_cpu_too(monkeypatch):
+    # (the CPU keeps ATen's op unless asked: test_the_cpu_keeps_aten_s_op_by_default)
+    monkeypatch.setattr(ember.config, "cpu_embedding_bag", True)
+
+
 def bags(lengths: list[int], rows: int = 12, dtype: torch.dtype = torch.int64, last: bool = False,
          device: str = DEVICE) -> tuple[torch.Tensor, torch.Tensor]:
     total = sum(lengths)
@@ -196,3 +202,13 @@ def test_cuda_sources_compile_for_sm90(tmp_path):
     report = explain(fn, leaf(weight), leaf(per_sample), indices, offsets, dynamic=True)
     assert any("segment_reduce" in k.name for k in report.kernels)
     compile_batches(sources(report, "bag"), tmp_path, per_file=8)
+
+
+def test_the_cpu_keeps_aten_s_op_by_default():
+    weight = torch.randn(12, 6)
+    indices, offsets = bags([3, 1], device="cpu")
+    fn = lambda w, i, o: F.embedding_bag(i, w, o, mode="sum")  # noqa: E731
+    compiled, report = compile_checked(fn, options={"cpu_embedding_bag": False})
+    assert_same(compiled(weight, indices, offsets), fn(weight, indices, offsets))
+    assert "aten._embedding_bag_forward_only" in report.fallbacks or "aten._embedding_bag" in report.fallbacks, \
+        report.fallbacks

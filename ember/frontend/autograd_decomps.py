@@ -139,14 +139,15 @@ _OVERRIDES = {aten.multi_margin_loss.default: multi_margin_loss,
 
 
 @contextlib.contextmanager
-def eager_decompositions() -> Iterator[None]:
+def eager_decompositions(cpu_embedding_bag: bool = False) -> Iterator[None]:
     """While AOTAutograd traces: the ops above in place of torch's Autograd-key decompositions
     (restored after, so other backends in the process keep torch's)."""
     overrides = [(op, DispatchKey.Autograd, fn) for op, fn in _OVERRIDES.items()]
     # (global average pooling of channels_last tensors without ATen's as_strided_: layout_decomps.py)
     overrides += [(op, DispatchKey.CompositeImplicitAutograd, fn) for op, fn in layout_overrides().items()]
     # (embedding_bag's sum and mean as segment reductions: bag_decomps.py)
-    overrides += [(op, DispatchKey.CompositeImplicitAutograd, fn) for op, fn in bag_overrides().items()]
+    bags = bag_overrides(cpu_embedding_bag)
+    overrides += [(op, DispatchKey.CompositeImplicitAutograd, fn) for op, fn in bags.items()]
     # (dropout drawing only where eager's kernel draws: random_decomps.py)
     overrides += [(op, key, fn) for (op, key), fn in dropout_overrides().items()]
     saved = []

@@ -10,7 +10,8 @@ backward from those ops: the bag's gradient spread over its indices and added in
 rows (and, for per-sample weights, their gradient).
 
 16-bit weights are gathered and summed in float32 and rounded once, as eager's CPU kernel does.
-An empty bag gives zeros, as eager. Everything else keeps ATen's op: max mode (eager gives a tie's
+An empty bag gives zeros, as eager. On the CPU only with the ``cpu_embedding_bag`` option (its
+segment kernel is slower than eager's there). Everything else keeps ATen's op: max mode (eager gives a tie's
 whole gradient to its first index, where a segment max splits it), ``scale_grad_by_freq``, sparse
 gradients, and arguments eager refuses (ATen raises its own error).
 
@@ -65,11 +66,13 @@ def _bag_bounds_fake(offsets: torch.Tensor, total: int, include_last_offset: boo
     return offsets.new_empty((offsets.shape[0] + (0 if include_last_offset else 1),))
 
 
-def _generated(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, scale_grad_by_freq: bool,
-               mode: int, sparse: bool, per_sample_weights: torch.Tensor | None, include_last_offset: bool) -> bool:
-    """Whether the call is one the segment form computes as eager (every other keeps ATen's op)."""
+def _generated(cpu: bool, weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+               scale_grad_by_freq: bool, mode: int, sparse: bool, per_sample_weights: torch.Tensor | None,
+               include_last_offset: bool) -> bool:
+    """Whether the call is one the segment form computes as eager (every other keeps ATen's op);
+    on the CPU only with ``cpu`` (the ``cpu_embedding_bag`` option)."""
     tensors = [weight, indices, offsets] + ([] if per_sample_weights is None else [per_sample_weights])
-    return (mode in (_SUM, _MEAN) and not scale_grad_by_freq and not sparse
+    return ((cpu or weight.device.type != "cpu") and mode in (_SUM, _MEAN) and not scale_grad_by_freq and not sparse
             and all(t.layout == torch.strided and t.device == weight.device for t in tensors)
             and weight.dim() == 2 and weight.dtype.is_floating_point
             and indices.dim() == 1 and offsets.dim() == 1
@@ -103,7 +106,7 @@ def _bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, mod
     return out.to(weight.dtype)
 
 
-def _embedding_bag(op: Any) -> Callable[..., tuple[torch.Tensor, ...]]:
+def _embedding_bag(op: Any, cpu: bool) -> Callable[..., tuple[torch.Tensor, ...]]:
     def embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
                       scale_grad_by_freq: bool = False, mode: int = _SUM, sparse: bool = False,
                       per_sample_weights: torch.Tensor | None = None, include_last_offset: bool = False,
@@ -113,7 +116,7 @@ def _embedding_bag(op: Any) -> Callable[..., tuple[torch.Tensor, ...]]:
         if op is aten.embedding_bag.padding_idx:
             args += (padding_idx,)
         rows = weight.shape[0] if weight.dim() == 2 else 0
-        if not _generated(*args[:8]) or (padding_idx is not None and not -rows <= padding_idx < rows):
+        if not _generated(cpu, *args[:8]) or (padding_idx is not None and not -rows <= padding_idx < rows):
             return op._op_dk(DispatchKey.CompositeImplicitAutograd, *args)  # (and its errors)
         if padding_idx is not None and padding_idx < 0:
             padding_idx += rows  # eager's wrap
@@ -127,6 +130,7 @@ def _embedding_bag(op: Any) -> Callable[..., tuple[torch.Tensor, ...]]:
     return embedding_bag
 
 
-def bag_overrides() -> dict[Any, Callable[..., tuple[torch.Tensor, ...]]]:
-    """CompositeImplicitAutograd kernels to use while AOTAutograd traces."""
-    return {op: _embedding_bag(op) for op in (aten.embedding_bag.default, aten.embedding_bag.padding_idx)}
+def bag_overrides(cpu: bool) -> dict[Any, Callable[..., tuple[torch.Tensor, ...]]]:
+    """CompositeImplicitAutograd kernels to use while AOTAutograd traces (``cpu``: on CPU tensors
+    too)."""
+    return {op: _embedding_bag(op, cpu) for op in (aten.embedding_bag.default, aten.embedding_bag.padding_idx)}

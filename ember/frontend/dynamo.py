@@ -460,7 +460,7 @@ def make_backend(compile_graph: GraphCompiler, cfg: Config | None = None, wrap: 
     @functools.wraps(backend)
     def trace(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         # (torch decomposes a few ops at the Autograd key, before the table above is read)
-        with eager_decompositions():
+        with eager_decompositions(cpu_embedding_bag=cfg is not None and cfg.cpu_embedding_bag):
             return backend(gm, example_inputs)
 
     return trace
