@@ -16,6 +16,7 @@ from ..schedule.kernel_ir import CHUNK, SEGMENT_LENGTH, Kernel, Value, inner_var
 from ..schedule.loops import stash_recomputed
 from .c_prelude import COMMON_PRELUDE
 from .cexpr import device_size_lines, index_expr
+from .cpp_columns import ColumnTiles, column_tiles
 from .cstyle import BodyRenderer, Language
 
 CPP = Language(
@@ -272,6 +273,9 @@ class CppKernelRenderer:
             self._stages(parallel_inner=True)
         elif k.chunks:
             self._chunked_rows()
+        elif column_tiles(k, self.scalar):
+            work = index_expr(sh.numel(k.outer) * k.inner_hint * self.cost)
+            ColumnTiles(self).render(f"{work} >= {PARALLEL_THRESHOLD}")
         else:
             n = len(k.outer)
             work = index_expr(sh.numel(k.outer) * k.inner_hint * self.cost)

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import sympy
-
 from ..ir import shapes as sh
 from ..ir.ops import Op
-from ..schedule.kernel_ir import Kernel, inner_var, outer_var
+from ..schedule.kernel_ir import Kernel
 from .cuda_prelude import POINTWISE_THREADS, REDUCTION_THREADS, UNROLL
 from .cuda_scan import chained, items_per_thread
 from .cuda_tiles import LANES, TILE_ROWS, staged_accesses, tile_side
 from .cuda_vectors import RowForms, VectorPlan, plan_loop, row_forms
-from .layout import tile_counts
+from .layout import adjacent_rows, tile_counts
 from .wrapper import pexpr
 
 
@@ -27,11 +25,11 @@ def strategy(kernel: Kernel) -> str:
     blocks, combined by the last) or 'single' (one block); 'scan' or 'scan_columns' (a block per
     row, or per 32 rows whose elements are adjacent)."""
     if kernel.scans:  # codegen/cuda_scan.py
-        return "scan_columns" if _adjacent_rows(kernel) and not chained(kernel.loop_values(1)) else "scan"
+        return "scan_columns" if adjacent_rows(kernel) and not chained(kernel.loop_values(1)) else "scan"
     if kernel.n_loops == 0:
         return "tiles" if staged_accesses(kernel) else "pointwise"
     if kernel.outer:  # (chunked kernels and reductions over the rows: a block per row)
-        return "columns" if _adjacent_rows(kernel) and not kernel.chunks and not kernel.row_reductions else "rows"
+        return "columns" if adjacent_rows(kernel) and not kernel.chunks and not kernel.row_reductions else "rows"
     return "full" if multi_block(kernel) else "single"
 
 
@@ -58,36 +56,6 @@ def uses_workspace(kernel: Kernel) -> bool:
     """Partials and a finished-blocks counter: many-block full reductions, reductions over rows,
     column sums split over blocks."""
     return strategy(kernel) == "full" or bool(kernel.row_reductions) or split_columns(kernel)
-
-
-def _adjacent_rows(kernel: Kernel) -> bool:
-    """Do the loops' memory accesses step by one element along the last outer dimension more often
-    than along the last inner one (a reduction over a leading dimension, like x.sum(0))? Then lanes
-    must take adjacent rows, not adjacent elements of one row, for coalesced accesses."""
-    if not kernel.inner:
-        return False
-    o, r = outer_var(len(kernel.outer) - 1), inner_var(len(kernel.inner) - 1)
-    outers = {outer_var(i) for i in range(len(kernel.outer))}
-    along_rows = along_inner = 0
-    for v in kernel.values:
-        if v.kind in ("load", "store") and v.inner:
-            along_rows += _unit_step(v.arg.index, o)
-            # an access the same for every row (a norm's weight; a bag's indices, read down the
-            # bag while its rows, gathered at them, step along the columns) is one broadcast
-            # read a step for lanes that take rows: it says nothing about the layout
-            if outers & sympy.sympify(v.arg.index).free_symbols:
-                along_inner += _unit_step(v.arg.index, r)
-    return along_rows > along_inner
-
-
-def _unit_step(index: sympy.Expr, var: sympy.Symbol) -> bool:
-    index = sympy.sympify(index)
-    if var not in index.free_symbols:
-        return False
-    try:
-        return sympy.expand(index.subs(var, var + 1) - index) == 1
-    except (TypeError, ValueError, AttributeError):  # floor divisions sympy cannot shift: not a unit step
-        return False
 
 
 def vector_plan(kernel: Kernel, loop: int, most: int | None = None) -> VectorPlan | None:

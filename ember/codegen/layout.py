@@ -14,7 +14,7 @@ from __future__ import annotations
 import sympy
 
 from ..ir import shapes as sh
-from ..schedule.kernel_ir import Kernel, Value, is_index_var, outer_var
+from ..schedule.kernel_ir import Kernel, Value, inner_var, is_index_var, outer_var
 
 
 def varies(index: sympy.Expr) -> bool:
@@ -65,3 +65,34 @@ def operand_layout(v: Value, row: sympy.Symbol, col: sympy.Symbol) -> tuple[str,
     if rs == 1:
         return ("col", offset, cs)
     return None
+
+
+def adjacent_rows(kernel: Kernel) -> bool:
+    """Do the loops' memory accesses step by one element along the last outer dimension more often
+    than along the last inner one (a reduction over a leading dimension, like x.sum(0))? Then lanes
+    must take adjacent rows, not adjacent elements of one row, for coalesced accesses (and on the
+    CPU, SIMD lanes: codegen/cpp_columns.py)."""
+    if not kernel.inner:
+        return False
+    o, r = outer_var(len(kernel.outer) - 1), inner_var(len(kernel.inner) - 1)
+    along_rows = along_inner = 0
+    for v in kernel.values:
+        if v.kind in ("load", "store") and v.inner:
+            along_rows += unit_step(v.arg.index, o)
+            # an access the same for every row along the last outer dim (a norm's weight; a
+            # bag's indices, or an embedding's (B, L) indices, read down the bag while its rows,
+            # gathered at them, step along the columns) is one broadcast read a step for lanes
+            # that take rows: it says nothing about the layout
+            if o in sympy.sympify(v.arg.index).free_symbols:
+                along_inner += unit_step(v.arg.index, r)
+    return along_rows > along_inner
+
+
+def unit_step(index: sympy.Expr, var: sympy.Symbol) -> bool:
+    index = sympy.sympify(index)
+    if var not in index.free_symbols:
+        return False
+    try:
+        return sympy.expand(index.subs(var, var + 1) - index) == 1
+    except (TypeError, ValueError, AttributeError):  # floor divisions sympy cannot shift: not a unit step
+        return False

@@ -1,0 +1,184 @@
+"""CPU row kernels whose loops read along the columns: the rows loop outside, SIMD lanes on columns.
+
+A row kernel's inner loop normally walks one row (o0, o1) down its reduced dim r0, SIMD lanes
+taking consecutive r0. When the loads step by one element along the last outer dim instead
+(``x.sum(1)`` of a (B, R, C) tensor; an embedding bag, whose rows are gathered at indices read
+down the bag and whose columns are adjacent), each lane then reads its own cache line. Here a
+thread takes a tile of up to ``TILE`` adjacent columns of one row of the leading dims instead:
+
+    for o0, tile (parallel):
+        <values the same for every column: the bag's bounds, its length>
+        for c in tile (simd): init each column's accumulators       # stage 0
+        for r0:
+            <inner values the same for every column: the bag's index at r0>
+            for c in tile (simd): accumulate column c               # loop 1
+        for c in tile (simd): results, outer stores                 # stage 1
+
+Each column's accumulators, and the outer values later loops read, live in small arrays (in L1);
+every simd loop is over independent columns, so it needs no OpenMP reduction.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import sympy
+
+from ..ir import shapes as sh
+from ..schedule.kernel_ir import Kernel, Value, inner_var, outer_var
+from .cexpr import index_expr
+from .cstyle import acc_init, acc_type
+from .layout import adjacent_rows
+
+if TYPE_CHECKING:
+    from .cpp import CppKernelRenderer
+
+TILE = 256  # columns a thread keeps accumulators for (a float64 sum's are 2 KiB)
+
+
+def column_tiles(kernel: Kernel, scalar: bool) -> bool:
+    """Does ``kernel`` run in column tiles? A row kernel (no scans, chunked runs, reductions over
+    the rows, scattering stores or searches: ``scalar``) whose accesses step along its last outer
+    dim (layout.adjacent_rows), and whose row length is the same for every column."""
+    if (not kernel.outer or not kernel.n_loops or kernel.scans or kernel.chunks or kernel.row_reductions
+            or kernel.dots or scalar or not adjacent_rows(kernel)):
+        return False
+    length = kernel.segment_length
+    return length is None or id(length) not in per_column(kernel)
+
+
+def per_column(kernel: Kernel) -> set[int]:
+    """Ids of the values that differ from column to column (the last outer dim): those that
+    read or compute at it, every reduction (each column accumulates its own), and what uses them."""
+    column = outer_var(len(kernel.outer) - 1)
+    found: set[int] = set()
+    for v in kernel.values:
+        if (v.kind == "reduce" or any(id(s) in found for s in v.srcs)
+                or (v.guard is not None and id(v.guard) in found) or column in _symbols(v)):
+            found.add(id(v))
+    return found
+
+
+def _symbols(v: Value) -> set[sympy.Symbol]:
+    if v.kind in ("load", "store"):
+        return sympy.sympify(v.arg.index).free_symbols
+    if v.kind == "index":
+        return sympy.sympify(v.arg).free_symbols
+    if v.kind == "const":
+        return sympy.sympify(v.arg).free_symbols if isinstance(v.arg, sympy.Basic) else set()
+    if v.kind == "search":
+        a = v.arg
+        return set().union(*(sympy.sympify(e).free_symbols for e in (a.start, a.stride, a.length)))
+    if v.kind == "checkindex":
+        return sh.expr(v.arg[0]).free_symbols
+    return set()
+
+
+class ColumnTiles:
+    """Renders a ``column_tiles`` kernel's body through the kernel renderer ``r`` (its emit,
+    loops and statements), in place of its row loops."""
+
+    def __init__(self, r: CppKernelRenderer):
+        self.r = r
+        self.k = r.k
+        self.body = r.body
+        self.column = outer_var(len(self.k.outer) - 1).name
+        self.varying = per_column(self.k)
+        # outer values computed in one column loop and read in another (or by an inner value):
+        # kept per column in a tile array
+        outer = [v for v in self.k.values if not v.inner and id(v) in self.varying and v.kind != "store"]
+        self.kept = [v for v in outer if any(u.inner or u.stage != v.stage for u in self.body.users[id(v)])]
+
+    def render(self, condition: str) -> None:
+        k, r = self.k, self.r
+        n = len(k.outer)
+        width = index_expr(k.outer[-1])
+        r.emit(f"// columns: a thread takes up to {TILE} adjacent {self.column} of a row at once, the loops "
+               f"over {', '.join(inner_var(i).name for i in range(len(k.inner)))} outside its simd loops")
+        rows = index_expr(sh.numel(k.outer[:-1]))
+        r.emit(f"// tiles of {TILE} columns, or narrower (16 at least) where fewer rows than threads would leave")
+        r.emit("// threads idle (x.sum(0): one row of tiles)")
+        r.emit(f"const int64_t ember_per_row = (omp_get_max_threads() + {rows} - 1) / std::max<int64_t>({rows}, 1);")
+        r.emit(f"const int64_t ember_tile = std::min<int64_t>({TILE}, std::max<int64_t>(16, "
+               f"(({width} + ember_per_row - 1) / ember_per_row + 15) / 16 * 16));")
+        r.emit(f"#pragma omp parallel for collapse({n}) schedule(static) if({condition})")
+        r._open_loops(outer_var, k.outer[:-1])
+        r.emit(f"for (int64_t ember_c0 = 0; ember_c0 < {width}; ember_c0 += ember_tile) {{")
+        r.depth += 1
+        r.emit(f"const int64_t ember_c1 = std::min<int64_t>(ember_c0 + ember_tile, {width});")
+        same = [v for v in k.values if not v.inner and id(v) not in self.varying]
+        r._statements(same)
+        if k.segment_length is not None:
+            r.emit(f"const int64_t ember_seglen = {self.body.name(k.segment_length)};  // this row's length")
+        for v in self.kept:
+            r.emit(f"{r.body.lang.compute(v.dtype)} {self.body.name(v)}_c[{TILE}];")
+        for v in k.reductions:
+            r.emit(f"{acc_type(self.body.lang, v)} {self.body.acc_names[id(v)]}_c[{TILE}];")
+        for stage in range(k.n_loops + 1):
+            self._stage(stage)
+            if stage < k.n_loops:
+                self._loop(stage + 1)
+        r._close_loops(n)
+
+    def _columns(self, what: str) -> None:
+        self.r.emit(f"// {what}")
+        self.r.emit("#pragma omp simd")
+        c = self.column
+        self.r.emit(f"for (int64_t {c} = ember_c0; {c} < ember_c1; ++{c}) {{")
+        self.r.depth += 1
+
+    def _restore(self, values: list[Value], earlier: int) -> None:
+        """Reads back the kept values of stages before ``earlier`` that ``values`` use."""
+        used = {id(s) for v in values for s in (*v.srcs, *((v.guard,) if v.guard is not None else ()))}
+        for v in self.kept:
+            if id(v) in used and v.stage < earlier:
+                ctype = self.body.lang.compute(v.dtype)
+                self.r.emit(f"const {ctype} {self.body.name(v)} = {self.body.name(v)}_c[{self.column} - ember_c0];")
+
+    def _stage(self, stage: int) -> None:
+        k, body = self.k, self.body
+        done = [v for v in k.reductions if v.loop == stage and stage > 0]
+        starting = [v for v in k.reductions if v.loop == stage + 1]
+        values = [v for v in k.values if not v.inner and v.kind != "reduce" and id(v) in self.varying
+                  and v.stage == stage]
+        if not (done or starting or values):
+            return
+        self._columns(f"stage {stage}: {'results, ' if done else ''}each column's values"
+                      + (", accumulators start" if starting else ""))
+        at = f"[{self.column} - ember_c0]"
+        self._restore(values, stage)
+        for v in done:
+            acc = body.acc_names[id(v)]
+            self.r.emit(f"const {acc_type(body.lang, v)} {acc} = {acc}_c{at};")
+            self.r.emit(body.reduce_result(v))
+        self.r._statements(values)
+        for v in self.kept:
+            if v.stage == stage:
+                self.r.emit(f"{body.name(v)}_c{at} = {body.name(v)};")
+        for v in starting:
+            self.r.emit(f"{body.acc_names[id(v)]}_c{at} = {acc_init(body.lang, v)};")
+        self.r._close_loops(1)
+
+    def _loop(self, loop: int) -> None:
+        k, body, r = self.k, self.body, self.r
+        reductions = [v for v in k.reductions if v.loop == loop]
+        stores = [v for v in k.values if v.kind == "store" and v.inner and v.loop == loop]
+        values = k.loop_values(loop)
+        names = ", ".join(v.arg.op.value for v in reductions) or "store"
+        r.emit(f"// loop {loop}: {names}")
+        r._open_loops(inner_var, k.inner)
+        r._statements([v for v in values if id(v) not in self.varying])
+        varying = [v for v in values if id(v) in self.varying]
+        self._columns("each column")
+        # a reduction may read an outer value itself (a row of length 0 made its loads constants)
+        self._restore(varying + stores + reductions, loop)
+        at = f"[{self.column} - ember_c0]"
+        for v in reductions:
+            acc = body.acc_names[id(v)]
+            r.emit(f"{acc_type(body.lang, v)} {acc} = {acc}_c{at};")
+        r._statements(varying)
+        for v in reductions:
+            r.emit(body.reduce_update(v))
+            r.emit(f"{body.acc_names[id(v)]}_c{at} = {body.acc_names[id(v)]};")
+        r._statements(stores)
+        r._close_loops(1 + len(k.inner))
