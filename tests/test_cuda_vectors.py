@@ -224,13 +224,36 @@ def test_transposed_gathered_and_column_accesses_stay_scalar():
     assert "arg0_1[64*o1 + o0]" in src and "buf0[64*o1 + o0] = " in src
     (src,) = kernel_sources(lambda x, y: x.t() + y, torch.randn(64, 64), torch.randn(64, 64))
     assert "// strategy: tiles" in src and "EmberVec" not in src
-    # an embedding's rows start at data: the gather is scalar, the output is not
-    (src,) = kernel_sources(lambda w, i: w[i] * 2, torch.randn(10, 64), torch.randint(0, 10, (8,)))
-    assert not vector_loads(src) and vector_stores(src) == ["buf0"]
-    assert re.search(r"arg0_1\[64\*v\d+ \+ o1\]", src)
+    # a gather along the row (its index differs within a group) stays scalar
+    (src,) = kernel_sources(lambda w, i: w[:, i] * 2, torch.randn(8, 64), torch.randint(0, 64, (64,)))
+    assert "arg0_1" not in vector_loads(src) and vector_stores(src) == ["buf0"]  # (the indices go in groups)
+    assert re.search(r"arg0_1\[64\*o0 \+ v\d+\]", src)
     # x.sum(0): lanes take adjacent rows (the column strategy), no groups along a row
     (src,) = kernel_sources(lambda x: x.sum(0), torch.randn(256, 64))
     assert "EmberVec" not in src
+
+
+def test_whole_rows_gathered_and_scattered_go_in_groups():
+    """An embedding's rows start at data, but every element of a group is in the same row: the
+    row index is computed once a group and the row's elements are a vector load; its backward's
+    float32 additions into the weight's rows are one vector atomic a group."""
+    (src,) = kernel_sources(lambda w, i: w[i] * 2, torch.randn(10, 64), torch.randint(0, 10, (8,)))
+    assert vector_loads(src) == ["arg0_1"] and vector_stores(src) == ["buf0"]
+    group = src[src.index("once a group"):src.index("#pragma unroll\n", src.index("once a group"))]
+    assert re.search(r"ember_load_vec<float, 4>\(arg0_1 \+ \(64\*v\d+ \+ o1_g\)\)", group)
+
+    def backward(g, i, w):
+        return torch.ops.aten.embedding_dense_backward(g * w[:, None], i, 1000, -1, False)
+
+    (src,) = [s for s in kernel_sources(backward, torch.randn(300, 128), torch.randint(0, 1000, (300,)),
+                                        torch.randn(300)) if "atomic" in s]
+    assert re.search(r"ember_atomic_add_vec<float, 4>\(buf0 \+ \(128\*v\d+ \+ o1_g\), v\d+_vec\)", src)
+    assert src.count("ember_atomic_add(") == 1  # (the scalar loop's, where a group is not aligned)
+    # float64 additions keep an atomic an element (no vector atomic adds them)
+    (src,) = kernel_sources(lambda x, i, g: x.index_put((i,), g, accumulate=True),
+                            torch.zeros(1000, 128, dtype=torch.float64), torch.randint(0, 1000, (300,)),
+                            torch.randn(300, 128, dtype=torch.float64))
+    assert "ember_atomic_add(" in src and "ember_atomic_add_vec" not in src
 
 
 def test_guarded_loads_go_in_groups_and_their_work_stays_guarded():
@@ -316,7 +339,10 @@ def test_launch_meta_carries_the_width(monkeypatch):
     seen = record_rendered(monkeypatch, cuda_backend.CudaBackend)
     for fn, args, width in ((softmax, (torch.randn(64, 4096, dtype=torch.bfloat16),), 8),
                             (softmax, (torch.randn(64, 4095, dtype=torch.bfloat16),), 8),  # peeled
-                            (lambda w, i: w[i].sum(-1), (torch.randn(10, 64), torch.randint(0, 10, (8,))), 1),
+                            # a gathered row: its index is the same along the row
+                            (lambda w, i: w[i].sum(-1), (torch.randn(10, 64), torch.randint(0, 10, (8,))), 4),
+                            # gathered along the row: the gather scalar, the int64 indices in groups of 2
+                            (lambda w, i: w[:, i].sum(-1), (torch.randn(10, 64), torch.randint(0, 64, (64,))), 2),
                             (lambda x: x.sum(0), (torch.randn(256, 64),), 1)):  # columns
         seen.clear()
         explain(fn, *args)

@@ -324,12 +324,16 @@ class BodyRenderer:
         by its index values."""
         if id(v) in self.vector_access:
             return self.vector_access[id(v)]
+        return f"{v.arg.buffer}[{index_expr(self.bound_index(v))}]"
+
+    def bound_index(self, v: Value) -> sympy.Expr:
+        """A load's or store's index, its indirect variables named by the values they hold."""
         index = v.arg.index
         if v.arg.bindings:
             srcs = v.srcs[1:] if v.kind == "store" else v.srcs
             index = index.xreplace({sym: sympy.Symbol(self.name(src), integer=True)
                                     for sym, src in zip(v.arg.bindings, srcs)})
-        return f"{v.arg.buffer}[{index_expr(index)}]"
+        return index
 
     def statement(self, v: Value) -> str | None:
         lang = self.lang
@@ -342,7 +346,9 @@ class BodyRenderer:
         if v.kind == "store":
             dtype = self.buffer_dtype[v.arg.buffer]
             value = lang.store(dtype, self.name(v.srcs[0]))
-            if v.arg.accumulate:  # threads may add to (or max, min with) one element: atomically
+            if v.arg.accumulate and id(v) not in self.vector_access:
+                # threads may add to (or max, min with) one element: atomically (a vector's
+                # elements go into its register, added by the group's vector atomic)
                 combine = v.arg.accumulate if isinstance(v.arg.accumulate, str) else "add"
                 return f"ember_atomic_{combine}(&{self.access(v)}, ({lang.storage[dtype]}){value});"
             return f"{self.access(v)} = {value};"

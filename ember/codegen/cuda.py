@@ -71,7 +71,7 @@ from .cuda_prelude import (  # noqa: F401 (cuda.MAX_BLOCKS, cuda.ROW_GROUP_THREA
     UNROLL,
 )
 from .cuda_tiles import LANES, TILE_ROWS, render_tiles, staged_accesses
-from .cuda_vectors import RowForms, VectorPlan
+from .cuda_vectors import RowForms, VectorPlan, group_invariant
 
 # float32 math spelled with CUDA's float functions (IEEE-accurate or within a few ulp), so nothing
 # silently promotes to double; exp and division as Triton computes them (cuda_prelude.py).
@@ -154,6 +154,7 @@ class CudaKernelRenderer:
             self.online_sums.setdefault(id(m), []).append(total)
         self.maxima: list[tuple[Value, list[Value]]] = []  # the loop being rendered's online maxima, their sums
         self.in_group = False  # rendering a vector group's element loop
+        self.hoisted: set[int] = set()  # values a pointwise group computed once, before its elements
         self.loop = 0  # the inner loop being rendered
 
     def emit(self, line: str) -> None:
@@ -236,8 +237,24 @@ class CudaKernelRenderer:
             self.emit(f"const int64_t {var(i).name} = (int64_t){expr if expr.isidentifier() else f'({expr})'};")
 
     def _statements(self, values: list[Value]) -> None:
-        for line in self.body.statements(values):
+        for line in self.body.statements([v for v in values if id(v) not in self.hoisted]):
             self.emit(line)
+
+    def _group_invariants(self, plan: VectorPlan, extents: tuple[sympy.Expr, ...], first: list[sympy.Symbol]) -> None:
+        """A pointwise group's values that are the same for all its elements (cuda_vectors.
+        group_invariant: an embedding's row index, a bag's id found by a search), computed once
+        at the group's start, before its gathers and scatters of whole rows need them."""
+        fixed = group_invariant(self.k, self.k.values, outer_var(len(extents) - 1))
+        values = [v for v in self.k.values if id(v) in fixed]
+        if all(v.kind == "const" for v in values):
+            return
+        self.emit("// the same for every element of the group: once a group")
+        text = "\n".join(self.body.statements(values))
+        for i in range(len(extents) - 1):
+            if re.search(rf"\b{outer_var(i).name}\b", text):
+                self.emit(f"const int64_t {outer_var(i).name} = {first[i].name};")
+        self._statements(values)
+        self.hoisted = {id(v) for v in values}
 
     def _unrolled(self, flat: str, count: str, start: str, spacing: str, stride: str, what: str,
                   unit: str = "elements") -> None:
@@ -291,8 +308,10 @@ class CudaKernelRenderer:
         self.emit(f"const I {flat}_first = {f'{flat}_head + ' if plan.peel_from else ''}{flat}_group * {width};")
         first = [sympy.Symbol(f"{var(i).name}_g", integer=True, nonnegative=True) for i in range(len(extents))]
         self._decompose(f"{flat}_first", extents, lambda i: first[i])
+        if var is outer_var:
+            self._group_invariants(plan, extents, first)
         at_first = {var(i): first[i] for i in range(len(extents))}
-        where = {id(v): f"{v.arg.buffer} + ({index_expr(sympy.sympify(v.arg.index).xreplace(at_first))})"
+        where = {id(v): f"{v.arg.buffer} + ({index_expr(sympy.sympify(self.body.bound_index(v)).xreplace(at_first))})"
                  for v in plan.values}  # the group's first element
         for v in plan.values:
             ctype, name = CUDA.storage[self.body.buffer_dtype[v.arg.buffer]], f"{self.body.name(v)}_vec"
@@ -333,8 +352,10 @@ class CudaKernelRenderer:
         for v in plan.values:
             if v.kind == "store":
                 ctype = CUDA.storage[self.body.buffer_dtype[v.arg.buffer]]
-                self.emit(f"ember_store_vec<{ctype}, {width}>({where[id(v)]}, {self.body.name(v)}_vec);")
+                store = "ember_atomic_add_vec" if v.arg.accumulate else "ember_store_vec"
+                self.emit(f"{store}<{ctype}, {width}>({where[id(v)]}, {self.body.name(v)}_vec);")
         self.body.vector_access.clear()
+        self.hoisted = set()
         self.body.kept_partials.clear()
         self.close(3)
         if plan.peel_from:

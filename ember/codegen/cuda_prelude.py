@@ -141,6 +141,21 @@ template <typename T, int N> EMBER_FN EmberVec<T, N> ember_load_vec(const T* p) 
 template <typename T, int N> EMBER_FN void ember_store_vec(T* p, const EmberVec<T, N>& v) {
   *reinterpret_cast<EmberVec<T, N>*>(p) = v;
 }
+// a group's float32 additions into a scattered row (an embedding's gradient): one vector atomic
+// (red.global.add.v4.f32) on sm_90, else one atomic an element
+template <typename T, int N> EMBER_FN void ember_atomic_add_vec(T* p, const EmberVec<T, N>& v) {
+#if __CUDA_ARCH__ >= 900
+  if constexpr (N == 4) {
+    atomicAdd(reinterpret_cast<float4*>(p), make_float4(v.v[0], v.v[1], v.v[2], v.v[3]));
+    return;
+  } else if constexpr (N == 2) {
+    atomicAdd(reinterpret_cast<float2*>(p), make_float2(v.v[0], v.v[1]));
+    return;
+  }
+#endif
+#pragma unroll
+  for (int i = 0; i < N; ++i) ember_atomic_add(p + i, v.v[i]);
+}
 // A later loop of a row re-reads a group the first loop kept in registers. An empty asm hides
 // that the bits are the same, so the loop recomputes its values from them: otherwise the compiler
 // may keep every value an earlier loop computed from the group alive across the block reduction

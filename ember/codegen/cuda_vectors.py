@@ -24,9 +24,13 @@ while the work on it stays under the guard. A causal softmax's masked scores, lo
 time where unmasked, took 2.3x Triton's time (H100, a GPT's attention); whole groups read the
 masked half of each row too, and keep the row in registers for the later loops.
 
-Accesses left scalar inside a vector loop: gathers (their index is data), accumulating stores
-and the column sums' stores, stores to a buffer another store of the loop writes too, and any
-access not unit-step along the fastest dimension (a broadcast or transposed operand).
+Accesses left scalar inside a vector loop: gathers whose index differs within a group (their
+index is data), accumulating stores but float32 additions, the column sums' stores, stores to a
+buffer another store of the loop writes too, and any access not unit-step along the fastest
+dimension (a broadcast or transposed operand). A gather of whole rows (an embedding's, a bag's
+rows) or a float32 scatter_add of them is a vector access: its row index is the same for every
+element of a group, so a pointwise kernel computes such values once per group
+(``group_invariant``).
 Segment kernels (ragged rows, whose start comes from the offsets) keep the scalar loop.
 
 Row kernels go further where a block's one iteration covers a row (``row_forms``): every thread
@@ -43,7 +47,7 @@ import sympy
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, outer_var
+from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, is_indirect_var, outer_var
 from .cexpr import index_expr
 
 VECTOR_BYTES = 16   # the widest load a thread issues
@@ -104,7 +108,36 @@ def _candidates(kernel: Kernel, values: list[Value], var: sympy.Symbol) -> list[
     for v in values:
         if v.kind == "store":
             writes[v.arg.buffer] = writes.get(v.arg.buffer, 0) + 1
-    return [v for v in values if _vectorizable(v, var) and (v.kind == "load" or writes[v.arg.buffer] == 1)]
+    fixed = group_invariant(kernel, values, var)
+    dtypes = {p.name: p.dtype for p in kernel.params}
+    return [v for v in values if _vectorizable(v, var, fixed) and (v.kind == "load" or writes[v.arg.buffer] == 1)
+            and not (v.kind == "store" and v.arg.accumulate and dtypes[v.arg.buffer] != dt.float32)]
+
+
+def group_invariant(kernel: Kernel, values: list[Value], var: sympy.Symbol) -> set[int]:
+    """Ids of values the same for every element of a group along ``var``: outer values of a row
+    loop (computed before it), and in a pointwise kernel what reads no position along ``var``
+    (an embedding's row index, a bag's id found by a search; a group never straddles two rows).
+    A gather or a scatter at such an index steps along ``var`` like a plain access."""
+    if var.name.startswith("r"):
+        return {id(v) for v in kernel.values if not v.inner}
+    fixed: set[int] = set()
+    for v in kernel.values:
+        if v.kind == "store" or (v.guard is not None and id(v.guard) not in fixed):
+            continue
+        if v.kind in ("load", "index", "search") and var in _position_symbols(v):
+            continue
+        if all(id(s) in fixed for s in v.srcs):
+            fixed.add(id(v))
+    return fixed
+
+
+def _position_symbols(v: Value) -> set[sympy.Symbol]:
+    if v.kind == "index":
+        return sympy.sympify(v.arg).free_symbols
+    if v.kind == "search":
+        return set().union(*(sympy.sympify(e).free_symbols for e in (v.arg.start, v.arg.stride, v.arg.length)))
+    return sympy.sympify(v.arg.index).free_symbols
 
 
 def _width(kernel: Kernel, candidates: list[Value]) -> int:
@@ -171,11 +204,15 @@ def _exact_plan(kernel: Kernel, candidates: list[Value], extents: tuple[sympy.Ex
     return VectorPlan(width, tuple(chosen), tuple(dict.fromkeys(conditions)))
 
 
-def _vectorizable(v: Value, var: sympy.Symbol) -> bool:
-    """A plain load or store whose index is ``var`` plus terms without it."""
-    if v.kind not in ("load", "store") or v.arg.bindings:
+def _vectorizable(v: Value, var: sympy.Symbol, fixed: set[int]) -> bool:
+    """A load or store whose index is ``var`` plus terms without it: a plain access, or a gather
+    (scatter) whose index values are the same across the group (``fixed``). Stores write, or add
+    float32 (sm_90's vector atomics: ember_atomic_add_vec)."""
+    if v.kind not in ("load", "store"):
         return False
-    if v.kind == "store" and (v.arg.accumulate or v.srcs[0].kind == "chunksum"):
+    if v.arg.bindings and not all(id(s) in fixed for s in (v.srcs[1:] if v.kind == "store" else v.srcs)):
+        return False
+    if v.kind == "store" and (v.arg.accumulate not in (False, True) or v.srcs[0].kind == "chunksum"):
         return False
     index = sympy.expand(sympy.sympify(v.arg.index))
     if var not in index.free_symbols:
@@ -201,6 +238,8 @@ def _multiple_of(expr: sympy.Expr, width: int, loop_vars: set[sympy.Symbol]) -> 
         sizes = sympy.Integer(coeff)
         for f in factors:
             free = f.free_symbols
+            if any(is_indirect_var(x) for x in free):
+                return None  # a loaded index: its alignment is not the same in every thread
             if free and free <= loop_vars:
                 continue  # an integer of the loop's position
             if free & loop_vars:  # loop variables and sizes in one factor: not decided here

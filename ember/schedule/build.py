@@ -66,6 +66,7 @@ class KernelBuilder(ReduceBuilder):
         self._segment: tuple[sympy.Expr, sympy.Symbol, Value] | None = None  # (row, start var, length)
         self._in_row = False  # building what only a segment row's elements need (not a per-row result)
         self._across: dict[int, Node] = {}  # rowreduce values -> their nodes
+        self._eager_held: dict[int, Value] = {}  # a 16-bit value -> it rounded as eager holds it
 
     # ---- value construction (hash-consed) -------------------------------------------------
     def _emit(self, kind: str, dtype: dt.DType, srcs: Sequence[Value] = (), arg: Any = None,
@@ -143,6 +144,9 @@ class KernelBuilder(ReduceBuilder):
         index_add's RuntimeError and IndexError, 5: a loss's target class, IndexError, 6:
         scatter's RuntimeError, 8-10: embedding's, index_select's and index_copy's IndexError,
         11: index_select's RuntimeError along dim 1; runtime/program.py raises them)."""
+        position = self._position_within(index, bound)
+        if position is not None:
+            return position
         # (in a segment kernel, an index only a row's elements read, for a segment reduction or
         # a per-element result: eager never reads it for an empty row, and the codegen checks it
         # only where the row has elements; a per-row result's lookups are checked for every row)
@@ -153,6 +157,37 @@ class KernelBuilder(ReduceBuilder):
         sym = indirect_var(len(self._indirect))
         self._indirect[sym] = checked
         return sym
+
+    def _position_within(self, index: Value, bound: sympy.Expr) -> sympy.Expr | None:
+        """An index that is the loop's own position along a dim no longer than ``bound`` (an arange
+        expanded beside the indices of a scatter_add or an embedding's backward, for the dims
+        it does not index), or a fixed position below it: that position itself, never out of
+        range, so the access stays affine in the loop (vector loads and stores, no check)."""
+        wide = (dt.int32, dt.int64)  # (a narrower integer wraps: arange(300).to(uint8))
+        while index.kind == "alu" and index.arg is Op.CAST and index.dtype in wide and index.srcs[0].dtype in wide:
+            index = index.srcs[0]
+        if index.kind != "index" or index.dtype not in wide:
+            return None
+        expr = sympy.sympify(index.arg)
+        bound = sympy.sympify(bound)
+        if expr.is_Integer:
+            return expr if 0 <= int(expr) and bound.is_Integer and int(expr) < int(bound) else None
+        extents = dict(enumerate(self.spec.outer))
+        if not expr.is_Symbol or not is_index_var(expr):
+            return None
+        name = expr.name
+        if name[0] == "o":
+            extent = extents.get(int(name[1:]))
+        elif name[0] == "r" and self.spec.segment is None:  # (a segment row's r0 counts from its start)
+            extent = dict(enumerate(self.spec.inner)).get(int(name[1:]))
+        else:
+            return None
+        if extent is None:
+            return None
+        extent = sympy.sympify(extent)
+        if sh.equal(extent, bound) or (extent.is_Integer and bound.is_Integer and int(extent) <= int(bound)):
+            return expr
+        return None
 
     # ---- evaluation -----------------------------------------------------------------------
     def value_of(self, node: Node, point: Point) -> Value:
