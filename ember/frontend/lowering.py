@@ -478,6 +478,10 @@ def _call(ctx: Context, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any], v
         # a tensor of a dtype ember has no code for (complex): the op is ATen's, whose checks
         # raise eager's errors (a lowering would read its missing dtype first)
         fn = None
+    if fn is not None and _not_strided(fx_node, val):
+        # a sparse operand or result (an embedding's sparse gradient added to a dense one): the op
+        # is ATen's, which keeps eager's result layout; kernels read only dense memory
+        fn = None
     if fn is not None and _unknown_unbacked_sizes(ctx, val):
         # a size the data decides that nothing before gives (x[:n] with n from .item(): the
         # slice's length): ATen computes the result, and the program reads the size from it
@@ -507,6 +511,12 @@ def _opaque(arg: Any) -> bool:
     if isinstance(arg, (list, tuple)):
         return any(_opaque(a) for a in arg)
     return isinstance(arg, Node) and (arg.dtype is None or arg.shape is None)
+
+
+def _not_strided(fx_node: torch.fx.Node, val: Any) -> bool:
+    """Does the op read or return a tensor that is not strided (sparse)?"""
+    metas = [val, *(a.meta.get("val") for a in fx_node.all_input_nodes)]
+    return any(isinstance(m, torch.Tensor) and m.layout != torch.strided for m in metas)
 
 
 def shape_env_of(values: Iterable[Any]) -> Any:

@@ -37,6 +37,8 @@ def writes_overlapping_memory(gm: torch.fx.GraphModule) -> bool:
     """Does an in-place op of Dynamo's graph write to a tensor two of whose elements share memory,
     or read a tensor that overlaps the one it writes only in part?"""
     for node in gm.graph.nodes:
+        if _foreach_list_shares_memory(node):
+            return True
         for written in _written_values(node):
             if not isinstance(written, torch.Tensor):
                 continue
@@ -49,6 +51,37 @@ def writes_overlapping_memory(gm: torch.fx.GraphModule) -> bool:
                    and _partly_overlap(written, r) for r in read):
                 return True
     return False
+
+
+def _foreach_list_shares_memory(node: torch.fx.Node) -> bool:
+    """Does an in-place foreach op (``torch._foreach_mul_(grads, c)``, clip_grad_norm_'s scaling)
+    write a list two of whose tensors may share elements (views of one flat buffer)? Eager's
+    kernel writes each in turn, so a shared element is scaled twice; functionalization computes
+    each from the original and copies them back, scaled once (aot_eager too)."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    if node.op not in ("call_method", "call_function") or not isinstance(name, str) \
+            or not name.startswith("_foreach_") or not name.endswith("_") or not node.args:
+        return False
+    listed = node.args[0] if isinstance(node.args[0], (list, tuple)) else []
+    tensors = [v for v in (_value(a) for a in listed) if isinstance(v, torch.Tensor)]
+    return any(_ranges_meet(a, b) for i, a in enumerate(tensors) for b in tensors[i + 1:])
+
+
+def _ranges_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do ``a`` and ``b`` (of one storage) span intersecting byte ranges? Conservative: strided
+    views that interleave without sharing an element count too (they only run eagerly)."""
+    if not _same_memory(a, b):
+        return False
+    a, b = _unwrapped(a), _unwrapped(b)
+    if statically_known_true(a.numel() == 0) or statically_known_true(b.numel() == 0):
+        return False
+
+    def span(t: torch.Tensor) -> tuple[Any, Any]:
+        begin = t.storage_offset() * t.element_size()
+        last = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+        return begin, begin + (last + 1) * t.element_size()
+    (a_begin, a_end), (b_begin, b_end) = span(a), span(b)
+    return not guard_or_false(a_end <= b_begin) and not guard_or_false(b_end <= a_begin)
 
 
 _UNFOLDS = {"unfold", torch.Tensor.unfold, torch.ops.aten.unfold.default}

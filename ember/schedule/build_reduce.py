@@ -78,10 +78,21 @@ class ReduceBuilder:
         math in float32 and rounds where a value is stored or cast to 16 bits; conversions and
         ops whose result jumps with their input (a comparison, a rounding, an argmax's ties) read
         it rounded, or ``(x * 1000).int()`` and ``x * 1000 > 300`` differ from eager by whole
-        units. Loads, constants and casts to 16 bits are rounded already."""
+        units. The 16-bit ops under it are rounded one by one, as eager's. Loads, constants and
+        casts to 16 bits are rounded already."""
         if not v.dtype.is_low_precision or v.kind in ("load", "const") or (v.kind == "alu" and v.arg is Op.CAST):
             return v
-        return self._emit("alu", v.dtype, (v,), Op.CAST)
+        held = self._eager_held  # (each value of the DAG rounded once)
+        if id(v) not in held:
+            rounded_srcs = v
+            if v.kind == "alu":
+                # eager rounds every op, so the chain under the jump reads rounded values too: a
+                # (x / s + z).round() of fake quantization rounds x / s before adding z
+                srcs = tuple(self._as_eager_holds(s) for s in v.srcs)
+                if any(a is not b for a, b in zip(srcs, v.srcs)):
+                    rounded_srcs = self._emit("alu", v.dtype, srcs, v.arg)
+            held[id(v)] = self._emit("alu", v.dtype, (rounded_srcs,), Op.CAST)
+        return held[id(v)]
 
     def _matmul(self, node: Node, point: Point) -> Value:
         """A matmul at its kernel's (o0, o1): a dot of its operands' loads at (o0, r0) and (r0, o1).
