@@ -380,3 +380,48 @@ def test_cpu_indices_of_gpu_tensors_compile_on_the_gpu(backend):
         return torch.index_put(x, (rows,), v * 2)[rows] + x[rows]
 
     check(fn, x, rows, v, options={"gpu_backend": backend})  # compiled, every kernel built, as eager
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bfloat16])
+@pytest.mark.parametrize("width", [1, 5, 64, 300])
+def test_whole_rows_added_by_the_threads_owning_them(dtype, width):
+    """An embedding's backward, index_add and index_put of rows: on the CPU each thread adds the
+    rows it owns (codegen/cpp_scatter.py), no atomics; duplicates, a negative index (index_put's),
+    an empty source."""
+    if DEVICE != "cpu":
+        pytest.skip("CPU kernels")
+    idx = torch.tensor([3, 0, 3, 7, 9, 3, 5] * 40)
+    src = _values((idx.numel(), width), dtype)
+    scale = _values((idx.numel(), 1), dtype)
+    # (eager adds with atomics, in no fixed order)
+    atol = 1e-5 if dtype == torch.float32 else None
+
+    def index_add(x, idx, src, scale):
+        return x.index_add(0, idx, src * scale)
+
+    def index_put(x, idx, src):
+        return x.index_put((idx,), src, accumulate=True)
+
+    def embedding_backward(src, idx):
+        return torch.ops.aten.embedding_dense_backward(src, idx, 10, -1, False)
+
+    report = check(index_add, _values((10, width), dtype), idx, src, scale, atol=atol)
+    sources = [k.source for k in report.kernels]
+    if width > 1:
+        assert any("destination it owns" in s and "ember_atomic_add" not in s for s in sources), sources
+    # (eager's 16-bit index_put rounds after each add, ember's sums in float32: few duplicates)
+    few = 14 if dtype == torch.bfloat16 else None
+    check(index_put, _values((10, width), dtype), idx[:few] - 5, src[:few], atol=atol)
+    if dtype in (torch.float32, torch.float64):
+        check(embedding_backward, src, idx, atol=atol)
+    check(index_add, _values((10, width), dtype), idx[:0], src[:0], scale[:0])
+
+
+def test_rows_owned_across_threads_match_eager():
+    # enough rows that the kernel runs on every thread (the team splits the destination rows)
+    idx = torch.randint(0, 50, (4000,))
+    src = torch.randn(4000, 96)
+    report = check(lambda x, i, s: x.index_put((i,), s * 2, accumulate=True), torch.zeros(50, 96), idx, src,
+                   atol=1e-5)
+    (source,) = [k.source for k in report.kernels]
+    assert "#pragma omp parallel if(" in source and "ember_me" in source

@@ -17,6 +17,7 @@ from ..schedule.loops import stash_recomputed
 from .c_prelude import COMMON_PRELUDE
 from .cexpr import device_size_lines, index_expr
 from .cpp_columns import ColumnTiles, column_tiles
+from .cpp_scatter import owned_rows, render_owned_rows
 from .cstyle import BodyRenderer, Language
 
 CPP = Language(
@@ -232,8 +233,10 @@ class CppKernelRenderer:
         self.lines: list[str] = []
         self.depth = 0
         self.hints = [f"{self.body.name(v)}_hint" for v in kernel.values if v.kind == "search"]
+        self.owned = owned_rows(kernel)  # a scatter of whole rows, each thread adding its own rows
         # writes at indices scatter: no vector stores (and atomics stay out of simd loops)
-        self.scalar = bool(self.hints) or any(v.kind == "store" and v.arg.bindings for v in kernel.values)
+        self.scalar = not self.owned and (bool(self.hints) or any(v.kind == "store" and v.arg.bindings
+                                                                  for v in kernel.values))
 
     def emit(self, line: str) -> None:
         if line.startswith("#pragma omp") and self.scalar:
@@ -265,9 +268,11 @@ class CppKernelRenderer:
         self.depth += 1
         for line in device_size_lines(k):
             self.emit(line)
-        for hint in self.hints:
+        for hint in [] if self.owned else self.hints:
             self.emit(f"int64_t {hint} = 0;")
-        if k.n_loops == 0:
+        if self.owned:
+            render_owned_rows(self, f"{index_expr(sh.numel(k.outer) * self.cost)} >= {PARALLEL_THRESHOLD}")
+        elif k.n_loops == 0:
             self._pointwise()
         elif not k.outer:
             self._stages(parallel_inner=True)

@@ -71,7 +71,8 @@ from .cuda_prelude import (  # noqa: F401 (cuda.MAX_BLOCKS, cuda.ROW_GROUP_THREA
     UNROLL,
 )
 from .cuda_tiles import LANES, TILE_ROWS, render_tiles, staged_accesses
-from .cuda_vectors import RowForms, VectorPlan, group_invariant
+from .cuda_vectors import RowForms, VectorPlan
+from .layout import group_invariant
 
 # float32 math spelled with CUDA's float functions (IEEE-accurate or within a few ulp), so nothing
 # silently promotes to double; exp and division as Triton computes them (cuda_prelude.py).
@@ -241,9 +242,9 @@ class CudaKernelRenderer:
             self.emit(line)
 
     def _group_invariants(self, plan: VectorPlan, extents: tuple[sympy.Expr, ...], first: list[sympy.Symbol]) -> None:
-        """A pointwise group's values that are the same for all its elements (cuda_vectors.
-        group_invariant: an embedding's row index, a bag's id found by a search), computed once
-        at the group's start, before its gathers and scatters of whole rows need them."""
+        """A pointwise group's values that are the same for all its elements (layout.group_invariant:
+        an embedding's row index, a bag's id found by a search), computed once at the group's
+        start, before its gathers and scatters of whole rows need them."""
         fixed = group_invariant(self.k, self.k.values, outer_var(len(extents) - 1))
         values = [v for v in self.k.values if id(v) in fixed]
         if all(v.kind == "const" for v in values):

@@ -49,6 +49,7 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, is_indirect_var, outer_var
 from .cexpr import index_expr
+from .layout import group_invariant
 
 VECTOR_BYTES = 16   # the widest load a thread issues
 MAX_WIDTH = 8       # elements per group at most (1-byte types: 8-byte vectors, not 16 statements)
@@ -112,32 +113,6 @@ def _candidates(kernel: Kernel, values: list[Value], var: sympy.Symbol) -> list[
     dtypes = {p.name: p.dtype for p in kernel.params}
     return [v for v in values if _vectorizable(v, var, fixed) and (v.kind == "load" or writes[v.arg.buffer] == 1)
             and not (v.kind == "store" and v.arg.accumulate and dtypes[v.arg.buffer] != dt.float32)]
-
-
-def group_invariant(kernel: Kernel, values: list[Value], var: sympy.Symbol) -> set[int]:
-    """Ids of values the same for every element of a group along ``var``: outer values of a row
-    loop (computed before it), and in a pointwise kernel what reads no position along ``var``
-    (an embedding's row index, a bag's id found by a search; a group never straddles two rows).
-    A gather or a scatter at such an index steps along ``var`` like a plain access."""
-    if var.name.startswith("r"):
-        return {id(v) for v in kernel.values if not v.inner}
-    fixed: set[int] = set()
-    for v in kernel.values:
-        if v.kind == "store" or (v.guard is not None and id(v.guard) not in fixed):
-            continue
-        if v.kind in ("load", "index", "search") and var in _position_symbols(v):
-            continue
-        if all(id(s) in fixed for s in v.srcs):
-            fixed.add(id(v))
-    return fixed
-
-
-def _position_symbols(v: Value) -> set[sympy.Symbol]:
-    if v.kind == "index":
-        return sympy.sympify(v.arg).free_symbols
-    if v.kind == "search":
-        return set().union(*(sympy.sympify(e).free_symbols for e in (v.arg.start, v.arg.stride, v.arg.length)))
-    return sympy.sympify(v.arg.index).free_symbols
 
 
 def _width(kernel: Kernel, candidates: list[Value]) -> int:

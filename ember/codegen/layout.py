@@ -96,3 +96,30 @@ def unit_step(index: sympy.Expr, var: sympy.Symbol) -> bool:
         return sympy.expand(index.subs(var, var + 1) - index) == 1
     except (TypeError, ValueError, AttributeError):  # floor divisions sympy cannot shift: not a unit step
         return False
+
+
+def group_invariant(kernel: Kernel, values: list[Value], var: sympy.Symbol) -> set[int]:
+    """Ids of values the same for every element of a group along ``var``: outer values of a row
+    loop (computed before it), and in a pointwise kernel what reads no position along ``var``
+    (an embedding's row index, a bag's id found by a search; a group never straddles two rows).
+    A gather or a scatter at such an index steps along ``var`` like a plain access (CUDA C++'s
+    vector groups, the CPU's scatters of owned rows: cpp_scatter.py)."""
+    if var.name.startswith("r"):
+        return {id(v) for v in kernel.values if not v.inner}
+    fixed: set[int] = set()
+    for v in kernel.values:
+        if v.kind == "store" or (v.guard is not None and id(v.guard) not in fixed):
+            continue
+        if v.kind in ("load", "index", "search") and var in position_symbols(v):
+            continue
+        if all(id(s) in fixed for s in v.srcs):
+            fixed.add(id(v))
+    return fixed
+
+
+def position_symbols(v: Value) -> set[sympy.Symbol]:
+    if v.kind == "index":
+        return sympy.sympify(v.arg).free_symbols
+    if v.kind == "search":
+        return set().union(*(sympy.sympify(e).free_symbols for e in (v.arg.start, v.arg.stride, v.arg.length)))
+    return sympy.sympify(v.arg.index).free_symbols
