@@ -495,6 +495,7 @@ class KernelBuilder(ReduceBuilder):
                 bound = tuple(sorted((s for s in index.free_symbols if is_indirect_var(s)), key=lambda s: s.name))
                 self._emit("store", root.dtype, (value, *(self._indirect[s] for s in bound)),
                            Access(info.name, index, bound), expr=index)
+        self.values = self._live_values()
         params = [Param(n, d, False) for n, d in self._reads.items() if n not in self._writes]
         params += [Param(n, d, True) for n, d in self._writes.items()]
         symbols: set[sympy.Symbol] = set()
@@ -519,6 +520,26 @@ class KernelBuilder(ReduceBuilder):
             raise RuntimeError(f"ember: a scan kernel of {kernel.n_loops} loops")
         self._check_final(kernel)
         return kernel
+
+    def _live_values(self) -> list[Value]:
+        """The values something uses: what stores, index checks (which flag a bad index) and a
+        segment's length need, with their guards. A 16-bit chain rounded again as eager holds it
+        (build_reduce._as_eager_holds), or a position no longer checked, leaves its first form
+        unused: compilers warn of it (nvcc's #177-D), and readers wonder."""
+        roots = [v for v in self.values if v.kind in ("store", "checkindex")]
+        if self._segment is not None:
+            roots.append(self._segment[2])
+        live: set[int] = set()
+        stack = list(roots)
+        while stack:
+            v = stack.pop()
+            if id(v) in live:
+                continue
+            live.add(id(v))
+            stack.extend(v.srcs)
+            if v.guard is not None:
+                stack.append(v.guard)
+        return [v for v in self.values if id(v) in live]
 
     def _check_final(self, kernel: Kernel) -> None:
         """Results over all rows are for the epilogue only: a row (or another reduction over the
