@@ -10,10 +10,11 @@ backward from those ops: the bag's gradient spread over its indices and added in
 rows (and, for per-sample weights, their gradient).
 
 16-bit weights are gathered and summed in float32 and rounded once, as eager's CPU kernel does.
-An empty bag gives zeros, as eager. On the CPU only with the ``cpu_embedding_bag`` option (its
-segment kernel is slower than eager's there). Everything else keeps ATen's op: max mode (eager gives a tie's
-whole gradient to its first index, where a segment max splits it), ``scale_grad_by_freq``, sparse
-gradients, and arguments eager refuses (ATen raises its own error).
+An empty bag gives zeros, as eager. On the CPU only with the ``cpu_embedding_bag`` option (a
+float32 forward is slower than eager's there, whose kernel prefetches the next rows).
+Everything else keeps ATen's op: max mode (eager gives a tie's whole gradient to its first
+index, where a segment max splits it), ``scale_grad_by_freq``, sparse gradients, and arguments
+eager refuses (ATen raises its own error).
 
 The op's other outputs (``offset2bag``, ``bag_size``, ``max_indices``: internals of eager's kernels,
 which ``F.embedding_bag`` drops) come from ATen's forward-only kernel, which the trace removes
