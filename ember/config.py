@@ -129,9 +129,8 @@ class Config:
     # untaken branch always; that is exact.
     skip_masked: bool = field(default_factory=lambda: _env_int("EMBER_SKIP_MASKED", 0) != 0)
     # Generate embedding_bag (sum and mean) on the CPU too (frontend/bag_decomps.py). Off: training
-    # steps beat Inductor's there, but a float32 forward takes 2.4-2.8x eager's time, which
-    # prefetches the next indices' rows (2 cores, bench/embedding_bag.py --device cpu); GPUs
-    # generate it.
+    # steps beat Inductor's there, but a float32 forward takes 2.4-5x eager's time (2 cores,
+    # bench/embedding_bag.py --device cpu); GPUs generate it.
     cpu_embedding_bag: bool = field(default_factory=lambda: _env_int("EMBER_CPU_EMBEDDING_BAG", 0) != 0)
     # Keep compiled graphs in torch's AOTAutograd cache (under torch's cache directory,
     # TORCHINDUCTOR_CACHE_DIR): a warm start, after torch._dynamo.reset() or in a new process,

@@ -11,7 +11,7 @@ rows (and, for per-sample weights, their gradient).
 
 16-bit weights are gathered and summed in float32 and rounded once, as eager's CPU kernel does.
 An empty bag gives zeros, as eager. On the CPU only with the ``cpu_embedding_bag`` option (a
-float32 forward is slower than eager's there, whose kernel prefetches the next rows).
+float32 forward is slower than eager's there).
 Everything else keeps ATen's op: max mode (eager gives a tie's whole gradient to its first
 index, where a segment max splits it), ``scale_grad_by_freq``, sparse gradients, and arguments
 eager refuses (ATen raises its own error).
