@@ -39,6 +39,7 @@ from .kernel_ir import (
     is_index_var,
     is_indirect_var,
     outer_var,
+    reachable,
     stage_needs,
 )
 
@@ -172,19 +173,13 @@ class KernelBuilder(ReduceBuilder):
         bound = sympy.sympify(bound)
         if expr.is_Integer:
             return expr if 0 <= int(expr) and bound.is_Integer and int(expr) < int(bound) else None
-        extents = dict(enumerate(self.spec.outer))
-        if not expr.is_Symbol or not is_index_var(expr):
+        if not expr.is_Symbol or not is_index_var(expr) or expr.name[0] not in "or":
             return None
-        name = expr.name
-        if name[0] == "o":
-            extent = extents.get(int(name[1:]))
-        elif name[0] == "r" and self.spec.segment is None:  # (a segment row's r0 counts from its start)
-            extent = dict(enumerate(self.spec.inner)).get(int(name[1:]))
-        else:
+        # (a segment row's r0 counts from the row's start: no extent of its own)
+        dims = self.spec.outer if expr.name[0] == "o" else () if self.spec.segment is not None else self.spec.inner
+        if int(expr.name[1:]) >= len(dims):
             return None
-        if extent is None:
-            return None
-        extent = sympy.sympify(extent)
+        extent = sympy.sympify(dims[int(expr.name[1:])])
         if sh.equal(extent, bound) or (extent.is_Integer and bound.is_Integer and int(extent) <= int(bound)):
             return expr
         return None
@@ -529,16 +524,7 @@ class KernelBuilder(ReduceBuilder):
         roots = [v for v in self.values if v.kind in ("store", "checkindex")]
         if self._segment is not None:
             roots.append(self._segment[2])
-        live: set[int] = set()
-        stack = list(roots)
-        while stack:
-            v = stack.pop()
-            if id(v) in live:
-                continue
-            live.add(id(v))
-            stack.extend(v.srcs)
-            if v.guard is not None:
-                stack.append(v.guard)
+        live = reachable(roots)
         return [v for v in self.values if id(v) in live]
 
     def _check_final(self, kernel: Kernel) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sympy
 
-from .kernel_ir import Kernel, Value
+from .kernel_ir import Kernel, reachable
 
 
 def writes_in_place(kernel: Kernel, src: str, dst: str) -> bool:
@@ -43,21 +43,7 @@ def writes_in_place(kernel: Kernel, src: str, dst: str) -> bool:
     reads = [v for v in kernel.values if v.kind in ("load", "search") and v.arg.buffer == src]
     if not reads or any(v.kind != "load" for v in reads):
         return False
-    before = _ancestors(store)
+    before = reachable([*store.srcs, *([store.guard] if store.guard is not None else [])])
     index = sympy.sympify(store.arg.index)
     return all(not r.arg.bindings and r.inner == store.inner and id(r) in before
                and sympy.simplify(sympy.sympify(r.arg.index) - index) == 0 for r in reads)
-
-
-def _ancestors(v: Value) -> set[int]:
-    seen: set[int] = set()
-    stack = list(v.srcs) + ([v.guard] if v.guard is not None else [])
-    while stack:
-        x = stack.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
-        stack.extend(x.srcs)
-        if x.guard is not None:
-            stack.append(x.guard)
-    return seen

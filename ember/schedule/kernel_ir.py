@@ -167,6 +167,21 @@ def stage_needs() -> Callable[[Value], int]:
     return needs
 
 
+def reachable(values: list[Value]) -> set[int]:
+    """Ids of ``values`` and of every value they read, their guards included."""
+    seen: set[int] = set()
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        stack.extend(v.srcs)
+        if v.guard is not None:
+            stack.append(v.guard)
+    return seen
+
+
 @dataclass(frozen=True)
 class Param:
     name: str
