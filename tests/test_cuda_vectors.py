@@ -91,6 +91,30 @@ def test_later_loops_of_a_row_take_its_groups_from_registers():
     assert "ember_cached" not in src and "EmberVec<float, 4>" in src
 
 
+def test_a_row_keeps_at_most_four_groups_in_registers_its_own_first():
+    """A LayerNorm over six summed bf16 inputs (a GPT's last residual sum): keeping all six in
+    registers took 3x as long on an H200, so a row keeps 64 bytes a step (MOST_KEPT_BYTES). The
+    row's own inputs are kept before the weight and bias, whose groups every row shares."""
+    def ln_of_sum(a, b, c, d, e, f, w, bias):
+        return F.layer_norm(a + b + c + d + e + f, (768,), w, bias)
+    xs = [torch.randn(16, 768, dtype=torch.bfloat16) for _ in range(6)]
+    w, bias = torch.randn(768, dtype=torch.bfloat16), torch.randn(768, dtype=torch.bfloat16)
+    (src,) = kernel_sources(ln_of_sum, *xs, w, bias)
+    kept = re.findall(r"EmberVec<unsigned short, 8> (ember_cache\d+)\[EMBER_UNROLL\];", src)
+    assert len(kept) == 4
+    kept_buffers = re.findall(r"(\w+)_vec = ember_cached \? ember_reread<2>", src)
+    stores = dict(re.findall(r"if \(ember_cached\) (ember_cache\d+)\[ember_u\] = (\w+)_vec;", src))
+    assert len(kept_buffers) == 4 and sorted(stores.values()) == sorted(kept_buffers)
+    # the two rows not kept are read again with plain vector loads, and so are w and bias
+    loads = re.findall(r"(\w+)_vec = ember_load_vec<unsigned short, 8>\((\w+) \+", src)
+    assert {buf for _, buf in loads} >= {"arg6_1", "arg7_1"}
+    assert not any(buf in ("arg6_1", "arg7_1") for name, buf in loads if name in stores.values())
+    # four inputs: every one kept
+    (src,) = kernel_sources(lambda a, b, c, d: F.layer_norm(a + b + c + d, (768,)), *xs[:4])
+    assert len(re.findall(r"ember_cache\d+\[EMBER_UNROLL\];", src)) == 4
+    check(ln_of_sum, *[t.to(DEVICE) for t in (*xs, w, bias)])
+
+
 def test_norm_backward_keeps_its_run_partials_in_registers():
     """RMSNorm's backward: one chunked row kernel adds dx's rows and dw's column partials. Its
     loops take groups, and where a block covers a row each thread's share of dw's partial sums
