@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.testing._internal.common_methods_invocations import op_db
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten
 
 import ember
 
 from .conftest import DEVICE
-from .helpers import assert_same
+from .helpers import assert_same, fill_slots, with_slots
 
 # Ops whose gradients ember generates (their backward graphs are pointwise/reduction work).
 GRAD_OPS = ["abs", "exp", "log", "sqrt", "rsqrt", "sin", "tanh", "sigmoid", "erf", "atan", "pow", "add",
@@ -48,12 +48,9 @@ def test_op_gradients_match_eager(op):
         flat, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
         positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
 
-        def fn(*tensors, flat=flat, spec=spec, positions=positions):
-            leaves = list(flat)
-            for p, t in zip(positions, tensors):
-                leaves[p] = t
-            inp, args, kwargs = tree_unflatten(leaves, spec)
-            return op.op(inp, *args, **kwargs)
+        def fn(*tensors, sample=with_slots(flat, spec, positions)):
+            inp, args, kwargs = sample
+            return op.op(fill_slots(inp, tensors), *fill_slots(args, tensors), **fill_slots(kwargs, tensors))
 
         tensors = [flat[p] for p in positions]
         ref_outs, ref_grads, g = _grads(fn, tensors)
