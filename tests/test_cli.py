@@ -87,12 +87,12 @@ def test_explain_reports_bad_files_functions_and_counts(tmp_path, monkeypatch, c
     assert proc.returncode == 2 and "not positive" in proc.stderr
 
 
-def test_cache_info():
-    proc = _ember("cache", "info")
+def test_cache_info(tmp_path, monkeypatch, capsys):
+    proc = _ember_here(monkeypatch, capsys, "cache", "info", cwd=tmp_path)
     assert proc.returncode == 0 and "built module(s)" in proc.stdout
 
 
-def test_cache_info_counts_modules_not_builds_in_progress(tmp_path):
+def test_cache_info_counts_modules_not_builds_in_progress(tmp_path, monkeypatch, capsys):
     # another process's build in a hidden directory was counted, and crashed the count when it
     # vanished between listing and stat
     root = tmp_path / "cache"
@@ -101,19 +101,21 @@ def test_cache_info_counts_modules_not_builds_in_progress(tmp_path):
     (root / "cpp" / "k.so").write_bytes(b"x" * 2_000_000)
     (root / "triton").mkdir()
     (root / "triton" / ".k1.py.12.34.tmp").write_text("x")
-    proc = subprocess.run([sys.executable, "-m", "ember.cli", "cache", "info"], capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, EMBER_CACHE_DIR=str(root)))
+    import ember
+    monkeypatch.setattr(ember.config, "cache_dir", root)  # (what EMBER_CACHE_DIR sets at import)
+    proc = _ember_here(monkeypatch, capsys, "cache", "info", cwd=tmp_path)
     assert proc.returncode == 0 and "1 built module(s), 2.0 MB" in proc.stdout, proc.stdout + proc.stderr
 
 
-def test_cache_clear_removes_only_embers_kernels(tmp_path):
+def test_cache_clear_removes_only_embers_kernels(tmp_path, monkeypatch, capsys):
     # EMBER_CACHE_DIR may name a directory that holds other things: clear removed all of it
     root = tmp_path / "cache"
     (root / "cpp").mkdir(parents=True)
     (root / "cpp" / "k.so").write_bytes(b"x")
     (root / "notes.txt").write_text("keep me")
-    proc = subprocess.run([sys.executable, "-m", "ember.cli", "cache", "clear"], capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, EMBER_CACHE_DIR=str(root)))
+    import ember
+    monkeypatch.setattr(ember.config, "cache_dir", root)
+    proc = _ember_here(monkeypatch, capsys, "cache", "clear", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not (root / "cpp").exists() and (root / "notes.txt").read_text() == "keep me"
 
