@@ -41,8 +41,6 @@ torch._dynamo.config.cache_size_limit = 64
 torch._dynamo.config.accumulated_cache_size_limit = 4096
 
 
-
-
 @pytest.fixture(autouse=True)
 def _fresh_dynamo(monkeypatch):
     torch.manual_seed(0)  # reproducible inputs

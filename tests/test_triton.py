@@ -3,6 +3,7 @@ conftest.py): the fusion patterns on each code path, PyTorch's OpInfo samples, f
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 
@@ -25,13 +26,13 @@ from .test_ops import _program, _samples, check_op
 pytestmark = INTERPRETED_TRITON  # (the kernels run on CPU tensors)
 
 TRITON = {"target": "triton"}
+LOOPED = {"target": "triton", "triton_launch": {"PERSISTENT": False, "RBLOCK": 16}}
 
 
 def rendered(fn, *args, **kwargs) -> ember.Report:
     """explain's Triton kernels, rendered and not run: the graph runs through ATen, as on a
     machine without Triton's interpreter. For tests that read or compile the sources; running
     them interpreted took up to 50 s for a LayerNorm of 64 rows of 4096 on this CPU."""
-    import os
     before = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "0"
     try:
@@ -41,7 +42,6 @@ def rendered(fn, *args, **kwargs) -> ember.Report:
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = before
-LOOPED = {"target": "triton", "triton_launch": {"PERSISTENT": False, "RBLOCK": 16}}
 
 
 def rmsnorm(x, w):
