@@ -32,7 +32,8 @@ class CppBackend(Backend):
         key = (cfg.cxx, cfg.cxx_flags, str(cfg.cache_dir))
         if key not in _toolchain_problems:
             try:
-                cpp_build.build(cpp.PRELUDE + '\nextern "C" void ember_toolchain_probe(void) {}\n', cfg)
+                cpp_build.build(cpp.PRELUDE + '\nextern "C" void ember_toolchain_probe(void) {}\n', cfg,
+                                prelude=cpp.PRELUDE)
                 _toolchain_problems[key] = None
             except BuildError as e:
                 _toolchain_problems[key] = str(e)
@@ -42,7 +43,7 @@ class CppBackend(Backend):
 
     def build_module(self, kernels: list[Kernel], cfg: Config, fallbacks: dict | None = None) -> BuiltKernels:
         source = self.render_module(kernels)
-        path, cached = cpp_build.build(source, cfg)
+        path, cached = cpp_build.build(source, cfg, prelude=cpp.PRELUDE)
         try:
             lib = cpp_build.load(path)
         except OSError:
@@ -50,7 +51,7 @@ class CppBackend(Backend):
                 raise
             # a cached library that does not load (another machine's, copied with its stamp): build
             # it again, over it (or in a stand-in directory where the cache is read-only)
-            path, cached = cpp_build.build(source, cfg, again=True)
+            path, cached = cpp_build.build(source, cfg, again=True, prelude=cpp.PRELUDE)
             lib = cpp_build.load(path)
         stats.bump("cache_hits" if cached else "kernels_built", len(kernels))
         log(1, f"{'loaded' if cached else 'built'} {len(kernels)} CPU kernel(s) from {path}", cfg)
