@@ -292,6 +292,25 @@ def test_sizes_rounded_back_to_ints(options):
         assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
 
 
+def test_roll_of_windows_merged_back_with_a_float_quotient_of_sizes():
+    """Swin's window_reverse computes the batch as int(windows / (H * W / ws / ws)); rolling the
+    merged image by a shift then indexes with Min(o, 2 * Mod(1, size) - 1), whose remainder sympy
+    cannot call an integer (its divisor may be 0). The min was spelled in double and fed C's
+    integer %: the kernel did not compile and the graph ran through ATen."""
+    def reverse_and_roll(windows):
+        batch = int(windows.shape[0] / (8 * 8 / 4 / 4))
+        x = windows.view(batch, 2, 2, 4, 4, -1).permute(0, 1, 3, 2, 4, 5).contiguous().view(batch, 8, 8, -1)
+        return torch.roll(x, shifts=(2, 2), dims=(1, 2)) * 2
+
+    compiled, report = compile_checked(reverse_and_roll, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for batch in (2, 3):
+            windows = torch.randn(4 * batch, 4, 4, 3)
+            assert_same(compiled(windows), reverse_and_roll(windows))
+    assert_clean(report)
+
+
 @pytest.mark.parametrize("options", [None, {"target": "triton"}], ids=["cpp", "triton"])
 def test_graphs_returning_size_tests_and_float_functions_of_sizes(options):
     """``is_causal=q.shape[2] > 1`` (Hugging Face's attention) makes Dynamo end a graph that

@@ -118,3 +118,22 @@ def test_pointwise_results_are_laid_out_as_eager_does(fn, a, b):
     got = ember.compile(fn)(a, b)
     assert_same(got, expected)
     assert _dims_strides(got) == _dims_strides(expected)
+
+
+@pytest.mark.parametrize("fn", [
+    torch.angle,
+    lambda z: torch.angle(z) * 2,
+    lambda z: (torch.angle(z), z.abs()),
+    lambda z: torch.stft(z.real.flatten(1), 16, hop_length=4, window=torch.hann_window(16),
+                         return_complex=True).angle(),
+], ids=["angle", "angle_then_mul", "angle_beside_abs", "stft_phase"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_angle_of_a_transposed_complex_tensor_is_contiguous_as_eager(fn, dynamic):
+    # eager's complex angle resizes an empty result (contiguous); torch's meta lays it out like z
+    # (a spectrogram's phase: stft returns frequency-major frames, transposed)
+    z = torch.randn(2, 6, 5, dtype=torch.complex64).transpose(1, 2)
+    expected = fn(z)
+    got = ember.compile(fn, dynamic=dynamic)(z)
+    assert_same(got, expected)
+    for g, e in zip(got if isinstance(got, tuple) else [got], expected if isinstance(expected, tuple) else [expected]):
+        assert _dims_strides(g) == _dims_strides(e)

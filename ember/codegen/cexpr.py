@@ -89,7 +89,7 @@ def index_expr(e: sympy.Expr) -> str:
     if isinstance(e, (*sh.MAXES, *sh.MINS)):
         # ints with the int64 helpers; floats among them (Python's min(1.0, step / 1000) of a
         # size) in double: the int64 ones truncated 0.002 to 0
-        ints = all(a.is_integer for a in e.args)
+        ints = all(_integer_valued(a) for a in e.args)
         fn = ("ember_i" if ints else "ember_") + ("max" if isinstance(e, sh.MAXES) else "min")
         args = [index_expr(a) if ints else f"(double){_atom(a)}" for a in e.args]
         out = args[0]
@@ -124,6 +124,19 @@ def device_size_lines(kernel: Kernel) -> list[str]:
     return [f"if ({flag}) {s.name} = ember_imin({s.name}, (int64_t){name}[{index_expr(index)}]);  // the ragged "
             "total, read on the device (never past the host's, which sized the buffers)"
             for s, (name, index) in kernel.device_sizes.items()]
+
+
+def _integer_valued(e: sympy.Expr) -> bool:
+    """Whether a size expression is an integer. sympy's ``is_integer`` is None for a remainder
+    whose divisor it cannot prove nonzero (roll's shift % a symbolic size), and a min of those
+    spelled in double fed C's integer %, which does not compile."""
+    if e.is_integer:
+        return True
+    if e.is_integer is False or e.is_Float:
+        return False
+    if isinstance(e, (sympy.Mod, Mod, PythonMod, sympy.Add, sympy.Mul, *sh.MAXES, *sh.MINS)):
+        return all(_integer_valued(a) for a in e.args)
+    return False
 
 
 def _atom(e: sympy.Expr) -> str:

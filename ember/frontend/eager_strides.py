@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._prims_common import make_contiguous_strides_for
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..ir import shapes as sh
@@ -62,7 +63,9 @@ def _layout(node: torch.fx.Node, memo: dict[torch.fx.Node, Layout]) -> Layout:
         stack.pop()
         meta = top.meta["val"]
         layout = (tuple(meta.shape), tuple(meta.stride()))
-        if operands and top.target in _PERMUTES:  # (a view: its operand's strides, reordered)
+        if _complex_angle(top):  # (eager writes it into a fresh contiguous tensor; the meta follows z)
+            layout = (layout[0], make_contiguous_strides_for(layout[0]))
+        elif operands and top.target in _PERMUTES:  # (a view: its operand's strides, reordered)
             layout = (layout[0], tuple(memo[operands[0]][1][d] for d in _dims(top)))
         elif operands:
             computed = _iterator_strides(tuple(meta.shape), [memo[x] for x in operands])
@@ -70,6 +73,14 @@ def _layout(node: torch.fx.Node, memo: dict[torch.fx.Node, Layout]) -> Layout:
                 layout = (layout[0], computed)
         memo[top] = layout
     return memo[node]
+
+
+def _complex_angle(node: torch.fx.Node) -> bool:
+    """Is ``node`` angle of a complex tensor? Eager's ``angle(z)`` resizes an empty result (contiguous)
+    where torch's meta function lays it out like ``z``."""
+    return (node.op == "call_function" and node.target is aten.angle.default
+            and isinstance(node.args[0], torch.fx.Node)
+            and isinstance(node.args[0].meta.get("val"), torch.Tensor) and node.args[0].meta["val"].is_complex())
 
 
 _PERMUTES = frozenset({aten.permute.default, aten.t.default, aten.transpose.int})
