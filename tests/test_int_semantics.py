@@ -60,3 +60,19 @@ def test_round_to_decimals_is_generated_and_equals_eager_bit_for_bit():
         assert o.dtype == r.dtype and torch.equal(o.isnan(), r.isnan()), (o, r)
         assert torch.equal(o[~o.isnan()], r[~r.isnan()]), (o, r)
         assert torch.equal(o.signbit()[~o.isnan()], r.signbit()[~r.isnan()])  # (-0.0 kept)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_signed_overflow_wraps_without_relying_on_fwrapv(dtype):
+    # signed overflow is undefined in C: NVRTC (no -fwrapv there) and g++ without it folded
+    # (x + 1) > x to true and (x * 2) // 2 to x, and took |INT_MIN| as positive. Kernels do
+    # int32/int64 arithmetic in unsigned types, so they wrap under any compiler flags
+    info = torch.iinfo(dtype)
+    x = torch.tensor([0, 1, -7, info.max, info.min, info.max - 1, info.min + 1], dtype=dtype)
+    fn = lambda a: ((a + 1) > a, (a * 2) // 2, a - 1 < a, -a, (-a) < 0, a.abs() % 5, a.abs() < 0)  # noqa: E731
+    flags = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off")  # (no -fwrapv)
+    report = ember.Report()
+    out = ember.compile(fn, options={"cxx_flags": flags}, report=report)(x)
+    assert report.kernels and not report.fallbacks, report.fallbacks
+    for o, r in zip(out, fn(x)):
+        assert o.dtype == r.dtype and torch.equal(o, r), (o, r)

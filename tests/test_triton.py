@@ -99,6 +99,9 @@ CASES = {
     "permute_021": (lambda x: (x.permute(0, 2, 1) * 2).contiguous(), lambda: (torch.randn(2, 19, 65),)),
     "int_ops": (lambda a, b: (a // b, a % b, (a * 3).sum(-1)),
                 lambda: (torch.randint(-50, 50, (8, 9)), torch.randint(1, 7, (8, 9)))),
+    # integer powers of a scalar base: the exponent's shape is the result's
+    "int_pow_scalar_base": (lambda a: (torch.pow(2, a % 40), torch.pow(a, 3)),
+                            lambda: (torch.randint(-50, 50, (8, 9), dtype=torch.int32),)),
 }
 
 

@@ -67,7 +67,9 @@ template <typename T> EMBER_FN void ember_argmin_step(EmberArg<T>& a, T v, int64
   if (take) { a.v = v; a.i = i; }
 }
 
-template <typename T> EMBER_FN T ember_abs(T a) { return a < 0 ? (T)(-a) : a; }
+// (|INT_MIN| is INT_MIN, as in eager: negated through unsigned, since a signed overflow let
+// compilers assume abs(x) >= 0)
+template <typename T> EMBER_FN T ember_abs(T a) { return a < 0 ? (T)(0 - (uint64_t)(int64_t)a) : a; }
 EMBER_FN uint8_t ember_abs(uint8_t a) { return a; }
 EMBER_FN bool ember_abs(bool a) { return a; }
 // (-0.0 and a NaN of either sign lose their sign bit, as fabs: eager's abs)

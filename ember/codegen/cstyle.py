@@ -107,6 +107,15 @@ _MATH = {Op.EXP: "exp", Op.EXP2: "exp2", Op.EXPM1: "expm1", Op.LOG: "log", Op.LO
 INT_DIVISION_OPS = frozenset({Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD})
 
 
+_WRAPPING = (Op.ADD, Op.SUB, Op.MUL)
+
+
+def _wraps_in_unsigned(dtype: dt.DType) -> bool:
+    """int32 and int64 arithmetic, which C does not promote (narrower ints compute in int,
+    where their products and sums cannot overflow)."""
+    return dtype.kind == "i" and dtype.itemsize >= 4
+
+
 def alu(lang: Language, v: Value, args: list[str]) -> str:
     """C expression for a pointwise value; ``args`` are the C spellings of its sources."""
     op, dtype = v.arg, v.dtype
@@ -117,6 +126,11 @@ def alu(lang: Language, v: Value, args: list[str]) -> str:
         return cast(lang, src, dtype, a)
     if op is Op.DIV and ctype == "float" and op in lang.fast_f32:
         return lang.fast_f32[op].format(a, args[1])
+    if op in _WRAPPING and _wraps_in_unsigned(dtype):
+        # signed overflow is undefined in C: compilers (NVRTC, or g++ without -fwrapv) assumed it
+        # away ((x + 1) > x was true at INT_MAX); unsigned arithmetic wraps as eager's does
+        u = f"uint{8 * dtype.itemsize}_t"
+        return f"(({ctype})(({u}){a} {_INFIX[op]} ({u}){args[1]}))"
     if op in _INFIX:
         expr = f"({a} {_INFIX[op]} {args[1]})"
         # C promotes narrow integers to int: bring results back to the element type
@@ -125,6 +139,8 @@ def alu(lang: Language, v: Value, args: list[str]) -> str:
         return expr
     if op is Op.WHERE:
         return f"({a} ? {args[1]} : {args[2]})"
+    if op is Op.NEG and _wraps_in_unsigned(dtype):
+        return f"(({ctype})(0 - (uint{8 * dtype.itemsize}_t){a}))"
     if op is Op.NEG:
         return f"(({ctype})(-{a}))" if dtype.itemsize < 4 and not dtype.is_float else f"(-{a})"
     if op is Op.NOT or (op is Op.BITNOT and dtype.is_bool):

@@ -125,9 +125,11 @@ def fmod_int(a, b):
 
 @triton.jit
 def ipow(base, exp):
-    result = tl.full(base.shape, 1, base.dtype)
-    b = base
-    e = exp
+    # both broadcast to the result's shape first: the loop carries one type (a scalar base,
+    # torch.pow(2, t), had the shape [1] there and failed to compile)
+    b = base + tl.zeros_like(exp)
+    e = exp + tl.zeros_like(base)
+    result = tl.full(b.shape, 1, b.dtype)
     for _ in range(64):
         result = tl.where((e & 1) != 0, result * b, result)
         b = b * b
