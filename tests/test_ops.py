@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_flatten
 import ember
 
 from .conftest import DEVICE
-from .helpers import assert_clean, assert_same, check, compile_checked, fill_slots, on_the_interpreter, run, with_slots
+from .helpers import assert_clean, assert_same, check, compile_checked, on_the_interpreter, program_of_samples, run
 
 UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
          "reciprocal", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
@@ -66,20 +66,8 @@ def _samples(op, dtype):
 
 
 def _program(op, samples):
-    """f(*tensors) applying the op to every sample (non-tensor arguments baked in). The samples'
-    structures are rebuilt here, once, with a slot for each tensor: Dynamo tracing pytree's
-    unflatten inside ``f`` took 2.8x as long, over a minute of the CPU suite."""
-    templates, k = [], 0
-    for flat, spec, positions, _ in samples:
-        templates.append(with_slots(flat, spec, positions, k))
-        k += len(positions)
-
-    def fn(*tensors):
-        outs = []
-        for inp, args, kwargs in templates:
-            outs.append(op.op(fill_slots(inp, tensors), *fill_slots(args, tensors), **fill_slots(kwargs, tensors)))
-        return outs
-    return fn
+    """f(*tensors) applying the op to every sample (non-tensor arguments baked in)."""
+    return program_of_samples(op.op, [(flat, spec, positions) for flat, spec, positions, _ in samples], _id(op))
 
 
 @pytest.mark.parametrize("op", OPS, ids=_id)

@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_flatten
 import ember
 
 from .conftest import DEVICE
-from .helpers import assert_same, fill_slots, with_slots
+from .helpers import assert_same, program_of_samples
 
 # Ops whose gradients ember generates (their backward graphs are pointwise/reduction work).
 GRAD_OPS = ["abs", "exp", "log", "sqrt", "rsqrt", "sin", "tanh", "sigmoid", "erf", "atan", "pow", "add",
@@ -48,9 +48,7 @@ def test_op_gradients_match_eager(op):
         flat, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
         positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
 
-        def fn(*tensors, sample=with_slots(flat, spec, positions)):
-            inp, args, kwargs = sample
-            return op.op(fill_slots(inp, tensors), *fill_slots(args, tensors), **fill_slots(kwargs, tensors))
+        fn = program_of_samples(op.op, [(flat, spec, positions)], op.name)
 
         tensors = [flat[p] for p in positions]
         ref_outs, ref_grads, g = _grads(fn, tensors)
