@@ -522,14 +522,6 @@ def test_normal_samples_of_integers_raise_eagers_error(fn, arg):
         ember.compile(fn)(arg)
 
 
-@pytest.fixture
-def data_dependent_shapes(monkeypatch):
-    import torch._dynamo.config as dynamo_config
-
-    monkeypatch.setattr(dynamo_config, "capture_dynamic_output_shape_ops", True)
-    monkeypatch.setattr(dynamo_config, "capture_scalar_outputs", True)
-
-
 @pytest.mark.parametrize("fn", [
     lambda x: torch.argmax(x[x > 5]), lambda x: torch.max(x[x > 5], 0), lambda x: torch.max(x[x > 5]),
     lambda x: torch.amin(x[x > 5]) * 2,

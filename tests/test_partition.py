@@ -545,3 +545,18 @@ def test_smooth_l1_gradient_of_a_nan_is_nan():
 
     a, b = torch.tensor([float("nan"), 0.2, 3.0]), torch.zeros(3)
     assert_same(_grads(ember.compile(loss), [a.requires_grad_(), b]), _grads(loss, [a, b]))
+
+
+@pytest.mark.parametrize("dtype, tiny", [(torch.float32, 1e-40), (torch.bfloat16, 1e-39), (torch.float64, 1e-310)])
+def test_a_loss_scaled_by_a_number_keeps_a_gradient_beyond_range_at_scale_one(dtype, tiny):
+    # a sum divided by its count in Python: the gradient at u = 1 was 1 / tiny, inf in the dtype,
+    # where eager's (1 / 1000) / tiny is finite; the plan now scales by the tangent, the number
+    # folded into the chain as eager's backward computes it
+    def nll(p, w):
+        return -(torch.log(p) * w).sum() / p.shape[0]
+
+    p = torch.full((1000,), 0.5, dtype=dtype)
+    p[0] = tiny
+    expected = _grads(nll, [p.requires_grad_(), torch.ones(1000, dtype=dtype)])
+    assert expected[1][0].isfinite()
+    assert _chosen(nll, [p, torch.ones(1000, dtype=dtype)])

@@ -10,7 +10,9 @@ computes again.
 scalar output (a loss), every gradient is linear in that one number. The tangent may first pass
 through scalar arithmetic before it meets a tensor (``t / n`` for a mean over a count ``n``); call
 the last such scalar ``u``. Then ``grad_i = u * K_i``, where ``K_i`` is the gradient at ``u = 1``
-and depends on the primals only. This plan computes the ``K_i`` in the forward graph next to the
+and depends on the primals only. (Where that arithmetic reads only numbers and sizes, ``u`` is the
+tangent itself: ``K_i`` then folds ``/ n`` as eager does, and stays in range where ``K_i * u``
+does.) This plan computes the ``K_i`` in the forward graph next to the
 loss (ember fuses both into the loss's kernels, one pass over the inputs) and saves only the ``K_i``
 plus the scalars ``u`` needs; layout ops that end a ``K_i`` (the ``stack`` of 4 box coordinates,
 an ``expand``) are left to the backward, so the forward saves the columns its loss loop produces.
@@ -201,6 +203,12 @@ def _build(joint_module: fx.GraphModule, num_fwd_outputs: int, cfg: Config) -> M
         return None
     witnesses = _version_witnesses(fwd_outputs, grads, tangent)
     scale, kept = _scale(graph, tangent, dependent)
+    if _numbers_only(kept, dependent):
+        # u is the tangent times numbers (a loss * 1e-3, / n): K at tangent 1 is eager's own
+        # chain, where K at u = 1 may leave the dtype's range (1 / 1e-40 is inf in float32,
+        # 1e-3 / 1e-40 is not). Only a scale read from forward tensors (a mask's count) stays u:
+        # K must not wait for that reduction, so the loss and K stay one pass over the inputs
+        scale, kept = tangent, {tangent}
     scaled_part = [n for n in graph.nodes if n in dependent and n not in kept]
     nonlinear = nonlinear_op(scaled_part, dependent)
     if nonlinear:  # (a gradient hook or a custom backward: grad(u) = u * grad(1) does not hold)
@@ -469,6 +477,16 @@ def _scale(graph: fx.Graph, tangent: fx.Node, dependent: set[fx.Node]) -> tuple[
             kept.add(node)
             stack.extend(a for a in node.all_input_nodes if a in dependent)
     return scale, kept
+
+
+def _numbers_only(kept: set[fx.Node], dependent: set[fx.Node]) -> bool:
+    """Does the scalar arithmetic from the tangent to ``u`` read nothing but the tangent's chain,
+    numbers and sizes (no forward tensor)?"""
+    for node in kept:
+        for arg in pytree.arg_tree_leaves(*node.args, **node.kwargs):
+            if isinstance(arg, fx.Node) and arg not in dependent and not _is_sym(arg):
+                return False
+    return True
 
 
 def plan_cost(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> PlanCost:
