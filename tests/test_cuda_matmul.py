@@ -230,6 +230,24 @@ def test_template_refuses_two_products_of_two_layouts():
     assert "second operands of two layouts" in the_kernel(report).source
 
 
+def test_products_of_two_first_operands_are_kernels_apart():
+    # a CLIP loss's gradients: G @ b and G.T @ a have one shape, and the planner put both in one
+    # kernel, which the template refused (bf16, batch 2 with dynamic sizes: both ran through
+    # ATen with a warning, a RuntimeWarning failing the graph under -W error)
+    def clip_loss(a, b, s):
+        logits = s.exp().clamp(max=100) * F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
+        y = torch.arange(a.shape[0])
+        return (F.cross_entropy(logits, y) + F.cross_entropy(logits.T, y)) / 2
+
+    a, b = (torch.randn(2, 32, dtype=BF16, requires_grad=True) for _ in range(2))
+    report = ember.explain(clip_loss, a, b, torch.tensor(2.0, requires_grad=True), target="cuda", dynamic=True)
+    products = [k for k in report.kernels if "= dot " in k.kernel_ir]
+    assert len(products) >= 2, [k.name for k in report.kernels]
+    for k in products:
+        assert k.kernel_ir.count("= dot ") == 1 or "ember_wgmma" in k.source, k.kernel_ir
+        assert "runs through ATen" not in k.source, k.source
+
+
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 def test_pass_takes_a_lone_matmul_on_hopper(monkeypatch, backend):
     b = GraphBuilder(device="cuda:0")

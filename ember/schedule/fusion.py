@@ -336,9 +336,22 @@ class Planner(DomainRules, StepOrder):
                     # rows end apart): chunk sums stay out of a row kernel that does
                     and not (root.op is Op.CHUNK_SUM and g.final)
                     and self.cfg.fusion and not alone and not self._blocked(root, g, owner)
+                    and not (g.matmul and self._another_first_operand(root, g))
                     and not (checked and self._closes_cycle(root, g, groups))):
                 return g
         return None
+
+    def _another_first_operand(self, root: Node, group: GroupSpec) -> bool:
+        """Would ``root`` bring ``group`` a product whose first operand its products do not share?
+        A kernel's products share their first operand, the loads of whose tiles serve all of
+        them (a gated MLP's two projections); the CUDA backend's template computes no other
+        pair. A CLIP loss's backward put G @ b and G.T @ a, of one shape, in one kernel, which
+        that backend then refused (its products ran through ATen, with a warning)."""
+        mine = {n.inputs[0] for n in [*self.subtree(root), root] if n.op is Op.MATMUL}
+        if not mine:
+            return False
+        theirs = {n.inputs[0] for r in group.roots for n in [*self.subtree(r), r] if n.op is Op.MATMUL}
+        return len(mine | theirs) > 1
 
     def _closes_cycle(self, root: Node, group: GroupSpec, groups: list[GroupSpec]) -> bool:
         group.roots.append(root)
