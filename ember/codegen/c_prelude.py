@@ -70,6 +70,10 @@ template <typename T> EMBER_FN void ember_argmin_step(EmberArg<T>& a, T v, int64
 // (|INT_MIN| is INT_MIN, as in eager: negated through unsigned, since a signed overflow let
 // compilers assume abs(x) >= 0)
 template <typename T> EMBER_FN T ember_abs(T a) { return a < 0 ? (T)(0 - (uint64_t)(int64_t)a) : a; }
+// (narrow ints in int32, then cut back: ptxas's abs.s16 gave |-32768| as +32768 to the sign
+// extension after it, so int16 abs(-32768) % 5 was 3 on the GPU, eager's 2)
+EMBER_FN int16_t ember_abs(int16_t a) { const int32_t w = a; return (int16_t)(w < 0 ? -w : w); }
+EMBER_FN int8_t ember_abs(int8_t a) { const int32_t w = a; return (int8_t)(w < 0 ? -w : w); }
 EMBER_FN uint8_t ember_abs(uint8_t a) { return a; }
 EMBER_FN bool ember_abs(bool a) { return a; }
 // (-0.0 and a NaN of either sign lose their sign bit, as fabs: eager's abs)
