@@ -98,7 +98,12 @@ def _fold(node: Node, inputs: tuple[Node, ...]) -> Node | None:
         scalars = [make(Op.CONST, (), v, dtype=dt.compute_dtype(i.dtype), device=node.device)
                    for v, i in zip(values, inputs)]
         probe = make(op, scalars, node.arg, dtype=dt.compute_dtype(node.dtype), device="cpu")
-        value = eval_node(probe, [eval_node(s, [], {}) for s in scalars], {})
+        try:
+            value = eval_node(probe, [eval_node(s, [], {}) for s in scalars], {})
+        except (ZeroDivisionError, RuntimeError):
+            # (an integer division by zero: left to its kernel, which raises eager's error when
+            # it runs, where folding it failed the whole graph's compile)
+            return None
         return const(value.to(dt.to_torch(node.dtype)).item())
     # sizes and other Python ints Dynamo made symbolic: arithmetic in int64 folds into one
     # expression (narrower ints wrap, as eager's int8 n * 200 does: kept as ops); a cast folds
