@@ -25,6 +25,7 @@ import torch
 from . import report as rp
 from .codegen.wrapper import KernelCall, write_wrapper
 from .config import GPU_BACKENDS, Config, log
+from .frontend.autograd_inputs import drop_leaf_mutation_grads
 from .frontend.dynamo import donated_inputs
 from .frontend.lowering import lower_graph, shape_env_of
 from .ir.node import Graph
@@ -54,6 +55,8 @@ def warn_once(key: str, message: str) -> None:
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str, cfg: Config,
                   sink: list[rp.GraphReport] | None = None) -> Callable[..., Any]:
     name = f"{kind}_{next(_graph_ids)}"
+    if kind == "backward":
+        drop_leaf_mutation_grads(gm)  # (zeros eager never gives a leaf written under no_grad)
     report = rp.GraphReport(name, kind)
     start = time.perf_counter()
     if _on_meta(gm):

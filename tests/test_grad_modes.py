@@ -158,3 +158,39 @@ def test_an_input_written_under_no_grad_after_its_use_keeps_the_values_the_backw
                 results.append("raised")
         assert results[0] != "raised" or results[1] == "raised"
         assert_same(results[1], results[0])
+
+
+def test_a_leaf_written_under_no_grad_keeps_a_none_grad():
+    # a target network's soft update (p.lerp_(q, tau) under no_grad) in a compiled training step:
+    # the backward passed the update's (zero) tangent back to the target's leaf, whose .grad
+    # became zeros where eager leaves None (an optimizer holding it then moved it: momentum,
+    # weight decay). A leaf also feeding the loss keeps its gradient; a non-leaf written under
+    # no_grad still passes later uses' gradient back to its own graph.
+    def soft_update(online, target, x):
+        with torch.no_grad():
+            target.lerp_(online, 0.25)
+        return (online * x).sum()
+
+    def used_and_updated(online, target, x):
+        y = (online * x + target * x).sum()  # (saves no input: the write is allowed)
+        with torch.no_grad():
+            target.lerp_(online, 0.25)
+        return y
+
+    for fn in (soft_update, used_and_updated):
+        results = []
+        for run in (fn, ember.compile(fn)):
+            online, target = torch.linspace(-1, 1, 5).requires_grad_(), torch.linspace(2, 3, 5).requires_grad_()
+            run(online, target, torch.full((5,), 0.5)).backward()
+            results.append((target.detach(), online.grad, target.grad))
+        assert (results[1][2] is None) == (results[0][2] is None), fn.__name__
+        assert_same(results[1], results[0])
+
+    results = []
+    for run in (soft_update, ember.compile(soft_update)):
+        online, base = torch.linspace(-1, 1, 5).requires_grad_(), torch.linspace(2, 3, 5).requires_grad_()
+        target = base * 2
+        run(online, target, torch.full((5,), 0.5))
+        (target * torch.arange(5.0)).sum().backward()  # through the written non-leaf, to base
+        results.append((target.detach(), online.grad, base.grad))
+    assert_same(results[1], results[0])

@@ -162,3 +162,50 @@ def _normal_copy(t: torch.Tensor) -> torch.Tensor:
     # through a stride of 0)
     return torch.empty(0, dtype=t.dtype, device=t.device).set_(
         t.untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())
+
+
+def drop_leaf_mutation_grads(gm: torch.fx.GraphModule) -> None:
+    """In a backward graph, return None, not the tangent of its in-place update, as the gradient
+    of a leaf input the forward wrote in place (a target network's ``p.lerp_(q, tau)`` under
+    no_grad). ember hands AOTAutograd ``keep_inference_input_mutations=False``, so the updated
+    leaf is an output of the compiled function whose tangent the backward passes straight back
+    to the leaf; AOTAutograd copies the update into a detached leaf (a leaf needing grad can only
+    be written where autograd does not see it), so that tangent is always the zeros autograd
+    fills in for an unused output, and the leaf's ``.grad`` became zeros where eager leaves
+    None (Adam's momentum and weight decay then moved the target network). A gradient that is
+    more than the bare tangent (the leaf also feeds the loss) is kept as it is."""
+    try:
+        from torch._functorch._aot_autograd.descriptors import (
+            GradAOTOutput,
+            InputMutationAOTOutput,
+            PlainAOTInput,
+            TangentAOTInput,
+        )
+    except ImportError:  # (a torch without graph descriptions: gradients as AOTAutograd made them)
+        return
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None) if context is not None else None
+    if meta is None:
+        return
+    output = gm.graph.output_node()
+    descs = output.meta.get("desc")
+    (values,) = output.args
+    if not isinstance(descs, (list, tuple)) or not isinstance(values, (list, tuple)) or len(descs) != len(values):
+        return
+    changed = list(values)
+    for k, (value, desc) in enumerate(zip(values, descs)):
+        if not (isinstance(desc, GradAOTOutput) and isinstance(desc.grad_of, PlainAOTInput)):
+            continue
+        if not isinstance(value, torch.fx.Node) or value.op != "placeholder":
+            continue
+        tangent_of = getattr(value.meta.get("desc"), "output", None)
+        if not (isinstance(value.meta.get("desc"), TangentAOTInput) and isinstance(tangent_of, InputMutationAOTOutput)
+                and tangent_of.mutated_input == desc.grad_of):
+            continue
+        idx = desc.grad_of.idx
+        if 0 <= idx < len(meta.input_info) and meta.input_info[idx].is_leaf:
+            changed[k] = None
+    if changed != list(values):
+        output.args = (type(values)(changed),)
+        gm.graph.eliminate_dead_code()  # (the placeholder stays: AOTAutograd passes every tangent)
+        gm.recompile()
