@@ -162,10 +162,6 @@ def alu(v: Value, args: list[str]) -> str:
         return a
     if op is Op.ABS and dtype.is_bool:
         return a
-    if op is Op.ABS and dtype.kind == "i" and dtype.itemsize < 4:
-        # (ptxas's abs.s16 gave |-32768| as +32768 to the sign extension after it: int16
-        # abs(-32768) % 5 was 3, eager's 2. In int32, then cut back to the dtype, it wraps)
-        return f"tl.abs({a}.to(tl.int32)).to({TL_TYPES[dtype]})"
     if op in (Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD):
         kind = "float" if dtype.is_float else "int"
         if dtype.is_low_precision and op is not Op.FMOD:
