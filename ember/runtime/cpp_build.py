@@ -206,6 +206,8 @@ def _build_prelude(prelude: str, cfg: Config, compiler: str, parent: Path, place
         flags = [f for f in BUILD_FLAGS if f != "-shared"]
         run_compiler([compiler, *cfg.cxx_flags, *flags, "-x", "c++-header", str(header), "-o", str(gch)], timeout=300)
         stamp_path(gch).write_text(_sha256(gch))
+        if intact(place / gch.name):
+            return  # (another process put its own there meanwhile: in use, left as it is)
         shutil.rmtree(place, ignore_errors=True)  # (a damaged one: its stamp did not match)
         try:
             os.rename(tmp, place)
