@@ -83,18 +83,15 @@ def test_signed_overflow_wraps_without_relying_on_fwrapv(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64], ids=str)
 @pytest.mark.parametrize("target", [None, pytest.param("triton", marks=on_the_interpreter)], ids=["native", "triton"])
-def test_abs_of_the_minimum_stays_the_minimum(dtype, target, request):
-    # |INT_MIN| wraps to INT_MIN in eager; on the GPU, ptxas's abs.s16 handed +32768 to the sign
-    # extension after it (int16 abs(-32768) % 5 was 3 in both GPU backends, eager's 2): CUDA C++
-    # takes narrow ints' abs in int32 now. What the GPU compilers still get wrong, taking
-    # |INT_MIN| as positive after computing it (an H200, torch 2.11, Triton 3.6): CUDA C++'s
-    # floor division of int32/int64 |INT_MIN| rounds toward zero; Triton's int16 abs loses the wrap
-    if DEVICE != "cpu" and (ember.config.gpu_backend, dtype) in {("cuda", torch.int32), ("cuda", torch.int64),
-                                                 ("triton", torch.int16), ("triton", torch.int8)}:
-        request.applymarker(pytest.mark.xfail(reason="the GPU compiler takes |INT_MIN| as positive"))
+def test_abs_of_the_minimum_stays_the_minimum(dtype, target):
+    # |INT_MIN| wraps to INT_MIN in eager. ptxas takes the results of PTX's abs.s16/.s32/.s64 as
+    # >= 0 (an H200): int16 abs(-32768) % 5 was 3 (eager's 2), CUDA C++'s floor division of
+    # |INT_MIN| by 3 rounded toward zero, and Triton's int16 gcd(-32768, 32767) was 1 (eager's
+    # -1). Both GPU backends now take integer abs in PTX that is not abs.
     info = torch.iinfo(dtype)
     x = torch.tensor([info.min, info.min + 1, -7, 0, 5, info.max], dtype=dtype, device=DEVICE)
-    fn = lambda a: (a.abs() % 5, a.abs() < 0, a.abs() // 3, a.abs().to(torch.int64))  # noqa: E731
+    fn = lambda a: (a.abs() % 5, a.abs() < 0, a.abs() // 3, a.abs().to(torch.int64),  # noqa: E731
+                    torch.gcd(a, a.flip(0)))
     out, report = run(fn, x, options={"target": target} if target else None)
     assert report.kernels and not report.fallbacks, report.fallbacks
     for o, r in zip(out, fn(x)):

@@ -70,6 +70,20 @@ template <typename T> EMBER_FN void ember_argmin_step(EmberArg<T>& a, T v, int64
 // (|INT_MIN| is INT_MIN, as in eager: negated through unsigned, since a signed overflow let
 // compilers assume abs(x) >= 0)
 template <typename T> EMBER_FN T ember_abs(T a) { return a < 0 ? (T)(0 - (uint64_t)(int64_t)a) : a; }
+#if defined(__CUDA_ARCH__)
+// (in PTX, not C: NVVM turns the C above into abs.s32/abs.s64, and ptxas takes their result as
+// >= 0, so floor division of |INT_MIN| dropped its rounding down; neg + selp keep the sign)
+EMBER_FN int32_t ember_abs(int32_t a) {
+  int32_t r;
+  asm("{ .reg .pred n; setp.lt.s32 n, %1, 0; neg.s32 %0, %1; selp.b32 %0, %0, %1, n; }" : "=r"(r) : "r"(a));
+  return r;
+}
+EMBER_FN int64_t ember_abs(int64_t a) {
+  int64_t r;
+  asm("{ .reg .pred n; setp.lt.s64 n, %1, 0; neg.s64 %0, %1; selp.b64 %0, %0, %1, n; }" : "=l"(r) : "l"(a));
+  return r;
+}
+#endif
 // (narrow ints in int32, then cut back: ptxas's abs.s16 gave |-32768| as +32768 to the sign
 // extension after it, so int16 abs(-32768) % 5 was 3 on the GPU, eager's 2)
 EMBER_FN int16_t ember_abs(int16_t a) { const int32_t w = a; return (int16_t)(w < 0 ? -w : w); }
@@ -86,14 +100,12 @@ EMBER_FN bool ember_isinf(double a) { return a == INFINITY || a == -INFINITY; }
 // (the sign bit itself: signbit(-0.0) and of a negative NaN are true, as eager's)
 EMBER_FN bool ember_signbit(float a) { return copysignf(1.0f, a) < 0.0f; }
 EMBER_FN bool ember_signbit(double a) { return copysign(1.0, a) < 0.0; }
-// ATen's calc_gcd step for step in the element type T: |INT_MIN| stays INT_MIN (through
-// unsigned, where C's abs is undefined), so gcd(INT_MIN, 0) is INT_MIN, and 8/16-bit remainders
-// are taken in int and truncated back. b % a cannot be INT_MIN % -1: after the first step b is a
-// remainder, never INT_MIN.
-template <typename T> EMBER_FN T ember_iabs_wrap(T a) { return a < 0 ? (T)(0 - (uint64_t)(int64_t)a) : a; }
+// ATen's calc_gcd step for step in the element type T: |INT_MIN| stays INT_MIN (ember_abs), so
+// gcd(INT_MIN, 0) is INT_MIN, and 8/16-bit remainders are taken in int and truncated back.
+// b % a cannot be INT_MIN % -1: after the first step b is a remainder, never INT_MIN.
 template <typename T> EMBER_FN T ember_gcd(T a, T b) {
-  a = ember_iabs_wrap(a);
-  b = ember_iabs_wrap(b);
+  a = ember_abs(a);
+  b = ember_abs(b);
   while (a != 0) { T c = a; a = (T)(b % a); b = c; }
   return b;
 }
@@ -106,7 +118,7 @@ template <typename T> EMBER_FN T ember_lcm(T a, T b) {
   if (g == 0) return (T)0;
   W q = g == -1 ? (W)(0 - (uint64_t)(int64_t)a) : (W)((W)a / g);
   W p = (W)((uint64_t)(int64_t)q * (uint64_t)(int64_t)(W)b);
-  return (T)ember_iabs_wrap(p);
+  return (T)ember_abs(p);
 }
 EMBER_FN float ember_rsqrt(float a) { return 1.0f / sqrtf(a); }
 EMBER_FN double ember_rsqrt(double a) { return 1.0 / sqrt(a); }

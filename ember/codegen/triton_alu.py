@@ -162,6 +162,8 @@ def alu(v: Value, args: list[str]) -> str:
         return a
     if op is Op.ABS and dtype.is_bool:
         return a
+    if op is Op.ABS and dtype.kind == "i":
+        return f"eh.iabs({a})"
     if op in (Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD):
         kind = "float" if dtype.is_float else "int"
         if dtype.is_low_precision and op is not Op.FMOD:

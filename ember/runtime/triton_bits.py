@@ -1,5 +1,5 @@
 """Triton helpers for the sign and magnitude ops and integer gcd/lcm (hypot, copysign, signbit,
-nextafter, gcd, lcm), which generated kernels call as ``eh.<name>`` (triton_helpers.py imports
+nextafter, integer abs, gcd, lcm), which generated kernels call as ``eh.<name>`` (triton_helpers.py imports
 them). As there, hypot and nextafter come from libdevice on a GPU and are written with ``tl``
 primitives under ``TRITON_INTERPRET=1``; the others are bit and integer arithmetic, exact on both.
 """
@@ -36,6 +36,28 @@ def copysign(a, b):
     return r
 
 
+if INTERPRET:
+    @triton.jit
+    def iabs(x):
+        return tl.abs(x)  # (numpy's: |INT_MIN| wraps to INT_MIN, as eager's)
+else:
+    @triton.jit
+    def iabs(x):
+        # |x| of a signed int, wrapping at INT_MIN, in PTX that LLVM cannot turn into abs.s16/
+        # .s32/.s64: ptxas takes their results as >= 0. It kept int16 |-32768| as +32768 in its
+        # 32-bit register (abs(-32768) % 5 was 3, eager's 2), and dropped a floor division's
+        # rounding down of |INT_MIN|. Narrow ints go through int32 and are cut back.
+        if x.dtype.primitive_bitwidth == 64:
+            r = tl.inline_asm_elementwise(
+                "{ .reg .pred n; setp.lt.s64 n, $1, 0; neg.s64 $0, $1; selp.b64 $0, $0, $1, n; }",
+                "=l,l", [x], dtype=tl.int64, is_pure=True, pack=1)
+        else:
+            r = tl.inline_asm_elementwise(
+                "{ .reg .pred n; setp.lt.s32 n, $1, 0; neg.s32 $0, $1; selp.b32 $0, $0, $1, n; }",
+                "=r,r", [x.to(tl.int32)], dtype=tl.int32, is_pure=True, pack=1).to(x.dtype)
+        return r
+
+
 # ---- gcd, lcm: ATen's calc_gcd and lcm step for step ----------------------------------------
 
 
@@ -44,8 +66,8 @@ def gcd(a, b):
     # |INT_MIN| stays INT_MIN (gcd(INT_MIN, 0) is INT_MIN, as eager). Euclid takes at most ~1.5
     # steps per bit (consecutive Fibonacci numbers are the worst case): a fixed loop, lanes that
     # are done keep their answer
-    a = tl.where(a < 0, -a, a)
-    b = tl.where(b < 0, -b, b)
+    a = iabs(a)
+    b = iabs(b)
     bits: tl.constexpr = a.dtype.primitive_bitwidth
     for _ in range(bits + bits // 2):
         nonzero = a != 0
@@ -70,8 +92,7 @@ def lcm(a, b):
         wg = g
     # (g is -1 for gcd(INT_MIN, INT_MAX), where eager's INT_MIN / -1 traps: here it wraps)
     p = tl.where(wg == -1, -wa, wa // tl.where((wg == 0) | (wg == -1), 1, wg)) * wb
-    p = tl.where(p < 0, -p, p)
-    return tl.where(wg == 0, 0, p).to(a.dtype)
+    return tl.where(wg == 0, 0, iabs(p)).to(a.dtype)
 
 
 if INTERPRET:
