@@ -41,6 +41,17 @@ torch._dynamo.config.cache_size_limit = 64
 torch._dynamo.config.accumulated_cache_size_limit = 4096
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _opinfo_samples_without_stack_walks():
+    # OpInfo's sample_inputs looks up the stack for a unittest TestCase (its sample skips) with
+    # inspect.stack(), which reads every frame's source file: 0.1-0.4 s a call, minutes of the
+    # suite. A pytest function is never one, so the answer is always None
+    from torch.testing._internal.opinfo import core as opinfo_core
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(opinfo_core, "extract_test_fn", lambda: None)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo(monkeypatch):
     torch.manual_seed(0)  # reproducible inputs

@@ -205,28 +205,33 @@ def test_settings_assigned_to_ember_config_are_checked_as_options(monkeypatch):
         ember.compile(lambda x: x + 1)
 
 
-def test_bad_choices_in_the_environment_are_ignored_with_a_message():
+@pytest.fixture(scope="module")
+def bad_environment():
+    """One process (each takes seconds to start) with bad choices for four settings in its
+    environment: its stdout lines and stderr. Each setting is read and checked on its own."""
     import subprocess
     import sys
 
-    env = {**os.environ, "EMBER_GPU_BACKEND": "rocm", "EMBER_TRITON_TUNING": "fast"}
-    proc = subprocess.run([sys.executable, "-c", "import ember; print(ember.config.gpu_backend, "
-                           "ember.config.triton_tuning)"], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.stdout.split() == ["triton", "heuristic"], proc.stderr
-    assert "ignoring EMBER_GPU_BACKEND='rocm'" in proc.stderr and "ignoring EMBER_TRITON_TUNING='fast'" in proc.stderr
-
-
-def test_a_negative_ember_debug_is_ignored_with_a_message():
-    # EMBER_DEBUG=-1 failed every compile with "ember option 'debug' is a count >= 0"
-    import subprocess
-    import sys
-
-    env = {**os.environ, "EMBER_DEBUG": "-1", "EMBER_ROW_CHUNKS": "x"}
-    code = "import torch, ember; print(ember.compile(lambda x: x + 1)(torch.ones(2)).sum().item(), ember.config.debug)"
+    env = {**os.environ, "EMBER_GPU_BACKEND": "rocm", "EMBER_TRITON_TUNING": "fast", "EMBER_DEBUG": "-1",
+           "EMBER_ROW_CHUNKS": "x"}
+    code = ("import torch, ember; print(ember.config.gpu_backend, ember.config.triton_tuning); "
+            "print(ember.compile(lambda x: x + 1)(torch.ones(2)).sum().item(), ember.config.debug)")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.stdout.split() == ["4.0", "0"], proc.stderr[-3000:]
-    assert "ignoring EMBER_DEBUG='-1'" in proc.stderr
-    assert proc.stderr.count("ignoring EMBER_ROW_CHUNKS") == 1  # (it was said twice)
+    return proc.stdout.splitlines(), proc.stderr
+
+
+def test_bad_choices_in_the_environment_are_ignored_with_a_message(bad_environment):
+    lines, stderr = bad_environment
+    assert lines[:1] and lines[0].split() == ["triton", "heuristic"], stderr[-3000:]
+    assert "ignoring EMBER_GPU_BACKEND='rocm'" in stderr and "ignoring EMBER_TRITON_TUNING='fast'" in stderr
+
+
+def test_a_negative_ember_debug_is_ignored_with_a_message(bad_environment):
+    # EMBER_DEBUG=-1 failed every compile with "ember option 'debug' is a count >= 0"
+    lines, stderr = bad_environment
+    assert lines[1:] and lines[1].split() == ["4.0", "0"], stderr[-3000:]
+    assert "ignoring EMBER_DEBUG='-1'" in stderr
+    assert stderr.count("ignoring EMBER_ROW_CHUNKS") == 1  # (it was said twice)
 
 
 def test_compile_and_explain_check_their_own_arguments():

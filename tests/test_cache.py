@@ -12,52 +12,118 @@ import textwrap
 
 import pytest
 
+# Every test of a later process runs in one pair of processes (each takes seconds to start,
+# importing torch): the first compiles every scenario's program into empty caches (ember's, and
+# torch's), the fixture copies the caches and damages the copy as each scenario says, and the
+# second runs every program again from the copy. Each scenario has a program of its own (another
+# constant: another kernel, library, Triton module and graph), so no scenario's kernels are in
+# memory when another one's are loaded; each reports its own counters and error.
 SCRIPT = textwrap.dedent("""
-    import json, torch, ember
-    def f(x, y):
-        return torch.relu(x) + y + 1, torch.softmax(x, -1)
-    x, y = torch.randn(8, 16), torch.randn(8, 16)
-    out = ember.compile(f)(x, y)
-    ref = f(x, y)
-    assert all(torch.allclose(a, b) for a, b in zip(out, ref))
+    import json, sys, traceback, torch, ember
+    from pathlib import Path
     from torch._dynamo.utils import counters
-    print(json.dumps({**ember.stats(), "aot_hits": counters["aot_autograd"]["autograd_cache_hit"]}))
+    phase, scenarios = sys.argv[1], json.loads(sys.argv[2])
+    cache = Path(ember.config.cache_dir)
+
+    def files(pattern):
+        return {p.name for p in cache.glob(pattern)}
+
+    def cpp_program(c):
+        def f(x, y):
+            return torch.relu(x) + y + c, torch.softmax(x, -1)
+        return f
+
+    def triton_program(c):
+        return lambda x: (x * 2.5).sigmoid() + c
+
+    for name, (kind, c, cache_dir) in scenarios.items():
+        print(f"{phase}: scenario {name}", file=sys.stderr, flush=True)  # (names one that crashes)
+        torch._dynamo.reset()
+        before, hits = ember.stats(), counters["aot_autograd"]["autograd_cache_hit"]
+        libs, modules = files("cpp/*.so"), files("triton/k*.py")
+        error = None
+        try:
+            if kind == "cpp":
+                f, args, options = cpp_program(c), (torch.randn(8, 16), torch.randn(8, 16)), None
+            else:
+                f, args = triton_program(c), (torch.randn(64, generator=torch.Generator().manual_seed(0)),)
+                options = {"target": "triton", **({"cache_dir": cache_dir} if cache_dir else {})}
+            out, ref = ember.compile(f, options=options)(*args), f(*args)
+            for a, b in zip(*((out, ref) if kind == "cpp" else ((out,), (ref,)))):
+                assert torch.allclose(a, b, rtol=1e-5, atol=1e-6 if kind == "triton" else 1e-8), (a, b)
+        except Exception:
+            error = traceback.format_exc()
+        after = ember.stats()
+        print(json.dumps({name: {**{k: after[k] - before[k] for k in after if isinstance(after[k], int)},
+                                 "aot_hits": counters["aot_autograd"]["autograd_cache_hit"] - hits, "error": error,
+                                 "libs": sorted(files("cpp/*.so") - libs),
+                                 "modules": sorted(files("triton/k*.py") - modules)}}), flush=True)
 """)
 
+LIBRARY_DAMAGE = {"headers_cut": lambda b: b[:100], "cut_after_headers": lambda b: b[:1000]}
+MODULE_DAMAGE = {"cut": lambda s: s[:len(s) // 2], "empty": lambda s: ""}
+TUNING_FILES = ["[]", "1", '"text"']
 
-def _run(cache_dir, torch_cache=None) -> dict:
-    env = dict(os.environ, EMBER_CACHE_DIR=str(cache_dir))
-    if torch_cache is not None:
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(torch_cache)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+def _run(cache_dir, torch_cache, phase, scenarios) -> dict:
+    """Each scenario's counters and error (a line of JSON each). A scenario that kills the process
+    (a damaged library can, inside dlopen) is that scenario's error; the ones after it run in
+    another process."""
+    env = dict(os.environ, EMBER_CACHE_DIR=str(cache_dir), TORCHINDUCTOR_CACHE_DIR=str(torch_cache),
+               TRITON_INTERPRET="1")
+    results: dict = {}
+    while len(results) < len(scenarios):
+        rest = {k: v for k, v in scenarios.items() if k not in results}
+        proc = subprocess.run([sys.executable, "-c", SCRIPT, phase, json.dumps(rest)], capture_output=True,
+                              text=True, env=env, timeout=300)
+        for line in proc.stdout.splitlines():
+            if line.startswith("{"):
+                results |= json.loads(line)
+        if proc.returncode != 0:
+            died = next((k for k in rest if k not in results), None)
+            assert died is not None, proc.stderr[-3000:]
+            results[died] = {"error": f"the {phase} process died (exit {proc.returncode}):\n{proc.stderr[-3000:]}"}
+    return results
 
 
 @pytest.fixture(scope="module")
-def first_process(tmp_path_factory):
-    """SCRIPT's first run into empty caches (ember's, and torch's), once for the tests that
-    start from there: each copies the caches (a process takes seconds to start)."""
-    root = tmp_path_factory.mktemp("first_process")
-    return root, _run(root / "ember", root / "torch")
+def processes(tmp_path_factory):
+    """Both processes, and the caches: the first's under root/"first", the damaged copy the
+    second ran from under root/"again" (a cache copied elsewhere still hits)."""
+    root = tmp_path_factory.mktemp("processes")
+    scenarios = {name: ["cpp", k, None] for k, name in enumerate(["intact", *LIBRARY_DAMAGE], 1)}
+    scenarios |= {f"triton {name}": ["triton", k, None] for k, name in enumerate(MODULE_DAMAGE, 1)}
+    # a tuning file of another shape in a cache directory of its own (the option), in the first
+    for k, content in enumerate(TUNING_FILES):
+        (root / f"tuning{k}" / "triton").mkdir(parents=True)
+        (root / f"tuning{k}" / "triton" / "tuning.json").write_text(content)
+        scenarios[f"tuning {content}"] = ["triton", 10 + k, str(root / f"tuning{k}")]
+    first = _run(root / "first" / "ember", root / "first" / "torch", "first", scenarios)
+    shutil.copytree(root / "first", root / "again")
+    cache = root / "again" / "ember"
+    for name, damage in LIBRARY_DAMAGE.items():
+        for lib in first[name]["libs"]:
+            (cache / "cpp" / lib).write_bytes(damage((cache / "cpp" / lib).read_bytes()))
+    for name, damage in MODULE_DAMAGE.items():
+        for module in first[f"triton {name}"]["modules"]:
+            (cache / "triton" / module).write_text(damage((cache / "triton" / module).read_text()))
+    again = {k: v for k, v in scenarios.items() if not k.startswith("tuning")}
+    second = _run(cache, root / "again" / "torch", "again", again)
+    return root, first, second
 
 
-def _copy_of(first_process, tmp_path):
-    root, stats = first_process
-    shutil.copytree(root, tmp_path / "copy")
-    return tmp_path / "copy" / "ember", tmp_path / "copy" / "torch", stats
-
-
-def test_second_process_builds_nothing(first_process, tmp_path):
-    cache, torch_cache, first = _copy_of(first_process, tmp_path)
+def test_second_process_builds_nothing(processes):
+    root, first, second = processes
+    first, second = first["intact"], second["intact"]
+    assert first["error"] is None and second["error"] is None, first["error"] or second["error"]
     assert first["kernels_built"] >= 1 and first["cache_hits"] == 0
-    second = _run(cache, torch_cache)
     assert second["kernels_built"] == 0
     assert second["cache_hits"] == first["kernels_built"]
     # torch's AOTAutograd cache held the compiled graph too
     assert first["aot_hits"] == 0 and second["aot_hits"] == 1
-    libs = list((cache / "cpp").glob("*.so"))
-    assert len(libs) == 1 and libs[0].with_suffix(".cpp").exists()
+    # one library, its source beside it; the second process wrote none
+    (lib,) = first["libs"]
+    assert second["libs"] == [] and (root / "again" / "ember" / "cpp" / lib).with_suffix(".cpp").exists()
 
 
 def test_cache_key_covers_flags(tmp_path):
@@ -100,47 +166,29 @@ def test_a_library_whose_bytes_changed_is_not_loaded(tmp_path):
     assert cpp_build.load(path).answer() == 42
 
 
-@pytest.mark.parametrize("damage", [
-    lambda b: b[:100], lambda b: b[:1000],
-], ids=["headers_cut", "cut_after_headers"])
-def test_a_damaged_cached_library_is_built_again(first_process, tmp_path, damage):
+@pytest.mark.parametrize("damage", list(LIBRARY_DAMAGE))
+def test_a_damaged_cached_library_is_built_again(processes, damage):
     """A cached .so damaged outside ember (truncated) failed to load in every later process, and
     every graph ran through ATen; cut after its headers it crashed the process inside dlopen
     (SIGBUS). Its checksum no longer matches: it is built again."""
-    cache, torch_cache, _ = _copy_of(first_process, tmp_path)
-    (lib,) = (cache / "cpp").glob("*.so")
-    lib.write_bytes(damage(lib.read_bytes()))
-    again = _run(cache, torch_cache)
+    _, first, second = processes
+    assert first[damage]["error"] is None and len(first[damage]["libs"]) == 1, first[damage]  # (one damaged)
+    again = second[damage]
+    assert again["error"] is None, again["error"]
     assert again["graph_fallbacks"] == 0 and again["kernels_built"] >= 1
 
 
-TRITON_SCRIPT = textwrap.dedent("""
-    import json, torch, ember
-    f = lambda x: (x * 2.5).sigmoid() + 1
-    x = torch.randn(64, generator=torch.Generator().manual_seed(0))
-    assert torch.allclose(ember.compile(f, options={"target": "triton"})(x), f(x), rtol=1e-5, atol=1e-6)
-    print(json.dumps(ember.stats()))
-""")
-
-
-@pytest.mark.parametrize("damage", [lambda s: s[:len(s) // 2], lambda s: ""], ids=["cut", "empty"])
-def test_a_damaged_cached_triton_module_is_written_again(tmp_path, damage):
+@pytest.mark.parametrize("damage", list(MODULE_DAMAGE))
+def test_a_damaged_cached_triton_module_is_written_again(processes, damage):
     """A cut-short Triton module was a cache hit in every later process, whose graph then ran
     through ATen (the module had no LAUNCH table). Its text is checked against the source."""
-    env = dict(os.environ, EMBER_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="1")
-
-    def run() -> dict:
-        proc = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], capture_output=True, text=True, env=env,
-                              timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-
-    run()
-    (module,) = (tmp_path / "triton").glob("k*.py")
-    module.write_text(damage(module.read_text()))
-    again = run()
+    root, first, second = processes
+    made = first[f"triton {damage}"]
+    assert made["error"] is None and len(made["modules"]) == 1, made  # (the one the fixture damaged)
+    again = second[f"triton {damage}"]
+    assert again["error"] is None, again["error"]
     assert again["graph_fallbacks"] == 0 and again["kernels_built"] >= 1
-    assert not list((tmp_path / "triton").glob("*.tmp"))
+    assert not list((root / "again" / "ember" / "triton").glob("*.tmp"))
 
 
 def test_cxx_flags_option_replaces_the_tuning_flags_only(tmp_path):
@@ -156,17 +204,14 @@ def test_cxx_flags_option_replaces_the_tuning_flags_only(tmp_path):
     assert list((tmp_path / "cpp").glob("*.so"))
 
 
-@pytest.mark.parametrize("content", ["[]", "1", '"text"'])
-def test_a_tuning_file_of_another_shape_is_ignored(tmp_path, content):
+@pytest.mark.parametrize("content", TUNING_FILES)
+def test_a_tuning_file_of_another_shape_is_ignored(processes, content):
     # valid JSON that is not a dict of launch configurations (a damaged or hand-edited
     # triton/tuning.json) failed every Triton kernel of that cache directory to ATen
-    env = dict(os.environ, EMBER_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="1")
-    (tmp_path / "triton").mkdir()
-    (tmp_path / "triton" / "tuning.json").write_text(content)
-    proc = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    stats = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert stats["build_failures"] == 0 and stats["graph_fallbacks"] == 0, proc.stderr[-3000:]
+    _, first, _ = processes
+    stats = first[f"tuning {content}"]
+    assert stats["error"] is None, stats["error"]
+    assert stats["build_failures"] == 0 and stats["graph_fallbacks"] == 0 and stats["kernels_built"] >= 1, stats
 
 
 def test_a_cache_dir_that_cannot_be_written_builds_in_a_temporary_one(tmp_path):

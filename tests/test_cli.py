@@ -31,8 +31,10 @@ def _ember_here(monkeypatch, capsys, *args, cwd):
     return subprocess.CompletedProcess(args, code or 0, out, err)
 
 
-def test_demo():
-    proc = _ember("demo", "--batch", "64")
+def test_demo(tmp_path, monkeypatch, capsys):
+    # in this process (an interpreter takes seconds to start; test_explain_a_function_in_a_file
+    # runs `python -m ember.cli` in one of its own)
+    proc = _ember_here(monkeypatch, capsys, "demo", "--batch", "64", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "MLP block" in out and "padded GIoU loss" in out

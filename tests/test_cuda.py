@@ -63,9 +63,22 @@ def nvcc(kernels: list[str], path, wide: bool = False) -> str | None:
     return None if proc.returncode == 0 else f"{path}{' (wide)' if wide else ''}:\n{proc.stderr[-4000:]}"
 
 
+def unique(kernels: list[str]) -> list[str]:
+    """The kernels less those identical to an earlier one but for their (renamed) names."""
+    seen, out = set(), []
+    for source in kernels:
+        name = re.match(r"// (\w+): ", source)
+        key = re.sub(rf"\b{name[1]}(?=(_body|_i64)?\b)", "K", source) if name else source
+        if key not in seen:
+            seen.add(key)
+            out.append(source)
+    return out
+
+
 def compile_batches(kernels: list[str], tmp_path, per_file: int) -> None:
     """Each batch twice: its 32-bit-index entry points, and (as the backend builds them when a
-    launch needs them) its 64-bit ones."""
+    launch needs them) its 64-bit ones. Kernels identical but for their names compile once."""
+    kernels = unique(kernels)
     batches = [kernels[i:i + per_file] for i in range(0, len(kernels), per_file)]
     jobs = [(i, batch, wide) for i, batch in enumerate(batches) for wide in (False, True)]
     with ThreadPoolExecutor(2) as pool:

@@ -65,6 +65,39 @@ def _samples(op, dtype):
     return samples[:12]
 
 
+# float32 runs every sample (up to 12); each other dtype the few that between them show every kind
+# of input float32's do: tracing costs in proportion to the samples, and the other dtypes' kernels
+# differ from float32's in their element types, not in how they index.
+OTHER_DTYPE_SAMPLES = 5
+
+
+def _kinds(sample) -> set:
+    """What is awkward about a sample's inputs: empty or 0-d tensors, strides that are not
+    contiguous, shapes that broadcast, the number of dims, and the non-tensor arguments' layout."""
+    flat, spec, positions, _ = sample
+    tensors = [flat[p] for p in positions]
+    kinds = {("dims", max((t.dim() for t in tensors), default=0)), ("spec", str(spec))}
+    kinds |= {("empty",) for t in tensors if t.numel() == 0}
+    kinds |= {("0-d",) for t in tensors if t.dim() == 0}
+    kinds |= {("strided",) for t in tensors if not t.is_contiguous()}
+    if len({tuple(t.shape) for t in tensors}) > 1:
+        kinds.add(("broadcast",))
+    return kinds
+
+
+def _varied(samples: list, limit: int) -> list:
+    """Up to ``limit`` of ``samples``, in their order, picked greedily to show the most kinds of
+    input (``_kinds``) between them."""
+    kinds = [_kinds(s) for s in samples]
+    chosen: list[int] = []
+    seen: set = set()
+    while len(chosen) < min(limit, len(samples)):
+        best = max((i for i in range(len(samples)) if i not in chosen), key=lambda i: (len(kinds[i] - seen), -i))
+        chosen.append(best)
+        seen |= kinds[best]
+    return [samples[i] for i in sorted(chosen)]
+
+
 def _program(op, samples):
     """f(*tensors) applying the op to every sample (non-tensor arguments baked in)."""
     return program_of_samples(op.op, [(flat, spec, positions) for flat, spec, positions, _ in samples], _id(op))
@@ -76,27 +109,47 @@ def test_op_matches_eager(op):
 
 
 def check_op(op, dtypes, options=None):
-    """Run every OpInfo sample of ``op`` for each dtype through ember and compare with eager."""
-    for dtype in dtypes:
-        samples = _samples(op, dtype)
-        if not samples:
+    """Run every OpInfo sample of ``op`` for each dtype through ember and compare with eager.
+    float32's samples run as one program, every other dtype's together as a second: one trace
+    and one build for all of them costs half of one per dtype, and a failure is named by the
+    dtype of its samples (a graph that fails to compile is then run one dtype at a time)."""
+    groups = [[d for d in dtypes if d == torch.float32], [d for d in dtypes if d != torch.float32]]
+    for group in groups:
+        per_dtype = [(d, _samples(op, d) if d == torch.float32 else _varied(_samples(op, d), OTHER_DTYPE_SAMPLES))
+                     for d in group]
+        per_dtype = [(d, samples) for d, samples in per_dtype if samples]
+        if not per_dtype:
             continue
-        tensors = [flat[p] for flat, _, positions, _ in samples for p in positions]
-        fn = _program(op, samples)
-        ref = fn(*[t.clone() for t in tensors])
-        out, report = run(fn, *[t.clone() for t in tensors], options=options)
-        if DEVICE != "cpu":  # a second call takes the launchers' fast path
-            out = run.last_compiled(*[t.clone() for t in tensors])
-        errors = [g.error for g in report.graphs if g.error]
-        assert not errors, f"{_id(op)} [{dtype}]: graph not compiled: {errors}"
-        failed = [k.name for k in report.kernels if not k.built]
-        assert not failed, f"{_id(op)} [{dtype}]: kernels failed to build: {failed}"
+        report = _check_samples(op, per_dtype, options)
+        if group == [torch.float32] and op.name in MUST_GENERATE:
+            assert report.kernels, f"{_id(op)}: no kernel generated; ATen ran {report.fallbacks}"
+
+
+def _check_samples(op, per_dtype, options) -> ember.Report:
+    samples = [s for _, dtype_samples in per_dtype for s in dtype_samples]
+    tensors = [flat[p] for flat, _, positions, _ in samples for p in positions]
+    fn = _program(op, samples)
+    ref = fn(*[t.clone() for t in tensors])
+    out, report = run(fn, *[t.clone() for t in tensors], options=options)
+    if DEVICE != "cpu":  # a second call takes the launchers' fast path
+        out = run.last_compiled(*[t.clone() for t in tensors])
+    dtypes = ", ".join(str(d).replace("torch.", "") for d, _ in per_dtype)
+    errors = [g.error for g in report.graphs if g.error]
+    failed = [k.name for k in report.kernels if not k.built]
+    if (errors or failed) and len(per_dtype) > 1:
+        for one in per_dtype:  # (which dtype's samples it was)
+            _check_samples(op, [one], options)
+    assert not errors, f"{_id(op)} [{dtypes}]: graph not compiled: {errors}"
+    assert not failed, f"{_id(op)} [{dtypes}]: kernels failed to build: {failed}"
+    first = 0
+    for dtype, dtype_samples in per_dtype:
+        span = slice(first, first + len(dtype_samples))
+        first += len(dtype_samples)
         try:
-            assert_same(out, ref)
+            assert_same(out[span], ref[span])
         except AssertionError as e:
             raise AssertionError(f"{_id(op)} [{dtype}]: {e}") from None
-        if dtype == torch.float32 and op.name in MUST_GENERATE:
-            assert report.kernels, f"{_id(op)}: no kernel generated; ATen ran {report.fallbacks}"
+    return report
 
 
 SPECIAL_OPS = {

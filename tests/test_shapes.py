@@ -35,6 +35,22 @@ def make(shape, dtype, special=False):
 SHAPES = [(), (0,), (0, 5), (1,), (1, 1), (7,), (5, 9), (2, 3, 4), (3, 1, 5)]
 
 
+def check_cases(fn, cases, **kwargs):
+    """check(fn, *case) for every case in one program: one compile, each case's result compared
+    on its own (fn returns one tensor: check's "output i" is case i). The callers' cases have
+    results of different numbers of elements, so no case's kernel takes in another's work."""
+    sizes = [len(case) for case in cases]
+
+    def program(*t):
+        out, k = [], 0
+        for n in sizes:
+            out.append(fn(*t[k:k + n]))
+            k += n
+        return out
+
+    return check(program, *[a for case in cases for a in case], **kwargs)
+
+
 def pointwise(x, y):
     return x * y + x
 
@@ -46,8 +62,10 @@ def mixed(x, y):
 @pytest.mark.parametrize("dtype", ALL, ids=str)
 def test_pointwise_shapes(dtype):
     fn = pointwise if dtype != torch.bool else (lambda x, y: x & ~y | (x ^ y))
-    for shape in SHAPES:
-        check(fn, make(shape, dtype), make(shape, dtype))
+    # (one program per group; within a group no two shapes have one number of elements)
+    for group in ([(), (0,), (7,), (5, 9), (2, 3, 4), (3, 1, 5)], [(1,), (0, 5)], [(1, 1)]):
+        assert set(group) <= set(SHAPES)
+        check_cases(fn, [(make(shape, dtype), make(shape, dtype)) for shape in group])
     # symbolic sizes: one compiled kernel for every shape of the same rank
     for shape in [(0, 5), (1, 1), (5, 9), (3, 1)]:
         check(fn, make(shape, dtype), make(shape, dtype), dynamic=True)
@@ -55,9 +73,8 @@ def test_pointwise_shapes(dtype):
 
 @pytest.mark.parametrize("dtype", ALL[:-1], ids=str)
 def test_broadcasting(dtype):
-    check(mixed, make((3, 1, 5), dtype), make((4, 1), dtype))
-    check(mixed, make((6, 5), dtype), make((), dtype))
-    check(mixed, make((0, 5), dtype), make((5,), dtype))
+    check_cases(mixed, [(make((3, 1, 5), dtype), make((4, 1), dtype)), (make((6, 5), dtype), make((), dtype)),
+                        (make((0, 5), dtype), make((5,), dtype))])
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
@@ -73,10 +90,8 @@ def test_special_values(dtype):
 def test_non_contiguous_inputs(dtype):
     base = make((12, 10), dtype)
     views = [base.t(), base[::2, 1::3], base[:, 3], base.unsqueeze(1).expand(12, 4, 10), base.t()[2:9]]
-    for v in views:
-        check(lambda x: x * 2 + 1, v)
-        check(lambda x: x.sum(-1), v)
-        check(lambda x: (x.t() + 1) if x.dim() == 2 else x - 1, v)
+    for fn in (lambda x: x * 2 + 1, lambda x: x.sum(-1), lambda x: (x.t() + 1) if x.dim() == 2 else x - 1):
+        check_cases(fn, [(v,) for v in views])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.bool], ids=str)
@@ -90,11 +105,12 @@ def test_transposed_layouts(dtype):
     def mix(x, y):
         return x + y if dtype != torch.bool else x ^ y
 
-    check(lambda x: scale(x.t()).contiguous(), make((70, 33), dtype))
-    check(lambda x: scale(x.permute(0, 2, 1)).contiguous(), make((3, 40, 65), dtype))
-    check(lambda x, y: mix(x.mT, y), make((2, 17, 48), dtype), make((2, 48, 17), dtype))  # a transposed output
-    check(lambda x, y, z: (mix(x.t(), y), scale(z.t())), make((33, 20), dtype), make((20, 33), dtype),
-          make((33, 20), dtype))
+    # (one program; its results, outputs 0 to 4, of other sizes but the last two, as before)
+    check(lambda a, b, c, d, x, y, z: (scale(a.t()).contiguous(), scale(b.permute(0, 2, 1)).contiguous(),
+                                       mix(c.mT, d),  # a transposed output
+                                       mix(x.t(), y), scale(z.t())),
+          make((70, 33), dtype), make((3, 40, 65), dtype), make((2, 17, 48), dtype), make((2, 48, 17), dtype),
+          make((33, 20), dtype), make((20, 33), dtype), make((33, 20), dtype))
     for m, n in [(100, 50), (1, 20), (20, 1), (0, 40), (129, 130)]:
         check(lambda x, y: mix(x.t(), y), make((m, n), dtype), make((n, m), dtype), dynamic=True)
 

@@ -28,36 +28,52 @@ OPS = [op for op in op_db if op.name in GRAD_OPS and not op.variant_test_name an
        and torch.float64 in op.supported_dtypes("cpu")]
 
 
-def _grads(fn, inputs, grad_outputs=None):
-    """Outputs of fn and the gradients of sum(out * g) with respect to every float input."""
+def _grads(fn, inputs, grad_outputs=None, per_sample=False):
+    """Outputs of fn and the gradients of sum(out * g) with respect to every float input.
+    per_sample: fn returns one result per sample (program_of_samples); the outputs come back per
+    sample, and the gradients one per input, None for an input that needs none."""
     leaves = [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
               for x in inputs]
     outs = fn(*leaves)
-    flat = [o for o in tree_flatten(outs)[0] if isinstance(o, torch.Tensor) and o.requires_grad]
+    groups = [tree_flatten(o)[0] for o in outs] if per_sample else [tree_flatten(outs)[0]]
+    groups = [[o for o in group if isinstance(o, torch.Tensor) and o.requires_grad] for group in groups]
+    flat = [o for group in groups for o in group]
     if grad_outputs is None:
         grad_outputs = [torch.randn_like(o) for o in flat]
     wrt = [x for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad]
-    grads = torch.autograd.grad(flat, wrt, grad_outputs, allow_unused=True) if flat and wrt else []
-    return [o.detach() for o in flat], list(grads), grad_outputs
+    grads = list(torch.autograd.grad(flat, wrt, grad_outputs, allow_unused=True) if flat and wrt else [])
+    if per_sample:
+        got = iter(grads or [None] * len(wrt))
+        grads = [next(got) if isinstance(x, torch.Tensor) and x.requires_grad else None for x in leaves]
+        return [[o.detach() for o in group] for group in groups], grads, grad_outputs
+    return [o.detach() for o in flat], grads, grad_outputs
 
 
 @pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
 def test_op_gradients_match_eager(op):
+    # (all samples in one program: one compile of their forward and backward graphs, each sample's
+    # outputs and gradients still compared, and named, on their own)
     samples = list(op.sample_inputs("cpu", torch.float64, requires_grad=True))[:6]
+    flats = []
     for sample in samples:
         flat, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
-        positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
-
-        fn = program_of_samples(op.op, [(flat, spec, positions)], op.name)
-
-        tensors = [flat[p] for p in positions]
-        ref_outs, ref_grads, g = _grads(fn, tensors)
-        torch._dynamo.reset()
-        report = ember.Report()
-        outs, grads, _ = _grads(ember.compile(fn, report=report), tensors, g)
-        assert not [r.error for r in report.graphs if r.error], [r.error for r in report.graphs]
-        assert_same(outs, ref_outs)
-        assert_same([x if x is not None else 0.0 for x in grads], [x if x is not None else 0.0 for x in ref_grads])
+        flats.append((flat, spec, [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]))
+    fn = program_of_samples(op.op, flats, op.name)
+    tensors = [flat[p] for flat, _, positions in flats for p in positions]
+    ref_outs, ref_grads, g = _grads(fn, tensors, per_sample=True)
+    report = ember.Report()
+    outs, grads, _ = _grads(ember.compile(fn, report=report), tensors, g, per_sample=True)
+    assert not [r.error for r in report.graphs if r.error], [r.error for r in report.graphs]
+    k = 0
+    for i, (_, _, positions) in enumerate(flats):
+        mine = [x if x is not None else 0.0 for x in grads[k:k + len(positions)]]
+        ref = [x if x is not None else 0.0 for x in ref_grads[k:k + len(positions)]]
+        k += len(positions)
+        try:
+            assert_same(outs[i], ref_outs[i])
+            assert_same(mine, ref)
+        except AssertionError as e:
+            raise AssertionError(f"sample {i} of {op.name}: {e}") from e
 
 
 SDPA_CASES = {

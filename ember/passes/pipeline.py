@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ..config import Config, config, log
 from ..ir.node import Graph
@@ -76,19 +75,31 @@ def pipeline_for(cfg: Config) -> list[tuple[str, Pass]]:
             if (fn is not matmul_epilogues or cfg.matmul_epilogues != "off") and name not in cfg.passes_off]
 
 
-@dataclass
 class PassRecord:
-    name: str
-    ir: str
-    ms: float
-    nodes: int
+    """A pass's name, time, node count, and the IR it left (``ir``, printed when first read:
+    printing a graph's symbolic shapes costs more than most passes, and a report that keeps
+    every pass's IR is rarely read in full)."""
+
+    def __init__(self, name: str, graph: Graph, ms: float, nodes: int):
+        self.name, self.ms, self.nodes = name, ms, nodes
+        self._graph: Graph | None = graph  # (passes never edit a graph: it prints the same later)
+        self._ir = ""
+
+    @property
+    def ir(self) -> str:
+        if self._graph is not None:
+            self._ir, self._graph = str(self._graph), None
+        return self._ir
+
+    def __repr__(self) -> str:
+        return f"PassRecord({self.name!r}, {self.nodes} nodes, {self.ms:.2f} ms)"
 
 
 def run_pipeline(graph: Graph, cfg: Config | None = None, record: list[PassRecord] | None = None,
                  passes: list[tuple[str, Pass]] | None = None) -> Graph:
     cfg = cfg or config
     if record is not None:
-        record.append(PassRecord("frontend", str(graph), 0.0, len(graph.nodes)))
+        record.append(PassRecord("frontend", graph, 0.0, len(graph.nodes)))
     for name, fn in passes or pipeline_for(cfg):
         start = time.perf_counter()
         graph = fn(graph)
@@ -96,7 +107,7 @@ def run_pipeline(graph: Graph, cfg: Config | None = None, record: list[PassRecor
         if cfg.verifying:
             verify(graph, after=name)
         if record is not None:
-            record.append(PassRecord(name, str(graph), ms, len(graph.nodes)))
+            record.append(PassRecord(name, graph, ms, len(graph.nodes)))
         if cfg.debug >= 2:
             log(2, f"after {name} ({ms:.2f} ms, {len(graph.nodes)} nodes):\n{graph}", cfg)
     return graph
