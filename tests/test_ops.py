@@ -1,6 +1,7 @@
 """Every op ember generates, against eager, on PyTorch's own OpInfo samples.
 
-One compiled function per (op, dtype) runs all of that op's samples, so each case is one build.
+One compiled function runs all of an op's float32 samples, a second a varied few of every other
+dtype's (``check_op``), so each case is two builds.
 Samples cover scalars, size-0/size-1 dims, broadcasting and non-contiguous inputs where the
 OpInfo provides them; test_shapes.py adds the awkward cases OpInfo leaves out.
 """
