@@ -46,9 +46,12 @@ def _opinfo_samples_without_stack_walks():
     # OpInfo's sample_inputs looks up the stack for a unittest TestCase (its sample skips) with
     # inspect.stack(), which reads every frame's source file: 0.1-0.4 s a call, minutes of the
     # suite. A pytest function is never one, so the answer is always None
+    # (so does the iterator that tracks which sample a test is at, for the same TestCase)
+    from torch.testing._internal import common_utils
     from torch.testing._internal.opinfo import core as opinfo_core
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(opinfo_core, "extract_test_fn", lambda: None)
+        patch.setattr(common_utils, "extract_test_fn", lambda: None)
         yield
 
 

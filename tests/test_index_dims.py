@@ -77,3 +77,44 @@ def test_index_tensors_on_dims_apart_are_generated_with_their_dims_first():
     assert report.fallbacks == []
     with pytest.raises(IndexError):
         compiled(x.detach(), a, b + 6)
+
+
+def test_take_by_a_0d_index_is_generated():
+    # torch's decomposition indexed with Python's x[index], which reads a 0-d index with
+    # .item(): fake tensors refused it and the whole graph ran eagerly, with a warning
+    fn = lambda x, i: torch.take(x, i) * 2 + 1  # noqa: E731
+    x = torch.randn(3, 4)
+    for i in (torch.tensor(5), torch.tensor(-1), torch.tensor([[0, 11], [-12, 3]])):
+        report = check(fn, x, i)
+        assert report.kernels and not report.fallbacks, report.fallbacks
+    with pytest.raises(IndexError):
+        ember.compile(fn)(x, torch.tensor(12))
+    with pytest.raises(RuntimeError, match="long"):  # (eager refuses an int32 index too)
+        ember.compile(fn)(x, torch.tensor(1, dtype=torch.int32))
+
+
+def test_narrow_at_a_tensor_start_compiles_with_eagers_errors():
+    # Dynamo records x.narrow(dim, t, n) with the tensor t, which the op reads with .item():
+    # fake tensors refused it and the whole graph ran eagerly, with a warning. Its start is a
+    # size read from t when the program runs: one compile for every start of a sign (torch's
+    # narrow guards on the sign, to wrap a negative start).
+    fn = lambda x, t: x.narrow(1, t, 2) * 2  # noqa: E731
+    x = torch.randn(4, 6, 3)
+    compiled = ember.compile(fn)
+    before = ember.stats()
+    for starts, compiles in (((0, 3, 4), 1), ((-2, -6), 2)):
+        for start in starts:
+            assert_same(compiled(x, torch.tensor(start)), fn(x, torch.tensor(start)))
+        assert ember.stats()["graphs_compiled"] == before["graphs_compiled"] + compiles
+    assert ember.stats()["graph_fallbacks"] == before["graph_fallbacks"]
+    for start, error in ((5, RuntimeError), (-7, IndexError)):
+        assert _eager_error(fn, x, torch.tensor(start)) is error
+        with pytest.raises(error, match="start"):
+            compiled(x, torch.tensor(start))
+    # and its gradient, through the same slice
+    w = torch.randn(5, 3, requires_grad=True)
+    loss = lambda w, t: (w.narrow(0, t, 2) ** 2).sum()  # noqa: E731
+    ember.compile(loss)(w, torch.tensor(3)).backward()
+    expected = torch.zeros(5, 3)
+    expected[3:] = 2 * w.detach()[3:]
+    assert_same(w.grad, expected)

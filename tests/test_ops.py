@@ -131,16 +131,20 @@ def _check_samples(op, per_dtype, options) -> ember.Report:
     tensors = [flat[p] for flat, _, positions, _ in samples for p in positions]
     fn = _program(op, samples)
     ref = fn(*[t.clone() for t in tensors])
+    fallbacks = ember.stats()["graph_fallbacks"]
     out, report = run(fn, *[t.clone() for t in tensors], options=options)
+    # (a graph torch could not trace runs eagerly: right, with a warning, and nothing compiled)
+    eager = ember.stats()["graph_fallbacks"] - fallbacks
     if DEVICE != "cpu":  # a second call takes the launchers' fast path
         out = run.last_compiled(*[t.clone() for t in tensors])
     dtypes = ", ".join(str(d).replace("torch.", "") for d, _ in per_dtype)
     errors = [g.error for g in report.graphs if g.error]
     failed = [k.name for k in report.kernels if not k.built]
-    if (errors or failed) and len(per_dtype) > 1:
+    if (errors or failed or eager) and len(per_dtype) > 1:
         for one in per_dtype:  # (which dtype's samples it was)
             _check_samples(op, [one], options)
     assert not errors, f"{_id(op)} [{dtypes}]: graph not compiled: {errors}"
+    assert not eager, f"{_id(op)} [{dtypes}]: the whole graph ran eagerly (see its warning)"
     assert not failed, f"{_id(op)} [{dtypes}]: kernels failed to build: {failed}"
     first = 0
     for dtype, dtype_samples in per_dtype:

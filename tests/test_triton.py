@@ -282,9 +282,10 @@ def test_rows_split_over_programs(case, split, monkeypatch):
         t[4] = -100
         fn, args = (lambda a, t: F.cross_entropy(a, t)), (x, t)
     else:
-        x, w, b = torch.randn(64, 12), torch.randn(12), torch.randn(12)
+        # (32 rows: 4 chunks of RBLOCK 8 for the weight's column sums, slices past them empty at SPLIT 8)
+        x, w, b = torch.randn(32, 12), torch.randn(12), torch.randn(12)
         fn, args = layer_norm_with_grads, (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(),
-                                           torch.randn(64, 12))
+                                           torch.randn(32, 12))
         options["triton_launch"]["only"] = "backward"
     report = ember.Report()
     fast = ember.compile(fn, options=options, report=report)

@@ -8,7 +8,9 @@ backward instead of saving them), all go through the same ``compile_graph`` call
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import dataclasses
 import functools
 import math
 import struct
@@ -162,6 +164,9 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(optimizer_decompositions())
     # channel_shuffle's result in its input's memory format, as eager's (layout_decomps.py)
     table.update(layout_decompositions())
+    # torch's decomposition indexes with Python's x[index], which reads a 0-d index as an int
+    # through .item(): a data-dependent size that fake tensors refuse (the whole graph ran eagerly)
+    table[aten.take.default] = _take
     # torch has none: weight norm's backward (weight_norm's, whose forward is decomposed) ran
     # through ATen in every training step of a weight-normed layer
     table[aten._weight_norm_interface_backward.default] = _weight_norm_interface_backward
@@ -281,6 +286,11 @@ def _empty_groups_apart(decomposition: Callable[..., Any]) -> Callable[..., Any]
                 per_group.reshape(n, c).sum(0).to(dtype) if mask[1] else None,
                 x.new_zeros((c,), dtype=dtype) if mask[2] else None)
     return decompose
+
+
+def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """take as an index of ``x`` flattened, by an index tensor of any rank (0-d too)."""
+    return aten.index.Tensor(x.reshape(-1), [index])
 
 
 def _wrapping_negative_indices(decomposition: Callable[..., Any]) -> Callable[..., Any]:
@@ -460,10 +470,49 @@ def make_backend(compile_graph: GraphCompiler, cfg: Config | None = None, wrap: 
     @functools.wraps(backend)
     def trace(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         # (torch decomposes a few ops at the Autograd key, before the table above is read)
-        with eager_decompositions(cpu_embedding_bag=cfg is not None and cfg.cpu_embedding_bag):
+        with eager_decompositions(cpu_embedding_bag=cfg is not None and cfg.cpu_embedding_bag), \
+                _scalars_read_from_tensors(gm):
             return backend(gm, example_inputs)
 
     return trace
+
+
+# Ops Dynamo records with a 0-d tensor where the op takes an int, which the op reads with
+# .item(): narrow's start (x.narrow(dim, t, n) with t a tensor).
+_READ_AS_SCALARS = {torch.narrow: 2, torch.Tensor.narrow: 2, "narrow": 2}
+
+
+@contextlib.contextmanager
+def _scalars_read_from_tensors(gm: torch.fx.GraphModule) -> Any:
+    """While AOTAutograd traces ``gm``, let an op read a tensor's value as a size (an unbacked
+    symbol, which the program binds from the tensor when it runs: one sync, as eager's op
+    makes) where ``gm`` calls such an op with a tensor. Fake tensors refuse ``.item()``
+    otherwise, and the whole graph ran eagerly. Only then: Dynamo's own ``.item()`` calls keep
+    their graph breaks (``capture_scalar_outputs`` decides those)."""
+    env = _dynamo_shape_env() if any(_reads_a_tensor_as_scalar(n) for n in gm.graph.nodes) else None
+    if env is None or env.allow_scalar_outputs:
+        yield
+        return
+    settings = env.settings  # (frozen: fake tensors' dispatch cache keys read it)
+    env.settings = dataclasses.replace(settings, allow_scalar_outputs=True)
+    try:
+        yield
+    finally:
+        env.settings = settings
+
+
+def _reads_a_tensor_as_scalar(node: torch.fx.Node) -> bool:
+    at = _READ_AS_SCALARS.get(node.target) if node.op in ("call_function", "call_method") else None
+    if at is None:
+        return False
+    arg = node.args[at] if len(node.args) > at else node.kwargs.get("start")
+    return isinstance(arg, torch.fx.Node) and isinstance(arg.meta.get("example_value"), torch.Tensor)
+
+
+def _dynamo_shape_env() -> Any:
+    context = torch._guards.TracingContext.try_get()
+    fake_mode = getattr(context, "fake_mode", None)
+    return getattr(fake_mode, "shape_env", None)
 
 
 def donated_inputs(gm: torch.fx.GraphModule) -> frozenset[int]:
