@@ -483,13 +483,14 @@ _READ_AS_SCALARS = {torch.narrow: 2, torch.Tensor.narrow: 2, "narrow": 2}
 
 
 @contextlib.contextmanager
-def _scalars_read_from_tensors(gm: torch.fx.GraphModule) -> Any:
+def _scalars_read_from_tensors(gm: torch.fx.GraphModule | torch.nn.Module) -> Any:
     """While AOTAutograd traces ``gm``, let an op read a tensor's value as a size (an unbacked
     symbol, which the program binds from the tensor when it runs: one sync, as eager's op
     makes) where ``gm`` calls such an op with a tensor. Fake tensors refuse ``.item()``
     otherwise, and the whole graph ran eagerly. Only then: Dynamo's own ``.item()`` calls keep
     their graph breaks (``capture_scalar_outputs`` decides those)."""
-    env = _dynamo_shape_env() if any(_reads_a_tensor_as_scalar(n) for n in gm.graph.nodes) else None
+    nodes = gm.graph.nodes if isinstance(gm, torch.fx.GraphModule) else ()  # (or a module AOTAutograd traces)
+    env = _dynamo_shape_env() if any(_reads_a_tensor_as_scalar(n) for n in nodes) else None
     if env is None or env.allow_scalar_outputs:
         yield
         return
