@@ -491,10 +491,10 @@ def _scalars_read_from_tensors(gm: torch.fx.GraphModule | torch.nn.Module) -> An
     their graph breaks (``capture_scalar_outputs`` decides those)."""
     nodes = gm.graph.nodes if isinstance(gm, torch.fx.GraphModule) else ()  # (or a module AOTAutograd traces)
     env = _dynamo_shape_env() if any(_reads_a_tensor_as_scalar(n) for n in nodes) else None
-    if env is None or env.allow_scalar_outputs:
+    settings = getattr(env, "settings", None)  # (frozen: fake tensors' dispatch cache keys read it)
+    if settings is None or settings.allow_scalar_outputs:
         yield
         return
-    settings = env.settings  # (frozen: fake tensors' dispatch cache keys read it)
     env.settings = dataclasses.replace(settings, allow_scalar_outputs=True)
     try:
         yield
