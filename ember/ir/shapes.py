@@ -102,6 +102,8 @@ def equal(a: object, b: object) -> bool:
     a, b = expr(a), expr(b)
     if a == b:
         return True
+    if a.is_Integer and b.is_Integer:  # (most sizes: no expansion needed to tell them apart)
+        return False
     return sympy.expand(a - b) == 0
 
 

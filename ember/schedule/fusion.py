@@ -31,15 +31,15 @@ from .guards import guard_branches
 from .indexing import base_layout, replay_copies
 from .kernel_ir import CHUNK, Kernel
 from .loops import collapse_dims
+from .reuse import REACH_LIMIT, CountedDict, CountedSet, RecordedReads, reach_sets
 from .steps import Schedule, StepOrder, _symbols, copied_base
 
 BUFFER_OPS = frozenset({Op.INPUT, Op.EXTERN, Op.GETITEM, Op.TENSOR})
 
 
-def _is_compute(node: Node) -> bool:
-    return node.op in POINTWISE_OPS or node.op in REDUCE_OPS or node.op in VIEW_OPS or node.op in (
-        Op.CONST, Op.IOTA, Op.GATHER, Op.INDEX, Op.SEARCH, Op.CAT, Op.PAD, Op.SEGMENT_REDUCE, Op.CHUNK_SUM,
-        Op.MATMUL, Op.SCAN)
+COMPUTE_OPS = POINTWISE_OPS | REDUCE_OPS | VIEW_OPS | frozenset({
+    Op.CONST, Op.IOTA, Op.GATHER, Op.INDEX, Op.SEARCH, Op.CAT, Op.PAD, Op.SEGMENT_REDUCE, Op.CHUNK_SUM,
+    Op.MATMUL, Op.SCAN})
 
 
 class Planner(DomainRules, StepOrder):
@@ -48,8 +48,8 @@ class Planner(DomainRules, StepOrder):
         self.cfg = cfg
         self.users = graph.users()
         self.order = {n: i for i, n in enumerate(graph.nodes)}
-        self.buffered: set[Node] = set()       # compute nodes that get a buffer
-        self.views: dict[Node, Node] = {}      # replayed views -> their buffered base
+        self.buffered: set[Node] = CountedSet()  # compute nodes that get a buffer
+        self.views: dict[Node, Node] = CountedDict()  # replayed views -> their buffered base
         self.copied_views: set[Node] = set()   # views ATen would copy: a kernel copies them
         self.apart: set[frozenset[Node]] = set()  # root pairs that must not share a kernel
         self.unrolled: dict[Node, int] = {}    # roots storing a small dim position by position
@@ -62,6 +62,11 @@ class Planner(DomainRules, StepOrder):
         self.matmul_roots: set[Node] = set()   # roots whose domain is a matmul's (M, N) x K
         self.scan_roots: dict[Node, bool] = {}  # roots whose domain is a scan's rows -> walked from their end?
         self.totals = ragged_totals(graph)     # ragged totals kernels read on the device
+        # subtrees while buffers and views stay as they are: (changes seen, root -> subtree)
+        self._subtrees: tuple[tuple[int, int], dict[Node, tuple[Node, ...]]] = ((-1, -1), {})
+        self._reach: dict[Node, int] | None = None  # (the dependency walk's, made on first use)
+        # kernels built by earlier attempts: roots -> [(spec, subtrees, buffer lookups, kernel)]
+        self._built: dict[tuple[Node, ...], list[tuple[GroupSpec, list, dict, Kernel]]] = {}
         self._choose_initial_buffers()
 
     # ---- 1. buffers the program needs ------------------------------------------------------
@@ -199,18 +204,27 @@ class Planner(DomainRules, StepOrder):
         return False
 
     # ---- 2. domains and groups ------------------------------------------------------------
-    def subtree(self, root: Node) -> list[Node]:
+    def subtree(self, root: Node) -> tuple[Node, ...]:
         """Unbuffered compute nodes a root inlines (excluding the root), in graph order."""
+        state = (self.buffered.changes, self.views.changes)
+        if self._subtrees[0] != state:
+            self._subtrees = (state, {})
+        cached = self._subtrees[1].get(root)
+        if cached is None:
+            cached = self._subtrees[1][root] = self._walk_subtree(root)
+        return cached
+
+    def _walk_subtree(self, root: Node) -> tuple[Node, ...]:
         seen: set[Node] = set()
         # a write at indices computes its values and indices; the tensor written into is copied
         stack = list(root.inputs[1:] if root.op is Op.INDEX_PUT else root.inputs)
         while stack:
             n = stack.pop()
-            if n in seen or n in self.buffered or not _is_compute(n) or n in self.views:
+            if n in seen or n in self.buffered or n.op not in COMPUTE_OPS or n in self.views:
                 continue
             seen.add(n)
             stack.extend(n.inputs)
-        return sorted(seen, key=self.order.__getitem__)
+        return tuple(sorted(seen, key=self.order.__getitem__))
 
     def reads(self, root: Node) -> set[Node]:
         """Buffered nodes (of any kind) a root's kernel reads."""
@@ -393,8 +407,19 @@ class Planner(DomainRules, StepOrder):
 
     def _depends(self, node: Node, targets: set[Node], direct_ok: bool, inside: frozenset[Node] = frozenset()) -> bool:
         """Does ``node`` need any of ``targets`` through a buffer boundary? Buffered nodes in
-        ``inside`` (computed by the same kernel) are no boundary, except writes at indices."""
-        stack = [(x, False) for x in node.inputs]
+        ``inside`` (computed by the same kernel) are no boundary, except writes at indices.
+        The walk skips inputs from which no target can be reached: on large graphs, most."""
+        if self._reach is None and len(self.order) <= REACH_LIMIT:
+            self._reach = reach_sets(self.graph)
+        if self._reach is not None:
+            reach, mask = self._reach, 0
+            for t in targets:
+                mask |= 1 << self.order[t]
+            leads = lambda x: reach[x] & mask  # noqa: E731
+        else:  # (inputs precede their users: nothing before every target leads to one)
+            first = min((self.order[t] for t in targets), default=len(self.order))
+            leads = lambda x: self.order[x] >= first  # noqa: E731
+        stack = [(x, False) for x in node.inputs if leads(x)]
         seen: set[tuple[Node, bool]] = set()
         while stack:
             n, crossed = stack.pop()
@@ -406,7 +431,7 @@ class Planner(DomainRules, StepOrder):
                 return True
             if n in targets and not crossed:
                 continue  # read directly inside the kernel: fine
-            stack.extend((x, crossed or boundary) for x in n.inputs)
+            stack.extend((x, crossed or boundary) for x in n.inputs if leads(x))
         return False
 
     # ---- 3. recomputation ------------------------------------------------------------------
@@ -543,21 +568,39 @@ class Planner(DomainRules, StepOrder):
             raise RuntimeError(f"ember: fusion did not converge: {e}")
 
     def _build(self, spec: GroupSpec, infos: dict[Node, BufferInfo], index: int) -> Kernel:
-        kernel = KernelBuilder(spec, infos, "").build()
+        """The group's kernel. Each attempt plans every group again, but a group whose spec,
+        inlined nodes and buffers read are those of an earlier attempt gets that attempt's kernel:
+        a graph of a hundred groups can take tens of attempts (each NeedsBuffer buffers one node)."""
+        subtrees = [self.subtree(r) for r in spec.roots]
+        earlier = self._built.setdefault(tuple(spec.roots), [])
+        kernel = next((k for old_spec, old_subtrees, read, k in earlier if old_spec == spec and old_subtrees == subtrees
+                       and all(infos.get(n) == i for n, i in read.items())), None)
+        if kernel is None:
+            reads = RecordedReads(infos)
+            kernel = self._build_kernel(spec, reads, subtrees)
+            earlier.append((spec, subtrees, reads.read, kernel))
+        kernel.name = self._kernel_name(kernel, index)
+        return kernel
+
+    def _build_kernel(self, spec: GroupSpec, infos: RecordedReads, subtrees: list[tuple[Node, ...]]) -> Kernel:
+        kernel = KernelBuilder(spec, infos, "").build()  # type: ignore[arg-type]  # (lookups only)
         # (a matmul's tiles need its two dims: they are never collapsed into one)
         kernel = guard_branches(kernel if spec.matmul else collapse_dims(kernel))
         # Every size the group's nodes mention is an argument, so the group can also run
         # through ATen (when its kernel fails to build) from the kernel's own arguments.
-        nodes = {n for r in spec.roots for n in [r, *self.subtree(r)]}
+        nodes = {n for r, sub in zip(spec.roots, subtrees) for n in [r, *sub]}
         kernel.sizes = sorted(set(kernel.sizes) | _symbols(nodes), key=lambda s: s.name)
-        read_totals_on_device(kernel, self.totals, infos)
+        read_totals_on_device(kernel, self.totals, infos)  # type: ignore[arg-type]
+        return kernel
+
+    @staticmethod
+    def _kernel_name(kernel: Kernel, index: int) -> str:
         names: list[str] = []
         for origin in kernel.origins:
             short = origin.split(".")[-1].lstrip("_")
             if short not in names:
                 names.append(short)
-        kernel.name = f"fused_{'_'.join(names[:6]) or 'copy'}_{index}"
-        return kernel
+        return f"fused_{'_'.join(names[:6]) or 'copy'}_{index}"
 
 
 def plan(graph: Graph, cfg: Config) -> Schedule:
