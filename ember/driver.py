@@ -200,7 +200,11 @@ def _planned_graph(gm: torch.fx.GraphModule, name: str, cfg: Config, donated: fr
     graph = lower_graph(gm, name, donated)
     graph = run_pipeline(graph, cfg, passes)
     graph = unit_reductions(graph)  # (the planner's need, not a pass: runs with any passes off)
+    start = time.perf_counter()
     schedule = plan(graph, cfg)
+    log(1, f"{name}: planned {len(schedule.kernels)} kernel(s) for {len(graph.nodes)} nodes in "
+        f"{(time.perf_counter() - start) * 1e3:.0f} ms ({schedule.attempts} attempt(s), "
+        f"{schedule.reused} kernel build(s) reused)", cfg)
     fallbacks = _fallbacks(schedule)
     if key is not None:
         _planned[key] = (graph, schedule, fallbacks)

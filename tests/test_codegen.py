@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 import warnings
@@ -80,6 +81,8 @@ def test_debug_levels(tmp_path, capsys):
         f(torch.randn(8))
         outputs[level] = capsys.readouterr().err
     assert "inference_0: 1 kernel(s)" in outputs[1] and "after cse" not in outputs[1]
+    planned = r"inference_0: planned 1 kernel\(s\) for \d+ nodes in \d+ ms \(1 attempt\(s\), 0 kernel build"
+    assert re.search(planned, outputs[1])  # where a compile's time goes
     assert "after cse" in outputs[2] and 'extern "C"' not in outputs[2]
     assert 'extern "C"' in outputs[3] and "def call(args)" in outputs[3]
     assert "fused_relu_add_0" in outputs[4] and " ms" in outputs[4].split("fused_relu_add_0")[-1]

@@ -66,6 +66,7 @@ class Planner(DomainRules, StepOrder):
         self._subtrees: tuple[tuple[int, int], dict[Node, tuple[Node, ...]]] = ((-1, -1), {})
         self._reach: dict[Node, int] | None = None  # (the dependency walk's, made on first use)
         # kernels built by earlier attempts: roots -> [(spec, subtrees, buffer lookups, kernel)]
+        self._reused = 0
         self._built: dict[tuple[Node, ...], list[tuple[GroupSpec, list, dict, Kernel]]] = {}
         self._choose_initial_buffers()
 
@@ -508,7 +509,7 @@ class Planner(DomainRules, StepOrder):
         return wanted
 
     def plan(self) -> Schedule:
-        for _attempt in range(10 * len(self.graph.nodes) + 10):
+        for attempt in range(10 * len(self.graph.nodes) + 10):
             self._replay_views()
             groups = self.form_groups()
             extra = self.costly_shared(groups) - self.released
@@ -537,7 +538,9 @@ class Planner(DomainRules, StepOrder):
                 self.shared -= local
                 self.released |= local
                 continue
-            return self._schedule(groups, kernels, infos)
+            schedule = self._schedule(groups, kernels, infos)
+            schedule.attempts, schedule.reused = attempt + 1, self._reused
+            return schedule
         raise RuntimeError("ember: fusion did not converge")  # a scheduler bug, not user error
 
     def _local_shared(self, groups: list[GroupSpec]) -> set[Node]:
@@ -575,6 +578,7 @@ class Planner(DomainRules, StepOrder):
         earlier = self._built.setdefault(tuple(spec.roots), [])
         kernel = next((k for old_spec, old_subtrees, read, k in earlier if old_spec == spec and old_subtrees == subtrees
                        and all(infos.get(n) == i for n, i in read.items())), None)
+        self._reused += kernel is not None
         if kernel is None:
             reads = RecordedReads(infos)
             kernel = self._build_kernel(spec, reads, subtrees)

@@ -50,6 +50,8 @@ class Schedule:
     steps: list[Step]
     buffers: dict[Node, BufferInfo]
     kernels: list[Kernel] = field(default_factory=list)
+    attempts: int = 1   # the planner's tries (each NeedsBuffer or Conflict is one more)
+    reused: int = 0     # kernel builds a try took from an earlier one instead of building
 
 
 def copied_base(put: Node) -> Node:
