@@ -65,8 +65,8 @@ class Planner(DomainRules, StepOrder):
         # subtrees while buffers and views stay as they are: (changes seen, root -> subtree)
         self._subtrees: tuple[tuple[int, int], dict[Node, tuple[Node, ...]]] = ((-1, -1), {})
         self._reach: dict[Node, int] | None = None  # (the dependency walk's, made on first use)
+        self._reused = 0  # kernel builds taken from an earlier attempt
         # kernels built by earlier attempts: roots -> [(spec, subtrees, buffer lookups, kernel)]
-        self._reused = 0
         self._built: dict[tuple[Node, ...], list[tuple[GroupSpec, list, dict, Kernel]]] = {}
         self._choose_initial_buffers()
 

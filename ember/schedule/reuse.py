@@ -45,6 +45,8 @@ class CountedSet(set):
 
 
 class CountedDict(dict):
+    """A dict that counts its changes (the planner's replayed views, which only grow)."""
+
     changes = 0
 
     def __setitem__(self, key: object, value: object) -> None:
