@@ -114,6 +114,9 @@ class Config:
     # Pointwise subtrees larger than this are stored once rather than recomputed in each kernel
     # that needs them.
     max_recompute_ops: int = 8
+    # Pointwise subtrees that several kernels recompute and that read more than this many
+    # buffers are stored once: each recomputing kernel would read them all again.
+    max_recompute_reads: int = 3
     # CPU outputs of at least this many bytes are advised onto transparent huge pages before the
     # kernel writes them: a fresh 64 MB buffer takes 16k page faults otherwise.
     huge_page_bytes: int = 4 << 20

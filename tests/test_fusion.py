@@ -130,6 +130,33 @@ def test_shared_expensive_value_is_computed_once():
     assert first.count("= store") == 2 and "exp" not in second
 
 
+def _residual_stack(x, ws):
+    for w in ws:  # a pre-norm block: x_k = x_{k-1} + f(norm(x_{k-1})), f ending in a matmul
+        x = x + torch.relu(F.layer_norm(x, (x.shape[-1],)) @ w)
+    return x
+
+
+def _reads(kernel_ir: str) -> int:
+    """How many buffers a kernel reads: the arguments of its IR's header not marked ``out``."""
+    args = kernel_ir.split("(", 1)[1].split(";", 1)[0].split(", ")
+    return sum(1 for a in args if not a.startswith("out "))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_residual_stream_is_stored_not_summed_again_by_every_norm(dynamic):
+    # x_k feeds layer k's norm and the next sum. Recomputed in both, layer k's norm kernel read
+    # the input and every block's output before it (k full-size buffers, up to max_recompute_ops
+    # adds). A shared value whose recomputation reads more than max_recompute_reads (3) such
+    # buffers is stored instead, by the kernel of the norm that reads it: as many kernels, none
+    # reading more than four buffers (the sum of three stored by the one that reads a fourth).
+    x, ws = torch.randn(16, 32), torch.randn(6, 32, 32) / 6
+    stored = check(_residual_stack, x, ws, dynamic=dynamic)
+    summed = check(_residual_stack, x, ws, dynamic=dynamic, options={"max_recompute_reads": 100})
+    assert kernel_count(stored) == kernel_count(summed)
+    assert max(_reads(k.kernel_ir) for k in summed.kernels) == 6
+    assert max(_reads(k.kernel_ir) for k in stored.kernels) == 4
+
+
 def test_fusion_off_gives_a_kernel_per_op():
     report = check(lambda x, y: torch.relu(x) + y + 1, torch.randn(8, 8), torch.randn(8, 8),
                    options={"fusion": False})

@@ -9,7 +9,8 @@
    the same domain share a kernel (softmax = one kernel with three loops; the padded GIoU loss =
    one kernel with two sums and its scalar epilogue), unless that would make a cycle.
 3. Everything between roots is inlined: pointwise producers are recomputed where used, unless
-   several kernels would recompute something costly, which then gets a buffer of its own.
+   several kernels would recompute something costly (many ops, or many full-size buffers to
+   read: a residual stream summed over the layers), which then gets a buffer of its own.
 4. Building a kernel can reveal a reduction that does not fit its loops (``NeedsBuffer``) or a
    root read at a shifted point (``Conflict``); the plan is adjusted and rebuilt.
 5. The kernels, ATen calls and replayed views become ordered steps (schedule/steps.py).
@@ -449,7 +450,14 @@ class Planner(DomainRules, StepOrder):
                     reached.setdefault(n, set()).add(gi)
         shared = [n for n, gs in reached.items() if len(gs) > 1 and n.op not in VIEW_OPS and n.op is not Op.CONST]
         reductions = {n for n in shared if n.op in REDUCE_OPS or n.op in (Op.SEGMENT_REDUCE, Op.MATMUL, Op.SCAN)}
-        return reductions or {n for n in shared if self._cost(n) > self.cfg.max_recompute_ops}
+        return reductions or {n for n in shared if self._cost(n) > self.cfg.max_recompute_ops
+                              or self._full_reads(n) > self.cfg.max_recompute_reads}
+
+    def _full_reads(self, node: Node) -> int:
+        """Buffers of as many elements as ``node`` that a kernel recomputing it reads (a norm's
+        weight or row statistics are not counted: they are small beside them)."""
+        size = sh.numel(node.shape)
+        return sum(1 for x in self.reads(node) if x.shape is not None and sh.equal(sh.numel(x.shape), size))
 
     def _cost(self, node: Node) -> int:
         total = 0
