@@ -1,6 +1,6 @@
-"""A pre-norm residual stack, x = x + f(norm(x)) per layer: what a stored residual stream saves.
+"""A pre-norm residual stack, x = x + linear(gelu(norm(x))) per layer: what a stored residual stream saves.
 
-The sum x_k = x + f_1 + ... + f_k feeds layer k's norm and the next layer's sum. When ember
+The sum x_k = x + h_1 + ... + h_k (h_i a block's matmul) feeds layer k's norm and the next layer's sum. When ember
 recomputed it in both, layer k's norm kernel read the input and every block output before it
 (up to ``max_recompute_ops`` adds); the planner now stores a shared value whose recomputation
 reads more than ``max_recompute_reads`` full-size buffers. The old rule is timed too, in the
@@ -37,7 +37,7 @@ class Stack(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for norm, linear in zip(self.norms, self.linears):
-            x = x + F.gelu(linear(norm(x)))
+            x = x + linear(F.gelu(norm(x)))
         return x
 
 
@@ -49,11 +49,12 @@ def _times(variants: dict, device: str, reps: int) -> dict[str, float]:
     return {k: v * 1e3 for k, v in median_times(variants, reps=reps).items()}
 
 
-def _kernel_us(fn, device: str) -> str:
+def _kernels(fn, device: str) -> dict[str, float]:
+    """Device µs per call of each kernel the forward launches (none measured on the CPU)."""
     if device != "cuda":
-        return "-"
+        return {}
     from bench.common import profiled_kernels
-    return f"{sum(profiled_kernels(fn).values()):.1f}"
+    return profiled_kernels(fn)
 
 
 def main() -> None:
@@ -65,6 +66,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--backends", default="triton", help="ember GPU backends, e.g. triton,cuda")
+    ap.add_argument("--profile", type=int, default=0, help="print each variant's N costliest forward kernels")
     args = ap.parse_args()
     dtype, device = DTYPES[args.dtype], args.device
     torch.manual_seed(0)
@@ -98,12 +100,17 @@ def main() -> None:
         step(fn)()
     fwd = _times({k: forward(fn) for k, fn in compiled.items()}, device, args.reps)
     train = _times({k: step(fn) for k, fn in compiled.items()}, device, args.reps)
+    kernels = {name: _kernels(forward(fn), device) for name, fn in compiled.items()}
     rows = [[name, f"{errors[name]:.1e}", f"{fwd[name]:.3f}", f"{fwd['inductor'] / fwd[name]:.2f}x",
-             f"{train[name]:.3f}", f"{train['inductor'] / train[name]:.2f}x", _kernel_us(forward(fn), device)]
+             f"{train[name]:.3f}", f"{train['inductor'] / train[name]:.2f}x",
+             f"{sum(kernels[name].values()):.1f}" if kernels[name] else "-"]
             for name, fn in compiled.items()]
     print(f"{machine()}; {args.layers} layers, {args.rows} x {args.width} {args.dtype}")
     print(table(rows, ["variant", "rel err", "fwd ms", "vs Inductor", "fwd+bwd ms", "vs Inductor",
                        "fwd kernel µs"]))
+    for name in compiled if args.profile else ():
+        top = sorted(kernels[name].items(), key=lambda kv: -kv[1])[:args.profile]
+        print(f"{name}: " + "; ".join(f"{k} {us:.1f} µs" for k, us in top))
 
 
 if __name__ == "__main__":
