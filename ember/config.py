@@ -115,7 +115,8 @@ class Config:
     # that needs them.
     max_recompute_ops: int = 8
     # Pointwise subtrees that several kernels recompute and that read more than this many
-    # buffers are stored once: each recomputing kernel would read them all again.
+    # buffers of their own size are stored once (a residual stream's sum of every block's
+    # output): each recomputing kernel would read them all again.
     max_recompute_reads: int = 3
     # CPU outputs of at least this many bytes are advised onto transparent huge pages before the
     # kernel writes them: a fresh 64 MB buffer takes 16k page faults otherwise.

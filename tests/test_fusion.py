@@ -131,7 +131,7 @@ def test_shared_expensive_value_is_computed_once():
 
 
 def _residual_stack(x, ws):
-    for w in ws:  # a pre-norm block: x_k = x_{k-1} + f(norm(x_{k-1})), f ending in a matmul
+    for w in ws:  # a pre-norm block: x_k = x_{k-1} + relu(norm(x_{k-1}) @ w)
         x = x + torch.relu(F.layer_norm(x, (x.shape[-1],)) @ w)
     return x
 
@@ -145,10 +145,11 @@ def _reads(kernel_ir: str) -> int:
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_a_residual_stream_is_stored_not_summed_again_by_every_norm(dynamic):
     # x_k feeds layer k's norm and the next sum. Recomputed in both, layer k's norm kernel read
-    # the input and every block's output before it (k full-size buffers, up to max_recompute_ops
-    # adds). A shared value whose recomputation reads more than max_recompute_reads (3) such
-    # buffers is stored instead, by the kernel of the norm that reads it: as many kernels, none
-    # reading more than four buffers (the sum of three stored by the one that reads a fourth).
+    # the input and every block's output before it (k full-size buffers, until max_recompute_ops
+    # counted the adds and relus as too many). A shared value whose recomputation reads more
+    # than max_recompute_reads (3) such buffers is stored instead, by the kernel of the norm
+    # that reads it: as many kernels, none reading more than four buffers (the sum of three
+    # stored by the one that reads a fourth).
     x, ws = torch.randn(16, 32), torch.randn(6, 32, 32) / 6
     stored = check(_residual_stack, x, ws, dynamic=dynamic)
     summed = check(_residual_stack, x, ws, dynamic=dynamic, options={"max_recompute_reads": 100})
