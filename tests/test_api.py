@@ -186,6 +186,7 @@ def test_option_values_of_the_wrong_type_are_clear_errors():
     # launch, an unknown launch key was ignored, cache_dir="" cached in the working directory
     for options, name in (({"triton_launch": {"RBLOCK": 3}}, "RBLOCK"), ({"triton_launch": {"BOGUS": 3}}, "BOGUS"),
                           ({"row_chunks": -1}, "row_chunks"), ({"max_recompute_ops": -5}, "max_recompute_ops"),
+                          ({"max_recompute_reads": -1}, "max_recompute_reads"),
                           ({"debug": -1}, "debug"), ({"cache_dir": ""}, "cache_dir")):
         with pytest.raises(ValueError, match=name):
             ember.compile(lambda x: x + 1, options=options)
