@@ -12,6 +12,7 @@ GPU: CUDA events, medians of interleaved rounds; CPU: median wall times.
 
     PYTHONPATH=. python bench/residual_stack.py [--device cuda] [--dtype bf16] [--layers 8]
                                                  [--rows 16384] [--width 1024] [--backends triton,cuda]
+                                                 [--profile N]
 """
 
 from __future__ import annotations
