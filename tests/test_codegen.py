@@ -58,6 +58,29 @@ def test_reduction_kernels_show_their_loops():
     assert "reduction(emax:" in src and "reduction(+:" in src
 
 
+def test_a_value_rounded_to_bf16_is_stored_from_its_float32_source():
+    # softmax's bf16 result: the store converts the float32 quotient once (rounding it to bf16
+    # and converting the rounded value again gives the same bits, at twice the cost)
+    for target in ("cpp", "cuda"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = ember.explain(lambda x: torch.softmax(x, -1), torch.randn(8, 64, dtype=torch.bfloat16),
+                                   target=target)
+        body = report.kernels[0].source.split("_body(" if target == "cuda" else 'extern "C"', 1)[1]
+        assert "ember_round_bf16" not in body and "ember_f32_to_bf16" in body, (target, body)
+    # where the rounded value feeds more than the store (a sum of it), it is still rounded once
+    def stored_and_summed(x):
+        y = (x * 3).to(torch.bfloat16)
+        return y, y.sum()
+
+    fn = stored_and_summed
+    check(fn, torch.randn(8, 64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = ember.explain(fn, torch.randn(8, 64), target="cuda")
+    assert any("ember_round_bf16" in k.source.split("_body(", 1)[1] for k in report.kernels)
+
+
 def test_debug_levels(tmp_path, capsys):
     # EMBER_DEBUG read from the environment, in a process of its own; torch's caches private to
     # it too: an AOTAutograd entry from an earlier run (the default is one directory per machine

@@ -361,7 +361,7 @@ class BodyRenderer:
             return f"{ref} = {lang.store(dtype, f'{lang.load(dtype, ref)} + {value}')};"
         if v.kind == "store":
             dtype = self.buffer_dtype[v.arg.buffer]
-            value = lang.store(dtype, self.name(v.srcs[0]))
+            value = lang.store(dtype, self.name(_unrounded(v.srcs[0], dtype)))
             if v.arg.accumulate and id(v) not in self.vector_access:
                 # threads may add to (or max, min with) one element: atomically (a vector's
                 # elements go into its register, added by the group's vector atomic)
@@ -370,6 +370,9 @@ class BodyRenderer:
             return f"{self.access(v)} = {value};"
         if v.kind in ("reduce", "chunksum", "rowreduce"):
             return None  # the backend places accumulators around its loops
+        if self.users[id(v)] and all(u.kind == "store" and u.srcs[0] is v and _unrounded(v, self.buffer_dtype[
+                u.arg.buffer]) is not v for u in self.users[id(v)]):
+            return None  # only stores read it, which convert its source (_unrounded)
         if v.kind == "scan" and self.scan_line is not None:
             return self.scan_line(v)
         if v.kind == "scan":  # the next element into the running value (its accumulator: scan_decl)
@@ -499,3 +502,14 @@ def _grouped_order(values: list[Value]) -> list[Value]:
             if missing[id(u)] == 0:
                 add(u)
     return out
+
+
+def _unrounded(v: Value, dtype: dt.DType) -> Value:
+    """What a store into a ``dtype`` buffer converts: a float32 value rounded to bfloat16 (or
+    float16) just before it is stored is converted from its float32 source, which rounds the
+    same once (round to nearest even leaves a rounded value as it is): the round trip would cost a
+    CUDA store two conversions and a shift per element, a C++ store its software rounding twice."""
+    if (dtype.is_low_precision and v.kind == "alu" and v.arg is Op.CAST and v.dtype == dtype
+            and v.srcs[0].dtype == dt.float32):
+        return v.srcs[0]
+    return v
