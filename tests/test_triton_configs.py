@@ -89,17 +89,35 @@ def test_heuristic_matches_what_full_tuning_chose_on_an_h200():
     assert first("rows", 1024, 32000, scans)["RBLOCK"] == 2048 and first("rows", 64, 32000, scans)["RBLOCK"] == 8192
 
 
+def test_rows_of_a_hidden_size_take_programs_of_one_or_two_warps():
+    # 512 to 2048 wide: programs of 1024-2048 padded elements, the row whole, a warp per 512 real
+    # elements up to two (rows of 768, padded to 1024, take one; 1536 and 2048 take two)
+    expected = {512: (2, 2), 768: (1, 1), 1000: (1, 1), 1024: (1, 2), 1536: (1, 2), 2048: (1, 2)}
+    for width, (rows, warps) in expected.items():
+        for hints in (ROWS, ROWS_WRITTEN, tc.KernelHints(itemsize=4, writes_rows=True)):
+            config = first("rows", 65536, width, hints)
+            assert (config["XBLOCK"], config["num_warps"], config["PERSISTENT"]) == (rows, warps, True), (width, config)
+    # a chunked kernel (a norm's backward adding its weight gradient) keeps the tiles: its
+    # programs hold their run's column partials too
+    chunked = tc.KernelHints(itemsize=2, writes_rows=True, chunks=True)
+    assert first("rows", 65536, 768, chunked) == dict(XBLOCK=4, RBLOCK=1024, num_warps=4, PERSISTENT=True,
+                                                      num_stages=1)
+    # fewer rows than two programs an SM: a row a program
+    assert first("rows", 200, 512, ROWS)["XBLOCK"] == 1
+    # narrower and wider rows keep the 4096-element tiles
+    assert first("rows", 65536, 256, ROWS)["XBLOCK"] == 16 and first("rows", 16384, 4096, ROWS)["num_warps"] == 8
+
+
 def test_heuristic_keeps_the_gpu_busy_and_rows_whole():
     # narrow rows are packed into one program, unless that leaves SMs idle
     assert first("rows", 1 << 20, 64, ROWS)["XBLOCK"] == 64
     assert first("rows", 300, 64, ROWS)["XBLOCK"] == 1
-    assert first("rows", 16384, 1024, ROWS)["XBLOCK"] == 4
-    assert first("rows", 16384, 1024, ROWS, sms=4096)["XBLOCK"] == 2
+    assert first("rows", 65536, 256, ROWS)["XBLOCK"] == 16
+    assert first("rows", 65536, 256, ROWS, sms=4096)["XBLOCK"] == 8
     assert first("rows", 300, 32000, ROWS_WRITTEN)["XBLOCK"] == 1
     # warps count a row's real elements, not its padding: rows of 5120 (padded to 8192) take 8
-    # warps, as 4096 do; 4 rows of 768 (padded to 1024) take 4, where 4 rows of 1024 take 8
+    # warps, as 4096 do
     assert first("rows", 16384, 5120, ROWS)["num_warps"] == first("rows", 16384, 4096, ROWS)["num_warps"] == 8
-    assert first("rows", 65536, 768, ROWS)["num_warps"] == 4 and first("rows", 65536, 1024, ROWS)["num_warps"] == 8
     # rows up to 16384 wide stay whole; wider rows loop
     assert first("rows", 4096, 16384, ROWS)["PERSISTENT"] and first("rows", 4096, 16384, ROWS)["num_warps"] == 32
     assert not first("rows", 4096, 16385, ROWS)["PERSISTENT"]
@@ -110,7 +128,7 @@ def test_heuristic_keeps_the_gpu_busy_and_rows_whole():
     over_rows = tc.KernelHints(itemsize=4, over_rows=True)
     assert first("rows", 1 << 20, 10, over_rows) == dict(XBLOCK=128, RBLOCK=16, num_warps=2, PERSISTENT=True,
                                                         num_stages=1)
-    assert first("rows", 1 << 16, 1000, over_rows)["XBLOCK"] == 2 and first("rows", 1 << 16, 1000, ROWS)["XBLOCK"] == 4
+    assert first("rows", 1 << 16, 1000, over_rows)["XBLOCK"] == 2 and first("rows", 1 << 16, 1000, ROWS)["XBLOCK"] == 1
     assert first("rows", 300, 100, over_rows)["XBLOCK"] == 1  # (every SM still gets programs)
     assert first("rows", 8192, 4096, over_rows) == first("rows", 8192, 4096, ROWS)  # wider: as any rows
     # tiny pointwise kernels get a tiny block
@@ -330,6 +348,13 @@ def test_hints_read_from_the_kernel_ir(kernels_of):
                                                    reduces=False, segments=True)
     assert tc.heuristic("rows", 256 * 768, 256, tc.hints_of(backward))[0] == dict(
         XBLOCK=128, RBLOCK=16, num_warps=2, PERSISTENT=False, num_stages=1)
+    # a LayerNorm's backward adding its weight's gradient over runs of rows: chunked, so it keeps
+    # the 4096-element tiles (its programs hold column partials too)
+    x, w = torch.randn(64, 768, requires_grad=True), torch.randn(768, requires_grad=True)
+    found = kernels_of(lambda x, w: F.layer_norm(x, (768,), w).square().sum().backward(), x, w)
+    chunked = [k for k in found if tc.hints_of(k).chunks]
+    assert chunked and tc.heuristic("rows", 65536, 768, tc.hints_of(chunked[0]))[0]["XBLOCK"] == 4
+    assert not any(tc.hints_of(k).chunks for k in kernels_of(lambda x, w: F.layer_norm(x, (768,), w), x.detach(), w))
 
 
 def test_pointwise_kernels_of_gathers_and_strided_stores_only_take_small_programs(kernels_of):

@@ -10,7 +10,8 @@ candidate of ``exhaustive`` (15-25 for a row kernel) and remembers the fastest.
 
 The heuristic follows what full tuning chose on an H200 (bench/RESULTS.md): pointwise kernels
 move 16 bytes per thread and load; rows up to 16384 wide stay whole in registers (one pass over
-memory), packing narrow rows into tiles of 4096 elements, 16 per thread; wider rows that are only
+memory): rows of a hidden size (512-2048) in programs of one or two warps and 1024-2048 elements,
+other narrow rows packed into tiles of 4096 elements, 16 per thread; wider rows that are only
 reduced loop over 1024-wide chunks with one warp per row (shuffle-only reductions, pipelined
 loads), wider rows that are also written take 4 rows per program; column sums take 16 columns
 per program so each row's read fills whole 32-byte sectors (up to 128 when there are columns
@@ -56,6 +57,8 @@ class KernelHints:
     online: bool = False              # a softmax's max and sum in one loop (codegen/online_softmax.py)
     scattered: bool = False           # pointwise, and no access contiguous along any of its dims
     scans: bool = False               # a scan kernel (codegen/triton_scan.py): its rows walked in chunks
+    chunks: bool = False              # its programs walk runs of rows, adding them into column
+    #                                   partials (a norm's backward with its weight's gradient)
 
 
 def hints_of(kernel: Kernel) -> KernelHints:
@@ -106,7 +109,8 @@ def _hints_of(kernel: Kernel) -> KernelHints:
                        accumulates=any(getattr(v.arg, "accumulate", False) for v in stores),
                        reduces=bool(kernel.reductions), segments=kernel.segment_length is not None,
                        over_rows=bool(kernel.row_reductions), online=bool(online_softmax_pairs(kernel)),
-                       scattered=not kernel.inner and not dense, scans=bool(kernel.scans))
+                       scattered=not kernel.inner and not dense, scans=bool(kernel.scans),
+                       chunks=bool(kernel.chunks))
 
 
 @functools.cache
@@ -246,6 +250,19 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         # 1024 rows 40.2 -> 36.9, 4096 rows 153.5 -> 139.4, a softmax's cumsum over 1024 rows
         # 68.1 -> 45.9); fewer long rows keep 8192-wide chunks (64 rows 5.3 against 10.0)
         return [_config(1, 2048 if hints.itemsize <= 2 else 1024, 4), safe]
+    if 512 <= width <= 2048 and not hints.chunks:
+        # rows of a hidden size (BERT's, GPT-2's): programs of 1024-2048 padded elements, one or
+        # two warps, the row in registers. The 4096-element tiles below, 4-8 warps, took up to
+        # 1.3x as long (H200, bf16 unless said, 64-128 MB a case, kernel us, tile -> these:
+        # LayerNorm 512 wide 80.9 -> 63.4, 768 55.3 -> 48.6, 1024 83.7 -> 63.8, 1536 72.2 ->
+        # 65.3, 2048 65.4 -> 63.6; softmax 768 72.1 -> 63.9, 1024 65.9 -> 62.6, 1024 fp32 66.6 ->
+        # 62.7; RMSNorm 1024 66.4 -> 63.6; Inductor's LayerNorm 1024: 64.1; bench/launch_sweep.py
+        # SHORT_ROWS and ODD_WIDTHS). One-row programs of 512 and two-row ones of 1024 did worse.
+        # Not chunked kernels: a program's one or two warps then also hold the run's column
+        # partials (GPT-2's LayerNorm backward with its weight gradient, 768 wide: 115 -> 271 us)
+        xblock = _fill(outer, max(1, min(1024 // width, rows)), sms)
+        warps = max(1, min(2, xblock * inner // 512))
+        return [_config(xblock, width, warps, persistent=True), safe]
     if width <= HEURISTIC_PERSISTENT:
         # narrow rows share a program: tiles of 4096 elements, 16 per thread (at 4096 wide,
         # one row and 8 warps was fastest or within 1% for every norm, softmax and backward;
