@@ -103,6 +103,14 @@ SHORT_ROWS = {
     # rows of 512-2048: a few rows a program, rows in registers (BERT's and GPT-2's widths)
     **{f"layernorm_{w}": _layer_norm((1 << 26) // w, w) for w in (512, 1024, 2048)},
     **{f"softmax_{w}": _rows(_softmax, (1 << 26) // w, w) for w in (1024, 2048)},
+    "softmax_1024_f32": _rows(_softmax, 1 << 15, 1024, torch.float32),
+    "rmsnorm_1024": (rmsnorm, lambda: (torch.randn(1 << 16, 1024, device="cuda", dtype=BF16),
+                                       torch.randn(1024, device="cuda", dtype=BF16)), _read_write),
+    # a pre-norm block's residual sum stored and normed (bench/residual_stack.py's norm kernels)
+    "add_layernorm_1024": (lambda x, h, w, b: (x + h, F.layer_norm(x + h, (1024,), w, b)),
+                           lambda: (*(torch.randn(1 << 16, 1024, device="cuda", dtype=BF16) for _ in range(2)),
+                                    *(torch.randn(1024, device="cuda", dtype=BF16) for _ in range(2))),
+                           lambda a: 4 * a[0].numel() * 2),
     # rows reduced and then reduced over all rows (a loss's mean over its rows)
     "ce_10": _ce(1 << 20, 10, torch.float32),
     "ce_10_bf16": _ce(1 << 20, 10),
