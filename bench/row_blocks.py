@@ -3,9 +3,11 @@
 A row kernel runs a block per row, sized so that each thread takes one step of UNROLL groups
 of 16 bytes (runtime/cuda_backend.py: plan_launch): a 1024-wide bf16 row gets one warp. This
 times the row cases below with the launcher's block multiplied by 1, 2, 4 and 8 (up to the
-kernel's 512 threads; the rows still cover the row in one step, fewer groups a thread), next to
+kernel's 512 threads; the blocks still cover a row in one step, fewer groups a thread), next to
 eager, Inductor and the Triton backend: CUDA events, medians of interleaved rounds, and the
-device time of each variant's kernels.
+device time of each variant's kernels. For the launcher's own blocks (x1) it prints each kernel's
+registers, launch (grid x block) and the blocks the device holds at once. On an H200 every wider
+block was slower (bench/RESULTS.md, fifty-second-run session).
 
     PYTHONPATH=. python bench/row_blocks.py [--rows 16384] [--widths 1024,4096] [--factors 1,2,4,8]
 """
