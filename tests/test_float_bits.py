@@ -137,3 +137,38 @@ def test_cuda_float_bits_compile_for_sm90(tmp_path):
     proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "bits.cubin"),
                            str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def _half_bits_equal(out: torch.Tensor, ref: torch.Tensor, int_dtype: torch.dtype) -> None:
+    """Bit for bit where ``ref`` is a number; NaN where it is NaN, with its sign (NaN payloads
+    differ between eager's vector and scalar conversions)."""
+    nan = ref.isnan()
+    assert torch.equal(out.isnan(), nan)
+    assert torch.equal(out[~nan].view(int_dtype), ref[~nan].view(int_dtype))
+    assert torch.equal(torch.signbit(out[nan]), torch.signbit(ref[nan]))
+
+
+def test_every_float16_converts_to_float32_bit_for_bit():
+    # the CPU backend converts halves in integer steps (so that its loops vectorize): every one
+    # of the 65536 bit patterns, subnormals, infinities and NaNs included, as eager converts them
+    halves = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    report = check(lambda h: h.float() * 1.0, halves)  # (an op, so a kernel converts)
+    assert "ember_f16_to_f32(" in "".join(k.source for k in report.kernels)
+    out = ember.compile(lambda h: h.float())(halves)
+    _half_bits_equal(out, halves.float(), torch.int32)
+
+
+def test_float32_rounds_to_float16_bit_for_bit():
+    # to nearest even at every boundary: the largest half (65504) and the first float that rounds
+    # past it (65520) to infinity, subnormals and the ties between them, -0.0, NaN
+    edges = [65504.0, 65519.99609375, 65520.0, 2.0 ** -14, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -25,
+             5 * 2.0 ** -25, 2.0 ** -26, 1e-40, 0.0, -0.0, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11,
+             float("inf"), float("nan"), 3e38]
+    gen = torch.Generator().manual_seed(0)
+    anywhere = torch.randint(-(1 << 31), 1 << 31, (1 << 16,), generator=gen, dtype=torch.int64)
+    near = torch.randint(0x33000000, 0x47800000, (1 << 16,), generator=gen, dtype=torch.int64)  # (halves' range)
+    bits = torch.cat([anywhere, near]).to(torch.int32).view(torch.float32)
+    floats = torch.cat([torch.tensor(edges), -torch.tensor(edges), bits])
+    report = check(lambda f: (f * 1.0).half(), floats)
+    assert "ember_f32_to_f16(" in "".join(k.source for k in report.kernels)
+    _half_bits_equal(ember.compile(lambda f: (f * 1.0).half())(floats), floats.half(), torch.int16)

@@ -66,6 +66,12 @@ SEGMENT_LENGTH = sympy.Symbol("ember_seglen", integer=True, nonnegative=True)
 CHUNK = sympy.Symbol("ember_chunk", integer=True, nonnegative=True)
 
 
+# A thread's scratch row: the buffer a row kernel keeps a float32 (float64) value in between its
+# loops when no output can hold it (schedule/loops.py: stash_recomputed), indexed by the flat
+# inner position. Backends that keep one (the CPU's) give each thread its own.
+SCRATCH_ROW = "ember_scratch"
+
+
 # The stage of values computed after every row of a row kernel (from rowreduce results).
 FINAL_STAGE = 1 << 20
 

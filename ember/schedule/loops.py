@@ -14,7 +14,7 @@ import sympy
 
 from ..ir import shapes as sh
 from ..ir.ops import TRANSCENDENTAL_OPS
-from .kernel_ir import Kernel, ReduceArg, Value, inner_var, outer_var
+from .kernel_ir import SCRATCH_ROW, Access, Kernel, ReduceArg, Value, inner_var, outer_var
 
 
 def _exprs(kernel: Kernel) -> list[sympy.Expr]:
@@ -88,7 +88,7 @@ def collapse_dims(kernel: Kernel) -> Kernel:
     return kernel
 
 
-def stash_recomputed(kernel: Kernel, stash_dtypes: frozenset) -> Kernel:
+def stash_recomputed(kernel: Kernel, stash_dtypes: frozenset, scratch: bool = False) -> Kernel:
     """A row kernel's last loop recomputes what an earlier loop computed (a softmax's
     exp(x - max): summed in loop 2, divided in loop 3). Where that costs a transcendental,
     the earlier loop also stores the value into the output element the last loop writes, and
@@ -98,6 +98,9 @@ def stash_recomputed(kernel: Kernel, stash_dtypes: frozenset) -> Kernel:
     are computed, so the value reads back bit for bit), written once, at an inner index, by a
     plain store in the last loop; and only when no later loop reads another buffer at that
     index, so the kernel may still write its output over such an input (schedule/inplace.py).
+
+    With ``scratch`` (the backend gives each thread a row of its own, SCRATCH_ROW), a value of a
+    ``stash_dtypes`` dtype that no output can hold (a bf16 softmax's float32 exp) is kept there.
     """
     last = kernel.n_loops
     if last < 2 or kernel.dots or kernel.chunks:
@@ -105,20 +108,31 @@ def stash_recomputed(kernel: Kernel, stash_dtypes: frozenset) -> Kernel:
     in_last = {id(v) for v in kernel.loop_values(last)}
     for store in [v for v in kernel.values if v.kind == "store" and v.inner and v.loop == last]:
         src, buffer = store.srcs[0], store.arg.buffer
-        if (store.arg.bindings or store.arg.accumulate or store.guard is not None or src.kind == "chunksum"
-                or store.dtype not in stash_dtypes
-                or sum(v.kind == "store" and v.arg.buffer == buffer for v in kernel.values) != 1):
+        plain = not (store.arg.bindings or store.arg.accumulate or store.guard is not None)
+        into_output = (plain and store.dtype in stash_dtypes
+                       and sum(v.kind == "store" and v.arg.buffer == buffer for v in kernel.values) == 1)
+        if not (into_output or scratch):  # (a scratch row serves any store: a segment row's too)
             continue
         for loop in range(last - 1, 0, -1):
             earlier = {id(v) for v in kernel.loop_values(loop)}
             value = _frontier(src, earlier, in_last)
-            if (value is None or value.dtype != store.dtype or value.guard is not None
+            if (value is None or value.dtype not in stash_dtypes or value.guard is not None
                     or not any(v.kind == "alu" and v.arg in TRANSCENDENTAL_OPS for v in _walk(value, earlier)[0])):
                 continue
-            stashed = _rewired(kernel, store, value, loop)
+            stashed = None
+            if into_output and value.dtype == store.dtype:
+                stashed = _rewired(kernel, store.arg, value, loop)
+            if stashed is None and scratch:
+                stashed = _rewired(kernel, Access(SCRATCH_ROW, _flat_inner(kernel)), value, loop)
             if stashed is not None:
                 return stashed
     return kernel
+
+
+def _flat_inner(kernel: Kernel) -> sympy.Expr:
+    """The flat position in a row: r0 * (the extents after it) + ... + the last r."""
+    dims = kernel.inner
+    return sympy.expand(sum(inner_var(i) * sh.numel(dims[i + 1:]) for i in range(len(dims))))
 
 
 def _walk(start: Value, inside: set[int], stop: set[int] = frozenset()) -> tuple[list[Value], list[Value]]:
@@ -148,12 +162,13 @@ def _frontier(src: Value, earlier: set[int], in_last: set[int]) -> Value | None:
     return found[0] if len(found) == 1 else None
 
 
-def _rewired(kernel: Kernel, store: Value, value: Value, loop: int) -> Kernel | None:
-    """The kernel with ``value`` also stored at ``store``'s element in ``loop`` and read back
-    from there by the last loop; None when that would not be safe or would save nothing."""
+def _rewired(kernel: Kernel, access: Access, value: Value, loop: int) -> Kernel | None:
+    """The kernel with ``value`` also stored at ``access`` (an output's element, or the thread's
+    scratch row) in ``loop`` and read back from there by the last loop; None when that would not
+    be safe or would save nothing."""
     last = kernel.n_loops
     elsewhere = {id(v) for j in range(1, last) for v in kernel.loop_values(j)}
-    reread = Value("load", value.dtype, arg=store.arg, inner=True)
+    reread = Value("load", value.dtype, arg=access, inner=True)
     new: dict[int, Value] = {}
     out: list[Value] = []
     for v in kernel.values:
@@ -169,11 +184,13 @@ def _rewired(kernel: Kernel, store: Value, value: Value, loop: int) -> Kernel | 
         new[id(v)] = nv
         out.append(nv)
         if v is value:
-            out.append(Value("store", store.dtype, (v,), store.arg, inner=True, loop=loop))
+            out.append(Value("store", value.dtype, (v,), access, inner=True, loop=loop))
     stashed = dataclasses.replace(kernel, values=out)
     if any(v is value for v in stashed.loop_values(last)):
         return None  # the last loop still computes it
-    index = sympy.expand(store.arg.index)
+    if access.buffer == SCRATCH_ROW:
+        return stashed  # no input is written over by it
+    index = sympy.expand(access.index)
     for j in range(loop + 1, last + 1):
         for v in stashed.loop_values(j):
             if v.kind == "load" and v is not reread and sympy.expand(v.arg.index) == index:
