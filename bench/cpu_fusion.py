@@ -3,9 +3,9 @@
     python bench/cpu_fusion.py [--reps 25] [--quick] [--train]
 
 Cases: relu(x)+y+1 (16M fp32), RMSNorm 4096x4096 fp32 and softmax 4096x4096 fp32 (both the
-manual formulas of ../shared/BENCHMARKS.md), torch.softmax over bf16 and fp16 rows (4096 x 1024:
-the float32 exp kept in a thread's scratch row), the padded GIoU loss (1024 x 256 boxes), and tanh
-and tanh-approximated GELU (16M fp32: ember's own tanh).
+manual formulas of ../shared/BENCHMARKS.md), torch.softmax over bf16 and fp16 rows and LayerNorm
+over bf16 rows (4096 x 1024), the padded GIoU loss (1024 x 256 boxes), and tanh and
+tanh-approximated GELU (16M fp32: ember's own tanh).
 Checks every variant against a float64 reference first (16-bit outputs within their rounding),
 then prints median times and ratios.
 ``--train`` times the backward alone of RMSNorm and LayerNorm (4096 x 4096 fp32), with ember's
@@ -56,6 +56,9 @@ def cases(quick: bool):
         ("softmax fp32 4096x4096", softmax, lambda: (torch.randn(rows, 4096),)),
         ("torch.softmax bf16 4096x1024", torch_softmax, lambda: (torch.randn(rows, 1024, dtype=torch.bfloat16),)),
         ("torch.softmax fp16 4096x1024", torch_softmax, lambda: (torch.randn(rows, 1024, dtype=torch.float16),)),
+        ("LayerNorm bf16 4096x1024", layer_norm, lambda: (torch.randn(rows, 1024, dtype=torch.bfloat16),
+                                                          torch.randn(1024, dtype=torch.bfloat16),
+                                                          torch.randn(1024, dtype=torch.bfloat16))),
         ("padded GIoU loss 1024x256", padded_giou_loss, lambda: (pred, padded)),
         ("tanh(x) fp32 16M", torch.tanh, lambda: (torch.randn(n),)),
         ("gelu(x, 'tanh') fp32 16M", gelu_tanh, lambda: (torch.randn(n),)),
