@@ -223,6 +223,23 @@ def test_16_bit_tensors_compare_with_python_floats_rounded_to_16_bits(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_chains_read_by_a_jump_round_per_op_by_a_float_conversion_once(dtype):
+    # a jump (round, a comparison) reads the chain as eager holds it, each op rounded; a
+    # conversion to float32 reads the chain's float32 value rounded once (docs/architecture.md,
+    # Numerics), so what else reads the chain shares its computation
+    a, b, c = (torch.randn(4096, dtype=dtype, device=DEVICE) * 100 for _ in range(3))
+    jumps = lambda a, b, c: [((a + b) * c).round(), (a + b) * c > 300]  # noqa: E731
+    out, _ = run(jumps, a, b, c)
+    for o, r in zip(out, jumps(a, b, c)):
+        assert torch.equal(o, r)
+    (out,), _ = run(lambda a, b, c: [((a + b) * c).float()], a, b, c)
+    once = ((a.float() + b.float()) * c.float()).to(dtype).float()
+    assert torch.equal(out, once)
+    per_op = ((a + b) * c).float()
+    assert not torch.equal(once, per_op)  # (the inputs tell the two apart)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_16_bit_sums_with_python_floats_add_them_as_eager_does(dtype):
     # eager's CPU kernels round the float to 16 bits before adding (bf16 1.703 + 1000.3 is 1000,
     # not 1004); its GPU kernels take it as written, as products and quotients do everywhere

@@ -55,6 +55,22 @@ def test_16_bit_outputs_keep_the_float32_value_in_a_scratch_row(dtype, shape):
     assert sum(s.count("ember_scratch[") for s in earlier) == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(8, 64), (1, 1), (0, 7), (5, 2, 33), (4, 1500)])
+def test_16_bit_ops_written_out_compute_exp_once(dtype, shape):
+    # exp(x - max) over 16-bit tensors is a 16-bit value computed in float32: its sum reads it
+    # rounded, as eager holds it, and the quotient unrounded, from the scratch row. The sum's
+    # rounding once rounded the whole chain op by op, so the exp was computed twice in loop 2
+    x = torch.randn(shape, dtype=dtype) * 4
+    report = check(manual_softmax, x)
+    if x.numel() == 0 or x.shape[-1] == 1:
+        return
+    (kernel,) = report.kernels
+    *earlier, last = _loops(kernel.source)
+    assert kernel.source.count("ember_exp(") == 1, kernel.source
+    assert "ember_scratch[" in last and sum(s.count("ember_scratch[") for s in earlier) == 1, kernel.source
+
+
 def test_a_scratch_row_for_symbolic_and_non_contiguous_rows():
     for n in (5, 19, 64):
         report = check(lambda x: torch.softmax(x, -1), torch.randn(7, n, dtype=torch.bfloat16), dynamic=True)

@@ -153,6 +153,20 @@ def test_online_softmax_reads_rows_once():
     check(lambda a, t: F.cross_entropy(a, t), logits, target, options=LOOPED)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_softmax_written_out_computes_exp_once(dtype):
+    # the sum reads exp(x - max) rounded to 16 bits, as eager holds it, the quotient unrounded:
+    # rounding the sum's input once rounded the chain under it op by op too, a second exp per
+    # element (H200, bf16 16384 x 4096: 75.8 against 66 us)
+    def softmax(x):
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    report = check(softmax, torch.randn(6, 70, dtype=dtype) * 4, options=TRITON)
+    persistent = report.kernels[0].source.split("if PERSISTENT:")[1].split("else:")[0]
+    assert persistent.count("tl.exp(") == 1, persistent
+
+
 def test_online_sums_sharing_a_max_each_accumulate():
     """A softmax and a logsumexp of one x: two sums (logsumexp's guard subtracts 0 for an
     infinite max) against one running max. The second sum used to stay 0 (logsumexp -inf)."""

@@ -67,7 +67,7 @@ class KernelBuilder(ReduceBuilder):
         self._segment: tuple[sympy.Expr, sympy.Symbol, Value] | None = None  # (row, start var, length)
         self._in_row = False  # building what only a segment row's elements need (not a per-row result)
         self._across: dict[int, Node] = {}  # rowreduce values -> their nodes
-        self._eager_held: dict[int, Value] = {}  # a 16-bit value -> it rounded as eager holds it
+        self._eager_held: dict[tuple[int, bool], Value] = {}  # (a 16-bit value, per op) -> it rounded as eager holds it
 
     # ---- value construction (hash-consed) -------------------------------------------------
     def _emit(self, kind: str, dtype: dt.DType, srcs: Sequence[Value] = (), arg: Any = None,
@@ -264,7 +264,9 @@ class KernelBuilder(ReduceBuilder):
             srcs = [self.value_of(i, point) for i in node.inputs]
             self._reader = previous
             if op in _ROUNDED_FIRST:
-                srcs = [self._as_eager_holds(s) for s in srcs]
+                # (a conversion to another float changes smoothly: only its operand is rounded)
+                per_op = not (op is Op.CAST and node.dtype.is_float)
+                srcs = [self._as_eager_holds(s, per_op) for s in srcs]
             return self._emit("alu", node.dtype, srcs, op)
         if op in VIEW_OPS:
             strided = self.strided(node)

@@ -12,6 +12,7 @@ import dataclasses
 
 import sympy
 
+from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.ops import TRANSCENDENTAL_OPS
 from .kernel_ir import SCRATCH_ROW, Access, Kernel, ReduceArg, Value, inner_var, outer_var
@@ -101,6 +102,8 @@ def stash_recomputed(kernel: Kernel, stash_dtypes: frozenset, scratch: bool = Fa
 
     With ``scratch`` (the backend gives each thread a row of its own, SCRATCH_ROW), a value of a
     ``stash_dtypes`` dtype that no output can hold (a bf16 softmax's float32 exp) is kept there.
+    So is a 16-bit value (a bf16 ``exp(x - max)`` written out as ops on bf16 tensors): C-style
+    kernels compute it in float32, unrounded, and a float32 scratch row holds it bit for bit.
     """
     last = kernel.n_loops
     if last < 2 or kernel.dots or kernel.chunks:
@@ -116,17 +119,27 @@ def stash_recomputed(kernel: Kernel, stash_dtypes: frozenset, scratch: bool = Fa
         for loop in range(last - 1, 0, -1):
             earlier = {id(v) for v in kernel.loop_values(loop)}
             value = _frontier(src, earlier, in_last)
-            if (value is None or value.dtype not in stash_dtypes or value.guard is not None
+            held_as = None if value is None else _held_as(value.dtype, stash_dtypes, scratch)
+            if (value is None or held_as is None or value.guard is not None
                     or not any(v.kind == "alu" and v.arg in TRANSCENDENTAL_OPS for v in _walk(value, earlier)[0])):
                 continue
             stashed = None
-            if into_output and value.dtype == store.dtype:
+            if into_output and value.dtype == store.dtype == held_as:
                 stashed = _rewired(kernel, store.arg, value, loop)
             if stashed is None and scratch:
-                stashed = _rewired(kernel, Access(SCRATCH_ROW, _flat_inner(kernel)), value, loop)
+                stashed = _rewired(kernel, Access(SCRATCH_ROW, _flat_inner(kernel)), value, loop, held_as)
             if stashed is not None:
                 return stashed
     return kernel
+
+
+def _held_as(dtype: dt.DType, stash_dtypes: frozenset, scratch: bool) -> dt.DType | None:
+    """The dtype a stash holds a value of ``dtype`` in (None: it cannot be kept bit for bit)."""
+    if dtype in stash_dtypes:
+        return dtype
+    if scratch and dtype.is_low_precision and dt.float32 in stash_dtypes:
+        return dt.float32  # (computed in float32: only the scratch row, never the 16-bit output)
+    return None
 
 
 def _flat_inner(kernel: Kernel) -> sympy.Expr:
@@ -162,13 +175,15 @@ def _frontier(src: Value, earlier: set[int], in_last: set[int]) -> Value | None:
     return found[0] if len(found) == 1 else None
 
 
-def _rewired(kernel: Kernel, access: Access, value: Value, loop: int) -> Kernel | None:
+def _rewired(kernel: Kernel, access: Access, value: Value, loop: int,
+             held_as: dt.DType | None = None) -> Kernel | None:
     """The kernel with ``value`` also stored at ``access`` (an output's element, or the thread's
-    scratch row) in ``loop`` and read back from there by the last loop; None when that would not
-    be safe or would save nothing."""
+    scratch row, as ``held_as``) in ``loop`` and read back from there by the last loop; None when
+    that would not be safe or would save nothing."""
     last = kernel.n_loops
     elsewhere = {id(v) for j in range(1, last) for v in kernel.loop_values(j)}
-    reread = Value("load", value.dtype, arg=access, inner=True)
+    held_as = held_as or value.dtype
+    reread = Value("load", held_as, arg=access, inner=True)
     new: dict[int, Value] = {}
     out: list[Value] = []
     for v in kernel.values:
@@ -184,7 +199,7 @@ def _rewired(kernel: Kernel, access: Access, value: Value, loop: int) -> Kernel 
         new[id(v)] = nv
         out.append(nv)
         if v is value:
-            out.append(Value("store", value.dtype, (v,), access, inner=True, loop=loop))
+            out.append(Value("store", held_as, (v,), access, inner=True, loop=loop))
     stashed = dataclasses.replace(kernel, values=out)
     if any(v is value for v in stashed.loop_values(last)):
         return None  # the last loop still computes it
