@@ -35,7 +35,7 @@ def layer_norm(x, w, b):
 
 
 # (function, parameters, a name part only its backward's row kernel has)
-CASES = {"rmsnorm": (rmsnorm, 1, "sum_pow_div_add_0"), "layernorm": (layer_norm, 2, "layer_norm_backward_0")}
+CASES = {"rmsnorm": (rmsnorm, 1, "mul_sum_pow_div_add_"), "layernorm": (layer_norm, 2, "layer_norm_backward_0")}
 ONLY = "<case>"
 
 # (name, options): ember's choice, chunks off, run counts, and Triton configurations forced on

@@ -68,6 +68,14 @@ def test_heuristic_matches_what_full_tuning_chose_on_an_h200():
     # a bias gradient (sum over 16384 rows of 4096 columns): 16 columns per program
     assert first("rows", 4096, 16384, tc.KernelHints(itemsize=2, columns=True)) == dict(
         XBLOCK=16, RBLOCK=512, num_warps=8, PERSISTENT=False, num_stages=2)
+    # split over programs where the rows are long (a weight's gradient over 16384 rows), not
+    # into 2 or 4 slices (a norm's partial sums over 528 or 1056 runs: 16-column tiles)
+    long_sums = tc.KernelHints(itemsize=4, columns=True, splittable=True)
+    assert first("rows", 4096, 16384, long_sums)["SPLIT"] == 16
+    assert first("rows", 4096, 2112, long_sums)["SPLIT"] == 8
+    for runs in (264, 528, 1056):
+        assert first("rows", 4096, runs, long_sums) == dict(
+            XBLOCK=16, RBLOCK=512, num_warps=8, PERSISTENT=False, num_stages=2), runs
     # column sums over 256 x 768: columns to spare, so 128 per program
     assert first("rows", 256 * 768, 256, tc.KernelHints(itemsize=2, columns=True))["XBLOCK"] == 128
     # pooling 256 documents of 768 features (segment sums): 32 columns by 64 rows of the

@@ -197,9 +197,13 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
     if hints.columns and hints.splittable and -(-outer // 64) < 2 * sms:
         # few columns, long sums (a weight's gradient, 4096 columns over 16384 rows): tiles of 64
         # columns x 64 rows, each column's rows split over programs (H200: LayerNorm's weight and
-        # bias gradients 208 -> 120 us, RMSNorm's 120 -> 90 us)
+        # bias gradients 208 -> 120 us, RMSNorm's 120 -> 90 us). Not in 2 or 4 slices: their
+        # partials' trip through the workspace and a count cost more than the slices gain. The
+        # column sums finishing a norm's backward over 528 and 1056 runs of rows took 26.7 and
+        # 31.8 us (LayerNorm's two) and 7.8 and 19.8 (RMSNorm's one) that way, 8.1, 15.2, 4.1
+        # and 7.4 in the 16-column tiles below (H200, bench/chunk_sweep.py, 16384 x 4096)
         split = _split(outer, 64, inner, 64, hints, sms)
-        if split > 1:
+        if split > 4:
             return [_config(min(64, rows), 64, 4, stages=2, split=split), safe]
     if hints.columns:
         # 16 adjacent columns per program: each row of the tile is 32+ contiguous bytes; with
