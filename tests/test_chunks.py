@@ -14,7 +14,7 @@ import ember
 from ember.analysis.reference import chunk_sum
 from ember.config import Config
 from ember.ir import GraphBuilder, Op, dtypes, structurally_equal, verify
-from ember.passes.chunks import chunk_column_sums
+from ember.passes.chunks import chunk_column_sums, chunk_count
 from ember.passes.pipeline import pipeline_for
 
 from .conftest import INTERPRETED_TRITON
@@ -93,6 +93,28 @@ def test_long_pointwise_chains_are_walked_without_recursion():
         y = b.neg(y)
     after = chunk_column_sums(b.build(b.reduce(Op.SUM, x, [1]), b.reduce(Op.SUM, y, [0])), chunks=8)
     assert [n for n in after.nodes if n.op is Op.CHUNK_SUM]
+
+
+def test_a_lone_column_sum_takes_more_runs_on_a_gpu():
+    # RMSNorm's dw is the only column sum beside its row sums: twice the runs per SM of
+    # LayerNorm's dw and db, whose row kernel keeps two columns' partials (passes/chunks.py)
+    def graph(column_sums: int):
+        b = GraphBuilder(device="cuda")
+        x, dy = b.input((4096, 64), dtypes.bfloat16), b.input((4096, 64), dtypes.bfloat16)
+        prod = b.mul(x, dy)
+        sums = [b.reduce(Op.SUM, t, [0]) for t in (prod, dy)[:column_sums]]
+        return b.build(b.reduce(Op.SUM, prod, [1]), *sums)
+
+    one, two = graph(1), graph(2)
+
+    def runs(graph, **kw):
+        after = chunk_column_sums(graph, per_sm=2, per_sm_one_sum=4, **kw)
+        return sorted(n.arg[1] for n in after.nodes if n.op is Op.CHUNK_SUM)
+
+    sms = chunk_count("cuda", 1)
+    assert runs(one) == [4 * sms] and runs(two) == [2 * sms, 2 * sms]
+    assert runs(one, chunks=8) == [8]  # (a count the user set holds for every sum)
+    assert sorted(n.arg[1] for n in chunk_column_sums(one, per_sm=2).nodes if n.op is Op.CHUNK_SUM) == [2 * sms]
 
 
 def test_pipeline_places_the_rewrite_and_the_option():

@@ -23,10 +23,15 @@ from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
 
 # Runs per SM: a Triton program walks its run's rows one after another with the row in
 # registers. H200, RMSNorm backward 16384 x 4096 bf16, its two kernels (bench/chunk_sweep.py):
-# 2, 4 and 8 runs per SM took 132, 149 and 154 us with Triton (the partials' sum grows faster
-# than the row kernel gains), 405, 300 and 297 us with the CUDA backend, whose blocks keep fewer
-# bytes in flight each.
+# 2, 4 and 8 runs per SM took 132, 149 and 154 us with Triton, 405, 300 and 297 us with the CUDA
+# backend, whose blocks keep fewer bytes in flight each. The partials' sum over 4 and 8 runs per
+# SM took most of Triton's difference then: split over programs (runtime/triton_configs.py) it
+# took 7.8 and 19.8 us against 2.8. Unsplit it takes 4.1 and 7.4, and RMSNorm's two kernels
+# 149 us at 2 runs per SM against 116 at 4 (the row kernel 146.2 -> 111.5, more programs to
+# hide its latency). LayerNorm's, whose row kernel keeps two columns' partials, took 136 against
+# 142: a row kernel with one column sum (RMSNorm's dw) takes CHUNKS_PER_SM_ONE_SUM.
 CHUNKS_PER_SM = 2
+CHUNKS_PER_SM_ONE_SUM = 4
 CUDA_CHUNKS_PER_SM = 4
 CHUNKS_PER_THREAD = 4      # CPU: runs per OpenMP thread (each run's partials stay in its cache)
 FALLBACK_SMS = 132         # an H100/H200, when no GPU is visible (explain(target="cuda") on a laptop)
@@ -81,9 +86,10 @@ def _lead(node: Node) -> int | None:
 
 
 def chunk_column_sums(graph: Graph, chunks: int | None = None, per_sm: int = CHUNKS_PER_SM,
-                      target: str | None = None) -> Graph:
+                      target: str | None = None, per_sm_one_sum: int | None = None) -> Graph:
     """``chunks``: the runs of rows (None: ``chunk_count`` of the graph's device, ``per_sm`` runs
-    per SM on a GPU; 0: no rewrite). ``target``: the backend rendering the kernels (None: the
+    per SM on a GPU, ``per_sm_one_sum`` where a column sum is the only one beside its row
+    reductions; 0: no rewrite). ``target``: the backend rendering the kernels (None: the
     device's own)."""
     if chunks == 0:
         return graph
@@ -91,23 +97,37 @@ def chunk_column_sums(graph: Graph, chunks: int | None = None, per_sm: int = CHU
     row_reductions: list[tuple[Node, frozenset[int]]] = [
         (n.inputs[0], frozenset(d for d in n.arg if not sh.is_one(n.inputs[0].shape[d])))
         for n in graph.nodes if n.op in REDUCE_OPS]
-    chunks_of: dict[str, int] = {}
+    chunks_of: dict[tuple[str, int], int] = {}
 
-    def partner(x: Node, lead: int) -> bool:
-        """A reduction over the kept dims of a tensor shaped like ``x``, from a shared input."""
+    def partners(x: Node, lead: int) -> list[int]:
+        """The reductions over the kept dims of a tensor shaped like ``x``, from a shared input
+        (indices into ``row_reductions``)."""
         kept = frozenset(d for d in range(lead, x.rank) if not sh.is_one(x.shape[d]))
         mine = _leaves(x, memo)
-        return any(sh.shapes_equal(y.shape, x.shape) and dims == kept and mine & _leaves(y, memo)
-                   for y, dims in row_reductions)
+        return [i for i, (y, dims) in enumerate(row_reductions)
+                if sh.shapes_equal(y.shape, x.shape) and dims == kept and mine & _leaves(y, memo)]
+
+    # the column sums beside each row reduction: a row kernel holding one column's partials has
+    # registers for more programs on an SM
+    mine: dict[Node, list[int]] = {}
+    for n in graph.nodes:
+        lead = _lead(n)
+        if lead is not None:
+            found = partners(n.inputs[0], lead)
+            if found:
+                mine[n] = found
+    sums_beside = [sum(i in found for found in mine.values()) for i in range(len(row_reductions))]
 
     def rule(node: Node, inputs: tuple[Node, ...]) -> Node | None:
-        lead = _lead(node)
-        if lead is None or not partner(node.inputs[0], lead):
+        if node not in mine:
             return None
+        lead = _lead(node)
         (x,) = inputs
-        if node.device not in chunks_of:
-            chunks_of[node.device] = chunks or chunk_count(node.device, per_sm)
-        runs = chunks_of[node.device]
+        alone = per_sm_one_sum is not None and all(sums_beside[i] == 1 for i in mine[node])
+        per = per_sm_one_sum if alone else per_sm
+        if (node.device, per) not in chunks_of:
+            chunks_of[(node.device, per)] = chunks or chunk_count(node.device, per)
+        runs = chunks_of[(node.device, per)]
         if runs <= 1:
             return None  # one run is one kernel's sums: as off (a (1, W) partial had no inner loop)
         rows = sh.static(sh.numel(x.shape[:lead]))

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from ..config import Config, config, log
 from ..ir.node import Graph
 from ..ir.verify import verify
-from .chunks import CHUNKS_PER_SM, CUDA_CHUNKS_PER_SM, chunk_column_sums
+from .chunks import CHUNKS_PER_SM, CHUNKS_PER_SM_ONE_SUM, CUDA_CHUNKS_PER_SM, chunk_column_sums
 from .cse import cse
 from .dce import dce
 from .fold import fold_constants
@@ -66,7 +66,8 @@ def pipeline_for(cfg: Config) -> list[tuple[str, Pass]]:
     check_pass_names(cfg.passes_off, "EMBER_PASSES_OFF")
     cuda = (cfg.target or cfg.gpu_backend) == "cuda"
     chunked = functools.partial(chunk_column_sums, chunks=cfg.row_chunks,
-                                per_sm=CUDA_CHUNKS_PER_SM if cuda else CHUNKS_PER_SM, target=cfg.target)
+                                per_sm=CUDA_CHUNKS_PER_SM if cuda else CHUNKS_PER_SM, target=cfg.target,
+                                per_sm_one_sum=None if cuda else CHUNKS_PER_SM_ONE_SUM)
     epilogues = functools.partial(matmul_epilogues, target=cfg.target, gpu_backend=cfg.gpu_backend,
                                   mode=cfg.matmul_epilogues)
     folds = functools.partial(fold_matmul_adds, target=cfg.target, gpu_backend=cfg.gpu_backend)
