@@ -109,21 +109,21 @@ def chunk_column_sums(graph: Graph, chunks: int | None = None, per_sm: int = CHU
 
     # the column sums beside each row reduction: a row kernel holding one column's partials has
     # registers for more programs on an SM
-    mine: dict[Node, list[int]] = {}
+    column_sums: dict[Node, list[int]] = {}  # -> the row reductions beside it
     for n in graph.nodes:
         lead = _lead(n)
         if lead is not None:
             found = partners(n.inputs[0], lead)
             if found:
-                mine[n] = found
-    sums_beside = [sum(i in found for found in mine.values()) for i in range(len(row_reductions))]
+                column_sums[n] = found
+    sums_beside = [sum(i in found for found in column_sums.values()) for i in range(len(row_reductions))]
 
     def rule(node: Node, inputs: tuple[Node, ...]) -> Node | None:
-        if node not in mine:
+        if node not in column_sums:
             return None
         lead = _lead(node)
         (x,) = inputs
-        alone = per_sm_one_sum is not None and all(sums_beside[i] == 1 for i in mine[node])
+        alone = per_sm_one_sum is not None and all(sums_beside[i] == 1 for i in column_sums[node])
         per = per_sm_one_sum if alone else per_sm
         if (node.device, per) not in chunks_of:
             chunks_of[(node.device, per)] = chunks or chunk_count(node.device, per)
