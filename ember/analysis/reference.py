@@ -29,6 +29,7 @@ _UNARY = {
     Op.ASIN: torch.asin, Op.ACOS: torch.acos, Op.ATAN: torch.atan, Op.SINH: torch.sinh,
     Op.COSH: torch.cosh, Op.TANH: torch.tanh, Op.ASINH: torch.asinh, Op.ACOSH: torch.acosh,
     Op.ATANH: torch.atanh, Op.SIGMOID: torch.sigmoid, Op.ERF: torch.erf, Op.ERFC: torch.erfc,
+    Op.ONE_PLUS_ERF: lambda x: torch.erf(x) + 1,
     Op.FLOOR: torch.floor, Op.CEIL: torch.ceil, Op.ROUND: torch.round, Op.TRUNC: torch.trunc,
     Op.SIGN: torch.sign, Op.NOT: torch.logical_not, Op.BITNOT: torch.bitwise_not,
     Op.ISNAN: torch.isnan, Op.ISINF: torch.isinf, Op.SIGNBIT: torch.signbit,

@@ -259,3 +259,31 @@ template <typename T> EMBER_FN T ember_shr(T a, T b) {
   return (b < 0 || b >= (T)(8 * sizeof(T))) ? (T)(a < 0 ? -1 : 0) : (T)(a >> b);
 }
 """
+
+# 1 + erf(z) in float32 (passes/erf.py): R of log2(erfc(t)) = t * R(t) on [0, 4], highest degree
+# first, from tools/fit_one_plus_erf.py. runtime/triton_helpers.py (one_plus_erf) spells the same
+# numbers; a test holds the two to each other.
+ONE_PLUS_ERF_POLY = (
+    1.1539782462932635e-07, -3.0300464004540117e-06, 3.537570228218101e-05, -0.00023980667174328119,
+    0.0010127660352736712, -0.00242486409842968, 0.00010724039748311043, 0.02779647707939148,
+    -0.14836527407169342, -0.918427050113678, -1.6279085874557495,
+)
+ONE_PLUS_ERF_CUTOFF = 4.0
+
+
+def one_plus_erf_source(fma: str, exp2: str) -> str:
+    """C source of ``ember_one_plus_erf(float)``, with the backend's spellings of a float fused
+    multiply-add (``fma``, a function name) and of 2^x (``exp2``, a format string)."""
+    steps = "\n".join(f"  r = {fma}(r, t, {c!r}f);" for c in ONE_PLUS_ERF_POLY[1:])
+    return f"""
+// 1 + erf(z) for float32 from one polynomial (passes/erf.py): erfc(|z|) = 2^(t R(t)), accurate
+// where eager's 1 + erf cancels (z < -1); 0 past |z| = {ONE_PLUS_ERF_CUTOFF}, where erf is +-1 in float32.
+EMBER_FN float ember_one_plus_erf(float z) {{
+  float t = z < 0.0f ? -z : z;
+  float r = {ONE_PLUS_ERF_POLY[0]!r}f;
+{steps}
+  float e = {exp2.format("t * r")};
+  e = t > {ONE_PLUS_ERF_CUTOFF!r}f ? 0.0f : e;
+  return z < 0.0f ? e : 2.0f - e;
+}}
+"""

@@ -14,7 +14,7 @@ from ..ir import shapes as sh
 from ..ir.ops import TRANSCENDENTAL_OPS, Op
 from ..schedule.kernel_ir import CHUNK, SCRATCH_ROW, SEGMENT_LENGTH, Kernel, Value, inner_var, outer_var
 from ..schedule.loops import stash_recomputed
-from .c_prelude import COMMON_PRELUDE
+from .c_prelude import COMMON_PRELUDE, one_plus_erf_source
 from .cexpr import device_size_lines, index_expr
 from .cpp_columns import ColumnTiles, column_tiles
 from .cpp_scatter import owned_rows, render_owned_rows
@@ -226,7 +226,7 @@ template <typename T> EMBER_FN T ember_scan_min(T best, T x) {
 #pragma omp declare reduction(emin : float : omp_out = ember_min(omp_out, omp_in)) initializer(omp_priv = INFINITY)
 #pragma omp declare reduction(emax : double : omp_out = ember_max(omp_out, omp_in)) initializer(omp_priv = -INFINITY)
 #pragma omp declare reduction(emin : double : omp_out = ember_min(omp_out, omp_in)) initializer(omp_priv = INFINITY)
-"""
+""" + one_plus_erf_source("std::fma", "ember_exp(({}) * 0.6931471805599453f)")
 
 
 def _argred_decls(kernels: list[Kernel]) -> str:

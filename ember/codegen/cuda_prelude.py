@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .c_prelude import COMMON_PRELUDE
+from .c_prelude import COMMON_PRELUDE, one_plus_erf_source
 from .cuda_scan import SCAN_PRELUDE
 
 UNROLL = 4                # elements per thread per iteration of every strided loop
@@ -121,6 +121,11 @@ EMBER_FN int64_t ember_mod(int64_t a, int64_t b) { int32_t unused = 0; return em
 EMBER_FN float ember_exp_approx(float x) {
   float y;
   asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+}
+EMBER_FN float ember_exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 EMBER_FN float ember_div_full(float a, float b) {
@@ -267,4 +272,4 @@ template <typename T, typename F> EMBER_FN T ember_column_reduce(T v, F combine,
   return v;
 }
 """.replace("__UNROLL__", str(UNROLL)).replace("__MAX_BLOCKS__", str(MAX_BLOCKS)).replace(
-    "__THREADS__", str(REDUCTION_THREADS)) + SCAN_PRELUDE
+    "__THREADS__", str(REDUCTION_THREADS)) + SCAN_PRELUDE + one_plus_erf_source("fmaf", "ember_exp2_approx({})")

@@ -110,7 +110,7 @@ _TL = {Op.EXP: "tl.exp", Op.EXP2: "tl.exp2", Op.LOG: "tl.log", Op.LOG2: "tl.log2
 _HELPER = {Op.EXPM1: "expm1", Op.LOG1P: "log1p", Op.LOG10: "log10", Op.SIN: "sin", Op.COS: "cos",
            Op.TAN: "tan", Op.ASIN: "asin", Op.ACOS: "acos", Op.ATAN: "atan", Op.SINH: "sinh",
            Op.COSH: "cosh", Op.TANH: "tanh", Op.ASINH: "asinh", Op.ACOSH: "acosh",
-           Op.ATANH: "atanh", Op.ERFC: "erfc", Op.ROUND: "rint", Op.TRUNC: "trunc",
+           Op.ATANH: "atanh", Op.ERFC: "erfc", Op.ONE_PLUS_ERF: "one_plus_erf", Op.ROUND: "rint", Op.TRUNC: "trunc",
            Op.SIGN: "sign", Op.ISINF: "isinf", Op.ATAN2: "atan2", Op.SHL: "shl", Op.SHR: "shr",
            Op.HYPOT: "hypot", Op.COPYSIGN: "copysign", Op.NEXTAFTER: "nextafter", Op.SIGNBIT: "signbit",
            Op.GCD: "gcd", Op.LCM: "lcm"}

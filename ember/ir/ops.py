@@ -51,6 +51,7 @@ class Op(Enum):
     SIGMOID = "sigmoid"
     ERF = "erf"
     ERFC = "erfc"
+    ONE_PLUS_ERF = "one_plus_erf"  # 1 + erf(x), float32 only (passes/erf.py): a GELU's factor
     FLOOR = "floor"
     CEIL = "ceil"
     ROUND = "round"            # half to even, as torch.round
@@ -150,7 +151,7 @@ VIEW_OPS = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SLICE})
 UNARY_OPS = frozenset({
     Op.NEG, Op.ABS, Op.EXP, Op.EXP2, Op.EXPM1, Op.LOG, Op.LOG2, Op.LOG10, Op.LOG1P, Op.SQRT,
     Op.RSQRT, Op.RECIPROCAL, Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.SINH, Op.COSH,
-    Op.TANH, Op.ASINH, Op.ACOSH, Op.ATANH, Op.SIGMOID, Op.ERF, Op.ERFC, Op.FLOOR, Op.CEIL,
+    Op.TANH, Op.ASINH, Op.ACOSH, Op.ATANH, Op.SIGMOID, Op.ERF, Op.ERFC, Op.ONE_PLUS_ERF, Op.FLOOR, Op.CEIL,
     Op.ROUND, Op.TRUNC, Op.SIGN, Op.NOT, Op.BITNOT, Op.ISNAN, Op.ISINF, Op.SIGNBIT, Op.CAST,
 })
 BINARY_OPS = frozenset({
@@ -174,7 +175,7 @@ PREDICATE_OPS = frozenset({
 FLOAT_OPS = frozenset({
     Op.EXP, Op.EXP2, Op.EXPM1, Op.LOG, Op.LOG2, Op.LOG10, Op.LOG1P, Op.SQRT, Op.RSQRT, Op.SIN,
     Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.SINH, Op.COSH, Op.TANH, Op.ASINH, Op.ACOSH,
-    Op.ATANH, Op.SIGMOID, Op.ERF, Op.ERFC, Op.DIV, Op.ATAN2, Op.HYPOT, Op.COPYSIGN, Op.NEXTAFTER,
+    Op.ATANH, Op.SIGMOID, Op.ERF, Op.ERFC, Op.ONE_PLUS_ERF, Op.DIV, Op.ATAN2, Op.HYPOT, Op.COPYSIGN, Op.NEXTAFTER,
 })
 # (not max and min: eager's keep their first operand on a tie, so maximum(-0.0, 0.0) is -0.0
 # and maximum(0.0, -0.0) is 0.0)
@@ -186,5 +187,5 @@ COMMUTATIVE_OPS = frozenset({
 TRANSCENDENTAL_OPS = frozenset({
     Op.EXP, Op.EXP2, Op.EXPM1, Op.LOG, Op.LOG2, Op.LOG10, Op.LOG1P, Op.SIN, Op.COS, Op.TAN,
     Op.ASIN, Op.ACOS, Op.ATAN, Op.SINH, Op.COSH, Op.TANH, Op.ASINH, Op.ACOSH, Op.ATANH,
-    Op.SIGMOID, Op.ERF, Op.ERFC, Op.POW, Op.ATAN2, Op.HYPOT, Op.GCD, Op.LCM,
+    Op.SIGMOID, Op.ERF, Op.ERFC, Op.ONE_PLUS_ERF, Op.POW, Op.ATAN2, Op.HYPOT, Op.GCD, Op.LCM,
 })

@@ -16,6 +16,7 @@ from ..ir.verify import verify
 from .chunks import CHUNKS_PER_SM, CHUNKS_PER_SM_ONE_SUM, CUDA_CHUNKS_PER_SM, chunk_column_sums
 from .cse import cse
 from .dce import dce
+from .erf import one_plus_erf
 from .fold import fold_constants
 from .masks import mask_multiplies
 from .matmul import fold_matmul_adds, matmul_epilogues
@@ -32,6 +33,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("simplify_views", simplify_views),
     ("ragged_writes_as_gathers", ragged_writes_as_gathers),
     ("cse", cse),
+    ("one_plus_erf", one_plus_erf),
     ("reversed_scans", reversed_scans),
     ("padded_scans", padded_scans),
     ("one_hot_sums", one_hot_sums),

@@ -446,6 +446,28 @@ def erf_lowp(x):
 
 
 @triton.jit
+def one_plus_erf(z):
+    # 1 + erf(z) for float32 (passes/erf.py): erfc(|z|) = 2^(t R(t)) from one polynomial, where
+    # libdevice's erf selects two polynomials' coefficients per element (about twice the
+    # instructions). R's coefficients are codegen/c_prelude.py's ONE_PLUS_ERF_POLY.
+    t = tl.abs(z)
+    r = tl.full(t.shape, 1.1539782462932635e-07, tl.float32)
+    r = tl.fma(r, t, -3.0300464004540117e-06)
+    r = tl.fma(r, t, 3.537570228218101e-05)
+    r = tl.fma(r, t, -0.00023980667174328119)
+    r = tl.fma(r, t, 0.0010127660352736712)
+    r = tl.fma(r, t, -0.00242486409842968)
+    r = tl.fma(r, t, 0.00010724039748311043)
+    r = tl.fma(r, t, 0.02779647707939148)
+    r = tl.fma(r, t, -0.14836527407169342)
+    r = tl.fma(r, t, -0.918427050113678)
+    r = tl.fma(r, t, -1.6279085874557495)
+    e = tl.math.exp2(t * r)
+    e = tl.where(t > 4.0, 0.0, e)
+    return tl.where(z < 0, e, 2.0 - e)
+
+
+@triton.jit
 def sign(x):  # (NaN -> 0, as eager's sign)
     return tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, 0.0)).to(x.dtype)
 
