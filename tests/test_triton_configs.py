@@ -459,3 +459,35 @@ def test_kernels_with_scratch_or_clusters_keep_tritons_launcher():
     for meta in (Meta(64, 0, 1, False, False, 0, 4), Meta(0, 0, 2, False, False, 0, 4),
                  Meta(0, 0, 1, False, True, 0, 4)):
         assert direct_launcher(SimpleNamespace(metadata=meta, src=src, name="k"), 0) is None
+
+
+def test_direct_launch_passes_addresses_to_torchs_static_launcher(monkeypatch):
+    # torch's C++ launcher, where it exists: tensors go as their addresses (it would query the
+    # driver for a tensor's), the letters follow the layout, two scratch pointers end the list;
+    # an error there (another device's kernel in a thread without a context) retries through
+    # cuda-python with the kernel's device current
+    import ctypes
+
+    from ember.runtime import triton_direct
+    from ember.runtime.triton_direct import DirectLauncher, argument_layout
+    layout = argument_layout({"x": "*bf16", "n": "i32", "B": "constexpr", "s": "fp32", "big": "i64"})
+    launcher = DirectLauncher.__new__(DirectLauncher)
+    launcher.layout = [(i, ctypes.c_void_p is kind) for i, kind in layout]
+    launcher.argument_letters = "".join(triton_direct._TYPE_LETTERS[kind] for _, kind in layout) + "OO"
+    launcher.function_handle, launcher.num_warps, launcher.shared, launcher.device = 1234, 4, 512, 0
+    calls, fallbacks = [], []
+    launcher._static = lambda *a: calls.append(a)
+    launcher._launch_through_cuda_python = lambda *a: fallbacks.append(a)
+    x = torch.zeros(4)
+    launcher(3, 1, 77, (x, 10, 64, 0.5, 2**40))
+    assert calls == [(1234, 3, 1, 1, 4, 512, "OiflOO", (x.data_ptr(), 10, 0.5, 2**40, None, None), 77)]
+    assert not fallbacks
+
+    def fails(*a):
+        raise RuntimeError("CUDA driver error: invalid resource handle")
+
+    made_current = []
+    launcher._static = fails
+    monkeypatch.setattr(triton_direct, "make_context_current", made_current.append)
+    launcher(3, 1, 77, (x, 10, 64, 0.5, 2**40))
+    assert made_current == [0] and fallbacks == [(3, 1, 77, (x, 10, 64, 0.5, 2**40))]

@@ -3,9 +3,14 @@
 Triton launches a kernel through a small C extension that it generates for each new argument
 signature and builds with the host's C compiler: about 0.4 s per signature, the largest part of a
 cold compile for a graph whose kernels take new argument lists. ember launches the compiled cubin
-itself with ``cuLaunchKernel``, as Inductor's static launcher does, from ctypes argument slots
-filled in place (as ``cuda_backend`` launches its CUDA C++ kernels). The argument list follows
-Triton's ABI: the non-constexpr arguments in order, then the global and profile scratch pointers.
+itself with ``cuLaunchKernel``. The argument list follows Triton's ABI: the non-constexpr
+arguments in order, then the global and profile scratch pointers.
+
+The launch goes through PyTorch's own C++ launcher (``torch._C._StaticCudaLauncher``, Inductor's)
+where this torch has it, given the tensors' addresses as integers (a tensor would cost it a driver
+query per pointer): about half the host time of cuda-python's ``cuLaunchKernel`` from ctypes
+slots, which remains the fallback (and the path for a thread whose current context is another
+device's).
 
 Kernels this path cannot launch (scratch memory, clusters, cooperative or programmatic launches,
 tensor descriptors, no cuda-python) keep Triton's own launcher.
@@ -20,6 +25,20 @@ from typing import Any
 import torch
 
 from .cuda_backend import _check, _driver, make_context_current
+
+# the static launcher's letter for each argument type (pointers: 'O', an address as an int)
+_TYPE_LETTERS = {
+    ctypes.c_void_p: "O", ctypes.c_int8: "b", ctypes.c_int16: "h", ctypes.c_int32: "i", ctypes.c_int64: "l",
+    ctypes.c_uint8: "B", ctypes.c_uint16: "H", ctypes.c_uint32: "I", ctypes.c_uint64: "K", ctypes.c_float: "f",
+    ctypes.c_double: "d",
+}
+
+
+def _static_launch() -> Any:
+    """PyTorch's C++ kernel launcher (CUDA builds of torch 2.7 and later), or None."""
+    launcher = getattr(torch._C, "_StaticCudaLauncher", None)
+    return getattr(launcher, "_launch_kernel", None)
+
 
 _SCALARS: dict[str, Any] = {
     "i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
@@ -78,7 +97,11 @@ class DirectLauncher:
         if self.threads > max_threads:
             raise RuntimeError(f"{kernel.name}: {self.threads} threads, the kernel allows {max_threads}")
         self.function = driver.CUfunction(function)
+        self.function_handle = int(function)
+        self.num_warps = kernel.metadata.num_warps
         self.shared = kernel.metadata.shared
+        self._static = _static_launch()
+        self.argument_letters = "".join(_TYPE_LETTERS[kind] for _, kind in layout) + "OO"  # (+ the scratches)
         self.layout = [(i, ctypes.c_void_p is kind) for i, kind in layout]
         self._slots = [kind() for _, kind in layout] + [ctypes.c_void_p(0), ctypes.c_void_p(0)]  # scratch
         self._argv = (ctypes.c_void_p * len(self._slots))(*[ctypes.addressof(s) for s in self._slots])
@@ -87,6 +110,21 @@ class DirectLauncher:
         self._lock = threading.Lock()
 
     def __call__(self, grid_x: int, grid_y: int, stream: int, args: tuple[Any, ...]) -> None:
+        if self._static is not None:
+            values = tuple([args[i].data_ptr() if pointer and isinstance(args[i], torch.Tensor) else args[i]
+                            for i, pointer in self.layout] + [None, None])
+            try:
+                self._static(self.function_handle, grid_x, grid_y, 1, self.num_warps, self.shared,
+                             self.argument_letters, values, stream)
+                return
+            except RuntimeError:
+                # A thread with no current context gets device 0's from it, where another
+                # device's kernel fails: the driver path, with this device's context, launches
+                # it or reports the error.
+                make_context_current(self.device)
+        self._launch_through_cuda_python(grid_x, grid_y, stream, args)
+
+    def _launch_through_cuda_python(self, grid_x: int, grid_y: int, stream: int, args: tuple[Any, ...]) -> None:
         handle = self._streams.get(stream)
         if handle is None:
             handle = self._streams[stream] = self.driver.CUstream(stream)

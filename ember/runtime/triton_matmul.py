@@ -83,9 +83,10 @@ def needs_int64_offsets(t: torch.Tensor) -> bool:
     """Can a kernel's offsets into ``t`` reach 2^31? Not only when it has that many elements:
     a strided view (``base[:, :2]`` of a wide base) has few elements but offsets up to its
     last element's, and a kernel given int32 offsets (BIG false) wraps them negative."""
-    if t.numel() >= 2**31:
+    n = t.numel()
+    if n >= 2**31:
         return True
-    if t.numel() == 0 or t.is_contiguous():
+    if n == 0 or t.is_contiguous():
         return False
     return sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())) >= 2**31
 
