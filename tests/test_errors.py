@@ -448,8 +448,15 @@ def test_index_copy_of_a_negative_index_raises_as_in_eager():
     (lambda x: torch.add(x, x, alpha=2.5), torch.tensor([1, 2])),
     (lambda x: x.masked_fill(x > 1, float("nan")), torch.tensor([1, 2])),
     (lambda x: x.masked_fill(x > 1, float("inf")), torch.tensor([1, 2])),
+    # (eager converts hardshrink's lambd and threshold's value to the input's dtype, an integer
+    # threshold to the integer type, checked; celu divides by alpha: the decompositions computed)
+    (lambda x: F.hardshrink(x, 1e5), torch.tensor([1.0, -2.0], dtype=torch.float16)),
+    (lambda x: F.threshold(x, 1.0, 70000.0), torch.tensor([1.0, -2.0], dtype=torch.float16)),
+    (lambda x: F.threshold(x, 1e20, 1), torch.tensor([1, 2])),
+    (lambda x: F.celu(x, 0.0), torch.tensor([1.0, -2.0])),
 ], ids=["bool_alpha_ints", "bool_alpha_floats", "float_alpha_bools", "float_alpha_ints", "nan_into_ints",
-        "inf_into_ints"])
+        "inf_into_ints", "hardshrink_lambd_past_half", "threshold_value_past_half", "threshold_past_int64",
+        "celu_alpha_0"])
 def test_scalars_eager_refuses_for_the_dtype_raise_runtime_error(fn, x):
     assert _eager_error(fn, x) is RuntimeError
     with pytest.raises(RuntimeError) as info:
@@ -621,10 +628,18 @@ def test_scalars_that_fit_still_compile():
     (lambda x: torch.trace(x[None].expand(3, 3)), torch.tensor([True, False, True])),
     (lambda x: torch.linalg.cross(torch.ones(3), x), torch.ones(3, dtype=torch.float64)),
     (lambda x: torch.linalg.cross(x, x), torch.tensor([True, False, True])),
+    # (their references raised ValueError (a float slope) and TypeError (finfo of an integer
+    # dtype) while tracing; hardshrink's decomposition and threshold's computed them)
+    (lambda x: F.leaky_relu(x), torch.tensor([-3, 2])),
+    (lambda x: F.softshrink(x, 1.0), torch.tensor([-3, 2])),
+    (lambda x: F.softshrink(x), torch.tensor([True, False])),
+    (lambda x: F.hardshrink(x, 1.0), torch.tensor([-3, 2])),
+    (lambda x: F.threshold(x, 0.5, 1.0), torch.tensor([True, False])),
 ], ids=["lerp_int", "floor_bool", "round_bool", "relu_bool", "gelu_int", "silu_int", "logaddexp_int", "addcmul_bool",
         "hardsigmoid_int", "hardswish_int", "softplus_int", "leaky_relu_int", "frac_int", "glu_int", "mish_int",
         "celu_int", "logsigmoid_int", "prelu_int", "smooth_l1_int", "huber_int", "heaviside_mixed",
-        "mv_mixed", "mv_bool", "dot_bool", "trace_bool", "cross_mixed", "cross_bool"])
+        "mv_mixed", "mv_bool", "dot_bool", "trace_bool", "cross_mixed", "cross_bool", "leaky_relu_float_slope_int",
+        "softshrink_int", "softshrink_bool", "hardshrink_int", "threshold_bool"])
 def test_dtypes_eager_has_no_kernel_for_raise_its_error(fn, x):
     # the decompositions (or ember's lowerings) computed something for them
     expected = _eager_error(fn, x)

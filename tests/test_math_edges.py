@@ -133,3 +133,49 @@ def test_rrelu_in_evaluation_is_generated_as_eagers_leaky_relu():
     grads = [torch.autograd.grad(y.sum(), x)[0] for y in (out, ref)]
     assert torch.equal(grads[0].nan_to_num(7.0), grads[1].nan_to_num(7.0)), grads
     assert not [g.error for g in report.graphs if g.error] and not report.fallbacks, report.fallbacks
+
+
+def test_logit_with_eps_past_one_half_clamps_as_eager():
+    # eager's kernel takes x < lo ? lo : (x > hi ? hi : x); with eps > 0.5, lo > hi and clamp's
+    # min(max(x, lo), hi) gave hi everywhere: logit(0, eps=0.7) was -0.85 where eager gives 0.85
+    # (no NaN: its gradient is NaN in eager's scalar loop and 0 in its vectorized one)
+    x = torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0, -2.0, 0.3], requires_grad=True)
+    fn = lambda x: torch.logit(x, eps=0.7)  # noqa: E731
+    out, report = run(fn, x)
+    ref = fn(x)
+    assert_same(out, ref)
+    grads = [torch.autograd.grad(y.sum(), x)[0] for y in (out, ref)]
+    assert_same(grads[0], grads[1])
+    assert not [g.error for g in report.graphs if g.error] and not report.fallbacks
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8], ids=str)
+def test_threshold_of_integers_truncates_the_threshold_as_eager(dtype):
+    # eager's kernel holds the threshold in the integer type: -0.5 is 0, so threshold(0, -0.5, 2)
+    # is 2 where the decomposition's 0 <= -0.5 kept 0; an unsigned dtype takes -1 as its maximum
+    # (and refuses a negative float for it: an error in eager and ember alike)
+    x = torch.tensor([0, 1, 3, 7, 200], dtype=dtype)
+    for fn in (lambda x: torch.nn.functional.threshold(x, -0.5 if x.dtype.is_signed else 0.5, 2),
+               lambda x: torch.nn.functional.threshold(x, 2.9, 5), lambda x: torch.nn.functional.threshold(x, -1, 9),
+               lambda x: torch.nn.functional.threshold(x, -255, 9)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            out, report = run(fn, x)
+        assert_same(out, fn(x))
+        assert not [g.error for g in report.graphs if g.error] and not report.fallbacks
+
+
+@pytest.mark.parametrize("eps", [None, 1e-3, -0.5], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_logit_rounds_each_16_bit_step_and_takes_a_negative_eps_as_none(dtype, eps):
+    # eager's CPU kernels compute log(x / (1 - x)) and the gradient's x * (1 - x) in the 16-bit
+    # dtype, each step rounded (10% of float16 logits were 2 to 4 ulps off); a negative eps is
+    # no eps there, so outside [0, 1] the gradient is NaN (the decomposition clamped to eps)
+    x = torch.cat([torch.linspace(0, 1, 2001), torch.tensor([-0.25, 1.25, -2.0])]).to(dtype).requires_grad_()
+    fn = lambda x: torch.logit(x, eps)  # noqa: E731
+    out, report = run(fn, x)
+    ref = fn(x)
+    grads = [torch.autograd.grad(y.sum(), x)[0] for y in (out, ref)]
+    for o, r in ((out, ref), grads):
+        assert torch.equal(o.isnan(), r.isnan()) and torch.equal(o[~o.isnan()], r[~r.isnan()]), (o, r)
+    assert not [g.error for g in report.graphs if g.error] and not report.fallbacks

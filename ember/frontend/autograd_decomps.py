@@ -20,6 +20,10 @@ tensors before any backend is called; the checks only raise eager's errors).
 (softshrink's decomposition gives a NaN input a gradient of 0, as eager's vectorized kernel does,
 where its scalar tail passes the incoming one: eager has no one answer there.)
 
+``hardshrink``: torch's decomposition computed integer and bool inputs, which eager's kernel
+refuses (NotImplementedError), and a ``lambd`` out of the input dtype's range, which eager's
+kernel converts with its overflow check (RuntimeError); such calls keep the op for ATen to refuse.
+
 ``eager_decompositions()`` puts the versions below in their place while AOTAutograd traces
 (and random_decomps.py's dropout and bernoulli_, which draw what eager's kernels draw).
 """
@@ -33,6 +37,7 @@ from typing import Any
 import torch
 from torch._C import DispatchKey
 
+from .aten_scalars import scalar_fits
 from .bag_decomps import bag_overrides
 from .layout_decomps import layout_overrides
 from .random_decomps import dropout_overrides, functional_bernoulli
@@ -134,8 +139,25 @@ def in_table(decomposition: Any) -> Any:
     return decompose
 
 
+def _hardshrink_refused(x: torch.Tensor, lambd: Any) -> bool:
+    return not x.dtype.is_floating_point or isinstance(lambd, (int, float)) and not scalar_fits(lambd, x.dtype)
+
+
+def hardshrink(x: torch.Tensor, lambd: Any = 0.5) -> torch.Tensor:
+    """``aten.hardshrink``: torch's decomposition, or the op where eager's kernel refuses."""
+    if _hardshrink_refused(x, lambd):
+        return _aten(aten.hardshrink.default, x, lambd)
+    return torch.where(torch.abs(x) <= lambd, 0, x)
+
+
+def hardshrink_in_table(x: torch.Tensor, lambd: Any = 0.5) -> Any:
+    """hardshrink for a decomposition table: NotImplemented (the op stays) where eager refuses."""
+    return NotImplemented if _hardshrink_refused(x, lambd) else hardshrink(x, lambd)
+
+
 _OVERRIDES = {aten.multi_margin_loss.default: multi_margin_loss,
-              aten.multilabel_margin_loss_forward.default: multilabel_margin_loss_forward}
+              aten.multilabel_margin_loss_forward.default: multilabel_margin_loss_forward,
+              aten.hardshrink.default: hardshrink}
 
 
 @contextlib.contextmanager

@@ -1,7 +1,9 @@
 """Ops whose tracing refuses a dtype with a RuntimeError where eager's kernel, finding no
 implementation for the dtype, raises NotImplementedError ('"lshift_cpu" not implemented for
 'Bool''): shifts of bools or floats, floor division of bools or complex numbers, lcm of bools,
-elu and selu of integers, frac, log_sigmoid and logaddexp of bools.
+elu and selu of integers, frac, log_sigmoid and logaddexp of bools; leaky_relu and softshrink
+of integers and bools, whose references raise ValueError (a float slope for an integer dtype)
+and TypeError (torch.finfo of an integer dtype).
 
 torch's meta functions and references check dtypes with ``torch._check`` (RuntimeError) while
 Dynamo traces the program; eager only reaches its dispatch macro, which raises
@@ -18,10 +20,12 @@ import torch
 _SHIFT_KERNELS = {"lshift": "lshift", "rshift": "rshift"}
 # Float-only ops whose references (or decompositions) compute in the operands' dtype and refuse
 # an integer or bool one with a RuntimeError (elu's alpha cast to int, a bool subtraction or
-# negation): their frame's name -> (eager's kernel, the operands' names). selu goes through elu.
-_FLOAT_ONLY_REFS = {"elu": ("elu", ("a",)), "frac": ("frac", ("x",)),
-                    "log_sigmoid_forward": ("log_sigmoid", ("self",)),
-                    "logaddexp": ("logaddexp", ("a", "b")), "logaddexp2": ("logaddexp2", ("a", "b"))}
+# negation; leaky_relu's ValueError, softshrink's TypeError): their frame's name -> (eager's
+# kernel, the operands' names). selu goes through elu.
+_FLOAT_ONLY_REFS = {"elu": ("elu_cpu", ("a",)), "frac": ("frac_cpu", ("x",)),
+                    "log_sigmoid_forward": ("log_sigmoid_cpu", ("self",)),
+                    "logaddexp": ("logaddexp_cpu", ("a", "b")), "logaddexp2": ("logaddexp2_cpu", ("a", "b")),
+                    "leaky_relu": ("leaky_relu_cpu", ("a",)), "softshrink": ("softshrink_check", ("a",))}
 
 
 def traceback_frames(e: BaseException) -> list[FrameType]:
@@ -54,10 +58,13 @@ def _promoted(a: object, b: object) -> torch.dtype | None:
 
 def eager_kernel_refusal(e: BaseException) -> NotImplementedError | None:
     """eager's NotImplementedError for a RuntimeError ``e`` that torch's tracing raised where
-    eager has no kernel for the operands' dtype; None where eager computes a value or raises
-    something else (a shift of bools by an integer runs in int64 in eager)."""
-    if type(e) is not RuntimeError:
+    eager has no kernel for the operands' dtype (or a ValueError or TypeError of a float-only
+    reference); None where eager computes a value or raises something else (a shift of bools by
+    an integer runs in int64 in eager)."""
+    if type(e) not in (RuntimeError, ValueError, TypeError):
         return None
+    if type(e) is not RuntimeError:  # (only the float-only references raise these)
+        return _float_only_refusal(e)
     for frame in traceback_frames(e):
         name, local = frame.f_code.co_name, frame.f_locals
         if name == "shift_dtype_check" and _in_torch(frame, "/torch/_meta_registrations"):
@@ -75,10 +82,20 @@ def eager_kernel_refusal(e: BaseException) -> NotImplementedError | None:
                 kernel = "div_floor" if name == "floor_divide" else name
                 return NotImplementedError(f'"{kernel}_cpu" not implemented for \'{_dtype_name(dtype)}\'')
         if name in _FLOAT_ONLY_REFS and (_in_torch(frame, "/torch/_refs/") or _in_torch(frame, "/torch/_decomp/")):
+            return _float_only_refusal(e)
+    return None
+
+
+def _float_only_refusal(e: BaseException) -> NotImplementedError | None:
+    """eager's NotImplementedError where ``e`` was raised in a float-only reference
+    (``_FLOAT_ONLY_REFS``) given operands of an integer or bool dtype."""
+    for frame in traceback_frames(e):
+        name, local = frame.f_code.co_name, frame.f_locals
+        if name in _FLOAT_ONLY_REFS and (_in_torch(frame, "/torch/_refs/") or _in_torch(frame, "/torch/_decomp/")):
             kernel, names = _FLOAT_ONLY_REFS[name]
             operands = [local.get(n) for n in names]
             dtype = _promoted(*operands) if len(operands) == 2 else getattr(operands[0], "dtype", None)
             if isinstance(dtype, torch.dtype) and not (dtype.is_floating_point or dtype.is_complex):
-                return NotImplementedError(f'"{kernel}_cpu" not implemented for \'{_dtype_name(dtype)}\'')
+                return NotImplementedError(f'"{kernel}" not implemented for \'{_dtype_name(dtype)}\'')
             return None
     return None

@@ -28,6 +28,7 @@ from ..ir import dtypes as dt
 from .aten_scalars import scalar_fits
 from .autograd_decomps import (
     eager_decompositions,
+    hardshrink_in_table,
     in_table,
     multi_margin_loss,
     multilabel_margin_loss_forward,
@@ -94,7 +95,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     for op in (aten.lerp.Scalar, aten.lerp.Tensor, aten.silu.default, aten.logaddexp.default,
                aten.hardsigmoid.default, aten.hardswish.default, aten.softplus.default, aten.frac.default,
                aten.glu.default, aten.mish.default, aten.celu.default, aten.log_sigmoid_forward.default,
-               aten._prelu_kernel.default, aten.hardshrink.default, aten.softshrink.default,
+               aten._prelu_kernel.default, aten.softshrink.default,
                aten.smooth_l1_loss.default, aten.huber_loss.default):
         if op in table:
             table[op] = _floats_only(table[op])
@@ -140,7 +141,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # float16's epsilon) are replaced by eager's formulas (loss_decomps.py).
     table.pop(aten.binary_cross_entropy.default, None)
     table.update(loss_decompositions())
-    # logit's bounds rounded to the input's dtype, as eager's kernels hold them (special_decomps.py)
+    # logit's bounds and 16-bit steps rounded as eager's kernels hold them, threshold's and celu's
+    # arguments as eager's take them (special_decomps.py)
     table.update(special_decompositions())
     table[aten.smooth_l1_loss.default] = _eager_when(table[aten.smooth_l1_loss.default], _negative_beta)
     # eager computes in the target's dtype, in place ((1 - target).mul_(input)), so an integer or
@@ -160,6 +162,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # torch's decompositions give a term at the margin a gradient and let a NaN in (autograd_decomps.py)
     table[aten.multi_margin_loss.default] = in_table(multi_margin_loss)
     table[aten.multilabel_margin_loss_forward.default] = in_table(multilabel_margin_loss_forward)
+    # (integers, bools and a lambd out of range keep the op: eager's kernel refuses them)
+    table[aten.hardshrink.default] = hardshrink_in_table
     # list ops split per tensor, Dynamo's fma, add's symbolic alpha, GradScaler's ops (optimizer_decomps.py)
     table.update(optimizer_decompositions())
     # channel_shuffle's result in its input's memory format, as eager's (layout_decomps.py)
