@@ -8,8 +8,9 @@ arguments in order, then the global and profile scratch pointers.
 
 The launch goes through PyTorch's own C++ launcher (``torch._C._StaticCudaLauncher``, Inductor's)
 where this torch has it, given the tensors' addresses as integers (a tensor would cost it a driver
-query per pointer). Under cProfile in a GPT step it took 12.7 µs a launch where cuda-python's
-``cuLaunchKernel`` from ctypes slots took 31 (bench/RESULTS.md); that path remains the fallback,
+query per pointer). Profiling a GPT step, Inductor's launches through it took 12.7 µs each, and
+ember's through cuda-python's ``cuLaunchKernel`` from ctypes slots 31 (bench/RESULTS.md). That
+path remains the fallback,
 and the path for a thread whose current context is another device's.
 
 Kernels this path cannot launch (scratch memory, clusters, cooperative or programmatic launches,
