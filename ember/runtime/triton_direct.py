@@ -10,8 +10,7 @@ The launch goes through PyTorch's own C++ launcher (``torch._C._StaticCudaLaunch
 where this torch has it, given the tensors' addresses as integers (a tensor would cost it a driver
 query per pointer). Profiling a GPT step, Inductor's launches through it took 12.7 µs each, and
 ember's through cuda-python's ``cuLaunchKernel`` from ctypes slots 31 (bench/RESULTS.md). That
-path remains the fallback,
-and the path for a thread whose current context is another device's.
+path remains the fallback, and the path for a thread whose current context is another device's.
 
 Kernels this path cannot launch (scratch memory, clusters, cooperative or programmatic launches,
 tensor descriptors, no cuda-python) keep Triton's own launcher.
