@@ -311,9 +311,9 @@ def kernels_of(monkeypatch):
     """fn, *args -> the kernel IR objects the Triton backend rendered for them."""
     seen = record_rendered(monkeypatch, triton_backend.TritonBackend)
 
-    def kernels(fn, *args):
+    def kernels(fn, *args, options=None):
         seen.clear()
-        ember.explain(fn, *args, target="triton")
+        ember.explain(fn, *args, target="triton", options=options)
         return list(seen)
 
     return kernels
@@ -357,12 +357,15 @@ def test_hints_read_from_the_kernel_ir(kernels_of):
     assert tc.heuristic("rows", 256 * 768, 256, tc.hints_of(backward))[0] == dict(
         XBLOCK=128, RBLOCK=16, num_warps=2, PERSISTENT=False, num_stages=1)
     # a LayerNorm's backward adding its weight's gradient over runs of rows: chunked, so it keeps
-    # the 4096-element tiles (its programs hold column partials too)
-    x, w = torch.randn(64, 768, requires_grad=True), torch.randn(768, requires_grad=True)
-    found = kernels_of(lambda x, w: F.layer_norm(x, (768,), w).square().sum().backward(), x, w)
+    # the 4096-element tiles (its programs hold column partials too). (Runs given: on CPU tensors
+    # their count follows the host's threads, and 64 rows did not split on a 16-core host.)
+    x, w = torch.randn(16, 768, requires_grad=True), torch.randn(768, requires_grad=True)
+    found = kernels_of(lambda x, w: F.layer_norm(x, (768,), w).square().sum().backward(), x, w,
+                       options={"row_chunks": 4})
     chunked = [k for k in found if tc.hints_of(k).chunks]
     assert chunked and tc.heuristic("rows", 65536, 768, tc.hints_of(chunked[0]))[0]["XBLOCK"] == 4
-    assert not any(tc.hints_of(k).chunks for k in kernels_of(lambda x, w: F.layer_norm(x, (768,), w), x.detach(), w))
+    forward = kernels_of(lambda x, w: F.layer_norm(x, (768,), w), x.detach(), w, options={"row_chunks": 4})
+    assert not any(tc.hints_of(k).chunks for k in forward)
 
 
 def test_pointwise_kernels_of_gathers_and_strided_stores_only_take_small_programs(kernels_of):
