@@ -61,6 +61,13 @@ def _eps(eps: Any) -> Any:
     return None if isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps < 0 else eps
 
 
+def _gpu_in_order(x: torch.Tensor, bounds: tuple[float, float] | None) -> bool:
+    """GPU kernels hold the bounds in float32; where lo <= hi torch's decomposition computes as
+    they do (a clamp here would round float bounds to a 16-bit x's dtype: bfloat16 1 - 1e-3 is 1.0,
+    and logit(1.0) inf where eager's GPU kernel gives 6.9)."""
+    return x.device.type != "cpu" and (bounds is None or bounds[0] <= bounds[1])
+
+
 def _rounds_each_step(x: torch.Tensor) -> bool:
     """Whether eager's kernel computes ``x``'s steps in its 16-bit dtype (the CPU's), each rounded."""
     return x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16)
@@ -70,7 +77,7 @@ def _logit(original: Callable[..., Any]) -> Callable[..., Any]:
     def logit(x: torch.Tensor, eps: Any = None) -> torch.Tensor:
         eps = _eps(eps)
         bounds = None if eps is None else _bounds(eps, x)
-        if bounds is None and (eps is not None or not _rounds_each_step(x)):
+        if bounds is None and (eps is not None or not _rounds_each_step(x)) or _gpu_in_order(x, bounds):
             return original(x, eps)
         if bounds is not None:
             lo, hi = bounds
@@ -87,7 +94,7 @@ def _logit_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     def logit_backward(grad_output: torch.Tensor, x: torch.Tensor, eps: Any = None) -> torch.Tensor:
         eps = _eps(eps)
         bounds = None if eps is None else _bounds(eps, x)
-        if bounds is None and (eps is not None or not _rounds_each_step(x)):
+        if bounds is None and (eps is not None or not _rounds_each_step(x)) or _gpu_in_order(x, bounds):
             return original(grad_output, x, eps)
         # x * (1 - x), each step rounded where eager's kernel rounds it
         product = (x.float() * (1 - x).float()).to(x.dtype) if _rounds_each_step(x) else x * (1.0 - x)
