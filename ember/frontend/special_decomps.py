@@ -61,11 +61,16 @@ def _eps(eps: Any) -> Any:
     return None if isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps < 0 else eps
 
 
-def _gpu_in_order(x: torch.Tensor, bounds: tuple[float, float] | None) -> bool:
-    """GPU kernels hold the bounds in float32; where lo <= hi torch's decomposition computes as
-    they do (a clamp here would round float bounds to a 16-bit x's dtype: bfloat16 1 - 1e-3 is 1.0,
-    and logit(1.0) inf where eager's GPU kernel gives 6.9)."""
-    return x.device.type != "cpu" and (bounds is None or bounds[0] <= bounds[1])
+def _own_formula(x: torch.Tensor, eps: Any) -> tuple[bool, tuple[float, float] | None]:
+    """Whether logit and its gradient take the formulas below over torch's decomposition, and the
+    bounds they clamp to. On the CPU: bounds rounded to x's dtype, or 16-bit steps to round. On
+    GPUs (float32 bounds) only bounds out of order: torch's decomposition computes the rest as
+    eager's kernels do, where a clamp here would round float bounds to a 16-bit x's dtype
+    (bfloat16 1 - 1e-3 is 1.0, and logit(1.0) inf where eager's GPU kernel gives 6.9)."""
+    bounds = None if eps is None else _bounds(eps, x)
+    if x.device.type != "cpu":
+        return bounds is not None and bounds[0] > bounds[1], bounds
+    return bounds is not None or (eps is None and _rounds_each_step(x)), bounds
 
 
 def _rounds_each_step(x: torch.Tensor) -> bool:
@@ -76,8 +81,8 @@ def _rounds_each_step(x: torch.Tensor) -> bool:
 def _logit(original: Callable[..., Any]) -> Callable[..., Any]:
     def logit(x: torch.Tensor, eps: Any = None) -> torch.Tensor:
         eps = _eps(eps)
-        bounds = None if eps is None else _bounds(eps, x)
-        if bounds is None and (eps is not None or not _rounds_each_step(x)) or _gpu_in_order(x, bounds):
+        own, bounds = _own_formula(x, eps)
+        if not own:
             return original(x, eps)
         if bounds is not None:
             lo, hi = bounds
@@ -93,8 +98,8 @@ def _logit(original: Callable[..., Any]) -> Callable[..., Any]:
 def _logit_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     def logit_backward(grad_output: torch.Tensor, x: torch.Tensor, eps: Any = None) -> torch.Tensor:
         eps = _eps(eps)
-        bounds = None if eps is None else _bounds(eps, x)
-        if bounds is None and (eps is not None or not _rounds_each_step(x)) or _gpu_in_order(x, bounds):
+        own, bounds = _own_formula(x, eps)
+        if not own:
             return original(grad_output, x, eps)
         # x * (1 - x), each step rounded where eager's kernel rounds it
         product = (x.float() * (1 - x).float()).to(x.dtype) if _rounds_each_step(x) else x * (1.0 - x)
