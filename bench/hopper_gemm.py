@@ -279,7 +279,9 @@ class HopperMatmul:
 
 
 # case -> (the function, products it computes)
-CASES = {"gelu": ("lambda x, w, b: F.gelu(x @ w + b)", 1), "swiglu": ("lambda x, w, b: F.silu(x @ w) * (x @ b)", 2),
+CASES = {"gelu": ("lambda x, w, b: F.gelu(x @ w + b)", 1),
+         # an epilogue of a few instructions an element: the template's products, nearly alone
+         "relu": ("lambda x, w, b: torch.relu(x @ w + b)", 1), "swiglu": ("lambda x, w, b: F.silu(x @ w) * (x @ b)", 2),
          # a training forward's: the product is saved for the backward too (two stores an element)
          "gelu_saved": ("lambda x, w, b: (x @ w, F.gelu(x @ w + b))", 1)}
 
@@ -294,6 +296,9 @@ def main() -> None:
     p.add_argument("--check-only", action="store_true")
     p.add_argument("--tile-n", default="128", help="columns a consumer's tile: 128 or 192")
     p.add_argument("--cluster-modes", default="0", help="pairs of blocks: 0 none, 1, 2, 3 (see source())")
+    p.add_argument("--template", default="",
+                   help="ember's own kernel, fused under 'all', with codegen/cuda_matmul.py's NAME set to an int"
+                        " VALUE for each NAME=VALUE given (STAGES=5,STAGES=6)")
     p.add_argument("--case", default="gelu", choices=CASES,
                    help="gelu(x @ W + b); silu(x @ Wg) * (x @ Wu) (two products); gelu_saved: gelu(x @ W + b)"
                         " and x @ W (a training forward's two stores). Hand-written kernels: gelu only")
@@ -301,7 +306,7 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__)
     bf = torch.bfloat16
     text, products = CASES[a.case]
-    fn = eval(text, {"F": F})  # noqa: S307 -- a literal
+    fn = eval(text, {"F": F, "torch": torch})  # noqa: S307 -- a literal
     kernels = {f"{epi} s{s}{f' n{bn}' if bn != BN else ''}{f' cluster{mc}' if mc else ''}":
                HopperMatmul(int(s), epi, bn, mc)
                for s in a.stages.split(",") for epi in ("gelu", "none") for bn in map(int, a.tile_n.split(","))
@@ -324,8 +329,9 @@ def main() -> None:
     # dims is), from a code object of its own: Dynamo keeps compiled frames per code object, and
     # would otherwise run one variant's graph for another, or turn later shapes dynamic.
     def fresh(**kwargs):
-        return ember.compile(eval(text, {"F": F}), **kwargs)  # noqa: S307
+        return ember.compile(eval(text, {"F": F, "torch": torch}), **kwargs)  # noqa: S307
 
+    from ember.codegen import cuda_matmul as codegen_matmul
     from ember.runtime import cuda_matmul as runtime_matmul
     torch._dynamo.config.recompile_limit = 256  # (the variants' frames are all Dynamo's one wrapper's)
 
@@ -341,13 +347,15 @@ def main() -> None:
 
     for shape in a.shapes.split(","):
         M, K, N = map(int, shape.split("x"))
-        ind = torch.compile(eval(text, {"F": F}))  # noqa: S307
+        ind = torch.compile(eval(text, {"F": F, "torch": torch}))  # noqa: S307
         ember_default = fresh()
         ember_cuda = fresh(options={"gpu_backend": "cuda"})
         # the fused Triton kernel the Hopper template replaces (built while the backend's check is faked)
         ember_triton = patched(fresh(options={"matmul_epilogues": "all"}), runtime_matmul, "on_hopper",
                                lambda kernel: False)
         ember_dynamic = fresh(dynamic=True)  # (int64 indices in the epilogue)
+        forced = {f"ember, {v}": patched(fresh(options={"matmul_epilogues": "all"}), codegen_matmul, v.split("=")[0],
+                                         int(v.split("=")[1])) for v in filter(None, a.template.split(","))}
         torch.manual_seed(0)
         x = torch.randn(M, K, device="cuda", dtype=bf) * 0.05
         w = torch.randn(K, N, device="cuda", dtype=bf) * 0.05
@@ -359,12 +367,13 @@ def main() -> None:
                     "eager": lambda: fn(x, w, b), "ember (default)": lambda: ember_default(x, w, b),
                     "ember, Triton's fused kernel": lambda: ember_triton(x, w, b),
                     "ember, gpu_backend cuda": lambda: ember_cuda(x, w, b),
-                    "ember, dynamic=True": lambda: ember_dynamic(x, w, b)}
+                    "ember, dynamic=True": lambda: ember_dynamic(x, w, b),
+                    **{n: (lambda f=f: f(x, w, b)) for n, f in forced.items()}}
         for n, k in kernels.items():
             variants[n] = lambda k=k, o=outs[n]: k(x, w, b, o)
             variants[n]()
         torch.cuda.synchronize()
-        for f in (ember_default, ember_cuda, ember_triton, ember_dynamic):
+        for f in (ember_default, ember_cuda, ember_triton, ember_dynamic, *forced.values()):
             f(x, w, b)
         ember.wait_for_kernels()  # (Triton's matmul kernels compile in the background)
         errs = {"Inductor": rel_error(ind(x, w, b), ref), "eager": rel_error(fn(x, w, b), ref),
@@ -373,7 +382,8 @@ def main() -> None:
                 "ember, gpu_backend cuda": rel_error(ember_cuda(x, w, b), ref),
                 "ember, dynamic=True": rel_error(ember_dynamic(x, w, b), ref)}
         errs.update({n: rel_error(outs[n], ref) for n in kernels if n.startswith("gelu")})
-        profiled = ["ember (default)", "ember, dynamic=True", "ember, Triton's fused kernel", "Inductor",
+        errs.update({n: rel_error(f(x, w, b), ref) for n, f in forced.items()})
+        profiled = ["ember (default)", "ember, dynamic=True", "ember, Triton's fused kernel", "Inductor", *forced,
                     "cuBLAS mm alone", *(k for k in kernels if k.startswith("gelu"))]
         for n in profiled:
             kernels_us = profiled_kernels(variants[n], 10)

@@ -4,7 +4,9 @@ ping-pong kernel.
 Triton's fused matmul computes the epilogue (bias, gelu, casts) while the tensor cores wait,
 which cost it 3-4% against cuBLAS plus a separate epilogue kernel at the suite's shape
 (bench/RESULTS.md). This kernel has the shape of cuBLAS's ping-pong kernels (faster than
-Triton's fused kernel in 6 of 8 comparisons; its products alone are 12% behind cuBLAS's):
+Triton's fused kernel in 6 of 8 comparisons; with a light epilogue it runs 12% behind cuBLAS's
+products alone, its tensor cores idle 13% of the time where cuBLAS's idle 4%, the consumers
+waiting for stages):
 
 * a block per SM (persistent) of three warp groups. The producer (one thread of warp group 0)
   loads operand tiles with TMA into a ring of shared-memory stages, the copy engine zero-filling
@@ -12,7 +14,9 @@ Triton's fused kernel in 6 of 8 comparisons; its products alone are 12% behind c
 * the two consumer warp groups own alternate 128 x 128 output tiles. Each sums its tile over K
   with wgmma (two m64n128k16 products per 16-deep step, float32 accumulators in registers) and
   then runs the epilogue on its registers while the other consumer's products run: an order
-  barrier hands the tensor cores from one consumer to the other as a mainloop ends.
+  barrier hands the tensor cores from one consumer to the other as a mainloop ends. (Both
+  consumers on one 256 x 128 tile, sharing B, were slower: the epilogue then stalls the
+  tensor cores, and the products were not faster either; bench/RESULTS.md.)
 * the epilogue is the kernel IR's own outer values, rendered per element by the C-style renderer
   the other CUDA kernels use (codegen/cstyle.py), with the product in place of the dot value.
 * two products sharing A (silu(x @ Wg) * (x @ Wu)) are one 128-wide product: a stage holds 64
@@ -49,13 +53,20 @@ from .wrapper import pexpr
 # bench/RESULTS.md, thirty-fourth-run session): the template keeps 128 columns
 BM, BN, BK = 128, 128, 64
 STAGE_BYTES = (BM + BN) * BK * 2
-STAGES = 4            # 4 x 32 KiB (H200: 4 stages 419-423 µs, 5 stages 518, 6 stages 483; bench/hopper_gemm.py)
+# 4 x 32 KiB. H200, gelu(x @ W + b) at 8192 x 4096 x 4096, profiled: 4 stages 388 µs, 5 stages 376,
+# 6 stages 377, where interleaved calls (L2 flushed) ordered them the other way, 412 / 424 / 430
+# (bench/RESULTS.md, fifty-sixth-run session)
+STAGES = 4
 THREADS = 384         # a producer and two consumer warp groups
 CONSUMER_REGISTERS = 232  # setmaxnreg: 2 x 128 x 232 + 128 x 40 <= 64K registers
 PRODUCER_REGISTERS = 40
-SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + (2 * STAGES + 2) * 8  # (1 KiB: aligning the ring)
 ARCH = "sm_90a"
 _WGMMA_TYPE = {dt.bfloat16: "bf16", dt.float16: "f16"}
+
+
+def smem_bytes() -> int:
+    """Dynamic shared memory: 1 KiB to align the ring, the stages, the full / empty / order mbarriers."""
+    return 1024 + STAGES * STAGE_BYTES + (2 * STAGES + 2) * 8
 
 
 class MatmulRenderError(ValueError):
@@ -146,6 +157,7 @@ EMBER_FN uint64_t ember_smem_desc(uint32_t addr, uint32_t leading, uint32_t stri
   return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(leading >> 4) << 16)
        | ((uint64_t)(stride >> 4) << 32) | (1ull << 62);
 }
+EMBER_FN uint64_t ember_desc_add(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 EMBER_FN void ember_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 EMBER_FN void ember_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N> EMBER_FN void ember_wgmma_wait() {
@@ -233,14 +245,24 @@ class CudaMatmulRenderer:
         return lines
 
     def _descriptors(self) -> list[str]:
-        """Descriptors of the 16-deep slice kk: ``da0`` / ``da1`` the two m64 halves of A, ``db``."""
+        """Descriptors of the 16-deep slice kk: ``da0`` / ``da1`` the two m64 halves of A, ``db``.
+        ``a`` and ``b`` are the stage's byte offsets in the ring, added to a descriptor of the ring:
+        the start address is the descriptor's low bits, and the ring stays below 2^18 bytes."""
         if self.a_m_major:  # 64 K rows of 128 bytes (M) per half; a slice is 16 rows further
-            a0, a1 = "ember_smem_desc(a + kk * 2048, 8192, 1024)", "ember_smem_desc(a + 8192 + kk * 2048, 8192, 1024)"
+            a0 = "ember_desc_add(ember_desc_mn, a + kk * 2048)"
+            a1 = "ember_desc_add(ember_desc_mn, a + 8192 + kk * 2048)"
         else:  # 128 M rows of 128 bytes (K); a slice is 32 bytes further along the row
-            a0, a1 = "ember_smem_desc(a + kk * 32, 16, 1024)", "ember_smem_desc(a + 8192 + kk * 32, 16, 1024)"
-        b = ("ember_smem_desc(b + kk * 2048, 8192, 1024)" if self.b_n_major
-             else "ember_smem_desc(b + kk * 32, 16, 1024)")
+            a0, a1 = "ember_desc_add(ember_desc_k, a + kk * 32)", "ember_desc_add(ember_desc_k, a + 8192 + kk * 32)"
+        b = ("ember_desc_add(ember_desc_mn, b + kk * 2048)" if self.b_n_major
+             else "ember_desc_add(ember_desc_k, b + kk * 32)")
         return [f"const uint64_t da0 = {a0}, da1 = {a1}, db = {b};"]
+
+    def _descriptor_bases(self) -> list[str]:
+        """The ring's descriptors that the slices' descriptors offset: for K-major tiles (rows of
+        128 bytes along K) and for M- or N-major ones (64 K rows of 128 bytes)."""
+        text = "\n".join(self._descriptors())
+        return [f"const uint64_t {name} = ember_smem_desc(ring, {leading}, 1024);"
+                for name, leading in (("ember_desc_k", 16), ("ember_desc_mn", 8192)) if name in text]
 
     def index_type(self) -> str:
         """int32_t for the epilogue's rows, columns and element indices when the sizes are static
@@ -320,6 +342,7 @@ class CudaMatmulRenderer:
             "@PRODUCER_REGS@": str(PRODUCER_REGISTERS), "@CONSUMER_REGS@": str(CONSUMER_REGISTERS),
             "@LOADS@": "\n".join("        " + line for line in self._loads()),
             "@DESCRIPTORS@": "\n".join("        " + line for line in self._descriptors()),
+            "@DESC_BASES@": "\n".join("  " + line for line in self._descriptor_bases()),
             "@WGMMA0@": f"ember_wgmma<{ta}, {tb}>(acc[0], da0, db, kb | kk, {tag});",
             "@WGMMA1@": f"ember_wgmma<{ta}, {tb}>(acc[1], da1, db, kb | kk, {tag});",
             "@PAIRS@": "\n".join("        " + line for line in before),
@@ -340,7 +363,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   extern __shared__ unsigned char ember_smem_raw[];
   const uint32_t ring = (ember_smem(ember_smem_raw) + 1023) & ~1023u;  // 128-byte swizzles need 1 KiB alignment
   const uint32_t bars = ring + @STAGES@ * @STAGE_BYTES@;  // full[stage], empty[stage], order[consumer]
-  const int group = threadIdx.x / 128, t = threadIdx.x % 128;
+  // (the warp group through a shuffle: the compiler then knows that it is the same across a warp,
+  // and keeps the stage and descriptor arithmetic in uniform registers, where wgmma reads them:
+  // 57 instructions a stage where vector registers took 117, bench/RESULTS.md)
+  const int group = __shfl_sync(0xffffffff, (int)threadIdx.x / 128, 0), t = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < @STAGES@; ++s) {
       ember_mbar_init(bars + 8 * s, 1);
@@ -373,6 +399,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 @CONSUMER_REGS@;");
   const int c = group - 1, warp = t / 32, lane = t % 32;
+@DESC_BASES@
   float acc[2][@BN@ / 2];
   for (int j = 0; 2 * j + c < mine; ++j) {  // this consumer's tiles: the block's i = 2j + c
     const int i = 2 * j + c;
@@ -389,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     for (int kb = 0; kb < k_blocks; ++kb) {
       const int n = i * k_blocks + kb, s = n % @STAGES@;
       ember_mbar_wait(bars + 8 * s, (n / @STAGES@) & 1);  // stage full
-      const uint32_t a = ring + s * @STAGE_BYTES@, b = a + 16384;
+      const uint32_t a = s * @STAGE_BYTES@, b = a + 16384;  // (offsets in the ring)
       ember_wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
@@ -464,5 +491,5 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "float_sizes": [sh.is_float_symbol(s) for s in kernel.sizes],
         "dtype": "bfloat16" if r.a.dtype == dt.bfloat16 else "float16",
         "operands": operands,
-        "threads": THREADS, "smem": SMEM_BYTES, "tile": (BM, r.cols),
+        "threads": THREADS, "smem": smem_bytes(), "tile": (BM, r.cols),
     }
