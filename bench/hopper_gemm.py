@@ -98,7 +98,8 @@ matmul_bias_%(EPI)s_pingpong(const __grid_constant__ EmberTensorMap a_map, const
   extern __shared__ unsigned char smem_raw[];
   uint32_t base = (ember_smem(smem_raw) + 1023) & ~1023u;
   uint32_t bars = base + STAGES * STAGE_BYTES;  // full[STAGES], empty[STAGES], order[2]
-  int wg = threadIdx.x / 128, t = threadIdx.x %% 128;
+  // (through a shuffle: uniform registers for the stage and descriptor arithmetic, as ember's template)
+  int wg = __shfl_sync(0xffffffff, (int)threadIdx.x / 128, 0), t = threadIdx.x %% 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       ember_mbar_init(bars + 8 * s, 1);
