@@ -345,9 +345,9 @@ class CudaMatmulRenderer:
             "@DESC_BASES@": "\n".join("  " + line for line in self._descriptor_bases()),
             "@WGMMA0@": f"ember_wgmma<{ta}, {tb}>(acc[0], da0, db, kb | kk, {tag});",
             "@WGMMA1@": f"ember_wgmma<{ta}, {tb}>(acc[1], da1, db, kb | kk, {tag});",
-            "@PAIRS@": "\n".join("        " + line for line in before),
+            "@PAIRS@": "\n".join("          " + line for line in before),
             "@EPILOGUE@": "\n".join("            " + line for line in per_element),
-            "@PAIR_STORES@": "\n".join("        " + line for line in after),
+            "@PAIR_STORES@": "\n".join("          " + line for line in after),
         }.items():
             text = text.replace(key, value)
         return (text.replace("@I@", index).replace("@BN@", str(BN)).replace("@COLS@", str(self.cols))
@@ -438,20 +438,26 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int e = 0; e < @BN@ / 2; ++e) ember_keep(acc[h][e]);
     // the epilogue (@I@ indices): acc[h][e] is row 64 h + 16 warp + lane / 4 + 8 ((e / 2) % 2),
-    // column 8 (e / 4) + 2 (lane % 4) + e % 2 of the products (wgmma's accumulator layout)
+    // column 8 (e / 4) + 2 (lane % 4) + e % 2 of the products (wgmma's accumulator layout). A
+    // column pair's four row pairs come one after another, so that what the epilogue reads per
+    // column (a bias) is loaded once for them: in the other order its loads stalled the epilogue
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int q = 0; q < @COLS@ / 8; ++q) {  // 8 columns of the tile at a time
 #pragma unroll
-      for (int e = 0; e < @COLS@ / 2; e += 2) {  // a pair of adjacent columns at a time
-        const @I@ ember_row = (@I@)pm * 128 + 64 * h + 16 * warp + lane / 4 + 8 * ((e / 2) % 2);
-        const @I@ ember_col = (@I@)pn * @COLS@ + 8 * (e / 4) + 2 * (lane % 4);
-        const bool in_rows = ember_row < (@I@)M;
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // a pair of adjacent columns at a time
+          const int e = 4 * q + 2 * half;
+          const @I@ ember_row = (@I@)pm * 128 + 64 * h + 16 * warp + lane / 4 + 8 * half;
+          const @I@ ember_col = (@I@)pn * @COLS@ + 8 * q + 2 * (lane % 4);
+          const bool in_rows = ember_row < (@I@)M;
 @PAIRS@
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
+          for (int p = 0; p < 2; ++p) {
 @EPILOGUE@
-        }
+          }
 @PAIR_STORES@
+        }
       }
     }
   }
