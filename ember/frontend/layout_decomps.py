@@ -12,6 +12,11 @@ gradient is the incoming one. Every other call keeps ATen's composite.
 
 ``channel_shuffle``: torch's decomposition ends in ``.contiguous()``, where eager's kernels (CPU
 and CUDA) keep the input's memory format: a ShuffleNet block's output came back contiguous.
+
+``baddbmm``: eager's kernel writes a fresh contiguous result whatever its operands' layouts, where
+torch's decomposition ``beta * self + alpha * bmm(b1, b2)`` lays the sum out after ``self``: an
+attention bias passed transposed made the result transposed, returned with other strides than
+eager's, and a ``.view`` of it failed to trace (the whole graph ran eagerly).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from typing import Any
 import torch
 from torch._C import DispatchKey
 from torch._decomp import get_decompositions
-from torch._prims_common import suggest_memory_format
+from torch._prims_common import make_contiguous_strides_for, suggest_memory_format
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 aten = torch.ops.aten
 
@@ -55,7 +61,25 @@ def _in_input_format(decomposition: Callable[..., torch.Tensor]) -> Callable[...
     return decompose
 
 
+def _contiguous(decomposition: Callable[..., Any]) -> Callable[..., Any]:
+    """``decomposition`` with its result copied into a contiguous layout where it may not be one.
+    (A copy in the traced graph is no op in ember's IR: the kernel computing the result writes
+    that layout. Strides compared only where known, as ``.contiguous()`` would guard on sizes.)"""
+    def decompose(*args: Any, **kwargs: Any) -> Any:
+        out = decomposition(*args, **kwargs)
+        if not isinstance(out, torch.Tensor) or out.layout != torch.strided:
+            return out  # (NotImplemented: the op stays, ATen computes it)
+        strides = make_contiguous_strides_for(out.shape)
+        if all(statically_known_true(a == b) or statically_known_true(n <= 1)
+               for a, b, n in zip(out.stride(), strides, out.shape)):
+            return out
+        # (functional: decompositions run where AOTAutograd no longer removes mutations)
+        return aten.copy.default(torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device), out)
+    return decompose
+
+
 def layout_decompositions() -> dict[Any, Callable[..., torch.Tensor]]:
     """Table entries: torch's decompositions, with eager's memory format."""
-    op = aten.channel_shuffle.default
-    return {op: _in_input_format(get_decompositions([op])[op])}
+    shuffle, baddbmm = aten.channel_shuffle.default, aten.baddbmm.default
+    table = get_decompositions([shuffle, baddbmm])
+    return {shuffle: _in_input_format(table[shuffle]), baddbmm: _contiguous(table[baddbmm])}
