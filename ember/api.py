@@ -260,6 +260,10 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return compiled(*args, **kwargs)
         except IndexError as e:
+            if meta := _rank_unchecked_by_meta(e):
+                # the meta function sized a dim of a tensor of too few dims before checking its
+                # rank; eager's kernel checks the rank first and raises RuntimeError
+                raise RuntimeError(f"{_RANK_CHECKED_FIRST[meta]} ({e})") from None
             prims = [name for x in _exception_chain(e) for f, name in zip(_frames(x), _function_names(x))
                      if "/torch/_prims/" in f]
             if not any("cat" in name for name in prims):  # (torch 2.11 raises it otherwise: left as it is)
@@ -286,12 +290,15 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
                 original = RuntimeError(str(original))
             elif type(original) is RuntimeError and _eager_index_error(original, _op_from_dynamo_message(str(e))):
                 original = IndexError(str(original))
+            elif type(original) is RuntimeError and _rank_unchecked_by_eager(original):
+                original = IndexError(str(original))
             elif type(original) is RuntimeError and _empty_reduction(original):
                 # amax/argmax/aminmax over an empty dim: eager's check is an IndexError
                 original = IndexError(str(original))
-            elif type(original) is ZeroDivisionError and _raised_in_refs(original, also_decompositions=True):
-                # a size of 0 divided by in a decomposition (interpolate to no pixels): eager's
-                # kernel checks the sizes first and raises RuntimeError
+            elif type(original) is ZeroDivisionError and _through_torch_op_code(original):
+                # a size or factor of 0 divided by in a decomposition or meta function
+                # (interpolate to no pixels, pixel_shuffle by 0; with symbolic sizes the
+                # division itself is a SymInt's): eager's kernel checks first, RuntimeError
                 original = RuntimeError(f"{original} (a size of 0)")
             elif type(original) is RuntimeError and (refusal := eager_kernel_refusal(original)):
                 # shifts of bools or floats, floor division or lcm of bools: eager's kernels
@@ -325,15 +332,55 @@ def _function_names(e: BaseException) -> list[str]:
     return names
 
 
-def _raised_in_refs(e: BaseException, *, also_decompositions: bool = False) -> bool:
-    """Whether ``e`` was raised in torch's Python references of ATen ops (torch/_refs, _prims;
-    with ``also_decompositions``, torch/_decomp too), not by a Python-level function that
-    raises ValueError in eager too (F.interpolate's)."""
-    parts = _REFS + (("/torch/_decomp/",) if also_decompositions else ())
-    return any(_raised_in(e, part) for part in parts)
+def _raised_in_refs(e: BaseException) -> bool:
+    """Whether ``e`` was raised in torch's Python references of ATen ops (torch/_refs, _prims),
+    not by a Python-level function that raises ValueError in eager too (F.interpolate's)."""
+    return any(_raised_in(e, part) for part in _REFS)
 
 
 _REFS = ("/torch/_refs/", "/torch/_prims")
+_OP_CODE = (*_REFS, "/torch/_decomp/", "/torch/_meta_registrations")
+
+
+def _through_torch_op_code(e: BaseException) -> bool:
+    """Whether any frame of ``e`` is in torch's Python implementations of ATen ops (references,
+    decompositions, meta functions): an error eager's C++ kernel would raise otherwise."""
+    return any(part in f for f in _frames(e) for part in _OP_CODE)
+
+
+# meta functions that read a dim of their input before checking its rank (an IndexError for a
+# 1-d or 2-d input), with the check eager's kernel makes first (a RuntimeError)
+_RANK_CHECKED_FIRST = {
+    "max_pool2d_checks_and_compute_shape": "non-empty 3D or 4D (batch mode) tensor expected for input",
+}
+
+
+# decompositions that check their input's rank, where eager's kernel reads a dim it lacks first
+# (an IndexError): the least rank eager reads without one
+_EAGER_READS_DIMS_FIRST = {"im2col": 3}
+
+
+def _rank_unchecked_by_eager(e: BaseException) -> bool:
+    """A rank check of a decomposition in ``_EAGER_READS_DIMS_FIRST`` that failed on an input of
+    fewer dims than eager's kernel reads (``F.unfold`` of a 2-d tensor): eager's IndexError."""
+    for frame in traceback_frames(e):
+        code = frame.f_code
+        least = _EAGER_READS_DIMS_FIRST.get(code.co_name)
+        x = frame.f_locals.get("input")
+        if (least is not None and "/torch/_decomp/" in code.co_filename.replace("\\", "/")
+                and isinstance(x, torch.Tensor) and x.dim() < least):
+            return True
+    return False
+
+
+def _rank_unchecked_by_meta(e: BaseException) -> str | None:
+    """The function of ``_RANK_CHECKED_FIRST`` in whose own frame ``e`` (an IndexError that
+    Dynamo let through) was raised, if any."""
+    for x in _exception_chain(e):
+        names = [n for f, n in zip(_frames(x), _function_names(x)) if "/torch/_meta_registrations" in f]
+        if names and names[-1] in _RANK_CHECKED_FIRST:
+            return names[-1]
+    return None
 
 
 def _raised_in(e: BaseException, path: str) -> bool:

@@ -361,10 +361,12 @@ def _norm_parameter_dtypes(decomposition: Callable[..., Any], mixed_on_gpus: boo
     the input's dtype on the CPU (a float32 weight's gradient then had bfloat16's error): the
     decomposition runs on the input in float32 and only the output is rounded. Other mixes keep
     the op (eager's kernel refuses them), and so does an input that is not real floating-point:
-    eager has no complex kernel, where the decomposition computed a complex result."""
+    eager has no complex kernel, where the decomposition computed a complex result. So does an
+    input with no channel dim (1-d): eager's kernel raises IndexError reading it, where the
+    decomposition normalized the vector."""
     @functools.wraps(decomposition)
     def decompose(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if not x.dtype.is_floating_point:
+        if not x.dtype.is_floating_point or x.dim() < 2:
             return NotImplemented
         params = [a for a in args[:4] if isinstance(a, torch.Tensor)]
         if all(p.dtype == x.dtype for p in params):

@@ -1,0 +1,75 @@
+"""Vision ops (norms, pooling, resampling, padding, unfold) compiled by ember against eager:
+the errors eager raises for arguments its kernels refuse, and the values where ember computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+
+
+def _eager_error(fn, *args) -> type[BaseException] | None:
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 -- the type is what is compared
+        return type(e)
+    return None
+
+
+def test_batch_norm_of_a_vector_raises_eagers_index_error():
+    # eager's kernel reads the channel dim (1) of a 1-d input: IndexError. The decomposition
+    # normalized the vector as if it were one channel, and returned it.
+    fn = lambda x: F.batch_norm(x, None, None, training=True)  # noqa: E731
+    x = torch.randn(4)
+    assert _eager_error(fn, x) is IndexError
+    with pytest.raises(IndexError):
+        ember.compile(fn)(x)
+
+
+def test_batch_norm_of_a_matrix_still_compiles():
+    x = torch.randn(3, 4, dtype=torch.float64)
+    fn = lambda x: F.batch_norm(x, None, None, training=True)  # noqa: E731
+    torch.testing.assert_close(ember.compile(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("shape", [(6,), (4, 6)])
+def test_max_pool2d_of_too_few_dims_raises_eagers_runtime_error(shape):
+    # eager: "non-empty 3D or 4D (batch mode) tensor expected" (RuntimeError); the meta
+    # function read size(-3) first, and Dynamo let its IndexError through
+    fn = lambda x: F.max_pool2d(x, 2)  # noqa: E731
+    x = torch.randn(shape)
+    assert _eager_error(fn, x) is RuntimeError
+    with pytest.raises(RuntimeError):
+        ember.compile(fn)(x)
+
+
+def test_pixel_shuffle_by_zero_raises_eagers_runtime_error():
+    # eager: "pixel_shuffle expects a positive upscale_factor" (RuntimeError); the meta
+    # function took a remainder by 0 first: ZeroDivisionError
+    fn = lambda x: F.pixel_shuffle(x, 0)  # noqa: E731
+    x = torch.randn(1, 4, 2, 2)
+    assert _eager_error(fn, x) is RuntimeError
+    with pytest.raises(RuntimeError):
+        ember.compile(fn)(x)
+
+
+def test_interpolation_to_no_pixels_with_symbolic_sizes_raises_eagers_runtime_error():
+    # eager checks the output size (RuntimeError); the decomposition divided a SymInt by 0, whose
+    # ZeroDivisionError came out of torch's symbolic sizes, not the decomposition's own frame
+    fn = lambda x: F.interpolate(x, size=(0, 2))  # noqa: E731
+    x = torch.randn(1, 2, 3, 3)
+    assert _eager_error(fn, x) is RuntimeError
+    with pytest.raises(RuntimeError):
+        ember.compile(fn, dynamic=True)(x)
+
+
+def test_unfold_of_a_matrix_raises_eagers_index_error():
+    # eager's im2col reads a dim a 2-d input lacks before checking its rank: IndexError; the
+    # decomposition checks the rank first (RuntimeError)
+    fn = lambda x: F.unfold(x, 2)  # noqa: E731
+    x = torch.randn(4, 5)
+    assert _eager_error(fn, x) is IndexError
+    with pytest.raises(IndexError):
+        ember.compile(fn)(x)
