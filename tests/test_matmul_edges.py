@@ -21,3 +21,16 @@ def test_baddbmm_of_a_transposed_bias_is_contiguous():
     assert report.graphs, "the graph ran eagerly"
     out = torch.compile(fn, backend="ember")(bias, a, b)[0]
     assert out.stride() == fn(bias, a, b)[0].stride() == (20, 4, 1)
+
+
+def test_addr_with_beta_0_keeps_the_layout_of_its_input():
+    # eager's addr is one TensorIterator over the input and both vectors whatever beta is: its
+    # result follows a transposed input, whose values beta=0 ignores (NaN too). The decomposition
+    # drops the input at beta=0, and its result came back contiguous
+    def fn(x, a, b):
+        return torch.addr(x.t(), a, b, beta=0, alpha=2)
+
+    x, a, b = torch.full((4, 5), float("nan")), torch.randn(5), torch.randn(4)
+    check(fn, x, a, b)
+    out = torch.compile(fn, backend="ember")(x, a, b)
+    assert out.stride() == fn(x, a, b).stride() == (1, 5)

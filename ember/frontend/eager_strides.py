@@ -68,7 +68,7 @@ def _layout(node: torch.fx.Node, memo: dict[torch.fx.Node, Layout]) -> Layout:
         elif operands and top.target in _PERMUTES:  # (a view: its operand's strides, reordered)
             layout = (layout[0], tuple(memo[operands[0]][1][d] for d in _dims(top)))
         elif operands:
-            computed = _iterator_strides(tuple(meta.shape), [memo[x] for x in operands])
+            computed = iterator_strides(tuple(meta.shape), [memo[x] for x in operands])
             if computed is not None:
                 layout = (layout[0], computed)
         memo[top] = layout
@@ -129,7 +129,7 @@ def _operands(node: torch.fx.Node) -> list[torch.fx.Node]:
     return operands
 
 
-def _iterator_strides(shape: tuple[Any, ...], operands: list[Layout]) -> tuple[Any, ...] | None:
+def iterator_strides(shape: tuple[Any, ...], operands: list[Layout]) -> tuple[Any, ...] | None:
     """TensorIterator's result strides for ``shape`` from its operands' layouts (reorder_dimensions
     and then dense strides in that order); None where a comparison of symbolic sizes is unknown."""
     ndim = len(shape)
@@ -208,7 +208,7 @@ def in_eager_layout(op: Any, decomposition: Any) -> Any:
             return out
         operands = [(tuple(a.shape), tuple(a.stride())) for a in (*args, *kwargs.values())
                     if isinstance(a, torch.Tensor) and a.layout == torch.strided]
-        strides = _iterator_strides(tuple(out.shape), operands)
+        strides = iterator_strides(tuple(out.shape), operands)
         if strides is None or all(_known(a == b) or _known(n == 1)
                                   for a, b, n in zip(strides, out.stride(), out.shape)):
             return out

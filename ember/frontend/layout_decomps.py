@@ -16,7 +16,10 @@ and CUDA) keep the input's memory format: a ShuffleNet block's output came back 
 ``baddbmm``: eager's kernel writes a fresh contiguous result whatever its operands' layouts, where
 torch's decomposition ``beta * self + alpha * bmm(b1, b2)`` lays the sum out after ``self``: an
 attention bias passed transposed made the result transposed, returned with other strides than
-eager's, and a ``.view`` of it failed to trace (the whole graph ran eagerly).
+eager's, and a ``.view`` of it failed to trace (the whole graph ran eagerly). ``addr``: eager's
+kernel is a TensorIterator over ``self`` and the two vectors whatever ``beta`` is, so its result
+follows a transposed ``self``; at ``beta=0`` the decomposition drops ``self`` (eager ignores its
+values, NaN included) and its result came back contiguous.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from torch._C import DispatchKey
 from torch._decomp import get_decompositions
 from torch._prims_common import make_contiguous_strides_for, suggest_memory_format
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from .eager_strides import iterator_strides
 
 aten = torch.ops.aten
 
@@ -61,25 +66,42 @@ def _in_input_format(decomposition: Callable[..., torch.Tensor]) -> Callable[...
     return decompose
 
 
-def _contiguous(decomposition: Callable[..., Any]) -> Callable[..., Any]:
-    """``decomposition`` with its result copied into a contiguous layout where it may not be one.
+def _restrided(decomposition: Callable[..., Any], eager_strides: Callable[..., Any]) -> Callable[..., Any]:
+    """``decomposition`` with its result copied into the strides eager gives it,
+    ``eager_strides(out, *args, **kwargs)`` (None: unknown, kept as it is), where they may differ.
     (A copy in the traced graph is no op in ember's IR: the kernel computing the result writes
-    that layout. Strides compared only where known, as ``.contiguous()`` would guard on sizes.)"""
+    that layout. Strides compared only where known: comparing symbolic ones would guard on sizes.)"""
     def decompose(*args: Any, **kwargs: Any) -> Any:
         out = decomposition(*args, **kwargs)
         if not isinstance(out, torch.Tensor) or out.layout != torch.strided:
             return out  # (NotImplemented: the op stays, ATen computes it)
-        strides = make_contiguous_strides_for(out.shape)
-        if all(statically_known_true(a == b) or statically_known_true(n <= 1)
-               for a, b, n in zip(out.stride(), strides, out.shape)):
+        strides = eager_strides(out, *args, **kwargs)
+        if strides is None or all(statically_known_true(a == b) or statically_known_true(n <= 1)
+                                  for a, b, n in zip(out.stride(), strides, out.shape)):
             return out
         # (functional: decompositions run where AOTAutograd no longer removes mutations)
         return aten.copy.default(torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device), out)
     return decompose
 
 
+def _contiguous(out: torch.Tensor, *_: Any, **__: Any) -> tuple[Any, ...]:
+    return tuple(make_contiguous_strides_for(out.shape))
+
+
+def _addr_strides(out: torch.Tensor, self: Any, vec1: Any, vec2: Any, *_: Any, **__: Any) -> tuple[Any, ...] | None:
+    """TensorIterator's strides over eager's operands: ``self``, vec1 as a column, vec2."""
+    if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided for t in (self, vec1, vec2)):
+        return None
+    if vec1.dim() != 1 or vec2.dim() != 1:
+        return None  # (the decomposition has raised eager's error already)
+    operands = [(tuple(self.shape), tuple(self.stride())), ((vec1.shape[0], 1), (vec1.stride(0), 1)),
+                (tuple(vec2.shape), tuple(vec2.stride()))]
+    return iterator_strides(tuple(out.shape), operands)
+
+
 def layout_decompositions() -> dict[Any, Callable[..., torch.Tensor]]:
     """Table entries: torch's decompositions, with eager's memory format."""
-    shuffle, baddbmm = aten.channel_shuffle.default, aten.baddbmm.default
-    table = get_decompositions([shuffle, baddbmm])
-    return {shuffle: _in_input_format(table[shuffle]), baddbmm: _contiguous(table[baddbmm])}
+    shuffle, baddbmm, addr = aten.channel_shuffle.default, aten.baddbmm.default, aten.addr.default
+    table = get_decompositions([shuffle, baddbmm, addr])
+    return {shuffle: _in_input_format(table[shuffle]), baddbmm: _restrided(table[baddbmm], _contiguous),
+            addr: _restrided(table[addr], _addr_strides)}
