@@ -73,3 +73,25 @@ def test_unfold_of_a_matrix_raises_eagers_index_error():
     assert _eager_error(fn, x) is IndexError
     with pytest.raises(IndexError):
         ember.compile(fn)(x)
+
+
+@pytest.mark.parametrize("bad", [20, -1])
+def test_max_unpool_index_out_of_its_plane_raises_eagers_runtime_error(bad):
+    # eager: "Found an invalid max index" (RuntimeError). The decomposition scattered at
+    # index + plane * 16 unchecked: 20 in plane 0 (or -1 in plane 1) landed in the other plane.
+    x = torch.arange(1.0, 9.0).reshape(1, 2, 2, 2)
+    indices = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3]).reshape(1, 2, 2, 2)
+    indices[0, 0 if bad > 0 else 1, 1, 1] = bad
+    fn = lambda x, i: F.max_unpool2d(x, i, 2, output_size=(4, 4))  # noqa: E731
+    assert _eager_error(fn, x, indices) is RuntimeError
+    with pytest.raises(RuntimeError):
+        ember.compile(fn)(x, indices)
+
+
+def test_max_unpool_of_max_pool_indices():
+    x = torch.randn(2, 3, 8, 6, dtype=torch.float64, requires_grad=True)
+    fn = lambda x: F.max_unpool2d(*F.max_pool2d(x, 3, 2, return_indices=True), 3, 2, output_size=(8, 6))  # noqa: E731
+    out, ref = ember.compile(fn)(x), fn(x)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(ref)
+    torch.testing.assert_close(torch.autograd.grad(out, x, g)[0], torch.autograd.grad(ref, x, g)[0])

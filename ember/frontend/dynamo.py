@@ -136,6 +136,11 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # Its decomposition (rand < p) drops ATen's checks that p is a float tensor in [0, 1]: a p
     # of 1.5 or NaN drew samples where eager raises. It runs through ATen (dropout does not use it).
     table.pop(aten.bernoulli.default, None)
+    # Their decompositions scatter into the flattened output at index + plane * plane size, with
+    # no check of the index against the plane: one past its plane (or negative) was written into
+    # the neighbouring plane, silently, where eager raises "Found an invalid max index". ATen runs them.
+    for op in (aten.max_unpool2d.default, aten.max_unpool3d.default):
+        table.pop(op, None)
     # binary_cross_entropy's decomposition skips the check that inputs are in [0, 1]: ATen runs
     # it. Backward decompositions that differ from eager's kernels at the edges (NaN, overflow,
     # float16's epsilon) are replaced by eager's formulas (loss_decomps.py).
