@@ -34,6 +34,9 @@ def test_batch_norm_of_a_matrix_still_compiles():
     torch.testing.assert_close(ember.compile(fn)(x), fn(x))
 
 
+# (torch 2.11, on the GPU machines, re-raises the meta function's IndexError without its frames,
+# so the meta function that raised it is not found there: ember raises IndexError, as before)
+@pytest.mark.skipif(torch.__version__ < "2.13", reason="needs the meta function's frames (torch 2.13)")
 @pytest.mark.parametrize("shape", [(6,), (4, 6)])
 def test_max_pool2d_of_too_few_dims_raises_eagers_runtime_error(shape):
     # eager: "non-empty 3D or 4D (batch mode) tensor expected" (RuntimeError); the meta
