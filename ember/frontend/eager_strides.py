@@ -197,21 +197,33 @@ def is_iterator_op(op: Any) -> bool:
             and not any(a.name == "memory_format" for a in schema.arguments))
 
 
-def in_eager_layout(op: Any, decomposition: Any) -> Any:
-    """``decomposition`` of the TensorIterator op ``op``, its result copied into eager's layout
-    where the decomposition's ops laid it out otherwise (xlogy's ``where`` over ``isnan(other)``
-    follows ``other``): what the graph traces after it, and returns, then has eager's strides.
-    A copy in the traced graph is no op in ember's IR: a kernel just writes that layout."""
+def restrided(decomposition: Any, eager_strides: Any) -> Any:
+    """``decomposition`` with its result copied into the strides eager gives it,
+    ``eager_strides(out, *args, **kwargs)`` (None: unknown, kept as it is), where they may differ:
+    what the graph traces after it, and returns, then has eager's strides. A copy in the traced
+    graph is no op in ember's IR: a kernel just writes that layout. (Strides are compared only
+    where known: comparing symbolic ones would guard on sizes.)"""
     def decompose(*args: Any, **kwargs: Any) -> Any:
         out = decomposition(*args, **kwargs)
-        if out is NotImplemented or not isinstance(out, torch.Tensor) or out.layout != torch.strided:
-            return out
-        operands = [(tuple(a.shape), tuple(a.stride())) for a in (*args, *kwargs.values())
-                    if isinstance(a, torch.Tensor) and a.layout == torch.strided]
-        strides = iterator_strides(tuple(out.shape), operands)
+        if not isinstance(out, torch.Tensor) or out.layout != torch.strided:
+            return out  # (NotImplemented too: the op stays, ATen computes it)
+        strides = eager_strides(out, *args, **kwargs)
         if strides is None or all(_known(a == b) or _known(n == 1)
                                   for a, b, n in zip(strides, out.stride(), out.shape)):
             return out
         # (functional: decompositions run where AOTAutograd no longer removes mutations)
         return aten.copy.default(torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device), out)
     return decompose
+
+
+def _iterator_result_strides(out: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, ...] | None:
+    operands = [(tuple(a.shape), tuple(a.stride())) for a in (*args, *kwargs.values())
+                if isinstance(a, torch.Tensor) and a.layout == torch.strided]
+    return iterator_strides(tuple(out.shape), operands)
+
+
+def in_eager_layout(op: Any, decomposition: Any) -> Any:
+    """``decomposition`` of the TensorIterator op ``op``, its result in eager's layout where the
+    decomposition's ops laid it out otherwise (xlogy's ``where`` over ``isnan(other)`` follows
+    ``other``)."""
+    return restrided(decomposition, _iterator_result_strides)

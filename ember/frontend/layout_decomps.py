@@ -31,9 +31,8 @@ import torch
 from torch._C import DispatchKey
 from torch._decomp import get_decompositions
 from torch._prims_common import make_contiguous_strides_for, suggest_memory_format
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .eager_strides import iterator_strides
+from .eager_strides import iterator_strides, restrided
 
 aten = torch.ops.aten
 
@@ -66,24 +65,6 @@ def _in_input_format(decomposition: Callable[..., torch.Tensor]) -> Callable[...
     return decompose
 
 
-def _restrided(decomposition: Callable[..., Any], eager_strides: Callable[..., Any]) -> Callable[..., Any]:
-    """``decomposition`` with its result copied into the strides eager gives it,
-    ``eager_strides(out, *args, **kwargs)`` (None: unknown, kept as it is), where they may differ.
-    (A copy in the traced graph is no op in ember's IR: the kernel computing the result writes
-    that layout. Strides compared only where known: comparing symbolic ones would guard on sizes.)"""
-    def decompose(*args: Any, **kwargs: Any) -> Any:
-        out = decomposition(*args, **kwargs)
-        if not isinstance(out, torch.Tensor) or out.layout != torch.strided:
-            return out  # (NotImplemented: the op stays, ATen computes it)
-        strides = eager_strides(out, *args, **kwargs)
-        if strides is None or all(statically_known_true(a == b) or statically_known_true(n <= 1)
-                                  for a, b, n in zip(out.stride(), strides, out.shape)):
-            return out
-        # (functional: decompositions run where AOTAutograd no longer removes mutations)
-        return aten.copy.default(torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device), out)
-    return decompose
-
-
 def _contiguous(out: torch.Tensor, *_: Any, **__: Any) -> tuple[Any, ...]:
     return tuple(make_contiguous_strides_for(out.shape))
 
@@ -103,5 +84,5 @@ def layout_decompositions() -> dict[Any, Callable[..., torch.Tensor]]:
     """Table entries: torch's decompositions, with eager's memory format."""
     shuffle, baddbmm, addr = aten.channel_shuffle.default, aten.baddbmm.default, aten.addr.default
     table = get_decompositions([shuffle, baddbmm, addr])
-    return {shuffle: _in_input_format(table[shuffle]), baddbmm: _restrided(table[baddbmm], _contiguous),
-            addr: _restrided(table[addr], _addr_strides)}
+    return {shuffle: _in_input_format(table[shuffle]), baddbmm: restrided(table[baddbmm], _contiguous),
+            addr: restrided(table[addr], _addr_strides)}
