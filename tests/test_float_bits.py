@@ -139,13 +139,15 @@ def test_cuda_float_bits_compile_for_sm90(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
-def _half_bits_equal(out: torch.Tensor, ref: torch.Tensor, int_dtype: torch.dtype) -> None:
-    """Bit for bit where ``ref`` is a number; NaN where it is NaN, with its sign (NaN payloads
-    differ between eager's vector and scalar conversions)."""
+def _half_bits_equal(out: torch.Tensor, ref: torch.Tensor, int_dtype: torch.dtype, nan_sign: bool = True) -> None:
+    """Bit for bit where ``ref`` is a number; NaN where it is NaN, with its sign unless not
+    ``nan_sign`` (NaN payloads differ between eager's vector and scalar conversions, and so does
+    a bfloat16 NaN's sign: 0xffff from the vector one, 0x7fc0 from the scalar one)."""
     nan = ref.isnan()
     assert torch.equal(out.isnan(), nan)
     assert torch.equal(out[~nan].view(int_dtype), ref[~nan].view(int_dtype))
-    assert torch.equal(torch.signbit(out[nan]), torch.signbit(ref[nan]))
+    if nan_sign:
+        assert torch.equal(torch.signbit(out[nan]), torch.signbit(ref[nan]))
 
 
 def test_every_float16_converts_to_float32_bit_for_bit():
@@ -158,17 +160,43 @@ def test_every_float16_converts_to_float32_bit_for_bit():
     _half_bits_equal(out, halves.float() * 1.0, torch.int32)
 
 
-def test_float32_rounds_to_float16_bit_for_bit():
-    # to nearest even at every boundary: the largest half (65504) and the first float that rounds
-    # past it (65520) to infinity, subnormals and the ties between them, -0.0, NaN
+def _float32_edges_and_bits() -> torch.Tensor:
+    """The rounding boundaries that matter for halves and bfloat16s, and 2^17 bit patterns: the
+    largest half (65504) and the first float that rounds past it (65520), subnormal halves and
+    the ties between them, ties at 1 + 2^-11 and 1 + 2^-8, the largest bfloat16 and the largest
+    float (which rounds past it), -0.0, infinities, NaN."""
     edges = [65504.0, 65519.99609375, 65520.0, 2.0 ** -14, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -25,
              5 * 2.0 ** -25, 2.0 ** -26, 1e-40, 0.0, -0.0, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11,
+             1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 3.3895313892515355e38, 3.4028234663852886e38,
              float("inf"), float("nan"), 3e38]
     gen = torch.Generator().manual_seed(0)
     anywhere = torch.randint(-(1 << 31), 1 << 31, (1 << 16,), generator=gen, dtype=torch.int64)
     near = torch.randint(0x33000000, 0x47800000, (1 << 16,), generator=gen, dtype=torch.int64)  # (halves' range)
     bits = torch.cat([anywhere, near]).to(torch.int32).view(torch.float32)
-    floats = torch.cat([torch.tensor(edges), -torch.tensor(edges), bits])
+    return torch.cat([torch.tensor(edges), -torch.tensor(edges), bits])
+
+
+def test_float32_rounds_to_float16_bit_for_bit():
+    floats = _float32_edges_and_bits()
     report = check(lambda f: (f * 1.0).half(), floats)
     assert "ember_f32_to_f16(" in "".join(k.source for k in report.kernels)
     _half_bits_equal(ember.compile(lambda f: (f * 1.0).half())(floats), floats.half(), torch.int16)
+
+
+def test_float32_rounds_to_bfloat16_bit_for_bit():
+    floats = _float32_edges_and_bits()
+    report = check(lambda f: (f * 1.0).bfloat16(), floats)
+    assert "ember_f32_to_bf16(" in "".join(k.source for k in report.kernels)
+    _half_bits_equal(ember.compile(lambda f: (f * 1.0).bfloat16())(floats), floats.bfloat16(), torch.int16, False)
+
+
+def test_16_bit_conversions_stay_exact_under_fast_math():
+    # a user's -ffast-math lets GCC assume no NaN or inf and reassociate float math: the
+    # conversions test NaN and overflow on the bits, so they still give eager's bits
+    flags = {"cxx_flags": ["-O3", "-march=native", "-ffast-math"]}
+    floats = _float32_edges_and_bits()
+    halves = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    out = ember.compile(lambda f: ((f * 1.0).half(), (f * 1.0).bfloat16()), options=flags)(floats)
+    _half_bits_equal(out[0], floats.half(), torch.int16)
+    _half_bits_equal(out[1], floats.bfloat16(), torch.int16, False)
+    _half_bits_equal(ember.compile(lambda h: h.float() * 1.0, options=flags)(halves), halves.float(), torch.int32)

@@ -50,40 +50,47 @@ EMBER_FN float ember_bf16_to_f32(uint16_t h) {
 }
 EMBER_FN uint16_t ember_f32_to_bf16(float f) {
   uint32_t u; std::memcpy(&u, &f, 4);
-  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return (uint16_t)(f != f ? ((u >> 16) | 0x40u) : rounded);
+  // to nearest even; a NaN quieted. The select on the 32-bit word and one narrowing after it
+  // (two narrowed candidates cost a pack each), the NaN test on the bits (-ffast-math keeps it)
+  uint32_t r = (int32_t)(u & 0x7fffffffu) > 0x7f800000 ? u | 0x00400000u : u + 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(r >> 16);
 }
 EMBER_FN float ember_round_bf16(float f) { return ember_bf16_to_f32(ember_f32_to_bf16(f)); }
-// float16 <-> float32 in integer steps, bit for bit as the hardware's conversions (F16C's, with
-// NaNs quieted and rounding to nearest even): GCC converts _Float16 one element at a time, so
-// loops through (float)h and (_Float16)f did not vectorize. The load reads the bits through an
-// alias of the element (a copy into a uint16_t kept the loop four elements wide).
+// float16 <-> float32 bit for bit as the hardware's conversions (F16C's: NaNs quieted, rounding to
+// nearest even), in steps a loop vectorizes: GCC converts _Float16 one element at a time, so
+// loops through (float)h and (_Float16)f did not vectorize. Both directions let a float multiply
+// or add do what a chain of integer selects did (the selects, and GCC's narrowing of them to 16
+// bits, took twice the time; bench/RESULTS.md). The load reads the bits through an alias of the
+// element (a copy into a uint16_t kept the loop four elements wide).
 typedef uint16_t __attribute__((may_alias)) ember_f16_bits;
+EMBER_FN float ember_bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+EMBER_FN uint32_t ember_f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 EMBER_FN float ember_f16_to_f32(const _Float16& x) {
   uint32_t h = *(const ember_f16_bits*)&x;
-  uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  float tiny = (float)(int32_t)m * 5.9604644775390625e-08f;  // subnormals and zero: m * 2^-24, exactly
-  uint32_t t; std::memcpy(&t, &tiny, 4);
-  uint32_t u = e == 0 ? t : e == 31 ? 0x7f800000u | (m ? 0x400000u : 0u) | (m << 13) : ((e + 112u) << 23) | (m << 13);
-  u |= sign;
-  float f; std::memcpy(&f, &u, 4); return f;
+  uint32_t top = h << 17;  // exponent and mantissa at the top of the word, the sign dropped
+  // normals, infinities and NaNs: the exponent in the float's place plus 224, scaled by 2^-112
+  // (a power of two, so exact: the exponent rebiased, an inf stays inf, a NaN comes out quiet)
+  float normal = ember_bits_f32((top >> 4) + (0xe0u << 23)) * 0x1.0p-112f;
+  // zero and subnormals, m * 2^-24: (0.5 + m 2^-24) - 0.5, exactly (no subnormal floats anywhere,
+  // so flush-to-zero modes do not touch it)
+  float tiny = ember_bits_f32((top >> 17) | (126u << 23)) - 0.5f;
+  uint32_t u = (h & 0x7c00u) == 0 ? ember_f32_bits(tiny) : ember_f32_bits(normal);
+  return ember_bits_f32(u | ((h & 0x8000u) << 16));
 }
 EMBER_FN _Float16 ember_f32_to_f16(float f) {
-  uint32_t u; std::memcpy(&u, &f, 4);
-  uint32_t sign = (u >> 16) & 0x8000u;
-  u &= 0x7fffffffu;
-  // below 2^-14 (to a subnormal or zero): adding 0.5 leaves the half's bits at the bottom of the
-  // float's mantissa, rounded to nearest even by the add itself
-  float a; std::memcpy(&a, &u, 4);
-  float s = a + 0.5f;
-  uint32_t sub; std::memcpy(&sub, &s, 4);
-  sub -= 0x3f000000u;
-  // normal: the exponent rebiased (127 -> 15), the 13 dropped bits rounded to nearest even
-  uint32_t normal = (u + 0xc8000fffu + ((u >> 13) & 1u)) >> 13;
-  uint32_t o = u > 0x7f800000u ? 0x7e00u | ((u >> 13) & 0x3ffu)   // NaN, quieted
-             : u >= 0x477ff000u ? 0x7c00u                           // rounds past 65504: infinity
-             : u < 0x38800000u ? sub : normal;
-  uint16_t h = (uint16_t)(o | sign);
+  uint32_t w = ember_f32_bits(f), mag = w & 0x7fffffffu;
+  // magnitudes past 65536 clamped to it: they round to inf, as 65536 does (an integer min, not a
+  // float overflow, which -ffast-math in cxx_flags could fold away)
+  uint32_t clamped = (int32_t)mag < 0x47800000 ? mag : 0x47800000u;
+  // adding to 4 |f| the power of two whose ulp is the half's ulp at f's exponent (2^-24 for
+  // subnormal halves) rounds it to the half's precision, to nearest even, in the float add
+  // itself; the sum's bits are then the half's exponent and mantissa
+  uint32_t exponent = clamped & 0x7f800000u;
+  uint32_t step = (exponent < 0x38800000u ? 0x38800000u : exponent) + 0x07800000u;
+  uint32_t b = ember_f32_bits(ember_bits_f32(step) + ember_bits_f32(clamped) * 4.0f);
+  uint32_t rounded = ((b >> 13) & 0x7c00u) + (b & 0x0fffu);
+  uint32_t o = (int32_t)mag > 0x7f800000 ? 0x7e00u | ((mag >> 13) & 0x3ffu) : rounded;  // NaN: quieted
+  uint16_t h = (uint16_t)(((w >> 16) & 0x8000u) | o);
   _Float16 x; std::memcpy(&x, &h, 2); return x;
 }
 EMBER_FN float ember_round_f16(float f) { return ember_f16_to_f32(ember_f32_to_f16(f)); }
