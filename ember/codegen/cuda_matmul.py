@@ -167,12 +167,12 @@ EMBER_FN void ember_keep(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
 // two adjacent elements: one store of both where both are in bounds and the pair is aligned
 template <typename S> EMBER_FN void ember_store_pair(S* p, const S* v, bool first, bool second) {
   struct __align__(2 * sizeof(S)) Pair { S x, y; };
-  if (first && second && ((uint64_t)p & (2 * sizeof(S) - 1)) == 0) {
-    *(Pair*)p = Pair{v[0], v[1]};
-  } else {
-    if (first) p[0] = v[0];
-    if (second) p[1] = v[1];
-  }
+  // three stores under predicates, no branch around the two single ones: the branches (one per
+  // pair, 55 in a tile's epilogue) cut the epilogue into blocks the compiler scheduled apart
+  const bool both = first && second && ((uint64_t)p & (2 * sizeof(S) - 1)) == 0;
+  if (both) *(Pair*)p = Pair{v[0], v[1]};
+  if (!both && first) p[0] = v[0];
+  if (!both && second) p[1] = v[1];
 }
 EMBER_FN void ember_tile_of(int t, int tiles_m, int tiles_n, int& pm, int& pn) {
   // groups of 8 tile rows: blocks running together share operand tiles in L2
