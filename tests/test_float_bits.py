@@ -200,3 +200,22 @@ def test_16_bit_conversions_stay_exact_under_fast_math():
     _half_bits_equal(out[0], floats.half(), torch.int16)
     _half_bits_equal(out[1], floats.bfloat16(), torch.int16, False)
     _half_bits_equal(ember.compile(lambda h: h.float() * 1.0, options=flags)(halves), halves.float(), torch.int32)
+
+
+def test_16_bit_conversions_under_flush_denormal():
+    # the conversions compute with floats that are never subnormal, so flush-to-zero and
+    # denormals-are-zero (torch.set_flush_denormal, CPU inference's setting) leave them exact
+    halves = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    floats = _float32_edges_and_bits()
+    # (not float32 subnormals themselves: whether ``f * 1.0`` flushes them is the multiply's
+    # business, which GCC drops and eager's kernel keeps)
+    floats = floats[~((floats.abs() < 2.0 ** -126) & (floats != 0))]
+    assert torch.set_flush_denormal(True)
+    try:
+        up = ember.compile(lambda h: h.float() * 1.0)(halves)
+        down = ember.compile(lambda f: ((f * 1.0).half(), (f * 1.0).bfloat16()))(floats)
+        _half_bits_equal(up, halves.float() * 1.0, torch.int32)
+        _half_bits_equal(down[0], (floats * 1.0).half(), torch.int16)
+        _half_bits_equal(down[1], (floats * 1.0).bfloat16(), torch.int16, False)
+    finally:
+        torch.set_flush_denormal(False)
