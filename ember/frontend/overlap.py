@@ -25,7 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
+from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true, statically_known_true
 from torch.multiprocessing.reductions import StorageWeakRef
 
 _INPLACE_OPERATORS = {operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
@@ -281,22 +281,33 @@ def _writes_data(name: str) -> bool:
 
 def _may_overlap(t: torch.Tensor) -> bool:
     """Eager's "Yes" of its overlap check (a dimension of stride 0 and more than one element),
-    and, for concrete sizes, any layout not provably one element per address. Symbolic sizes are
-    never guarded on: they are read only where their value is known."""
+    and any layout not provably one element per address. Symbolic sizes and strides (the graph
+    Dynamo compiles again, dynamic, once a call brings other strides) are compared with guards:
+    one compiled for a layout that is one element per address is not reused for a later call's
+    layout that is not (``as_strided((4, 4), (2, 1))`` after a contiguous ``x``: ``x.add_(1)``
+    was functionalized, adding 1 once where eager adds it once per element sharing the address).
+    A size or stride without a hint (one the data decides) is not looked at."""
     dims = [(stride, size) for size, stride in zip(t.shape, t.stride())]
     if any(statically_known_true(size == 0) for _, size in dims):
         return False
     dims = [(stride, size) for stride, size in dims if statically_known_true(size > 1)]
     if any(statically_known_true(stride == 0) for stride, _ in dims):
         return True
-    if not all(isinstance(v, int) for dim in dims for v in dim):
+    if any(_hint(v) is None for dim in dims for v in dim):
         return False
     reach = 0  # the farthest offset the dimensions of smaller strides reach
-    for stride, size in sorted(dims):
-        if stride <= reach:
+    # (in the order of this call's strides; the guards that each stride passes the reach of the
+    # smaller ones keep that order for any later call the graph serves)
+    for stride, size in sorted(dims, key=lambda d: _hint(d[0])):
+        if guard_or_true(stride <= reach):
             return True
         reach += stride * (size - 1)
     return False
+
+
+def _hint(v: Any) -> int | None:
+    """A size's or stride's value in the call being compiled (None: the data decides it)."""
+    return v if isinstance(v, int) else v.node.hint
 
 
 def _partly_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
