@@ -280,9 +280,10 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
                 # leaky_relu or softshrink of integers: eager's kernels have no such dtype
                 original = refusal
             elif (type(original) is AssertionError and not _raised_in(original, "/torch/nn/functional.py")
-                    or type(original) is ValueError and _raised_in_refs(original)):
+                    or type(original) in (ValueError, OverflowError) and _raised_in_refs(original)):
                 # a check in one of torch's Python decompositions (cross_entropy's weight length,
-                # a view's size against its strides); the eager op's own check raises RuntimeError
+                # a view's size against its strides) or a bound it converts (hardtanh's int(inf) of
+                # an integer tensor); the eager op's own check raises RuntimeError
                 original = RuntimeError(str(original))
             elif type(original) in (ValueError, OverflowError) and _raised_in(original, "/torch/__init__.py"):
                 # a Python number torch converts while tracing (masked_fill of an int tensor with
@@ -307,7 +308,7 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
             elif type(original) is RuntimeError and _no_kernel_for_dtype(original):
                 # randn/normal_/log_normal_ of integers: eager finds no kernel for the dtype
                 original = NotImplementedError(str(original))
-            elif type(original) is RuntimeError and (dtype := _norm_input_without_kernel(original)):
+            elif type(original) is RuntimeError and (dtype := _float_input_without_kernel(original)):
                 original = NotImplementedError(f"no kernel for {dtype} inputs ({original})")
             raise _named(original, "\n".join(str(c) for c in chain)) from None
 
@@ -433,29 +434,35 @@ def _no_kernel_for_dtype(e: BaseException) -> bool:
                                     or text.startswith("log_normal not implemented"))
 
 
-# the norms' functions (torch.nn.functional's, torch's references and decompositions) whose
-# ``input`` eager's kernels take only as real floating-point numbers; the references refuse
-# another dtype with a RuntimeError from an op inside them (a mean of integers, bools subtracted)
-_NORMS = ("batch_norm", "instance_norm", "group_norm", "layer_norm", "native_batch_norm_helper",
-          "native_group_norm", "native_layer_norm", "_native_batch_norm_legit_no_training")
+# the norms' and losses' functions (torch.nn.functional's, torch's references and
+# decompositions) whose operands eager's kernels take only as real floating-point numbers (a
+# loss's input and target promoted together), by the operands' names; the references refuse
+# another dtype with a RuntimeError from an op inside them (a mean of integers, bools subtracted
+# or negated). The loss's own frames come after nn.functional's, whose names differ.
+_FLOAT_OPERANDS = {**dict.fromkeys(("batch_norm", "instance_norm", "group_norm", "layer_norm",
+                                    "native_batch_norm_helper", "native_group_norm", "native_layer_norm",
+                                    "_native_batch_norm_legit_no_training"), ("input",)),
+                   **dict.fromkeys(("mse_loss", "smooth_l1_loss", "binary_cross_entropy",
+                                    "binary_cross_entropy_with_logits"), ("self", "target")),
+                   "huber_loss": ("input", "target"), "_log_softmax": ("x",)}
 _DTYPE_REFUSALS = ("could not infer output dtype", "with two bool tensors is not supported",
-                   "does not support complex inputs")
+                   "on a bool tensor is not supported", "does not support complex inputs")
 
 
-def _norm_input_without_kernel(e: BaseException) -> torch.dtype | None:
-    """The dtype of a norm's input that is not real floating-point, where torch's references
-    refuse it with a RuntimeError while eager has no kernel for it (NotImplementedError); None
-    for other errors (a shape check fails first in both)."""
+def _float_input_without_kernel(e: BaseException) -> torch.dtype | None:
+    """The dtype of a norm's or loss's operands that is not real floating-point, where torch's
+    references refuse it with a RuntimeError while eager has no kernel for it
+    (NotImplementedError); None for other errors (a shape check fails first in both)."""
     if not any(refusal in str(e) for refusal in _DTYPE_REFUSALS):
         return None
-    tb = e.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        x = frame.f_locals.get("input")
-        if (frame.f_code.co_name in _NORMS and "/torch/" in frame.f_code.co_filename.replace("\\", "/")
-                and isinstance(x, torch.Tensor) and not x.dtype.is_floating_point):
-            return x.dtype
-        tb = tb.tb_next
+    for frame in traceback_frames(e):
+        names = _FLOAT_OPERANDS.get(frame.f_code.co_name)
+        operands = [frame.f_locals.get(n) for n in names or ()]
+        if (names and "/torch/" in frame.f_code.co_filename.replace("\\", "/")
+                and all(isinstance(x, torch.Tensor) for x in operands)):
+            dtype = operands[0].dtype if len(operands) == 1 else torch.result_type(*operands)
+            if not dtype.is_floating_point:
+                return dtype
     return None
 
 

@@ -171,18 +171,20 @@ EMBER_FN int64_t ember_mod(int64_t a, int64_t b, int32_t* err) {
   return m;
 }
 // A gather's or an indexing's index: eager raises for one out of range; kernels flag it (code 2
-// or 3, which the host turns into eager's exception) and stay in bounds. The first check to fail
-// keeps its code: checks run in the program's order, and eager raises at the first op that fails
-// (a weighted cross-entropy's target is checked by nll_loss's IndexError before the weight's
-// gather; that gather's later RuntimeError had replaced it).
+// or 3, which the host turns into eager's exception) and stay in bounds. The code carries the
+// check's place in the program above its low byte (cstyle.py), and the smallest flagged code
+// stays: eager raises at the first op that fails, where a fused kernel meets its elements in
+// another order (x[i] then x.gather(0, j) with a bad j[0] and a bad i[3] raised gather's
+// RuntimeError, not indexing's IndexError; a weighted cross-entropy's target is checked by
+// nll_loss's IndexError before the weight's gather).
 EMBER_FN int64_t ember_check_index(int64_t i, int64_t n, int32_t code, int32_t* err) {
   bool bad = (i < 0) | (i >= n);
-  if (bad && *err == 0) *err = code;
+  if (bad && (*err == 0 || code < *err)) *err = code;
   return bad ? 0 : i;
 }
 EMBER_FN int64_t ember_check_index_if(bool used, int64_t i, int64_t n, int32_t code, int32_t* err) {
   bool bad = (i < 0) | (i >= n);
-  if (bad && used && *err == 0) *err = code;
+  if (bad && used && (*err == 0 || code < *err)) *err = code;
   return bad ? 0 : i;
 }
 // searchsorted in a sorted sequence of n elements, stride apart: how many are < v (<= v when

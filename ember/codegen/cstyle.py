@@ -330,6 +330,10 @@ class BodyRenderer:
         # a scan's statement where the backend scans across threads (cuda_scan.py); else the
         # running value steps from element to element
         self.scan_line: Any = None
+        # a check's flagged code: eager's exception (the low byte) above its place among the
+        # kernel's checks, which are in the program's order (c_prelude.py keeps the smallest)
+        checks = [v for v in kernel.values if v.kind == "checkindex"]
+        self.check_codes = {id(v): v.arg[2] + (rank << 8) for rank, v in enumerate(checks)}
         self.uses_err = any(v.kind == "alu" and v.arg in INT_DIVISION_OPS and not v.dtype.is_float
                             and lang.flags_int_division
                             or v.kind == "checkindex" and lang.checks_indices for v in kernel.values)
@@ -394,12 +398,13 @@ class BodyRenderer:
         elif v.kind == "checkindex":
             bound = index_expr(sh.expr(v.arg[0]))
             index = self.name(v.srcs[0])
-            expr = (f"ember_check_index((int64_t){index}, {bound}, {v.arg[2]}, ember_err)" if lang.checks_indices
+            code = self.check_codes[id(v)]
+            expr = (f"ember_check_index((int64_t){index}, {bound}, {code}, ember_err)" if lang.checks_indices
                     else f"ember_clamp_index((int64_t){index}, {bound})")
             length = self.kernel.segment_length
             if lang.checks_indices and length is not None and not v.inner and v.arg[3]:
                 # checked once per row, before the row's loop: an empty row indexes nothing in eager
-                expr = (f"ember_check_index_if({self.name(length)} > 0, (int64_t){index}, {bound}, {v.arg[2]}, "
+                expr = (f"ember_check_index_if({self.name(length)} > 0, (int64_t){index}, {bound}, {code}, "
                         "ember_err)")
         elif v.kind == "search":
             a = v.arg

@@ -252,12 +252,16 @@ def _searchsorted(ctx: Context, seq: Node, values: Any, *, out_int32: bool = Fal
                   side: str | None = None, sorter: Any = None) -> Node:
     if sorter is not None:
         raise Unsupported("searchsorted with a sorter")
+    if side not in (None, "left", "right"):  # (eager's RuntimeError, from ATen: its meta function lets it by)
+        raise Unsupported(f"searchsorted with side={side!r}")
     return _search(ctx, seq, values, out_int32, right or side == "right")
 
 
 @register(aten.bucketize.Tensor)
 def _bucketize(ctx: Context, values: Node, boundaries: Node, *, out_int32: bool = False,
                right: bool = False) -> Node:
+    if boundaries.rank != 1:  # (eager's RuntimeError, from ATen; searchsorted takes batches)
+        raise Unsupported("bucketize with boundaries that are not 1-d")
     return _search(ctx, boundaries, values, out_int32, right)
 
 

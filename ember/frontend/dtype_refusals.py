@@ -25,7 +25,9 @@ _SHIFT_KERNELS = {"lshift": "lshift", "rshift": "rshift"}
 _FLOAT_ONLY_REFS = {"elu": ("elu_cpu", ("a",)), "frac": ("frac_cpu", ("x",)),
                     "log_sigmoid_forward": ("log_sigmoid_cpu", ("self",)),
                     "logaddexp": ("logaddexp_cpu", ("a", "b")), "logaddexp2": ("logaddexp2_cpu", ("a", "b")),
-                    "leaky_relu": ("leaky_relu_cpu", ("a",)), "softshrink": ("softshrink_check", ("a",))}
+                    "leaky_relu": ("leaky_relu_cpu", ("a",)), "softshrink": ("softshrink_check", ("a",)),
+                    # (a float beta or alpha for an integer dtype: the references' ValueError)
+                    "softplus": ("softplus_cpu", ("a",)), "celu": ("elu_cpu", ("a",))}
 
 
 def traceback_frames(e: BaseException) -> list[FrameType]:

@@ -96,9 +96,14 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
                aten.hardsigmoid.default, aten.hardswish.default, aten.softplus.default, aten.frac.default,
                aten.glu.default, aten.mish.default, aten.celu.default, aten.log_sigmoid_forward.default,
                aten._prelu_kernel.default, aten.softshrink.default,
-               aten.smooth_l1_loss.default, aten.huber_loss.default):
+               aten.smooth_l1_loss.default, aten.huber_loss.default, aten.mse_loss.default):
         if op in table:
             table[op] = _floats_only(table[op])
+    # nor for these dtypes (im2col's integers: F.unfold; reflection padding's and mvlgamma's bools)
+    table[aten.im2col.default] = _eager_when(table[aten.im2col.default], _integer)
+    for op in (aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default,
+               aten.mvlgamma.default):
+        table[op] = _eager_when(table[op], _bool)
     # their decompositions drop ATen's check that both operands have one dtype (and mv, dot, vdot,
     # trace and cross have no bool kernels): a float32 @ float64 vector computed where eager raises
     table[aten.heaviside.default] = _eager_when(table[aten.heaviside.default], lambda x, v: x.dtype != v.dtype)
@@ -262,6 +267,14 @@ def _floats_only(decomposition: Callable[..., Any]) -> Callable[..., Any]:
             return NotImplemented
         return decomposition(x, *args, **kwargs)
     return decompose
+
+
+def _integer(x: torch.Tensor, *args: Any, **kwargs: Any) -> bool:
+    return not (x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool)
+
+
+def _bool(x: torch.Tensor, *args: Any, **kwargs: Any) -> bool:
+    return x.dtype == torch.bool
 
 
 def _negative_base(start: Any, end: Any, steps: Any, base: Any = 10.0, **_: Any) -> bool:
