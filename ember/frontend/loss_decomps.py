@@ -14,6 +14,13 @@ ATen's kernels exactly at the edges a test of eager catches:
   or infinite gradient there, where torch's float32 epsilon gave a finite one.
 
 Each computes in float32 for 16-bit inputs (torch's ``pw_cast_for_opmath``), as ember's kernels do.
+
+Two forward losses, whose decompositions promote their result:
+
+* ``huber_loss`` and ``soft_margin_loss``: eager's kernels write the elementwise loss into a
+  tensor of the *input's* dtype (computed in the operands' common dtype), then reduce it: a
+  float16 input with a float32 target gives a float16 loss, which torch's decompositions gave
+  as float32 (and float64 for a float32 input with a float64 target).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from torch._decomp.decompositions import pw_cast_for_opmath
 
 aten = torch.ops.aten
 
-_MEAN = 1  # torch's Reduction enum: 0 none, 1 mean, 2 sum
+_MEAN, _SUM = 1, 2  # torch's Reduction enum: 0 none, 1 mean, 2 sum
 
 
 def _mean_norm(x: torch.Tensor, reduction: int) -> float:
@@ -75,8 +82,38 @@ def _bce_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.T
     return result
 
 
+def _opmath(input: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both operands in the dtype eager's kernel computes in: their common dtype, float32 for 16 bits."""
+    common = torch.result_type(input, target)
+    compute = torch.float32 if common in (torch.float16, torch.bfloat16) else common
+    return input.to(compute), target.to(compute)
+
+
+def _reduced_as_input(loss: torch.Tensor, input: torch.Tensor, reduction: int) -> torch.Tensor:
+    """The elementwise ``loss`` held in ``input``'s dtype, as eager's output tensor holds it, reduced."""
+    loss = loss.to(input.dtype)
+    return loss.mean() if reduction == _MEAN else loss.sum() if reduction == _SUM else loss
+
+
+def huber_loss(input: torch.Tensor, target: torch.Tensor, reduction: int = _MEAN, delta: float = 1.0) -> Any:
+    if not input.dtype.is_floating_point:  # (ATen's kernel rejects it, as eager does)
+        return NotImplemented
+    torch._check(delta > 0, lambda: "huber_loss does not support non-positive values for delta.")
+    x, t = _opmath(input, target)
+    z = (x - t).abs()
+    return _reduced_as_input(torch.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta)), input, reduction)
+
+
+def soft_margin_loss(input: torch.Tensor, target: torch.Tensor, reduction: int = _MEAN) -> Any:
+    if not input.dtype.is_floating_point:  # (eager's in-place steps refuse a float result in it)
+        return NotImplemented
+    x, t = _opmath(input, target)
+    return _reduced_as_input(torch.log1p(torch.exp(-x * t)), input, reduction)
+
+
 def loss_decompositions() -> dict[Any, Callable[..., Any]]:
     """The decompositions above, by the ops they stand for."""
-    return {aten.smooth_l1_loss_backward.default: smooth_l1_loss_backward,
+    return {aten.huber_loss.default: huber_loss, aten.soft_margin_loss.default: soft_margin_loss,
+            aten.smooth_l1_loss_backward.default: smooth_l1_loss_backward,
             aten.soft_margin_loss_backward.default: soft_margin_loss_backward,
             aten.binary_cross_entropy_backward.default: binary_cross_entropy_backward}

@@ -23,7 +23,7 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.node import Node, row_ids_offsets
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
-from .build_reduce import ReduceBuilder
+from .build_reduce import ROUNDED_FIRST, ReduceBuilder
 from .group_spec import AcrossFailed, BufferInfo, Conflict, GroupSpec, NeedsBuffer, has_indirect, has_inner
 from .indexing import Point, Strided, compose_strided, map_view, offset, recombine
 from .kernel_ir import (
@@ -50,8 +50,10 @@ _INDEX_ERROR_CODES = {"aten.embedding": 8, "aten.index_select": 9}
 
 
 class KernelBuilder(ReduceBuilder):
-    def __init__(self, spec: GroupSpec, buffers: dict[Node, BufferInfo], name: str):
+    def __init__(self, spec: GroupSpec, buffers: dict[Node, BufferInfo], name: str,
+                 held: frozenset[Node] = frozenset()):
         self.spec = spec
+        self.held = held  # roots stored as eager holds them (jump_read)
         self.buffers = buffers
         self.name = name
         self.values: list[Value] = []
@@ -263,7 +265,7 @@ class KernelBuilder(ReduceBuilder):
             previous, self._reader = self._reader, node
             srcs = [self.value_of(i, point) for i in node.inputs]
             self._reader = previous
-            if op in _ROUNDED_FIRST:
+            if op in ROUNDED_FIRST:
                 # (a conversion to another float changes smoothly: only its operand is rounded)
                 per_op = not (op is Op.CAST and node.dtype.is_float)
                 srcs = [self._as_eager_holds(s, per_op) for s in srcs]
@@ -486,6 +488,8 @@ class KernelBuilder(ReduceBuilder):
                     self._put(root, home)
                     continue
                 value = self.compute(root, home)
+                if root in self.held:
+                    value = self._as_eager_holds(value)
                 info = self.buffers[root]
                 self._writes[info.name] = root.dtype
                 index = offset(home, info.strides)
@@ -558,13 +562,6 @@ def _exprs(v: Value) -> list[sympy.Expr]:
     if v.kind in ("const", "index") and isinstance(v.arg, sympy.Basic):
         return [v.arg]
     return []
-
-
-# pointwise ops that read a 16-bit input as eager holds it (rounded): those whose result jumps
-# with it (a float16 (x + 4096) % 5 of x = 1 is 4096 % 5, not 4097 % 5), and conversions
-# ((x + 1000.3).float() is the bfloat16 sum, 1000.0)
-_ROUNDED_FIRST = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.FLOOR, Op.CEIL, Op.ROUND, Op.TRUNC,
-                            Op.SIGN, Op.ISINF, Op.CAST, Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD})
 
 
 def _key(arg: Any) -> Any:

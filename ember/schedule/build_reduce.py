@@ -7,13 +7,15 @@ scheduler gives it a buffer and a kernel of its own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import sympy
 from torch.utils._sympy.functions import FloorDiv
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.node import Node, view_base
-from ..ir.ops import Op
+from ..ir.ops import VIEW_OPS, Op
 from .group_spec import (
     ACROSS_OPS,
     AcrossFailed,
@@ -29,6 +31,44 @@ from .kernel_ir import CHUNK, ReduceArg, Value, indirect_var, inner_var, outer_v
 
 # ops whose result is one of their 16-bit operands, or its negation: exact on rounded operands
 _EXACT_ON_16_BIT = frozenset({Op.WHERE, Op.NEG, Op.ABS, Op.MAX, Op.MIN})
+
+
+# pointwise ops that read a 16-bit input as eager holds it (rounded): those whose result jumps
+# with it (a float16 (x + 4096) % 5 of x = 1 is 4096 % 5, not 4097 % 5), and conversions
+# ((x + 1000.3).float() is the bfloat16 sum, 1000.0). ISNAN too: rounding the value itself
+# changes nothing, but the chain under it, rounded op by op, overflows as eager's does (float16
+# (x * 100 - x * 100).isnan() of x = 1000 is inf - inf, True)
+ROUNDED_FIRST = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.FLOOR, Op.CEIL, Op.ROUND, Op.TRUNC,
+                           Op.SIGN, Op.ISINF, Op.ISNAN, Op.CAST, Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD})
+
+
+# ATen calls whose result jumps with a 16-bit input's values: an order, a bucket, a count
+_JUMPING_CALLS = frozenset({
+    "aten.sort", "aten.topk", "aten.kthvalue", "aten.median", "aten.nanmedian", "aten.mode", "aten._unique2",
+    "aten.unique_dim", "aten.unique_consecutive", "aten.searchsorted", "aten.bucketize", "aten.histc",
+    "aten.max_pool2d_with_indices", "aten.max_pool3d_with_indices", "aten.nonzero"})
+
+
+def jump_read(nodes: Sequence[Node], users: dict[Node, list[Node]]) -> frozenset[Node]:
+    """The 16-bit nodes that something whose result jumps with their values reads from a buffer,
+    directly or through views: an ATen sort, or a comparison in another kernel. Their kernels
+    store them as eager holds them (rounded op by op): a buffer rounded once is an ulp off here
+    and there, which a bfloat16 topk's order or a comparison in the next kernel turns into
+    other indices and other bools than eager's. (A jump in the same kernel reads the chain
+    rounded op by op already: _as_eager_holds.)"""
+
+    def jumps(reader: Node) -> bool:
+        if reader.op in VIEW_OPS:
+            return any(jumps(u) for u in users[reader])
+        if reader.op is Op.CAST:
+            return not reader.dtype.is_float  # (a conversion to another float changes smoothly)
+        if reader.op is Op.EXTERN:
+            return reader.arg.name in _JUMPING_CALLS
+        return reader.op in ROUNDED_FIRST or reader.op in (Op.ARGMAX, Op.ARGMIN, Op.SCAN)
+
+    # (views too: a view read by ATen may be the root its kernel stores)
+    return frozenset(n for n in nodes if n.dtype is not None and n.dtype.is_low_precision
+                     and any(jumps(u) for u in users[n]))
 
 
 class ReduceBuilder:
