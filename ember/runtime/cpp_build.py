@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from ..config import Config, log
 from . import cache_dirs
 from .backend import BuildError, run_compiler
@@ -252,4 +254,19 @@ def intact(library: Path) -> bool:
 
 
 def load(path: Path) -> ctypes.CDLL:
-    return ctypes.CDLL(str(path))
+    """The library at ``path``, loaded. One built with -ffast-math or -Ofast among cxx_flags
+    carries GCC's crtfastmath, whose constructor turns on flush-to-zero and denormals-are-zero
+    for the thread that loads it: that thread's eager float math then flushed subnormals to zero
+    for the rest of the process. The thread's setting is put back as it was."""
+    flushed = _flushes_denormals()
+    library = ctypes.CDLL(str(path))
+    if _flushes_denormals() != flushed:
+        torch.set_flush_denormal(flushed)
+    return library
+
+
+def _flushes_denormals() -> bool:
+    # a subnormal float32 made from its bits (no arithmetic to flush), times one: zero where
+    # flush-to-zero or denormals-are-zero is on in this thread
+    subnormal = torch.tensor(1 << 16, dtype=torch.int32).view(torch.float32)
+    return bool((subnormal * 1.0).item() == 0.0)
