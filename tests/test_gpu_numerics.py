@@ -76,3 +76,17 @@ def test_c_float_to_uint8_casts_go_through_int64():
     out = ember.compile(_CASTS)(x)
     for o, r in zip(out, _CASTS(x)):
         assert torch.equal(o, r), (o, r)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_no_product_is_contracted_into_a_sum(backend):
+    # eager computes the ops of a chain apart: x * y - x * y is 0, and a float16 product that
+    # overflows is inf before the sum. Contracted into one fma (Triton's default, and nvcc's) it
+    # was the product's rounding error, and fma(x, 100, -inf) = -inf where eager's is NaN. (On
+    # the CPU both run the C++ backend, built with -ffp-contract=off; on a GPU each backend.)
+    x, y = torch.randn(4099, device=DEVICE), torch.randn(4099, device=DEVICE)
+    h = torch.tensor([1000.0, -3.0, 0.5, 700.0, -900.0], dtype=torch.float16, device=DEVICE)
+    options = {"gpu_backend": backend}
+    assert (ember.compile(lambda a, b: a * b - a * b, options=options)(x, y) == 0).all()
+    out = ember.compile(lambda a: (a * 100 - a * 100).isnan(), options=options)(h)
+    assert torch.equal(out, (h * 100 - h * 100).isnan())

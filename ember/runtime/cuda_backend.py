@@ -44,7 +44,9 @@ from . import cache_dirs, cpp_build, stats
 from .backend import Backend, BuildError, BuiltKernels, fall_back, run_compiler
 
 NEEDS_CUDA_PYTHON = "the CUDA backend needs NVIDIA's cuda-python (cuda-bindings): pip install cuda-python"
-NVRTC_OPTIONS = ("-std=c++17",)  # IEEE division/sqrt and accurate math: no --use_fast_math
+# IEEE division/sqrt and accurate math: no --use_fast_math; and no a * b + c contracted into one
+# rounding, as eager computes a fused chain's ops apart (runtime/triton_matmul.py: FP_FUSION)
+NVRTC_OPTIONS = ("-std=c++17", "--fmad=false")
 WIDE_INDEX = "-DEMBER_WIDE_INDEX"  # builds the 64-bit-index entry points (codegen/cuda.py)
 BLOCKS_PER_SM = 32               # resident blocks per SM on Hopper/Ampere (bounds the grids below)
 THREADS_PER_SM = 2048

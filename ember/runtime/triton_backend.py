@@ -39,7 +39,7 @@ from . import cache_dirs, cuda_matmul, stats
 from . import triton_configs as tc
 from .backend import Backend, BuildError, BuiltKernels, fall_back
 from .triton_direct import direct_launcher
-from .triton_matmul import MatmulLauncher, needs_int64_offsets, submit_compile
+from .triton_matmul import FP_FUSION, MatmulLauncher, needs_int64_offsets, submit_compile
 
 _tuning_lock = threading.Lock()
 
@@ -303,7 +303,8 @@ class Launcher:
                 ws_, counter_ = buffers.get(stream) or scratch(stream)
                 if kernel is None:
                     constexprs = dict(BIG=big, XBLOCK=xblock, RBLOCK=rblock, PERSISTENT=persistent,
-                                      NPROG_BLOCK=nblock, num_warps=warps, num_stages=stages)
+                                      NPROG_BLOCK=nblock, num_warps=warps, num_stages=stages,
+                                      enable_fp_fusion=FP_FUSION)
                     constexprs.update((f"ALIGN_{name}", a) for name, a in zip(align_names, aligns))
                     if interpreting:  # the interpreter runs the Python function itself
                         fn[grid](*args, outer, inner, ws_, counter_, **constexprs)

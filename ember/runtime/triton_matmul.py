@@ -49,6 +49,12 @@ _compiler = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ember-compi
 _pending: set[cf.Future] = set()
 _pending_lock = threading.Lock()
 FIRST_WAIT_S = 0.05  # a compile that finishes this soon (Triton's disk cache) is waited for
+# Each a * b + c computed as written, two roundings, not contracted into one (Triton's default):
+# eager computes the ops of a fused chain apart, so x * y - x * y is 0, and a float16 product
+# rounded before the sum overflows as eager's does (float16 (x * 100 - x * 100).isnan() of
+# x = 1000 was -inf, not NaN: fma(x, 100, -inf)). The CPU backend builds with
+# -ffp-contract=off and the CUDA C++ one with --fmad=false for the same reason.
+FP_FUSION = False
 
 
 def wait_for_kernels(timeout: float | None = None) -> bool:
@@ -258,7 +264,8 @@ class MatmulLauncher:
 
     def _constexprs(self, c: dict[str, Any], big: bool) -> dict[str, Any]:
         return dict(BIG=big, BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=GROUP_M, TMA=c["TMA"],
-                    FLATTEN=self.meta["dots"] == 1, num_warps=c["num_warps"], num_stages=c["num_stages"])
+                    FLATTEN=self.meta["dots"] == 1, num_warps=c["num_warps"], num_stages=c["num_stages"],
+                    enable_fp_fusion=FP_FUSION)
 
     def _run(self, args: tuple[Any, ...], m: int, n: int, c: dict[str, Any], big: bool) -> None:
         self.fn[self._grid(m, n, c)](*args, **self._constexprs(c, big))
