@@ -1,4 +1,4 @@
-"""float16 and bfloat16 kernels on this machine's CPU against eager: an elementwise chain, layer
+"""float16 and bfloat16 kernels on this machine's CPU against eager and Inductor: an elementwise chain, layer
 norm and softmax, each checked against eager first, then interleaved medians.
 
     python bench/cpu_half.py [--reps 20]
@@ -47,12 +47,15 @@ def main() -> None:
         for name, fn, args in (("relu(x) + 2y + 1, 4096 x 4096", chain, (big, big2)),
                                ("layer_norm, 4096 x 1024", layer_norm, (rows, w, b)),
                                ("softmax, 4096 x 1024", softmax, (rows,))):
-            compiled = ember.compile(fn)
-            torch.testing.assert_close(compiled(*args), fn(*args), rtol=2e-2, atol=2e-2)
+            compiled, inductor = ember.compile(fn), torch.compile(fn)
+            for variant in (compiled, inductor):
+                torch.testing.assert_close(variant(*args), fn(*args), rtol=2e-2, atol=2e-2)
             t = median_times({"eager": lambda fn=fn, args=args: fn(*args),
+                              "inductor": lambda c=inductor, args=args: c(*args),
                               "ember": lambda c=compiled, args=args: c(*args)}, reps=a.reps)
             print(f"{str(dtype).split('.')[1]:9s} {name:32s} eager {t['eager'] * 1e3:7.2f} ms  "
-                  f"ember {t['ember'] * 1e3:7.2f} ms  {t['eager'] / t['ember']:.2f}x")
+                  f"Inductor {t['inductor'] * 1e3:7.2f} ms  ember {t['ember'] * 1e3:7.2f} ms  "
+                  f"{t['eager'] / t['ember']:.2f}x eager  {t['inductor'] / t['ember']:.2f}x Inductor")
 
 
 if __name__ == "__main__":
