@@ -1,10 +1,10 @@
 """float16 and bfloat16 kernels on this machine's CPU against eager and Inductor: an elementwise chain, layer
-norm and softmax, each checked against eager first, then interleaved medians.
+norm, softmax and column sums, each checked against eager first, then interleaved medians.
 
     python bench/cpu_half.py [--reps 20]
 
-The 16-bit conversions of the C++ prelude (codegen/cpp.py) set most of the float16 rows' time:
-GCC does not vectorize a _Float16 conversion, so they are written in steps it does.
+The 16-bit conversions set most of the float16 rows' time: GCC does not vectorize a _Float16
+conversion, so loops convert float16 a strip at a time with F16C (codegen/cpp_staging.py).
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     return torch.softmax(x, -1)
 
 
+def column_sums(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=20)
@@ -46,7 +50,8 @@ def main() -> None:
         big, big2 = torch.randn(4096, 4096, dtype=dtype), torch.randn(4096, 4096, dtype=dtype)
         for name, fn, args in (("relu(x) + 2y + 1, 4096 x 4096", chain, (big, big2)),
                                ("layer_norm, 4096 x 1024", layer_norm, (rows, w, b)),
-                               ("softmax, 4096 x 1024", softmax, (rows,))):
+                               ("softmax, 4096 x 1024", softmax, (rows,)),
+                               ("x.sum(0), 4096 x 1024", column_sums, (rows,))):
             compiled, inductor = ember.compile(fn), torch.compile(fn)
             for variant in (compiled, inductor):
                 torch.testing.assert_close(variant(*args), fn(*args), rtol=2e-2, atol=2e-2)

@@ -13,6 +13,7 @@ import torch
 
 import ember
 from ember.codegen import cuda
+from ember.config import Config
 
 from .conftest import INTERPRETED_TRITON
 from .helpers import TOLERANCES, check
@@ -150,13 +151,20 @@ def _half_bits_equal(out: torch.Tensor, ref: torch.Tensor, int_dtype: torch.dtyp
         assert torch.equal(torch.signbit(out[nan]), torch.signbit(ref[nan]))
 
 
-def test_every_float16_converts_to_float32_bit_for_bit():
-    # the CPU backend converts halves in integer steps (so that its loops vectorize): every one
-    # of the 65536 bit patterns, subnormals, infinities and NaNs included, as eager converts them
+# The CPU backend converts float16 rows STAGE elements at a time, with F16C's vector
+# instructions where the CPU has them (codegen/cpp_staging.py), and single elements (a row's tail,
+# or every element where the CPU has no F16C) in integer and float steps its loops vectorize. Both
+# give eager's bits: each test runs once as built for this CPU, once built without F16C.
+_F16C = {"with F16C": None, "without F16C": {"cxx_flags": [*Config().cxx_flags, "-mno-f16c"]}}
+
+
+@pytest.mark.parametrize("flags", list(_F16C))
+def test_every_float16_converts_to_float32_bit_for_bit(flags):
+    # every one of the 65536 bit patterns, subnormals, infinities and NaNs included
     halves = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.float16)
-    report = check(lambda h: h.float() * 1.0, halves)  # (an op, so a kernel converts)
-    assert "ember_f16_to_f32(" in "".join(k.source for k in report.kernels)
-    out = ember.compile(lambda h: h.float() * 1.0)(halves)
+    report = check(lambda h: h.float() * 1.0, halves, options=_F16C[flags])  # (an op, so a kernel converts)
+    assert "ember_f16_row_to_f32(" in "".join(k.source for k in report.kernels)
+    out = ember.compile(lambda h: h.float() * 1.0, options=_F16C[flags])(halves)
     _half_bits_equal(out, halves.float() * 1.0, torch.int32)
 
 
@@ -176,11 +184,13 @@ def _float32_edges_and_bits() -> torch.Tensor:
     return torch.cat([torch.tensor(edges), -torch.tensor(edges), bits])
 
 
-def test_float32_rounds_to_float16_bit_for_bit():
-    floats = _float32_edges_and_bits()
-    report = check(lambda f: (f * 1.0).half(), floats)
-    assert "ember_f32_to_f16(" in "".join(k.source for k in report.kernels)
-    _half_bits_equal(ember.compile(lambda f: (f * 1.0).half())(floats), floats.half(), torch.int16)
+@pytest.mark.parametrize("flags", list(_F16C))
+def test_float32_rounds_to_float16_bit_for_bit(flags):
+    floats = _float32_edges_and_bits()  # (131114 of them: the last strip has a tail of 2)
+    report = check(lambda f: (f * 1.0).half(), floats, options=_F16C[flags])
+    assert "ember_f32_row_to_f16(" in "".join(k.source for k in report.kernels)
+    out = ember.compile(lambda f: (f * 1.0).half(), options=_F16C[flags])(floats)
+    _half_bits_equal(out, floats.half(), torch.int16)
 
 
 def test_float32_rounds_to_bfloat16_bit_for_bit():
@@ -190,10 +200,11 @@ def test_float32_rounds_to_bfloat16_bit_for_bit():
     _half_bits_equal(ember.compile(lambda f: (f * 1.0).bfloat16())(floats), floats.bfloat16(), torch.int16, False)
 
 
-def test_16_bit_conversions_stay_exact_under_fast_math():
+@pytest.mark.parametrize("f16c", [True, False])
+def test_16_bit_conversions_stay_exact_under_fast_math(f16c):
     # a user's -ffast-math lets GCC assume no NaN or inf and reassociate float math: the
     # conversions test NaN and overflow on the bits, so they still give eager's bits
-    flags = {"cxx_flags": ["-O3", "-march=native", "-ffast-math"]}
+    flags = {"cxx_flags": ["-O3", "-march=native", "-ffast-math", *(() if f16c else ("-mno-f16c",))]}
     floats = _float32_edges_and_bits()
     halves = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.float16)
     out = ember.compile(lambda f: ((f * 1.0).half(), (f * 1.0).bfloat16()), options=flags)(floats)
@@ -205,9 +216,11 @@ def test_16_bit_conversions_stay_exact_under_fast_math():
     _half_bits_equal(ember.compile(lambda h: h.float() * 1.0, options=flags)(halves), halves.float(), torch.int32)
 
 
-def test_16_bit_conversions_under_flush_denormal():
-    # the conversions compute with floats that are never subnormal, so flush-to-zero and
-    # denormals-are-zero (torch.set_flush_denormal, CPU inference's setting) leave them exact
+@pytest.mark.parametrize("flags", list(_F16C))
+def test_16_bit_conversions_under_flush_denormal(flags):
+    # the conversions compute with floats that are never subnormal (F16C's ignore the modes), so
+    # flush-to-zero and denormals-are-zero (torch.set_flush_denormal, CPU inference's setting)
+    # leave them exact
     halves = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.float16)
     floats = _float32_edges_and_bits()
     # (not float32 subnormals themselves: whether ``f * 1.0`` flushes them is the multiply's
@@ -216,8 +229,8 @@ def test_16_bit_conversions_under_flush_denormal():
     floats = floats[((bits & 0x7F800000) != 0) | ((bits & 0x007FFFFF) == 0)]
     assert torch.set_flush_denormal(True)
     try:
-        up = ember.compile(lambda h: h.float() * 1.0)(halves)
-        down = ember.compile(lambda f: ((f * 1.0).half(), (f * 1.0).bfloat16()))(floats)
+        up = ember.compile(lambda h: h.float() * 1.0, options=_F16C[flags])(halves)
+        down = ember.compile(lambda f: ((f * 1.0).half(), (f * 1.0).bfloat16()), options=_F16C[flags])(floats)
         _half_bits_equal(up, halves.float() * 1.0, torch.int32)
         _half_bits_equal(down[0], (floats * 1.0).half(), torch.int16)
         _half_bits_equal(down[1], (floats * 1.0).bfloat16(), torch.int16, False)

@@ -38,3 +38,42 @@ def test_16_bit_values_a_jump_reads_from_a_buffer_are_rounded_as_eager_holds_the
     check(lambda a, b: (torch.sort(a * b + a, 1), torch.topk(a * b - b, 50, 1)), x, y)
     check(lambda a, b: F.max_pool1d((a * b + a).unsqueeze(0), 3, 2, return_indices=True), x, y)
     check(lambda a, b: (a * b + a, (a * b + a).t().contiguous() > 0.25), x, y)
+
+
+_STRIP_CASES = {
+    # pointwise: lengths 0 and 1, a tail shorter than 8 and one past the last full strip (128)
+    "pointwise": (lambda a, b: torch.relu(a) + b * 2 + 1, [(0,), (1,), (7,), (129,), (3, 300)]),
+    "broadcast": (lambda a, b: a * b[0] - 1, [(5, 131)]),
+    "transposed read": (lambda a, b: (a.t() * b.t()).contiguous(), [(130, 9)]),
+    "shifted reads": (lambda a, b: a[..., 1:] - a[..., :-1] * b[..., 1:], [(3, 257)]),
+    "row sum and max": (lambda a, b: (a.sum(-1), a.amax(-1), (a * b).argmax(-1)), [(4, 1025), (2, 3)]),
+    "whole-tensor reductions": (lambda a, b: (a.sum(), a.amax(), a.argmax()), [(70001,)]),
+    "layer_norm": (lambda a, b: F.layer_norm(a, a.shape[-1:], b[0], b[1]), [(6, 200)]),
+    "softmax": (lambda a, b: torch.softmax(a * 2, -1), [(5, 1000)]),
+    # column tiles (codegen/cpp_columns.py): the simd loops run along a row's columns
+    "column sums": (lambda a, b: (a.sum(0), (a * b).amax(0), a.var(0)), [(300, 1030), (3, 7)]),
+    "middle-dim sums": (lambda a, b: a.sum(1) * b[:, 0] + 1, [(5, 17, 129)]),
+}
+
+
+@pytest.mark.parametrize("case", list(_STRIP_CASES))
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_float16_rows_convert_a_strip_at_a_time(case, dynamic):
+    # loops that read or write float16 at consecutive elements convert a strip of them at a time
+    # (F16C, codegen/cpp_staging.py): every shape, length and access pattern against eager
+    fn, shapes = _STRIP_CASES[case]
+    torch.manual_seed(0)
+    staged = False
+    for shape in shapes:
+        a = torch.randn(shape, dtype=torch.float16) * 3
+        b = torch.randn(shape, dtype=torch.float16)
+        report = check(fn, a, b, dynamic=dynamic)
+        staged |= any("_row_to_f" in k.source for k in report.kernels)
+    assert staged
+
+
+def test_float16_strips_write_in_place_and_beside_other_dtypes():
+    x = torch.randn(300, dtype=torch.float16)
+    report = check(lambda a, b: (a.mul_(3), a.float() * b, (b * 2).half()), x, torch.randn(300))
+    source = "".join(k.source for k in report.kernels)
+    assert "ember_f32_row_to_f16(" in source and "ember_f16_row_to_f32(" in source

@@ -18,6 +18,8 @@ from .c_prelude import COMMON_PRELUDE, one_plus_erf_source
 from .cexpr import device_size_lines, index_expr
 from .cpp_columns import ColumnTiles, column_tiles
 from .cpp_scatter import owned_rows, render_owned_rows
+from .cpp_staging import PRELUDE as STAGING_PRELUDE
+from .cpp_staging import close_strip, open_strip, staged_accesses
 from .cstyle import BodyRenderer, Language, acc_type, acc_update
 
 CPP = Language(
@@ -94,6 +96,7 @@ EMBER_FN _Float16 ember_f32_to_f16(float f) {
 EMBER_FN float ember_round_f16(float f) { return ember_f16_to_f32(ember_f32_to_f16(f)); }
 EMBER_ROUNDED_DIVISION(bf16, ember_round_bf16)
 EMBER_ROUNDED_DIVISION(f16, ember_round_f16)
+""" + STAGING_PRELUDE + r"""
 // Float to integer as eager's casts give it on this CPU. C++ leaves NaN, infinities and values out
 // of range undefined, and GCC used that: (float)(int8_t)x became truncf(x). x86's conversion gives
 // the int32 (int64 for int64_t) minimum for them and narrower types keep that int32's low bits
@@ -404,19 +407,28 @@ class CppKernelRenderer:
             self._statements(values)
             return
         work = index_expr(sh.numel(k.outer) * self.cost)
+        var, extent = outer_var(n - 1), index_expr(k.outer[-1])
+        staged = staged_accesses(self, values, var)  # float16 rows converted a strip at a time
         if n == 1:
-            self.emit(f"#pragma omp parallel for simd schedule(static) if({work} >= {PARALLEL_THRESHOLD})")
-            self._open_loops(outer_var, k.outer)
+            simd = "" if staged else " simd"
+            pragma = f"#pragma omp parallel for{simd} schedule(static) if({work} >= {PARALLEL_THRESHOLD})"
         else:
             collapse = f" collapse({n - 1})" if n > 2 else ""
             self.emit(f"#pragma omp parallel for{collapse} schedule(static) if({work} >= {PARALLEL_THRESHOLD})")
             self._open_loops(outer_var, k.outer[:-1])
-            last = outer_var(n - 1).name
-            self.emit("#pragma omp simd")
-            self.emit(f"for (int64_t {last} = 0; {last} < {index_expr(k.outer[-1])}; ++{last}) {{")
+            pragma = ""
+        if staged:
+            open_strip(self, var, "0", extent, staged, pragma, "#pragma omp simd")
+        else:
+            self.emit(pragma or "#pragma omp simd")
+            self.emit(f"for (int64_t {var.name} = 0; {var.name} < {extent}; ++{var.name}) {{")
             self.depth += 1
         self._statements(values)
-        self._close_loops(n)
+        if staged:
+            close_strip(self, var, staged)
+        else:
+            self._close_loops(1)
+        self._close_loops(n - 1)
 
     def _stages(self, parallel_inner: bool) -> None:
         k = self.k
@@ -460,15 +472,26 @@ class CppKernelRenderer:
         self.emit(f"// loop {loop}: {', '.join(v.arg.op.value for v in reductions) or 'store'}{''.join(kept)}")
         acc = {id(v): self.body.acc_names[id(v)] + ("_part" if v in partial else "") for v in reductions}
         clauses = " ".join(f"reduction({_clause(v)}:{acc[id(v)]})" for v in reductions)
+        var = inner_var(n - 1)
+        staged = staged_accesses(self, k.loop_values(loop) + stores, var)  # (cpp_staging.py)
+        # the innermost loop itself spread over the threads: the parallel pragma is its own
+        spread = parallel and n == 1 and not partial
+        pragma = ""
         if parallel:
             collapse = f" collapse({n - 1})" if n > 2 else ""
-            simd = "" if has_arg or n > 1 or partial else " simd"
+            simd = "" if has_arg or n > 1 or partial or staged else " simd"
             totals = " ".join(f"reduction({_clause(v)}:{self.body.acc_names[id(v)]})" for v in reductions)
             pragma = f"#pragma omp parallel for{simd}{collapse} schedule(static) {totals}".rstrip()
-            self.emit(f"{pragma} if({work} >= {PARALLEL_THRESHOLD})")
+            pragma = f"{pragma} if({work} >= {PARALLEL_THRESHOLD})"
+            if not (spread and staged):
+                self.emit(pragma)
         self._open_loops(inner_var, k.inner[:-1])
         blocked = bool(partial) and self._open_block(partial, parallel and n == 1)
-        if parallel and n == 1 and not partial:
+        if staged:
+            start, stop = self._innermost_range(blocked)
+            simd = "" if has_arg else f"#pragma omp simd {clauses}".rstrip()
+            open_strip(self, var, start, stop, staged, pragma if spread else "", simd)
+        elif spread:
             self._open_loops(inner_var, k.inner)  # (the parallel for simd above is its pragma)
         else:
             self._simd_innermost(clauses, has_arg, blocked)
@@ -476,7 +499,10 @@ class CppKernelRenderer:
         for v in reductions:
             self.emit(acc_update(v, acc[id(v)], self.body.name(v.srcs[0]), index_expr(v.arg.position)))
         self._statements(stores)
-        self._close_loops(1)
+        if staged:
+            close_strip(self, var, staged)
+        else:
+            self._close_loops(1)
         for v in partial:
             self.emit(f"{self.body.acc_names[id(v)]} += {acc[id(v)]};")
         self._close_loops(n - 1 + blocked)
@@ -520,13 +546,19 @@ class CppKernelRenderer:
     def _simd_innermost(self, clauses: str, has_arg: bool, blocked: bool = False) -> None:
         """Opens the innermost inner loop under ``#pragma omp simd`` (over the current block of
         SUM_BLOCK elements where ``blocked``)."""
-        last, extent = inner_var(len(self.k.inner) - 1).name, index_expr(self.k.inner[-1])
+        last = inner_var(len(self.k.inner) - 1).name
         if not has_arg:
             self.emit(f"#pragma omp simd {clauses}".rstrip())
-        start, stop = (f"{last}_block", f"std::min<int64_t>({last}_block + {SUM_BLOCK}, {extent})") if blocked \
-            else ("0", extent)
+        start, stop = self._innermost_range(blocked)
         self.emit(f"for (int64_t {last} = {start}; {last} < {stop}; ++{last}) {{")
         self.depth += 1
+
+    def _innermost_range(self, blocked: bool) -> tuple[str, str]:
+        """Where the innermost inner loop starts and stops: the row, or its current block."""
+        last, extent = inner_var(len(self.k.inner) - 1).name, index_expr(self.k.inner[-1])
+        if blocked:
+            return f"{last}_block", f"std::min<int64_t>({last}_block + {SUM_BLOCK}, {extent})"
+        return "0", extent
 
 
 # Elements of a row a float sum adds up in float before its double takes the block's sum

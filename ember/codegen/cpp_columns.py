@@ -27,6 +27,7 @@ import sympy
 from ..ir import shapes as sh
 from ..schedule.kernel_ir import Kernel, Value, inner_var, outer_var
 from .cexpr import index_expr
+from .cpp_staging import close_strip, open_strip, staged_accesses
 from .cstyle import Language, acc_init, acc_type
 from .layout import adjacent_rows
 
@@ -139,12 +140,27 @@ class ColumnTiles:
                 self._loop(stage + 1)
         r._close_loops(n)
 
-    def _columns(self, what: str) -> None:
+    def _columns(self, what: str, values: list[Value]) -> list[Value]:
+        """Opens the simd loop over the tile's columns that computes ``values``; returns the
+        float16 accesses among them it converts a strip at a time (cpp_staging.py), which
+        ``_close_columns`` finishes."""
         self.r.emit(f"// {what}")
+        column = outer_var(len(self.k.outer) - 1)
+        staged = staged_accesses(self.r, values, column)
+        if staged:
+            open_strip(self.r, column, "ember_c0", "ember_c1", staged, "", "#pragma omp simd")
+            return staged
         self.r.emit("#pragma omp simd")
         c = self.column
         self.r.emit(f"for (int64_t {c} = ember_c0; {c} < ember_c1; ++{c}) {{")
         self.r.depth += 1
+        return staged
+
+    def _close_columns(self, staged: list[Value]) -> None:
+        if staged:
+            close_strip(self.r, outer_var(len(self.k.outer) - 1), staged)
+        else:
+            self.r._close_loops(1)
 
     def _restore(self, values: list[Value], earlier: int) -> None:
         """Reads back the kept values of stages before ``earlier`` that ``values`` use."""
@@ -162,8 +178,8 @@ class ColumnTiles:
                   and v.stage == stage]
         if not (done or starting or values):
             return
-        self._columns(f"stage {stage}: {'results, ' if done else ''}each column's values"
-                      + (", accumulators start" if starting else ""))
+        staged = self._columns(f"stage {stage}: {'results, ' if done else ''}each column's values"
+                               + (", accumulators start" if starting else ""), values)
         at = f"[{self.column} - ember_c0]"
         self._restore(values, stage)
         for v in done:
@@ -176,7 +192,7 @@ class ColumnTiles:
                 self.r.emit(f"{body.name(v)}_c{at} = {body.name(v)};")
         for v in starting:
             self.r.emit(f"{body.acc_names[id(v)]}_c{at} = {acc_init(body.lang, v)};")
-        self.r._close_loops(1)
+        self._close_columns(staged)
 
     def _loop(self, loop: int) -> None:
         k, body, r = self.k, self.body, self.r
@@ -188,7 +204,7 @@ class ColumnTiles:
         r._open_loops(inner_var, k.inner)
         r._statements([v for v in values if id(v) not in self.varying])
         varying = [v for v in values if id(v) in self.varying]
-        self._columns("each column")
+        staged = self._columns("each column", varying + stores)
         # a reduction may read an outer value itself (a row of length 0 made its loads constants)
         self._restore(varying + stores + reductions, loop)
         at = f"[{self.column} - ember_c0]"
@@ -200,4 +216,5 @@ class ColumnTiles:
             r.emit(body.reduce_update(v))
             r.emit(f"{body.acc_names[id(v)]}_c{at} = {body.acc_names[id(v)]};")
         r._statements(stores)
-        r._close_loops(1 + len(k.inner))
+        self._close_columns(staged)
+        r._close_loops(len(k.inner))

@@ -324,6 +324,9 @@ class BodyRenderer:
         # value id -> what a load reads or a store writes instead of ``buffer[index]`` (an element
         # of a vector the CUDA backend loads or stores for a group of elements)
         self.vector_access: dict[int, str] = {}
+        # value id -> the float element a float16 load reads or store writes instead, of the row
+        # its loop converts a strip at a time (the CPU backend's cpp_staging.py)
+        self.staged: dict[int, str] = {}
         # chunk store id -> the register that keeps the run's partial sum instead of the
         # partials buffer (the CUDA backend's row blocks, which store it at the run's end)
         self.kept_partials: dict[int, str] = {}
@@ -365,6 +368,8 @@ class BodyRenderer:
             if id(v) in self.kept_partials:
                 return f"{self.kept_partials[id(v)]} += {value};"
             return f"{ref} = {lang.store(dtype, f'{lang.load(dtype, ref)} + {value}')};"
+        if v.kind == "store" and id(v) in self.staged:  # (rounded with its row after the loop)
+            return f"{self.staged[id(v)]} = {self.name(_unrounded(v.srcs[0], self.buffer_dtype[v.arg.buffer]))};"
         if v.kind == "store":
             dtype = self.buffer_dtype[v.arg.buffer]
             value = lang.store(dtype, self.name(_unrounded(v.srcs[0], dtype)))
@@ -392,7 +397,9 @@ class BodyRenderer:
         """The C expression computing a value (not a store or a reduction)."""
         lang = self.lang
         ctype = lang.compute(v.dtype)
-        if v.kind == "load":
+        if v.kind == "load" and id(v) in self.staged:
+            expr = self.staged[id(v)]
+        elif v.kind == "load":
             dtype = self.buffer_dtype[v.arg.buffer]
             expr = lang.load(dtype, self.access(v))
         elif v.kind == "checkindex":
