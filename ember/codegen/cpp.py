@@ -18,6 +18,7 @@ from .c_prelude import COMMON_PRELUDE, one_plus_erf_source
 from .cexpr import device_size_lines, index_expr
 from .cpp_columns import ColumnTiles, column_tiles
 from .cpp_scatter import owned_rows, render_owned_rows
+from .cpp_split import find_split
 from .cpp_staging import PRELUDE as STAGING_PRELUDE
 from .cpp_staging import close_strip, open_strip, staged_accesses
 from .cstyle import BodyRenderer, Language, acc_type, acc_update
@@ -408,27 +409,64 @@ class CppKernelRenderer:
             return
         work = index_expr(sh.numel(k.outer) * self.cost)
         var, extent = outer_var(n - 1), index_expr(k.outer[-1])
-        staged = staged_accesses(self, values, var)  # float16 rows converted a strip at a time
         if n == 1:
-            simd = "" if staged else " simd"
-            pragma = f"#pragma omp parallel for{simd} schedule(static) if({work} >= {PARALLEL_THRESHOLD})"
-        else:
-            collapse = f" collapse({n - 1})" if n > 2 else ""
-            self.emit(f"#pragma omp parallel for{collapse} schedule(static) if({work} >= {PARALLEL_THRESHOLD})")
-            self._open_loops(outer_var, k.outer[:-1])
-            pragma = ""
+            simd = "" if staged_accesses(self, values, var) else " simd"
+            self._pointwise_loop(var, "0", extent, values,
+                                 f"#pragma omp parallel for{simd} schedule(static) if({work} >= {PARALLEL_THRESHOLD})")
+            return
+        collapse = f" collapse({n - 1})" if n > 2 else ""
+        self.emit(f"#pragma omp parallel for{collapse} schedule(static) if({work} >= {PARALLEL_THRESHOLD})")
+        self._open_loops(outer_var, k.outer[:-1])
+        split = None if self.scalar or sh.static(k.outer[-1]) == 0 else find_split(values, var)
+        if split is None:
+            self._pointwise_loop(var, "0", extent, values, "")
+        else:  # padding skipped: the loop in two at the guard's bound, or unswitched (cpp_split.py)
+            positive = sh.static(k.outer[-1])
+            if positive is None:  # (the bound's index checks run only where the row has elements)
+                self.emit(f"if ({extent} > 0) {{")
+                self.depth += 1
+            self._statements(split.hoisted)
+            inside = [v for v in values if v not in split.hoisted]
+            guard = id(split.guard)
+            if split.bound is None:
+                self.emit(f"if ({self.body.expression(split.guard)}) {{  // {self.body.name(split.guard)}, "
+                          f"the same along {var.name}")
+                for truth in ("true", "false"):
+                    self.depth += 1
+                    self.body.constants[guard] = truth
+                    self._pointwise_loop(var, "0", extent, inside, "")
+                    self.depth -= 1
+                    self.emit("} else {" if truth == "true" else "}")
+            else:
+                bound = f"{self.body.name(split.bound)}{' + 1' if split.inclusive else ''}"
+                self.emit(f"// {self.body.name(split.guard)} is {str(split.below).lower()} for {var.name} below "
+                          f"{bound}, {str(not split.below).lower()} from there on")
+                self.emit(f"const int64_t {var.name}_split = std::min<int64_t>(std::max<int64_t>({bound}, 0), "
+                          f"{extent});")
+                for start, stop, truth in (("0", f"{var.name}_split", split.below),
+                                           (f"{var.name}_split", extent, not split.below)):
+                    self.body.constants[guard] = str(truth).lower()
+                    self._pointwise_loop(var, start, stop, inside, "")
+            del self.body.constants[guard]
+            self._close_loops(positive is None)
+        self._close_loops(n - 1)
+
+    def _pointwise_loop(self, var, start: str, stop: str, values: list[Value], pragma: str) -> None:
+        """The simd loop over ``var`` from ``start`` to ``stop`` computing ``values`` (float16 rows
+        converted a strip at a time where it reads or writes them: cpp_staging.py); ``pragma``:
+        its parallel for, where it is the outermost loop."""
+        staged = staged_accesses(self, values, var)
         if staged:
-            open_strip(self, var, "0", extent, staged, pragma, "#pragma omp simd")
+            open_strip(self, var, start, stop, staged, pragma, "#pragma omp simd")
         else:
             self.emit(pragma or "#pragma omp simd")
-            self.emit(f"for (int64_t {var.name} = 0; {var.name} < {extent}; ++{var.name}) {{")
+            self.emit(f"for (int64_t {var.name} = {start}; {var.name} < {stop}; ++{var.name}) {{")
             self.depth += 1
         self._statements(values)
         if staged:
             close_strip(self, var, staged)
         else:
             self._close_loops(1)
-        self._close_loops(n - 1)
 
     def _stages(self, parallel_inner: bool) -> None:
         k = self.k

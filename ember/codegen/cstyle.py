@@ -327,6 +327,9 @@ class BodyRenderer:
         # value id -> the float element a float16 load reads or store writes instead, of the row
         # its loop converts a strip at a time (the CPU backend's cpp_staging.py)
         self.staged: dict[int, str] = {}
+        # value id -> a constant it is known to be in the loop being rendered (a guard of the
+        # CPU backend's split loops, cpp_split.py)
+        self.constants: dict[int, str] = {}
         # chunk store id -> the register that keeps the run's partial sum instead of the
         # partials buffer (the CUDA backend's row blocks, which store it at the run's end)
         self.kept_partials: dict[int, str] = {}
@@ -397,6 +400,8 @@ class BodyRenderer:
         """The C expression computing a value (not a store or a reduction)."""
         lang = self.lang
         ctype = lang.compute(v.dtype)
+        if id(v) in self.constants:
+            return self.constants[id(v)]
         if v.kind == "load" and id(v) in self.staged:
             expr = self.staged[id(v)]
         elif v.kind == "load":
