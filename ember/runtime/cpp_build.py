@@ -7,7 +7,7 @@ Each library has its SHA-256 beside it (``.sha256``): a cached library whose byt
 cache copied in part, a full disk, a damaged file) is built again, never loaded: a truncated
 library crashed the process inside dlopen (SIGBUS), where no Python error can be caught.
 
-The prelude every module starts with (codegen/cpp.py's PRELUDE: <cmath>, <algorithm>, ember's
+The prelude every module starts with (codegen/cpp_prelude.py's PRELUDE: <cmath>, <algorithm>, ember's
 helpers) took 0.9 s of a typical module's 1.1 s build. With GCC it is compiled once per cache
 directory, compiler and flags into a precompiled header (``prelude-<key>/``), and each module
 is compiled as an #include of it followed by the module's own code. Anything wrong with that
