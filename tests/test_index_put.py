@@ -274,7 +274,9 @@ def test_ragged_giou_backward_is_one_kernel_storing_each_coordinate():
     """The ragged GIoU loss's gradient (a stack of 4 coordinate gradients written into the
     padded predictions at (row ids, positions)) is one kernel over the dense (B, N) places
     (passes/ragged.py): no zero fill, no atomics, the shared terms computed once per box and the
-    4 coordinates stored with 4 stores, not a loop over coordinates recomputing everything."""
+    4 coordinates stored with 4 stores, not a loop over coordinates recomputing everything. The
+    loop over positions is split at each row's length (codegen/cpp_split.py): the 4 stores are
+    in each of its two parts."""
     report = ember.Report()
     fast = ember.compile(ragged_giou_loss, report=report)
     for seed in (1, 2):
@@ -288,7 +290,8 @@ def test_ragged_giou_backward_is_one_kernel_storing_each_coordinate():
     assert len(backward.kernels) == 1 and report.fallbacks == []
     source = backward.kernels[0].source
     stores = [line for line in source.splitlines() if line.strip().startswith("buf0[")]
-    assert len(stores) == 4 and "ember_atomic_add(" not in source and "for (int64_t o2" not in source
+    assert len(stores) == 8 and "ember_atomic_add(" not in source and "for (int64_t o2" not in source
+    assert "const int64_t o1_split = " in source
     assert "zero_()" not in backward.wrapper
 
 
