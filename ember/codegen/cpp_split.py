@@ -60,10 +60,10 @@ def find_split(values: list[Value], var: sympy.Symbol) -> Split | None:
                 varying[id(v)] = var in sympy.sympify(v.arg).free_symbols
             elif v.kind == "const":
                 varying[id(v)] = False
-            elif v.kind in ("load", "alu", "checkindex", "search") and v.guard is None:
+            elif v.kind in ("load", "alu", "checkindex") and v.guard is None:
                 own = v.kind == "load" and var in v.arg.index.free_symbols
                 varying[id(v)] = own or any(varies(s) for s in v.srcs)
-            else:  # (reductions, stores, guarded values: never computed ahead of the loop)
+            else:  # (searches, stores, guarded values: never computed ahead of the loop)
                 varying[id(v)] = True
         return varying[id(v)]
 
