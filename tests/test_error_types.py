@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import ember
 
-from .helpers import check
+from .helpers import assert_same, check
 
 inf = float("inf")
 _INTS = torch.tensor([-3, 0, 2, 5], dtype=torch.int32)
@@ -105,3 +105,97 @@ def test_the_ops_kept_for_eagers_errors_still_compile_for_floats():
     check(lambda x: F.pad(x, (1, 1, 1, 1), mode="reflect") + 1, x)
     check(lambda x: F.mse_loss(x, x.flip(-1)), x)
     check(lambda x: torch.searchsorted(torch.tensor([-1.0, 0.0, 1.0]), x, side="right"), x)
+
+
+def _same_as_eager_each_call(fn, calls, expected: type[BaseException] = RuntimeError) -> ember.Report:
+    """One compiled ``fn`` over ``calls`` (argument tuples, in order): eager's exception type
+    (exactly, ``expected``) where eager raises, eager's values (and inputs written as eager's)
+    where it computes."""
+    report = ember.Report()
+    compiled = ember.compile(fn, report=report)
+    for args in calls:
+        mine = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        ref = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        try:
+            want = fn(*ref)
+        except expected as e:
+            assert type(e) is expected
+            with pytest.raises(expected) as info:
+                compiled(*mine)
+            assert type(info.value) is expected, info.value
+        else:
+            assert_same(compiled(*mine), want)
+        assert_same(mine, ref)
+    return report
+
+
+_H = torch.tensor([0.5, -1.25, 3.0, 2.0], dtype=torch.float16)
+
+
+@pytest.mark.parametrize("fn, x, big", [
+    (lambda x, v: torch.add(x, x.flip(0), alpha=v), _H, 7e4),
+    (lambda x, v: x.sub_(x.flip(0), alpha=-v), _H.bfloat16(), 1e39),
+    (lambda x, v: torch._foreach_add([x, x * 2], [x, x], alpha=v), _H.float(), 1e39),
+], ids=["float16_add", "bfloat16_sub_in_place", "float32_foreach_add"])
+def test_a_python_float_alpha_made_symbolic_is_checked_on_each_call(fn, x, big):
+    # from the second value on, Dynamo passes the float as a 0-d tensor: the alpha eager checks
+    # against the result's dtype was multiplied in unchecked (float16's 7e4: inf); eager's error,
+    # raised by the host program before any kernel writes (the in-place update leaves x as it is)
+    report = _same_as_eager_each_call(fn, [(x, 2.0), (x, big), (x, 3.0), (x, -big), (x, 65504.0), (x, float("inf"))])
+    assert [f for g in report.graphs for f in g.fallbacks] == []  # (read on the host, no ATen call)
+
+
+@pytest.mark.parametrize("fn, x, big", [
+    (lambda x, v: F.hardshrink(x, v), _H, 7e4),
+    (lambda x, v: torch.linspace(0, v, 3, dtype=x.dtype) + x[:3], _H, 7e4),
+    (lambda x, v: F.softplus(x, beta=v), _H.float(), 1e39),
+], ids=["hardshrink_lambd", "linspace_end", "softplus_beta"])
+def test_other_python_floats_made_symbolic_are_checked_on_each_call(fn, x, big):
+    _same_as_eager_each_call(fn, [(x, 2.0), (x, big), (x, 3.0), (x, -big)])
+
+
+@pytest.mark.parametrize("fn, x", [
+    (lambda x: torch.linspace(0, 7e4, 3, dtype=x.dtype), _H),
+    (lambda x: torch.logspace(1e39, 0, 3, dtype=x.dtype), _H.bfloat16()),
+    (lambda x: torch.addr(x.view(2, 2), x[:2], x[2:], alpha=7e4), _H),
+    (lambda x: torch.logit(x, eps=7e4), _H),
+    (lambda x: torch.baddbmm(x.view(1, 2, 2), x.view(1, 2, 2), x.view(1, 2, 2), beta=1e39), _H),
+    (lambda x: F.leaky_relu(x, 1e39), _H),
+    (lambda x: F.elu(x, alpha=-1e39), _H.float()),
+    (lambda x: F.softplus(x, threshold=1e39), _H.bfloat16()),
+], ids=["linspace", "logspace", "addr_alpha", "logit_eps", "baddbmm_beta", "leaky_relu_slope", "elu_alpha",
+        "softplus_threshold"])
+def test_python_floats_beyond_the_converted_dtype_are_eagers_runtime_error(fn, x):
+    # eager converts each with its overflow check, to the result's dtype (float16's 65504) or to
+    # its op math type's (float32 for 16-bit tensors); the decompositions and lowerings gave inf
+    _same_error(fn, x, expected=RuntimeError)
+
+
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
+
+
+def test_max_pool1d_of_integers_is_eagers_not_implemented_error():
+    # eager's CPU composite takes its floating-only kernel; traced, it took the path with indices
+    # (max_pool2d), which computes integers
+    x = (torch.arange(16) % 5).view(1, 2, 8)
+    for dtype in _INT_DTYPES:
+        _same_error(lambda x: F.max_pool1d(x, 2), x.to(dtype), expected=NotImplementedError)
+    check(lambda x: F.max_pool1d(x, 2, return_indices=True), x.to(torch.int16))  # (eager computes these)
+
+
+# (area is an adaptive average pool, which ATen runs, refusing integers as eager does)
+_MODES = [("nearest", 3), ("nearest-exact", 5), ("linear", 3), ("bilinear", 4), ("bicubic", 4), ("trilinear", 5)]
+
+
+@pytest.mark.parametrize("mode, rank", _MODES, ids=[f"{m}_{r}d" for m, r in _MODES])
+def test_interpolate_of_integers_refuses_or_computes_as_eager(mode, rank):
+    # eager's kernels have floating types, and uint8 for nearest, nearest-exact, bilinear and
+    # bicubic (bilinear's and bicubic's rounding their own): the decompositions computed every
+    # dtype, and uint8 bilinear to other values
+    fn = lambda x: F.interpolate(x, scale_factor=1.5, mode=mode)  # noqa: E731
+    for dtype in _INT_DTYPES:
+        x = torch.randint(0, 256, (1, 2, 5, 4, 3)[:rank]).to(dtype)
+        if dtype != torch.uint8 or mode in ("linear", "trilinear"):
+            _same_error(fn, x, expected=NotImplementedError)
+        else:
+            check(fn, x)

@@ -126,6 +126,7 @@ def _hardtanh(ctx: Context, x: Node, min_val: float = -1.0, max_val: float = 1.0
 def _leaky_relu(ctx: Context, x: Node, slope: float = 0.01) -> Node:
     if not x.dtype.is_float:
         raise Unsupported("leaky_relu of integers (ATen's NotImplementedError)")
+    slope = checked_scalar(slope, _op_math(x.dtype))  # (1e39 raises in eager, float16's too)
     zero = ctx.operand(0, x.dtype, x.shape)
     return ctx.make(Op.WHERE, (ctx.make(Op.GT, (x, zero)), x,
                                ctx.make(Op.MUL, (x, ctx.operand(slope, x.dtype, x.shape)))))
@@ -135,10 +136,16 @@ def _leaky_relu(ctx: Context, x: Node, slope: float = 0.01) -> Node:
 def _elu(ctx: Context, x: Node, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Node:
     if not x.dtype.is_float:
         raise Unsupported("elu of integers (ATen's NotImplementedError)")
+    alpha, scale, input_scale = (checked_scalar(v, _op_math(x.dtype)) for v in (alpha, scale, input_scale))
     c = lambda v: ctx.operand(v, x.dtype, x.shape)  # noqa: E731
     neg = ctx.make(Op.MUL, (c(alpha), ctx.make(Op.EXPM1, (ctx.make(Op.MUL, (x, c(input_scale))),))))
     pos = ctx.make(Op.GT, (x, c(0)))
     return ctx.make(Op.MUL, (ctx.make(Op.WHERE, (pos, x, neg)), c(scale)))
+
+
+def _op_math(dtype: dt.DType) -> dt.DType:
+    """The type eager's float kernels compute in, and convert their Python numbers to."""
+    return dt.float64 if dtype == dt.float64 else dt.float32
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ where its scalar tail passes the incoming one: eager has no one answer there.)
 
 ``hardshrink``: torch's decomposition computed integer and bool inputs, which eager's kernel
 refuses (NotImplementedError), and a ``lambd`` out of the input dtype's range, which eager's
-kernel converts with its overflow check (RuntimeError); such calls keep the op for ATen to refuse.
+kernel converts with its overflow check (RuntimeError); such calls keep the op for ATen to refuse
+(a symbolic ``lambd``, a value that changed between calls, is checked on each call: aten_scalars.py).
 
 ``eager_decompositions()`` puts the versions below in their place while AOTAutograd traces
 (and random_decomps.py's dropout and bernoulli_, which draw what eager's kernels draw).
@@ -37,9 +38,10 @@ from typing import Any
 import torch
 from torch._C import DispatchKey
 
-from .aten_scalars import scalar_fits
+from .aten_scalars import checked_value, scalar_fits
 from .bag_decomps import bag_overrides
 from .layout_decomps import layout_overrides
+from .pool_dtypes import pool_overrides
 from .random_decomps import dropout_overrides, functional_bernoulli
 
 aten = torch.ops.aten
@@ -147,6 +149,8 @@ def hardshrink(x: torch.Tensor, lambd: Any = 0.5) -> torch.Tensor:
     """``aten.hardshrink``: torch's decomposition, or the op where eager's kernel refuses."""
     if _hardshrink_refused(x, lambd):
         return _aten(aten.hardshrink.default, x, lambd)
+    # (a symbolic lambd, checked each call as eager converts it: float16's 7e4 raises)
+    lambd = checked_value(lambd, x.dtype, "hardshrink", "lambd")
     return torch.where(torch.abs(x) <= lambd, 0, x)
 
 
@@ -172,6 +176,8 @@ def eager_decompositions(cpu_embedding_bag: bool = False) -> Iterator[None]:
     overrides += [(op, DispatchKey.CompositeImplicitAutograd, fn) for op, fn in bags.items()]
     # (dropout drawing only where eager's kernel draws: random_decomps.py)
     overrides += [(op, key, fn) for (op, key), fn in dropout_overrides().items()]
+    # (max_pool1d and upsampling of integers refused or computed as eager's: pool_dtypes.py)
+    overrides += pool_overrides()
     saved = []
     for op, key, fn in overrides:
         saved.append((op, key, op.py_kernels.get(key)))

@@ -25,7 +25,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_true
 
 from ..config import Config
 from ..ir import dtypes as dt
-from .aten_scalars import scalar_fits
+from .aten_scalars import range_checked_decompositions, scalar_fits
 from .autograd_decomps import (
     eager_decompositions,
     hardshrink_in_table,
@@ -38,6 +38,7 @@ from .layout_decomps import layout_decompositions
 from .loss_decomps import loss_decompositions
 from .optimizer_decomps import optimizer_decompositions
 from .partition import partition
+from .pool_dtypes import kept_upsampling
 from .special_decomps import special_decompositions
 
 aten = torch.ops.aten
@@ -193,6 +194,12 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # once it turned negative), and an unbacked one (y[n] with n from .item(), in training:
     # select's backward) failed the trace, and the whole graph ran eagerly
     table[aten.select_scatter.default] = _select_scatter
+    # Python numbers eager converts with its overflow check (float16's linspace to 7e4, addr's
+    # alpha): one out of range keeps the op, and ATen raises eager's error; a symbolic one is
+    # checked on each call (aten_scalars.py)
+    table.update(range_checked_decompositions(table))
+    # upsampling of integers keeps ATen's op, which refuses them as eager (pool_dtypes.py)
+    table.update(kept_upsampling(table))
     per_tensor = optimizer_decompositions()
     for op, fn in table.items():
         if is_iterator_op(op):  # (eager's layout, where the decomposition's ops give another)

@@ -250,6 +250,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
         aten_pointwise,
         aten_reductions,
         aten_reorder,
+        aten_scalars,
         aten_scans,
         aten_views,
     )
@@ -376,6 +377,8 @@ def _only_indexes(fx_node: torch.fx.Node) -> bool:
 
 
 def _placeholder(fx_node: torch.fx.Node, index: int, val: Any, device: str, donated: bool = False) -> Node:
+    from .aten_scalars import checked_value_symbol  # (a lowering module: it imports this one)
+
     name = fx_node.name
     if isinstance(val, torch.Tensor):
         dtype = dt.from_torch(val.dtype) if dt.is_supported_torch(val.dtype) else None
@@ -383,7 +386,7 @@ def _placeholder(fx_node: torch.fx.Node, index: int, val: Any, device: str, dona
         # (a dense copy keeps its strides; .to() of any other layout would not)
         moved = device if on_host and (val.dim() == 0 or val.is_contiguous() and _only_indexes(fx_node)) else None
         spec = InputSpec(index, name, "tensor", traced_strides(val), to_device=moved, donated=donated and not moved,
-                         item=_item_symbol(fx_node, val))
+                         item=_item_symbol(fx_node, val) or checked_value_symbol(fx_node, val))
         return make(Op.INPUT, (), spec, dtype=dtype, shape=sh.shape(val.shape), device=moved or str(val.device))
     if is_sym(val) or isinstance(val, int | float | bool):
         spec = InputSpec(index, name, "symint", expr=sh.expr(val) if is_sym(val) or isinstance(val, int) else None)

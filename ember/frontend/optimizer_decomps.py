@@ -11,6 +11,8 @@
 * ``aten.add``/``aten.sub`` with a symbolic float ``alpha`` (SGD's ``param.add_(grad,
   alpha=-lr)``): torch's pass that turns float arguments into 0-d tensors reads only positional
   arguments, so it specialized on the keyword ``alpha`` and each new learning rate recompiled.
+  Each call's alpha is checked as eager converts it, to the result's dtype on the CPU, its op math
+  type on GPUs (aten_scalars.py).
 * GradScaler's ``_amp_foreach_non_finite_check_and_unscale_`` and ``_amp_update_scale_``: a pass
   over every gradient, and the scale's update, ran through ATen; they are written out as eager's
   kernels compute them.
@@ -24,6 +26,8 @@ from typing import Any
 
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes, get_computation_dtype
+
+from .aten_scalars import checked_symbolic
 
 aten = torch.ops.aten
 
@@ -122,7 +126,12 @@ def _add_sub_symbolic_alpha(op: Any, a: Any, b: Any, *, alpha: Any = 1) -> Any:
     if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         return NotImplemented
     scaled = aten.mul.Tensor(b, alpha)
-    return aten.add.Tensor(a, scaled) if op is aten.add.Tensor else aten.sub.Tensor(a, scaled)
+    out = aten.add.Tensor(a, scaled) if op is aten.add.Tensor else aten.sub.Tensor(a, scaled)
+    # (eager converts alpha with its overflow check, on the CPU to the result's dtype, on GPUs to
+    # its op math type's: each call's value is checked, aten_scalars.py; a float16 alpha of 7e4
+    # gave inf on the CPU)
+    into = dtype if out.device.type == "cpu" else get_computation_dtype(dtype)
+    return checked_symbolic(out, alpha, into, "add" if op is aten.add.Tensor else "sub", "alpha")
 
 
 def _one_float32(t: Any) -> bool:

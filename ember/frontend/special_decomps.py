@@ -80,6 +80,8 @@ def _rounds_each_step(x: torch.Tensor) -> bool:
 
 def _logit(original: Callable[..., Any]) -> Callable[..., Any]:
     def logit(x: torch.Tensor, eps: Any = None) -> torch.Tensor:
+        if isinstance(eps, (int, float)) and not scalar_fits(eps, x.dtype):
+            return NotImplemented  # (eager converts it to x's dtype: float16's 7e4 raises in ATen)
         eps = _eps(eps)
         own, bounds = _own_formula(x, eps)
         if not own:

@@ -92,9 +92,10 @@ class ExternCall:
 @dataclass(frozen=True)
 class SizeCheck:
     """A check of sizes eager makes on the host (Graph.size_checks): ``value`` (a size
-    expression) must lie within [low, high], else the program raises ``error`` (a builtin
-    exception's name, eager's type) with ``message``, or warns it where ``warn`` (a builtin
-    warning's name: var's degrees of freedom)."""
+    expression, or a 0/1 test of a Python float an input carries: frontend/aten_scalars.py) must
+    lie within [low, high], else the program raises ``error`` (a builtin exception's name, eager's
+    type) with ``message``, or warns it where ``warn`` (a builtin warning's name: var's degrees
+    of freedom)."""
 
     value: sympy.Expr
     low: int
