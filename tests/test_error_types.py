@@ -142,7 +142,9 @@ def test_a_python_float_alpha_made_symbolic_is_checked_on_each_call(fn, x, big):
     # against the result's dtype was multiplied in unchecked (float16's 7e4: inf); eager's error,
     # raised by the host program before any kernel writes (the in-place update leaves x as it is)
     report = _same_as_eager_each_call(fn, [(x, 2.0), (x, big), (x, 3.0), (x, -big), (x, 65504.0), (x, float("inf"))])
-    assert [f for g in report.graphs for f in g.fallbacks] == []  # (read on the host, no ATen call)
+    if torch.__version__ >= "2.13":  # (torch 2.11's Dynamo compiles each value as a constant: an
+        # out-of-range one keeps the op, and ATen raises)
+        assert [f for g in report.graphs for f in g.fallbacks] == []  # (read on the host, no ATen call)
 
 
 @pytest.mark.parametrize("fn, x, big", [
