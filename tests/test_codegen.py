@@ -55,7 +55,9 @@ def test_reduction_kernels_show_their_loops():
     _, report = run(lambda x: torch.softmax(x, -1), torch.randn(8, 40))
     src = report.kernels[0].source
     assert "// loop 1: amax" in src and "// loop 2: sum" in src and "// loop 3: store" in src
-    assert "reduction(emax:" in src and "reduction(+:" in src
+    # the max: the hardware's max and a NaN flag (one instruction in the accumulator's chain)
+    assert "reduction(emaxnum:acc1) reduction(|:acc1_nan)" in src and "reduction(+:" in src
+    assert "if (acc1_nan) acc1 = (float)NAN;" in src
 
 
 def test_a_value_rounded_to_bf16_is_stored_from_its_float32_source():

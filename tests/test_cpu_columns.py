@@ -102,7 +102,8 @@ def test_reductions_of_outer_values():
 
 def test_tile_width_follows_the_bytes_of_its_arrays():
     # one float64 accumulator a column: tiles of MAX_TILE columns (8 KiB); three (two float64
-    # sums and a float max, 20 bytes a column): as many as TILE_BYTES hold, a multiple of 16.
+    # sums, each with its float block sum, and a float max: 28 bytes a column): as many as
+    # TILE_BYTES hold, a multiple of 16.
     # Widths past a tile and between tiles, against eager
     from ember.codegen.cpp_columns import MAX_TILE, TILE_BYTES
 
@@ -111,5 +112,5 @@ def test_tile_width_follows_the_bytes_of_its_arrays():
         one = cpu_sources(check(lambda x: x.sum(1), x))
         assert any(f"takes up to {MAX_TILE} adjacent" in s for s in one), one
         three = cpu_sources(check(lambda x: (x.sum(1), (x * x).sum(1), x.amax(1)), x))
-        assert any(f"takes up to {TILE_BYTES // 20 // 16 * 16} adjacent" in s for s in three), three
+        assert any(f"takes up to {TILE_BYTES // 28 // 16 * 16} adjacent" in s for s in three), three
     check(lambda x: x.sum(0), torch.randn(70, 3000))  # one row of tiles, shared by the threads

@@ -15,12 +15,12 @@ from ..ir.ops import TRANSCENDENTAL_OPS, Op
 from ..schedule.kernel_ir import CHUNK, SCRATCH_ROW, SEGMENT_LENGTH, Kernel, Value, inner_var, outer_var
 from ..schedule.loops import stash_recomputed
 from .cexpr import device_size_lines, index_expr
-from .cpp_columns import ColumnTiles, column_tiles
+from .cpp_columns import SUM_BLOCK, ColumnTiles, column_tiles, float_partial
 from .cpp_prelude import PRELUDE
 from .cpp_scatter import owned_rows, render_owned_rows
 from .cpp_split import find_split
 from .cpp_staging import close_strip, open_strip, staged_accesses
-from .cstyle import BodyRenderer, Language, acc_type, acc_update
+from .cstyle import BodyRenderer, Language, acc_update
 
 CPP = Language(
     name="cpp",
@@ -297,6 +297,11 @@ class CppKernelRenderer:
         has_arg = any(v.arg.op in (Op.ARGMAX, Op.ARGMIN) for v in reductions)
         # float sums add up in float over blocks of the row, each block's sum into the double
         partial = [] if has_arg or self.scalar else [v for v in reductions if _float_partial(v)]
+        # float maxima and minima in simd loops: the hardware's max and a NaN flag (_flagged)
+        flagged = [] if has_arg or self.scalar else [v for v in reductions if _flagged(v)]
+        for v in flagged:
+            flag = "int64_t" if CPP.compute(v.srcs[0].dtype) == "double" else "int32_t"  # (as wide as a lane)
+            self.emit(f"{flag} {self.body.acc_names[id(v)]}_nan = 0;")
         n = len(k.inner)
         work = index_expr(sh.numel(k.inner) * self.cost)
         later = {v.arg.buffer for v in k.values if v.kind == "store" and v.inner and v.loop > loop}
@@ -309,7 +314,7 @@ class CppKernelRenderer:
                           f"ember_scratch_row<{CPP.storage[v.dtype]}>({index_expr(sh.numel(k.inner))});")
         self.emit(f"// loop {loop}: {', '.join(v.arg.op.value for v in reductions) or 'store'}{''.join(kept)}")
         acc = {id(v): self.body.acc_names[id(v)] + ("_part" if v in partial else "") for v in reductions}
-        clauses = " ".join(f"reduction({_clause(v)}:{acc[id(v)]})" for v in reductions)
+        clauses = " ".join(_clauses(v, acc[id(v)], v in flagged) for v in reductions)
         var = inner_var(n - 1)
         staged = staged_accesses(self, k.loop_values(loop) + stores, var)  # (cpp_staging.py)
         # the innermost loop itself spread over the threads: the parallel pragma is its own
@@ -318,7 +323,7 @@ class CppKernelRenderer:
         if parallel:
             collapse = f" collapse({n - 1})" if n > 2 else ""
             simd = "" if has_arg or n > 1 or partial or staged else " simd"
-            totals = " ".join(f"reduction({_clause(v)}:{self.body.acc_names[id(v)]})" for v in reductions)
+            totals = " ".join(_clauses(v, self.body.acc_names[id(v)], v in flagged) for v in reductions)
             pragma = f"#pragma omp parallel for{simd}{collapse} schedule(static) {totals}".rstrip()
             pragma = f"{pragma} if({work} >= {PARALLEL_THRESHOLD})"
             if not (spread and staged):
@@ -335,7 +340,13 @@ class CppKernelRenderer:
             self._simd_innermost(clauses, has_arg, blocked)
         self._statements(k.loop_values(loop))
         for v in reductions:
-            self.emit(acc_update(v, acc[id(v)], self.body.name(v.srcs[0]), index_expr(v.arg.position)))
+            x = self.body.name(v.srcs[0])
+            if v in flagged:
+                a, more = acc[id(v)], ">" if v.arg.op is Op.AMAX else "<"
+                self.emit(f"{a} = {x} {more} {a} ? {x} : {a};")
+                self.emit(f"{a}_nan |= {x} != {x};")
+            else:
+                self.emit(acc_update(v, acc[id(v)], x, index_expr(v.arg.position)))
         self._statements(stores)
         if staged:
             close_strip(self, var, staged)
@@ -344,6 +355,9 @@ class CppKernelRenderer:
         for v in partial:
             self.emit(f"{self.body.acc_names[id(v)]} += {acc[id(v)]};")
         self._close_loops(n - 1 + blocked)
+        for v in flagged:  # (NaN wins, as in eager's maximum)
+            name = self.body.acc_names[id(v)]
+            self.emit(f"if ({name}_nan) {name} = ({CPP.compute(v.srcs[0].dtype)})NAN;")
 
     def _open_block(self, partial: list[Value], always: bool) -> bool:
         """Float sums of double accumulators (``partial``) add up in float over blocks of
@@ -399,14 +413,25 @@ class CppKernelRenderer:
         return "0", extent
 
 
-# Elements of a row a float sum adds up in float before its double takes the block's sum
-# (CppKernelRenderer._open_block): 128 adds a vector lane, rounding bounded by the block's length.
-SUM_BLOCK = 1024
+
+
+def _flagged(v: Value) -> bool:
+    """Is ``v`` a float max or min, which a simd loop computes as ``x > acc ? x : acc`` (one
+    vmaxps a vector) with a NaN flag beside it, NaN set after the loop?
+    ember_max's NaN test (compare, or, blend) in the accumulator's chain took 6 cycles a vector
+    where the max takes one: a softmax's max loop ran at a third of the speed."""
+    return v.arg.op in (Op.AMAX, Op.AMIN) and CPP.compute(v.srcs[0].dtype) in ("float", "double")
+
+
+def _clauses(v: Value, acc: str, flagged: bool) -> str:
+    """OpenMP reduction clauses of accumulator ``acc`` of ``v`` (and of its NaN flag)."""
+    if flagged:
+        return f"reduction({'emaxnum' if v.arg.op is Op.AMAX else 'eminnum'}:{acc}) reduction(|:{acc}_nan)"
+    return f"reduction({_clause(v)}:{acc})"
 
 
 def _float_partial(v: Value) -> bool:
-    """Is ``v`` a float32 sum that accumulates in double (acc_type), whose blocks can add in float?"""
-    return v.arg.op is Op.SUM and CPP.compute(v.srcs[0].dtype) == "float" and acc_type(CPP, v) == "double"
+    return float_partial(CPP, v)
 
 
 def cost_per_element(kernel: Kernel) -> int:

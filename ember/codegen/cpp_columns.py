@@ -15,7 +15,9 @@ thread takes a tile of up to ``tile_columns`` adjacent columns of one row of the
         for c in tile (simd): results, outer stores                 # stage 1
 
 Each column's accumulators, and the outer values later loops read, live in small arrays (in L1);
-every simd loop is over independent columns, so it needs no OpenMP reduction.
+every simd loop is over independent columns, so it needs no OpenMP reduction. A float32 sum, whose
+accumulator is a double, adds ROW_BLOCK rows at a time into a float array (8 columns to a vector,
+no conversions), each block's sums then into the doubles, as the row kernels' sums do.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..ir import shapes as sh
+from ..ir.ops import Op
 from ..schedule.kernel_ir import Kernel, Value, inner_var, outer_var
 from .cexpr import index_expr
 from .cpp_staging import close_strip, open_strip, staged_accesses
@@ -40,12 +43,30 @@ if TYPE_CHECKING:
 TILE_BYTES = 16 << 10
 MAX_TILE = 1024
 
+# Elements of a row a float sum adds up in float before its double takes the block's sum
+# (cpp.py: _open_block): 128 adds a vector lane, rounding bounded by the block's length, not the
+# row's. A column tile's float sums add ROW_BLOCK rows (each column is a lane): as many adds.
+SUM_BLOCK = 1024
+ROW_BLOCK = 16
+
+
+def float_partial(lang: Language, v: Value) -> bool:
+    """Is ``v`` a float32 sum that accumulates in double (acc_type), whose blocks can add in float?"""
+    return v.arg.op is Op.SUM and lang.compute(v.srcs[0].dtype) == "float" and acc_type(lang, v) == "double"
+
 
 def tile_columns(kernel: Kernel, kept: list[Value], lang: Language) -> int:
     """The columns of ``kernel``'s tiles: as many as TILE_BYTES of arrays hold, a multiple of 16."""
     per_column = sum(_ctype_bytes(acc_type(lang, v)) for v in kernel.reductions)
+    per_column += 4 * len(_partial(kernel, lang))  # (their float block sums)
     per_column += sum(_ctype_bytes(lang.compute(v.dtype)) for v in kept)
     return max(16, min(MAX_TILE, TILE_BYTES // max(per_column, 1) // 16 * 16))
+
+
+def _partial(kernel: Kernel, lang: Language) -> list[Value]:
+    """The float32 sums of a column tile that add up in float blocks of rows: those of a kernel
+    with one reduced dim (its loop is the block's)."""
+    return [v for v in kernel.reductions if float_partial(lang, v)] if len(kernel.inner) == 1 else []
 
 
 def _ctype_bytes(ctype: str) -> int:
@@ -108,6 +129,7 @@ class ColumnTiles:
         outer = [v for v in self.k.values if not v.inner and id(v) in self.varying and v.kind != "store"]
         self.kept = [v for v in outer if any(u.inner or u.stage != v.stage for u in self.body.users[id(v)])]
         self.tile = tile_columns(self.k, self.kept, self.body.lang)
+        self.partial = _partial(self.k, self.body.lang)
 
     def render(self, condition: str) -> None:
         k, r = self.k, self.r
@@ -134,6 +156,8 @@ class ColumnTiles:
             r.emit(f"{r.body.lang.compute(v.dtype)} {self.body.name(v)}_c[{self.tile}];")
         for v in k.reductions:
             r.emit(f"{acc_type(self.body.lang, v)} {self.body.acc_names[id(v)]}_c[{self.tile}];")
+        for v in self.partial:
+            r.emit(f"float {self.body.acc_names[id(v)]}_p[{self.tile}];  // this block's sums")
         for stage in range(k.n_loops + 1):
             self._stage(stage)
             if stage < k.n_loops:
@@ -200,21 +224,60 @@ class ColumnTiles:
         stores = [v for v in k.values if v.kind == "store" and v.inner and v.loop == loop]
         values = k.loop_values(loop)
         names = ", ".join(v.arg.op.value for v in reductions) or "store"
+        partial = [v for v in reductions if v in self.partial]
+        at = f"[{self.column} - ember_c0]"
+        blocked = bool(partial) and self._open_block(partial, at)
         r.emit(f"// loop {loop}: {names}")
-        r._open_loops(inner_var, k.inner)
+        if partial:  # (one reduced dim: _partial)
+            rows, r0 = index_expr(k.inner[0]), inner_var(0).name
+            start, stop = ("0", rows)
+            if blocked:
+                start, stop = f"{r0}_block", f"std::min<int64_t>({r0}_block + {ROW_BLOCK}, {rows})"
+            r.emit(f"for (int64_t {r0} = {start}; {r0} < {stop}; ++{r0}) {{")
+            r.depth += 1
+        else:
+            r._open_loops(inner_var, k.inner)
         r._statements([v for v in values if id(v) not in self.varying])
         varying = [v for v in values if id(v) in self.varying]
         staged = self._columns("each column", varying + stores)
         # a reduction may read an outer value itself (a row of length 0 made its loads constants)
         self._restore(varying + stores + reductions, loop)
-        at = f"[{self.column} - ember_c0]"
         for v in reductions:
             acc = body.acc_names[id(v)]
-            r.emit(f"{acc_type(body.lang, v)} {acc} = {acc}_c{at};")
+            ctype, array = ("float", f"{acc}_p") if v in partial else (acc_type(body.lang, v), f"{acc}_c")
+            r.emit(f"{ctype} {acc} = {array}{at};")
         r._statements(varying)
         for v in reductions:
+            acc = body.acc_names[id(v)]
             r.emit(body.reduce_update(v))
-            r.emit(f"{body.acc_names[id(v)]}_c{at} = {body.acc_names[id(v)]};")
+            r.emit(f"{acc}{'_p' if v in partial else '_c'}{at} = {acc};")
         r._statements(stores)
         self._close_columns(staged)
         r._close_loops(len(k.inner))
+        if partial:
+            self._column_loop("each column: this block's sums into the doubles",
+                              [f"{body.acc_names[id(v)]}_c{at} += {body.acc_names[id(v)]}_p{at};" for v in partial])
+            r._close_loops(blocked)
+
+    def _open_block(self, partial: list[Value], at: str) -> bool:
+        """Opens the loop over blocks of ROW_BLOCK rows where the rows can be more than one
+        block (returns whether it did); zeroes the block's float sums."""
+        rows, r0 = self.k.inner[0], inner_var(0).name
+        size = sh.static(rows)
+        blocked = size is None or size > ROW_BLOCK
+        if blocked:
+            self.r.emit(f"for (int64_t {r0}_block = 0; {r0}_block < {index_expr(rows)}; {r0}_block += {ROW_BLOCK}) {{")
+            self.r.depth += 1
+        self._column_loop("each column: the block's sums start", [f"{self.body.acc_names[id(v)]}_p{at} = 0.0f;"
+                                                                  for v in partial])
+        return blocked
+
+    def _column_loop(self, what: str, lines: list[str]) -> None:
+        r, c = self.r, self.column
+        r.emit(f"// {what}")
+        r.emit("#pragma omp simd")
+        r.emit(f"for (int64_t {c} = ember_c0; {c} < ember_c1; ++{c}) {{")
+        r.depth += 1
+        for line in lines:
+            r.emit(line)
+        r._close_loops(1)

@@ -205,4 +205,10 @@ template <typename T> EMBER_FN T ember_scan_min(T best, T x) {
 #pragma omp declare reduction(emin : float : omp_out = ember_min(omp_out, omp_in)) initializer(omp_priv = INFINITY)
 #pragma omp declare reduction(emax : double : omp_out = ember_max(omp_out, omp_in)) initializer(omp_priv = -INFINITY)
 #pragma omp declare reduction(emin : double : omp_out = ember_min(omp_out, omp_in)) initializer(omp_priv = INFINITY)
+// Maxima and minima of numbers whose NaNs a flag beside them counts (codegen/cpp.py: _flagged):
+// the lanes combine in order, each keeping the earlier of equal values (max([0.0, -0.0]) is 0.0)
+#pragma omp declare reduction(emaxnum : float, double : omp_out = omp_in > omp_out ? omp_in : omp_out) \
+  initializer(omp_priv = -INFINITY)
+#pragma omp declare reduction(eminnum : float, double : omp_out = omp_in < omp_out ? omp_in : omp_out) \
+  initializer(omp_priv = INFINITY)
 """ + one_plus_erf_source("std::fma", "ember_exp(({}) * 0.6931471805599453f)")
