@@ -310,7 +310,7 @@ def _build(graph: Graph, schedule: Schedule, fallbacks: dict[str, Callable[..., 
                 report.fallbacks.extend(k.origins)
     namespace["__ember_keepalive__"] = built.keepalive
     for node in graph.nodes:
-        if node.op is Op.EXTERN:
+        if node.op is Op.EXTERN and not node.arg.host_check:
             report.fallbacks.append(node.arg.name)
     stats.bump("fallbacks", len(report.fallbacks))
 

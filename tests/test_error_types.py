@@ -6,8 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 import ember
+from ember import driver
+from ember.report import GraphReport
 
 from .helpers import assert_same, check
 
@@ -147,13 +151,71 @@ def test_a_python_float_alpha_made_symbolic_is_checked_on_each_call(fn, x, big):
         assert [f for g in report.graphs for f in g.fallbacks] == []  # (read on the host, no ATen call)
 
 
+def test_a_symbolic_alpha_checked_in_a_gpu_graph_is_no_aten_call(monkeypatch):
+    # in a CUDA graph the check is a host call (raise_unless_fits) made before any kernel runs:
+    # ember's own, it was listed among the report's ATen calls and counted in stats' fallbacks
+    graphs = []
+    compile_graph = driver._compile
+
+    def captured(gm, *args, **kwargs):
+        graphs.append(gm)
+        return compile_graph(gm, *args, **kwargs)
+
+    monkeypatch.setattr(driver, "_compile", captured)
+    report = _same_as_eager_each_call(lambda x, v: torch.add(x, x.flip(0), alpha=v), [(_H, 2.0), (_H, 3.0)])
+    assert report.fallbacks == []  # (on the CPU: a check of the host program's sizes)
+    gm = graphs[-1]  # (alpha as a 0-d float64 tensor), traced again over a CUDA tensor
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        x, alpha = torch.empty(4, dtype=torch.float16, device="cuda"), torch.empty((), dtype=torch.float64)
+    FakeTensorProp(gm, mode).propagate(x, alpha)
+    monkeypatch.setattr(driver, "_runs_on", lambda target, device: False)  # (rendered only: no GPU here)
+    before = ember.stats()["fallbacks"]
+    for target in ("cuda", "triton"):
+        graph = GraphReport("inference_0", "inference")
+        compile_graph(gm, "inference_0", ember.config.replace(target=target), graph)
+        assert "raise_unless_fits(arg1_1_item, 65504.0" in graph.wrapper
+        assert graph.fallbacks == [], target
+    assert ember.stats()["fallbacks"] == before
+
+
 @pytest.mark.parametrize("fn, x, big", [
     (lambda x, v: F.hardshrink(x, v), _H, 7e4),
     (lambda x, v: torch.linspace(0, v, 3, dtype=x.dtype) + x[:3], _H, 7e4),
+    # eager fills one step with start, unchecked (inf), and converts nothing for none
+    (lambda x, v: torch.linspace(v, 1.0, 1, dtype=x.dtype) + x[:1], _H, 7e4),
+    (lambda x, v: torch.linspace(v, 1.0, 0, dtype=x.dtype) + x[:0], _H, 7e4),
     (lambda x, v: F.softplus(x, beta=v), _H.float(), 1e39),
-], ids=["hardshrink_lambd", "linspace_end", "softplus_beta"])
+], ids=["hardshrink_lambd", "linspace_end", "linspace_one_step", "linspace_no_steps", "softplus_beta"])
 def test_other_python_floats_made_symbolic_are_checked_on_each_call(fn, x, big):
     _same_as_eager_each_call(fn, [(x, 2.0), (x, big), (x, 3.0), (x, -big)])
+
+
+# (70001 steps from 7.9 to -3.3: eager's step of -1/7000, fused into each multiply-add, gives 2
+# at i = 28000, where the product rounded first gives 3)
+@pytest.mark.parametrize("steps", [0, 1, 2, 5, 70001])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8])
+def test_an_integer_linspace_of_symbolic_floats_compiles_once_as_eagers(dtype, steps):
+    # eager truncates start and end to the integer type (with its overflow check), then steps
+    # between them in float64 with fused multiply-adds: torch's decomposition computed in
+    # float32 (0.5 to 3.7 in 5 steps gave [0, 1, 2, 2, 3] for [0, 0, 1, 2, 3]), and a symbolic
+    # start or end was specialized, a recompile for each new value
+    fn = lambda a, b: torch.linspace(a, b, steps, dtype=dtype)  # noqa: E731
+    ember.reset_stats()
+    _same_as_eager_each_call(fn, [(0.5, 3.7), (1.5, 9.2), (-2.3, 4.1), (7.9, -3.3), (-0.7, -0.2), (100.99, -100.99),
+                                  (127.9, -128.9), (255.5, 0.25), (300.0, 2.0), (2.0, -1e30), (3.5e9, -3.5e9)])
+    assert ember.stats()["graphs_compiled"] == 2  # (the first call's constants, then every value)
+    # (NaN and inf raise; Dynamo compiles a NaN apart)
+    _same_as_eager_each_call(fn, [(1.0, 2.0), (1.5, 2.5), (float("nan"), 1.0), (1.0, float("inf"))])
+
+
+def test_an_integer_linspace_of_python_numbers_or_tensors_is_eagers():
+    # torch's decomposition computed these in float32, from the untruncated floats
+    check(lambda: torch.linspace(0, 10**8 + 7, 7, dtype=torch.int64))
+    check(lambda: torch.linspace(2**60 + 1, -(2**60), 7, dtype=torch.int64))
+    check(lambda: torch.linspace(-3, 250, 5, dtype=torch.uint8))  # (eager wraps -3 to 253)
+    check(lambda: torch.linspace(0.5, 3.7, 5, dtype=torch.int32))
+    check(lambda s, e: torch.linspace(s, e, 5, dtype=torch.int64), torch.tensor(0.5, dtype=torch.float64),
+          torch.tensor(3.7, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("fn, x", [

@@ -104,9 +104,10 @@ def _getitem(ctx: Context, call: Node, path: tuple[int, ...], val: Any) -> Node:
 
 
 def extern_call(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any,
-            traced: tuple[Any, Any] | None = None) -> Node | tuple[Node, ...]:
+                traced: tuple[Any, Any] | None = None, host_check: bool = False) -> Node | tuple[Node, ...]:
     """An ATen call of ``args`` and ``kwargs`` (nodes where tensors go); ``traced``: the traced
-    values of the FX node's (args, kwargs), the layouts eager gave the tensors."""
+    values of the FX node's (args, kwargs), the layouts eager gave the tensors; ``host_check``:
+    ember's own check on the host instead (ExternCall.host_check)."""
     tensors: list[Node] = []
     metas: list[Any] = []
 
@@ -133,7 +134,8 @@ def extern_call(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any,
     impure = isinstance(target, torch._ops.OpOverload) and (
         torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable
         or target.namespace in _COLLECTIVES)
-    call = ExternCall(target, t_args, t_kwargs, impure=impure, input_strides=tuple(eager_layout(m) for m in metas))
+    call = ExternCall(target, t_args, t_kwargs, impure=impure, input_strides=tuple(eager_layout(m) for m in metas),
+                      host_check=host_check)
     origin = op_name(target)
     device = str(val.device) if isinstance(val, torch.Tensor) else ctx.device
     if isinstance(val, (tuple, list)):

@@ -123,7 +123,7 @@ def checked_symbolic(result: torch.Tensor, value: Any, dtype: torch.dtype, op: s
     needs no check)."""
     if not isinstance(value, torch.SymFloat) or dtype not in _C10_NAMES:
         return result
-    return torch.ops.ember.scalar_fits(result, _held(value), dtype, overflow_message(op, what, dtype))
+    return torch.ops.ember.scalar_fits(result, held_tensor(value), dtype, overflow_message(op, what, dtype))
 
 
 def checked_value(value: Any, dtype: torch.dtype, op: str, what: str) -> Any:
@@ -132,12 +132,13 @@ def checked_value(value: Any, dtype: torch.dtype, op: str, what: str) -> Any:
     that needs a gradient goes through the check); anything else as it is."""
     if not isinstance(value, torch.SymFloat) or dtype not in _C10_NAMES:
         return value
-    held = _held(value)
+    held = held_tensor(value)
     return torch.ops.ember.scalar_fits(held, held, dtype, overflow_message(op, what, dtype))
 
 
-def _held(value: torch.SymFloat) -> torch.Tensor:
-    """1.0 * ``value``: a tensor of the float, which torch's pass computes from the graph's input."""
+def held_tensor(value: torch.SymFloat) -> torch.Tensor:
+    """1.0 * ``value``: a 0-d float64 tensor of the float, which torch's pass computes from the
+    graph's input."""
     return torch.ops.aten.mul.Tensor(torch.ops.aten.full.default([], 1.0, dtype=torch.float64), value)
 
 
@@ -195,7 +196,7 @@ def _scalar_fits(ctx: Context, result: Node, value: Node, dtype: torch.dtype, me
     if any(n.arg.kind == "tensor" and n.arg.to_device and n.arg.item in expr.free_symbols for n in inputs):
         args = (expr, limit, message)
         if not any(e.op is Op.EXTERN and e.arg.target is raise_unless_fits and e.arg.args == args for e in ctx.effects):
-            call = extern_call(ctx, raise_unless_fits, args, {}, None)
+            call = extern_call(ctx, raise_unless_fits, args, {}, None, host_check=True)
             ctx.nodes.remove(call)
             ctx.nodes.insert(ctx.nodes.index(inputs[-1]) + 1, call)  # (steps run in graph order)
             ctx.effects.append(call)
@@ -221,6 +222,12 @@ def raise_unless_fits(value: float, limit: float, message: str) -> None:
 def _spaced(start: Any, end: Any, steps: Any, *_: Any, dtype: torch.dtype | None = None, **__: Any) -> list[Any]:
     into = dtype or torch.get_default_dtype()
     return [("start", start, into), ("end", end, into)]
+
+
+def _linspace(start: Any, end: Any, steps: Any, *_: Any, dtype: torch.dtype | None = None, **__: Any) -> list[Any]:
+    # eager converts neither for no steps, and for one fills start, unchecked (float16's 7e4 is
+    # inf; an integer linspace keeps the op: linspace_decomps.py)
+    return [] if steps == 0 or steps == 1 else _spaced(start, end, steps, dtype=dtype)
 
 
 def _addr(x: torch.Tensor, vec1: torch.Tensor, vec2: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> list[Any]:
@@ -257,9 +264,10 @@ def range_checked_decompositions(table: dict[Any, Callable[..., Any]]) -> dict[A
     computed inf), and a symbolic float (a value that changed between calls) is checked each call
     (``checked_symbolic``). One converted to an integer type, or on a device other than the CPU or
     a CUDA GPU (whose rules were not read), keeps the op too: torch's pass then specializes it,
-    and the number is checked as a number."""
+    and the number is checked as a number (but an integer linspace, which takes a symbolic float
+    as a tensor: linspace_decomps.py)."""
     aten = torch.ops.aten
-    scalars = {aten.linspace.default: _spaced, aten.logspace.default: _spaced, aten.addr.default: _addr,
+    scalars = {aten.linspace.default: _linspace, aten.logspace.default: _spaced, aten.addr.default: _addr,
                aten.baddbmm.default: _baddbmm, aten.addcmul.default: _addc, aten.addcdiv.default: _addc,
                aten.softplus.default: _softplus, aten.threshold.default: _threshold, aten.celu.default: _celu}
     return {op: _range_checked(table[op], op, of) for op, of in scalars.items() if op in table}

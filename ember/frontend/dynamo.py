@@ -35,6 +35,7 @@ from .autograd_decomps import (
 )
 from .eager_strides import in_eager_layout, is_iterator_op
 from .layout_decomps import layout_decompositions
+from .linspace_decomps import integer_linspaces
 from .loss_decomps import loss_decompositions
 from .optimizer_decomps import optimizer_decompositions
 from .partition import partition
@@ -198,6 +199,9 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # alpha): one out of range keeps the op, and ATen raises eager's error; a symbolic one is
     # checked on each call (aten_scalars.py)
     table.update(range_checked_decompositions(table))
+    # an integer linspace keeps the op (no kernel rounds as eager's), taking a symbolic float as a
+    # tensor: one graph for every value (linspace_decomps.py)
+    table.update(integer_linspaces(table))
     # upsampling of integers keeps ATen's op, which refuses them as eager (pool_dtypes.py)
     table.update(kept_upsampling(table))
     per_tensor = optimizer_decompositions()

@@ -83,6 +83,9 @@ class ExternCall:
     # per tensor input (ArgRef index): the strides eager gave it where they are not contiguous
     # (a channels_last activation into max_pool2d, whose result takes its input's layout)
     input_strides: tuple[Any, ...] = ()
+    # ember's own check on the host (aten_scalars.raise_unless_fits), not an op eager runs:
+    # never among a report's ATen calls
+    host_check: bool = False
 
     @property
     def name(self) -> str:
