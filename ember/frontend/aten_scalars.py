@@ -224,9 +224,11 @@ def _spaced(start: Any, end: Any, steps: Any, *_: Any, dtype: torch.dtype | None
     return [("start", start, into), ("end", end, into)]
 
 
-def _linspace(start: Any, end: Any, steps: Any, *_: Any, dtype: torch.dtype | None = None, **__: Any) -> list[Any]:
-    # eager converts neither for no steps, and for one fills start, unchecked (float16's 7e4 is
-    # inf; an integer linspace keeps the op: linspace_decomps.py)
+def _spaced_steps(start: Any, end: Any, steps: Any, *_: Any, dtype: torch.dtype | None = None,
+                  **__: Any) -> list[Any]:
+    # linspace and logspace: eager converts neither for no steps, and for one fills start (or
+    # base ** start), unchecked (float16's 7e4 is inf; an integer linspace keeps the op:
+    # linspace_decomps.py)
     return [] if steps == 0 or steps == 1 else _spaced(start, end, steps, dtype=dtype)
 
 
@@ -267,7 +269,7 @@ def range_checked_decompositions(table: dict[Any, Callable[..., Any]]) -> dict[A
     and the number is checked as a number (but an integer linspace, which takes a symbolic float
     as a tensor: linspace_decomps.py)."""
     aten = torch.ops.aten
-    scalars = {aten.linspace.default: _linspace, aten.logspace.default: _spaced, aten.addr.default: _addr,
+    scalars = {aten.linspace.default: _spaced_steps, aten.logspace.default: _spaced_steps, aten.addr.default: _addr,
                aten.baddbmm.default: _baddbmm, aten.addcmul.default: _addc, aten.addcdiv.default: _addc,
                aten.softplus.default: _softplus, aten.threshold.default: _threshold, aten.celu.default: _celu}
     return {op: _range_checked(table[op], op, of) for op, of in scalars.items() if op in table}
