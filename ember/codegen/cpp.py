@@ -2,7 +2,8 @@
 
 The outer domain is a ``#pragma omp parallel for`` (or, for a full reduction, each inner loop is
 split across threads); inner loops are ``#pragma omp simd`` so GCC vectorizes them, with
-OpenMP reductions (NaN-propagating max/min are declared reductions). Kernels are plain
+OpenMP reductions (a float max/min in a simd loop: the hardware's max and a NaN flag, _flagged;
+elsewhere NaN-propagating declared reductions). Kernels are plain
 ``extern "C"`` functions over raw pointers: no torch headers, so a build takes a fraction of a
 second and the .so loads with ctypes.
 """
@@ -296,7 +297,7 @@ class CppKernelRenderer:
             self.emit(self.body.reduce_decl(v))
         has_arg = any(v.arg.op in (Op.ARGMAX, Op.ARGMIN) for v in reductions)
         # float sums add up in float over blocks of the row, each block's sum into the double
-        partial = [] if has_arg or self.scalar else [v for v in reductions if _float_partial(v)]
+        partial = [] if has_arg or self.scalar else [v for v in reductions if float_partial(CPP, v)]
         # float maxima and minima in simd loops: the hardware's max and a NaN flag (_flagged)
         flagged = [] if has_arg or self.scalar else [v for v in reductions if _flagged(v)]
         for v in flagged:
@@ -413,13 +414,11 @@ class CppKernelRenderer:
         return "0", extent
 
 
-
-
 def _flagged(v: Value) -> bool:
     """Is ``v`` a float max or min, which a simd loop computes as ``x > acc ? x : acc`` (one
     vmaxps a vector) with a NaN flag beside it, NaN set after the loop?
     ember_max's NaN test (compare, or, blend) in the accumulator's chain took 6 cycles a vector
-    where the max takes one: a softmax's max loop ran at a third of the speed."""
+    where the max takes one (float16 rows' x.amax(-1): 2x faster without it, bench/RESULTS.md)."""
     return v.arg.op in (Op.AMAX, Op.AMIN) and CPP.compute(v.srcs[0].dtype) in ("float", "double")
 
 
@@ -428,10 +427,6 @@ def _clauses(v: Value, acc: str, flagged: bool) -> str:
     if flagged:
         return f"reduction({'emaxnum' if v.arg.op is Op.AMAX else 'eminnum'}:{acc}) reduction(|:{acc}_nan)"
     return f"reduction({_clause(v)}:{acc})"
-
-
-def _float_partial(v: Value) -> bool:
-    return float_partial(CPP, v)
 
 
 def cost_per_element(kernel: Kernel) -> int:
