@@ -273,11 +273,7 @@ class ColumnTiles:
         return blocked
 
     def _column_loop(self, what: str, lines: list[str]) -> None:
-        r, c = self.r, self.column
-        r.emit(f"// {what}")
-        r.emit("#pragma omp simd")
-        r.emit(f"for (int64_t {c} = ember_c0; {c} < ember_c1; ++{c}) {{")
-        r.depth += 1
+        self._columns(what, [])  # (no values: nothing staged)
         for line in lines:
-            r.emit(line)
-        r._close_loops(1)
+            self.r.emit(line)
+        self._close_columns([])
