@@ -170,6 +170,50 @@ def test_a_reduction_of_an_empty_result_reads_nothing(fn, make):
     check(fn, *make())
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape, dim", [((3, 0, 37), 1), ((3, 0, 37), 0), ((0, 5, 37), 1), ((0, 5, 37), 0)],
+                         ids=["mid-empty-along", "mid-empty-across", "lead-empty-along", "lead-empty-across"])
+def test_results_with_no_elements_are_no_kernels_stores(dtype, shape, dim):
+    # a 16-bit softmax over an empty dim failed to build (a column tile read back a value no
+    # loop had computed: the loads of the empty input were constants), and its ATen fallback
+    # raised "cannot evaluate input" (the kernel never loaded the input, so took no such
+    # parameter). A result with no elements is stored by no loop now.
+    fn = lambda x: (torch.softmax(x, dim), x.sum(dim), x.float().exp().sum(dim))  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        check(fn, make(shape, dtype))
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the bad compiler flag is the CPU compiler's")
+def test_a_group_falling_back_makes_the_empty_inputs_its_kernel_never_loaded(tmp_path):
+    opts = {"cache_dir": tmp_path, "cxx_flags": ("-O3", "-fPIC", "-shared", "--not-a-real-flag")}
+    x, y = torch.randn(3, 0, 37, dtype=torch.float16), torch.randn(2, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (the one build warning)
+        check(lambda x, y: (torch.softmax(x, 1), x.float().sum(1), y.sum(1) + 1), x, y, options=opts,
+              expect_built=False)
+
+
+@pytest.mark.parametrize("fn, args, error", [
+    (lambda x, t: F.nll_loss(x, t), (torch.randn(2, 0), torch.tensor([1, 0])), IndexError),
+    (lambda x, i: x.gather(1, i) + 1, (torch.randn(2, 0), torch.zeros(2, 1, dtype=torch.long)), RuntimeError),
+    (lambda x, i, v: x.index_put((i,), v), (torch.randn(0, 5), torch.tensor([0]), torch.randn(1, 5)), IndexError),
+    (lambda x, i, v: x.index_put((i,), v, accumulate=True) * 2,
+     (torch.randn(0, 5), torch.tensor([0]), torch.randn(1, 5)), IndexError),
+    (lambda x, i, v: x.scatter_add(0, i, v),
+     (torch.randn(0, 3), torch.zeros(1, 3, dtype=torch.long), torch.randn(1, 3)), RuntimeError),
+], ids=["nll_loss_of_no_classes", "gather_from_empty_dim", "index_put", "index_put_accumulate", "scatter_add"])
+def test_indices_into_an_empty_dim_raise_eagers_error(fn, args, error):
+    # every index is out of range. The nll_loss's and the gather's checks were dropped with the
+    # loads they guard (loads of an empty tensor are constants): 0.0 came back where eager
+    # raises. The writes stored at index 0 of an empty buffer, and the process crashed
+    # (SIGSEGV): nothing is stored into an empty tensor now.
+    with pytest.raises(error):
+        fn(*args)
+    with pytest.raises(error):
+        ember.compile(fn)(*[a.to(DEVICE) for a in args])
+
+
 @pytest.mark.parametrize("fn", [
     lambda d: torch.linalg.vector_norm(d, dim=-1), lambda d: F.normalize(d, dim=1),
     lambda d: torch.linalg.vector_norm(d.double() * 1e150, dim=-1, keepdim=True),

@@ -19,8 +19,10 @@ from typing import Any
 
 import torch
 
-from ..analysis.reference import eval_node
+from ..analysis.reference import eval_node, evaluate
 from ..config import Config, log
+from ..ir import dtypes as dt
+from ..ir import shapes as sh
 from ..ir.node import Graph, Node
 from ..ir.ops import Op
 from ..schedule.steps import KernelStep, Schedule
@@ -77,6 +79,11 @@ def group_fallback(step: KernelStep, schedule: Schedule) -> Callable[..., None]:
     tensors in order, then its size symbols), writing its outputs in place."""
     by_name = {info.name: node for node, info in schedule.buffers.items()}
     kernel = step.kernel
+    # buffers with no elements the group reads: the kernel loads none of them (schedule/build.py),
+    # so they are no parameters of it
+    computed = set(step.nodes)
+    empty = {node for node in schedule.buffers
+             if node not in computed and node.shape and sh.numel(node.shape) == 0}
     n_params = len(kernel.params)
 
     def run(*args: Any) -> None:
@@ -89,6 +96,9 @@ def group_fallback(step: KernelStep, schedule: Schedule) -> Callable[..., None]:
                 env[node.inputs[0]] = out.clone()  # the wrapper filled it with the tensor written into
 
         def value(node: Node) -> Any:
+            if node not in env and node in empty:
+                env[node] = torch.empty([evaluate(d, bound) for d in node.shape], dtype=dt.to_torch(node.dtype),
+                                        device=node.device)
             if node not in env:
                 env[node] = eval_node(node, [value(i) for i in node.inputs], bound)
             return env[node]

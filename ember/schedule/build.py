@@ -470,6 +470,8 @@ class KernelBuilder(ReduceBuilder):
             self.origins.append(root.origin)
         info = self.buffers[root]
         self._writes[info.name] = root.dtype
+        if sh.numel(root.shape) == 0:  # no element to write: every index is flagged out of range
+            return
         index = offset(home[:start] + syms + home[start + m:], info.strides)
         bound = tuple(sorted((s for s in index.free_symbols if is_indirect_var(s)), key=lambda s: s.name))
         self._emit("store", root.dtype, (value, *(self._indirect[s] for s in bound)),
@@ -487,11 +489,16 @@ class KernelBuilder(ReduceBuilder):
                 if root.op is Op.INDEX_PUT:
                     self._put(root, home)
                     continue
+                info = self.buffers[root]
+                self._writes[info.name] = root.dtype
+                if sh.numel(root.shape) == 0:
+                    # no element to store: what would compute one runs over no element either,
+                    # and its loads of empty inputs are constants (a float16 softmax over
+                    # (3, 0, 37) read back a value no loop had computed)
+                    continue
                 value = self.compute(root, home)
                 if root in self.held:
                     value = self._as_eager_holds(value)
-                info = self.buffers[root]
-                self._writes[info.name] = root.dtype
                 index = offset(home, info.strides)
                 bound = tuple(sorted((s for s in index.free_symbols if is_indirect_var(s)), key=lambda s: s.name))
                 self._emit("store", root.dtype, (value, *(self._indirect[s] for s in bound)),
@@ -578,6 +585,7 @@ def assign_loops(kernel: Kernel) -> None:
     """
     needs = stage_needs()  # read as stages are assigned, in topological order
     n_loops = 0
+    used = {id(s) for v in kernel.values for s in (*v.srcs, *((v.guard,) if v.guard is not None else ()))}
     for v in kernel.values:
         if v.kind in ("reduce", "dot"):
             v.loop = max(needs(s) for s in v.srcs) + 1
@@ -587,6 +595,11 @@ def assign_loops(kernel: Kernel) -> None:
             v.loop = needs(v.srcs[0]) + 1
             n_loops = max(n_loops, v.loop)
         elif v.kind == "chunksum":  # added up in the loop that computes its source
+            v.loop = needs(v.srcs[0]) + 1
+            n_loops = max(n_loops, v.loop)
+        elif v.kind == "checkindex" and v.inner and id(v) not in used:
+            # a check whose load became a constant (a gather from an empty dim: every index is
+            # out of range) still runs, in the loop its index is known in
             v.loop = needs(v.srcs[0]) + 1
             n_loops = max(n_loops, v.loop)
         elif v.kind == "rowreduce":  # known once every row is done

@@ -270,10 +270,12 @@ class Kernel:
         return [v for v in self.values if v.kind == "store" and v.srcs[0].kind == "chunksum"]
 
     def loop_values(self, k: int) -> list[Value]:
-        """Inner values that loop ``k`` must compute: what its reductions and stores need."""
-        roots = [v for v in self.values if v.kind in ("reduce", "store", "chunksum", "dot") and v.loop == k]
+        """Inner values that loop ``k`` must compute: what its reductions, stores and index
+        checks need (a check that no load uses has a loop of its own: build.assign_loops)."""
+        roots = [v for v in self.values if v.kind in ("reduce", "store", "chunksum", "dot", "checkindex")
+                 and v.loop == k]
         needed: set[int] = set()
-        stack = [s for r in roots for s in r.srcs]
+        stack = [s for r in roots for s in r.srcs] + [r for r in roots if r.kind == "checkindex"]
         while stack:
             v = stack.pop()
             if id(v) in needed or not v.inner:
