@@ -12,7 +12,7 @@ import ember
 from ember.codegen.cpp import SUM_BLOCK
 from ember.codegen.cpp_columns import ROW_BLOCK
 
-from .helpers import check
+from .helpers import assert_same, check
 
 
 def _source(report) -> str:
@@ -56,8 +56,41 @@ def test_non_contiguous_sums_over_several_dims():
 def test_a_whole_tensor_sum_shares_its_blocks_among_the_threads():
     x = torch.randn(100_003)
     source = _source(check(lambda x: x.sum() + x.amax(), x))
-    assert "#pragma omp parallel for schedule(static) reduction(+:" in source
+    assert "#pragma omp for schedule(static) nowait\n      for (int64_t r0_block = 0;" in source
     assert f"r0_block += {SUM_BLOCK}" in source
+    assert "combined in thread order" in source and "reduction(+:acc1)" not in source
+
+
+def test_exact_reductions_keep_openmps_clause():
+    # integer sums and arg reductions combine exactly in any order: no arrays of shares
+    source = _source(check(lambda x: (x.sum(), x.argmax()), torch.randint(-9, 9, (100_003,))))
+    assert "thread order" not in source and "#pragma omp parallel for" in source
+
+
+@pytest.fixture
+def many_threads():
+    # more threads than cores: they finish in varying order, as on a many-core machine
+    before = torch.get_num_threads()
+    torch.set_num_threads(8)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.amax(), lambda x: x.amin(), lambda x: x.sum(),
+                                lambda x: (x * 2).amax(-1).amax(), lambda x: (x * x).sum(-1).sum()],
+                         ids=["amax", "amin", "sum", "across-rows-amax", "across-rows-sum"])
+def test_reductions_over_threads_give_the_same_result_every_call(fn, many_threads):
+    # a float reduction's threads combine in thread order (codegen/cpp_team.py): OpenMP's own
+    # combined them as they finished, and a max over zeros of both signs gave 0.0 or -0.0
+    torch.manual_seed(0)
+    zeros = torch.zeros(300, 400)
+    zeros[torch.rand(300, 400) < 0.5] = -0.0
+    wide = torch.randn(300, 400, dtype=torch.float64) * torch.logspace(-8, 8, 400, dtype=torch.float64)
+    for x in (zeros, wide):
+        compiled = ember.compile(fn)
+        results = {compiled(x).item().hex() for _ in range(40)}
+        assert len(results) == 1, results
+        assert_same(compiled(x), fn(x), rtol=1e-12 if x.dtype == torch.float64 else None)
 
 
 @pytest.mark.parametrize("dims", [-1, None], ids=["row", "whole"])

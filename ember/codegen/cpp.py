@@ -21,6 +21,7 @@ from .cpp_prelude import PRELUDE
 from .cpp_scatter import owned_rows, render_owned_rows
 from .cpp_split import find_split
 from .cpp_staging import close_strip, open_strip, staged_accesses
+from .cpp_team import close_team, needs_team, open_team
 from .cstyle import BodyRenderer, Language, acc_update
 
 CPP = Language(
@@ -144,12 +145,20 @@ class CppKernelRenderer:
             across = k.row_reductions  # reduced over the rows too: OpenMP reductions of the row loop
             for v in across:
                 self.emit(self.body.reduce_decl(v))
+            # (float ones combine in thread order: cpp_team.py)
+            team = needs_team(across) and not _serial(sh.numel(k.outer) * k.inner_hint * self.cost)
             clauses = "".join(f" reduction({_clause(v)}:{self.body.acc_names[id(v)]})" for v in across)
-            self.emit(f"#pragma omp parallel for{collapse} schedule(static){clauses} "
-                      f"if({work} >= {PARALLEL_THRESHOLD})")
+            if team:
+                open_team(self, across, [], f"{work} >= {PARALLEL_THRESHOLD}",
+                          f"#pragma omp for{collapse} schedule(static) nowait")
+            else:
+                self.emit(f"#pragma omp parallel for{collapse} schedule(static){clauses} "
+                          f"if({work} >= {PARALLEL_THRESHOLD})")
             self._open_loops(outer_var, k.outer)
             self._stages(parallel_inner=False)
             self._close_loops(n)
+            if team:
+                close_team(self, across, [])
             if across:
                 self.emit("// after every row")
                 for v in across:
@@ -301,8 +310,7 @@ class CppKernelRenderer:
         # float maxima and minima in simd loops: the hardware's max and a NaN flag (_flagged)
         flagged = [] if has_arg or self.scalar else [v for v in reductions if _flagged(v)]
         for v in flagged:
-            flag = "int64_t" if CPP.compute(v.srcs[0].dtype) == "double" else "int32_t"  # (as wide as a lane)
-            self.emit(f"{flag} {self.body.acc_names[id(v)]}_nan = 0;")
+            self.emit(f"{self.flag_type(v)} {self.body.acc_names[id(v)]}_nan = 0;")
         n = len(k.inner)
         work = index_expr(sh.numel(k.inner) * self.cost)
         later = {v.arg.buffer for v in k.values if v.kind == "store" and v.inner and v.loop > loop}
@@ -318,8 +326,11 @@ class CppKernelRenderer:
         clauses = " ".join(_clauses(v, acc[id(v)], v in flagged) for v in reductions)
         var = inner_var(n - 1)
         staged = staged_accesses(self, k.loop_values(loop) + stores, var)  # (cpp_staging.py)
+        # float reductions over the threads combine in thread order (cpp_team.py); over blocks of
+        # the innermost loop when it is the only one, its simd loop each thread's own
+        team = parallel and needs_team(reductions) and not _serial(sh.numel(k.inner) * self.cost)
         # the innermost loop itself spread over the threads: the parallel pragma is its own
-        spread = parallel and n == 1 and not partial
+        spread = parallel and n == 1 and not partial and not team
         pragma = ""
         if parallel:
             collapse = f" collapse({n - 1})" if n > 2 else ""
@@ -327,10 +338,13 @@ class CppKernelRenderer:
             totals = " ".join(_clauses(v, self.body.acc_names[id(v)], v in flagged) for v in reductions)
             pragma = f"#pragma omp parallel for{simd}{collapse} schedule(static) {totals}".rstrip()
             pragma = f"{pragma} if({work} >= {PARALLEL_THRESHOLD})"
-            if not (spread and staged):
+            if team:
+                open_team(self, reductions, flagged, f"{work} >= {PARALLEL_THRESHOLD}",
+                          f"#pragma omp for{collapse} schedule(static) nowait")
+            elif not (spread and staged):
                 self.emit(pragma)
         self._open_loops(inner_var, k.inner[:-1])
-        blocked = bool(partial) and self._open_block(partial, parallel and n == 1)
+        blocked = bool(partial or team and n == 1) and self._open_block(partial, parallel and n == 1)
         if staged:
             start, stop = self._innermost_range(blocked)
             simd = "" if has_arg else f"#pragma omp simd {clauses}".rstrip()
@@ -356,9 +370,16 @@ class CppKernelRenderer:
         for v in partial:
             self.emit(f"{self.body.acc_names[id(v)]} += {acc[id(v)]};")
         self._close_loops(n - 1 + blocked)
+        if team:
+            close_team(self, reductions, flagged)
         for v in flagged:  # (NaN wins, as in eager's maximum)
             name = self.body.acc_names[id(v)]
             self.emit(f"if ({name}_nan) {name} = ({CPP.compute(v.srcs[0].dtype)})NAN;")
+
+    @staticmethod
+    def flag_type(v: Value) -> str:
+        """The C type of a flagged max's NaN flag: as wide as a lane of its values."""
+        return "int64_t" if CPP.compute(v.srcs[0].dtype) == "double" else "int32_t"
 
     def _open_block(self, partial: list[Value], always: bool) -> bool:
         """Float sums of double accumulators (``partial``) add up in float over blocks of
@@ -420,6 +441,12 @@ def _flagged(v: Value) -> bool:
     ember_max's NaN test (compare, or, blend) in the accumulator's chain took 6 cycles a vector
     where the max takes one (float16 rows' x.amax(-1): 2x faster without it, bench/RESULTS.md)."""
     return v.arg.op in (Op.AMAX, Op.AMIN) and CPP.compute(v.srcs[0].dtype) in ("float", "double")
+
+
+def _serial(work: object) -> bool:
+    """Is this much work known to be below PARALLEL_THRESHOLD (one thread runs it)?"""
+    size = sh.static(work)
+    return size is not None and size < PARALLEL_THRESHOLD
 
 
 def _clauses(v: Value, acc: str, flagged: bool) -> str:

@@ -207,7 +207,7 @@ template <typename T> EMBER_FN T ember_scan_min(T best, T x) {
 #pragma omp declare reduction(emin : double : omp_out = ember_min(omp_out, omp_in)) initializer(omp_priv = INFINITY)
 // Maxima and minima of numbers whose NaNs a flag beside them counts (codegen/cpp.py: _flagged):
 // a thread's lanes combine in order, each keeping the earlier of equal values (max([0.0, -0.0])
-// is 0.0); the threads of a whole-tensor max combine as they finish (a 0.0 or a -0.0)
+// is 0.0); the threads' shares combine in thread order (cpp_team.py)
 #pragma omp declare reduction(emaxnum : float, double : omp_out = omp_in > omp_out ? omp_in : omp_out) \
   initializer(omp_priv = -INFINITY)
 #pragma omp declare reduction(eminnum : float, double : omp_out = omp_in < omp_out ? omp_in : omp_out) \
