@@ -504,7 +504,8 @@ def _exception_chain(e: BaseException) -> list[BaseException]:
 
 def _named(error: Exception, dynamo_message: str) -> Exception:
     op = _op_from_dynamo_message(dynamo_message)
-    if not op:
+    # (a message that names its op already: ember's own ops' checks, "segment_reduce: ...")
+    if not op or str(error).startswith((f"{op}:", f"{op.rsplit('.', 1)[-1]}:")):
         return error
     try:
         renamed = type(error)(f"{op}: {error}")

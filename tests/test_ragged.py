@@ -7,6 +7,7 @@ import time
 import warnings
 from collections import namedtuple
 
+import numpy as np
 import pytest
 import torch
 import torch.utils._pytree as pytree
@@ -202,6 +203,17 @@ def test_from_padded_errors():
         ragged.from_padded(padded, torch.tensor([1.0, 2.0, 3.0]))
     with pytest.raises(ValueError, match="padded"):
         ragged.from_padded(torch.zeros(3), [1, 1, 1])
+    with pytest.raises(TypeError, match="numpy array of float64"):
+        ragged.from_padded(padded, np.array([1.0, 2.0, 3.0]))
+
+
+def test_from_padded_takes_numpy_lengths():
+    # (a sampler's lengths array, as Ragged's max_length takes numpy integers)
+    padded = torch.randn(3, 4, 2)
+    for lengths in (np.array([1, 0, 3]), np.array([1, 0, 3], dtype=np.uint8), [np.int64(1), 0, np.int32(3)]):
+        r = ragged.from_padded(padded, lengths)
+        assert r.offsets.tolist() == [0, 1, 1, 4] and r.max_length == 3
+        assert torch.equal(r.values, torch.cat([padded[0, :1], padded[2, :3]]))
 
 
 def test_to_padded_max_length():
@@ -211,6 +223,12 @@ def test_to_padded_max_length():
         r.to_padded(max_length=3)
     loose = Ragged(r.values, r.offsets, 10)  # a loose bound: only the real longest row limits
     assert loose.to_padded().shape == (2, 10, 4) and loose.to_padded(max_length=4).shape == (2, 4, 4)
+    assert r.to_padded(max_length=np.int64(5)).shape == (2, 5, 4)
+    # checked as the constructor checks it (a float failed inside new_full, True padded to 1)
+    for bad, error, message in ((5.0, TypeError, "got float"), ("4", TypeError, "got str"),
+                                (True, TypeError, "got bool"), (-1, ValueError, "must be >= 0, got -1")):
+        with pytest.raises(error, match=message):
+            r.to_padded(max_length=bad)
 
 
 def op_counts(batch: int) -> dict[str, int]:

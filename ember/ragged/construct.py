@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from itertools import accumulate
 
@@ -79,9 +80,15 @@ def from_padded(padded: torch.Tensor, lengths: torch.Tensor | Sequence[int], *,
         lengths = lengths.to(device=padded.device, dtype=torch.int64)
         low, high = torch.stack([lengths.min(), lengths.max()]).tolist() if batch else (0, 0)
     else:
+        if type(lengths).__module__ == "numpy" and getattr(lengths, "ndim", None) == 1:
+            # (a sampler's lengths array)
+            if lengths.dtype.kind not in "iu":
+                raise TypeError(f"from_padded: lengths must be integers, got a numpy array of {lengths.dtype}")
+            lengths = lengths.tolist()
         if not isinstance(lengths, (list, tuple)) or not all(
-                isinstance(n, int) and not isinstance(n, bool) for n in lengths):
+                hasattr(type(n), "__index__") and not isinstance(n, (bool, torch.Tensor)) for n in lengths):
             raise TypeError("from_padded: lengths must be a tensor or a list of ints")
+        lengths = [operator.index(n) for n in lengths]
         if len(lengths) != batch:
             raise ValueError(f"from_padded: {len(lengths)} lengths for a batch of {batch}")
         low, high = (min(lengths), max(lengths)) if batch else (0, 0)

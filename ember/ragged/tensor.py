@@ -167,7 +167,7 @@ class Ragged:
     def to_padded(self, padding_value: float | int | bool = 0, max_length: int | None = None) -> torch.Tensor:
         """A dense (B, N, *feature) copy, N = ``max_length`` or ``self.max_length``, rows past a
         sequence's end filled with ``padding_value``. One scatter, no loop over the batch."""
-        length = self.max_length if max_length is None else max_length
+        length = self.max_length if max_length is None else checked_length(max_length)
         if length < self.max_length:
             # self.max_length may be a loose upper bound: only the true longest row decides.
             longest = _longest_row(self.offsets)
@@ -266,12 +266,20 @@ def _check_structure(values: Any, offsets: Any, max_length: Any) -> None:
     if offsets.device != values.device:
         raise ValueError(f"Ragged offsets are on {offsets.device} but values are on {values.device}")
     if max_length is not None:
-        # (any integer: numpy's too, as from a sampler's lengths array)
-        if isinstance(max_length, bool) or not hasattr(type(max_length), "__index__"):
-            raise TypeError(f"max_length must be an int or None, got {type(max_length).__name__}")
-        max_length = operator.index(max_length)
-        if max_length < 0:
-            raise ValueError(f"max_length must be >= 0, got {max_length}")
+        checked_length(max_length)
+
+
+def checked_length(max_length: Any) -> Any:
+    """``max_length`` as an int (any integer: numpy's too, as from a sampler's lengths array;
+    a size Dynamo made symbolic as it is), or TypeError or ValueError naming what is wrong."""
+    if isinstance(max_length, torch.SymInt):
+        return max_length
+    if isinstance(max_length, bool) or not hasattr(type(max_length), "__index__"):
+        raise TypeError(f"max_length must be an int or None, got {type(max_length).__name__}")
+    max_length = operator.index(max_length)
+    if max_length < 0:
+        raise ValueError(f"max_length must be >= 0, got {max_length}")
+    return max_length
 
 
 def _check_offsets(values: torch.Tensor, offsets: torch.Tensor) -> int:
