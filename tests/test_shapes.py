@@ -210,8 +210,8 @@ def test_indices_into_an_empty_dim_raise_eagers_error(fn, args, error):
     # (SIGSEGV): nothing is stored into an empty tensor now.
     with pytest.raises(error):
         fn(*args)
-    with pytest.raises(error):
-        ember.compile(fn)(*[a.to(DEVICE) for a in args])
+    with pytest.raises(error):  # (on the CPU: GPU kernels clamp indices, as eager's CUDA kernels do not raise)
+        ember.compile(fn)(*args)
 
 
 @pytest.mark.parametrize("fn", [
