@@ -36,7 +36,9 @@ def test_accumulating_index_put_is_one_kernel_with_its_values(dtype):
     assert report.fallbacks == []
     # 16-bit floats accumulate in a float32 buffer, rounded by a second kernel
     assert kernel_count(report) == (2 if dtype in (torch.bfloat16, torch.float16) else 1)
-    assert "ember_atomic_add" in report.kernels[0].source
+    # (on the CPU each thread adds into the destination lines it owns: codegen/cpp_scatter.py)
+    source = report.kernels[0].source
+    assert ("ember_atomic_add" in source) == (DEVICE != "cpu") and ("line" in source) == (DEVICE == "cpu")
 
 
 @pytest.mark.parametrize("case", ["leading_slice", "broadcast_values", "trailing_dims", "empty_index", "scalar_value",
@@ -383,6 +385,35 @@ def test_cpu_indices_of_gpu_tensors_compile_on_the_gpu(backend):
         return torch.index_put(x, (rows,), v * 2)[rows] + x[rows]
 
     check(fn, x, rows, v, options={"gpu_backend": backend})  # compiled, every kernel built, as eager
+
+
+@pytest.mark.parametrize("bins", [1, 10, 1000, 100_003])
+def test_elements_added_by_the_threads_owning_their_lines(bins):
+    """A scatter of single elements on the CPU: each thread adds the elements whose destination's
+    64-byte line it owns, in source order. With atomics the threads added in whatever order they
+    came, and a float sum changed from call to call; now it is the serial sum in source order."""
+    if DEVICE != "cpu":
+        pytest.skip("CPU kernels")
+    before = torch.get_num_threads()
+    torch.set_num_threads(8)  # (more threads than cores: they come in varying order)
+    try:
+        gen = torch.Generator().manual_seed(bins)
+        idx, src = torch.randint(-bins, bins, (200_000,), generator=gen), torch.randn(200_000, generator=gen)
+        fns = [lambda x, i, v: x.index_put((i,), v, accumulate=True),
+               lambda x, i, v: x.scatter_add(0, i % bins, v * 2), lambda x, i, v: x.index_add(0, i % bins, v)]
+        serial = torch.zeros(bins)
+        for i, v in zip((idx % bins).tolist(), src.tolist()):  # (float32 adds, one at a time)
+            serial[i] += v
+        for fn in fns:
+            # (200k float32 adds into one bin: eager's order and the serial one differ by ~1e-5)
+            report = check(fn, torch.zeros(bins), idx, src, rtol=1e-3, atol=0.05)
+            assert "line (16 elements) it owns" in report.kernels[0].source
+            compiled = ember.compile(fn)
+            results = {compiled(torch.zeros(bins), idx, src).numpy().tobytes() for _ in range(10)}
+            assert len(results) == 1
+        assert torch.equal(ember.compile(fns[0])(torch.zeros(bins), idx, src), serial)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bfloat16])

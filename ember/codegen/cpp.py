@@ -18,7 +18,7 @@ from ..schedule.loops import stash_recomputed
 from .cexpr import device_size_lines, index_expr
 from .cpp_columns import SUM_BLOCK, ColumnTiles, column_tiles, float_partial
 from .cpp_prelude import PRELUDE
-from .cpp_scatter import owned_rows, render_owned_rows
+from .cpp_scatter import owned_elements, owned_rows, render_owned_elements, render_owned_rows
 from .cpp_split import find_split
 from .cpp_staging import close_strip, open_strip, staged_accesses
 from .cpp_team import close_team, needs_team, open_team
@@ -88,6 +88,8 @@ class CppKernelRenderer:
         self.depth = 0
         self.hints = [f"{self.body.name(v)}_hint" for v in kernel.values if v.kind == "search"]
         self.owned = owned_rows(kernel)  # a scatter of whole rows, each thread adding its own rows
+        # (or of elements: each thread adding into the destination lines it owns)
+        self.owned_elements = not self.owned and owned_elements(kernel)
         # writes at indices scatter: no vector stores (and atomics stay out of simd loops)
         self.scalar = not self.owned and (bool(self.hints) or any(v.kind == "store" and v.arg.bindings
                                                                   for v in kernel.values))
@@ -125,10 +127,12 @@ class CppKernelRenderer:
         self.depth += 1
         for line in device_size_lines(k):
             self.emit(line)
-        for hint in [] if self.owned else self.hints:
+        for hint in [] if self.owned or self.owned_elements else self.hints:
             self.emit(f"int64_t {hint} = 0;")
         if self.owned:
             render_owned_rows(self, f"{index_expr(sh.numel(k.outer) * self.cost)} >= {PARALLEL_THRESHOLD}")
+        elif self.owned_elements:
+            render_owned_elements(self, f"{index_expr(sh.numel(k.outer) * self.cost)} >= {PARALLEL_THRESHOLD}")
         elif k.n_loops == 0:
             self._pointwise()
         elif not k.outer:
