@@ -88,12 +88,7 @@ def render_owned_rows(r: CppKernelRenderer, condition: str) -> None:
     spacing = index_expr(spacing) if spacing.is_positive else width
     r.emit("// a scatter of whole rows: every thread walks every source row and adds the rows whose")
     r.emit("// destination it owns (row % threads): no atomics, and a row's columns in one simd loop")
-    r.emit(f"#pragma omp parallel if({condition})")
-    r.emit("{")
-    r.depth += 1
-    r.emit("const int64_t ember_team = omp_get_num_threads(), ember_me = omp_get_thread_num();")
-    for hint in r.hints:
-        r.emit(f"int64_t {hint} = 0;  // (each thread's own)")
+    _open_region(r, condition)
     r._open_loops(outer_var, k.outer[:-1])
     r._statements(per_row)
     r.emit(f"const int64_t ember_start = {index_expr(start)};  // where this row's columns go")
@@ -120,12 +115,7 @@ def render_owned_elements(r: CppKernelRenderer, condition: str) -> None:
     per_line = max(1, LINE_BYTES // dtype.itemsize)
     r.emit("// a scatter of elements: every thread walks every source element and adds those whose")
     r.emit(f"// destination's line ({per_line} elements) it owns: no atomics, each destination's adds in source order")
-    r.emit(f"#pragma omp parallel if({condition})")
-    r.emit("{")
-    r.depth += 1
-    r.emit("const int64_t ember_team = omp_get_num_threads(), ember_me = omp_get_thread_num();")
-    for hint in r.hints:
-        r.emit(f"int64_t {hint} = 0;  // (each thread's own)")
+    _open_region(r, condition)
     r._open_loops(outer_var, k.outer)
     r._statements([v for v in k.values if v is not store])
     r.emit(f"const int64_t ember_at = {index_expr(body.bound_index(store))};")
@@ -135,3 +125,14 @@ def render_owned_elements(r: CppKernelRenderer, condition: str) -> None:
     r._close_loops(len(k.outer))
     r.depth -= 1
     r.emit("}")
+
+
+def _open_region(r: CppKernelRenderer, condition: str) -> None:
+    """Opens the parallel region every thread of an owned scatter walks all sources in: its
+    team size and number, and its own search hints."""
+    r.emit(f"#pragma omp parallel if({condition})")
+    r.emit("{")
+    r.depth += 1
+    r.emit("const int64_t ember_team = omp_get_num_threads(), ember_me = omp_get_thread_num();")
+    for hint in r.hints:
+        r.emit(f"int64_t {hint} = 0;  // (each thread's own)")
