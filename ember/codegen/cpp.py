@@ -87,6 +87,7 @@ class CppKernelRenderer:
         self.lines: list[str] = []
         self.depth = 0
         self.hints = [f"{self.body.name(v)}_hint" for v in kernel.values if v.kind == "search"]
+        self._share = False  # the innermost loop runs over this thread's share (ember_lo, ember_hi)
         self.owned = owned_rows(kernel)  # a scatter of whole rows, each thread adding its own rows
         # (or of elements: each thread adding into the destination lines it owns)
         self.owned_elements = not self.owned and owned_elements(kernel)
@@ -154,7 +155,7 @@ class CppKernelRenderer:
             clauses = "".join(f" reduction({_clause(v)}:{self.body.acc_names[id(v)]})" for v in across)
             if team:
                 open_team(self, across, [], f"{work} >= {PARALLEL_THRESHOLD}",
-                          f"#pragma omp for{collapse} schedule(static) nowait")
+                          [f"#pragma omp for{collapse} schedule(static) nowait"])
             else:
                 self.emit(f"#pragma omp parallel for{collapse} schedule(static){clauses} "
                           f"if({work} >= {PARALLEL_THRESHOLD})")
@@ -343,12 +344,16 @@ class CppKernelRenderer:
             pragma = f"#pragma omp parallel for{simd}{collapse} schedule(static) {totals}".rstrip()
             pragma = f"{pragma} if({work} >= {PARALLEL_THRESHOLD})"
             if team:
+                # the only loop: each thread's contiguous share in one simd loop (blocks restarting
+                # the lanes took a float product of values near 1 to 8x eager's error)
+                share = [] if n > 1 or partial else _share_lines(index_expr(k.inner[0]))
                 open_team(self, reductions, flagged, f"{work} >= {PARALLEL_THRESHOLD}",
-                          f"#pragma omp for{collapse} schedule(static) nowait")
+                          share or [f"#pragma omp for{collapse} schedule(static) nowait"])
+                self._share = bool(share)
             elif not (spread and staged):
                 self.emit(pragma)
         self._open_loops(inner_var, k.inner[:-1])
-        blocked = bool(partial or team and n == 1) and self._open_block(partial, parallel and n == 1)
+        blocked = bool(partial) and self._open_block(partial, parallel and n == 1)
         if staged:
             start, stop = self._innermost_range(blocked)
             simd = "" if has_arg else f"#pragma omp simd {clauses}".rstrip()
@@ -376,6 +381,7 @@ class CppKernelRenderer:
         self._close_loops(n - 1 + blocked)
         if team:
             close_team(self, reductions, flagged)
+            self._share = False
         for v in flagged:  # (NaN wins, as in eager's maximum)
             name = self.body.acc_names[id(v)]
             self.emit(f"if ({name}_nan) {name} = ({CPP.compute(v.srcs[0].dtype)})NAN;")
@@ -434,6 +440,8 @@ class CppKernelRenderer:
     def _innermost_range(self, blocked: bool) -> tuple[str, str]:
         """Where the innermost inner loop starts and stops: the row, or its current block."""
         last, extent = inner_var(len(self.k.inner) - 1).name, index_expr(self.k.inner[-1])
+        if self._share:
+            return "ember_lo", "ember_hi"
         if blocked:
             return f"{last}_block", f"std::min<int64_t>({last}_block + {SUM_BLOCK}, {extent})"
         return "0", extent
@@ -445,6 +453,14 @@ def _flagged(v: Value) -> bool:
     ember_max's NaN test (compare, or, blend) in the accumulator's chain took 6 cycles a vector
     where the max takes one (float16 rows' x.amax(-1): 2x faster without it, bench/RESULTS.md)."""
     return v.arg.op in (Op.AMAX, Op.AMIN) and CPP.compute(v.srcs[0].dtype) in ("float", "double")
+
+
+def _share_lines(extent: str) -> list[str]:
+    """This thread's contiguous share of a loop of ``extent`` steps, as a static schedule gives
+    it: [ember_lo, ember_hi)."""
+    return [f"const int64_t ember_per = ({extent} + omp_get_num_threads() - 1) / omp_get_num_threads();",
+            f"const int64_t ember_lo = std::min<int64_t>({extent}, omp_get_thread_num() * ember_per);",
+            f"const int64_t ember_hi = std::min<int64_t>({extent}, ember_lo + ember_per);"]
 
 
 def _serial(work: object) -> bool:

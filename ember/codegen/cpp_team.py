@@ -48,16 +48,18 @@ def _shares(r: Any, reductions: list[Value], flagged: list[Value]) -> list[tuple
     return out
 
 
-def open_team(r: Any, reductions: list[Value], flagged: list[Value], parallel_if: str, loop_pragma: str) -> None:
+def open_team(r: Any, reductions: list[Value], flagged: list[Value], parallel_if: str, share: list[str]) -> None:
     """Opens the team's region: the shares' arrays, each thread's own accumulators (shadowing the
-    kernel's, which receive the combined result), then ``loop_pragma`` (a worksharing ``omp for``
-    with no reduction clause) for the loop the caller opens next."""
+    kernel's, which receive the combined result) and search hints, then ``share``: a worksharing
+    ``omp for`` with no reduction clause for the loop the caller opens next, or the lines that
+    compute this thread's range of it."""
     r.emit("{  // the threads' shares, combined in thread order after the loop: the same result every call")
     r.depth += 1
     r.emit("int ember_team = 1;")
     for ctype, acc in _shares(r, reductions, flagged):
         r.emit(f"{ctype} {acc}_t[{MAX_TEAM}];")
-    r.emit(f"#pragma omp parallel num_threads(std::min({MAX_TEAM}, omp_get_max_threads())) if({parallel_if})")
+    own = f" firstprivate({', '.join(r.hints)})" if r.hints else ""  # (a search's hint: each thread's)
+    r.emit(f"#pragma omp parallel num_threads(std::min({MAX_TEAM}, omp_get_max_threads())){own} if({parallel_if})")
     r.emit("{")
     r.depth += 1
     r.emit("// this thread's share")
@@ -66,7 +68,8 @@ def open_team(r: Any, reductions: list[Value], flagged: list[Value], parallel_if
     for v in flagged:
         r.emit(f"{r.flag_type(v)} {r.body.acc_names[id(v)]}_nan = 0;")
     r.emit("if (omp_get_thread_num() == 0) ember_team = omp_get_num_threads();")
-    r.emit(loop_pragma)
+    for line in share:
+        r.emit(line)
 
 
 def close_team(r: Any, reductions: list[Value], flagged: list[Value]) -> None:
