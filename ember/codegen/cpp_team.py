@@ -67,7 +67,8 @@ def open_team(r: Any, reductions: list[Value], flagged: list[Value], parallel_if
         r.emit(r.body.reduce_decl(v))
     for v in flagged:
         r.emit(f"{r.flag_type(v)} {r.body.acc_names[id(v)]}_nan = 0;")
-    r.emit("if (omp_get_thread_num() == 0) ember_team = omp_get_num_threads();")
+    r.emit("#pragma omp single nowait")
+    r.emit("ember_team = omp_get_num_threads();")
     for line in share:
         r.emit(line)
 
