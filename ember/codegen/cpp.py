@@ -331,8 +331,7 @@ class CppKernelRenderer:
         clauses = " ".join(_clauses(v, acc[id(v)], v in flagged) for v in reductions)
         var = inner_var(n - 1)
         staged = staged_accesses(self, k.loop_values(loop) + stores, var)  # (cpp_staging.py)
-        # float reductions over the threads combine in thread order (cpp_team.py); over blocks of
-        # the innermost loop when it is the only one, its simd loop each thread's own
+        # float reductions over the threads combine in thread order (cpp_team.py)
         team = parallel and needs_team(reductions) and not _serial(sh.numel(k.inner) * self.cost)
         # the innermost loop itself spread over the threads: the parallel pragma is its own
         spread = parallel and n == 1 and not partial and not team
