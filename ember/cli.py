@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
+import os
 import shutil
 import statistics
 import sys
@@ -178,14 +179,18 @@ def cache(args: argparse.Namespace) -> int:
         return 0
     size, built = 0, 0
     for part in parts:
-        for f in part.rglob("*") if part.is_dir() else ():
-            if any(p.startswith(".") for p in f.relative_to(part).parts):
-                continue  # a build in progress (.build-*/, .*.tmp): not a module yet
-            try:
-                size += f.stat().st_size if f.is_file() else 0
-            except OSError:  # (removed meanwhile: another process builds or clears)
-                continue
-            built += f.suffix in (".so", ".cubin", ".py")
+        # os.walk, not rglob: another process's build directory may vanish while it is listed
+        # (rglob raised FileNotFoundError then); walk skips a directory it cannot list
+        for folder, dirs, files in os.walk(part):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]  # a build in progress (.build-*/)
+            for name in files:
+                if name.startswith("."):
+                    continue  # a file being written (.*.tmp): not a module yet
+                try:
+                    size += os.stat(os.path.join(folder, name)).st_size
+                except OSError:  # (removed meanwhile: another process builds or clears)
+                    continue
+                built += Path(name).suffix in (".so", ".cubin", ".py")
     print(f"{root}: {built} built module(s), {size / 1e6:.1f} MB")
     return 0
 

@@ -109,6 +109,26 @@ def test_cache_info_counts_modules_not_builds_in_progress(tmp_path, monkeypatch,
     assert proc.returncode == 0 and "1 built module(s), 2.0 MB" in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_cache_info_survives_a_directory_removed_while_it_is_listed(tmp_path, monkeypatch, capsys):
+    # CI: another test process's build directory vanished between being listed and being read,
+    # and `ember cache info` failed with FileNotFoundError
+    root = tmp_path / "cache"
+    (root / "cpp" / "gone").mkdir(parents=True)
+    (root / "cpp" / "k.so").write_bytes(b"x" * 1_000_000)
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if os.path.basename(os.fspath(path)) == "gone":
+            raise FileNotFoundError(2, "No such file or directory", os.fspath(path))
+        return real_scandir(path)
+
+    import ember
+    monkeypatch.setattr(ember.config, "cache_dir", root)
+    monkeypatch.setattr(os, "scandir", scandir)
+    proc = _ember_here(monkeypatch, capsys, "cache", "info", cwd=tmp_path)
+    assert proc.returncode == 0 and "1 built module(s), 1.0 MB" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_cache_clear_removes_only_embers_kernels(tmp_path, monkeypatch, capsys):
     # EMBER_CACHE_DIR may name a directory that holds other things: clear removed all of it
     root = tmp_path / "cache"
