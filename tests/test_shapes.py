@@ -202,16 +202,35 @@ def test_a_group_falling_back_makes_the_empty_inputs_its_kernel_never_loaded(tmp
      (torch.randn(0, 5), torch.tensor([0]), torch.randn(1, 5)), IndexError),
     (lambda x, i, v: x.scatter_add(0, i, v),
      (torch.randn(0, 3), torch.zeros(1, 3, dtype=torch.long), torch.randn(1, 3)), RuntimeError),
-], ids=["nll_loss_of_no_classes", "gather_from_empty_dim", "index_put", "index_put_accumulate", "scatter_add"])
+    (lambda x, i, v: x.scatter(1, i, v) + 1,
+     (torch.randn(3, 0), torch.zeros(3, 1, dtype=torch.long), torch.randn(3, 1)), RuntimeError),
+    (lambda x, i: x.scatter(0, i, 2.0), (torch.randn(0), torch.tensor([0])), RuntimeError),
+    (lambda x, i, v: x.index_copy(0, i, v), (torch.randn(0, 3), torch.tensor([0]), torch.randn(1, 3)), RuntimeError),
+], ids=["nll_loss_of_no_classes", "gather_from_empty_dim", "index_put", "index_put_accumulate", "scatter_add",
+        "scatter", "scatter_value", "index_copy"])
 def test_indices_into_an_empty_dim_raise_eagers_error(fn, args, error):
     # every index is out of range. The nll_loss's and the gather's checks were dropped with the
     # loads they guard (loads of an empty tensor are constants): 0.0 came back where eager
     # raises. The writes stored at index 0 of an empty buffer, and the process crashed
-    # (SIGSEGV): nothing is stored into an empty tensor now.
+    # (SIGSEGV): nothing is stored into an empty tensor now. A scatter returned an empty tensor
+    # (its decomposition checks an index only where the result has elements), and an index_copy
+    # raised an IndexError where eager raises a RuntimeError: both run through ATen now.
     with pytest.raises(error):
         fn(*args)
     with pytest.raises(error):  # (on the CPU: GPU kernels clamp indices, as eager's CUDA kernels do not raise)
         ember.compile(fn)(*args)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_index_add_into_an_empty_matrix_returns_it_as_eager_does(dim):
+    # eager's kernel returns an empty self of rank > 1 before it reads an index: ember raised
+    # that the index was out of bounds. (A 1-d self is checked by eager and by ember.)
+    x = torch.randn(0, 3) if dim == 0 else torch.randn(3, 0)
+    source = torch.randn(2, 3) if dim == 0 else torch.randn(3, 2)
+    index = torch.tensor([5, 0])
+    check(lambda x, i, s: x.index_add(dim, i, s) * 2, x, index, source)
+    with pytest.raises(IndexError):
+        ember.compile(lambda x, i, s: x.index_add(0, i, s))(torch.randn(0), index, torch.randn(2))
 
 
 @pytest.mark.parametrize("fn", [

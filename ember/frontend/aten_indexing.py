@@ -59,6 +59,10 @@ def _scatter(ctx: Context, x: Node, dim: int, index: Node, src: Any) -> Node:
     if x.rank == 0 or m is None or m > 8 or not all(
             ctx.known(a == b) for d, (a, b) in enumerate(zip(index_sizes, x_sizes)) if d != dim):
         raise Unsupported("scatter of many entries per row (or into a larger tensor)")
+    if sh.static(sh.numel(x.shape)) == 0:
+        # the decomposition below checks an index only where the result has elements: ATen
+        # raises eager's error for an index into an empty dim
+        raise Unsupported("scatter into an empty tensor")
     source_dtype_matches("scatter", x, src)
     dtype, shape = ctx.out_dtype, ctx.out_shape
     positions = ctx.make(Op.IOTA, (), (shape[dim], 0, 1), dtype=dt.int64)
@@ -406,6 +410,10 @@ def _index_add(ctx: Context, x: Node, dim: int, index: Node, source: Any, *, alp
     source_dtype_matches("index_add", x, source)
     _index_dtype("index_add", index)
     dim = dim % x.rank
+    if x.rank > 1 and sh.static(sh.numel(x.shape)) == 0:
+        # eager's kernel returns an empty self of rank > 1 as it is, before it reads an index
+        # (an index beyond the dim raised here where eager returns)
+        return x
     if not all(ctx.known_equal(s, index.shape[0] if d == dim else n)
                for d, (s, n) in enumerate(zip(source.shape, x.shape))):
         # eager takes a source of exactly self's sizes but along dim (none broadcast): its error
@@ -427,6 +435,8 @@ def _index_copy(ctx: Context, x: Node, dim: int, index: Node, source: Node) -> N
     if index.dtype != dt.int64 or index.rank > 1 or x.rank == 0 or source.rank != x.rank:
         # eager's errors (an int32 index: RuntimeError; ranks: IndexError), or a 0-d self
         raise Unsupported("index_copy with an index that is not 1-d int64, or of a 0-d tensor")
+    if sh.static(sh.numel(x.shape)) == 0:
+        raise Unsupported("index_copy into an empty tensor (ATen raises eager's error for any index)")
     source_dtype_matches("index_copy", x, source)
     dim = dim % x.rank
     count = index.shape[0] if index.rank else sympy.Integer(1)
