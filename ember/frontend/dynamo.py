@@ -39,6 +39,7 @@ from .linspace_decomps import integer_linspaces
 from .loss_decomps import loss_decompositions
 from .optimizer_decomps import optimizer_decompositions
 from .partition import partition
+from .pool_decomps import pool_decompositions
 from .pool_dtypes import kept_upsampling
 from .special_decomps import special_decompositions
 
@@ -180,6 +181,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(optimizer_decompositions())
     # channel_shuffle's result in its input's memory format, as eager's (layout_decomps.py)
     table.update(layout_decompositions())
+    # max pooling as a window reduction that fuses with its input, eager's indices kept (pool_decomps.py)
+    table.update(pool_decompositions())
     # torch's decomposition indexes with Python's x[index], which reads a 0-d index as an int
     # through .item(): a data-dependent size that fake tensors refuse (the whole graph ran eagerly)
     table[aten.take.default] = _take

@@ -1,0 +1,143 @@
+"""Max pooling (2-d and 3-d, with indices) as one pointwise kernel over the output.
+
+ATen's ``max_pool2d_with_indices`` and ``max_pool3d_with_indices`` ran as calls of their own:
+``F.max_pool2d(relu(x))`` wrote relu's result to memory for ATen to read back. Here each of a
+window's positions is a strided view of the input, and the maximum is taken in eager's order in
+one kernel that reads the input (and whatever pointwise work produced it) in place: neighbouring
+lanes read neighbouring windows. torch has a decomposition of these ops (a gather and an
+argmax); it differs from eager's kernels where this one does not:
+
+* a window whose values are all -inf: eager returns the index of the window's first position
+  inside the input, where an argmax over the window padded with -inf may return a padding
+  position (a negative index, or one in another row);
+* NaN: eager's kernels (CPU and CUDA) replace the running maximum by every NaN they meet, so the
+  index is the window's *last* NaN, where argmax gives the first.
+
+Where it is decomposed (``bench/max_pool.py`` measured each choice against ATen's kernels):
+floating inputs in the contiguous layout, windows of up to ``UNROLLED_WINDOW`` positions; on the
+CPU only unpadded windows (padding and ceil_mode make each position's load conditional, which
+keeps the loop from vectorizing: slower than ATen's kernel). channels_last inputs keep ATen's
+kernel (the kernel walks the output in its logical order: strided there). eager's checks
+(kernel, stride, padding and dilation against the input's size) are its meta function's, run
+first, with eager's messages. The backward is ATen's kernel, which takes these indices.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch._prims_common import suggest_memory_format
+
+aten = torch.ops.aten
+
+# Windows of up to this many positions are unrolled, one strided view each (Inductor's limit too);
+# larger ones keep ATen's kernel.
+UNROLLED_WINDOW = 25
+# Padded windows (and ceil_mode's) on the CPU keep ATen's kernel (slower decomposed: see above);
+# tests turn this on to check the decomposition's values on CPU tensors.
+PADDED_ON_CPU = False
+
+
+def _expand(value: Sequence[Any] | int, n_dim: int, default: Sequence[Any] | None = None) -> list[Any]:
+    value = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not value:
+        return list(default or ())
+    return value * n_dim if len(value) == 1 else value
+
+
+def _decomposed(x: torch.Tensor, ks: list[int], pa: list[int], ceil_mode: bool) -> bool:
+    return (x.layout == torch.strided and not x.is_quantized and x.dtype.is_floating_point
+            and x.dtype.itemsize >= 2  # (float8 has no max_pool kernel)
+            and x.numel() != 0 and suggest_memory_format(x) == torch.contiguous_format
+            and math.prod(ks) <= UNROLLED_WINDOW
+            and (x.device.type != "cpu" or PADDED_ON_CPU or not ceil_mode and not any(pa)))
+
+
+def _meta(op: Any) -> Callable[..., Any] | None:
+    try:
+        from torch._meta_registrations import meta_max_pool2d_with_indices, meta_max_pool3d_with_indices
+    except ImportError:  # pragma: no cover - private torch API: then the op stays
+        return None
+    return meta_max_pool2d_with_indices if op is aten.max_pool2d_with_indices else meta_max_pool3d_with_indices
+
+
+def _max_pool_with_indices(op: Any, n_dim: int) -> Callable[..., Any]:
+    meta = _meta(op)
+
+    def decompose(x: torch.Tensor, kernel_size: Sequence[Any], stride: Sequence[Any] = (),
+                  padding: Sequence[Any] = (0,), dilation: Sequence[Any] = (1,),
+                  ceil_mode: bool = False) -> Any:
+        if meta is None:
+            return NotImplemented
+        ks = _expand(kernel_size, n_dim)
+        st = _expand(stride, n_dim, default=ks)
+        pa = _expand(padding, n_dim)
+        di = _expand(dilation, n_dim)
+        if not (len(ks) == len(st) == len(pa) == len(di) == n_dim and _decomposed(x, ks, pa, ceil_mode)):
+            return NotImplemented  # (ATen: its kernel, or eager's error for malformed arguments)
+        values_like, _ = meta(x, kernel_size, stride, padding, dilation, ceil_mode)  # (eager's checks)
+        out_sizes = list(values_like.shape[-n_dim:])
+        batched = x.dim() == n_dim + 2
+        xb = x if batched else x.unsqueeze(0)
+        pad = []
+        for d in reversed(range(n_dim)):  # (ceil_mode's last window may reach stride - 1 past the padding)
+            pad += [pa[d], pa[d] + (st[d] - 1 if ceil_mode else 0)]
+        if any(pad):
+            xb = F.pad(xb, pad, value=-math.inf)  # (padding never beats a value)
+        values, at = _unrolled_max(xb, out_sizes, ks, st, di)
+        index = _input_index(at, out_sizes, list(x.shape[-n_dim:]), ks, st, pa, di)
+        if not batched:
+            values, index = values.squeeze(0), index.squeeze(0)
+        return values, index
+    return decompose
+
+
+def _unrolled_max(xp: torch.Tensor, out_sizes: list[Any], ks: list[int], st: list[int],
+                  di: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each window position a strided view of the padded input, compared in eager's order: a
+    value replaces the maximum where it is greater or NaN. Pointwise over the output, so the
+    kernel's neighbouring lanes read neighbouring windows (coalesced on GPUs, vectors on CPUs).
+    Returns the maxima and the window position of each (-1: nothing beat -inf)."""
+    values = at = None
+    for k, offsets in enumerate(itertools.product(*[range(n) for n in ks])):
+        view = xp
+        for d, o in enumerate(offsets):
+            start = o * di[d]
+            view = view.narrow(2 + d, start, (out_sizes[d] - 1) * st[d] + 1)
+            view = view[(slice(None),) * (2 + d) + (slice(None, None, st[d]),)]
+        if values is None:
+            values, at = view, torch.where(view != -math.inf, 0, -1)  # (NaN != -inf)
+            continue
+        take = (view > values) | view.isnan()
+        values = torch.where(take, view, values)
+        at = torch.where(take, k, at)
+    return values, at
+
+
+def _input_index(at: torch.Tensor, out_sizes: list[Any], in_sizes: list[Any], ks: list[int], st: list[int],
+                 pa: list[int], di: list[int]) -> torch.Tensor:
+    """Window positions ``at`` as eager's indices into each input plane; where ``at`` is -1
+    (nothing in the window beat -inf), the window's first position inside the input."""
+    index = first_inside = None
+    for d in range(len(ks)):
+        k_d = at // math.prod(ks[d + 1:]) % ks[d]
+        shape = [1] * (len(ks) + 2)
+        shape[2 + d] = out_sizes[d]
+        start = torch.arange(out_sizes[d], device=at.device).reshape(shape) * st[d] - pa[d]
+        coord = start + k_d * di[d]
+        start_inside = torch.where(start < 0, start + (-start + di[d] - 1) // di[d] * di[d], start)
+        index = coord if index is None else index * in_sizes[d] + coord
+        first_inside = start_inside if first_inside is None else first_inside * in_sizes[d] + start_inside
+    return torch.where(at >= 0, index, first_inside)
+
+
+def pool_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Decomposition-table entries for max pooling. (The backward stays ATen's kernel: torch
+    2.13's decomposition, a scatter-add at the indices, took 1.8x as long on the CPU.)"""
+    return {aten.max_pool2d_with_indices.default: _max_pool_with_indices(aten.max_pool2d_with_indices, 2),
+            aten.max_pool3d_with_indices.default: _max_pool_with_indices(aten.max_pool3d_with_indices, 3)}

@@ -1,0 +1,217 @@
+"""Max pooling (1-d, 2-d, 3-d, with and without indices) generated as one pointwise kernel, against
+eager: values, indices (eager's at ties, NaN and windows of -inf), gradients, fusion with the op
+before it, symbolic sizes, and the inputs that stay with ATen's kernel.
+
+Padded windows are decomposed on GPUs only (frontend/pool_decomps.py); ``padded_on_cpu`` turns
+them on for CPU tensors, so their values are checked here too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils._pytree import tree_flatten
+
+import ember
+from ember.frontend import pool_decomps
+
+from .conftest import DEVICE, INTERPRETED_TRITON
+from .helpers import assert_same, check, program_of_samples, run
+from .test_cuda import compile_batches, needs_nvcc, sources
+from .test_cuda import explain as cuda_explain
+
+FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture
+def padded_on_cpu(monkeypatch):
+    monkeypatch.setattr(pool_decomps, "PADDED_ON_CPU", True)
+
+# (kernel, stride, padding, dilation, ceil_mode) over (N, C, H, W) = (2, 3, 7, 9)
+CONFIGS_2D = [
+    (3, 2, 1, 1, False),
+    ((3, 2), 2, (1, 0), 1, True),
+    ((2, 3), (3, 2), 1, (3, 2), True),
+    ((5, 4), (3, 2), 2, 1, True),
+    ((5, 5), (2, 3), (2, 2), 1, False),  # (25 positions: the most unrolled)
+    (2, None, 0, 1, False),
+    (3, 1, 1, 1, False),
+    (1, 1, 0, 1, False),
+]
+
+
+def _layouts(dtype):
+    x = torch.randn(2, 3, 7, 9, dtype=dtype, device=DEVICE)
+    strided = torch.randn(2, 7, 6, 9, dtype=dtype, device=DEVICE).transpose(1, 2)[:, ::2]
+    return [x, strided, x[0]]
+
+
+def _pool_all(configs):
+    return lambda *xs: [F.max_pool2d(x, *config, return_indices=True) for x in xs for config in configs]
+
+
+def _check_layouts(fn, xs):
+    ref = fn(*xs)
+    got, report = run(fn, *xs)
+    assert_same(got, ref)
+    assert not report.fallbacks, report.fallbacks
+    assert [t.stride() for pair in got for t in pair] == [t.stride() for pair in ref for t in pair]
+
+
+def test_max_pool2d_values_and_indices_match_eager(padded_on_cpu):
+    # contiguous, strided and unbatched inputs, each pooled every way
+    _check_layouts(_pool_all(CONFIGS_2D[:5]), _layouts(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", FLOATS[1:], ids=str)
+def test_max_pool2d_of_other_dtypes_matches_eager(dtype, padded_on_cpu):
+    _check_layouts(_pool_all(CONFIGS_2D[:3]), _layouts(dtype)[:2])
+
+
+def test_max_pool2d_indices_at_ties_nan_and_minus_infinity_are_eagers(padded_on_cpu):
+    # ties: the window's first maximum; NaN: its last NaN (eager's kernels replace the maximum by
+    # every NaN); a window of -inf: its first position inside the input, never padding
+    ties = torch.ones(1, 2, 5, 5)
+    nans = torch.randn(2, 3, 6, 7)
+    nans[0, 0, 1, 1] = nans[0, 0, 1, 2] = nans[1, 2, 4, 4] = float("nan")
+    minus_inf = torch.full((1, 2, 9, 9), -float("inf"))
+    minus_inf[0, 1, 4, 4] = 1.0
+    cases = [(0, (3, 1, 1)), (1, (3, 1, 1)), (1, (2, 2, 1, 1, True)), (2, (3, 2, 1)),
+             (2, ((3, 3), (2, 2), (1, 1), (3, 2), True)), (1, (2,)), (2, (3,))]
+    fn = lambda *xs: [F.max_pool2d(xs[k], *args, return_indices=True) for k, args in cases]  # noqa: E731
+    report = check(fn, ties, nans, minus_inf)
+    assert not report.fallbacks, report.fallbacks
+
+
+def test_max_pool2d_fuses_with_its_input_in_one_kernel():
+    x = torch.randn(2, 8, 12, 10)
+    report = check(lambda x: F.max_pool2d(torch.relu(x) * 2, 3, 2), x)
+    assert not report.fallbacks, report.fallbacks
+    (kernel,) = report.kernels
+    assert "max_pool2d" in kernel.name and "relu" in kernel.name, kernel.name
+
+
+def test_padded_windows_on_the_cpu_and_channels_last_inputs_keep_atens_kernel():
+    # (measured slower decomposed: conditional loads on the CPU; a strided walk of channels_last)
+    x = torch.randn(2, 8, 12, 10)
+    for fn, arg in [(lambda x: F.max_pool2d(torch.relu(x), 3, 2, 1), x),
+                    (lambda x: F.max_pool2d(x, 2, ceil_mode=True), x),
+                    (lambda x: F.max_pool2d(x, 2), x.to(memory_format=torch.channels_last)),
+                    (lambda x: F.max_pool2d(x, 6), x)]:  # (36 positions: more than unrolled)
+        report = check(fn, arg)
+        assert any("max_pool2d" in call for call in report.fallbacks), report.fallbacks
+
+
+def test_max_pool_1d_and_3d_match_eager(padded_on_cpu):
+    x3 = torch.randn(2, 3, 5, 6, 7)
+    fn = lambda x1, *x3s: [  # noqa: E731
+        F.max_pool1d(x1, 3, 2, 1, return_indices=True), F.max_pool1d(x1[0], 2, ceil_mode=True),
+        F.max_pool1d(x1, 4, 1, 2, 2, return_indices=True),
+        *[F.max_pool3d(x, (3, 2, 3), 2, 1, return_indices=True) for x in x3s],
+        *[F.max_pool3d(x, (2, 3, 2), (1, 2, 2), (1, 1, 0), (2, 1, 1), True, True) for x in x3s]]
+    report = check(fn, torch.randn(2, 3, 11), x3, x3[0])
+    assert not report.fallbacks, report.fallbacks
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last],
+                         ids=["contiguous", "channels_last"])
+def test_max_pool_gradients_match_eager(memory_format, padded_on_cpu):
+    def fn(x, w):
+        y = F.max_pool2d(torch.relu(x), 3, 1, 1) * w  # (overlapping windows share inputs)
+        return F.max_pool2d(y, 2, ceil_mode=True) + F.max_pool1d(x.flatten(2), 4, 3).sum()
+
+    def grads(f):
+        x = torch.randn(2, 3, 7, 8, dtype=torch.float64).contiguous(memory_format=memory_format)
+        w = torch.randn(7, 8, dtype=torch.float64)
+        x.requires_grad_(), w.requires_grad_()
+        out = f(x, w)
+        out.backward(torch.ones_like(out))
+        return out, x.grad, w.grad
+
+    torch.manual_seed(0)
+    ref = grads(fn)
+    torch.manual_seed(0)
+    got = grads(ember.compile(fn))
+    assert_same(got, ref)
+    assert got[1].stride() == ref[1].stride()
+
+
+def test_max_pool3d_gradient_matches_eager(padded_on_cpu):
+    x = torch.randn(2, 3, 4, 6, 5, dtype=torch.float64, requires_grad=True)
+    fn = lambda x: F.max_pool3d(x * x, 2, 1, 1)  # noqa: E731
+    ref = torch.autograd.grad(fn(x).sum(), x)
+    got = torch.autograd.grad(ember.compile(fn)(x).sum(), x)
+    assert_same(got, ref)
+
+
+def test_max_pool_of_changing_sizes_compiles_once():
+    fn = lambda x: F.max_pool2d(torch.relu(x), 3, 1, return_indices=True)  # noqa: E731
+    compiled = ember.compile(fn, dynamic=True)
+    before = ember.stats()["graphs_compiled"]
+    # (no size 1, which Dynamo specializes, nor 2: pooling's output shapes guard 3 <= H; stride 1:
+    # torch 2.11's output sizes guard the parity of H - 1 under stride 2)
+    for shape in [(2, 3, 9, 8), (3, 4, 5, 11), (4, 2, 6, 5), (2, 3, 16, 17)]:
+        x = torch.randn(shape)
+        assert_same(compiled(x), fn(x))
+    assert ember.stats()["graphs_compiled"] - before == 1
+
+
+def test_max_pool_of_integers_and_empty_inputs_stays_with_aten(padded_on_cpu):
+    # (eager's CPU kernel computes integers with indices; an empty batch gives empty results)
+    for x in (torch.randint(-9, 9, (2, 3, 6, 6)), torch.randn(0, 3, 6, 6)):
+        report = check(lambda x: F.max_pool2d(x, 2, return_indices=True), x)
+        assert any("max_pool2d" in call for call in report.fallbacks), report.fallbacks
+
+
+@pytest.mark.parametrize("args", [(0,), (2, 0), (2, 2, 2), (9,)],
+                         ids=["kernel 0", "stride 0", "pad 2 of 2", "too small"])
+def test_max_pool_arguments_eager_refuses_raise_its_error(args):
+    fn = lambda x: F.max_pool2d(x, *args)  # noqa: E731
+    x = torch.randn(2, 3, 7, 8)
+    with pytest.raises(RuntimeError) as eager:
+        fn(x)
+    with pytest.raises(RuntimeError) as compiled:
+        ember.compile(fn)(x)
+    assert str(eager.value).splitlines()[0] in str(compiled.value)
+
+
+_OPINFO = [op for op in op_db if op.name in ("nn.functional.max_pool1d", "nn.functional.max_pool2d",
+                                              "nn.functional.max_pool3d")]
+
+
+@pytest.mark.parametrize("op", _OPINFO, ids=lambda op: op.name)
+def test_max_pool_opinfo_samples_match_eager(op, padded_on_cpu):
+    # OpInfo has hundreds of samples per op, in runs of one shape: a spread of 16 of them
+    samples = list(op.sample_inputs(DEVICE, torch.float32))
+    samples = samples[::max(1, len(samples) // 16)][:16]
+    flat_samples = []
+    for s in samples:
+        flat, spec = tree_flatten((s.input, s.args, s.kwargs))
+        flat_samples.append((flat, spec, [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]))
+    fn = program_of_samples(op.op, flat_samples, op.name)
+    tensors = [flat[p] for flat, _, positions in flat_samples for p in positions]
+    report = check(fn, *tensors)
+    assert report.kernels  # (3-d's windows of 27 positions, and empty inputs, keep ATen's kernel)
+
+
+@INTERPRETED_TRITON
+def test_max_pool_on_triton_matches_eager(padded_on_cpu):
+    x = torch.randn(2, 3, 7, 9)
+    fn = lambda x: [F.max_pool2d(torch.relu(x), 3, 2, 1, return_indices=True),  # noqa: E731
+                    F.max_pool2d(x, 2, ceil_mode=True, return_indices=True)]
+    report = check(fn, x, options={"target": "triton"})
+    assert not report.fallbacks, report.fallbacks
+
+
+@needs_nvcc
+def test_max_pool_cuda_kernels_compile_for_sm90(tmp_path, padded_on_cpu):
+    fn = lambda x, y: [F.max_pool2d(torch.relu(x), 3, 2, 1, return_indices=True),  # noqa: E731
+                       F.max_pool2d(y, 2, ceil_mode=True, return_indices=True)]
+    x = torch.randn(2, 3, 7, 9)
+    kernels = []
+    for i, dynamic in enumerate((False, True)):
+        report = cuda_explain(fn, x, x[:, :, 1:], dynamic=dynamic)
+        assert all("max_pool2d" in k.name for k in report.kernels) and not report.fallbacks
+        kernels += sources(report, f"d{i}")
+    compile_batches(kernels, tmp_path, per_file=len(kernels))
