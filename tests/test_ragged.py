@@ -381,6 +381,11 @@ def test_collate_ragged_fields_and_namedtuple():
     assert isinstance(as_dict["x"], Ragged) and as_dict["x"].lengths().tolist() == [2, 2]
     as_list = ragged.collate([[torch.randn(2), 1], [torch.randn(3), 2]])
     assert isinstance(as_list, list) and isinstance(as_list[0], Ragged)
+    # samples' keys in different orders (dicts built from JSON, or merged): sample 0's order
+    rows = [torch.randn(2), torch.randn(3)]
+    reordered = ragged.collate([{"x": rows[0], "y": 1}, {"y": 2, "x": rows[1]}])
+    assert list(reordered) == ["x", "y"] and reordered["y"].tolist() == [1, 2]
+    assert torch.equal(reordered["x"].values, torch.cat(rows))
 
 
 def test_collate_errors():

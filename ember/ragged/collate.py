@@ -86,7 +86,7 @@ def collate(batch: Sequence[Any], *, ragged_fields: Iterable[Hashable] | None = 
         for i, sample in enumerate(batch):
             if not isinstance(sample, Mapping):
                 raise TypeError(f"collate: sample {i} is a {type(sample).__name__}, sample 0 a dict")
-            if list(sample.keys()) != keys:
+            if sample.keys() != first.keys():  # (in any order, as default_collate takes them)
                 raise ValueError(f"collate: sample {i} has keys {list(sample.keys())}, sample 0 has {keys}")
     elif isinstance(first, (tuple, list)):
         keys = list(range(len(first)))

@@ -34,7 +34,9 @@ class Ragged:
     ``Ragged(values, offsets, max_length=None, *, validate=True)`` checks the layout and wraps
     the two tensors without copying. With ``max_length=None`` the longest row is computed (one
     host sync). ``validate=False`` skips the checks that read offsets' data (for internal fast
-    paths that built the offsets themselves) but still checks ranks, dtypes and devices.
+    paths that built the offsets themselves) but still checks ranks, dtypes and devices; inside
+    a compiled function it also keeps ``max_length`` as given, unchecked (a look at it would pin
+    it with a guard).
     """
 
     __slots__ = ("values", "offsets", "_max_length", "_values_buffer", "_offsets_buffer")
@@ -53,7 +55,7 @@ class Ragged:
             # inside a compiled function (re-wrapping per-token scores with a batch's offsets):
             # any look at max_length, even ``is None``, pins it with a guard, and every batch
             # with another longest row compiled again. It is kept as given (None: found when
-            # first read); the checks that need no data still run
+            # first read), unchecked; the checks of ranks, dtypes and devices still run
             _check_structure(values, offsets, None)
             self.values, self.offsets, self._max_length = values, offsets, max_length
             self._values_buffer = self._offsets_buffer = None
