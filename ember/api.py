@@ -79,13 +79,17 @@ _SHARED_BACKENDS: dict[str, Callable[..., Any]] = {}
 
 class EmberBackend:
     """ember's Dynamo backend for one configuration. An object rather than a closure so that a
-    compiled module pickles (``torch.save``) and deep-copies: it is rebuilt from its settings.
-    ``sink``: a report's list of graphs, which each compile appends to; a copy or an unpickled
-    module compiles without it (a report collects one process's compiles)."""
+    compiled module pickles (``torch.save``) and deep-copies. ``sink``: a report's list of graphs,
+    which each compile appends to. ``options``: the ones given to ``ember.compile``; a copy or an
+    unpickled module gets the shared backend of those options over the ember.config of the
+    process it is in (the saver's cache directory, compiler and debug level stay behind), with
+    no report (a report collects one process's compiles)."""
 
-    def __init__(self, cfg: Config, sink: list[GraphReport] | None = None) -> None:
+    def __init__(self, cfg: Config, sink: list[GraphReport] | None = None,
+                 options: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
         self.sink = sink
+        self.options = dict(options or {})
         self._compile: Callable[..., Any] | None = None
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -93,23 +97,30 @@ class EmberBackend:
             self._compile = _backend(self.cfg, self.sink)
         return self._compile(gm, example_inputs)
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"cfg": self.cfg}
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_backend_with_options, (self.options,))
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.cfg, self.sink, self._compile = state["cfg"], None, None
+    def __setstate__(self, state: dict[str, Any]) -> None:  # (modules pickled before __reduce__)
+        self.cfg, self.sink, self.options, self._compile = state["cfg"], None, {}, None
 
 
-def _shared_backend(cfg: Config) -> EmberBackend:
+def _backend_with_options(options: dict[str, Any]) -> EmberBackend:
+    """The backend of a copied or unpickled compiled module: shared, as ``ember.compile`` gives
+    (copies of a module share their graphs: past Dynamo's limit of 8 entries the rest ran
+    eagerly)."""
+    return _shared_backend(_config(options or None), options)
+
+
+def _shared_backend(cfg: Config, options: dict[str, Any] | None = None) -> EmberBackend:
     """One backend per configuration. Dynamo keeps a frame's compiled entries per backend, and
     the instances of a module class share their code: with a new backend per ``ember.compile``
     call, each instance compiled separately was another entry of that code, and past Dynamo's
     limit of 8 the rest ran eagerly. A shared one lets them share a graph, as a named backend
     (``torch.compile(m, backend="ember")``) does."""
-    key = repr(cfg)
+    key = repr((cfg, sorted((options or {}).items())))  # (the options are what a copy keeps)
     backend = _SHARED_BACKENDS.get(key)
     if backend is None:
-        backend = _SHARED_BACKENDS[key] = EmberBackend(cfg)
+        backend = _SHARED_BACKENDS[key] = EmberBackend(cfg, options=options)
     return backend
 
 
@@ -233,7 +244,8 @@ def compile(model: Callable[..., Any] | None = None, *, options: dict[str, Any] 
     if model is None:
         return functools.partial(compile, options=options, dynamic=dynamic, fullgraph=fullgraph, report=report)
     _check_callable(model, "ember.compile")
-    backend = EmberBackend(cfg, report.graphs) if report is not None else _shared_backend(cfg)
+    backend = (EmberBackend(cfg, report.graphs, options) if report is not None
+               else _shared_backend(cfg, options))
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(compiled, OptimizedModule):  # stays a module (parameters, state_dict, train/eval)
         return EmberModule(compiled._orig_mod, compiled.dynamo_ctx)

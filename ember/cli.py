@@ -211,6 +211,11 @@ def _remove_tree(path: Path) -> list[str]:
             shutil.rmtree(path, onexc=failed)
         else:
             shutil.rmtree(path, onerror=lambda function, name, info: failed(function, name, info[1]))
+    elif path.exists():  # (a file where ember keeps a cache was reported cleared, and kept)
+        try:
+            path.unlink()
+        except OSError as e:
+            failed(os.unlink, str(path), e)
     return failures
 
 

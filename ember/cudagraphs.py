@@ -114,8 +114,14 @@ class CudaGraphStep:
                  static_args: Sequence[int] = ()) -> None:
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"cuda_graph: capacity must be a positive int or None, got {capacity!r}")
+        if not callable(fn):
+            raise TypeError(f"cuda_graph takes a function (a training step), got {type(fn).__name__} {fn!r:.80}")
+        if isinstance(warmup, bool) or not isinstance(warmup, int):
+            raise TypeError(f"cuda_graph: warmup must be an int, got {warmup!r}")
         if warmup < 1:
             raise ValueError(f"cuda_graph: warmup must be at least 1 (the check runs in it), got {warmup}")
+        if isinstance(static_args, (str, bytes)) or not isinstance(static_args, (list, tuple, set, frozenset, range)):
+            raise TypeError(f"cuda_graph: static_args must be a sequence of argument positions, got {static_args!r}")
         if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in static_args):
             raise ValueError(f"cuda_graph: static_args must be positions of arguments, got {static_args!r}")
         self.fn = fn

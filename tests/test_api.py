@@ -346,3 +346,33 @@ def test_a_dead_program_leaves_no_source_behind():
     torch._dynamo.reset()
     gc.collect()
     assert name not in linecache.cache
+
+
+def test_copies_of_a_compiled_module_share_its_graph():
+    # each deep copy (or unpickled copy) got a backend of its own, another entry of the module's
+    # code: past Dynamo's limit of 8 the copies ran eagerly
+    import copy
+
+    compiled = ember.compile(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU()))
+    x = torch.randn(3, 4)
+    before = ember.stats()["graphs_compiled"]
+    with torch.no_grad():
+        for other in [compiled] + [copy.deepcopy(compiled) for _ in range(10)]:
+            assert_same(other(x), other._orig_mod(x))
+    assert ember.stats()["graphs_compiled"] - before == 1
+    assert ember.stats()["graph_fallbacks"] == 0
+
+
+def test_an_unpickled_module_takes_the_loading_processs_settings(monkeypatch, tmp_path):
+    # the resolved settings travelled with the module: a checkpoint loaded elsewhere built its
+    # kernels in the saver's cache directory (and with the saver's compiler and debug level)
+    import pickle
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU())
+    saved = pickle.dumps(ember.compile(model, options={"fusion": False}))
+    monkeypatch.setattr(ember.config, "cache_dir", str(tmp_path / "loader"))
+    loaded = pickle.loads(saved)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert_same(loaded(x), model(x))
+    assert any(p.suffix == ".so" for p in (tmp_path / "loader").rglob("*"))

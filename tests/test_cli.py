@@ -140,6 +140,10 @@ def test_cache_clear_removes_only_embers_kernels(tmp_path, monkeypatch, capsys):
     proc = _ember_here(monkeypatch, capsys, "cache", "clear", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not (root / "cpp").exists() and (root / "notes.txt").read_text() == "keep me"
+    # a file where a kernel cache goes (reported cleared, and kept) is removed too
+    (root / "triton").write_text("x")
+    assert _ember_here(monkeypatch, capsys, "cache", "clear", cwd=tmp_path).returncode == 0
+    assert not (root / "triton").exists() and (root / "notes.txt").exists()
 
 
 def test_explain_reports_a_class_named_as_the_function(tmp_path, monkeypatch, capsys):

@@ -166,6 +166,13 @@ def test_cuda_graph_argument_errors():
         ember.cuda_graph(lambda x: x, capacity=0)
     with pytest.raises(ValueError, match="warmup must be at least 1"):
         ember.cuda_graph(lambda x: x, warmup=0)
+    # (these were taken, and failed at the call: '<' between str and int, an int not iterable,
+    # a 5 "needing a CUDA device")
+    for bad in ({"warmup": "2"}, {"warmup": 1.5}, {"static_args": 0}):
+        with pytest.raises(TypeError, match=f"{next(iter(bad))} must be"):
+            ember.cuda_graph(lambda x: x, **bad)
+    with pytest.raises(TypeError, match="cuda_graph takes a function"):
+        ember.cuda_graph(5)
     step = ember.cuda_graph(lambda x: x * 2)
     assert isinstance(step, CudaGraphStep)
     if not torch.cuda.is_available():
