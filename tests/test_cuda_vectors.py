@@ -247,12 +247,13 @@ def test_odd_rows_peel_a_head_and_a_tail():
 
 
 def test_transposed_gathered_and_column_accesses_stay_scalar():
-    # a transposed operand steps by its row length along the loop (and so does the output,
-    # which takes the transposed layout as eager's does); rows this short (8) run in the
-    # pointwise loop, longer ones in tiles (codegen/cuda_tiles.py)
+    # a transposed operand steps by its row length along the loop. The output takes x.t()'s
+    # layout, as eager's does, and the loops walk the output's memory (schedule/loops.py): x and
+    # the output go in vectors, y steps by 8. Rows this short (8) run in the pointwise loop,
+    # longer ones in tiles (codegen/cuda_tiles.py)
     (src,) = kernel_sources(lambda x, y: x.t() + y, torch.randn(8, 64), torch.randn(64, 8))
-    assert vector_loads(src) == ["arg1_1"] and not vector_stores(src)
-    assert "arg0_1[64*o1 + o0]" in src and "buf0[64*o1 + o0] = " in src
+    assert vector_loads(src) == ["arg0_1"] and vector_stores(src) == ["buf0"]
+    assert "arg1_1[8*o1 + o0]" in src and "buf0[64*o0 + o1] = " in src
     (src,) = kernel_sources(lambda x, y: x.t() + y, torch.randn(64, 64), torch.randn(64, 64))
     assert "// strategy: tiles" in src and "EmberVec" not in src
     # a gather along the row (its index differs within a group) stays scalar

@@ -44,7 +44,7 @@ CONFIGS_2D = [
 def _layouts(dtype):
     x = torch.randn(2, 3, 7, 9, dtype=dtype, device=DEVICE)
     strided = torch.randn(2, 7, 6, 9, dtype=dtype, device=DEVICE).transpose(1, 2)[:, ::2]
-    return [x, strided, x[0]]
+    return [x, x.to(memory_format=torch.channels_last), strided, x[0]]
 
 
 def _pool_all(configs):
@@ -56,11 +56,12 @@ def _check_layouts(fn, xs):
     got, report = run(fn, *xs)
     assert_same(got, ref)
     assert not report.fallbacks, report.fallbacks
+    # (the results' strides are eager's: channels_last in, channels_last out)
     assert [t.stride() for pair in got for t in pair] == [t.stride() for pair in ref for t in pair]
 
 
 def test_max_pool2d_values_and_indices_match_eager(padded_on_cpu):
-    # contiguous, strided and unbatched inputs, each pooled every way
+    # contiguous, channels_last, strided and unbatched inputs, each pooled every way
     _check_layouts(_pool_all(CONFIGS_2D[:5]), _layouts(torch.float32))
 
 
@@ -84,20 +85,25 @@ def test_max_pool2d_indices_at_ties_nan_and_minus_infinity_are_eagers(padded_on_
     assert not report.fallbacks, report.fallbacks
 
 
-def test_max_pool2d_fuses_with_its_input_in_one_kernel():
-    x = torch.randn(2, 8, 12, 10)
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last],
+                         ids=["contiguous", "channels_last"])
+def test_max_pool2d_fuses_with_its_input_in_one_kernel(memory_format):
+    x = torch.randn(2, 8, 12, 10).contiguous(memory_format=memory_format)
     report = check(lambda x: F.max_pool2d(torch.relu(x) * 2, 3, 2), x)
     assert not report.fallbacks, report.fallbacks
     (kernel,) = report.kernels
     assert "max_pool2d" in kernel.name and "relu" in kernel.name, kernel.name
+    # its loops in the output's memory order: channels innermost for channels_last (8 of them)
+    innermost = kernel.source.split("outer [")[1].split("]")[0].split(", ")[-1]
+    assert innermost == ("8" if memory_format == torch.channels_last else "4"), kernel.source[:300]
 
 
-def test_padded_windows_on_the_cpu_and_channels_last_inputs_keep_atens_kernel():
-    # (measured slower decomposed: conditional loads on the CPU; a strided walk of channels_last)
+def test_padded_windows_on_the_cpu_and_large_windows_keep_atens_kernel():
+    # (measured slower decomposed on the CPU: each position's load is conditional there)
     x = torch.randn(2, 8, 12, 10)
     for fn, arg in [(lambda x: F.max_pool2d(torch.relu(x), 3, 2, 1), x),
                     (lambda x: F.max_pool2d(x, 2, ceil_mode=True), x),
-                    (lambda x: F.max_pool2d(x, 2), x.to(memory_format=torch.channels_last)),
+                    (lambda x: F.max_pool2d(x, 2, 2, 1), x.to(memory_format=torch.channels_last)),
                     (lambda x: F.max_pool2d(x, 6), x)]:  # (36 positions: more than unrolled)
         report = check(fn, arg)
         assert any("max_pool2d" in call for call in report.fallbacks), report.fallbacks
@@ -110,7 +116,7 @@ def test_max_pool_1d_and_3d_match_eager(padded_on_cpu):
         F.max_pool1d(x1, 4, 1, 2, 2, return_indices=True),
         *[F.max_pool3d(x, (3, 2, 3), 2, 1, return_indices=True) for x in x3s],
         *[F.max_pool3d(x, (2, 3, 2), (1, 2, 2), (1, 1, 0), (2, 1, 1), True, True) for x in x3s]]
-    report = check(fn, torch.randn(2, 3, 11), x3, x3[0])
+    report = check(fn, torch.randn(2, 3, 11), x3, x3.to(memory_format=torch.channels_last_3d), x3[0])
     assert not report.fallbacks, report.fallbacks
 
 
@@ -211,7 +217,7 @@ def test_max_pool_cuda_kernels_compile_for_sm90(tmp_path, padded_on_cpu):
     x = torch.randn(2, 3, 7, 9)
     kernels = []
     for i, dynamic in enumerate((False, True)):
-        report = cuda_explain(fn, x, x[:, :, 1:], dynamic=dynamic)
+        report = cuda_explain(fn, x, x.to(memory_format=torch.channels_last), dynamic=dynamic)
         assert all("max_pool2d" in k.name for k in report.kernels) and not report.fallbacks
         kernels += sources(report, f"d{i}")
     compile_batches(kernels, tmp_path, per_file=len(kernels))

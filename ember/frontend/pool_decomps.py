@@ -14,10 +14,10 @@ argmax); it differs from eager's kernels where this one does not:
   index is the window's *last* NaN, where argmax gives the first.
 
 Where it is decomposed (``bench/max_pool.py`` measured each choice against ATen's kernels):
-floating inputs in the contiguous layout, windows of up to ``UNROLLED_WINDOW`` positions; on the
-CPU only unpadded windows (padding and ceil_mode make each position's load conditional, which
-keeps the loop from vectorizing: slower than ATen's kernel). channels_last inputs keep ATen's
-kernel (the kernel walks the output in its logical order: strided there). eager's checks
+floating inputs, windows of up to ``UNROLLED_WINDOW`` positions; on the CPU only unpadded
+windows (padding and ceil_mode make each position's load conditional, which keeps the loop from
+vectorizing: slower than ATen's kernel). A channels_last input is pooled as (N, H, W, C), the
+channels innermost, and its results are channels_last, as eager's. eager's checks
 (kernel, stride, padding and dilation against the input's size) are its meta function's, run
 first, with eager's messages. The backward is ATen's kernel, which takes these indices.
 """
@@ -53,8 +53,7 @@ def _expand(value: Sequence[Any] | int, n_dim: int, default: Sequence[Any] | Non
 def _decomposed(x: torch.Tensor, ks: list[int], pa: list[int], ceil_mode: bool) -> bool:
     return (x.layout == torch.strided and not x.is_quantized and x.dtype.is_floating_point
             and x.dtype.itemsize >= 2  # (float8 has no max_pool kernel)
-            and x.numel() != 0 and suggest_memory_format(x) == torch.contiguous_format
-            and math.prod(ks) <= UNROLLED_WINDOW
+            and x.numel() != 0 and math.prod(ks) <= UNROLLED_WINDOW
             and (x.device.type != "cpu" or PADDED_ON_CPU or not ceil_mode and not any(pa)))
 
 
@@ -84,20 +83,28 @@ def _max_pool_with_indices(op: Any, n_dim: int) -> Callable[..., Any]:
         out_sizes = list(values_like.shape[-n_dim:])
         batched = x.dim() == n_dim + 2
         xb = x if batched else x.unsqueeze(0)
-        pad = []
+        # channels_last: computed over (N, *spatial, C), whose memory order is the input's and
+        # the result's (eager's results are channels_last too)
+        channels_last = batched and suggest_memory_format(x) != torch.contiguous_format
+        if channels_last:
+            xb = xb.movedim(1, -1)
+        first = 1 if channels_last else 2  # (where the spatial dims start)
+        pad = [0, 0] if channels_last else []
         for d in reversed(range(n_dim)):  # (ceil_mode's last window may reach stride - 1 past the padding)
             pad += [pa[d], pa[d] + (st[d] - 1 if ceil_mode else 0)]
         if any(pad):
             xb = F.pad(xb, pad, value=-math.inf)  # (padding never beats a value)
-        values, at = _unrolled_max(xb, out_sizes, ks, st, di)
-        index = _input_index(at, out_sizes, list(x.shape[-n_dim:]), ks, st, pa, di)
+        values, at = _unrolled_max(xb, first, out_sizes, ks, st, di)
+        index = _input_index(at, first, out_sizes, list(x.shape[-n_dim:]), ks, st, pa, di)
+        if channels_last:
+            values, index = values.movedim(-1, 1), index.movedim(-1, 1)
         if not batched:
             values, index = values.squeeze(0), index.squeeze(0)
         return values, index
     return decompose
 
 
-def _unrolled_max(xp: torch.Tensor, out_sizes: list[Any], ks: list[int], st: list[int],
+def _unrolled_max(xp: torch.Tensor, first: int, out_sizes: list[Any], ks: list[int], st: list[int],
                   di: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Each window position a strided view of the padded input, compared in eager's order: a
     value replaces the maximum where it is greater or NaN. Pointwise over the output, so the
@@ -108,8 +115,8 @@ def _unrolled_max(xp: torch.Tensor, out_sizes: list[Any], ks: list[int], st: lis
         view = xp
         for d, o in enumerate(offsets):
             start = o * di[d]
-            view = view.narrow(2 + d, start, (out_sizes[d] - 1) * st[d] + 1)
-            view = view[(slice(None),) * (2 + d) + (slice(None, None, st[d]),)]
+            view = view.narrow(first + d, start, (out_sizes[d] - 1) * st[d] + 1)
+            view = view[(slice(None),) * (first + d) + (slice(None, None, st[d]),)]
         if values is None:
             values, at = view, torch.where(view != -math.inf, 0, -1)  # (NaN != -inf)
             continue
@@ -119,15 +126,15 @@ def _unrolled_max(xp: torch.Tensor, out_sizes: list[Any], ks: list[int], st: lis
     return values, at
 
 
-def _input_index(at: torch.Tensor, out_sizes: list[Any], in_sizes: list[Any], ks: list[int], st: list[int],
-                 pa: list[int], di: list[int]) -> torch.Tensor:
+def _input_index(at: torch.Tensor, first: int, out_sizes: list[Any], in_sizes: list[Any], ks: list[int],
+                 st: list[int], pa: list[int], di: list[int]) -> torch.Tensor:
     """Window positions ``at`` as eager's indices into each input plane; where ``at`` is -1
     (nothing in the window beat -inf), the window's first position inside the input."""
     index = first_inside = None
     for d in range(len(ks)):
         k_d = at // math.prod(ks[d + 1:]) % ks[d]
         shape = [1] * (len(ks) + 2)
-        shape[2 + d] = out_sizes[d]
+        shape[first + d] = out_sizes[d]
         start = torch.arange(out_sizes[d], device=at.device).reshape(shape) * st[d] - pa[d]
         coord = start + k_d * di[d]
         start_inside = torch.where(start < 0, start + (-start + di[d] - 1) // di[d] * di[d], start)

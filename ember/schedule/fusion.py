@@ -32,7 +32,7 @@ from .group_spec import AcrossFailed, BufferInfo, Conflict, GroupSpec, NeedsBuff
 from .guards import guard_branches
 from .indexing import base_layout, replay_copies
 from .kernel_ir import CHUNK, Kernel
-from .loops import collapse_dims
+from .loops import collapse_dims, memory_ordered_dims
 from .reuse import REACH_LIMIT, CountedDict, CountedSet, RecordedReads, reach_sets
 from .steps import Schedule, StepOrder, _symbols, copied_base
 
@@ -599,7 +599,7 @@ class Planner(DomainRules, StepOrder):
     def _build_kernel(self, spec: GroupSpec, infos: RecordedReads, subtrees: list[tuple[Node, ...]]) -> Kernel:
         kernel = KernelBuilder(spec, infos, "", self.held).build()  # type: ignore[arg-type]  # (lookups only)
         # (a matmul's tiles need its two dims: they are never collapsed into one)
-        kernel = guard_branches(kernel if spec.matmul else collapse_dims(kernel))
+        kernel = guard_branches(kernel if spec.matmul else collapse_dims(memory_ordered_dims(kernel)))
         # Every size the group's nodes mention is an argument, so the group can also run
         # through ATen (when its kernel fails to build) from the kernel's own arguments.
         nodes = {n for r, sub in zip(spec.roots, subtrees) for n in [r, *sub]}
