@@ -181,7 +181,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(optimizer_decompositions())
     # channel_shuffle's result in its input's memory format, as eager's (layout_decomps.py)
     table.update(layout_decompositions())
-    # max pooling as a window reduction that fuses with its input, eager's indices kept (pool_decomps.py)
+    # max pooling as one pointwise kernel that fuses with its input, eager's indices kept (pool_decomps.py)
     table.update(pool_decompositions())
     # torch's decomposition indexes with Python's x[index], which reads a 0-d index as an int
     # through .item(): a data-dependent size that fake tensors refuse (the whole graph ran eagerly)

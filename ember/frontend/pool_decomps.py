@@ -51,10 +51,11 @@ def _expand(value: Sequence[Any] | int, n_dim: int, default: Sequence[Any] | Non
 
 
 def _decomposed(x: torch.Tensor, ks: list[int], pa: list[int], ceil_mode: bool) -> bool:
+    on_cpu = x.device.type == "cpu"
     return (x.layout == torch.strided and not x.is_quantized and x.dtype.is_floating_point
             and x.dtype.itemsize >= 2  # (float8 has no max_pool kernel)
             and x.numel() != 0 and math.prod(ks) <= UNROLLED_WINDOW
-            and (x.device.type != "cpu" or PADDED_ON_CPU or not ceil_mode and not any(pa)))
+            and (x.device.type == "cuda" or on_cpu and (PADDED_ON_CPU or not ceil_mode and not any(pa))))
 
 
 def _meta(op: Any) -> Callable[..., Any] | None:
