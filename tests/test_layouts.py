@@ -137,3 +137,20 @@ def test_angle_of_a_transposed_complex_tensor_is_contiguous_as_eager(fn, dynamic
     assert_same(got, expected)
     for g, e in zip(got if isinstance(got, tuple) else [got], expected if isinstance(expected, tuple) else [expected]):
         assert _dims_strides(g) == _dims_strides(e)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "symbolic"])
+@pytest.mark.parametrize("shape, memory_format", [((2, 8, 5, 6), torch.channels_last),
+                                                  ((2, 3, 4, 5, 6), torch.channels_last_3d)],
+                         ids=["channels_last", "channels_last_3d"])
+def test_pointwise_kernels_walk_their_outputs_memory_in_order(shape, memory_format, dynamic):
+    # the loops walked the logical dims: a channels_last relu stepped by C from one iteration to
+    # the next (10x as long as over a contiguous tensor on the CPU); now one loop over memory
+    x = torch.randn(shape).to(memory_format=memory_format)
+    report = ember.Report()
+    got = ember.compile(lambda x: torch.relu(x) * 2, report=report, dynamic=dynamic)(x)
+    assert_same(got, torch.relu(x) * 2)
+    assert _dims_strides(got) == _dims_strides(x)
+    (kernel,) = report.kernels
+    loops = kernel.source.split("// outer [")[1].split("]")[0]
+    assert ", " not in loops and "buf0[o0] = " in kernel.source, kernel.source[:600]

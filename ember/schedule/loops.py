@@ -73,8 +73,10 @@ def _rewrite(kernel: Kernel, mapping: dict[sympy.Symbol, sympy.Expr]) -> list[Va
 def memory_ordered_dims(kernel: Kernel) -> Kernel:
     """A pointwise kernel (outer loops only) whose first output is written with a stride other
     than 1 by its last loop, and with stride 1 by another: its loops reordered by that output's
-    strides, largest outermost (size-1 dims first; ties keep their order). Static strides of a
-    linear index only; anything else stays as built."""
+    strides, largest outermost (size-1 dims first; ties keep their order). Symbolic strides are
+    ordered as they would be with every size 64 (sizes are 2 or more: Dynamo specializes 0 and
+    1; an order only decides speed, never values). A store at an index not linear in the loop
+    variables stays as built."""
     n = len(kernel.outer)
     if (n < 2 or kernel.inner or kernel.segment_length is not None or kernel.chunks
             or any(v.kind not in _POINTWISE_KINDS for v in kernel.values)):
@@ -86,13 +88,13 @@ def memory_ordered_dims(kernel: Kernel) -> Kernel:
     variables = [outer_var(i) for i in range(n)]
     strides = [index.coeff(o) for o in variables]
     rest = sympy.expand(index - sum(c * o for c, o in zip(strides, variables)))
-    if rest.has(*variables) or not all(c.is_Integer for c in strides):
+    if rest.has(*variables) or strides[-1] == 1 or not any(c == 1 for c in strides):
         return kernel
-    strides = [int(c) for c in strides]
-    if strides[-1] == 1 or 1 not in strides:
+    typical = [c.xreplace({s: sympy.Integer(64) for s in c.free_symbols}) for c in strides]
+    if not all(t.is_Integer for t in typical):
         return kernel
     # (a size-1 dim's stride is any number: outermost, where it is one iteration)
-    order = sorted(range(n), key=lambda i: (kernel.outer[i] != 1, -strides[i], i))
+    order = sorted(range(n), key=lambda i: (kernel.outer[i] != 1, -int(typical[i]), i))
     mapping = {outer_var(old): outer_var(new) for new, old in enumerate(order)}
     return dataclasses.replace(kernel, values=_rewrite(kernel, mapping),
                                outer=tuple(kernel.outer[old] for old in order))
