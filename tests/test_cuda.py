@@ -322,13 +322,15 @@ def test_transposed_kernels_stage_through_shared_memory_tiles(kernels_of, tmp_pa
     assert "ember_tile0[32][33];  // arg1_1, read along the rows" in src and "ember_tile1" not in src
     assert "ember_tile0[threadIdx.y + ember_j][threadIdx.x + ember_l] = arg1_1[3072*o0 + 64*o2 + o1];" in src
     assert src.count("__syncthreads();") == 2
-    # symbolic sizes take tiles of 64, but two float64 tiles of 64 x 65 would take 65 KB of
-    # shared memory: 32 x 33 ones
+    # symbolic sizes take tiles of 64 (one float64 tile of 64 x 65 too), but two float64 tiles of
+    # 64 x 65 would take 65 KB of shared memory: 32 x 33 ones
     x, y = torch.randn(4, 64, 48), torch.randn(4, 48, 64)
     (k,), _ = kernels_of(lambda x, y: x.mT + y, x, y, dynamic=True)
     assert cuda.launch_meta(k)["tile"] == 64
-    (k,), report = kernels_of(lambda x, y: x.mT + y, x.double(), y.double(), dynamic=True)
-    assert cuda.launch_meta(k)["tile"] == 32 and "ember_tile0[32][33];" in report.kernels[0].source
+    (k,), _ = kernels_of(lambda x, y: x.mT + y, x.double(), y.double(), dynamic=True)
+    assert cuda.launch_meta(k)["tile"] == 64
+    (k,), report = kernels_of(lambda x, z: (x.mT + z.mT).contiguous(), x.double(), x.double(), dynamic=True)
+    assert cuda.launch_meta(k)["tile"] == 32 and "ember_tile1[32][33];" in report.kernels[0].source
     # along the last dim, broadcast down the rows, or too short a dim: no tiles
     for fn, args in ((lambda x: x * 2, (torch.randn(64, 64),)),
                      (lambda x, b: x + b, (torch.randn(64, 64), torch.randn(64, 1))),

@@ -116,7 +116,9 @@ def test_fusion_patterns(name, options):
                 "jagged_softmax", "transpose", "batched_mT_add", "permute_021"):
         assert len(report.kernels) == 1
     tiled = [k for k in report.kernels if "tiles of XBLOCK rows x RBLOCK columns" in k.source]
-    assert len(tiled) == (name in ("transpose", "batched_mT_add", "permute_021")), [k.source for k in tiled]
+    # (x.mT + b's output takes x's layout, as eager's, and its loops walk that memory
+    # (schedule/loops.py): no access left transposed, so no tiles)
+    assert len(tiled) == (name in ("transpose", "permute_021")), [k.source for k in tiled]
 
 
 def test_transposed_tiles_cover_every_element_at_any_size():
