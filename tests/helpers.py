@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._pytree import tree_leaves, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 import ember
 
@@ -42,6 +42,16 @@ def with_slots(flat: list[Any], spec: Any, positions: list[int], first: int = 0)
     for i, p in enumerate(positions):
         leaves[p] = Slot(first + i)
     return tree_unflatten(leaves, spec)
+
+
+def flat_samples(samples: list[Any]) -> list[tuple[list[Any], Any, list[int]]]:
+    """OpInfo samples as ``program_of_samples`` takes them: each one's flattened (input, args,
+    kwargs), its tree spec and where its tensors are."""
+    out = []
+    for sample in samples:
+        flat, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
+        out.append((flat, spec, [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]))
+    return out
 
 
 def program_of_samples(function: Callable[..., Any], samples: list[tuple[list[Any], Any, list[int]]],

@@ -11,13 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.testing._internal.common_methods_invocations import op_db
-from torch.utils._pytree import tree_flatten
 
 import ember
 from ember.frontend import pool_decomps
 
 from .conftest import DEVICE, INTERPRETED_TRITON
-from .helpers import assert_same, check, program_of_samples, run
+from .helpers import assert_same, check, flat_samples, program_of_samples, run
 from .test_cuda import compile_batches, needs_nvcc, sources
 from .test_cuda import explain as cuda_explain
 
@@ -27,6 +26,7 @@ FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 @pytest.fixture
 def padded_on_cpu(monkeypatch):
     monkeypatch.setattr(pool_decomps, "PADDED_ON_CPU", True)
+
 
 # (kernel, stride, padding, dilation, ceil_mode) over (N, C, H, W) = (2, 3, 7, 9)
 CONFIGS_2D = [
@@ -191,12 +191,9 @@ def test_max_pool_opinfo_samples_match_eager(op, padded_on_cpu):
     # OpInfo has hundreds of samples per op, in runs of one shape: a spread of 16 of them
     samples = list(op.sample_inputs(DEVICE, torch.float32))
     samples = samples[::max(1, len(samples) // 16)][:16]
-    flat_samples = []
-    for s in samples:
-        flat, spec = tree_flatten((s.input, s.args, s.kwargs))
-        flat_samples.append((flat, spec, [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]))
-    fn = program_of_samples(op.op, flat_samples, op.name)
-    tensors = [flat[p] for flat, _, positions in flat_samples for p in positions]
+    flats = flat_samples(samples)
+    fn = program_of_samples(op.op, flats, op.name)
+    tensors = [flat[p] for flat, _, positions in flats for p in positions]
     report = check(fn, *tensors)
     assert report.kernels  # (3-d's windows of 27 positions, and empty inputs, keep ATen's kernel)
 

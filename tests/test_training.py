@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_flatten
 import ember
 
 from .conftest import DEVICE
-from .helpers import assert_same, program_of_samples
+from .helpers import assert_same, flat_samples, program_of_samples
 
 # Ops whose gradients ember generates (their backward graphs are pointwise/reduction work).
 GRAD_OPS = ["abs", "exp", "log", "sqrt", "rsqrt", "sin", "tanh", "sigmoid", "erf", "atan", "pow", "add",
@@ -53,11 +53,7 @@ def _grads(fn, inputs, grad_outputs=None, per_sample=False):
 def test_op_gradients_match_eager(op):
     # (all samples in one program: one compile of their forward and backward graphs, each sample's
     # outputs and gradients still compared, and named, on their own)
-    samples = list(op.sample_inputs("cpu", torch.float64, requires_grad=True))[:6]
-    flats = []
-    for sample in samples:
-        flat, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
-        flats.append((flat, spec, [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]))
+    flats = flat_samples(list(op.sample_inputs("cpu", torch.float64, requires_grad=True))[:6])
     fn = program_of_samples(op.op, flats, op.name)
     tensors = [flat[p] for flat, _, positions in flats for p in positions]
     ref_outs, ref_grads, g = _grads(fn, tensors, per_sample=True)
