@@ -91,9 +91,11 @@ class Config:
     # runtime/cpp_build.py always adds -shared -fPIC -fopenmp -std=c++17). -march=native is part
     # of the cache key through the host CPU. -ffp-contract=off: no a * b + c fused into one
     # rounding (a * b - c * d of equal products is 0 in eager, and was 1e-8 with FMA; inf - inf
-    # was inf, not NaN).
+    # was inf, not NaN). -fno-tree-pre: GCC's partial redundancy elimination rewrote the NaN test
+    # of a select (relu(x) != relu(x) as c ? x != x : false), a select of masks its vectorizer
+    # refuses; relu + max pooling ran scalar, 3.8x slower (bench/RESULTS.md, sixty-third session).
     cxx_flags: tuple[str, ...] = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math",
-                                  "-ffp-contract=off", "-fwrapv")
+                                  "-ffp-contract=off", "-fwrapv", "-fno-tree-pre")
     gpu_backend: str = field(default_factory=lambda: _env_choice("EMBER_GPU_BACKEND", GPU_BACKENDS))
     # Render kernels for this backend ('cpp', 'cuda', 'triton') whatever the device; a target
     # the device cannot run (CUDA kernels on a CPU-only machine) is rendered but not built, and
