@@ -2,8 +2,8 @@
 eager: values, indices (eager's at ties, NaN and windows of -inf), gradients, fusion with the op
 before it, symbolic sizes, and the inputs that stay with ATen's kernel.
 
-Padded windows are decomposed on GPUs only (frontend/pool_decomps.py); ``padded_on_cpu`` turns
-them on for CPU tensors, so their values are checked here too."""
+Padded windows are decomposed on GPUs only (frontend/pool_decomps.py); the ``padded_on_cpu``
+fixture (conftest.py) turns them on for CPU tensors, so their values are checked here too."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from torch.testing._internal.common_methods_invocations import op_db
 import ember
 from ember.codegen.cpp_prelude import PRELUDE
 from ember.config import Config
-from ember.frontend import pool_decomps
 from ember.runtime.cpp_build import find_compiler
 
 from .conftest import DEVICE, INTERPRETED_TRITON
@@ -27,11 +26,6 @@ from .test_cuda import compile_batches, needs_nvcc, sources
 from .test_cuda import explain as cuda_explain
 
 FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
-
-
-@pytest.fixture
-def padded_on_cpu(monkeypatch):
-    monkeypatch.setattr(pool_decomps, "PADDED_ON_CPU", True)
 
 
 # (kernel, stride, padding, dilation, ceil_mode) over (N, C, H, W) = (2, 3, 7, 9)
@@ -50,7 +44,9 @@ CONFIGS_2D = [
 def _layouts(dtype):
     x = torch.randn(2, 3, 7, 9, dtype=dtype, device=DEVICE)
     strided = torch.randn(2, 7, 6, 9, dtype=dtype, device=DEVICE).transpose(1, 2)[:, ::2]
-    return [x, x.to(memory_format=torch.channels_last), strided, x[0]]
+    # (H and W swapped: a pointwise result would take that order; eager's is contiguous)
+    swapped = torch.randn(2, 3, 9, 7, dtype=dtype, device=DEVICE).transpose(2, 3)
+    return [x, x.to(memory_format=torch.channels_last), strided, x[0], swapped]
 
 
 def _pool_all(configs):

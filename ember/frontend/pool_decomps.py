@@ -1,11 +1,13 @@
-"""Max pooling (2-d and 3-d, with indices) as one pointwise kernel over the output.
+"""Max and average pooling (1-d, 2-d, 3-d) as one pointwise kernel over the output.
 
-ATen's ``max_pool2d_with_indices`` and ``max_pool3d_with_indices`` ran as calls of their own:
-``F.max_pool2d(relu(x))`` wrote relu's result to memory for ATen to read back. Here each of a
-window's positions is a strided view of the input, and the maximum is taken in eager's order in
-one kernel that reads the input (and whatever pointwise work produced it) in place: neighbouring
-lanes read neighbouring windows. torch has a decomposition of these ops (a gather and an
-argmax); it differs from eager's kernels where this one does not:
+ATen's ``max_pool2d_with_indices``, ``max_pool3d_with_indices``, ``avg_pool2d`` and
+``avg_pool3d`` ran as calls of their own: ``F.max_pool2d(relu(x))`` wrote relu's result to memory
+for ATen to read back. Here each of a window's positions is a strided view of the input, and the
+window is reduced in eager's order in one kernel that reads the input (and whatever pointwise
+work produced it) in place: neighbouring lanes read neighbouring windows.
+
+Max pooling: torch has a decomposition of these ops (a gather and an argmax); it differs from
+eager's kernels where this one does not:
 
 * a window whose values are all -inf: eager returns the index of the window's first position
   inside the input, where an argmax over the window padded with -inf may return a padding
@@ -13,20 +15,25 @@ argmax); it differs from eager's kernels where this one does not:
 * NaN: eager's kernels (CPU and CUDA) replace the running maximum by every NaN they meet, so the
   index is the window's *last* NaN, where argmax gives the first.
 
-Where it is decomposed (``bench/max_pool.py`` measured each choice against ATen's kernels):
+Average pooling: the window's sum, from +0.0 in the window's order (in float for 16-bit inputs),
+divided once by eager's divisor: ``divisor_override``, else the window's size cut at the
+padding's end (ceil_mode's last windows reach past it), and with ``count_include_pad=False`` cut
+at the input's edges too.
+
+Where it is decomposed (``bench/pooling.py`` measured each choice against ATen's kernels):
 floating inputs, windows of up to ``UNROLLED_WINDOW`` positions; on the CPU only unpadded
 windows (padding and ceil_mode make each position's load conditional, which keeps the loop from
 vectorizing: slower than ATen's kernel). A channels_last input is pooled as (N, H, W, C), the
-channels innermost, and its results are channels_last, as eager's. eager's checks
+channels innermost; the results are laid out as eager's (its meta function's). eager's checks
 (kernel, stride, padding and dilation against the input's size) are its meta function's, run
-first, with eager's messages. The backward is ATen's kernel, which takes these indices.
+first, with eager's messages. The backwards are ATen's kernels (max pooling's takes these indices).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -66,6 +73,14 @@ def _meta(op: Any) -> Callable[..., Any] | None:
     return meta_max_pool2d_with_indices if op is aten.max_pool2d_with_indices else meta_max_pool3d_with_indices
 
 
+def _avg_meta(op: Any) -> Callable[..., Any] | None:
+    try:
+        from torch._meta_registrations import meta_avg_pool2d, meta_avg_pool3d
+    except ImportError:  # pragma: no cover - private torch API: then the op stays
+        return None
+    return meta_avg_pool2d if op is aten.avg_pool2d else meta_avg_pool3d
+
+
 def _max_pool_with_indices(op: Any, n_dim: int) -> Callable[..., Any]:
     meta = _meta(op)
 
@@ -82,27 +97,102 @@ def _max_pool_with_indices(op: Any, n_dim: int) -> Callable[..., Any]:
             return NotImplemented  # (ATen: its kernel, or eager's error for malformed arguments)
         values_like, _ = meta(x, kernel_size, stride, padding, dilation, ceil_mode)  # (eager's checks)
         out_sizes = list(values_like.shape[-n_dim:])
-        batched = x.dim() == n_dim + 2
-        xb = x if batched else x.unsqueeze(0)
-        # channels_last: computed over (N, *spatial, C), whose memory order is the input's and
-        # the result's (eager's results are channels_last too)
-        channels_last = batched and suggest_memory_format(x) != torch.contiguous_format
-        if channels_last:
-            xb = xb.movedim(1, -1)
-        first = 1 if channels_last else 2  # (where the spatial dims start)
-        pad = [0, 0] if channels_last else []
-        for d in reversed(range(n_dim)):  # (ceil_mode's last window may reach stride - 1 past the padding)
-            pad += [pa[d], pa[d] + (st[d] - 1 if ceil_mode else 0)]
-        if any(pad):
-            xb = F.pad(xb, pad, value=-math.inf)  # (padding never beats a value)
-        values, at = _unrolled_max(xb, first, out_sizes, ks, st, di)
+        xp, first, back = _padded(x, n_dim, pa, st, ceil_mode, -math.inf)  # (padding never beats a value)
+        values, at = _unrolled_max(xp, first, out_sizes, ks, st, di)
         index = _input_index(at, first, out_sizes, list(x.shape[-n_dim:]), ks, st, pa, di)
-        if channels_last:
-            values, index = values.movedim(-1, 1), index.movedim(-1, 1)
-        if not batched:
-            values, index = values.squeeze(0), index.squeeze(0)
-        return values, index
+        return back(values, values_like), back(index, values_like)
     return decompose
+
+
+def _padded(x: torch.Tensor, n_dim: int, pa: list[int], st: list[int], ceil_mode: bool,
+            fill: float) -> tuple[torch.Tensor, int, Callable[[torch.Tensor], torch.Tensor]]:
+    """``x`` batched, padded with ``fill``, and laid out as pooled; where its spatial dims start;
+    and the function putting a result computed in that layout back into eager's. A channels_last
+    input is pooled as (N, *spatial, C), whose memory order is the input's and the result's
+    (eager's results are channels_last too)."""
+    batched = x.dim() == n_dim + 2
+    xb = x if batched else x.unsqueeze(0)
+    channels_last = batched and suggest_memory_format(x) != torch.contiguous_format
+    if channels_last:
+        xb = xb.movedim(1, -1)
+    pad = [0, 0] if channels_last else []
+    for d in reversed(range(n_dim)):  # (ceil_mode's last window may reach stride - 1 past the padding)
+        pad += [pa[d], pa[d] + (st[d] - 1 if ceil_mode else 0)]
+    if any(pad):
+        xb = F.pad(xb, pad, value=fill)
+
+    def back(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        # laid out as eager's result ``like`` (its meta function's), whatever the input's strides:
+        # a pointwise result takes its operands' order (x.mT's would be transposed), and
+        # avg_pool3d's result is contiguous for a channels_last_3d input
+        result = result.movedim(-1, 1) if channels_last else result
+        result = result if batched else result.squeeze(0)
+        for layout in (torch.channels_last, torch.channels_last_3d):
+            if like.dim() == (4 if layout == torch.channels_last else 5) and not like.is_contiguous() \
+                    and like.is_contiguous(memory_format=layout):
+                return result.contiguous(memory_format=layout)
+        return result.contiguous()
+    return xb, 1 if channels_last else 2, back
+
+
+def _avg_pool(op: Any, n_dim: int) -> Callable[..., Any]:
+    meta = _avg_meta(op)
+
+    def decompose(x: torch.Tensor, kernel_size: Sequence[Any], stride: Sequence[Any] = (),
+                  padding: Sequence[Any] = (0,), ceil_mode: bool = False, count_include_pad: bool = True,
+                  divisor_override: int | None = None) -> Any:
+        if meta is None:
+            return NotImplemented
+        ks = _expand(kernel_size, n_dim)
+        st = _expand(stride, n_dim, default=ks)
+        pa = _expand(padding, n_dim)
+        if not (len(ks) == len(st) == len(pa) == n_dim and _decomposed(x, ks, pa, ceil_mode)):
+            return NotImplemented
+        like = meta(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        out_sizes = list(like.shape[-n_dim:])
+        # eager sums in float for 16-bit inputs, in the window's order, then divides once
+        acc = torch.float32 if x.dtype.itemsize < 4 else x.dtype
+        xp, first, back = _padded(x.to(acc), n_dim, pa, st, ceil_mode, 0.0)
+        total = None
+        for view in _window_views(xp, first, out_sizes, ks, st, [1] * n_dim):
+            total = view + 0.0 if total is None else total + view  # (from +0.0, as eager: -0.0s sum to 0.0)
+        divisor = _avg_divisor(x, first, out_sizes, ks, st, pa, ceil_mode, count_include_pad, divisor_override)
+        return back((total / divisor).to(x.dtype), like)
+    return decompose
+
+
+def _avg_divisor(x: torch.Tensor, first: int, out_sizes: list[Any], ks: list[int], st: list[int], pa: list[int],
+                 ceil_mode: bool, count_include_pad: bool, divisor_override: int | None) -> Any:
+    """eager's divisor of each window's sum: ``divisor_override``; else the window's size, cut at
+    the padding's end (a ceil_mode window can reach past it), and with count_include_pad=False
+    cut at the input's edges too."""
+    if divisor_override:
+        return divisor_override
+    if count_include_pad and not ceil_mode:
+        return math.prod(ks)  # (every window lies within the padded input)
+    in_sizes = list(x.shape[-len(ks):])
+    divisor = None
+    for d in range(len(ks)):
+        shape = [1] * (len(ks) + 2)
+        shape[first + d] = out_sizes[d]
+        start = torch.arange(out_sizes[d], device=x.device).reshape(shape) * st[d] - pa[d]
+        end = torch.clamp(start + ks[d], max=in_sizes[d] + pa[d])
+        if not count_include_pad:
+            start, end = torch.clamp(start, min=0), torch.clamp(end, max=in_sizes[d])
+        divisor = end - start if divisor is None else divisor * (end - start)
+    return divisor
+
+
+def _window_views(xp: torch.Tensor, first: int, out_sizes: list[Any], ks: list[int], st: list[int],
+                  di: list[int]) -> Iterator[torch.Tensor]:
+    """Each window position's view of the padded input, in eager's order (the last dim's
+    positions innermost): element i of a view is that position of output i's window."""
+    for offsets in itertools.product(*[range(n) for n in ks]):
+        view = xp
+        for d, o in enumerate(offsets):
+            view = view.narrow(first + d, o * di[d], (out_sizes[d] - 1) * st[d] + 1)
+            view = view[(slice(None),) * (first + d) + (slice(None, None, st[d]),)]
+        yield view
 
 
 def _unrolled_max(xp: torch.Tensor, first: int, out_sizes: list[Any], ks: list[int], st: list[int],
@@ -112,12 +202,7 @@ def _unrolled_max(xp: torch.Tensor, first: int, out_sizes: list[Any], ks: list[i
     kernel's neighbouring lanes read neighbouring windows (coalesced on GPUs, vectors on CPUs).
     Returns the maxima and the window position of each (-1: nothing beat -inf)."""
     values = at = None
-    for k, offsets in enumerate(itertools.product(*[range(n) for n in ks])):
-        view = xp
-        for d, o in enumerate(offsets):
-            start = o * di[d]
-            view = view.narrow(first + d, start, (out_sizes[d] - 1) * st[d] + 1)
-            view = view[(slice(None),) * (first + d) + (slice(None, None, st[d]),)]
+    for k, view in enumerate(_window_views(xp, first, out_sizes, ks, st, di)):
         if values is None:
             values, at = view, torch.where(view != -math.inf, 0, -1)  # (NaN != -inf)
             continue
@@ -145,7 +230,9 @@ def _input_index(at: torch.Tensor, first: int, out_sizes: list[Any], in_sizes: l
 
 
 def pool_decompositions() -> dict[Any, Callable[..., Any]]:
-    """Decomposition-table entries for max pooling. (The backward stays ATen's kernel: torch
+    """Decomposition-table entries for max and average pooling. (The backward stays ATen's kernel: torch
     2.13's decomposition, a scatter-add at the indices, took 1.8x as long on the CPU.)"""
     return {aten.max_pool2d_with_indices.default: _max_pool_with_indices(aten.max_pool2d_with_indices, 2),
-            aten.max_pool3d_with_indices.default: _max_pool_with_indices(aten.max_pool3d_with_indices, 3)}
+            aten.max_pool3d_with_indices.default: _max_pool_with_indices(aten.max_pool3d_with_indices, 3),
+            aten.avg_pool2d.default: _avg_pool(aten.avg_pool2d, 2),
+            aten.avg_pool3d.default: _avg_pool(aten.avg_pool3d, 3)}
