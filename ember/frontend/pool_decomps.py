@@ -57,9 +57,12 @@ def _expand(value: Sequence[Any] | int, n_dim: int, default: Sequence[Any] | Non
     return value * n_dim if len(value) == 1 else value
 
 
-def _decomposed(x: torch.Tensor, ks: list[int], pa: list[int], ceil_mode: bool) -> bool:
+def _decomposed(x: torch.Tensor, ks: list[int], st: list[int], pa: list[int], ceil_mode: bool) -> bool:
     on_cpu = x.device.type == "cpu"
-    return (x.layout == torch.strided and not x.is_quantized and x.dtype.is_floating_point
+    # (a window or stride of 0 goes to ATen, for eager's own error: the meta functions of some
+    # torch versions check the stride first, with another message)
+    return (min(ks) > 0 and min(st) > 0
+            and x.layout == torch.strided and not x.is_quantized and x.dtype.is_floating_point
             and x.dtype.itemsize >= 2  # (float8 has no max_pool kernel)
             and x.numel() != 0 and math.prod(ks) <= UNROLLED_WINDOW
             and (x.device.type == "cuda" or on_cpu and (PADDED_ON_CPU or not ceil_mode and not any(pa))))
@@ -93,7 +96,7 @@ def _max_pool_with_indices(op: Any, n_dim: int) -> Callable[..., Any]:
         st = _expand(stride, n_dim, default=ks)
         pa = _expand(padding, n_dim)
         di = _expand(dilation, n_dim)
-        if not (len(ks) == len(st) == len(pa) == len(di) == n_dim and _decomposed(x, ks, pa, ceil_mode)):
+        if not (len(ks) == len(st) == len(pa) == len(di) == n_dim and _decomposed(x, ks, st, pa, ceil_mode)):
             return NotImplemented  # (ATen: its kernel, or eager's error for malformed arguments)
         values_like, _ = meta(x, kernel_size, stride, padding, dilation, ceil_mode)  # (eager's checks)
         out_sizes = list(values_like.shape[-n_dim:])
@@ -146,7 +149,7 @@ def _avg_pool(op: Any, n_dim: int) -> Callable[..., Any]:
         ks = _expand(kernel_size, n_dim)
         st = _expand(stride, n_dim, default=ks)
         pa = _expand(padding, n_dim)
-        if not (len(ks) == len(st) == len(pa) == n_dim and _decomposed(x, ks, pa, ceil_mode)):
+        if not (len(ks) == len(st) == len(pa) == n_dim and _decomposed(x, ks, st, pa, ceil_mode)):
             return NotImplemented
         like = meta(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
         out_sizes = list(like.shape[-n_dim:])
