@@ -179,3 +179,27 @@ def test_avg_pool_cuda_kernels_compile_for_sm90(tmp_path, padded_on_cpu):
         assert all("avg_pool2d" in k.name for k in report.kernels) and not report.fallbacks
         kernels += sources(report, f"d{i}")
     compile_batches(kernels, tmp_path, per_file=len(kernels))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+def test_tiled_avg_pool_backward_is_generated_and_matches_eager(dtype, padded_on_cpu):
+    # windows that tile the input: each input position gets its window's gradient over the
+    # divisor, in one kernel; rows past the last whole window (9 = 4 * 2 + 1) get none
+    def fn(x):
+        return [F.avg_pool2d(torch.relu(x) * 2, 2), F.avg_pool2d(x, (2, 3), divisor_override=4),
+                F.avg_pool2d(x[..., :8, :], 2, ceil_mode=True, count_include_pad=False)]  # (sizes that divide)
+
+    def grads(f, x):
+        x = x.detach().requires_grad_()
+        outs = f(x)
+        seeds = [torch.randn(o.shape, generator=torch.Generator().manual_seed(i)).to(dtype) for i, o in enumerate(outs)]
+        return torch.autograd.grad(outs, x, seeds)[0]
+
+    for x in (torch.randn(2, 3, 9, 6, dtype=dtype), torch.randn(3, 8, 6, dtype=dtype),
+              torch.randn(2, 3, 8, 6, dtype=dtype).to(memory_format=torch.channels_last)):
+        torch._dynamo.reset()  # (a recompile with dynamic sizes lays the gradient out otherwise: aot_eager too)
+        report = ember.Report()
+        got, ref = grads(ember.compile(fn, report=report), x), grads(fn, x)
+        assert_same(got, ref)
+        assert got.stride() == ref.stride()
+        assert not report.fallbacks, report.fallbacks

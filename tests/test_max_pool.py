@@ -248,3 +248,29 @@ def test_max_pool_cuda_kernels_compile_for_sm90(tmp_path, padded_on_cpu):
         assert all("max_pool2d" in k.name for k in report.kernels) and not report.fallbacks
         kernels += sources(report, f"d{i}")
     compile_batches(kernels, tmp_path, per_file=len(kernels))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+def test_tiled_max_pool_backward_is_generated_and_matches_eager(dtype, padded_on_cpu):
+    # windows that tile the input (stride = window, no padding): each input position takes its
+    # window's gradient where the index is its own, in one kernel with the op before; rows past
+    # the last whole window (9 = 4 * 2 + 1) get none; eager adds to zeros, so -0.0 becomes 0.0
+    def fn(x):
+        return [F.max_pool2d(torch.relu(x) * 2, 2), F.max_pool3d(x.unsqueeze(1), (1, 2, 2)),
+                F.max_pool2d(x[..., :8, :], (2, 3), ceil_mode=True)]  # (sizes that divide)
+
+    def grads(f, x):
+        x = x.detach().requires_grad_()
+        outs = f(x)
+        seeds = [torch.randn(o.shape, generator=torch.Generator().manual_seed(i)).to(dtype) for i, o in enumerate(outs)]
+        seeds[0].view(-1)[0] = -0.0
+        return torch.autograd.grad(outs, x, seeds)[0]
+
+    for x in (torch.randn(2, 3, 9, 6, dtype=dtype), torch.randn(3, 8, 6, dtype=dtype),
+              torch.randn(2, 3, 8, 6, dtype=dtype).to(memory_format=torch.channels_last)):
+        torch._dynamo.reset()  # (a recompile with dynamic sizes lays the gradient out otherwise: aot_eager too)
+        report = ember.Report()
+        got, ref = grads(ember.compile(fn, report=report), x), grads(fn, x)
+        assert_same(got, ref)
+        assert got.stride() == ref.stride() and torch.equal(torch.signbit(got), torch.signbit(ref))
+        assert not report.fallbacks, report.fallbacks  # (no ATen backward)

@@ -26,7 +26,12 @@ windows (padding and ceil_mode make each position's load conditional, which keep
 vectorizing: slower than ATen's kernel). A channels_last input is pooled as (N, H, W, C), the
 channels innermost; the results are laid out as eager's (its meta function's). eager's checks
 (kernel, stride, padding and dilation against the input's size) are its meta function's, run
-first, with eager's messages. The backwards are ATen's kernels (max pooling's takes these indices).
+first, with eager's messages.
+
+Backwards: where the windows tile the input (stride = window, no padding or dilation: a VGG
+block's or a DenseNet transition's 2x2), each input position takes the gradient of the one window
+holding it (max pooling: where that window's index is the position's own), a pointwise kernel
+over the input that fuses with what comes before it. Other backwards are ATen's kernels.
 """
 
 from __future__ import annotations
@@ -125,17 +130,20 @@ def _padded(x: torch.Tensor, n_dim: int, pa: list[int], st: list[int], ceil_mode
         xb = F.pad(xb, pad, value=fill)
 
     def back(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        # laid out as eager's result ``like`` (its meta function's), whatever the input's strides:
-        # a pointwise result takes its operands' order (x.mT's would be transposed), and
-        # avg_pool3d's result is contiguous for a channels_last_3d input
         result = result.movedim(-1, 1) if channels_last else result
-        result = result if batched else result.squeeze(0)
-        for layout in (torch.channels_last, torch.channels_last_3d):
-            if like.dim() == (4 if layout == torch.channels_last else 5) and not like.is_contiguous() \
-                    and like.is_contiguous(memory_format=layout):
-                return result.contiguous(memory_format=layout)
-        return result.contiguous()
+        return _laid_out_as(result if batched else result.squeeze(0), like)
     return xb, 1 if channels_last else 2, back
+
+
+def _laid_out_as(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``result`` laid out as eager's result ``like`` (its meta function's), whatever the input's
+    strides: a pointwise result takes its operands' order (x.mT's would be transposed), and
+    avg_pool3d's result is contiguous for a channels_last_3d input."""
+    for layout in (torch.channels_last, torch.channels_last_3d):
+        if like.dim() == (4 if layout == torch.channels_last else 5) and not like.is_contiguous() \
+                and like.is_contiguous(memory_format=layout):
+            return result.contiguous(memory_format=layout)
+    return result.contiguous()
 
 
 def _avg_pool(op: Any, n_dim: int) -> Callable[..., Any]:
@@ -151,6 +159,8 @@ def _avg_pool(op: Any, n_dim: int) -> Callable[..., Any]:
         pa = _expand(padding, n_dim)
         if not (len(ks) == len(st) == len(pa) == n_dim and _decomposed(x, ks, st, pa, ceil_mode)):
             return NotImplemented
+        if n_dim == 3 and x.device.type == "cpu" and x.dtype.itemsize < 4:
+            return NotImplemented  # (eager's CPU kernel has no 16-bit avg_pool3d: its error)
         like = meta(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
         out_sizes = list(like.shape[-n_dim:])
         # eager sums in float for 16-bit inputs, in the window's order, then divides once
@@ -233,9 +243,94 @@ def _input_index(at: torch.Tensor, first: int, out_sizes: list[Any], in_sizes: l
 
 
 def pool_decompositions() -> dict[Any, Callable[..., Any]]:
-    """Decomposition-table entries for max and average pooling. (The backward stays ATen's kernel: torch
-    2.13's decomposition, a scatter-add at the indices, took 1.8x as long on the CPU.)"""
+    """Decomposition-table entries for max and average pooling, and for their backwards where the
+    windows tile the input (other backwards stay ATen's kernels: torch 2.13's decomposition of max
+    pooling's, a scatter-add at the indices, took 1.8x as long on the CPU)."""
     return {aten.max_pool2d_with_indices.default: _max_pool_with_indices(aten.max_pool2d_with_indices, 2),
             aten.max_pool3d_with_indices.default: _max_pool_with_indices(aten.max_pool3d_with_indices, 3),
             aten.avg_pool2d.default: _avg_pool(aten.avg_pool2d, 2),
-            aten.avg_pool3d.default: _avg_pool(aten.avg_pool3d, 3)}
+            aten.avg_pool3d.default: _avg_pool(aten.avg_pool3d, 3),
+            aten.max_pool2d_with_indices_backward.default: _tiled_max_backward(2, "max_pool2d_with_indices"),
+            aten.max_pool3d_with_indices_backward.default: _tiled_max_backward(3, "max_pool3d_with_indices"),
+            aten.avg_pool2d_backward.default: _tiled_avg_backward(2, "avg_pool2d"),
+            aten.avg_pool3d_backward.default: _tiled_avg_backward(3, "avg_pool3d")}
+
+
+# ---- backwards where the windows tile the input ------------------------------------------------
+
+def _tiles(x: torch.Tensor, grad: torch.Tensor, ks: list[int], st: list[int], pa: list[int], di: list[int],
+           ceil_mode: bool) -> bool:
+    """Do the windows tile the input (stride = window, no padding or dilation), so that each input
+    position gets the gradient of at most one window, and its own window is found by division?"""
+    n_dim = len(ks)
+    if not (len(st) == len(pa) == len(di) == n_dim and st == ks and not any(pa) and all(d == 1 for d in di)
+            and grad.dtype.is_floating_point and grad.dtype.itemsize >= 2 and x.numel() != 0
+            and grad.device.type in ("cpu", "cuda") and grad.layout == torch.strided):
+        return False
+    # (ceil_mode's last windows are partial unless the sizes divide)
+    return not ceil_mode or all(size % k == 0 for size, k in zip(x.shape[-n_dim:], ks))
+
+
+def _spread(t: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """Each element of ``t``'s last ``len(ks)`` dims repeated over its window: the sizes times ``ks``."""
+    for d, k in enumerate(ks):
+        dim = t.dim() - len(ks) + d
+        t = t.unsqueeze(dim + 1).expand(*t.shape[:dim + 1], k, *t.shape[dim + 1:]).flatten(dim, dim + 1)
+    return t
+
+
+def _cover(t: torch.Tensor, in_sizes: list[Any]) -> torch.Tensor:
+    """``t`` zero-padded at the end of its last dims to ``in_sizes``: the input's rows past the last
+    whole window get no gradient."""
+    pad: list[Any] = []
+    for d in reversed(range(len(in_sizes))):
+        pad += [0, in_sizes[d] - t.shape[t.dim() - len(in_sizes) + d]]
+    return F.pad(t, pad) if any(not isinstance(p, int) or p for p in pad) else t
+
+
+def _backward_meta(name: str) -> Callable[..., Any] | None:
+    """eager's meta function of ``name``'s backward (its checks, and its result's layout)."""
+    import torch._meta_registrations as metas
+    return getattr(metas, f"meta_{name}_backward", None)
+
+
+def _tiled_avg_backward(n_dim: int, name: str) -> Callable[..., Any]:
+    meta = _backward_meta(name)
+
+    def decompose(grad: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[Any], stride: Sequence[Any],
+                  padding: Sequence[Any], ceil_mode: bool, count_include_pad: bool,
+                  divisor_override: int | None) -> Any:
+        ks, st, pa = _expand(kernel_size, n_dim), _expand(stride, n_dim), _expand(padding, n_dim)
+        if meta is None or not _tiles(x, grad, ks, st or ks, pa, [1] * n_dim, ceil_mode):
+            return NotImplemented
+        like = meta(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        # eager: grad_input = 0 + grad_output / divisor, in float for 16-bit gradients
+        acc = torch.float32 if grad.dtype.itemsize < 4 else grad.dtype
+        share = grad.to(acc) / (divisor_override or math.prod(ks)) + 0.0
+        result = _cover(_spread(share, ks), list(x.shape[-n_dim:])).to(grad.dtype)
+        return _laid_out_as(result, like)
+    return decompose
+
+
+def _tiled_max_backward(n_dim: int, name: str) -> Callable[..., Any]:
+    meta = _backward_meta(name)
+
+    def decompose(grad: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[Any], stride: Sequence[Any],
+                  padding: Sequence[Any], dilation: Sequence[Any], ceil_mode: bool, indices: torch.Tensor) -> Any:
+        ks, st, pa = _expand(kernel_size, n_dim), _expand(stride, n_dim), _expand(padding, n_dim)
+        if meta is None or not _tiles(x, grad, ks, st or ks, pa, _expand(dilation, n_dim), ceil_mode):
+            return NotImplemented
+        like = meta(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices)
+        # each input position takes its window's gradient where the window's index is its own
+        # position in the plane (eager adds it to a zero: 0 + -0.0 is 0.0)
+        covered = [o * k for o, k in zip(grad.shape[-n_dim:], ks)]
+        own = None
+        for d in range(n_dim):
+            shape = [1] * n_dim
+            shape[d] = covered[d]
+            coord = torch.arange(covered[d], device=grad.device).reshape(shape)
+            own = coord if own is None else own * x.shape[x.dim() - n_dim + d] + coord
+        picked = torch.where(_spread(indices, ks) == own, _spread(grad, ks), 0.0) + 0.0
+        result = _cover(picked, list(x.shape[-n_dim:]))
+        return _laid_out_as(result, like)
+    return decompose
