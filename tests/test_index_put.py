@@ -137,6 +137,24 @@ def test_scatter_reduce_empty_and_bad_indices_like_eager():
             fast(x, torch.tensor([[bad, 0, 0]]), src)
 
 
+def _into_negative_zeros(s, offsets):
+    idx, rows = torch.tensor([0, 2]), ragged.ops.row_ids(offsets, s.shape[0])
+    z = torch.full((4,), -0.0)
+    summed = torch.full((offsets.shape[0] - 1, 2), -0.0).index_add(0, rows, s.view(2, 1).expand(2, 2))
+    return (z.index_put((idx,), s, accumulate=True), z.index_add(0, idx, s), z.scatter_add(0, idx, s),
+            z.scatter_reduce(0, idx, s, "sum"), z.index_fill(0, idx, 1.0) + s.sum(), summed)
+
+
+def test_writes_into_a_negative_zero_fill_keep_its_sign():
+    # -0.0 == 0, but a buffer filled with -0.0 is no buffer of zeros (zero_() writes +0.0), and
+    # -0.0 + a sum starting from +0.0 is +0.0: eager keeps -0.0 where nothing, or -0.0, is added
+    offsets = torch.tensor([0, 2, 2])  # (the last index_add adds by ragged row ids; row 1 is empty)
+    s = torch.tensor([-0.0, -0.0])
+    out = ember.compile(_into_negative_zeros)(s, offsets)
+    for o, r in zip(out, _into_negative_zeros(s, offsets), strict=True):
+        assert torch.equal(o, r) and torch.equal(torch.signbit(o), torch.signbit(r)), (o, r)
+
+
 def test_bad_indices_raise_like_eager():
     x = torch.zeros(4, 3)
     with pytest.raises(IndexError):

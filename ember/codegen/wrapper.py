@@ -27,7 +27,7 @@ import torch
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import ArgRef, Node, op_name
+from ..ir.node import ArgRef, Node, is_plus_zero, op_name
 from ..ir.ops import VIEW_OPS, Op
 from ..schedule.device_sizes import DEVICE_TOTALS
 from ..schedule.indexing import compose_strided
@@ -274,7 +274,8 @@ class WrapperWriter(OutputLayouts):
                 if not isinstance(source, Node):
                     value = repr(source) if not isinstance(source, float) or math.isfinite(source) else (
                         f"float({str(source)!r})")
-                    self.emit(f"{self.var[root]}.zero_()" if source == 0 else f"{self.var[root]}.fill_({value})")
+                    self.emit(f"{self.var[root]}.zero_()" if is_plus_zero(source)
+                              else f"{self.var[root]}.fill_({value})")
                 else:
                     self.emit(f"{self.var[root]}.copy_({self.var[source]})")
         if call.fallback:

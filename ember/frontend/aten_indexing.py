@@ -20,7 +20,7 @@ import torch
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import Node, fill_value, row_ids_offsets, view_base
+from ..ir.node import Node, fill_value, is_plus_zero, row_ids_offsets, view_base
 from ..ir.ops import Op
 from ..ragged import ops as _ragged_ops  # noqa: F401 -- registers torch.ops.ember.segment_reduce
 from . import bag_decomps as _bag_decomps  # noqa: F401 -- registers torch.ops.ember.bag_bounds
@@ -345,11 +345,16 @@ def _sum_by_row_ids(ctx: Context, x: Node, start: int, indices: list[Node], src:
         return None
     if x.dtype.is_bool or x.dtype == dt.uint8 or indices[0].rank != 1:
         return None
+    fill = fill_value(x)
+    if fill == 0 and not is_plus_zero(fill):
+        # a row's sum starts from +0.0, so -0.0 + sum is +0.0 where eager's untouched (or
+        # all -0.0) rows keep -0.0: the write at indices starts from the -0.0 fill instead
+        return None
     wide = dt.float32 if x.dtype.is_low_precision else x.dtype
     _broadcasts_to(ctx, src, (indices[0].shape[0], *x.shape[1:]))
     values = ctx.cast(ctx.operand(src, x.dtype, (indices[0].shape[0], *x.shape[1:])), wide)
     total = ctx.make(Op.SEGMENT_REDUCE, (values, offsets), Op.SUM)
-    if fill_value(x) != 0:  # adding into zeros (a backward) adds nothing
+    if not is_plus_zero(fill):  # adding into zeros (a backward) adds nothing
         total = ctx.make(Op.ADD, (ctx.cast(x, wide), total))
     return ctx.cast(total, x.dtype)
 

@@ -7,6 +7,7 @@ pointwise node's inputs have exactly its shape.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -466,6 +467,12 @@ def fill_value(node: Node) -> float | int | bool | None:
     if node.op is Op.CONST and isinstance(node.arg, (int, float, bool)):
         return node.arg
     return None
+
+
+def is_plus_zero(value: object) -> bool:
+    """Is ``value`` the number +0 (``False`` and integer 0 included)? -0.0 == 0 in Python, but a
+    fill of -0.0 is no zero fill: ``zero_()`` or dropping an addition of it loses its sign bit."""
+    return isinstance(value, (int, float)) and value == 0 and math.copysign(1.0, value) > 0
 
 
 def row_ids_offsets(index: Node) -> Node | None:

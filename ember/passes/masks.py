@@ -15,11 +15,10 @@ the zero (or a quotient became 0/0), and -0 where a negation or a negative facto
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ..ir import dtypes as dt
-from ..ir.node import Graph, Node, fill_value, make, rewrite
+from ..ir.node import Graph, Node, fill_value, is_plus_zero, make, rewrite
 from ..ir.ops import VIEW_OPS, Op
 
 
@@ -116,5 +115,4 @@ def mask_multiplies(graph: Graph) -> Graph:
 def _plus_zero(node: Node) -> bool:
     """Is ``node`` filled with +0? The selects this pass builds fill with +0, so an explicit -0.0
     fill (``torch.where(m, x, -0.0)``), equal to 0, must keep its sign: it is no zero here."""
-    value = fill_value(node)
-    return value is not None and value == 0 and math.copysign(1.0, value) > 0
+    return is_plus_zero(fill_value(node))
