@@ -500,6 +500,44 @@ def test_outputs_eager_saves_changed_in_place_raise_as_in_eager(saved, always_in
     assert got == run(f) == ("raised" if saved else "grad")
 
 
+@pytest.mark.parametrize("copy", [
+    lambda w: w.clone(), lambda w: w * 1, lambda w: w / 1, lambda w: w - 0, lambda w: w.neg().neg(),
+    lambda w: w.to(copy=True), lambda w: w.t().contiguous(),
+], ids=["clone", "times_1", "over_1", "minus_0", "negated_twice", "to_copy", "contiguous"])
+@pytest.mark.parametrize("in_forward", [False, True], ids=["min_cut", "grad_in_forward"])
+def test_returned_copies_of_an_input_saved_for_backward_raise_as_in_eager(copy, in_forward, request):
+    # y is a copy of w that the caller gets and mul saves: ember's IR makes y the input w, and
+    # the forward saved w itself beside the user's copy, so autograd never saw y.add_(1)
+    if in_forward:
+        request.getfixturevalue("always_in_forward")
+    options = {"grad_in_forward": in_forward}
+
+    def f(x, w):
+        y = copy(w)
+        return ((x * y).sin() * x).sum(), y
+
+    x0, w0 = torch.randn(4, 4), torch.randn(4, 4)
+
+    def run(fn, change):
+        x, w = x0.clone().requires_grad_(), w0.clone()
+        loss, y = fn(x, w)
+        if change:
+            y.add_(1)
+        try:
+            loss.backward()
+        except RuntimeError as e:
+            assert "modified by an inplace operation" in str(e)
+            return "raised"
+        return x.grad, y, w
+
+    ember.reset_stats()
+    assert run(ember.compile(f, options=options), True) == run(f, True) == "raised"
+    assert ember.stats()["grads_in_forward"] == int(in_forward)
+    got, expected = run(ember.compile(f, options=options), False), run(f, False)
+    assert_same(got[:2], expected[:2])
+    assert got[1].data_ptr() != got[2].data_ptr()  # (the user's y is memory of its own)
+
+
 def test_inputs_eager_does_not_save_may_change_in_place(always_in_forward):
     # sigmoid's backward reads its output, not x: eager keeps the gradient at the old values
     def loss(x, y):

@@ -68,6 +68,21 @@ class OutputLayouts:
             else:
                 return node
 
+    def _repeated_over_copies(self, returned: list[str], fresh: list[int]) -> list[int]:
+        """Outputs that are an earlier output copied above, returned again (``Graph.repeated_outputs``:
+        ``y = w.clone()`` both returned and saved for the backward, where ember's IR made ``y``
+        the input ``w``): detached from that copy, with which they share memory and version
+        counter. Returned as ``w``, the saved tensor was not the user's ``y``, so autograd never saw
+        ``y.add_(1)`` change it, where eager's backward raises. No copy more: the user's is saved.
+        The outputs handled here."""
+        done = []
+        for i, j in sorted(self.s.graph.repeated_outputs.items()):
+            if j in fresh:
+                self.emit(f"out{i} = {returned[j]}.detach()  # the copy output {j} returns, saved too")
+                returned[i] = f"out{i}"
+                done.append(i)
+        return done
+
     def _distinct_outputs(self, returned: list[str], fresh: list[int]) -> None:
         """Outputs that come back as a view the wrapper made, or as a variable an earlier output
         returns (``y`` and ``y.detach()``: a detach is its source in ember's IR), are returned

@@ -222,7 +222,8 @@ class WrapperWriter(OutputLayouts):
         for i in fresh:
             returned[i] = self._fresh_copy(i, returned[i])
         self._as_traced(traced, returned)
-        self._distinct_outputs(returned, fresh)
+        repeated = self._repeated_over_copies(returned, fresh)
+        self._distinct_outputs(returned, fresh + repeated)
         self.emit("return (" + "".join(r + ", " for r in returned) + ")")
         return Wrapper("\n".join(self.lines) + "\n", self.constants)
 

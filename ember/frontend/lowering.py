@@ -263,6 +263,8 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
     output_strides: list[sh.Shape | None] = []
     fresh_outputs: set[int] = set()
     whole_outputs: set[int] = set()  # (Graph.whole_outputs)
+    repeated_outputs: dict[int, int] = {}  # (Graph.repeated_outputs)
+    first_return: dict[torch.fx.Node, int] = {}
     effects = ctx.effects  # checks that return nothing, sizes read with .item() (Graph.effects)
     storages: dict[Any, int] = {}  # fake storages of the inputs and the outputs so far
     ctx.shared_output_storages = _shared_output_storages(gm)
@@ -308,6 +310,9 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
                         if whole_memory(meta):
                             whole_outputs.add(i)
                     storages.setdefault(storage_of(meta), i)
+                    if out in first_return:
+                        repeated_outputs[i] = first_return[out]
+                    first_return.setdefault(out, i)
                 value = env[out] if isinstance(out, torch.fx.Node) else out
                 if value is None:
                     outputs.append(None)
@@ -323,7 +328,8 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
             raise Unsupported(f"FX node kind {fx_node.op}")
     return record_ragged_totals(Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs), output_strides,
                                       fresh_outputs=frozenset(fresh_outputs), effects=effects,
-                                      size_checks=ctx.size_checks, whole_outputs=frozenset(whole_outputs)))
+                                      size_checks=ctx.size_checks, whole_outputs=frozenset(whole_outputs),
+                                      repeated_outputs=repeated_outputs))
 
 
 # ATen calls that return nothing and must still run: eager's checks of values (one_hot's class

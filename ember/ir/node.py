@@ -348,6 +348,10 @@ class Graph:
     ``whole_outputs``: the fresh outputs eager returns as all of their memory (a clone, a new
     result), not as a view into a larger intermediate (``x.cumsum(0)[-1]``): returned as a view
     of a larger buffer of ember's, they are copied (``codegen/outputs.py``).
+    ``repeated_outputs``: {output i: the earlier output j that is the same tensor in eager} (AOTAutograd's
+    forward returns a tensor saved for the backward that the user also gets twice: as an output
+    and as a saved tensor). Where output j is copied, output i must come back over that copy:
+    autograd checks the version of what is saved, which the user's in-place change must reach.
     ``effects``: ATen calls that return nothing but must run, in graph order (the checks of
     ``torch._assert_async``: one_hot's class bounds).
     ``size_checks``: eager's errors that only the run-time sizes decide (an int64 arange whose
@@ -358,7 +362,8 @@ class Graph:
                  name: str = "graph", scalar_outputs: frozenset[int] = frozenset(),
                  output_strides: Sequence[sh.Shape | None] = (), totals: dict[sympy.Symbol, int] | None = None,
                  fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = (),
-                 size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset()):
+                 size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset(),
+                 repeated_outputs: dict[int, int] | None = None):
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes = list(nodes)
@@ -370,6 +375,7 @@ class Graph:
         self.effects = tuple(effects)
         self.size_checks = tuple(size_checks)
         self.whole_outputs = whole_outputs
+        self.repeated_outputs = dict(repeated_outputs or {})
 
     @classmethod
     def from_outputs(cls, inputs: Sequence[Node], outputs: Sequence[Node | None], name: str = "graph",
@@ -377,10 +383,12 @@ class Graph:
                      output_strides: Sequence[sh.Shape | None] = (),
                      totals: dict[sympy.Symbol, int] | None = None,
                      fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = (),
-                     size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset()) -> Graph:
+                     size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset(),
+                     repeated_outputs: dict[int, int] | None = None) -> Graph:
         """A graph holding exactly the nodes the outputs and effects need (plus all inputs)."""
         return cls(inputs, outputs, toposort(list(inputs) + [o for o in outputs if o is not None] + list(effects)),
-                   name, scalar_outputs, output_strides, totals, fresh_outputs, effects, size_checks, whole_outputs)
+                   name, scalar_outputs, output_strides, totals, fresh_outputs, effects, size_checks, whole_outputs,
+                   repeated_outputs)
 
     def users(self) -> dict[Node, list[Node]]:
         result: dict[Node, list[Node]] = {n: [] for n in self.nodes}
@@ -393,7 +401,7 @@ class Graph:
                    effects: Sequence[Node] | None = None) -> Graph:
         return Graph(inputs, outputs, nodes, self.name, self.scalar_outputs, self.output_strides, self.totals,
                      self.fresh_outputs, self.effects if effects is None else effects, self.size_checks,
-                     self.whole_outputs)
+                     self.whole_outputs, self.repeated_outputs)
 
     def __str__(self) -> str:
         from .printer import format_graph
@@ -550,4 +558,4 @@ def record_ragged_totals(graph: Graph) -> Graph:
     totals = {s: graph.inputs.index(n) for s, n in ragged_totals(graph).items()}
     return Graph(graph.inputs, graph.outputs, graph.nodes, graph.name, graph.scalar_outputs,
                  graph.output_strides, totals, graph.fresh_outputs, graph.effects, graph.size_checks,
-                 graph.whole_outputs)
+                 graph.whole_outputs, graph.repeated_outputs)
