@@ -15,10 +15,10 @@ from torch.testing._internal.common_methods_invocations import op_db
 import ember
 
 from .conftest import DEVICE, INTERPRETED_TRITON
-from .helpers import assert_same, check, flat_samples, program_of_samples
+from .helpers import assert_same, check
 from .test_cuda import compile_batches, needs_nvcc, sources
 from .test_cuda import explain as cuda_explain
-from .test_max_pool import FLOATS, _layouts
+from .test_max_pool import FLOATS, _layouts, check_gradients, check_opinfo_samples, check_tiled_backward
 
 # (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override) over (2, 3, 7, 9)
 CONFIGS_2D = [
@@ -105,21 +105,7 @@ def test_avg_pool_gradients_match_eager(memory_format, padded_on_cpu):
     def fn(x, w):
         y = F.avg_pool2d(torch.relu(x), 3, 1, 1, count_include_pad=False) * w
         return F.avg_pool2d(y, 2, ceil_mode=True) + F.avg_pool1d(x.flatten(2), 4, 3).sum()
-
-    def grads(f):
-        x = torch.randn(2, 3, 7, 8, dtype=torch.float64).contiguous(memory_format=memory_format)
-        w = torch.randn(7, 8, dtype=torch.float64)
-        x.requires_grad_(), w.requires_grad_()
-        out = f(x, w)
-        out.backward(torch.ones_like(out))
-        return out, x.grad, w.grad
-
-    torch.manual_seed(0)
-    ref = grads(fn)
-    torch.manual_seed(0)
-    got = grads(ember.compile(fn))
-    assert_same(got, ref)
-    assert got[1].stride() == ref[1].stride()
+    check_gradients(fn, memory_format)
 
 
 def test_avg_pool_of_changing_sizes_compiles_once():
@@ -153,13 +139,7 @@ _OPINFO = [op for op in op_db if op.name in ("nn.functional.avg_pool1d", "nn.fun
 
 @pytest.mark.parametrize("op", _OPINFO, ids=lambda op: op.name)
 def test_avg_pool_opinfo_samples_match_eager(op, padded_on_cpu):
-    samples = list(op.sample_inputs(DEVICE, torch.float32))
-    samples = samples[::max(1, len(samples) // 16)][:16]
-    flats = flat_samples(samples)
-    fn = program_of_samples(op.op, flats, op.name)
-    tensors = [flat[p] for flat, _, positions in flats for p in positions]
-    report = check(fn, *tensors)
-    assert report.kernels
+    assert check_opinfo_samples(op).kernels
 
 
 @INTERPRETED_TRITON
@@ -187,22 +167,10 @@ def test_avg_pool_cuda_kernels_compile_for_sm90(tmp_path, padded_on_cpu):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 def test_tiled_avg_pool_backward_is_generated_and_matches_eager(dtype, padded_on_cpu):
     # windows that tile the input: each input position gets its window's gradient over the
-    # divisor, in one kernel; rows past the last whole window (9 = 4 * 2 + 1) get none
+    # divisor, in one kernel; rows past the last whole window (9 = 4 * 2 + 1) get none; eager
+    # adds to zeros, so -0.0 becomes 0.0
     def fn(x):
         return [F.avg_pool2d(torch.relu(x) * 2, 2), F.avg_pool2d(x, (2, 3), divisor_override=4),
                 F.avg_pool2d(x[..., :8, :], 2, ceil_mode=True, count_include_pad=False)]  # (sizes that divide)
 
-    def grads(f, x):
-        x = x.detach().requires_grad_()
-        outs = f(x)
-        seeds = [torch.randn(o.shape, generator=torch.Generator().manual_seed(i)).to(dtype) for i, o in enumerate(outs)]
-        return torch.autograd.grad(outs, x, seeds)[0]
-
-    for x in (torch.randn(2, 3, 9, 6, dtype=dtype), torch.randn(3, 8, 6, dtype=dtype),
-              torch.randn(2, 3, 8, 6, dtype=dtype).to(memory_format=torch.channels_last)):
-        torch._dynamo.reset()  # (a recompile with dynamic sizes lays the gradient out otherwise: aot_eager too)
-        report = ember.Report()
-        got, ref = grads(ember.compile(fn, report=report), x), grads(fn, x)
-        assert_same(got, ref)
-        assert got.stride() == ref.stride()
-        assert not report.fallbacks, report.fallbacks
+    check_tiled_backward(fn, dtype)

@@ -156,7 +156,11 @@ def test_max_pool_gradients_match_eager(memory_format, padded_on_cpu):
     def fn(x, w):
         y = F.max_pool2d(torch.relu(x), 3, 1, 1) * w  # (overlapping windows share inputs)
         return F.max_pool2d(y, 2, ceil_mode=True) + F.max_pool1d(x.flatten(2), 4, 3).sum()
+    check_gradients(fn, memory_format)
 
+
+def check_gradients(fn, memory_format) -> None:
+    """``fn(x, w)``'s result and gradients against eager's in float64, x of (2, 3, 7, 8)."""
     def grads(f):
         x = torch.randn(2, 3, 7, 8, dtype=torch.float64).contiguous(memory_format=memory_format)
         w = torch.randn(7, 8, dtype=torch.float64)
@@ -218,14 +222,18 @@ _OPINFO = [op for op in op_db if op.name in ("nn.functional.max_pool1d", "nn.fun
 
 @pytest.mark.parametrize("op", _OPINFO, ids=lambda op: op.name)
 def test_max_pool_opinfo_samples_match_eager(op, padded_on_cpu):
-    # OpInfo has hundreds of samples per op, in runs of one shape: a spread of 16 of them
+    report = check_opinfo_samples(op)
+    assert report.kernels  # (3-d's windows of 27 positions, and empty inputs, keep ATen's kernel)
+
+
+def check_opinfo_samples(op) -> ember.Report:
+    """A spread of 16 of ``op``'s OpInfo samples (hundreds, in runs of one shape), in one program."""
     samples = list(op.sample_inputs(DEVICE, torch.float32))
     samples = samples[::max(1, len(samples) // 16)][:16]
     flats = flat_samples(samples)
     fn = program_of_samples(op.op, flats, op.name)
     tensors = [flat[p] for flat, _, positions in flats for p in positions]
-    report = check(fn, *tensors)
-    assert report.kernels  # (3-d's windows of 27 positions, and empty inputs, keep ATen's kernel)
+    return check(fn, *tensors)
 
 
 @INTERPRETED_TRITON
@@ -258,7 +266,12 @@ def test_tiled_max_pool_backward_is_generated_and_matches_eager(dtype, padded_on
     def fn(x):
         return [F.max_pool2d(torch.relu(x) * 2, 2), F.max_pool3d(x.unsqueeze(1), (1, 2, 2)),
                 F.max_pool2d(x[..., :8, :], (2, 3), ceil_mode=True)]  # (sizes that divide)
+    check_tiled_backward(fn, dtype)
 
+
+def check_tiled_backward(fn, dtype) -> None:
+    """``fn``'s input gradient against eager's (values, strides, signs of zeros; one seed -0.0)
+    for a (2, 3, 9, 6), an unbatched and a channels_last input, with no ATen call left."""
     def grads(f, x):
         x = x.detach().requires_grad_()
         outs = f(x)
