@@ -417,6 +417,38 @@ def test_any_and_all_over_no_dims_reduce_nothing():
             assert_same(out, fn(a))
 
 
+_BOOL_SUMS = [  # (a row of 32 trues wrapped a byte accumulator to false; 40000 elements: the threads' path)
+    ("rows", lambda x: x.sum(1, dtype=torch.bool), (2, 32), True),  # (True: under Triton too)
+    ("whole", lambda x: x.sum(dtype=torch.bool), (40000,), True),
+    ("columns", lambda x: x.sum(0, dtype=torch.bool), (300, 200), False),  # (interpreted: minutes)
+    ("products", lambda x: (x.prod(dtype=torch.bool), x.prod(1, dtype=torch.bool)), (200, 200), False),
+]
+
+
+@pytest.mark.parametrize("name,fn,shape,target", [
+    *(pytest.param(n, f, s, None, id=f"{n}-native") for n, f, s, _ in _BOOL_SUMS),
+    *(pytest.param(n, f, s, "triton", id=f"{n}-triton", marks=on_the_interpreter) for n, f, s, t in _BOOL_SUMS if t)])
+def test_sums_into_bool_are_any_element_nonzero(name, fn, shape, target):
+    # a bool sum accumulated in a bool with +: OpenMP's partials added to invalid bool bytes
+    # (wrong results, a crash on the threads' path); eager's is "any element nonzero"
+    options = {"target": target} if target else None
+    ones = torch.ones(shape, dtype=torch.int8, device=DEVICE)
+    last = torch.zeros(shape, dtype=torch.int8, device=DEVICE)
+    last.view(-1)[-1] = 3
+    mixed = (torch.rand(shape, generator=torch.Generator().manual_seed(0)) > 0.995).to(torch.int8).to(DEVICE)
+    for x in (ones, last, mixed, torch.zeros_like(ones)):
+        check(fn, x, options=options)
+
+
+def test_bool_sums_render_as_any_on_every_backend():
+    x = torch.ones(2, 40000, dtype=torch.int8)
+    for target, any_op, sum_op in (("cpp", "reduction(||:", "reduction(+:"), ("cuda", "EmberAnyOp", "EmberSumOp"),
+                                   ("triton", "eh.logical_or", "eh.add")):
+        for fn in (lambda x: x.sum(1, dtype=torch.bool), lambda x: x.sum(dtype=torch.bool)):
+            (k,) = ember.explain(fn, x, target=target).kernels
+            assert any_op in k.source and sum_op not in k.source, (target, k.source)
+
+
 def test_float16_roots_by_pow_are_eagers():
     # eager's CPU pow takes no root for float16 (pow(-inf, 0.5) is inf, sqrt's nan; pow(-0, -0.5)
     # is inf, rsqrt's -inf); bool ** bool raises in eager

@@ -66,6 +66,10 @@ def _count(x: Node, dims: Sequence[int]) -> sympy.Expr:
 @register(aten.sum.dim_IntList, aten.sum.default)
 def _sum(ctx: Context, x: Node, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Node:
     x = ctx.cast(x, ctx.out_dtype)
+    if x.dtype.is_bool:
+        # a sum into bool is eager's "any element nonzero"; as a bool-typed sum, kernels added
+        # bytes (an OpenMP + reduction's partials, 32 trues wrapping to 0) into invalid bools
+        return _reduce(ctx, Op.ANY, x, _dims(dim, x.rank), keepdim)
     if x.dtype.is_low_precision:
         x = ctx.cast(x, dt.float32)  # accumulate wide; the result is cast back
     return _reduce(ctx, Op.SUM, x, _dims(dim, x.rank), keepdim)

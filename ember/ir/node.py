@@ -194,6 +194,10 @@ def infer(op: Op, inputs: Sequence[Node], arg: Any, dtype: dt.DType | None) -> t
         dims = tuple(arg)
         if any(d < 0 or d >= x.rank for d in dims) or list(dims) != sorted(set(dims)):
             raise IRError(f"{op.value}: bad reduce dims {dims} for rank {x.rank}")
+        if op is Op.SUM and x.dtype.is_bool:
+            # (a kernel would add in a bool accumulator, whose partials combine to invalid bool
+            # bytes: a sum into bool is lowered as any, aten_reductions._sum)
+            raise IRError("sum of bools: make it any")
         out_shape = tuple(sympy.Integer(1) if i in dims else s for i, s in enumerate(x.shape))
         if op in (Op.ARGMAX, Op.ARGMIN):
             return dt.int64, out_shape
