@@ -449,6 +449,25 @@ def test_bool_sums_render_as_any_on_every_backend():
             assert any_op in k.source and sum_op not in k.source, (target, k.source)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32])
+def test_sums_of_one_negative_zero_are_positive_zero_as_eager(dtype):
+    # eager's sums start from +0.0: the sum of a lone -0.0 (a 0-d tensor's, a scan's first
+    # element) is 0.0; ember took the element itself. A product, and a 0-d tensor's cumsum, keep it
+    zero = torch.tensor(-0.0, dtype=torch.float32, device=DEVICE).to(dtype)
+    column = torch.full((2, 1), -0.0, device=DEVICE).to(dtype)
+    cases = [(lambda x: x.sum(), zero), (lambda x: x.sum(0), zero), (lambda x: x.nansum(), zero),
+             (lambda x: x.sum(dtype=torch.float64), zero), (lambda x: x.prod(), zero),
+             (lambda x: x.cumsum(1), column), (lambda x: x.cumsum(0), zero.view(1)),
+             (lambda x: x.cumsum(0), zero), (lambda x: x.cumprod(1), column)]
+    if dtype.is_floating_point:
+        cases += [(lambda x: x.mean(), zero), (lambda x: x.nanmean(), zero),
+                  (lambda x: torch.logcumsumexp(x, 1), column), (lambda x: torch.logcumsumexp(x, 0), zero)]
+    for i, (fn, x) in enumerate(cases):
+        out, ref = run(fn, x)[0], fn(x)
+        assert_same(out, ref)
+        assert torch.equal(out.signbit(), ref.signbit()), (i, out, ref)
+
+
 def test_float16_roots_by_pow_are_eagers():
     # eager's CPU pow takes no root for float16 (pow(-inf, 0.5) is inf, sqrt's nan; pow(-0, -0.5)
     # is inf, rsqrt's -inf); bool ** bool raises in eager

@@ -54,6 +54,8 @@ def _reduce(ctx: Context, op: Op, x: Node, dims: tuple[int, ...], keepdim: bool)
         node = ctx.make(op, (x,), dims)
     elif op in (Op.ARGMAX, Op.ARGMIN):
         node = ctx.operand(0, dt.int64, x.shape)  # the only position of a 0-d tensor
+    elif op is Op.SUM:
+        node = ctx.sum_of_one(x)  # (a 0-d tensor's -0.0 sums to 0.0, as in eager)
     else:
         node = x
     return _keepdim_or_squeeze(ctx, node, dims, keepdim)

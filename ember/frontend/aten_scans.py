@@ -37,10 +37,14 @@ def _scan(ctx: Context, x: Node, dim: int, *, dtype: Any = None) -> Node:
         raise Unsupported(f"a {ctx.aten} into bool")
     x = ctx.cast(x, out)
     if x.rank == 0:
-        return x  # (one element: the scan is the element)
+        return x  # (one element: the scan is the element, -0.0 too, as eager's copy of it)
     d = dim % x.rank
-    if sh.is_one(x.shape[d]) or any(sh.equal(s, 0) for s in x.shape):
-        return x  # one element along the dim (its own scan), or none at all
+    if any(sh.equal(s, 0) for s in x.shape):
+        return x  # no elements at all
+    if sh.is_one(x.shape[d]):
+        # one element along the dim: its own scan, but a cumsum or logcumsumexp of -0.0 is
+        # 0.0 in eager (its sums start from 0.0, its logaddexp from -inf: -0.0 + log1p(0))
+        return x if combine == "prod" else ctx.sum_of_one(x)
     return ctx.make(Op.SCAN, (x,), ScanArg(combine, d))
 
 

@@ -151,6 +151,13 @@ class Context:
         node = x if isinstance(x, Node) else self.const(x, dtype)
         return self.expand_to(self.cast(node, dtype), shape)
 
+    def sum_of_one(self, x: Node) -> Node:
+        """A sum (or a sum's scan) of one element: float elements plus 0.0, as eager's sums start
+        from +0.0 (a lone -0.0 sums to 0.0; adding 0.0 changes no other value), integers as they are."""
+        if not x.dtype.is_float:
+            return x
+        return self.make(Op.ADD, (x, self.operand(0.0, x.dtype, x.shape)))
+
     def reshape(self, x: Node, shape: Sequence[Any]) -> Node:
         new = sh.shape(shape)
         if sh.shapes_equal(new, x.shape):
