@@ -43,8 +43,10 @@ def _scan(ctx: Context, x: Node, dim: int, *, dtype: Any = None) -> Node:
         return x  # no elements at all
     if sh.is_one(x.shape[d]):
         # one element along the dim: its own scan, but a cumsum or logcumsumexp of -0.0 is
-        # 0.0 in eager (its sums start from 0.0, its logaddexp from -inf: -0.0 + log1p(0))
-        return x if combine == "prod" else ctx.sum_of_one(x)
+        # 0.0 in eager (its sums start from 0.0, its logaddexp from -inf: -0.0 + log1p(0)).
+        # eager's CUDA scans copy a tensor of one element, keeping -0.0
+        alone = ctx.device != "cpu" and all(sh.is_one(s) for s in x.shape)
+        return x if combine == "prod" or alone else ctx.sum_of_one(x)
     return ctx.make(Op.SCAN, (x,), ScanArg(combine, d))
 
 
