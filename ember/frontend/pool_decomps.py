@@ -183,16 +183,25 @@ def _avg_divisor(x: torch.Tensor, first: int, out_sizes: list[Any], ks: list[int
         return divisor_override
     if count_include_pad and not ceil_mode:
         return math.prod(ks)  # (every window lies within the padded input)
-    in_sizes = list(x.shape[-len(ks):])
-    divisor = None
+    windows = []
     for d in range(len(ks)):
         shape = [1] * (len(ks) + 2)
         shape[first + d] = out_sizes[d]
-        start = torch.arange(out_sizes[d], device=x.device).reshape(shape) * st[d] - pa[d]
+        windows.append(torch.arange(out_sizes[d], device=x.device).reshape(shape))
+    return _divisor_of(windows, list(x.shape[-len(ks):]), ks, st, pa, count_include_pad)
+
+
+def _divisor_of(windows: list[torch.Tensor], in_sizes: list[Any], ks: list[int], st: list[int], pa: list[int],
+                count_include_pad: bool) -> torch.Tensor:
+    """eager's divisor of the windows numbered ``windows`` (one index tensor a dim, broadcasting)."""
+    divisor = None
+    for d, o in enumerate(windows):
+        start = o * st[d] - pa[d]
         end = torch.clamp(start + ks[d], max=in_sizes[d] + pa[d])
         if not count_include_pad:
             start, end = torch.clamp(start, min=0), torch.clamp(end, max=in_sizes[d])
         divisor = end - start if divisor is None else divisor * (end - start)
+    assert divisor is not None
     return divisor
 
 
@@ -250,10 +259,10 @@ def pool_decompositions() -> dict[Any, Callable[..., Any]]:
             aten.max_pool3d_with_indices.default: _max_pool_with_indices(aten.max_pool3d_with_indices, 3),
             aten.avg_pool2d.default: _avg_pool(aten.avg_pool2d, 2),
             aten.avg_pool3d.default: _avg_pool(aten.avg_pool3d, 3),
-            aten.max_pool2d_with_indices_backward.default: _tiled_max_backward(2, "max_pool2d_with_indices"),
-            aten.max_pool3d_with_indices_backward.default: _tiled_max_backward(3, "max_pool3d_with_indices"),
-            aten.avg_pool2d_backward.default: _tiled_avg_backward(2, "avg_pool2d"),
-            aten.avg_pool3d_backward.default: _tiled_avg_backward(3, "avg_pool3d")}
+            aten.max_pool2d_with_indices_backward.default: _max_backward(2, "max_pool2d_with_indices"),
+            aten.max_pool3d_with_indices_backward.default: _max_backward(3, "max_pool3d_with_indices"),
+            aten.avg_pool2d_backward.default: _avg_backward(2, "avg_pool2d"),
+            aten.avg_pool3d_backward.default: _avg_backward(3, "avg_pool3d")}
 
 
 # ---- backwards where the windows tile the input ------------------------------------------------
@@ -294,43 +303,121 @@ def _backward_meta(name: str) -> Callable[..., Any] | None:
     return getattr(metas, f"meta_{name}_backward", None)
 
 
-def _tiled_avg_backward(n_dim: int, name: str) -> Callable[..., Any]:
+def _gathered(x: torch.Tensor, grad: torch.Tensor, ks: list[int], st: list[int], pa: list[int], span: list[int],
+              term: Callable[[tuple[torch.Tensor, ...], torch.Tensor], torch.Tensor],
+              meta: Callable[[], torch.Tensor]) -> Any:
+    """The general backward in gather form, pointwise over the input: each input position sums
+    ``term(windows, valid)`` over the windows that can hold it, in increasing window order (the
+    last dim's innermost), from +0.0, in float for 16-bit gradients (eager's CUDA kernels; its
+    CPU kernels add each window's share in the output's order: the same sum). ``windows`` are
+    the candidates' numbers, clamped into the output (one index tensor a dim, broadcasting over
+    the input's spatial dims), ``valid`` where a candidate exists and its window's ``span``
+    reaches the position. ``meta()`` runs eager's checks and gives its result's layout.
+    NotImplemented where not decomposed (ATen's kernel)."""
+    n_dim = len(ks)
+    if not (len(st) == len(pa) == len(span) == n_dim and min(ks) > 0 and min(st) > 0
+            and grad.dtype.is_floating_point and grad.dtype.itemsize >= 2 and x.numel() != 0
+            and grad.layout == torch.strided and grad.dim() == x.dim()
+            and (grad.device.type == "cuda" or grad.device.type == "cpu" and PADDED_ON_CPU)):
+        return NotImplemented
+    counts = [-(-w // s) for w, s in zip(span, st)]  # (windows holding a position, at most, a dim)
+    if math.prod(counts) > UNROLLED_WINDOW:
+        return NotImplemented
+    like = meta()
+    per_dim = []
+    for d in range(n_dim):
+        in_size, out_size = x.shape[x.dim() - n_dim + d], grad.shape[grad.dim() - n_dim + d]
+        shape = [1] * n_dim
+        shape[d] = in_size
+        i = torch.arange(in_size, device=grad.device).reshape(shape) + pa[d]
+        last = i // st[d]  # (the last window starting at or before the position)
+        options = []
+        for c in reversed(range(counts[d])):
+            o = last - c
+            valid = (o >= 0) & (o < out_size) & (i - o * st[d] < span[d])
+            options.append((torch.where(valid, o, 0), valid))
+        per_dim.append(options)
+    acc = torch.float32 if grad.dtype.itemsize < 4 else grad.dtype
+    total = None
+    for choice in itertools.product(*per_dim):
+        valid = choice[0][1]
+        for _, v in choice[1:]:
+            valid = valid & v
+        t = term(tuple(o for o, _ in choice), valid).to(acc)
+        total = t + 0.0 if total is None else total + t  # (eager adds to a zero: 0 + -0.0 is 0.0)
+    assert total is not None
+    return _laid_out_as(total.to(grad.dtype), like)
+
+
+def _avg_backward(n_dim: int, name: str) -> Callable[..., Any]:
     meta = _backward_meta(name)
 
     def decompose(grad: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[Any], stride: Sequence[Any],
                   padding: Sequence[Any], ceil_mode: bool, count_include_pad: bool,
                   divisor_override: int | None) -> Any:
         ks, st, pa = _expand(kernel_size, n_dim), _expand(stride, n_dim), _expand(padding, n_dim)
-        if meta is None or not _tiles(x, grad, ks, st or ks, pa, [1] * n_dim, ceil_mode):
+        st = st or ks
+        if meta is None:
             return NotImplemented
-        like = meta(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-        # eager: grad_input = 0 + grad_output / divisor, in float for 16-bit gradients
-        acc = torch.float32 if grad.dtype.itemsize < 4 else grad.dtype
-        share = grad.to(acc) / (divisor_override or math.prod(ks)) + 0.0
-        result = _cover(_spread(share, ks), list(x.shape[-n_dim:])).to(grad.dtype)
-        return _laid_out_as(result, like)
+        if _tiles(x, grad, ks, st, pa, [1] * n_dim, ceil_mode):
+            like = meta(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+            # eager: grad_input = 0 + grad_output / divisor, in float for 16-bit gradients
+            acc = torch.float32 if grad.dtype.itemsize < 4 else grad.dtype
+            share = grad.to(acc) / (divisor_override or math.prod(ks)) + 0.0
+            result = _cover(_spread(share, ks), list(x.shape[-n_dim:])).to(grad.dtype)
+            return _laid_out_as(result, like)
+        if not len(ks) == len(st) == len(pa) == n_dim or n_dim == 3 and x.device.type == "cpu" \
+                and x.dtype.itemsize < 4:  # (eager's CPU kernel has no 16-bit avg_pool3d: its error)
+            return NotImplemented
+        in_sizes = list(x.shape[-n_dim:])
+        g = grad.to(torch.float32 if grad.dtype.itemsize < 4 else grad.dtype)
+
+        def term(windows: tuple[torch.Tensor, ...], valid: torch.Tensor) -> torch.Tensor:
+            divisor = divisor_override or _divisor_of(list(windows), in_sizes, ks, st, pa, count_include_pad)
+            return torch.where(valid, g[(Ellipsis, *windows)] / divisor, 0.0)
+
+        return _gathered(x, grad, ks, st, pa, ks, term, lambda: meta(
+            grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override))
     return decompose
 
 
-def _tiled_max_backward(n_dim: int, name: str) -> Callable[..., Any]:
+def _max_backward(n_dim: int, name: str) -> Callable[..., Any]:
     meta = _backward_meta(name)
 
     def decompose(grad: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[Any], stride: Sequence[Any],
                   padding: Sequence[Any], dilation: Sequence[Any], ceil_mode: bool, indices: torch.Tensor) -> Any:
         ks, st, pa = _expand(kernel_size, n_dim), _expand(stride, n_dim), _expand(padding, n_dim)
-        if meta is None or not _tiles(x, grad, ks, st or ks, pa, _expand(dilation, n_dim), ceil_mode):
+        st, di = st or ks, _expand(dilation, n_dim)
+        if meta is None:
             return NotImplemented
-        like = meta(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices)
-        # each input position takes its window's gradient where the window's index is its own
-        # position in the plane (eager adds it to a zero: 0 + -0.0 is 0.0)
-        covered = [o * k for o, k in zip(grad.shape[-n_dim:], ks)]
-        own = None
-        for d in range(n_dim):
-            shape = [1] * n_dim
-            shape[d] = covered[d]
-            coord = torch.arange(covered[d], device=grad.device).reshape(shape)
-            own = coord if own is None else own * x.shape[x.dim() - n_dim + d] + coord
-        picked = torch.where(_spread(indices, ks) == own, _spread(grad, ks), 0.0) + 0.0
-        result = _cover(picked, list(x.shape[-n_dim:]))
-        return _laid_out_as(result, like)
+        in_sizes = list(x.shape[-n_dim:])
+        if _tiles(x, grad, ks, st, pa, di, ceil_mode):
+            like = meta(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices)
+            # each input position takes its window's gradient where the window's index is its own
+            # position in the plane (eager adds it to a zero: 0 + -0.0 is 0.0)
+            covered = [o * k for o, k in zip(grad.shape[-n_dim:], ks)]
+            picked = torch.where(_spread(indices, ks) == _own(covered, in_sizes, grad.device),
+                                 _spread(grad, ks), 0.0) + 0.0
+            return _laid_out_as(_cover(picked, in_sizes), like)
+        if not len(ks) == len(st) == len(pa) == len(di) == n_dim or indices.shape != grad.shape:
+            return NotImplemented
+        own = _own(in_sizes, in_sizes, grad.device)
+        # (a window whose index is the position's own holds it: a dilated window's gaps need no test)
+        span = [(k - 1) * d + 1 for k, d in zip(ks, di)]
+        return _gathered(x, grad, ks, st, pa, span, lambda windows, valid: torch.where(
+            valid & (indices[(Ellipsis, *windows)] == own), grad[(Ellipsis, *windows)], 0.0),
+            lambda: meta(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices))
     return decompose
+
+
+def _own(sizes: list[Any], in_sizes: list[Any], device: torch.device) -> torch.Tensor:
+    """Each position's flattened index in an input plane of ``in_sizes`` (eager's indices), over
+    the first ``sizes`` of each dim."""
+    own = None
+    for d in range(len(sizes)):
+        shape = [1] * len(sizes)
+        shape[d] = sizes[d]
+        coord = torch.arange(sizes[d], device=device).reshape(shape)
+        own = coord if own is None else own * in_sizes[d] + coord
+    assert own is not None
+    return own
