@@ -18,7 +18,7 @@ from .conftest import DEVICE, INTERPRETED_TRITON
 from .helpers import assert_same, check
 from .test_cuda import compile_batches, needs_nvcc, sources
 from .test_cuda import explain as cuda_explain
-from .test_max_pool import FLOATS, _layouts, check_gradients, check_opinfo_samples, check_tiled_backward
+from .test_max_pool import FLOATS, _layouts, check_backward, check_gradients, check_opinfo_samples
 
 # (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override) over (2, 3, 7, 9)
 CONFIGS_2D = [
@@ -174,4 +174,20 @@ def test_tiled_avg_pool_backward_is_generated_and_matches_eager(dtype, padded_on
         return [F.avg_pool2d(torch.relu(x) * 2, 2), F.avg_pool2d(x, (2, 3), divisor_override=4),
                 F.avg_pool2d(x[..., :8, :], 2, ceil_mode=True, count_include_pad=False)]  # (sizes that divide)
 
-    check_tiled_backward(fn, dtype)
+    check_backward(fn, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+def test_overlapping_avg_pool_backward_is_generated_and_matches_eager(dtype, padded_on_cpu):
+    # each input position sums the shares of the windows holding it, each over eager's divisor:
+    # padding (counted or not), ceil_mode's partial windows, divisor_override, 1-d and 3-d
+    def fn(x):
+        pools = [F.avg_pool2d(torch.relu(x) * 2, 3, 2, 1), F.avg_pool2d(x, 3, 2, 1, count_include_pad=False)]
+        if x.shape[0] != 2 or not x.is_contiguous():  # (other layouts: two cases, for the compile's time)
+            return pools
+        return [*pools, F.avg_pool2d(x, (3, 2), 2, (1, 0), ceil_mode=True),
+                F.avg_pool2d(x, (2, 3), (1, 2), 1, True, False), F.avg_pool2d(x, 3, 1, 1, divisor_override=5),
+                F.avg_pool1d(x.flatten(-2), 4, 3, 2, ceil_mode=True, count_include_pad=False),
+                *([F.avg_pool3d(x.unsqueeze(-4), (2, 3, 3), (1, 2, 2), 1, True, False)]
+                  if dtype != torch.bfloat16 else [])]  # (eager's CPU kernel has no 16-bit avg_pool3d)
+    check_backward(fn, dtype)
