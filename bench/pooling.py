@@ -7,7 +7,11 @@ and channels_last; a DenseNet transition's 2x2 average pooling and a padded 3x3/
 indices), and of the input's gradient against eager in float64, kernels and ATen calls per compile,
 then medians of interleaved rounds (CUDA events on the GPU, wall time on the CPU). One device call:
 
-    python bench/pooling.py [--device cuda|cpu] [--backends triton,cuda] [--batch N]
+    python bench/pooling.py [--device cuda|cpu] [--backends triton,cuda] [--batch N] [--only TEXT]
+                            [--padded-on-cpu]
+
+``--padded-on-cpu`` decomposes padded windows and the backwards of overlapping windows (gather
+form) on CPU tensors too, as on GPUs (frontend/pool_decomps.py keeps them with ATen there).
 """
 
 from __future__ import annotations
@@ -130,15 +134,50 @@ def _case(name: str, fn: Callable[..., torch.Tensor], x: torch.Tensor, device: s
     return rows
 
 
-def run(device: str, backends: list[str], batch: int) -> str:
+def run(device: str, backends: list[str], batch: int, only: str = "") -> str:
     timer = (lambda v: interleaved_gpu_times(v, rounds=3, rep_ms=20)) if device == "cuda" else (
         lambda v: {k: s * 1e3 for k, s in median_times(v, reps=20).items()})
-    rows = [row for name, (fn, x) in cases(batch, device).items()
+    rows = [row for name, (fn, x) in cases(batch, device).items() if only in name
             for row in _case(name, fn, x, device, backends, timer)]
+    alone = backwards_alone(device, backends, batch, timer)
     columns = [h for b in backends for h in (f"ember-{b} µs", f"ember-{b}, ATen pool µs")]
     header = ["case", "eager µs", "Inductor µs", *columns, *[f"{b} vs Inductor" for b in backends],
               *[f"{b} vs ATen pool" for b in backends], "checks"]
-    return table(rows, header)
+    return table(rows, header) + "\n\n" + alone
+
+
+def backwards_alone(device: str, backends: list[str], batch: int,
+                    timer: Callable[[dict[str, Callable[[], Any]]], dict[str, float]]) -> str:
+    """The backwards of overlapping windows alone (3x3/2, padding 1, 64x112x112): ATen's kernel
+    (eager) against ember's gather form, a pointwise kernel over the input (ATen's kernel too on
+    CPU tensors unless --padded-on-cpu)."""
+    aten = torch.ops.aten
+    rows = []
+    for channels_last in (False, True):
+        x = torch.randn(batch, 64, 112, 112, device=device)
+        x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+        _, index = F.max_pool2d_with_indices(x, 3, 2, 1)
+        grad = torch.randn_like(index, dtype=x.dtype)  # (laid out as the pooling's result)
+        ops = {"max": lambda g, x, i: aten.max_pool2d_with_indices_backward(g, x, [3, 3], [2, 2], [1, 1], [1, 1],
+                                                                            False, i),
+               "avg, count_include_pad=False": lambda g, x, i: aten.avg_pool2d_backward(
+                   g, x, [3, 3], [2, 2], [1, 1], False, False, None)}
+        for name, op in ops.items():
+            fns: dict[str, Callable[..., Any]] = {"eager": op}
+            notes = []
+            for b in backends:
+                report = ember.Report()
+                fns[b] = ember.compile(op, options={"gpu_backend": b} if device == "cuda" else {}, report=report)
+                same = torch.equal(fns[b](grad, x, index), op(grad, x, index))
+                notes.append(f"{b}: {'bit-exact' if same else 'DIFFERS'}, {len(report.kernels)} kernel(s)"
+                             + (f", ATen: {', '.join(sorted(set(report.fallbacks)))}" if report.fallbacks else ""))
+            ms = timer({k: (lambda f=f, args=(grad, x, index): f(*args)) for k, f in fns.items()})
+            rows.append((f"{name} 3x3/2 pad 1 bwd, {batch}x64x112x112 f32{' NHWC' if channels_last else ''}",
+                         *[f"{ms[k] * 1e3:.1f}" for k in fns], *[f"{ms['eager'] / ms[b]:.2f}x" for b in backends],
+                         "; ".join(notes)))
+            torch._dynamo.reset()
+    return table(rows, ["backward alone", "ATen µs", *[f"ember-{b} µs" for b in backends],
+                        *[f"{b} vs ATen" for b in backends], "checks"])
 
 
 def main() -> int:
@@ -146,12 +185,18 @@ def main() -> int:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--backends", default="triton,cuda", help="GPU backends to time (cpu: one ember column)")
     p.add_argument("--batch", type=int, default=None, help="images a batch (default 64 on cuda, 4 on cpu)")
+    p.add_argument("--only", default="", help="the cases whose names hold this text")
+    p.add_argument("--padded-on-cpu", action="store_true", help="padded windows and overlapping backwards "
+                   "decomposed on CPU tensors too")
     a = p.parse_args()
+    if a.padded_on_cpu:
+        from ember.frontend import pool_decomps
+        pool_decomps.PADDED_ON_CPU = True
     backends = [b for b in a.backends.split(",") if b] if a.device == "cuda" else ["cpp"]
     batch = a.batch or (64 if a.device == "cuda" else 4)
     where = f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if a.device == "cuda" else machine()
-    print(f"# pooling on {where}, batch {batch}")
-    print(run(a.device, backends, batch))
+    print(f"# pooling on {where}, batch {batch}" + (", padded windows decomposed on the CPU" * a.padded_on_cpu))
+    print(run(a.device, backends, batch, a.only))
     return 0
 
 

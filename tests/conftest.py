@@ -71,7 +71,8 @@ def cache_dir() -> Path:
 
 @pytest.fixture
 def padded_on_cpu(monkeypatch):
-    """Padded pooling windows decomposed on CPU tensors too (frontend/pool_decomps.py keeps them
-    with ATen there, for speed), so that their values are checked by the CPU tests."""
+    """Padded pooling windows, and overlapping windows' backwards, decomposed on CPU tensors too
+    (frontend/pool_decomps.py keeps them with ATen there, for speed), so that their values are
+    checked by the CPU tests."""
     from ember.frontend import pool_decomps
     monkeypatch.setattr(pool_decomps, "PADDED_ON_CPU", True)

@@ -1,9 +1,9 @@
 """Average pooling (1-d, 2-d, 3-d) generated as one pointwise kernel, against eager: values over
 dtypes and layouts (eager's result strides), count_include_pad, ceil_mode and divisor_override,
 gradients, fusion with the op before it, symbolic sizes, eager's errors, and the inputs that stay
-with ATen's kernel. Padded windows are decomposed on GPUs only (frontend/pool_decomps.py); the
-``padded_on_cpu`` fixture (conftest.py) turns them on for CPU tensors, so their values are checked
-here too."""
+with ATen's kernel. Padded windows, and the backwards of overlapping windows, are decomposed on
+GPUs only (frontend/pool_decomps.py); the ``padded_on_cpu`` fixture (conftest.py) turns them on
+for CPU tensors, so their values are checked here too."""
 
 from __future__ import annotations
 

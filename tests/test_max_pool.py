@@ -2,8 +2,9 @@
 eager: values, indices (eager's at ties, NaN and windows of -inf), gradients, fusion with the op
 before it, symbolic sizes, and the inputs that stay with ATen's kernel.
 
-Padded windows are decomposed on GPUs only (frontend/pool_decomps.py); the ``padded_on_cpu``
-fixture (conftest.py) turns them on for CPU tensors, so their values are checked here too."""
+Padded windows, and the backwards of overlapping windows, are decomposed on GPUs only
+(frontend/pool_decomps.py); the ``padded_on_cpu`` fixture (conftest.py) turns them on for CPU
+tensors, so their values are checked here too."""
 
 from __future__ import annotations
 

@@ -28,10 +28,14 @@ channels innermost; the results are laid out as eager's (its meta function's). e
 (kernel, stride, padding and dilation against the input's size) are its meta function's, run
 first, with eager's messages.
 
-Backwards: where the windows tile the input (stride = window, no padding or dilation: a VGG
-block's or a DenseNet transition's 2x2), each input position takes the gradient of the one window
-holding it (max pooling: where that window's index is the position's own), a pointwise kernel
-over the input that fuses with what comes before it. Other backwards are ATen's kernels.
+Backwards: each input position sums the gradients of the windows that can hold it (at most
+ceil(window / stride) a dim, unrolled; from +0.0, in increasing window order, in float for 16-bit
+gradients: eager's sums), a pointwise kernel over the input, gathering, with no scatter or atomics,
+that fuses with what comes before it. Max pooling: a window's gradient goes where its index is the
+position's own; average pooling: its share over eager's divisor. Where the windows tile the input
+(stride = window, no padding or dilation: a VGG block's or a DenseNet transition's 2x2) the one
+window is found by division. Overlapping windows are gathered on GPUs only (on the CPU the gather
+took 1.5-6x ATen's kernel's time: bench/pooling.py), as padded windows.
 """
 
 from __future__ import annotations
@@ -50,8 +54,8 @@ aten = torch.ops.aten
 # Windows of up to this many positions are unrolled, one strided view each (Inductor's limit too);
 # larger ones keep ATen's kernel.
 UNROLLED_WINDOW = 25
-# Padded windows (and ceil_mode's) on the CPU keep ATen's kernel (slower decomposed: see above);
-# tests turn this on to check the decomposition's values on CPU tensors.
+# Padded windows (and ceil_mode's), and the backwards of overlapping windows, on the CPU keep ATen's
+# kernel (slower decomposed: see above); tests turn this on to check the values on CPU tensors.
 PADDED_ON_CPU = False
 
 
@@ -252,9 +256,9 @@ def _input_index(at: torch.Tensor, first: int, out_sizes: list[Any], in_sizes: l
 
 
 def pool_decompositions() -> dict[Any, Callable[..., Any]]:
-    """Decomposition-table entries for max and average pooling, and for their backwards where the
-    windows tile the input (other backwards stay ATen's kernels: torch 2.13's decomposition of max
-    pooling's, a scatter-add at the indices, took 1.8x as long on the CPU)."""
+    """Decomposition-table entries for max and average pooling and their backwards (torch 2.13's
+    decomposition of max pooling's backward, a scatter-add at the indices, took 1.8x as long as
+    ATen's kernel on the CPU; these gather)."""
     return {aten.max_pool2d_with_indices.default: _max_pool_with_indices(aten.max_pool2d_with_indices, 2),
             aten.max_pool3d_with_indices.default: _max_pool_with_indices(aten.max_pool3d_with_indices, 3),
             aten.avg_pool2d.default: _avg_pool(aten.avg_pool2d, 2),
@@ -265,7 +269,7 @@ def pool_decompositions() -> dict[Any, Callable[..., Any]]:
             aten.avg_pool3d_backward.default: _avg_backward(3, "avg_pool3d")}
 
 
-# ---- backwards where the windows tile the input ------------------------------------------------
+# ---- backwards ------------------------------------------------------------------------------------
 
 def _tiles(x: torch.Tensor, grad: torch.Tensor, ks: list[int], st: list[int], pa: list[int], di: list[int],
            ceil_mode: bool) -> bool:
