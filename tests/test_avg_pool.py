@@ -186,7 +186,7 @@ def test_overlapping_avg_pool_backward_is_generated_and_matches_eager(dtype, pad
         if x.shape[0] != 2 or not x.is_contiguous():  # (other layouts: two cases, for the compile's time)
             return pools
         return [*pools, F.avg_pool2d(x, (3, 2), 2, (1, 0), ceil_mode=True),
-                F.avg_pool2d(x, (2, 3), (1, 2), 1, True, False), F.avg_pool2d(x, 3, 1, 1, divisor_override=5),
+                F.avg_pool2d(x, (2, 3), (1, 2), 1, True, False), F.avg_pool2d(x, 3, 2, 1, divisor_override=5),
                 F.avg_pool1d(x.flatten(-2), 4, 3, 2, ceil_mode=True, count_include_pad=False),
                 *([F.avg_pool3d(x.unsqueeze(-4), (2, 3, 3), (1, 2, 2), 1, True, False)]
                   if dtype != torch.bfloat16 else [])]  # (eager's CPU kernel has no 16-bit avg_pool3d)

@@ -305,14 +305,14 @@ def test_overlapping_max_pool_backward_is_generated_and_matches_eager(dtype, pad
     # kernel: padding, ceil_mode's partial windows, dilation, 1-d and 3-d, windows sharing a
     # maximum (a constant input: the gradients sum), windows of -inf and NaN
     def fn(x):
-        ties = torch.zeros_like(x) + 1.0
+        ties = torch.zeros_like(x) + 1.0  # (windows starting at -1 and 0 both pick position 0)
         edge = torch.where(x > 1.0, float("nan"), torch.where(x < 0.0, -float("inf"), x))
         pools = [F.max_pool2d(torch.relu(x) * 2, 3, 2, 1), F.max_pool2d(x, (3, 2), 2, (1, 0), ceil_mode=True)]
         if x.shape[0] != 2 or not x.is_contiguous():  # (other layouts: two cases, for the compile's time)
             return pools
-        return [*pools, F.max_pool2d(x, 3, 1, 1, 2), F.max_pool1d(x.flatten(-2), 4, 3, 2, ceil_mode=True),
+        return [*pools, F.max_pool2d(x, 3, 2, 1, 2), F.max_pool1d(x.flatten(-2), 4, 3, 2, ceil_mode=True),
                 F.max_pool3d(x.unsqueeze(-4), (2, 3, 3), (1, 2, 2), (1, 1, 1)),
-                F.max_pool2d(ties, 3, 1, 1) * x[..., :1, :1], F.max_pool2d(edge, 3, 2, 1)]
+                F.max_pool2d(ties, 2, 1, 1) * x[..., :1, :1], F.max_pool2d(edge, 3, 2, 1)]
     check_backward(fn, dtype)
 
 
