@@ -99,6 +99,19 @@ def test_avg_pool_1d_and_3d_match_eager(padded_on_cpu):
     assert [t.stride() for t in ember.compile(fn)(*args)] == [t.stride() for t in fn(*args)]
 
 
+def test_avg_pool_of_one_channel_has_eagers_strides(padded_on_cpu):
+    # a channels_last(_3d) input of one channel: avg_pool3d's result is eager's contiguous one,
+    # strides of the size-1 channel dim included (.contiguous() kept the pooled (8, 1, 4, 2, 1))
+    fn = lambda x3, x2: [F.avg_pool3d(x3, 2), F.avg_pool3d(x3, 2, 2, 1), F.max_pool3d(x3, 2),  # noqa: E731
+                         F.avg_pool2d(x2, 2), F.max_pool2d(x2, 2, return_indices=True)]
+    args = (torch.randn(2, 1, 4, 4, 4, device=DEVICE).to(memory_format=torch.channels_last_3d),
+            torch.randn(2, 1, 4, 6, device=DEVICE).to(memory_format=torch.channels_last))
+    check(fn, *args)
+    got, ref = ember.compile(fn)(*args), fn(*args)
+    assert [t.stride() for t in got[:4]] == [t.stride() for t in ref[:4]]
+    assert [t.stride() for t in got[4]] == [t.stride() for t in ref[4]]
+
+
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last],
                          ids=["contiguous", "channels_last"])
 def test_avg_pool_gradients_match_eager(memory_format, padded_on_cpu):

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch._prims_common import suggest_memory_format
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 aten = torch.ops.aten
 
@@ -146,8 +147,19 @@ def _laid_out_as(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     for layout in (torch.channels_last, torch.channels_last_3d):
         if like.dim() == (4 if layout == torch.channels_last else 5) and not like.is_contiguous() \
                 and like.is_contiguous(memory_format=layout):
-            return result.contiguous(memory_format=layout)
-    return result.contiguous()
+            result = result.contiguous(memory_format=layout)
+            break
+    else:
+        result = result.contiguous()
+    # .contiguous() keeps a tensor whose only odd strides are those of size-1 dims: avg_pool3d of a
+    # channels_last_3d input of one channel came out (8, 1, 4, 2, 1) where eager's is (8, 8, 4, 2, 1).
+    # Those strides are the user's too (out.stride()): copied into eager's (a copy in the traced
+    # graph is no op in ember's IR: the kernel writes that layout).
+    if any(statically_known_true(n == 1) and not statically_known_true(a == b)
+           for n, a, b in zip(result.shape, result.stride(), like.stride())):
+        result = aten.copy.default(torch.empty_strided(like.shape, like.stride(), dtype=result.dtype,
+                                                       device=result.device), result)
+    return result
 
 
 def _avg_pool(op: Any, n_dim: int) -> Callable[..., Any]:
