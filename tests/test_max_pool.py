@@ -342,3 +342,14 @@ def test_relu_and_overlapping_max_pool_backward_is_one_kernel(padded_on_cpu):
     (backward,) = [g for g in report.graphs if g.kind == "backward"]
     (kernel,) = backward.kernels
     assert "max_pool2d_with_indices_backward" in kernel.name and "threshold_backward" in kernel.name, kernel.name
+
+
+def test_unbatched_max_pool3d_of_a_channels_last_like_input_raises_eagers_error():
+    # eager's CPU max_pool3d refuses a (C, D, H, W) input with channels_last strides; the
+    # decomposition computed a result
+    x = torch.randn(3, 4, 4, 5).contiguous(memory_format=torch.channels_last)
+    fn = lambda x: F.max_pool3d(x, 2, return_indices=True)  # noqa: E731
+    with pytest.raises(RuntimeError, match="Unsupported memory format"):
+        fn(x)
+    with pytest.raises(RuntimeError, match="Unsupported memory format"):
+        ember.compile(fn)(x)

@@ -108,6 +108,10 @@ def _max_pool_with_indices(op: Any, n_dim: int) -> Callable[..., Any]:
         di = _expand(dilation, n_dim)
         if not (len(ks) == len(st) == len(pa) == len(di) == n_dim and _decomposed(x, ks, st, pa, ceil_mode)):
             return NotImplemented  # (ATen: its kernel, or eager's error for malformed arguments)
+        if n_dim == 3 and x.device.type == "cpu" and x.dim() == 4 and suggest_memory_format(x) == torch.channels_last:
+            # eager's CPU kernel refuses an unbatched input laid out as a channels_last 4-d tensor
+            # ("Unsupported memory format"), where the decomposition computed a result: ATen's error
+            return NotImplemented
         values_like, _ = meta(x, kernel_size, stride, padding, dilation, ceil_mode)  # (eager's checks)
         out_sizes = list(values_like.shape[-n_dim:])
         xp, first, back = _padded(x, n_dim, pa, st, ceil_mode, -math.inf)  # (padding never beats a value)
