@@ -332,16 +332,23 @@ def test_overlapping_pool_backwards_are_eagers_sums_bit_for_bit(padded_on_cpu):
     assert not report.fallbacks, report.fallbacks
 
 
-def test_relu_and_overlapping_max_pool_backward_is_one_kernel(padded_on_cpu):
-    # (ResNet's stem: the backward's gather and relu's mask in one kernel over the input)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels_last-bf16"])
+def test_relu_and_overlapping_max_pool_backward_is_one_kernel(channels_last, padded_on_cpu):
+    # (ResNet's stem: the backward's gather and relu's mask in one kernel over the input). The
+    # forward saves each window's int8 position of its maximum: neither the int64 indices nor
+    # the padded input, from which the backward pooled each of a position's four windows again
     report = ember.Report()
-    x = torch.randn(2, 8, 13, 12, requires_grad=True)
-    out = ember.compile(lambda x: F.max_pool2d(torch.relu(x), 3, 2, 1), report=report)(x)
+    x = torch.randn(2, 8, 13, 12)
+    if channels_last:
+        x = x.to(torch.bfloat16, memory_format=torch.channels_last)
+    out = ember.compile(lambda x: F.max_pool2d(torch.relu(x), 3, 2, 1), report=report)(x.requires_grad_())
     torch.autograd.grad(out.sum(), x)
     assert not report.fallbacks, report.fallbacks
     (backward,) = [g for g in report.graphs if g.kind == "backward"]
     (kernel,) = backward.kernels
     assert "max_pool2d_with_indices_backward" in kernel.name and "threshold_backward" in kernel.name, kernel.name
+    reads = re.findall(r"const (\w+)\* __restrict__ (\w+)", kernel.source)
+    assert {t for t, name in reads if not name.startswith("tangents")} == {"bool", "int8_t"}, reads
 
 
 def test_unbatched_max_pool3d_of_a_channels_last_like_input_raises_eagers_error():

@@ -246,7 +246,9 @@ def _unrolled_max(xp: torch.Tensor, first: int, out_sizes: list[Any], ks: list[i
     values = at = None
     for k, view in enumerate(_window_views(xp, first, out_sizes, ks, st, di)):
         if values is None:
-            values, at = view, torch.where(view != -math.inf, 0, -1)  # (NaN != -inf)
+            # (int8: a byte an output, what a training step saves for the backward to find the
+            # indices again, rather than the int64 indices or the input to pool again)
+            values, at = view, (view != -math.inf).to(torch.int8) - 1  # (NaN != -inf)
             continue
         take = (view > values) | view.isnan()
         values = torch.where(take, view, values)
@@ -258,17 +260,26 @@ def _input_index(at: torch.Tensor, first: int, out_sizes: list[Any], in_sizes: l
                  st: list[int], pa: list[int], di: list[int]) -> torch.Tensor:
     """Window positions ``at`` as eager's indices into each input plane; where ``at`` is -1
     (nothing in the window beat -inf), the window's first position inside the input."""
+    # (int32 arithmetic where the plane's positions fit, no division by 1, no remainder where
+    # the quotient is below the window's size: a training step's backward does this again for
+    # each window that can hold a position, and int64 divisions are slow on GPUs)
+    plane = math.prod(in_sizes) if all(isinstance(s, int) for s in in_sizes) else None
+    itype = torch.int32 if plane is not None and plane < 2**31 else torch.int64
+    at = at.to(itype)
     index = first_inside = None
     for d in range(len(ks)):
-        k_d = at // math.prod(ks[d + 1:]) % ks[d]
+        inner = math.prod(ks[d + 1:])
+        k_d = at // inner if inner > 1 else at
+        k_d = k_d % ks[d] if d > 0 else k_d  # (at < the window's size: its first quotient is < ks[0])
         shape = [1] * (len(ks) + 2)
         shape[first + d] = out_sizes[d]
-        start = torch.arange(out_sizes[d], device=at.device).reshape(shape) * st[d] - pa[d]
-        coord = start + k_d * di[d]
-        start_inside = torch.where(start < 0, start + (-start + di[d] - 1) // di[d] * di[d], start)
+        start = torch.arange(out_sizes[d], device=at.device, dtype=itype).reshape(shape) * st[d] - pa[d]
+        coord = start + (k_d * di[d] if di[d] > 1 else k_d)
+        start_inside = start.clamp(min=0) if di[d] == 1 else \
+            torch.where(start < 0, start + (-start + di[d] - 1) // di[d] * di[d], start)
         index = coord if index is None else index * in_sizes[d] + coord
         first_inside = start_inside if first_inside is None else first_inside * in_sizes[d] + start_inside
-    return torch.where(at >= 0, index, first_inside)
+    return torch.where(at >= 0, index, first_inside).long()
 
 
 def pool_decompositions() -> dict[Any, Callable[..., Any]]:
