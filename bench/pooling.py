@@ -168,8 +168,10 @@ def backwards_alone(device: str, backends: list[str], batch: int,
             for b in backends:
                 report = ember.Report()
                 fns[b] = ember.compile(op, options={"gpu_backend": b} if device == "cuda" else {}, report=report)
-                same = torch.equal(fns[b](grad, x, index), op(grad, x, index))
-                notes.append(f"{b}: {'bit-exact' if same else 'DIFFERS'}, {len(report.kernels)} kernel(s)"
+                got, want = fns[b](grad, x, index), op(grad, x, index)
+                differ = f"differs: max |diff| / max |eager| {((got - want).abs().max() / want.abs().max()).item():.1e}"
+                same = torch.equal(got, want)
+                notes.append(f"{b}: {'bit-exact' if same else differ}, {len(report.kernels)} kernel(s)"
                              + (f", ATen: {', '.join(sorted(set(report.fallbacks)))}" if report.fallbacks else ""))
             ms = timer({k: (lambda f=f, args=(grad, x, index): f(*args)) for k, f in fns.items()})
             rows.append((f"{name} 3x3/2 pad 1 bwd, {batch}x64x112x112 f32{' NHWC' if channels_last else ''}",

@@ -1,7 +1,7 @@
 """Warm-start latency: a fresh compile of a program whose artifacts are already cached on disk.
 
     python bench/warm_start.py [--device cpu|cuda] [--cases rmsnorm,cross_entropy,gelu_linear,swiglu] [--reps 7]
-                               [--backends ember,inductor] [--no-aot-cache]
+                               [--backends ember,inductor] [--no-aot-cache] [--profile N]
 
 Two warm starts per case and backend. In-process: the program was compiled and run once, then
 ``torch._dynamo.reset()`` and the same call again (median of ``--reps``). New process: a fresh
@@ -12,12 +12,14 @@ function at half the size, resets Dynamo, then times the first call at full size
 cache look-up (key, load), ember (a compile, or the rebuild of a cached graph) and the run (a
 steady call's time: what the first call spent running kernels). The training case runs forward
 and backward (without the AOT cache, the backward graph is compiled at its first call). Caches
-live in a fresh temporary directory per run of this script.
+live in a fresh temporary directory per run of this script. ``--profile N`` also prints the
+N functions with the most own time (cProfile) of one more in-process warm start per case.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -167,6 +169,20 @@ def child(case: str, backend: str, aot_cache: bool, device: str) -> None:
     print(json.dumps(parts))
 
 
+def print_profile(label: str, top: int, run) -> None:
+    """cProfile of one warm start: the ``top`` functions by own time, then by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+    profile = cProfile.Profile()
+    profile.runcall(run)
+    for order in ("tottime", "cumulative"):
+        out = io.StringIO()
+        pstats.Stats(profile, stream=out).sort_stats(order).print_stats(top)
+        text = out.getvalue()
+        print(f"--- {label}: warm start profiled, by {order}\n" + text[text.find("ncalls"):], flush=True)
+
+
 def median_parts(samples: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(s[k] for s in samples) for k in samples[0]}
 
@@ -184,6 +200,8 @@ def main() -> int:
     p.add_argument("--backends", default="ember,inductor")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--no-aot-cache", action="store_true", help="ember without torch's AOTAutograd cache")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="print the N functions with the most own time in one more in-process warm start")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     aot_cache = not args.no_aot_cache
@@ -204,6 +222,9 @@ def main() -> int:
                 samples.append(first_call(case, backend, aot_cache, inputs, breakdown))
                 samples[-1]["aot_cache_hits"] = counters["autograd_cache_hit"]
             rows.append(row(f"{case} {backend} in-process", median_parts(samples)))
+            if args.profile:
+                print_profile(f"{case} {backend}", args.profile, functools.partial(
+                    first_call, case, backend, aot_cache, inputs, breakdown))
             samples = []
             for _ in range(args.reps):
                 cmd = [sys.executable, __file__, "--child", case, backend, "--device", args.device]
