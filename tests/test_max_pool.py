@@ -265,7 +265,7 @@ def test_max_pool_cuda_kernels_compile_for_sm90(tmp_path, padded_on_cpu):
     compile_batches(kernels, tmp_path, per_file=len(kernels))
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_tiled_max_pool_backward_is_generated_and_matches_eager(dtype, padded_on_cpu):
     # windows that tile the input (stride = window, no padding): each input position takes its
     # window's gradient where the index is its own, in one kernel with the op before; rows past
@@ -299,7 +299,7 @@ def check_backward(fn, dtype) -> None:
     assert not report.fallbacks, report.fallbacks  # (no ATen backward)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_overlapping_max_pool_backward_is_generated_and_matches_eager(dtype, padded_on_cpu):
     # each input position sums the gradients of the windows whose index is its own, in one
     # kernel: padding, ceil_mode's partial windows, dilation, 1-d and 3-d, windows sharing a
