@@ -351,6 +351,23 @@ def test_relu_and_overlapping_max_pool_backward_is_one_kernel(channels_last, pad
     assert {t for t, name in reads if not name.startswith("tangents")} == {"bool", "int8_t"}, reads
 
 
+def test_overlapping_max_pool_backward_of_channels_first_planes_keeps_atens_kernel(monkeypatch):
+    # (there each lane recomputes the indices its neighbours gather too: slower than ATen's
+    # backward on GPUs; channels_last planes are gathered)
+    from ember.frontend import pool_decomps
+    monkeypatch.setattr(pool_decomps, "PADDED_ON_CPU", True)  # (as on a GPU)
+    x = torch.randn(2, 8, 13, 12)
+    for layout, aten_backward in ((torch.contiguous_format, True), (torch.channels_last, False)):
+        report = ember.Report()
+        xl = x.contiguous(memory_format=layout).requires_grad_()
+        out = ember.compile(lambda x: F.max_pool2d(x, 3, 2, 1), report=report)(xl)
+        (got,) = torch.autograd.grad(out, xl, torch.ones_like(out))
+        assert_same(got, torch.autograd.grad(F.max_pool2d(xl, 3, 2, 1), xl, torch.ones_like(out))[0])
+        assert any("max_pool2d_with_indices_backward" in c for c in report.fallbacks) == aten_backward, \
+            report.fallbacks
+        torch._dynamo.reset()
+
+
 def test_unbatched_max_pool3d_of_a_channels_last_like_input_raises_eagers_error():
     # eager's CPU max_pool3d refuses a (C, D, H, W) input with channels_last strides; the
     # decomposition computed a result

@@ -35,7 +35,8 @@ that fuses with what comes before it. Max pooling: a window's gradient goes wher
 position's own; average pooling: its share over eager's divisor. Where the windows tile the input
 (stride = window, no padding or dilation: a VGG block's or a DenseNet transition's 2x2) the one
 window is found by division. Overlapping windows are gathered on GPUs only (on the CPU the gather
-took 1.5-6x ATen's kernel's time: bench/pooling.py), as padded windows. A training step saves
+took 1.5-6x ATen's kernel's time: bench/pooling.py), as padded windows, and max pooling's only
+in channels_last planes (``_max_backward`` says why). A training step saves
 max pooling's int8 window positions, a byte an output, from which the backward finds each
 window's index again with a few int32 operations (saved int64 indices are 8 bytes; saving the
 padded input, as the partitioner did before, had the backward pool each window again).
@@ -61,6 +62,9 @@ UNROLLED_WINDOW = 25
 # Padded windows (and ceil_mode's), and the backwards of overlapping windows, on the CPU keep ATen's
 # kernel (slower decomposed: see above); tests turn this on to check the values on CPU tensors.
 PADDED_ON_CPU = False
+# The gathered max pooling backward of channels-first planes keeps ATen's kernel (see
+# ``_max_backward``); tests turn this on to check its values.
+GATHERED_CHANNELS_FIRST = False
 
 
 def _expand(value: Sequence[Any] | int, n_dim: int, default: Sequence[Any] | None = None) -> list[Any]:
@@ -434,6 +438,13 @@ def _max_backward(n_dim: int, name: str) -> Callable[..., Any]:
                                  _spread(grad, ks), 0.0) + 0.0
             return _laid_out_as(_cover(picked, in_sizes), like)
         if not len(ks) == len(st) == len(pa) == len(di) == n_dim or indices.shape != grad.shape:
+            return NotImplemented
+        # Channels-first planes keep ATen's backward: there neighbouring lanes gather the same
+        # windows, and each recomputes their indices from the saved window positions; a ResNet
+        # stem's training step (f32, 3x3/2) took 0.83x ATen's time on the Triton backend of an
+        # H200. In channels_last planes neighbouring lanes are channels: 1.2-1.8x faster.
+        channels_last = x.dim() == n_dim + 2 and suggest_memory_format(x) != torch.contiguous_format
+        if not (channels_last or GATHERED_CHANNELS_FIRST):
             return NotImplemented
         own = _own(in_sizes, in_sizes, grad.device)
         # (a window whose index is the position's own holds it: a dilated window's gaps need no test)
