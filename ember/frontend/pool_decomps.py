@@ -36,10 +36,10 @@ position's own; average pooling: its share over eager's divisor. Where the windo
 (stride = window, no padding or dilation: a VGG block's or a DenseNet transition's 2x2) the one
 window is found by division. Overlapping windows are gathered on GPUs only (on the CPU the gather
 took 1.5-6x ATen's kernel's time: bench/pooling.py), as padded windows, and max pooling's only
-in channels_last planes (``_max_backward`` says why). A training step saves
-max pooling's int8 window positions, a byte an output, from which the backward finds each
-window's index again with a few int32 operations (saved int64 indices are 8 bytes; saving the
-padded input, as the partitioner did before, had the backward pool each window again).
+in channels_last planes (``_max_backward`` says why). A training step saves max pooling's int8
+window positions, a byte an output, from which the backward finds each window's index again with
+a few int32 operations (saved int64 indices are 8 bytes; saving the padded input, as the
+partitioner did before, had the backward pool each window again).
 """
 
 from __future__ import annotations
