@@ -16,9 +16,8 @@ import ember
 
 from .conftest import DEVICE, INTERPRETED_TRITON
 from .helpers import assert_same, check, run
-from .test_cuda import compile_batches, needs_nvcc, sources
-from .test_cuda import explain as cuda_explain
-from .test_max_pool import FLOATS, _layouts, check_backward, check_gradients, check_opinfo_samples
+from .test_cuda import needs_nvcc
+from .test_max_pool import FLOATS, _layouts, check_backward, check_cuda_sources, check_gradients, check_opinfo_samples
 
 # (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override) over (2, 3, 7, 9)
 CONFIGS_2D = [
@@ -170,13 +169,7 @@ def test_avg_pool_on_triton_matches_eager(padded_on_cpu):
 def test_avg_pool_cuda_kernels_compile_for_sm90(tmp_path, padded_on_cpu):
     fn = lambda x, y: [F.avg_pool2d(torch.relu(x), 3, 2, 1),  # noqa: E731
                        F.avg_pool2d(y, 2, ceil_mode=True, count_include_pad=False)]
-    x = torch.randn(2, 3, 7, 9)
-    kernels = []
-    for i, dynamic in enumerate((False, True)):
-        report = cuda_explain(fn, x, x.to(memory_format=torch.channels_last), dynamic=dynamic)
-        assert all("avg_pool2d" in k.name for k in report.kernels) and not report.fallbacks
-        kernels += sources(report, f"d{i}")
-    compile_batches(kernels, tmp_path, per_file=len(kernels))
+    check_cuda_sources(fn, "avg_pool2d", tmp_path)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -256,11 +256,17 @@ def test_max_pool_on_triton_matches_eager(padded_on_cpu):
 def test_max_pool_cuda_kernels_compile_for_sm90(tmp_path, padded_on_cpu):
     fn = lambda x, y: [F.max_pool2d(torch.relu(x), 3, 2, 1, return_indices=True),  # noqa: E731
                        F.max_pool2d(y, 2, ceil_mode=True, return_indices=True)]
+    check_cuda_sources(fn, "max_pool2d", tmp_path)
+
+
+def check_cuda_sources(fn, name, tmp_path) -> None:
+    """``fn(x, y)``'s CUDA kernels, of a (2, 3, 7, 9) and a channels_last one, static and dynamic
+    sizes, all named for ``name`` (no ATen call), compile with nvcc for sm_90."""
     x = torch.randn(2, 3, 7, 9)
     kernels = []
     for i, dynamic in enumerate((False, True)):
         report = cuda_explain(fn, x, x.to(memory_format=torch.channels_last), dynamic=dynamic)
-        assert all("max_pool2d" in k.name for k in report.kernels) and not report.fallbacks
+        assert all(name in k.name for k in report.kernels) and not report.fallbacks
         kernels += sources(report, f"d{i}")
     compile_batches(kernels, tmp_path, per_file=len(kernels))
 
