@@ -8,7 +8,7 @@ indices), and of the input's gradient against eager in float64, kernels and ATen
 then medians of interleaved rounds (CUDA events on the GPU, wall time on the CPU). One device call:
 
     python bench/pooling.py [--device cuda|cpu] [--backends triton,cuda] [--batch N] [--only TEXT]
-                            [--padded-on-cpu]
+                            [--padded-on-cpu] [--gathered-max-backward]
 
 ``--padded-on-cpu`` decomposes padded windows and the backwards of overlapping windows (gather
 form) on CPU tensors too, as on GPUs (frontend/pool_decomps.py keeps them with ATen there).
@@ -190,10 +190,12 @@ def main() -> int:
     p.add_argument("--only", default="", help="the cases whose names hold this text")
     p.add_argument("--padded-on-cpu", action="store_true", help="padded windows and overlapping backwards "
                    "decomposed on CPU tensors too")
+    p.add_argument("--gathered-max-backward", action="store_true", help="overlapping max pooling backwards "
+                   "gathered (ember keeps ATen's kernel by default: frontend/pool_decomps.py)")
     a = p.parse_args()
-    if a.padded_on_cpu:
-        from ember.frontend import pool_decomps
-        pool_decomps.PADDED_ON_CPU = True
+    from ember.frontend import pool_decomps
+    pool_decomps.PADDED_ON_CPU |= a.padded_on_cpu
+    pool_decomps.GATHERED_MAX_BACKWARD |= a.gathered_max_backward
     backends = [b for b in a.backends.split(",") if b] if a.device == "cuda" else ["cpp"]
     batch = a.batch or (64 if a.device == "cuda" else 4)
     where = f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if a.device == "cuda" else machine()

@@ -71,9 +71,9 @@ def cache_dir() -> Path:
 
 @pytest.fixture
 def padded_on_cpu(monkeypatch):
-    """Padded pooling windows, and overlapping windows' backwards, decomposed on CPU tensors too,
-    and max pooling's of channels-first planes (frontend/pool_decomps.py keeps them with ATen, for
-    speed), so that their values are checked by the tests."""
+    """Padded pooling windows, and overlapping windows' backwards, decomposed on CPU tensors too
+    (frontend/pool_decomps.py keeps them with ATen there, for speed), as on GPUs, and max
+    pooling's gathered backward on (kept with ATen for now), so that their values are checked."""
     from ember.frontend import pool_decomps
     monkeypatch.setattr(pool_decomps, "PADDED_ON_CPU", True)
-    monkeypatch.setattr(pool_decomps, "GATHERED_CHANNELS_FIRST", True)
+    monkeypatch.setattr(pool_decomps, "GATHERED_MAX_BACKWARD", True)

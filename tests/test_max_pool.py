@@ -357,20 +357,28 @@ def test_relu_and_overlapping_max_pool_backward_is_one_kernel(channels_last, pad
     assert {t for t, name in reads if not name.startswith("tangents")} == {"bool", "int8_t"}, reads
 
 
-def test_overlapping_max_pool_backward_of_channels_first_planes_keeps_atens_kernel(monkeypatch):
-    # (there each lane recomputes the indices its neighbours gather too: slower than ATen's
-    # backward on GPUs; channels_last planes are gathered)
-    from ember.frontend import pool_decomps
-    monkeypatch.setattr(pool_decomps, "PADDED_ON_CPU", True)  # (as on a GPU)
-    x = torch.randn(2, 8, 13, 12)
-    for layout, aten_backward in ((torch.contiguous_format, True), (torch.channels_last, False)):
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last],
+                         ids=["contiguous", "channels_last"])
+def test_overlapping_pool_backwards_find_their_windows_by_index_arithmetic(memory_format, padded_on_cpu):
+    # Each candidate window is a strided view: the kernel finds it by its own index arithmetic,
+    # where indexing by computed window numbers checked, wrapped and divided every candidate's
+    # number as int64 values. Max pooling's backward compares the saved int8 positions with each
+    # input position's place in the window, also in channels-first planes (before: ATen's kernel)
+    x = torch.randn(2, 8, 13, 12).contiguous(memory_format=memory_format)
+    for pool in (lambda x: F.max_pool2d(x, 3, 2, 1), lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True)):
         report = ember.Report()
-        xl = x.contiguous(memory_format=layout).requires_grad_()
-        out = ember.compile(lambda x: F.max_pool2d(x, 3, 2, 1), report=report)(xl)
-        (got,) = torch.autograd.grad(out, xl, torch.ones_like(out))
-        assert_same(got, torch.autograd.grad(F.max_pool2d(xl, 3, 2, 1), xl, torch.ones_like(out))[0])
-        assert any("max_pool2d_with_indices_backward" in c for c in report.fallbacks) == aten_backward, \
-            report.fallbacks
+        xl = x.clone().requires_grad_()
+        out = ember.compile(pool, report=report)(xl)
+        seed = torch.randn_like(out)
+        (got,) = torch.autograd.grad(out, xl, seed)
+        xr = x.clone().requires_grad_()
+        (want,) = torch.autograd.grad(pool(xr), xr, seed)
+        assert torch.equal(got, want) and got.stride() == want.stride()
+        assert not report.fallbacks, report.fallbacks
+        (backward,) = [g for g in report.graphs if g.kind == "backward"]
+        (kernel,) = backward.kernels
+        for value_arithmetic in ("ember_check_index", "ember_floordiv", "int64_t* __restrict__"):
+            assert value_arithmetic not in kernel.source, value_arithmetic
         torch._dynamo.reset()
 
 
@@ -383,3 +391,19 @@ def test_unbatched_max_pool3d_of_a_channels_last_like_input_raises_eagers_error(
         fn(x)
     with pytest.raises(RuntimeError, match="Unsupported memory format"):
         ember.compile(fn)(x)
+
+
+def test_overlapping_max_pool_backward_keeps_atens_kernel_by_default(monkeypatch):
+    # (fused into a following BatchNorm backward's channel sums, the gather took seconds of a
+    # ResNet-18 step on an H200: frontend/pool_decomps.py, _max_backward)
+    from ember.frontend import pool_decomps
+    monkeypatch.setattr(pool_decomps, "PADDED_ON_CPU", True)  # (as on a GPU)
+    x = torch.randn(2, 8, 13, 12)
+    for layout in (torch.contiguous_format, torch.channels_last):
+        report = ember.Report()
+        xl = x.contiguous(memory_format=layout).requires_grad_()
+        out = ember.compile(lambda x: F.max_pool2d(x, 3, 2, 1), report=report)(xl)
+        (got,) = torch.autograd.grad(out, xl, torch.ones_like(out))
+        assert_same(got, torch.autograd.grad(F.max_pool2d(xl, 3, 2, 1), xl, torch.ones_like(out))[0])
+        assert any("max_pool2d_with_indices_backward" in c for c in report.fallbacks), report.fallbacks
+        torch._dynamo.reset()

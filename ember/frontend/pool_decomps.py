@@ -35,17 +35,19 @@ that fuses with what comes before it. Max pooling: a window's gradient goes wher
 position's own; average pooling: its share over eager's divisor. Where the windows tile the input
 (stride = window, no padding or dilation: a VGG block's or a DenseNet transition's 2x2) the one
 window is found by division. Overlapping windows are gathered on GPUs only (on the CPU the gather
-took 1.5-6x ATen's kernel's time: bench/pooling.py), as padded windows, and max pooling's only
-in channels_last planes (``_max_backward`` says why). A training step saves max pooling's int8
-window positions, a byte an output, from which the backward finds each window's index again with
-a few int32 operations (saved int64 indices are 8 bytes; saving the padded input, as the
-partitioner did before, had the backward pool each window again).
+took 1.5-6x ATen's kernel's time: bench/pooling.py), as padded windows: each candidate window a
+strided view (``_gathered``); max pooling's is off for now (``GATHERED_MAX_BACKWARD``). A training
+step saves max pooling's int8 window positions, a byte an output, and its backward compares each
+candidate's position with the input position's place in that window (``_in_window``): saved int64
+indices are 8 bytes, and saving the padded input, as the partitioner did before, had the backward
+pool each window again.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -62,9 +64,9 @@ UNROLLED_WINDOW = 25
 # Padded windows (and ceil_mode's), and the backwards of overlapping windows, on the CPU keep ATen's
 # kernel (slower decomposed: see above); tests turn this on to check the values on CPU tensors.
 PADDED_ON_CPU = False
-# The gathered max pooling backward of channels-first planes keeps ATen's kernel (see
-# ``_max_backward``); tests turn this on to check its values.
-GATHERED_CHANNELS_FIRST = False
+# Overlapping max pooling's backward keeps ATen's kernel (``_max_backward`` says why); tests and
+# bench/pooling.py turn the gather on.
+GATHERED_MAX_BACKWARD = False
 
 
 def _expand(value: Sequence[Any] | int, n_dim: int, default: Sequence[Any] | None = None) -> list[Any]:
@@ -123,9 +125,39 @@ def _max_pool_with_indices(op: Any, n_dim: int) -> Callable[..., Any]:
         out_sizes = list(values_like.shape[-n_dim:])
         xp, first, back = _padded(x, n_dim, pa, st, ceil_mode, -math.inf)  # (padding never beats a value)
         values, at = _unrolled_max(xp, first, out_sizes, ks, st, di)
-        index = _input_index(at, first, out_sizes, list(x.shape[-n_dim:]), ks, st, pa, di)
-        return back(values, values_like), back(index, values_like)
+        index = back(_input_index(at, first, out_sizes, list(x.shape[-n_dim:]), ks, st, pa, di), values_like)
+        _remember_positions(index, x, (ks, st, pa, di, ceil_mode), at.movedim(-1, 1) if first == 1 else at,
+                            batched=x.dim() == n_dim + 2)
+        return back(values, values_like), index
     return decompose
+
+
+# The window positions behind the indices each traced max pooling returned, by the indices
+# tensor's id: a training step's backward decomposition, traced with its forward, finds the
+# positions of its own indices here and compares them with each input position's place in the
+# candidate window (a byte and a few int32 operations), rather than rebuilding every candidate's
+# index. Entries go with their indices tensor.
+_POSITIONS: dict[int, tuple[weakref.ref, weakref.ref, tuple[Any, ...], torch.Tensor]] = {}
+
+
+def _remember_positions(index: torch.Tensor, x: torch.Tensor, geometry: tuple[Any, ...], at: torch.Tensor,
+                        batched: bool) -> None:
+    key = id(index)
+    try:
+        refs = (weakref.ref(index, lambda _: _POSITIONS.pop(key, None)), weakref.ref(x))
+    except TypeError:  # (a tensor that takes no weak references: the backward rebuilds the indices)
+        return
+    _POSITIONS[key] = (*refs, geometry, at if batched else at.squeeze(0))
+
+
+def _positions_of(index: torch.Tensor, x: torch.Tensor, geometry: tuple[Any, ...]) -> torch.Tensor | None:
+    """The int8 window positions behind ``index``, if a max pooling of ``x`` with this geometry
+    traced in this program returned it (else None)."""
+    entry = _POSITIONS.get(id(index))
+    if entry is None or entry[0]() is not index or entry[1]() is not x or entry[2] != geometry \
+            or entry[3].shape != index.shape:
+        return None
+    return entry[3]
 
 
 def _padded(x: torch.Tensor, n_dim: int, pa: list[int], st: list[int], ceil_mode: bool,
@@ -341,17 +373,27 @@ def _backward_meta(name: str) -> Callable[..., Any] | None:
     return getattr(metas, f"meta_{name}_backward", None)
 
 
+Take = Callable[[torch.Tensor], torch.Tensor]
+
+
 def _gathered(x: torch.Tensor, grad: torch.Tensor, ks: list[int], st: list[int], pa: list[int], span: list[int],
-              term: Callable[[tuple[torch.Tensor, ...], torch.Tensor], torch.Tensor],
+              term: Callable[[Take, tuple[torch.Tensor, ...], torch.Tensor], torch.Tensor],
               meta: Callable[[], torch.Tensor]) -> Any:
     """The general backward in gather form, pointwise over the input: each input position sums
-    ``term(windows, valid)`` over the windows that can hold it, in increasing window order (the
-    last dim's innermost), from +0.0, in float for 16-bit gradients (eager's CUDA kernels; its
-    CPU kernels add each window's share in the output's order: the same sum). ``windows`` are
-    the candidates' numbers, clamped into the output (one index tensor a dim, broadcasting over
-    the input's spatial dims), ``valid`` where a candidate exists and its window's ``span``
-    reaches the position. ``meta()`` runs eager's checks and gives its result's layout.
-    NotImplemented where not decomposed (ATen's kernel)."""
+    ``term(take, windows, valid)`` over the windows that can hold it, in increasing window order
+    (the last dim's innermost), from +0.0, in float for 16-bit gradients (eager's CUDA kernels; its
+    CPU kernels add each window's share in the output's order: the same sum). ``take(t)`` is a
+    tensor laid out as the gradient, at the candidate windows (0 past the output's edges);
+    ``windows`` the candidates' numbers (one int32 tensor a dim, broadcasting over the input's
+    spatial dims; -1 past the edges), ``valid`` where a candidate exists and its window's
+    ``span`` reaches the position. ``meta()`` runs eager's checks and gives its result's layout.
+    NotImplemented where not decomposed (ATen's kernel).
+
+    A candidate is a strided view: the tensor zero-padded, each element repeated ``stride`` times
+    along the dim, narrowed at the candidate's offset. So the kernel finds each candidate's place
+    with its own index arithmetic (non-negative quotients, in int32 where the sizes fit), where
+    indexing by computed window numbers took int64 divisions, wrapping of negative indices and
+    clamping, per candidate and element."""
     n_dim = len(ks)
     if not (len(st) == len(pa) == len(span) == n_dim and min(ks) > 0 and min(st) > 0
             and grad.dtype.is_floating_point and grad.dtype.itemsize >= 2 and x.numel() != 0
@@ -362,26 +404,48 @@ def _gathered(x: torch.Tensor, grad: torch.Tensor, ks: list[int], st: list[int],
     if math.prod(counts) > UNROLLED_WINDOW:
         return NotImplemented
     like = meta()
+    in_sizes = list(x.shape[-n_dim:])
+
+    def candidates(t: torch.Tensor, d: int, fill: int = 0) -> list[torch.Tensor]:
+        """``t``'s values along spatial dim ``d`` at each input position's candidate windows, in
+        increasing window order: element i of the k-th is t[(i + pad) // stride - (count - 1 - k)]
+        (``fill`` past t's edges)."""
+        dim, front = t.dim() - n_dim + d, counts[d] - 1
+        # (past the last window: a candidate of the input's last position, ceil_mode's too)
+        padded = F.pad(t, [0, 0] * (n_dim - 1 - d) + [front, counts[d] + 1], value=fill)
+        spread = padded.unsqueeze(dim + 1).expand(*padded.shape[:dim + 1], st[d], *padded.shape[dim + 1:])
+        spread = spread.flatten(dim, dim + 1)
+        return [spread.narrow(dim, pa[d] + k * st[d], in_sizes[d]) for k in range(counts[d])]
+
+    taken: dict[int, dict[tuple[int, ...], torch.Tensor]] = {}
+
+    def at_candidates(t: torch.Tensor) -> dict[tuple[int, ...], torch.Tensor]:
+        if id(t) not in taken:
+            level = {(): t}
+            for d in range(n_dim):
+                level = {key + (k,): v for key, u in level.items() for k, v in enumerate(candidates(u, d))}
+            taken[id(t)] = level
+        return taken[id(t)]
+
     per_dim = []
     for d in range(n_dim):
-        in_size, out_size = x.shape[x.dim() - n_dim + d], grad.shape[grad.dim() - n_dim + d]
         shape = [1] * n_dim
-        shape[d] = in_size
-        i = torch.arange(in_size, device=grad.device).reshape(shape) + pa[d]
-        last = i // st[d]  # (the last window starting at or before the position)
+        shape[d] = grad.shape[grad.dim() - n_dim + d]
+        numbers = torch.arange(shape[d], device=grad.device, dtype=torch.int32).reshape(shape)
+        shape[d] = in_sizes[d]
+        reach = torch.arange(in_sizes[d], device=grad.device, dtype=torch.int32).reshape(shape) + pa[d]
         options = []
-        for c in reversed(range(counts[d])):
-            o = last - c
-            valid = (o >= 0) & (o < out_size) & (i - o * st[d] < span[d])
-            options.append((torch.where(valid, o, 0), valid))
+        for o in candidates(numbers, d, fill=-1):
+            options.append((o, (o >= 0) & (reach - o * st[d] < span[d])))
         per_dim.append(options)
     acc = torch.float32 if grad.dtype.itemsize < 4 else grad.dtype
     total = None
-    for choice in itertools.product(*per_dim):
+    for key in itertools.product(*[range(c) for c in counts]):
+        choice = [per_dim[d][k] for d, k in enumerate(key)]
         valid = choice[0][1]
         for _, v in choice[1:]:
             valid = valid & v
-        t = term(tuple(o for o, _ in choice), valid).to(acc)
+        t = term(lambda t, key=key: at_candidates(t)[key], tuple(o for o, _ in choice), valid).to(acc)
         total = t + 0.0 if total is None else total + t  # (eager adds to a zero: 0 + -0.0 is 0.0)
     assert total is not None
     return _laid_out_as(total.to(grad.dtype), like)
@@ -410,9 +474,9 @@ def _avg_backward(n_dim: int, name: str) -> Callable[..., Any]:
         in_sizes = list(x.shape[-n_dim:])
         g = grad.to(torch.float32 if grad.dtype.itemsize < 4 else grad.dtype)
 
-        def term(windows: tuple[torch.Tensor, ...], valid: torch.Tensor) -> torch.Tensor:
+        def term(take: Take, windows: tuple[torch.Tensor, ...], valid: torch.Tensor) -> torch.Tensor:
             divisor = divisor_override or _divisor_of(list(windows), in_sizes, ks, st, pa, count_include_pad)
-            return torch.where(valid, g[(Ellipsis, *windows)] / divisor, 0.0)
+            return torch.where(valid, take(g) / divisor, 0.0)
 
         return _gathered(x, grad, ks, st, pa, ks, term, lambda: meta(
             grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override))
@@ -439,20 +503,59 @@ def _max_backward(n_dim: int, name: str) -> Callable[..., Any]:
             return _laid_out_as(_cover(picked, in_sizes), like)
         if not len(ks) == len(st) == len(pa) == len(di) == n_dim or indices.shape != grad.shape:
             return NotImplemented
-        # Channels-first planes keep ATen's backward: there neighbouring lanes gather the same
-        # windows, and each recomputes their indices from the saved window positions; a ResNet
-        # stem's training step (f32, 3x3/2) took 0.83x ATen's time on the Triton backend of an
-        # H200. In channels_last planes neighbouring lanes are channels: 1.2-1.8x faster.
-        channels_last = x.dim() == n_dim + 2 and suggest_memory_format(x) != torch.contiguous_format
-        if not (channels_last or GATHERED_CHANNELS_FIRST):
+        # Off by default: in a ResNet-18 training step on an H200 the scheduler fused the gather
+        # into the stem's BatchNorm backward, whose channel sums then ran it at a few programs a
+        # channel: that one kernel took 0.5-1.2 s of a 250-550 ms step (Inductor's step: 13.5
+        # ms), though alone, as relu's backward, it beat ATen's kernel 1.4-2.6x (bench/cnn_step.py,
+        # bench/pooling.py, bench/RESULTS.md).
+        if not GATHERED_MAX_BACKWARD:
             return NotImplemented
+        span = [(k - 1) * d + 1 for k, d in zip(ks, di)]
+        at = _positions_of(indices, x, (ks, st, pa, di, ceil_mode))
+        if at is not None:
+            position = _in_window(in_sizes, ks, st, pa, di, grad.device)
+            return _gathered(x, grad, ks, st, pa, span, lambda take, windows, valid: torch.where(
+                position(windows, take(at), valid), take(grad), 0.0),
+                lambda: meta(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices))
         own = _own(in_sizes, in_sizes, grad.device)
         # (a window whose index is the position's own holds it: a dilated window's gaps need no test)
-        span = [(k - 1) * d + 1 for k, d in zip(ks, di)]
-        return _gathered(x, grad, ks, st, pa, span, lambda windows, valid: torch.where(
-            valid & (indices[(Ellipsis, *windows)] == own), grad[(Ellipsis, *windows)], 0.0),
+        return _gathered(x, grad, ks, st, pa, span, lambda take, windows, valid: torch.where(
+            valid & (take(indices) == own), take(grad), 0.0),
             lambda: meta(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices))
     return decompose
+
+
+def _in_window(in_sizes: list[Any], ks: list[int], st: list[int], pa: list[int], di: list[int],
+               device: torch.device) -> Callable[[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``holds(windows, at, valid)``: where each candidate window (its number a dim) took its
+    maximum at the input position: the window position ``at`` (-1: the window's first position
+    inside the input) is the position's place in the window. int32 arithmetic of the position and
+    the window's numbers; a dilated window's gaps hold no position."""
+    n_dim = len(ks)
+    positions = []
+    for d in range(n_dim):
+        shape = [1] * n_dim
+        shape[d] = in_sizes[d]
+        positions.append(torch.arange(in_sizes[d], device=device, dtype=torch.int32).reshape(shape))
+
+    def holds(windows: tuple[torch.Tensor, ...], at: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        place = first_inside = None
+        for d in range(n_dim):
+            start = windows[d] * st[d] - pa[d]
+            offset = positions[d] - start  # (>= 0 where valid)
+            if di[d] > 1:
+                valid = valid & (offset % di[d] == 0)
+                offset = offset // di[d]
+                inside = (-start).clamp(min=0)
+                inside = (inside + di[d] - 1) // di[d]
+            else:
+                inside = (-start).clamp(min=0)
+            inner = math.prod(ks[d + 1:])
+            place = offset * inner if place is None else place + offset * inner
+            first_inside = inside * inner if first_inside is None else first_inside + inside * inner
+        assert place is not None and first_inside is not None
+        return valid & (torch.where(at >= 0, at.to(torch.int32), first_inside) == place)
+    return holds
 
 
 def _own(sizes: list[Any], in_sizes: list[Any], device: torch.device) -> torch.Tensor:
