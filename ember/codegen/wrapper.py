@@ -27,7 +27,7 @@ import torch
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import ArgRef, Node, is_plus_zero, op_name
+from ..ir.node import ArgRef, Node, aten_result_strides, is_plus_zero, op_name
 from ..ir.ops import VIEW_OPS, Op
 from ..schedule.device_sizes import DEVICE_TOTALS
 from ..schedule.indexing import compose_strided
@@ -404,6 +404,11 @@ class WrapperWriter(OutputLayouts):
             # (torch 2.11 typed unique's inverse float32): they would read the bits as it
             dtype = str(dt.to_torch(node.dtype))
             self.emit(f"if {name}.dtype != {dtype}: {name} = {name}.to({dtype})  # the dtype kernels read")
+        strides = aten_result_strides(node)
+        if strides is not None:
+            # (channels_last, as eager lays it out: copied only where ATen laid it out otherwise)
+            self.emit(f"{name} = as_traced({name}, {shape_tuple(strides)})  # kernels read it as eager lays it out")
+            return
         self.emit(f"{name} = {name}.contiguous()  # kernels read it densely")
 
     def _dense_views(self, node: Node) -> frozenset[int]:

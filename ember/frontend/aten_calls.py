@@ -52,6 +52,35 @@ def eager_layout(meta: Any) -> sh.Shape | None:
     return strides
 
 
+def channels_last_layout(meta: Any) -> sh.Shape | None:
+    """A traced 4-d or 5-d tensor's strides where they are channels_last's (dense, the channels
+    innermost; size-1 dims aside), else None."""
+    strides = eager_layout(meta)
+    if strides is None or meta.dim() not in (4, 5):
+        return None
+    shape = sh.shape(meta.shape)
+    order = [1, *range(meta.dim() - 1, 1, -1), 0]  # (innermost first: C, then W, H, (D), N)
+    expected, step = [0] * meta.dim(), sympy.Integer(1)
+    for d in order:
+        expected[d] = step
+        step = step * shape[d]
+    if all(sh.equal(a, b) or sh.is_one(n) for a, b, n in zip(strides, expected, shape)):
+        return strides
+    return None
+
+
+def _channels_last_results(val: Any, path: tuple[int, ...]) -> dict[tuple[int, ...], sh.Shape]:
+    """``channels_last_layout`` of each tensor in a result, by its path into it."""
+    if isinstance(val, torch.Tensor):
+        strides = channels_last_layout(val)
+        return {} if strides is None else {path: strides}
+    found: dict[tuple[int, ...], sh.Shape] = {}
+    if isinstance(val, (tuple, list)):
+        for i, v in enumerate(val):
+            found.update(_channels_last_results(v, (*path, i)))
+    return found
+
+
 def is_sym(val: Any) -> bool:
     return isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool)
 
@@ -135,7 +164,7 @@ def extern_call(ctx: Context, target: Any, args: Any, kwargs: Any, val: Any,
         torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable
         or target.namespace in _COLLECTIVES)
     call = ExternCall(target, t_args, t_kwargs, impure=impure, input_strides=tuple(eager_layout(m) for m in metas),
-                      host_check=host_check)
+                      output_strides=_channels_last_results(val, ()), host_check=host_check)
     origin = op_name(target)
     device = str(val.device) if isinstance(val, torch.Tensor) else ctx.device
     if isinstance(val, (tuple, list)):

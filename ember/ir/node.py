@@ -84,6 +84,10 @@ class ExternCall:
     # per tensor input (ArgRef index): the strides eager gave it where they are not contiguous
     # (a channels_last activation into max_pool2d, whose result takes its input's layout)
     input_strides: tuple[Any, ...] = ()
+    # the strides of tensor results eager lays out channels_last (a convolution of a channels_last
+    # input, its backward's gradients), by their path into the result (() for a lone tensor):
+    # kernels read them so, rather than from a contiguous copy
+    output_strides: dict[tuple[int, ...], tuple[Any, ...]] = field(default_factory=dict)
     # ember's own check on the host (aten_scalars.raise_unless_fits), not an op eager runs:
     # never among a report's ATen calls
     host_check: bool = False
@@ -459,6 +463,17 @@ def rewrite(graph: Graph, rule: Rule) -> Graph:
     inputs = [mapping[i] for i in graph.inputs]
     outputs = [mapping[o] if o is not None else None for o in graph.outputs]
     return graph.with_nodes(inputs, outputs, new_nodes, [mapping[e] for e in graph.effects])
+
+
+def aten_result_strides(node: Node) -> tuple[Any, ...] | None:
+    """The channels_last strides eager gives an ATen call's result (an EXTERN node, or a GETITEM
+    of one), as ``ExternCall.output_strides`` records them; None: contiguous, as kernels read it."""
+    if node.op is Op.EXTERN:
+        return node.arg.output_strides.get(())
+    if node.op is Op.GETITEM and node.inputs[0].op is Op.EXTERN:
+        path = node.arg if isinstance(node.arg, tuple) else (node.arg,)
+        return node.inputs[0].arg.output_strides.get(path)
+    return None
 
 
 def view_base(node: Node) -> Node:

@@ -22,7 +22,7 @@ import sympy
 
 from ..config import Config
 from ..ir import shapes as sh
-from ..ir.node import Graph, Node, fill_value, ragged_totals, view_base
+from ..ir.node import Graph, Node, aten_result_strides, fill_value, ragged_totals, view_base
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
 from .build import KernelBuilder
 from .build_reduce import jump_read
@@ -479,7 +479,7 @@ class Planner(DomainRules, StepOrder):
             elif node.op is Op.TENSOR:
                 infos[node] = BufferInfo(f"const_{node.arg.name}", sh.contiguous_strides(node.shape))
             elif node.shape is not None and (node in self.buffered or node.op in (Op.EXTERN, Op.GETITEM)):
-                layout = wanted.get(node) if node.op not in (Op.EXTERN, Op.GETITEM) else None
+                layout = wanted.get(node) if node.op not in (Op.EXTERN, Op.GETITEM) else aten_result_strides(node)
                 infos[node] = BufferInfo(f"buf{count}", layout or sh.contiguous_strides(node.shape))
                 count += 1
         return infos
