@@ -504,10 +504,10 @@ def _max_backward(n_dim: int, name: str) -> Callable[..., Any]:
         if not len(ks) == len(st) == len(pa) == len(di) == n_dim or indices.shape != grad.shape:
             return NotImplemented
         # Off by default: in a ResNet-18 training step on an H200 the scheduler fused the gather
-        # into the stem's BatchNorm backward, whose channel sums then ran it at a few programs a
-        # channel: that one kernel took 0.5-1.2 s of a 250-550 ms step (Inductor's step: 13.5
-        # ms), though alone, as relu's backward, it beat ATen's kernel 1.4-2.6x (bench/cnn_step.py,
-        # bench/pooling.py, bench/RESULTS.md).
+        # into the stem's BatchNorm backward, a kernel of one program a channel that recomputed
+        # the forward's max chain at each candidate: nearly all of a 247 ms step in float32, 532
+        # of 550 ms in bfloat16 channels_last (Inductor's step: 13.5 ms), though with relu's
+        # backward alone it beat ATen's kernel 1.4-2.6x (bench/cnn_step.py, bench/pooling.py).
         if not GATHERED_MAX_BACKWARD:
             return NotImplemented
         span = [(k - 1) * d + 1 for k, d in zip(ks, di)]
