@@ -210,3 +210,32 @@ def test_an_aten_result_laid_out_otherwise_than_traced_is_copied_for_the_kernels
     x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
     fn = lambda x: torch.ops.ember_test.scaled_but_contiguous(x) + 1  # noqa: E731
     assert_same(ember.compile(fn)(x), x * 2 + 1)
+
+
+@torch.library.custom_op("ember_test::flat_cumsum", mutates_args=())
+def _flat_cumsum(x: torch.Tensor) -> torch.Tensor:
+    return x.view(-1).cumsum(0).view(x.shape)  # (a kernel written for contiguous input)
+
+
+@_flat_cumsum.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@pytest.mark.parametrize("read_by_a_kernel", [False, True], ids=["alone", "read_by_a_kernel"])
+@pytest.mark.parametrize("use", ["as_strided", "view_as_complex", "dtype_view", "custom_op"])
+def test_contiguous_of_a_channels_last_aten_result_reaches_the_next_aten_call(use, read_by_a_kernel):
+    # .contiguous() is no op in ember's IR: a channels_last convolution's result went as it was
+    # into an op that needs eager's contiguous layout (wrong values from as_strided; errors from
+    # view_as_complex, a dtype view, a custom kernel's x.view(-1)). It is copied for such calls.
+    uses = {"as_strided": lambda y: y.as_strided((2, 4), (1, 2)), "view_as_complex": torch.view_as_complex,
+            "dtype_view": lambda y: y.view(torch.int16), "custom_op": torch.ops.ember_test.flat_cumsum}
+
+    def fn(x, w):
+        y = F.conv2d(x, w)
+        out = uses[use](y.contiguous())
+        return (y + 1, out) if read_by_a_kernel else out
+
+    x = torch.randn(1, 2, 3, 2).to(memory_format=torch.channels_last)
+    w = torch.randn(2, 2, 1, 1)
+    assert_same(ember.compile(fn)(x, w), fn(x, w))

@@ -111,10 +111,15 @@ def test_gelu_and_its_gradient_compute_one_plus_erf(dtype, target):
 
     out, report = run(fn, x, options={"target": target} if target else None)
     assert_clean(report)
-    ref = fn(x)
-    assert_same(out, ref)
-    grads = [torch.autograd.grad(sum(o.float().sum() for o in outs), x)[0] for outs in (out, ref)]
-    assert_same(grads[0], grads[1])
+    # float32 against the exact values (float64), not eager's: on an AVX-512 host eager's GELU
+    # itself is 1.8e-6 off at x = -3, where 1 + erf cancels (ember's one op: 7e-7); 16-bit
+    # results against eager's, whose roundings they follow
+    exact = dtype == torch.float32
+    x_ref = x.detach().double().requires_grad_() if exact else x
+    ref = fn(x_ref)
+    assert_same(out, [r.to(dtype) for r in ref] if exact else ref)
+    grads = [torch.autograd.grad(sum(o.float().sum() for o in outs), at)[0] for outs, at in ((out, x), (ref, x_ref))]
+    assert_same(grads[0], grads[1].to(dtype))
     sources = "\n".join(k.source for k in report.kernels)
     assert "one_plus_erf" in sources
     # (a 16-bit erf written out rounds to 16 bits before the sum, as eager's: it stays an erf)

@@ -413,16 +413,18 @@ class WrapperWriter(OutputLayouts):
 
     def _dense_views(self, node: Node) -> frozenset[int]:
         """The tensor inputs of an ATen call that eager had contiguous but ember hands over as a
-        view, which may not be: the graph's clone (``.contiguous()``) became no op of ember's, and
-        some ops need the layout (``view_as_complex`` a last stride of 1). Not for an op that
-        writes its inputs: a copy would take the write."""
+        view, or as another ATen call's channels_last result, which may not be: the graph's clone
+        (``.contiguous()``) became no op of ember's, and some ops need the layout
+        (``view_as_complex`` a last stride of 1, a custom kernel's ``x.view(-1)``). Not for an op
+        that writes its inputs: a copy would take the write."""
         call = node.arg
         target = call.target
         if getattr(getattr(target, "_schema", None), "is_mutable", True):
             return frozenset()
         return frozenset(i for i, (x, strides) in enumerate(zip(node.inputs, call.input_strides))
-                         if strides is None and x.shape and x not in self.s.buffers and x.op in VIEW_OPS
-                         and not self._contiguous_view(x))
+                         if strides is None and x.shape and (
+                             x not in self.s.buffers and x.op in VIEW_OPS and not self._contiguous_view(x)
+                             or aten_result_strides(x) is not None))
 
     def _contiguous_view(self, x: Node) -> bool:
         """Is view ``x`` of a buffer or an input contiguous whatever the sizes (its strides
