@@ -363,7 +363,7 @@ def test_overlapping_pool_backwards_find_their_windows_by_index_arithmetic(memor
     # Each candidate window is a strided view: the kernel finds it by its own index arithmetic,
     # where indexing by computed window numbers checked, wrapped and divided every candidate's
     # number as int64 values. Max pooling's backward compares the saved int8 positions with each
-    # input position's place in the window, also in channels-first planes (before: ATen's kernel)
+    # input position's place in the window (the gather that GATHERED_MAX_BACKWARD turns on)
     x = torch.randn(2, 8, 13, 12).contiguous(memory_format=memory_format)
     for pool in (lambda x: F.max_pool2d(x, 3, 2, 1), lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True)):
         report = ember.Report()
