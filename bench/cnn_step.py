@@ -101,6 +101,8 @@ def main() -> None:
     ap.add_argument("--check-sizes", type=int, default=5,
                     help="batch sizes the correctness check steps through (1: the full batch only; each new size "
                     "may cost Inductor a compile)")
+    ap.add_argument("--top-kernels", type=int, default=0,
+                    help="also print each variant's N costliest GPU kernels of a step")
     ap.add_argument("--variants", default="eager,inductor,ember",
                     help="from eager, inductor, ember; ember-<backend> picks ember's GPU backend (ember-cuda)")
     a = ap.parse_args()
@@ -234,6 +236,10 @@ def main() -> None:
         for n in fns:
             k = profiled_kernels(lambda n=n: step(models[n], fns[n], x, y, amp()), n=3)
             kernels[n] = (round(sum(k.values())), len(k))
+            if a.top_kernels:
+                print(f"\n{n}: costliest kernels of a step, GPU µs")
+                for name, us in sorted(k.items(), key=lambda kv: -kv[1])[:a.top_kernels]:
+                    print(f"  {us:9.1f}  {name}")
 
     def vs(t: dict[str, float], n: str) -> str:
         return f"{t['inductor'] / t[n]:.2f}x" if "inductor" in t else "-"

@@ -201,7 +201,7 @@ def _planned_graph(gm: torch.fx.GraphModule, name: str, cfg: Config, donated: fr
     graph = run_pipeline(graph, cfg, passes)
     graph = unit_reductions(graph)  # (the planner's need, not a pass: runs with any passes off)
     start = time.perf_counter()
-    schedule = plan(graph, cfg)
+    schedule = plan(graph, cfg, gpu=_gpu_target(graph, cfg), hints=_size_hints(gm))
     log(1, f"{name}: planned {len(schedule.kernels)} kernel(s) for {len(graph.nodes)} nodes in "
         f"{(time.perf_counter() - start) * 1e3:.0f} ms ({schedule.attempts} attempt(s), "
         f"{schedule.reused} kernel build(s) reused)", cfg)
@@ -211,6 +211,28 @@ def _planned_graph(gm: torch.fx.GraphModule, name: str, cfg: Config, donated: fr
         while len(_planned) > _PLANNED_MAX:
             _planned.popitem(last=False)
     return graph, schedule, fallbacks, key
+
+
+def _size_hints(gm: torch.fx.GraphModule) -> dict[Any, int]:
+    """The sizes of this compile's example inputs, by symbol: the planner's guesses at how long
+    a symbolic row is (which plan is faster, never which is right: any size runs either plan)."""
+    env = shape_env_of(node.meta.get("val") for node in gm.graph.nodes)
+    if env is None:
+        return {}
+    try:
+        # (renamed in torch 2.13; the old name warns there)
+        values = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val
+        return {s: int(v) for s, v in values.items()}
+    except (AttributeError, TypeError):  # (a hint that is no integer: guessed instead)
+        return {}
+
+
+def _gpu_target(graph: Graph, cfg: Config) -> bool:
+    """Are ``graph``'s kernels rendered for a GPU (the plan splits passes over few long rows)?"""
+    try:
+        return (cfg.target or backend_name(_graph_device(graph), cfg)) in GPU_BACKENDS
+    except NotImplementedError:  # (a graph over two devices: _build reports it)
+        return False
 
 
 def _times_matmuls(schedule: Schedule, cfg: Config) -> bool:

@@ -27,9 +27,9 @@ def _captured_plans(monkeypatch, fn, *args):
     seen = []
     original = driver.plan
 
-    def recording(graph, cfg):
+    def recording(graph, cfg, **kw):
         seen.append((graph, cfg))
-        return original(graph, cfg)
+        return original(graph, cfg, **kw)
 
     monkeypatch.setattr(driver, "plan", recording)
     monkeypatch.setattr(driver, "_planned", OrderedDict())  # (plans of an earlier compile: none)

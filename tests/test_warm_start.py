@@ -19,7 +19,7 @@ def fn(x, w):
 def test_recompiling_a_graph_reuses_its_plan(monkeypatch):
     planned = []
     original = driver.plan
-    monkeypatch.setattr(driver, "plan", lambda graph, cfg: planned.append(graph) or original(graph, cfg))
+    monkeypatch.setattr(driver, "plan", lambda graph, cfg, **kw: planned.append(graph) or original(graph, cfg, **kw))
     x, w = torch.randn(6, 7), torch.randn(7)
     assert_same(ember.compile(fn)(x, w), fn(x, w))
     torch._dynamo.reset()

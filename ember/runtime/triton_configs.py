@@ -202,7 +202,9 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
         # column sums finishing a norm's backward over 528 and 1056 runs of rows took 26.7 and
         # 31.8 us (LayerNorm's two) and 7.8 and 19.8 (RMSNorm's one) that way, 8.1, 15.2, 4.1
         # and 7.4 in the 16-column tiles below (H200, bench/chunk_sweep.py, 16384 x 4096)
-        split = _split(outer, 64, inner, 64, hints, sms)
+        # Up to 256 slices: a BatchNorm's statistics over a channels_last (64, 112, 112, 64)
+        # activation are one tile of columns, 800K rows long (64 slices left 64 of 132 SMs busy)
+        split = _split(outer, 64, inner, 64, hints, sms, most=256)
         if split > 4:
             return [_config(min(64, rows), 64, 4, stages=2, split=split), safe]
     if hints.columns:

@@ -17,7 +17,7 @@ from torch.utils._sympy.functions import FloorDiv
 from ..config import Config
 from ..ir import shapes as sh
 from ..ir.node import Node, row_ids_offsets
-from ..ir.ops import REDUCE_OPS, Op
+from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
 from .group_spec import ACROSS_OPS, GroupSpec, place, scan_home
 from .indexing import Point, map_reshape
 from .kernel_ir import CHUNK, SEGMENT_LENGTH, indirect_var, inner_var, outer_var
@@ -27,6 +27,14 @@ MAX_UNROLL = 8  # widest stacked dim stored position by position
 # long (shorter rows: a flat kernel), and no longer (a row kernel without reductions cannot split
 # a row over programs: a few very long rows would leave the GPU idle), with rows enough to fill it
 LONG_ROW, LONGEST_ROW, MIN_ROWS = 1024, 65536, 256
+# On a GPU, a row kernel of this few rows, each at least this long, takes each pass over its rows
+# (a BatchNorm's mean, then its variance, then the normalized values) on a program per row (or
+# per 16 columns of a channels_last tensor): 64 programs for 64 channels, on 132 SMs. Its passes
+# become kernels of their own: the reductions split each row over many programs
+# (codegen/triton_loops.py: split_rows), and what reads their results is a pointwise kernel.
+# Not below PASS_SPLIT_ELEMENTS in all, where launching the kernels costs more than the passes
+# (a softmax over 4 rows of 4096). A symbolic size counts as its value in the compile's example.
+FEW_ROWS, PASS_SPLIT_ROW, PASS_SPLIT_ELEMENTS, SYMBOLIC_GUESS = 1024, 4096, 1 << 20, 32
 
 Domain = tuple[tuple, tuple, Point, tuple | None]
 
@@ -43,6 +51,8 @@ class DomainRules:
     _across: dict[Node, GroupSpec]
     matmul_roots: set[Node]
     scan_roots: dict[Node, bool]
+    gpu: bool  # planned for GPU kernels (few_long_rows applies)
+    hints: dict[sympy.Symbol, int]  # symbolic sizes' example values
 
     def domain(self, root: Node, groups: list[GroupSpec]) -> Domain:
         """(outer extents, inner extents, home point, (F, reduce dims) or None)."""
@@ -125,6 +135,36 @@ class DomainRules:
             if rows is not None:
                 return rows
         return self._pointwise_domain(root, root.shape)
+
+    def split_passes(self, groups: list[GroupSpec]) -> set[Node]:
+        """Values a GPU kernel would compute from a finished pass over few long rows
+        (``few_long_rows``): the mean a variance reads, the statistics a normalization reads,
+        wherever a root broadcasts them back over the rows. Each gets a buffer, so that its
+        reductions end a kernel of their own and what reads it is another kernel's."""
+        if not self.gpu or not self.cfg.fusion:
+            return set()
+        found: set[Node] = set()
+        for g in groups:
+            for root in g.roots:
+                for n in self.subtree(root):
+                    if n.op is not Op.EXPAND:
+                        continue
+                    src = n.inputs[0]
+                    while src.op in VIEW_OPS and src not in self.buffered:
+                        src = src.inputs[0]
+                    if src in self.buffered or src.op not in REDUCE_OPS | POINTWISE_OPS or src in found:
+                        continue
+                    if any(m.op in REDUCE_OPS and few_long_rows(*reduction_rows(m), self.hints) for m in (src, *self.subtree(src))):
+                        found.add(src)
+        return found
+
+    def second_pass(self, root: Node, group: GroupSpec) -> bool:
+        """Would ``root`` make a GPU kernel over few long rows take a second pass over them: does
+        it read a root of that kernel computed from the kernel's reductions?"""
+        if not self.gpu or not few_long_rows(group.outer, group.inner, self.hints):
+            return False
+        read = self.reads(root)
+        return any(r in read and self._has_reduction(r) for r in group.roots)
 
     def _broadcast_rows(self, root: Node) -> tuple[tuple, tuple, Point, tuple] | None:
         """A pointwise value over long rows that reads per-row values (cross-entropy's gradient:
@@ -228,6 +268,29 @@ class DomainRules:
                                           and x.arg == x.rank - 1 and sh.equal(x.shape[-1], shape[d]))
                       for x in [root, *self.subtree(root)])
         return d if stacked else None
+
+
+def reduction_rows(red: Node) -> tuple[tuple, tuple]:
+    """A reduction's (rows, reduced extents), size-1 dims left out."""
+    full, dims = red.inputs[0].shape, tuple(red.arg) if red.op in REDUCE_OPS else ()
+    return (tuple(s for d, s in enumerate(full) if d not in dims and not sh.is_one(s)),
+            tuple(s for d, s in enumerate(full) if d in dims and not sh.is_one(s)))
+
+
+def few_long_rows(outer: tuple, inner: tuple, hints: dict[sympy.Symbol, int]) -> bool:
+    """Are these rows too few to fill a GPU with a program each, and long enough that splitting
+    each over programs pays for another kernel (``FEW_ROWS``)? Symbolic sizes count as their
+    ``hints`` (this compile's example), else as SYMBOLIC_GUESS."""
+    def guess(extents: tuple) -> int | None:
+        e = sh.expr(sh.numel(extents)).subs(hints)
+        try:
+            return int(e.subs({s: SYMBOLIC_GUESS for s in e.free_symbols}))
+        except (TypeError, ValueError):  # (an extent sympy cannot evaluate: leave the kernel whole)
+            return None
+
+    rows, length = guess(outer), guess(inner)
+    return (rows is not None and length is not None and rows <= FEW_ROWS and length >= PASS_SPLIT_ROW
+            and rows * length >= PASS_SPLIT_ELEMENTS)
 
 
 def _drop_ones(shape: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:

@@ -45,9 +45,11 @@ COMPUTE_OPS = POINTWISE_OPS | REDUCE_OPS | VIEW_OPS | frozenset({
 
 
 class Planner(DomainRules, StepOrder):
-    def __init__(self, graph: Graph, cfg: Config):
+    def __init__(self, graph: Graph, cfg: Config, gpu: bool = False, hints: dict[sympy.Symbol, int] | None = None):
         self.graph = graph
         self.cfg = cfg
+        self.gpu = gpu  # kernels for a GPU: passes over few long rows split (domains.py: few_long_rows)
+        self.hints = hints or {}  # symbolic sizes' values in this compile's example (domains.py: few_long_rows)
         self.users = graph.users()
         self.order = {n: i for i, n in enumerate(graph.nodes)}
         self.buffered: set[Node] = CountedSet()  # compute nodes that get a buffer
@@ -355,6 +357,7 @@ class Planner(DomainRules, StepOrder):
                     and not (root.op is Op.CHUNK_SUM and g.final)
                     and self.cfg.fusion and not alone and not self._blocked(root, g, owner)
                     and not (g.matmul and self._another_first_operand(root, g))
+                    and not self.second_pass(root, g)
                     and not (checked and self._closes_cycle(root, g, groups))):
                 return g
         return None
@@ -522,6 +525,10 @@ class Planner(DomainRules, StepOrder):
         for attempt in range(10 * len(self.graph.nodes) + 10):
             self._replay_views()
             groups = self.form_groups()
+            split = self.split_passes(groups)
+            if split:
+                self.buffered |= split
+                continue
             extra = self.costly_shared(groups) - self.released
             if extra:
                 self.buffered |= extra
@@ -617,5 +624,7 @@ class Planner(DomainRules, StepOrder):
         return f"fused_{'_'.join(names[:6]) or 'copy'}_{index}"
 
 
-def plan(graph: Graph, cfg: Config) -> Schedule:
-    return Planner(graph, cfg).plan()
+def plan(graph: Graph, cfg: Config, gpu: bool = False, hints: dict[sympy.Symbol, int] | None = None) -> Schedule:
+    """The kernels, buffers and steps of ``graph``; ``gpu``: for GPU kernels (Triton, CUDA C++);
+    ``hints``: the example's values of symbolic sizes (only heuristics read them)."""
+    return Planner(graph, cfg, gpu, hints).plan()
