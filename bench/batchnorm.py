@@ -16,7 +16,6 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -154,7 +154,8 @@ class DomainRules:
                         src = src.inputs[0]
                     if src in self.buffered or src.op not in REDUCE_OPS | POINTWISE_OPS or src in found:
                         continue
-                    if any(m.op in REDUCE_OPS and few_long_rows(*reduction_rows(m), self.hints) for m in (src, *self.subtree(src))):
+                    if any(m.op in REDUCE_OPS and few_long_rows(*reduction_rows(m), self.hints)
+                           for m in (src, *self.subtree(src))):
                         found.add(src)
         return found
 
