@@ -77,3 +77,39 @@ def test_float16_strips_write_in_place_and_beside_other_dtypes():
     report = check(lambda a, b: (a.mul_(3), a.float() * b, (b * 2).half()), x, torch.randn(300))
     source = "".join(k.source for k in report.kernels)
     assert "ember_f32_row_to_f16(" in source and "ember_f16_row_to_f32(" in source
+
+
+def _bn_relu_step(x, w, b, rm, rv, g):
+    y = torch.relu(F.batch_norm(x, rm, rv, w, b, training=True))
+    return (y, *torch.autograd.grad(y, (x, w, b), g))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_bool_masks_beside_16_bit_values_leave_the_loops_vectorized(dtype, tmp_path):
+    """A relu's mask (bool) loaded or stored in a simd loop with 16-bit values: GCC 12 left the
+    loop scalar ("no vectype", a BatchNorm's training step 10x slower than eager) until bools
+    were loaded as bytes and stored through a select (codegen/cstyle.py: bools_as_bytes)."""
+    import subprocess
+
+    from ember.codegen.cpp_prelude import PRELUDE
+    from ember.config import Config
+
+    from .test_max_pool import _gcc
+
+    x = (torch.randn(2, 16, 5, 6) * 2).to(dtype).contiguous(memory_format=torch.channels_last)
+    g = torch.randn(x.shape).to(dtype).contiguous(memory_format=torch.channels_last)
+    args = (x.requires_grad_(), torch.rand(16) + 0.5, torch.randn(16), torch.zeros(16), torch.ones(16), g)
+    args[1].requires_grad_()
+    args[2].requires_grad_()
+    report = check(_bn_relu_step, *args, rtol=2e-2, atol=2e-2)
+    masked = [k for k in report.kernels if "bool" in k.source.split("{")[0]]
+    assert len(masked) == 2, [k.name for k in report.kernels]  # the forward stores the mask, the backward reads it
+    if _gcc() is None:
+        return
+    path = tmp_path / "kernels.cpp"
+    path.write_text(PRELUDE + "\n" + "\n".join(k.source for k in masked))
+    proc = subprocess.run([_gcc(), *Config().cxx_flags, "-fopenmp", "-std=c++17", "-c", "-fopt-info-vec-missed",
+                           str(path), "-o", str(tmp_path / "kernels.o")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    missed = [line for line in proc.stderr.splitlines() if line.startswith(str(path)) and "no vectype" in line]
+    assert not missed, missed

@@ -120,6 +120,20 @@ def test_the_taken_branch_is_computed_inside_an_if():
     check(_branchy, x, y, m)
 
 
+def test_values_the_same_at_every_element_stay_unguarded(tmp_path):
+    # a masked weight's gradient from a scalar loss: g / n is loaded and divided outside the
+    # branch (inside it, a load of a scalar left GCC's loop scalar: "no vectype")
+    def f(w, g, n):
+        return torch.where(w != 0, w * (g / n), 0.0)
+    w, g, n = torch.randn(40), torch.tensor(3.0), torch.tensor(7.0)
+    w[::3] = 0
+    (k,) = explain(f, w, g, n).kernels
+    guarded = [line for line in k.kernel_ir.splitlines() if ", if v" in line]
+    assert len(guarded) == 1 and "mul" in guarded[0], k.kernel_ir  # w * (g / n) alone
+    assert "arg1_1[0]" in k.source.split("if (")[0], k.source
+    check(f, w, g, n)
+
+
 def test_values_needed_elsewhere_and_index_checks_stay_unguarded():
     def f(x, y, m, i):
         a = torch.where(m > 0, x.exp(), y)       # x is used below too: loaded always

@@ -33,6 +33,7 @@ CPP = Language(
     fast_f32={Op.EXP: "ember_exp({})", Op.TANH: "ember_tanh({})", Op.ERF: "ember_erf({})"},
     sum_acc_f32="double",
     float_to_int="ember_float_to_int",
+    bools_as_bytes=True,
 )
 
 # Work (elements of a simple kernel) below which a kernel runs on one thread: waking the pool

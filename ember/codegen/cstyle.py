@@ -42,6 +42,10 @@ class Language:
     # a helper template converting a float to an integer type (``name<int8_t>(x)``) with the
     # results eager gives for NaN and out-of-range values; empty: a plain C cast
     float_to_int: str = ""
+    # bools loaded as bytes and stored through a select: GCC 12 left simd loops scalar that mixed
+    # a bool buffer's elements with 16-bit floats ("no vectype": a BatchNorm's training step in
+    # bfloat16, its relu mask loaded or stored beside them, took 10x its time)
+    bools_as_bytes: bool = False
 
     def compute(self, dtype: dt.DType) -> str:
         return "float" if dtype.is_low_precision else self.storage[dtype]
@@ -51,6 +55,8 @@ class Language:
             return f"ember_bf16_to_f32({ref})"
         if dtype == dt.float16:
             return f"ember_f16_to_f32({ref})"
+        if dtype.is_bool and self.bools_as_bytes:
+            return f"(*(const uint8_t*)&{ref} != 0)"
         return ref
 
     def store(self, dtype: dt.DType, value: str) -> str:
@@ -58,6 +64,8 @@ class Language:
             return f"ember_f32_to_bf16({value})"
         if dtype == dt.float16:
             return f"ember_f32_to_f16({value})"
+        if dtype.is_bool and self.bools_as_bytes:
+            return f"({value} ? true : false)"
         return value
 
 

@@ -18,6 +18,9 @@ condition. The padded GIoU loss (``loss * mask``) becomes a where, and so gets s
 from __future__ import annotations
 
 import heapq
+import re
+
+import sympy
 
 from ..ir import dtypes as dt
 from ..ir.ops import Op
@@ -87,8 +90,11 @@ def guard_branches(kernel: Kernel) -> Kernel:
         return guard
 
     needs = stage_needs()
+    invariant = _invariant(values)
     for v in reversed(values):
         if v.kind in _NEVER_GUARDED or v.kind in _FREE_KINDS or v is kernel.segment_length:
+            continue
+        if id(v) in invariant:
             continue
         if v.kind == "alu" and v.arg in _RAISING_ALU and not v.dtype.is_float:
             continue
@@ -106,6 +112,24 @@ def guard_branches(kernel: Kernel) -> Kernel:
     needed = _closure([v for v in added if id(v) in used])
     kernel.values = _ordered(values + [v for v in added if id(v) in needed], key)
     return kernel
+
+
+def _invariant(values: list[Value]) -> set[int]:
+    """Values the same at every element: constants, loads at an index of no loop variable (a
+    scalar loss's gradient), arithmetic of them. A guard would save a few scalar ops, and a load
+    inside the branch left GCC's loop scalar ("no vectype": a weight's masked gradient)."""
+    out: set[int] = set()
+    for v in values:
+        if (v.kind == "const"
+                or v.kind == "load" and not v.srcs and not any(_LOOP_VAR.fullmatch(s.name)
+                                                               for s in sympy.sympify(v.arg.index).free_symbols)
+                or v.kind == "alu" and v.srcs and all(id(s) in out for s in v.srcs)):
+            out.add(id(v))
+    return out
+
+
+# the kernel IR's loop variables (schedule/kernel_ir.py): outer, inner, indirect, run, row length
+_LOOP_VAR = re.compile(r"o\d+|r\d+|ind\d+|ember_chunk|ember_seglen")
 
 
 def _edges(v: Value) -> tuple[Value, ...]:
