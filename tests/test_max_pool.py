@@ -407,3 +407,23 @@ def test_overlapping_max_pool_backward_keeps_atens_kernel_by_default(monkeypatch
         assert_same(got, torch.autograd.grad(F.max_pool2d(xl, 3, 2, 1), xl, torch.ones_like(out))[0])
         assert any("max_pool2d_with_indices_backward" in c for c in report.fallbacks), report.fallbacks
         torch._dynamo.reset()
+
+
+@pytest.mark.skipif(_gcc() is None, reason="asks GCC's vectorizer report (-fopt-info-vec)")
+def test_padded_windows_select_by_bits_where_the_condition_is_the_same_along_the_loop(tmp_path, padded_on_cpu):
+    # channels_last bfloat16 with padding: each window's `inside ? relu(x) : -inf` has a condition
+    # the same along the channels' simd loop. Three such float selects left the loop scalar
+    # under GCC 12 ("unsupported data-type float", 13x the time); as selects of bits it vectorizes
+    x = (torch.randn(2, 16, 9, 11) * 3).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    x[0, 3, 4, 5] = float("nan")
+    (kernel,) = check(lambda x: F.max_pool2d(torch.relu(x), 3, 2, 1), x).kernels
+    assert "ember_pick_bits(" in kernel.source, kernel.source
+    source = PRELUDE + "\n" + kernel.source
+    path = tmp_path / "pool.cpp"
+    path.write_text(source)
+    proc = subprocess.run([_gcc(), *Config().cxx_flags, "-fopenmp", "-std=c++17", "-c", "-fopt-info-vec-optimized",
+                           str(path), "-o", str(tmp_path / "pool.o")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = PRELUDE.count("\n") + 1
+    vectorized = [int(n) for n in re.findall(r"pool\.cpp:(\d+):\d+: optimized: loop vectorized", proc.stderr)]
+    assert any(n > first for n in vectorized), proc.stderr[-3000:]

@@ -19,7 +19,7 @@ from .cexpr import device_size_lines, index_expr
 from .cpp_columns import SUM_BLOCK, ColumnTiles, column_tiles, float_partial
 from .cpp_prelude import PRELUDE
 from .cpp_scatter import owned_elements, owned_rows, render_owned_elements, render_owned_rows
-from .cpp_split import find_split
+from .cpp_split import find_split, uniform_selects
 from .cpp_staging import close_strip, open_strip, staged_accesses
 from .cpp_team import close_team, needs_team, open_team
 from .cstyle import BodyRenderer, Language, acc_update
@@ -278,7 +278,9 @@ class CppKernelRenderer:
             self.emit(pragma or "#pragma omp simd")
             self.emit(f"for (int64_t {var.name} = {start}; {var.name} < {stop}; ++{var.name}) {{")
             self.depth += 1
+        self.body.bit_selects = uniform_selects(values, var)
         self._statements(values)
+        self.body.bit_selects = set()
         if staged:
             close_strip(self, var, staged)
         else:

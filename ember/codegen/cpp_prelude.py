@@ -21,6 +21,11 @@ using std::sqrt; using std::fmod; using std::floor; using std::trunc; using std:
 EMBER_FN float ember_bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 EMBER_FN uint32_t ember_f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 EMBER_FN float ember_bf16_to_f32(uint16_t h) { return ember_bits_f32((uint32_t)h << 16); }
+// c ? a : b as bits, for a condition the same along a simd loop (cpp_split.uniform_selects)
+EMBER_FN float ember_pick_bits(bool c, float a, float b) {
+  const uint32_t m = 0u - (uint32_t)c;
+  return ember_bits_f32((ember_f32_bits(a) & m) | (ember_f32_bits(b) & ~m));
+}
 EMBER_FN uint16_t ember_f32_to_bf16(float f) {
   uint32_t u = ember_f32_bits(f);
   // to nearest even; a NaN quieted. The select on the 32-bit word and one narrowing after it

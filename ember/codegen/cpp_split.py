@@ -25,10 +25,12 @@ the taken branch, the second only the other (the zeros of the padding). Results 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy
 
+from ..ir import dtypes as dt
 from ..ir.ops import Op
 from ..schedule.kernel_ir import Value
 
@@ -52,21 +54,7 @@ def find_split(values: list[Value], var: sympy.Symbol) -> Split | None:
     """A guard among ``values`` (one loop's body over ``var``) that does not vary with ``var``, or
     else one that compares ``var`` with a bound that does not; None where there is neither."""
     guards = {id(v.guard) for v in values if v.guard is not None}
-    varying: dict[int, bool] = {}
-
-    def varies(v: Value) -> bool:
-        if id(v) not in varying:
-            if v.kind == "index":
-                varying[id(v)] = var in sympy.sympify(v.arg).free_symbols
-            elif v.kind == "const":
-                varying[id(v)] = False
-            elif v.kind in ("load", "alu", "checkindex") and v.guard is None:
-                own = v.kind == "load" and var in v.arg.index.free_symbols
-                varying[id(v)] = own or any(varies(s) for s in v.srcs)
-            else:  # (searches, stores, guarded values: never computed ahead of the loop)
-                varying[id(v)] = True
-        return varying[id(v)]
-
+    varies = _varies(var)
     # a guard the same along the whole loop (a row's mask): unswitched. Not on a negation where
     # the guard it negates will do: the loops then compute the negation from a constant too
     for g in sorted(values, key=lambda v: v.arg is Op.NOT):
@@ -86,6 +74,38 @@ def find_split(values: list[Value], var: sympy.Symbol) -> Split | None:
             continue
         return Split(g, _closure(bound, values), bound, inclusive, below)
     return None
+
+
+def _varies(var: sympy.Symbol) -> Callable[[Value], bool]:
+    """Does a value vary along ``var`` (memoized)? Searches, stores and guarded values count as
+    varying: they are never computed ahead of the loop."""
+    varying: dict[int, bool] = {}
+
+    def varies(v: Value) -> bool:
+        if id(v) not in varying:
+            if v.kind == "index":
+                varying[id(v)] = var in sympy.sympify(v.arg).free_symbols
+            elif v.kind == "const":
+                varying[id(v)] = False
+            elif v.kind in ("load", "alu", "checkindex") and v.guard is None:
+                own = v.kind == "load" and var in v.arg.index.free_symbols
+                varying[id(v)] = own or any(varies(s) for s in v.srcs)
+            else:
+                varying[id(v)] = True
+        return varying[id(v)]
+
+    return varies
+
+
+def uniform_selects(values: list[Value], var: sympy.Symbol) -> set[int]:
+    """float32 selects in a simd loop over ``var`` whose condition is the same along it (a padded
+    pooling window's bounds): rendered as selects of bits (``ember_pick_bits``). GCC 12 left a
+    loop with three such float selects beside bfloat16 loads scalar ("unsupported data-type
+    float"); a select of bits it vectorizes."""
+    varies = _varies(var)
+    return {id(v) for v in values
+            if v.kind == "alu" and v.arg is Op.WHERE and v.dtype in (dt.float32, dt.bfloat16, dt.float16)
+            and not varies(v.srcs[0]) and (varies(v.srcs[1]) or varies(v.srcs[2]))}
 
 
 def _is_var(v: Value, var: sympy.Symbol) -> bool:

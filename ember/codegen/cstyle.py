@@ -338,6 +338,8 @@ class BodyRenderer:
         # value id -> a constant it is known to be in the loop being rendered (a guard of the
         # CPU backend's split loops, cpp_split.py)
         self.constants: dict[int, str] = {}
+        # float selects rendered as selects of bits (the CPU backend's, cpp_split.uniform_selects)
+        self.bit_selects: set[int] = set()
         # chunk store id -> the register that keeps the run's partial sum instead of the
         # partials buffer (the CUDA backend's row blocks, which store it at the run's end)
         self.kept_partials: dict[int, str] = {}
@@ -436,6 +438,8 @@ class BodyRenderer:
             expr = literal(v.arg, v.dtype, lang)
         elif v.kind == "index":
             expr = f"(({ctype})({index_expr(v.arg)}))"
+        elif id(v) in self.bit_selects:
+            expr = f"ember_pick_bits({', '.join(self.name(s) for s in v.srcs)})"
         else:
             expr = alu(lang, v, [self.name(s) for s in v.srcs])
         return expr
