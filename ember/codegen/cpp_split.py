@@ -98,10 +98,10 @@ def _varies(var: sympy.Symbol) -> Callable[[Value], bool]:
 
 
 def uniform_selects(values: list[Value], var: sympy.Symbol) -> set[int]:
-    """float32 selects in a simd loop over ``var`` whose condition is the same along it (a padded
-    pooling window's bounds): rendered as selects of bits (``ember_pick_bits``). GCC 12 left a
-    loop with three such float selects beside bfloat16 loads scalar ("unsupported data-type
-    float"); a select of bits it vectorizes."""
+    """Float selects (float32, and 16-bit floats, computed as float) in a simd loop over ``var``
+    whose condition is the same along it (a padded pooling window's bounds): rendered as selects
+    of bits (``ember_pick_bits``). GCC 12 left a loop with three such float selects beside
+    bfloat16 loads scalar ("unsupported data-type float"); a select of bits it vectorizes."""
     varies = _varies(var)
     return {id(v) for v in values
             if v.kind == "alu" and v.arg is Op.WHERE and v.dtype in (dt.float32, dt.bfloat16, dt.float16)
