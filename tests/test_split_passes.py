@@ -70,7 +70,10 @@ def test_short_or_many_rows_keep_their_passes_in_one_kernel(monkeypatch):
     assert max(n for _, n in _loops(_bn_report("triton", (4, 16, 32, 32)))) >= 2
     # 4096 rows (a LayerNorm's tokens): a program each fills the GPU
     report = ember.explain(lambda x: F.layer_norm(x, (256,)), torch.randn(4096, 256), target="triton")
-    assert [n for _, n in _loops(report)] == [3] or len(report.kernels) == 1, _loops(report)
+    assert _loops(report) == [("rows", 3)], _loops(report)
+    # 512 rows of 8192 (a LayerNorm at a wide hidden size): each row stays in a program's registers
+    report = ember.explain(lambda x: F.layer_norm(x, (8192,)), torch.randn(512, 8192), target="triton")
+    assert _loops(report) == [("rows", 3)], _loops(report)
 
 
 def test_symbolic_rows_are_judged_by_the_compiles_example(monkeypatch):
@@ -91,6 +94,11 @@ def test_few_long_rows_judges_by_rows_length_and_total():
     assert domains.few_long_rows((), (1 << 21,), {})                 # one row: a full reduction
     assert domains.few_long_rows((64,), (s, 12544), {s: 64})
     assert not domains.few_long_rows((64,), (s, 12544), {s: 1})
+    # contiguous rows (a LayerNorm's, a softmax's): only where too long for registers and too few
+    assert not domains.few_long_rows((512,), (8192,), {}, contiguous=True)
+    assert not domains.few_long_rows((64,), (8192,), {}, contiguous=True)
+    assert domains.few_long_rows((16,), (128256,), {}, contiguous=True)  # a softmax over a vocabulary
+    assert not domains.few_long_rows((512,), (65536,), {}, contiguous=True)
 
 
 @INTERPRETED_TRITON
@@ -100,6 +108,7 @@ def test_split_passes_compute_what_eager_does(dtype, channels_last, monkeypatch)
     """Run under Triton's interpreter with the thresholds lowered to these small shapes."""
     monkeypatch.setattr(domains, "PASS_SPLIT_ROW", 16)
     monkeypatch.setattr(domains, "PASS_SPLIT_ELEMENTS", 1)
+    monkeypatch.setattr(domains, "REGISTER_ROW", 8)
     args = _bn_args((3, 4, 5, 7), dtype, channels_last)
     report = check(bn_relu_with_grads, *args, options={"target": "triton"},
                    **({"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}))

@@ -33,8 +33,12 @@ LONG_ROW, LONGEST_ROW, MIN_ROWS = 1024, 65536, 256
 # become kernels of their own: the reductions split each row over many programs
 # (codegen/triton_loops.py: split_rows), and what reads their results is a pointwise kernel.
 # Not below PASS_SPLIT_ELEMENTS in all, where launching the kernels costs more than the passes
-# (a softmax over 4 rows of 4096). A symbolic size counts as its value in the compile's example.
+# (a softmax over 4 rows of 4096). Rows that are contiguous runs (a reduction over trailing dims,
+# a LayerNorm's) split only where they are too long to stay in a program's registers and too few
+# to fill the GPU: a LayerNorm over 512 rows of 8192 reads each row once, in one kernel. A
+# symbolic size counts as its value in the compile's example.
 FEW_ROWS, PASS_SPLIT_ROW, PASS_SPLIT_ELEMENTS, SYMBOLIC_GUESS = 1024, 4096, 1 << 20, 32
+FEW_CONTIGUOUS_ROWS, REGISTER_ROW = 256, 16384
 
 Domain = tuple[tuple, tuple, Point, tuple | None]
 
@@ -154,7 +158,8 @@ class DomainRules:
                         src = src.inputs[0]
                     if src in self.buffered or src.op not in REDUCE_OPS | POINTWISE_OPS or src in found:
                         continue
-                    if any(m.op in REDUCE_OPS and few_long_rows(*reduction_rows(m), self.hints)
+                    if any(m.op in REDUCE_OPS and few_long_rows(*reduction_rows(m), self.hints,
+                                                                 _trailing(m.inputs[0].shape, m.arg))
                            for m in (src, *self.subtree(src))):
                         found.add(src)
         return found
@@ -162,7 +167,8 @@ class DomainRules:
     def second_pass(self, root: Node, group: GroupSpec) -> bool:
         """Would ``root`` make a GPU kernel over few long rows take a second pass over them: does
         it read a root of that kernel computed from the kernel's reductions?"""
-        if not self.gpu or not few_long_rows(group.outer, group.inner, self.hints):
+        trailing = group.ref is not None and _trailing(*group.ref)
+        if not self.gpu or not few_long_rows(group.outer, group.inner, self.hints, trailing):
             return False
         read = self.reads(root)
         return any(r in read and self._has_reduction(r) for r in group.roots)
@@ -278,10 +284,17 @@ def reduction_rows(red: Node) -> tuple[tuple, tuple]:
             tuple(s for d, s in enumerate(full) if d in dims and not sh.is_one(s)))
 
 
-def few_long_rows(outer: tuple, inner: tuple, hints: dict[sympy.Symbol, int]) -> bool:
+def _trailing(full: tuple, dims: tuple) -> bool:
+    """Does a reduction over ``dims`` of ``full`` reduce its trailing dims (each row one run)?"""
+    kept = [d for d, s in enumerate(full) if d not in dims and not sh.is_one(s)]
+    return all(d < min(dims, default=len(full)) for d in kept)
+
+
+def few_long_rows(outer: tuple, inner: tuple, hints: dict[sympy.Symbol, int], contiguous: bool = False) -> bool:
     """Are these rows too few to fill a GPU with a program each, and long enough that splitting
-    each over programs pays for another kernel (``FEW_ROWS``)? Symbolic sizes count as their
-    ``hints`` (this compile's example), else as SYMBOLIC_GUESS."""
+    each over programs pays for another kernel (``FEW_ROWS``)? ``contiguous``: each row is one
+    run of memory (``FEW_CONTIGUOUS_ROWS``). Symbolic sizes count as their ``hints`` (this
+    compile's example), else as SYMBOLIC_GUESS."""
     def guess(extents: tuple) -> int | None:
         e = sh.expr(sh.numel(extents)).subs(hints)
         try:
@@ -290,8 +303,9 @@ def few_long_rows(outer: tuple, inner: tuple, hints: dict[sympy.Symbol, int]) ->
             return None
 
     rows, length = guess(outer), guess(inner)
-    return (rows is not None and length is not None and rows <= FEW_ROWS and length >= PASS_SPLIT_ROW
-            and rows * length >= PASS_SPLIT_ELEMENTS)
+    if rows is None or length is None or contiguous and (rows >= FEW_CONTIGUOUS_ROWS or length <= REGISTER_ROW):
+        return False
+    return rows <= FEW_ROWS and length >= PASS_SPLIT_ROW and rows * length >= PASS_SPLIT_ELEMENTS
 
 
 def _drop_ones(shape: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
