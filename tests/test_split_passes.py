@@ -45,8 +45,7 @@ def _loops(report: ember.Report) -> list[tuple[str, int]]:
 
 def _bn_report(target: str, shape, dynamic: bool | None = None, **kw) -> ember.Report:
     # rendered, not run: on this machine the graph runs through ATen (ember.explain's target)
-    return ember.explain(lambda *a: bn_relu_with_grads(*a), *_bn_args(shape, **kw), target=target,
-                         dynamic=dynamic)
+    return ember.explain(bn_relu_with_grads, *_bn_args(shape, **kw), target=target, dynamic=dynamic)
 
 
 @pytest.mark.parametrize("channels_last", [False, True])

@@ -108,8 +108,7 @@ class DomainRules:
             # get buffers of their own (softmax statistics, then a sum over the result).
             red = reductions[-1]
             full, dims = red.inputs[0].shape, tuple(red.arg)
-            outer = tuple(s for d, s in enumerate(full) if d not in dims and not sh.is_one(s))
-            inner = tuple(s for d, s in enumerate(full) if d in dims and not sh.is_one(s))
+            outer, inner = reduction_rows(red)
             if root is red or not sh.shapes_equal(root.shape, full):
                 if not outer:
                     rows = self._rows_group(root, reductions, groups)
@@ -279,7 +278,7 @@ class DomainRules:
 
 def reduction_rows(red: Node) -> tuple[tuple, tuple]:
     """A reduction's (rows, reduced extents), size-1 dims left out."""
-    full, dims = red.inputs[0].shape, tuple(red.arg) if red.op in REDUCE_OPS else ()
+    full, dims = red.inputs[0].shape, tuple(red.arg)
     return (tuple(s for d, s in enumerate(full) if d not in dims and not sh.is_one(s)),
             tuple(s for d, s in enumerate(full) if d in dims and not sh.is_one(s)))
 
