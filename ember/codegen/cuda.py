@@ -9,9 +9,12 @@ intrinsics differ. The kernel IR's domains map to the GPU like codegen/triton.py
   in each IR loop the block's threads stride over the inner domain, then a block-wide reduction
   (warp shuffles + shared memory) gives every thread the loop's results. Rows too short for a
   warp take a group of consecutive lanes each instead (blockDim.x lanes a row, blockDim.y rows a
-  block), reducing with shuffles among the group's lanes. When the loops' accesses
-  are adjacent along the outer domain instead (x.sum(0)), 'columns': a block takes 32 rows, one
-  per lane, its warps split the inner domain and combine per lane through shared memory; with
+  block), reducing with shuffles among the group's lanes. Few long rows read in one loop of
+  float reductions split each over gridDim.y blocks, which take turns at the row's loop steps;
+  the last of a row's blocks to finish combines their partials (cuda_combine.combine_slices).
+  When the loops' accesses are adjacent along the outer domain instead (x.sum(0)), 'columns': a
+  block takes 32 rows, one per lane, its warps split the inner domain and combine per lane
+  through shared memory; with
   few groups of 32 rows, the inner domain also splits over gridDim.y blocks, the last of each
   group's to finish combining the slices' partials (cuda_combine.combine_slices);
 * full reductions (no outer domain): with one loop of float/bool reductions, a grid of blocks
@@ -57,6 +60,7 @@ from .cuda_plan import (  # noqa: F401 (cuda.launch_meta: the backend's name for
     launch_meta,
     row_groups,
     split_columns,
+    split_rows,
     strategy,
     uses_workspace,
     vector_plan,
@@ -110,6 +114,10 @@ _STRATEGY = {
     "rows": "rows -- one block per outer index, or for short rows a group of a warp's lanes (blocks "
             "stride over the rows); threads stride over the inner domain, reductions across the row's "
             "threads after each loop",
+    "rows split": "rows -- one block per outer index, or for short rows a group of a warp's lanes (blocks "
+                  "stride over the rows); threads stride over the inner domain, which few long rows split "
+                  "over gridDim.y blocks (interleaved by loop steps); reductions across the block, then "
+                  "the row's last block to finish combines the slices",
     "columns": "columns -- 32 adjacent outer indices per block, one per lane (their elements are "
                "adjacent in memory); the block's warps split the inner domain and combine per lane",
     "columns split": "columns -- 32 adjacent outer indices per block, one per lane (their elements are "
@@ -133,7 +141,8 @@ class CudaKernelRenderer:
         self.k = kernel
         self.body = BodyRenderer(kernel, CUDA)
         self.strategy = strategy(kernel)
-        self.split = split_columns(kernel)  # a column kernel's inner domain in gridDim.y slices
+        # a column kernel's inner domain, or a row kernel's rows, in gridDim.y slices
+        self.split = split_columns(kernel) or split_rows(kernel)
         self.lines: list[str] = []
         self.depth = 0
         forms = kernel_row_forms(kernel) if self.strategy == "rows" else RowForms({}, {}, {}, ())
@@ -397,8 +406,9 @@ class CudaKernelRenderer:
     def _rows(self) -> None:
         smem = "EMBER_SMEM_BYTES" if self.strategy == "rows" else "EMBER_COLUMN_SMEM_BYTES"
         self.emit(f"__shared__ __align__(16) unsigned char ember_smem[{smem}];")
-        if self.k.row_reductions:
+        if self.k.row_reductions or (self.split and self.strategy == "rows"):
             self.emit("__shared__ bool ember_last;  // is this the last block to finish?")
+        if self.k.row_reductions:
             if self.row_groups:
                 for i, v in enumerate(self.k.row_reductions):
                     self.emit(f"__shared__ {acc_type(CUDA, v)} ember_groups{i}[{ROW_GROUP_THREADS}];"
@@ -518,7 +528,7 @@ class CudaKernelRenderer:
                 if self.strategy == "full":
                     combine_blocks(self, reductions)  # opens `if (ember_last) {`
                 elif self.split:
-                    combine_slices(self, reductions)  # across the warps, then the slices
+                    combine_slices(self, reductions)  # across the warps (or threads), then the slices
                 else:
                     self._block_reduce(reductions)
             self._outer(stage, [v for v in outer_values if v.stage == stage])
@@ -540,6 +550,8 @@ class CudaKernelRenderer:
         if not stores:
             return
         guard = {"columns": "ember_active && ember_warp == 0"}.get(self.strategy, "threadIdx.x == 0")
+        if self.split and self.strategy == "rows" and stage == 0:
+            guard += " && blockIdx.y == 0"  # (a row's later stages run in its last block only)
         if self.strategy == "full" and stage == 0:
             guard = "blockIdx.x == 0 && threadIdx.x == 0"
         self.open(f"if ({guard}) {{  // outer results: one thread writes them")
@@ -567,6 +579,11 @@ class CudaKernelRenderer:
         elif self.strategy == "columns":
             loop_args = ("(I)ember_warp", "ember_warps", "(I)ember_warps * EMBER_UNROLL",
                          f"{what} -- the block's warps stride over the inner domain")
+        elif self.split:  # (rows) slice y of a row: loop steps y, y + gridDim.y, ... of the row
+            loop_args = ("(I)threadIdx.x + (I)blockIdx.y * blockDim.x * EMBER_UNROLL", "blockDim.x",
+                         "(I)gridDim.y * blockDim.x * EMBER_UNROLL",
+                         f"{what} -- the row's blocks (gridDim.y) take turns at its loop steps, each block's "
+                         "threads striding over a step")
         else:
             loop_args = ("(I)threadIdx.x", "blockDim.x", "(I)blockDim.x * EMBER_UNROLL",
                          f"{what} -- the block's threads stride over the inner domain")
@@ -588,7 +605,7 @@ class CudaKernelRenderer:
                 self._statements(stores)
 
         plan = self.plans.get(loop) if self.strategy == "rows" else vector_plan(k, loop)
-        bound = "ember_r_end" if self.split else "ember_inner"
+        bound = "ember_r_end" if self.split and self.strategy == "columns" else "ember_inner"
         self._strided("ember_r", bound, *loop_args, plan, k.inner, inner_var, body)
         self.maxima = []
 

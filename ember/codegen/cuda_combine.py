@@ -1,7 +1,8 @@
-"""Reductions across the blocks of a CUDA C++ kernel: a full reduction's blocks, and a row
-kernel's reductions over all its rows (a loss's mean). Each block writes its partials to a float64
-workspace and counts itself done on a counter; the last block to finish combines every block's
-partials and runs what comes after (codegen/cuda.py renders the rest of the kernel)."""
+"""Reductions across the blocks of a CUDA C++ kernel: a full reduction's blocks, a row
+kernel's reductions over all its rows (a loss's mean), and the slices of a column kernel's
+inner domain or of a row kernel's rows split over blocks. Each block writes its partials to a
+float64 workspace and counts itself done on a counter; the last block to finish combines every
+block's partials and runs what comes after (codegen/cuda.py renders the rest of the kernel)."""
 
 from __future__ import annotations
 
@@ -99,28 +100,33 @@ def _add_partials(r: CudaKernelRenderer, values: list[Value], loop: str, slot: s
 
 
 def combine_slices(r: CudaKernelRenderer, reductions: list[Value]) -> None:
-    """A column kernel split over gridDim.y slices (cuda_plan.split_columns): each lane's
-    partials (every warp holds them) to the workspace, a slot per reduction, slice and row; the
-    group's counter counts the slices' blocks; the last to finish adds them up in slice order
-    (the same result whichever finishes last) and goes on to the outer stage, the others to
-    their next group of rows."""
+    """A kernel split over gridDim.y slices: a column kernel's inner domain
+    (cuda_plan.split_columns), or a row kernel's rows (cuda_plan.split_rows). The block's partials
+    (each lane's, every warp holding them; or the row's, every thread holding them) go to the
+    workspace, a slot per reduction, slice and row; a counter per group of 32 columns, or per row,
+    counts the slices' blocks; the last to finish adds them up in slice order (the same result
+    whichever finishes last) and goes on to the outer stage, the others to their next rows."""
     acc = r.body.acc_names
     slot = "(({{i}} * gridDim.y + {s}) * (size_t)ember_rows + ember_row)"
+    columns = r.strategy == "columns"
     if not reductions:
         return
-    r.emit("// combine the warps' partials of each row; every thread gets them")
+    what = "the warps' partials of each row" if columns else "the threads' partials"
+    r.emit(f"// combine {what}; every thread gets them")
     for v in reductions:
         r.emit(r._reduce_line(v))
-    r.open("if (gridDim.y > 1) {  // this slice's partials; the group's last block combines them")
-    r.open("if (ember_active && ember_warp == 0) {")
+    r.open("if (gridDim.y > 1) {  // this slice's partials; the last of its blocks combines them")
+    # (the launcher splits only rows a block each, never short rows in groups: blockDim.y is 1)
+    r.open(f"if ({'ember_active && ember_warp == 0' if columns else 'threadIdx.x == 0'}) {{")
     for i, v in enumerate(reductions):
         r.emit(f"workspace[{slot.format(s='blockIdx.y').format(i=i)}] = (double){acc[id(v)]};")
     r.close()
     r.emit("__threadfence();  // the partials are visible to every block before the count says so")
     r.emit("__syncthreads();")
     r.open("if (threadIdx.x == 0) {")
-    r.emit("ember_last = atomicAdd(&counter[ember_rows0 / 32], 1) == (int)gridDim.y - 1;")
-    r.emit("if (ember_last) counter[ember_rows0 / 32] = 0;  // ready for the next launch")
+    count = "counter[ember_rows0 / 32]" if columns else "counter[ember_row]"
+    r.emit(f"ember_last = atomicAdd(&{count}, 1) == (int)gridDim.y - 1;")
+    r.emit(f"if (ember_last) {count} = 0;  // ready for the next launch")
     r.close()
     r.emit("__syncthreads();")
     r.emit("if (!ember_last) continue;")

@@ -52,10 +52,24 @@ def split_columns(kernel: Kernel) -> bool:
                     for v in kernel.reductions))
 
 
+def split_rows(kernel: Kernel) -> bool:
+    """May a 'rows' kernel split each row over blocks (gridDim.y slices, interleaved by loop
+    steps), the last of a row's blocks combining their partials? As ``split_columns``: one loop
+    of float or bool reductions, whose stores, if any, are each slice's own elements. No run
+    partials (chunks), reductions over all rows or ragged rows, which have their own blocks'
+    bookkeeping. The launcher splits only few long rows (runtime/cuda_backend.py: row_slices):
+    a BatchNorm's per-channel sums over an NCHW activation, 64 rows of 800K."""
+    return (strategy(kernel) == "rows" and kernel.n_loops == 1 and not kernel.chunks
+            and not kernel.row_reductions and kernel.segment_length is None and bool(kernel.reductions)
+            and all(v.arg.op not in (Op.ARGMAX, Op.ARGMIN) and (v.srcs[0].dtype.is_float or v.srcs[0].dtype.is_bool)
+                    for v in kernel.reductions))
+
+
 def uses_workspace(kernel: Kernel) -> bool:
     """Partials and a finished-blocks counter: many-block full reductions, reductions over rows,
-    column sums split over blocks."""
-    return strategy(kernel) == "full" or bool(kernel.row_reductions) or split_columns(kernel)
+    column sums and rows split over blocks."""
+    return (strategy(kernel) == "full" or bool(kernel.row_reductions) or split_columns(kernel)
+            or split_rows(kernel))
 
 
 def vector_plan(kernel: Kernel, loop: int, most: int | None = None) -> VectorPlan | None:
@@ -138,6 +152,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "n_reductions": len(kernel.reductions) + len(kernel.row_reductions),
         "workspace": uses_workspace(kernel),
         "split_columns": split_columns(kernel),
+        "split_rows": split_rows(kernel),
         "row_reductions": len(kernel.row_reductions),
         "chunks": kernel.chunks,
         "row_groups": row_groups(kernel, width),

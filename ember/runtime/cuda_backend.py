@@ -327,6 +327,22 @@ def column_slices(outer: int, inner: int, sms: int) -> int:
     return slices
 
 
+SLICE_ELEMENTS = 8192  # the shortest slice of a split row
+
+
+def row_slices(outer: int, inner: int, sms: int) -> int:
+    """Slices of each row of a row kernel, a block each (gridDim.y): with fewer rows than two per
+    SM, enough for about four blocks per SM, at most 64, each slice at least SLICE_ELEMENTS
+    long. A BatchNorm's sums over a (64, 64, 112, 112) activation were 64 blocks on 132 SMs,
+    each walking 800K elements."""
+    if outer >= 2 * sms or outer == 0:
+        return 1
+    slices = min(_pow2_ceil(_cdiv(4 * sms, outer)), 64)
+    while slices > 1 and inner < slices * SLICE_ELEMENTS:
+        slices //= 2
+    return slices
+
+
 def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: int,
                 vector: int = 1, occupancy: Callable[[int], int] | None = None,
                 row_groups: bool = False, tile: int = 64,
@@ -339,8 +355,9 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
     ``row_groups``: a row kernel whose short rows may go several to a block; the block is then
     (threads a row, rows a block) where a row needs fewer than 32 threads. ``tile``: a tiled
     kernel's tile side (codegen/cuda_tiles.py). ``split``: a column kernel that may split its
-    inner domain into slices (codegen/cuda_plan.py: split_columns); its grid is then (groups of
-    32 rows, slices) where ``column_slices`` gives more than one."""
+    inner domain into slices (codegen/cuda_plan.py: split_columns), or a row kernel its rows
+    (split_rows); its grid is then (groups of 32 rows, or rows, then slices) where
+    ``column_slices`` or ``row_slices`` gives more than one."""
     big = outer * inner >= 2**31
     limit = max(32, min(_pow2_floor(max_threads), cuda.REDUCTION_THREADS))
     step = cuda.UNROLL * vector  # elements a thread takes per iteration
@@ -359,6 +376,10 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
         return big, balanced_grid(tiles, resident(cuda.LANES * cuda.TILE_ROWS)), (cuda.LANES, cuda.TILE_ROWS)
     if strategy == "rows":  # one row per block: at least two unrolled steps per thread; in groups,
         # one step covering the row where the block can (its loops then read the row once)
+        slices = row_slices(outer, inner, sms) if split else 1
+        if slices > 1:  # few long rows: each over several blocks, a slice of its loop steps each
+            block = threads(row_threads(_cdiv(inner, slices), vector))
+            return big, (balanced_grid(outer, resident(block)), slices), block
         need = row_threads(inner, vector)
         if row_groups and need < 32:  # short rows: a group of lanes each, ROW_GROUP_THREADS a block
             group, total = _pow2_ceil(need), min(cuda.ROW_GROUP_THREADS, limit)
@@ -500,7 +521,8 @@ class CudaKernel:
                                            occupancy=lambda block: self._resident(state, big, block),
                                            row_groups=self.meta.get("row_groups", False),
                                            tile=self.meta.get("tile", 64),
-                                           split=self.meta.get("split_columns", False))
+                                           split=self.meta.get("split_columns", False)
+                                           or self.meta.get("split_rows", False))
             if self.meta.get("chunks"):  # a chunked row kernel: a block per run of rows
                 grid = self.meta["chunks"]
             if self.meta.get("row_reductions"):  # a workspace slot per block
@@ -509,7 +531,7 @@ class CudaKernel:
             bx, by = block if isinstance(block, tuple) else (block, 1)
             # workspace: a slot per block and reduction, or per slice, row and reduction
             partials = max(1, self.meta["n_reductions"]) * max(cuda.MAX_BLOCKS, gy * outer if gy > 1 else 0)
-            counters = _cdiv(outer, 32) if gy > 1 else 1
+            counters = (outer if self.strategy == "rows" else _cdiv(outer, 32)) if gy > 1 else 1
             geometry = state["geometry"][(outer, inner)] = (state["functions"][big], gx, gy, bx, by, partials, counters)
         fn, gx, gy, bx, by, partials, counters = geometry
         driver = _driver()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Device calls for CNN training work, a part per argument, each part's output in $OUT/<part>.txt:
+#   tests      the GPU tests of split rows and columns and of split passes (EMBER_TEST_DEVICE=cuda)
+#   cnn_f32    ResNet-18 training step, f32 NCHW: eager, Inductor, ember-triton, ember-cuda
+#   cnn_bf16   the same in bf16 channels_last
+#   fusion     bench/gpu_fusion.py's suite on Triton (plans of norms and losses over many rows)
+#   batchnorm  bench/batchnorm.py: BatchNorm2d + ReLU steps at a ResNet-18's shapes
+#     PYTHONPATH=. bash bench/gpu_cnn_session.sh tests cnn_f32
+set -uo pipefail
+OUT=${OUT:-/tmp/ember-session}
+mkdir -p "$OUT"
+export EMBER_CACHE_DIR=${EMBER_CACHE_DIR:-/tmp/ember-cnn-cache}
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+if [ -d .whl ] && ! python -c "import expecttest" 2>/dev/null; then  # (OpInfo tests import it)
+  pip install -q --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-.}
+fi
+part() {  # name, seconds, command...
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
+  echo "$name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/parts.txt"
+}
+CNN="python bench/cnn_step.py --device cuda --check-sizes 1 --top-kernels 8"
+for p in "$@"; do
+  case $p in
+    tests) part tests 150 env EMBER_TEST_DEVICE=cuda python -m pytest -q -n 8 -p no:cacheprovider \
+             tests/test_cuda_split_rows.py tests/test_cuda.py tests/test_split_passes.py ;;
+    cnn_f32) part cnn_f32 330 $CNN --variants eager,inductor,ember-triton,ember-cuda ;;
+    cnn_bf16) part cnn_bf16 300 $CNN --dtype bf16 --channels-last --variants eager,inductor,ember-triton,ember-cuda ;;
+    fusion) part fusion 240 python bench/gpu_fusion.py --backends triton ;;
+    batchnorm) part batchnorm 200 python bench/batchnorm.py ;;
+    *) echo "unknown part $p" ;;
+  esac
+done

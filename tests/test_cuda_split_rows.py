@@ -1,0 +1,148 @@
+"""CUDA C++ row kernels split few long rows over blocks (codegen/cuda_plan.py: split_rows,
+runtime/cuda_backend.py: row_slices): a BatchNorm's per-channel sums over an NCHW activation
+were a block per channel, 64 blocks on 132 SMs each walking 800K elements."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+
+import ember
+from ember.codegen import cuda
+from ember.runtime import cuda_backend
+
+from .conftest import DEVICE
+from .helpers import check, record_rendered
+from .test_cuda import NVCC, FakeDriver, compile_batches, needs_nvcc, sources
+from .test_split_passes import _bn_args, bn_relu_with_grads
+
+
+def channel_stats(x):
+    """A BatchNorm's statistics and an activation, as one kernel of one loop over each channel."""
+    return x.sum((0, 2, 3)), (x * x).mean((0, 2, 3)), torch.relu(x)
+
+
+def _kernels(monkeypatch, fn, *args, dynamic=None):
+    seen = record_rendered(monkeypatch, cuda_backend.CudaBackend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = ember.explain(fn, *args, target="cuda", dynamic=dynamic)
+    return list(seen), report
+
+
+def test_few_long_rows_split_over_blocks():
+    plan, sms = cuda_backend.plan_launch, 132
+    # a ResNet stem's BatchNorm sums: 64 channels of 64 x 112 x 112, 16 slices of 50K elements
+    assert plan("rows", 64, 802816, sms, 512, vector=4, split=True) == (False, (64, 16), 512)
+    assert plan("rows", 64, 802816, sms, 512, vector=4) == (False, 64, 512)  # (a kernel that cannot split)
+    # a slice is at least SLICE_ELEMENTS long; rows enough for two blocks an SM are not split
+    assert plan("rows", 8, 40000, sms, 512, vector=4, split=True)[1] == (8, 4)
+    assert plan("rows", 8, 8000, sms, 512, vector=4, split=True)[1] == 8
+    assert plan("rows", 264, 10**6, sms, 512, vector=4, split=True)[1] == 264
+    assert plan("rows", 2, 10**7, sms, 512, split=True)[1] == (2, 64)  # at most 64 slices
+    # about four blocks an SM: 4 rows of 256K in 32 slices, not 64 (a slice would be 4096 long)
+    assert plan("rows", 4, 32 * 8192, sms, 512, vector=4, split=True) == (False, (4, 32), 512)
+    assert plan("rows", 1, 64 * 8192, sms, 512, vector=4, split=True) == (False, (1, 64), 512)
+
+
+def test_split_row_kernels_combine_their_slices_in_the_rows_last_block(monkeypatch):
+    (k,), report = _kernels(monkeypatch, channel_stats, torch.randn(8, 16, 64, 64))
+    meta = cuda.launch_meta(k)
+    assert meta["strategy"] == "rows" and meta["split_rows"] and meta["workspace"]
+    source = report.kernels[0].source
+    assert "which few long rows split over gridDim.y blocks" in source
+    # slice y takes loop steps y, y + gridDim.y, ... of its row, in both the vector and scalar forms
+    assert source.count("(I)threadIdx.x + (I)blockIdx.y * blockDim.x * EMBER_UNROLL;") == 2
+    assert source.count("+= (I)gridDim.y * blockDim.x * EMBER_UNROLL)") == 2
+    assert "ember_last = atomicAdd(&counter[ember_row], 1) == (int)gridDim.y - 1;" in source
+    assert "if (ember_last) counter[ember_row] = 0;" in source
+    # the row's last block adds the slices in slice order, then stores the row's results
+    combine = source.index("for (unsigned ember_s = 0; ember_s < gridDim.y; ++ember_s)")
+    assert combine < source.index("buf0[o0] = v1;")
+
+
+def test_what_does_not_split_keeps_a_block_a_row(monkeypatch):
+    x = torch.randn(8, 16, 64, 64)
+    # a softmax's several loops over each row; an argmax; integer sums (a float64 workspace)
+    for fn in (lambda x: torch.softmax(x, -1), lambda x: x.flatten(1).argmax(1),
+               lambda x: (x > 0).flatten(1).long().sum(1) * 3):
+        kernels, report = _kernels(monkeypatch, fn, x)
+        assert not any(cuda.launch_meta(k)["split_rows"] for k in kernels), report.kernels[0].source[:400]
+        assert "gridDim.y" not in "".join(k.source for k in report.kernels)
+
+
+@needs_nvcc
+def test_split_row_kernels_compile_for_sm90(tmp_path):
+    assert NVCC
+    kernels = []
+    for i, (fn, args) in enumerate([
+            (channel_stats, (torch.randn(8, 16, 64, 64),)),
+            (channel_stats, (torch.randn(8, 16, 64, 64).bfloat16(),)),
+            (lambda x: (x.amax(1), x.mean(1), x.any(1) if x.dtype == torch.bool else x.sum(1)),
+             (torch.randn(5, 3, 70000),)),
+    ]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            kernels += sources(ember.explain(fn, *args, target="cuda", dynamic=True), f"s{i}")
+    assert any("counter[ember_row]" in k for k in kernels)
+    compile_batches(kernels, tmp_path, per_file=len(kernels))
+
+
+def test_split_row_launches_take_a_partial_per_slice_row_and_reduction(monkeypatch):
+    (k,), _ = _kernels(monkeypatch, channel_stats, torch.randn(8, 16, 64, 64), dynamic=True)
+    meta = cuda.launch_meta(k)
+    driver = FakeDriver()
+    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
+    monkeypatch.setattr(cuda_backend, "_current_device", lambda: 0)
+    monkeypatch.setattr(cuda_backend, "_current_stream", lambda device: 7)
+    allocated = []
+    monkeypatch.setattr(torch, "empty", lambda n, **kw: allocated.append(("partials", n)) or torch.ones(1))
+    monkeypatch.setattr(torch, "zeros", lambda n, **kw: allocated.append(("counters", n)) or torch.ones(1))
+    kernel = cuda_backend.CudaKernel(k.name, meta, None, None)
+    kernel._devices[0] = {"functions": ["i32 entry", None], "max_threads": 512, "sms": 132,
+                          "geometry": {}, "workspaces": {}, "resident": {}}
+
+    # the sizes' symbols: the channels (the rows), the side (squared: H and W are duck-sized
+    # alike) and the batch
+    side = re.search(r"\((\w+) \* \1\)", meta["inner"]).group(1)
+    (batch_size,) = set(meta["sizes"]) - {meta["outer"], side}
+
+    def call(batch, channels, width):
+        sizes = {batch_size: batch, meta["outer"]: channels, side: width}
+        kernel(*(1,) * meta["n_params"], *[sizes[s] for s in meta["sizes"]])
+
+    call(64, 64, 112)  # the stem: 64 rows, 16 slices; 2 reductions x 16 x 64 partials fit 2 x 1024
+    (gx, gy, _, bx, by, _), = driver.geometry
+    assert (gx, gy, bx, by) == (64, 16, 512, 1)
+    assert allocated == [("partials", 2 * cuda.MAX_BLOCKS), ("counters", 64)]
+    call(64, 512, 7)  # many short rows: a block each, no slices
+    assert driver.geometry[-1][:2] == (512, 1)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="runs CUDA kernels: EMBER_TEST_DEVICE=cuda on a GPU machine")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_rows_match_eager_on_the_gpu(dtype):
+    options = {"gpu_backend": "cuda"}
+    tol = {"rtol": 1e-4, "atol": 1e-3} if dtype == torch.float32 else {}
+    # rows split in 64 and 16 slices; a row shorter than the slices (empty slices); an odd length
+    for shape in ((2, 1, 1024, 1024), (64, 64, 112, 112), (3, 5, 3, 70001), (1, 3, 1, 8191)):
+        x = torch.randn(shape, dtype=dtype, device="cuda")
+        for _ in range(2):  # the second call finds the counters the first one left
+            check(channel_stats, x, options=options, **tol)
+    check(channel_stats, x, options=options, dynamic=True, **tol)
+    # a BatchNorm training step, its sums split; gradients as well
+    x = (torch.randn(32, 64, 56, 56, device="cuda") * 2 + 0.5).to(dtype).requires_grad_()
+    w = (torch.rand(64, device="cuda") + 0.5).requires_grad_()
+    b = torch.randn(64, device="cuda").requires_grad_()
+    g = torch.randn_like(x)
+    check(bn_relu_with_grads, x, w, b, torch.zeros(64, device="cuda"), torch.ones(64, device="cuda"), g,
+          options=options, **({"rtol": 1e-3, "atol": 1e-3} if dtype == torch.float32 else {}))
+
+
+def test_batch_norm_sums_split_rows_on_the_cuda_target(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    kernels, _ = _kernels(monkeypatch, bn_relu_with_grads, *_bn_args((8, 16, 128, 64)))
+    assert sum(cuda.launch_meta(k)["split_rows"] for k in kernels) >= 3
