@@ -56,6 +56,7 @@ from .cexpr import device_size_lines, index_expr
 from .cstyle import BodyRenderer, Language, acc_init, acc_type
 from .cuda_combine import COMBINE, combine_blocks, combine_rows, combine_slices
 from .cuda_plan import (  # noqa: F401 (cuda.launch_meta: the backend's name for it)
+    STRATEGY_NOTES,
     kernel_row_forms,
     launch_meta,
     row_groups,
@@ -106,29 +107,6 @@ CUDA = Language(
     search_hints=False,        # a thread handles too few elements for a hint to help
 )
 
-_STRATEGY = {
-    "pointwise": "pointwise -- a grid-stride loop over the flattened outer domain, "
-                 f"{UNROLL} elements per thread per iteration",
-    "tiles": "tiles -- square tiles of (the leading dims, flattened) x (the last dim), a block of "
-             f"{LANES} x {TILE_ROWS} threads each; accesses contiguous along the rows go through shared memory",
-    "rows": "rows -- one block per outer index, or for short rows a group of a warp's lanes (blocks "
-            "stride over the rows); threads stride over the inner domain, reductions across the row's "
-            "threads after each loop",
-    "rows split": "rows -- one block per outer index, or for short rows a group of a warp's lanes (blocks "
-                  "stride over the rows); threads stride over the inner domain, which few long rows split "
-                  "over gridDim.y blocks (interleaved by loop steps); reductions across the block, then "
-                  "the row's last block to finish combines the slices",
-    "columns": "columns -- 32 adjacent outer indices per block, one per lane (their elements are "
-               "adjacent in memory); the block's warps split the inner domain and combine per lane",
-    "columns split": "columns -- 32 adjacent outer indices per block, one per lane (their elements are "
-                     "adjacent in memory), the inner domain split over gridDim.y blocks; each block's "
-                     "warps split its slice and combine per lane, the last slice's block combines the slices",
-    "full": "full reduction, many blocks -- the grid strides over the inner domain; the last block "
-            "to finish combines the blocks' partials and runs the epilogue",
-    "scan": cuda_scan.STRATEGY,
-    "scan_columns": cuda_scan.COLUMNS_STRATEGY,
-    "single": "full reduction, one block -- its threads stride over the inner domain in every loop",
-}
 
 
 # grid-stride loops: block b starts at its tile of blockDim.x * EMBER_UNROLL elements
@@ -198,7 +176,7 @@ class CudaKernelRenderer:
         k = self.k
         self.emit(f"// {k.name}: fuses {', '.join(k.origins) or '-'}")
         self.emit(f"// outer {sh.fmt(k.outer)}, inner {sh.fmt(k.inner)}, {k.n_loops} inner loop(s)")
-        self.emit(f"// strategy: {_STRATEGY[self.strategy + (' split' if self.split else '')]}")
+        self.emit(f"// strategy: {STRATEGY_NOTES[self.strategy + (' split' if self.split else '')]}")
         self.emit(f"// flat index type I: uint32_t in {k.name} (outer * inner < 2^31), int64_t in {k.name}_i64")
         params = ", ".join(self.params())
         self.emit("template <typename I>")

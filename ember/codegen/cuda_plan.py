@@ -11,12 +11,38 @@ from typing import Any
 from ..ir import shapes as sh
 from ..ir.ops import Op
 from ..schedule.kernel_ir import Kernel
+from . import cuda_scan
 from .cuda_prelude import POINTWISE_THREADS, REDUCTION_THREADS, UNROLL
 from .cuda_scan import chained, items_per_thread
 from .cuda_tiles import LANES, TILE_ROWS, staged_accesses, tile_side
 from .cuda_vectors import RowForms, VectorPlan, plan_loop, row_forms
 from .layout import adjacent_rows, tile_counts
 from .wrapper import pexpr
+
+# each strategy as the kernel's header comment explains it
+STRATEGY_NOTES = {
+    "pointwise": "pointwise -- a grid-stride loop over the flattened outer domain, "
+                 f"{UNROLL} elements per thread per iteration",
+    "tiles": "tiles -- square tiles of (the leading dims, flattened) x (the last dim), a block of "
+             f"{LANES} x {TILE_ROWS} threads each; accesses contiguous along the rows go through shared memory",
+    "rows": "rows -- one block per outer index, or for short rows a group of a warp's lanes (blocks "
+            "stride over the rows); threads stride over the inner domain, reductions across the row's "
+            "threads after each loop",
+    "rows split": "rows -- one block per outer index, or for short rows a group of a warp's lanes (blocks "
+                  "stride over the rows); threads stride over the inner domain, which few long rows split "
+                  "over gridDim.y blocks (interleaved by loop steps); reductions across the block, then "
+                  "the row's last block to finish combines the slices",
+    "columns": "columns -- 32 adjacent outer indices per block, one per lane (their elements are "
+               "adjacent in memory); the block's warps split the inner domain and combine per lane",
+    "columns split": "columns -- 32 adjacent outer indices per block, one per lane (their elements are "
+                     "adjacent in memory), the inner domain split over gridDim.y blocks; each block's "
+                     "warps split its slice and combine per lane, the last slice's block combines the slices",
+    "full": "full reduction, many blocks -- the grid strides over the inner domain; the last block "
+            "to finish combines the blocks' partials and runs the epilogue",
+    "scan": cuda_scan.STRATEGY,
+    "scan_columns": cuda_scan.COLUMNS_STRATEGY,
+    "single": "full reduction, one block -- its threads stride over the inner domain in every loop",
+}
 
 
 def strategy(kernel: Kernel) -> str:
