@@ -5,6 +5,7 @@
 #   cnn_bf16   the same in bf16 channels_last
 #   fusion     bench/gpu_fusion.py's suite on Triton (plans of norms and losses over many rows)
 #   batchnorm  bench/batchnorm.py: BatchNorm2d + ReLU steps at a ResNet-18's shapes
+#   probe      bench/split_rows_probe.py: split row kernels against float64
 #     PYTHONPATH=. bash bench/gpu_cnn_session.sh tests cnn_f32
 set -uo pipefail
 OUT=${OUT:-/tmp/ember-session}
@@ -30,6 +31,7 @@ for p in "$@"; do
     cnn_bf16) part cnn_bf16 300 $CNN --dtype bf16 --channels-last --variants eager,inductor,ember-triton,ember-cuda ;;
     fusion) part fusion 240 python bench/gpu_fusion.py --backends triton ;;
     batchnorm) part batchnorm 200 python bench/batchnorm.py ;;
+    probe) part probe 150 env EMBER_AOT_CACHE=0 python bench/split_rows_probe.py ;;
     *) echo "unknown part $p" ;;
   esac
 done
