@@ -192,6 +192,8 @@ def test_column_sums_over_few_groups_split_their_rows():
     assert isinstance(plan("columns", 65536, 8192, 132, 512, split=True)[1], int)  # groups to spare
     assert plan("columns", 48, 600, 132, 512, split=True)[1] == (2, 2)  # ≥ SLICE_ROWS rows a slice
     assert plan("columns", 48, 300, 132, 512, split=True)[1] == 2
+    # a channels_last BatchNorm's sums: 64 channels of 802816, 256 slices (about 4 blocks an SM)
+    assert plan("columns", 64, 802816, 132, 512, split=True) == (False, (2, 256), 512)
 
 
 def test_column_scans_take_a_warp_per_segment_of_the_scanned_dim():
@@ -216,7 +218,7 @@ def test_split_column_sums_match_eager_on_the_gpu(dtype):
     # (float32 sums of thousands of terms in another order: columns that nearly cancel differ
     # from eager's by more than float32's default absolute tolerance)
     tol = {"rtol": 1e-4, "atol": 1e-3} if dtype == torch.float32 else {}
-    for rows, cols in ((8192, 4096), (5000, 100), (1000, 33), (300, 7)):
+    for rows, cols in ((8192, 4096), (5000, 100), (1000, 33), (300, 7), (70000, 40)):  # (256 slices)
         g = torch.randn(rows, cols, dtype=dtype, device="cuda")
         y = torch.randn(rows, cols, dtype=dtype, device="cuda")
         for _ in range(2):  # the second call finds the counters the first one left
