@@ -67,7 +67,8 @@ from .cuda_plan import (  # noqa: F401 (cuda.launch_meta: the backend's name for
     vector_plan,
     vector_width,
 )
-from .cuda_prelude import (  # noqa: F401 (cuda.MAX_BLOCKS, cuda.ROW_GROUP_THREADS)
+from .cuda_prelude import (  # noqa: F401 (cuda.MAX_BLOCKS, cuda.ROW_GROUP_THREADS, cuda.COLUMN_UNROLL)
+    COLUMN_UNROLL,
     MAX_BLOCKS,
     POINTWISE_THREADS,
     PRELUDE,
@@ -144,6 +145,8 @@ class CudaKernelRenderer:
         self.in_group = False  # rendering a vector group's element loop
         self.hoisted: set[int] = set()  # values a pointwise group computed once, before its elements
         self.loop = 0  # the inner loop being rendered
+        # elements a thread takes per iteration of a strided loop (a column kernel's lanes: rows)
+        self.unroll = "EMBER_COLUMN_UNROLL" if self.strategy == "columns" else "EMBER_UNROLL"
 
     def emit(self, line: str) -> None:
         self.lines.append("  " * self.depth + line)
@@ -249,10 +252,10 @@ class CudaKernelRenderer:
         """Open a loop giving each thread EMBER_UNROLL elements ``spacing`` apart per iteration, each
         guarded (predicated loads, in flight together), then moving on by ``stride``; the body goes
         at the current depth, inside three blocks."""
-        self.emit(f"// {what}: EMBER_UNROLL {unit} {spacing} apart per thread and iteration")
+        self.emit(f"// {what}: {self.unroll} {unit} {spacing} apart per thread and iteration")
         self.open(f"for (I {flat}_tile = {start}; {flat}_tile < {count}; {flat}_tile += {stride}) {{")
         self.emit("#pragma unroll")
-        self.open("for (int ember_u = 0; ember_u < EMBER_UNROLL; ++ember_u) {")
+        self.open(f"for (int ember_u = 0; ember_u < {self.unroll}; ++ember_u) {{")
         self.emit(f"const I {flat} = {flat}_tile + (I)ember_u * {spacing};")
         self.open(f"if ({flat} < {count}) {{")
 
@@ -429,7 +432,7 @@ class CudaKernelRenderer:
                 self.emit("__shared__ bool ember_last;  // is this the last slice's block to finish?")
                 self.emit("// the inner domain in gridDim.y slices of whole loop steps (few groups of rows: more")
                 self.emit("// blocks), each slice's block its partials; the last to finish combines them")
-                self.emit("const I ember_step = (I)ember_warps * EMBER_UNROLL;")
+                self.emit("const I ember_step = (I)ember_warps * EMBER_COLUMN_UNROLL;")
                 self.emit("const I ember_slice = ((ember_inner + gridDim.y - 1) / gridDim.y + ember_step - 1) "
                           "/ ember_step * ember_step;")
                 self.emit("const I ember_r_begin = (I)blockIdx.y * ember_slice;")
@@ -555,7 +558,7 @@ class CudaKernelRenderer:
             loop_args = ("ember_r_begin + (I)ember_warp", "ember_warps", "ember_step",
                          f"{what} -- the block's warps stride over its slice of the inner domain")
         elif self.strategy == "columns":
-            loop_args = ("(I)ember_warp", "ember_warps", "(I)ember_warps * EMBER_UNROLL",
+            loop_args = ("(I)ember_warp", "ember_warps", "(I)ember_warps * EMBER_COLUMN_UNROLL",
                          f"{what} -- the block's warps stride over the inner domain")
         elif self.split:  # (rows) slice y of a row: loop steps y, y + gridDim.y, ... of the row
             loop_args = ("(I)threadIdx.x + (I)blockIdx.y * blockDim.x * EMBER_UNROLL", "blockDim.x",

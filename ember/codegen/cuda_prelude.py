@@ -7,6 +7,7 @@ from .c_prelude import COMMON_PRELUDE, one_plus_erf_source
 from .cuda_scan import SCAN_PRELUDE
 
 UNROLL = 4                # elements per thread per iteration of every strided loop
+COLUMN_UNROLL = 4         # rows per thread per iteration of a column kernel's loops (one column a lane)
 POINTWISE_THREADS = 256   # block size of pointwise kernels (their __launch_bounds__)
 REDUCTION_THREADS = 512   # largest block of row and full-reduction kernels (__launch_bounds__)
 # Threads of a block whose short rows take a group of lanes each (fewer than 32 a row): a row
@@ -184,6 +185,9 @@ template <int LOOP, typename T, int N> EMBER_FN EmberVec<T, N> ember_reread(Embe
 // those again, so every thread of the block ends with the block's result.
 #define EMBER_FULL_MASK 0xffffffffu
 #define EMBER_UNROLL __UNROLL__
+#ifndef EMBER_COLUMN_UNROLL  // (bench/column_unroll_probe.py defines it before the prelude)
+#define EMBER_COLUMN_UNROLL __COLUMN_UNROLL__
+#endif
 #define EMBER_MAX_BLOCKS __MAX_BLOCKS__
 #define EMBER_SMEM_BYTES 512  // 32 warps x 16 bytes (EmberArg<double>, the widest partial)
 #define EMBER_COLUMN_SMEM_BYTES (__THREADS__ * 16)  // one partial per thread
@@ -271,5 +275,6 @@ template <typename T, typename F> EMBER_FN T ember_column_reduce(T v, F combine,
   for (unsigned w = 1; w < warps; ++w) v = combine(v, partial[w * 32 + lane]);
   return v;
 }
-""".replace("__UNROLL__", str(UNROLL)).replace("__MAX_BLOCKS__", str(MAX_BLOCKS)).replace(
-    "__THREADS__", str(REDUCTION_THREADS)) + SCAN_PRELUDE + one_plus_erf_source("fmaf", "ember_exp2_approx({})")
+""".replace("__UNROLL__", str(UNROLL)).replace("__COLUMN_UNROLL__", str(COLUMN_UNROLL)).replace(
+    "__MAX_BLOCKS__", str(MAX_BLOCKS)).replace("__THREADS__", str(REDUCTION_THREADS)) + (
+    SCAN_PRELUDE) + one_plus_erf_source("fmaf", "ember_exp2_approx({})")

@@ -397,7 +397,7 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
         return big, balanced_grid(_cdiv(outer, 32), resident(block)), block
     if strategy == "columns":  # 32 rows per block, warps split the inner domain (or its slice)
         slices = column_slices(outer, inner, sms) if split else 1
-        block = 32 * min(max(1, _pow2_ceil(_cdiv(_cdiv(inner, slices), 4 * cuda.UNROLL))), limit // 32)
+        block = 32 * min(max(1, _pow2_ceil(_cdiv(_cdiv(inner, slices), 4 * cuda.COLUMN_UNROLL))), limit // 32)
         grid = max(1, min(_cdiv(outer, 32), resident(block)))
         return big, (grid, slices) if slices > 1 else grid, block
     block = threads(_cdiv(inner, step))
