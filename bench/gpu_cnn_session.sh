@@ -6,6 +6,7 @@
 #   fusion     bench/gpu_fusion.py's suite on Triton (plans of norms and losses over many rows)
 #   batchnorm  bench/batchnorm.py: BatchNorm2d + ReLU steps at a ResNet-18's shapes
 #   probe      bench/split_rows_probe.py: split row kernels against float64
+#   unroll     bench/column_unroll_probe.py: rows a CUDA C++ column kernel's thread takes per step
 #     PYTHONPATH=. bash bench/gpu_cnn_session.sh tests cnn_f32
 set -uo pipefail
 OUT=${OUT:-/tmp/ember-session}
@@ -32,6 +33,7 @@ for p in "$@"; do
     fusion) part fusion 240 python bench/gpu_fusion.py --backends triton ;;
     batchnorm) part batchnorm 200 python bench/batchnorm.py ;;
     probe) part probe 150 env EMBER_AOT_CACHE=0 python bench/split_rows_probe.py ;;
+    unroll) part unroll 240 env EMBER_AOT_CACHE=0 python bench/column_unroll_probe.py ;;
     *) echo "unknown part $p" ;;
   esac
 done
