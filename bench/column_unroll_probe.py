@@ -4,6 +4,11 @@ shapes, its ember kernels' GPU time per step (profiler) at each setting, against
 same inputs, with ember-triton's and Inductor's kernels for scale. One device call:
 
     EMBER_AOT_CACHE=0 PYTHONPATH=. python bench/column_unroll_probe.py [--unrolls 4,8,16]
+        [--only TEXT] [--per-output]
+
+``--per-output``: each output's error (y, then the input's, weight's and bias's gradients), of
+two calls, and of the channel sums alone (split column kernels with no BatchNorm around them),
+split and with the slices forced to 1.
 """
 
 from __future__ import annotations
@@ -21,9 +26,40 @@ CASES = [(torch.bfloat16, 64, 112), (torch.bfloat16, 64, 56), (torch.bfloat16, 1
          (torch.float32, 64, 112)]
 
 
+def _errors(got: list[torch.Tensor], ref: list[torch.Tensor]) -> list[float]:
+    """Each output's largest error over its largest magnitude."""
+    return [((g.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item() for g, r in zip(got, ref)]
+
+
 def _worst_error(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
-    """The worst output's largest error over its largest magnitude."""
-    return max(((g.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item() for g, r in zip(got, ref))
+    return max(_errors(got, ref))
+
+
+def _channel_sums(x: torch.Tensor) -> list[torch.Tensor]:
+    return [x.float().sum((0, 2, 3)), (x.float() * x.float()).sum((0, 2, 3))]
+
+
+def _per_output(args, seed, ref, unrolls: list[int], base_prelude: str) -> None:
+    """Each output's error of two calls at each unroll; then the channel sums alone."""
+    from ember.runtime import cuda_backend
+    slices = cuda_backend.column_slices
+    sums_ref = _channel_sums(args[0].detach().double())
+    for unroll in unrolls:
+        cuda.PRELUDE = f"#define EMBER_COLUMN_UNROLL {unroll}\n" + base_prelude
+        fn = ember.compile(bn_relu, options={"gpu_backend": "cuda"})
+        for call in (1, 2):
+            fresh = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+            errors = _errors(_step(fn, fresh, seed), ref)
+            print(f"  unroll {unroll} call {call}: y, dx, dw, db " + " ".join(f"{e:.1e}" for e in errors))
+        torch._dynamo.reset()
+        for split in (True, False):
+            cuda_backend.column_slices = slices if split else (lambda *a: 1)
+            sums = ember.compile(_channel_sums, options={"gpu_backend": "cuda"})(args[0].detach())
+            print(f"  unroll {unroll} channel sums, {'split' if split else 'unsplit'}: "
+                  + " ".join(f"{e:.1e}" for e in _errors(sums, sums_ref)))
+            torch._dynamo.reset()
+        cuda_backend.column_slices = slices
+    cuda.PRELUDE = base_prelude
 
 
 def _measure(fn, args, seed, ref) -> tuple[float, float]:
@@ -41,15 +77,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--unrolls", default="4,8,16")
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--only", default="", help="cases whose label contains this text")
+    ap.add_argument("--per-output", action="store_true")
     args_ = ap.parse_args()
     unrolls = [int(u) for u in args_.unrolls.split(",")]
     base_prelude = cuda.PRELUDE
     rows = []
     for dtype, c, side in CASES:
+        label = f"{args_.batch}x{c}x{side}x{side} {str(dtype).split('.')[-1]} NHWC"
+        if args_.only not in label:
+            continue
         args = _inputs(c, side, args_.batch, dtype, True, "cuda")
         seed = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(1)).to("cuda", dtype)
         seed = seed.contiguous(memory_format=torch.channels_last)
         ref = _step(bn_relu, [a.detach().double().requires_grad_(a.requires_grad) for a in args], seed.double())
+        if args_.per_output:
+            print(label)
+            _per_output(args, seed, ref, unrolls, base_prelude)
+            continue
         cells = []
         eager_error = _worst_error(_step(bn_relu, [a.detach().clone().requires_grad_(a.requires_grad)
                                                   for a in args], seed), ref)
@@ -63,7 +108,9 @@ def main() -> None:
             cells.append(f"{us:.0f} ({error:.0e})")
             torch._dynamo.reset()
         cuda.PRELUDE = base_prelude
-        rows.append([f"{args_.batch}x{c}x{side}x{side} {str(dtype).split('.')[-1]} NHWC", f"{eager_error:.0e}", *cells])
+        rows.append([label, f"{eager_error:.0e}", *cells])
+    if args_.per_output:
+        return
     print("own kernels' GPU µs a step (worst error against float64, relative to the output's largest value)")
     print(table(rows, ["case", "eager err", "inductor", "ember-triton", *(f"ember-cuda unroll {u}" for u in unrolls)]))
 
