@@ -10,6 +10,8 @@ second and the .so loads with ctypes.
 
 from __future__ import annotations
 
+import sympy
+
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.ops import TRANSCENDENTAL_OPS, Op
@@ -19,7 +21,7 @@ from .cexpr import device_size_lines, index_expr
 from .cpp_columns import SUM_BLOCK, ColumnTiles, column_tiles, float_partial
 from .cpp_prelude import PRELUDE
 from .cpp_scatter import owned_elements, owned_rows, render_owned_elements, render_owned_rows
-from .cpp_split import find_split, uniform_selects
+from .cpp_split import Window, find_split, find_window, uniform_selects
 from .cpp_staging import close_strip, open_strip, staged_accesses
 from .cpp_team import close_team, needs_team, open_team
 from .cstyle import BodyRenderer, Language, acc_update
@@ -34,6 +36,7 @@ CPP = Language(
     sum_acc_f32="double",
     float_to_int="ember_float_to_int",
     bools_as_bytes=True,
+    sinks_bools=True,
 )
 
 # Work (elements of a simple kernel) below which a kernel runs on one thread: waking the pool
@@ -234,7 +237,10 @@ class CppKernelRenderer:
         self.emit(f"#pragma omp parallel for{collapse} schedule(static) if({work} >= {PARALLEL_THRESHOLD})")
         self._open_loops(outer_var, k.outer[:-1])
         split = None if self.scalar or sh.static(k.outer[-1]) == 0 else find_split(values, var)
-        if split is None:
+        window = None if split is not None or self.scalar or sh.static(k.outer[-1]) == 0 else find_window(values, var)
+        if window is not None:
+            self._window_loops(var, extent, values, window)
+        elif split is None:
             self._pointwise_loop(var, "0", extent, values, "")
         else:  # padding skipped: the loop in two at the guard's bound, or unswitched (cpp_split.py)
             positive = sh.static(k.outer[-1])
@@ -266,6 +272,64 @@ class CppKernelRenderer:
             del self.body.constants[guard]
             self._close_loops(positive is None)
         self._close_loops(n - 1)
+
+    def _window_loops(self, var: sympy.Symbol, extent: str, values: list[Value], window: Window) -> None:
+        """The loop over ``var`` in three (cpp_split.find_window): up to where every affine bound of
+        its guards holds, the middle with those guards the constant true (no branches: the simd
+        loop computes only the taken side), and the rest; all three only where the guards that
+        do not vary along the loop hold, else the loop as it was."""
+        positive = sh.static(self.k.outer[-1])
+        if positive is None:  # (the bounds' index checks run only where the row has elements)
+            self.emit(f"if ({extent} > 0) {{")
+            self.depth += 1
+        self._statements(window.hoisted)
+        inside = [v for v in values if v not in window.hoisted]
+        lows, highs = [], []
+        for lower, n, a, b, shift in window.bounds:
+            x = sympy.Symbol(self.body.name(n), integer=True) + shift - b
+            if lower:  # var >= ceil(x / a)
+                lows.append(index_expr(x) if a == 1 else f"-ember_ifloordiv({index_expr(-x)}, {a})")
+            else:  # var <= floor(x / a)
+                highs.append(index_expr(x + 1) if a == 1 else f"ember_ifloordiv({index_expr(x)}, {a}) + 1")
+
+        def fold(fn: str, terms: list[str]) -> str:
+            out = terms[0]
+            for t in terms[1:]:
+                out = f"{fn}({out}, {t})"
+            return out
+
+        name = var.name
+        self.emit(f"// {', '.join(self.body.name(v) for v in window.atoms)}: all true for {name} in "
+                  f"[{name}_lo, {name}_hi){' where the uniform ones hold' if window.uniform else ''}")
+        low = fold("ember_imax", lows or ["0"])
+        self.emit(f"const int64_t {name}_lo = ember_imin(ember_imax({low}, 0), {extent});")
+        self.emit(f"const int64_t {name}_hi = ember_imax(ember_imin({fold('ember_imin', highs or [extent])}, "
+                  f"{extent}), {name}_lo);")
+        if window.uniform:
+            self.emit(f"if ({' && '.join(self.body.name(v) for v in window.uniform)}) {{")
+            self.depth += 1
+        true = window.true_values(values)
+        for start, stop, middle in (("0", f"{name}_lo", False), (f"{name}_lo", f"{name}_hi", True),
+                                    (f"{name}_hi", extent, False)):
+            for v in true:
+                if middle:
+                    self.body.constants[id(v)] = "true"
+                else:
+                    self.body.constants.pop(id(v), None)
+            self.body.index_rewrite = window.drop_clamps if middle else None
+            self._pointwise_loop(var, start, stop, inside, "")
+        for v in true:
+            self.body.constants.pop(id(v), None)
+        self.body.index_rewrite = None
+        if window.uniform:
+            self.depth -= 1
+            self.emit("} else {")
+            self.depth += 1
+            self._pointwise_loop(var, "0", extent, inside, "")
+            self.depth -= 1
+            self.emit("}")
+        if positive is None:
+            self._close_loops(1)
 
     def _pointwise_loop(self, var, start: str, stop: str, values: list[Value], pragma: str) -> None:
         """The simd loop over ``var`` from ``start`` to ``stop`` computing ``values`` (float16 rows

@@ -122,3 +122,131 @@ def _closure(value: Value, values: list[Value]) -> list[Value]:
             need.add(id(v))
             stack.extend(v.srcs)
     return [v for v in values if id(v) in need]
+
+
+@dataclass
+class Window:
+    """Where every bound of a loop's guards that is affine in its variable holds: a padded
+    window's reads inside the input (``0 <= 2 * i - 1``, ``2 * i + 1 < W``), conjoined with
+    conditions the same along the loop (the window's row inside the input)."""
+    atoms: list[Value]    # comparisons all true for i in [lo, hi) where every uniform one holds
+    uniform: list[Value]  # the comparisons that do not vary along the loop
+    bounds: list[tuple[bool, Value, int, sympy.Expr, int]]  # (a lower bound?, n, a, b, m - n) each:
+    #                        a * i + b >= m (lower) or <= m (upper), m = n + (m - n)
+    hoisted: list[Value]  # what the bounds and the uniform comparisons are computed from
+    facts: list[tuple[sympy.Expr, bool, sympy.Expr]]  # (e, e >= m?, m): index bounds that then hold
+
+    def true_values(self, values: list[Value]) -> list[Value]:
+        """The atoms and the logical ands of values all true, among ``values``: true in the
+        window's interior."""
+        true = {id(v) for v in self.atoms}
+        for v in values:
+            if v.kind == "alu" and v.arg is Op.AND and v.guard is None and all(id(s) in true for s in v.srcs):
+                true.add(id(v))
+        return [v for v in values if id(v) in true]
+
+    def drop_clamps(self, index: sympy.Expr) -> sympy.Expr:
+        """``index`` with the clamps the facts make idle unwrapped: Min(31, 2*i + 1) where
+        2*i + 1 <= 31 holds, Max(0, 2*i - 1) where 2*i - 1 >= 0 (a padded read's clamp into the
+        input, which left GCC a gather where the read is a strided load)."""
+        def bounded(e: sympy.Expr, at_least: bool, c: sympy.Expr) -> bool:
+            for fe, fl, m in self.facts:
+                if fl == at_least and sympy.expand(fe - e) == 0:
+                    gap = sympy.expand(m - c if at_least else c - m)
+                    if gap.is_number and gap >= 0:
+                        return True
+            return False
+
+        def unwrap(x: sympy.Expr) -> sympy.Expr:
+            if not isinstance(x, (sympy.Min, sympy.Max)):
+                return x
+            args = [a.replace(lambda y: isinstance(y, (sympy.Min, sympy.Max)), unwrap) for a in x.args]
+            at_least = isinstance(x, sympy.Max)
+            for e in args:
+                if all(c is e or bounded(e, at_least, c) for c in args):
+                    return e
+            return x.func(*args)
+
+        return index.replace(lambda y: isinstance(y, (sympy.Min, sympy.Max)), unwrap)
+
+
+def find_window(values: list[Value], var: sympy.Symbol) -> Window | None:
+    """The comparisons that guards among ``values`` (one loop's body over ``var``) conjoin (through
+    logical ands) which either compare ``a * var + b`` with a bound that does not vary along the
+    loop, or do not vary at all; None where none of them is of the first kind. Between the
+    bounds of the first kind, where the second kind hold, all of them are true: the loop's
+    middle then runs with its guards constant (``cpp.py``: the window's interior, its edges
+    and the rows outside keeping the guarded loop). A padded 3 x 3 / 2 max pooling's nine
+    guarded reads were scalar code slower than ATen's kernel."""
+    varies = _varies(var)
+    leaves: dict[int, Value] = {}
+    stack = [v.guard for v in values if v.guard is not None]
+    while stack:
+        g = stack.pop()
+        if id(g) in leaves:
+            continue
+        leaves[id(g)] = g
+        if g.kind == "alu" and g.arg is Op.AND and g.guard is None:
+            stack.extend(g.srcs)
+    atoms, uniform, bounds = [], [], []
+    for g in leaves.values():
+        if g.kind != "alu" or g.arg not in _FORMS or len(g.srcs) != 2 or g.guard is not None:
+            continue
+        if any(s.dtype.is_float for s in g.srcs):
+            continue
+        if not varies(g):
+            uniform.append(g)
+            atoms.append(g)
+            continue
+        bound = _affine_bound(g, var, varies)
+        if bound is not None:
+            bounds.append(bound)
+            atoms.append(g)
+    if not bounds:
+        return None
+    hoisted: set[int] = set()
+    for v in uniform + [b[1] for b in bounds]:
+        hoisted.update(id(u) for u in _closure(v, values))
+    facts = [f for g in atoms if (f := _index_fact(g)) is not None]
+    return Window(atoms, uniform, bounds, [v for v in values if id(v) in hoisted], facts)
+
+
+def _index_fact(g: Value) -> tuple[sympy.Expr, bool, sympy.Expr] | None:
+    """A comparison of an index expression with a constant or size expression as (e, e >= m?, m)."""
+    op = g.arg
+    e, n = g.srcs
+    if e.kind != "index":
+        e, n, op = n, e, _MIRRORED[op]
+    if e.kind != "index" or n.kind not in ("index", "const") or isinstance(n.arg, bool):
+        return None
+    try:
+        m = sympy.sympify(n.arg)
+    except (TypeError, sympy.SympifyError):
+        return None
+    if not (m.is_number and m.is_integer or not m.is_number):
+        return None
+    at_least = op in (Op.GT, Op.GE)
+    return sympy.expand(sympy.sympify(e.arg)), at_least, sympy.expand(m + {Op.LT: -1, Op.GT: 1}.get(op, 0))
+
+
+def _affine_bound(g: Value, var: sympy.Symbol, varies: Callable[[Value], bool]
+                  ) -> tuple[bool, Value, int, sympy.Expr, int] | None:
+    """``g`` (a comparison) as a bound on ``var``: a * var + b >= m or <= m, where a * var + b
+    is an index expression and m = n + (m - n) does not vary along the loop."""
+    op = g.arg
+    e, n = g.srcs
+    if not (e.kind == "index" and var in sympy.sympify(e.arg).free_symbols):
+        e, n, op = n, e, _MIRRORED[op]
+    if not (e.kind == "index" and not varies(n)):
+        return None
+    expr = sympy.expand(sympy.sympify(e.arg))
+    a = expr.coeff(var)
+    b = expr - a * var
+    if not (a.is_Integer and a != 0) or var in b.free_symbols:
+        return None
+    # integers: e < n is e <= n - 1, e > n is e >= n + 1
+    at_least = op in (Op.GT, Op.GE)
+    shift = {Op.LT: -1, Op.GT: 1}.get(op, 0)
+    # a * var >= m - b is a lower bound of var for a > 0, an upper one for a < 0 (and <= mirrored)
+    return (at_least == (int(a) > 0), n, int(a), b, shift)
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,9 @@ class Language:
     # a bool buffer's elements with 16-bit floats ("no vectype": a BatchNorm's training step in
     # bfloat16, its relu mask loaded or stored beside them, took 10x its time)
     bools_as_bytes: bool = False
+    # unguarded bools written just before their first user (``_sunk_bools``: GCC 12 left simd
+    # loops scalar where bools stayed live across float loads)
+    sinks_bools: bool = False
 
     def compute(self, dtype: dt.DType) -> str:
         return "float" if dtype.is_low_precision else self.storage[dtype]
@@ -340,6 +344,8 @@ class BodyRenderer:
         self.constants: dict[int, str] = {}
         # float selects rendered as selects of bits (the CPU backend's, cpp_split.uniform_selects)
         self.bit_selects: set[int] = set()
+        # a rewrite of every load's and store's index (cpp_split.Window.drop_clamps)
+        self.index_rewrite: Callable[[sympy.Expr], sympy.Expr] | None = None
         # chunk store id -> the register that keeps the run's partial sum instead of the
         # partials buffer (the CUDA backend's row blocks, which store it at the run's end)
         self.kept_partials: dict[int, str] = {}
@@ -367,6 +373,8 @@ class BodyRenderer:
     def bound_index(self, v: Value) -> sympy.Expr:
         """A load's or store's index, its indirect variables named by the values they hold."""
         index = v.arg.index
+        if self.index_rewrite is not None:  # (clamps made idle by a split loop's bounds, cpp_split.Window)
+            index = self.index_rewrite(index)
         if v.arg.bindings:
             srcs = v.srcs[1:] if v.kind == "store" else v.srcs
             index = index.xreplace({sym: sympy.Symbol(self.name(src), integer=True)
@@ -451,6 +459,8 @@ class BodyRenderer:
         can, and writes unguarded values before starting another), and each run of one guard is a
         block. Values read outside their block are declared (zero) before it."""
         order = _grouped_order(values)
+        if self.lang.sinks_bools:
+            order = _sunk_bools(order)
         lines: list[str] = []
         runs: list[list[Value]] = []
         for v in order:
@@ -472,7 +482,10 @@ class BodyRenderer:
                 if id(v) in exported:
                     ctype = self.lang.compute(v.dtype)
                     lines.append(f"{ctype} {self.name(v)} = {'false' if ctype == 'bool' else f'({ctype})0'};")
-            lines.append(f"if ({self.name(head.guard)}) {{")
+            if self.constants.get(id(head.guard)) == "true":  # (the CPU's split loops: a block, no branch)
+                lines.append(f"{{  // {self.name(head.guard)} is true here")
+            else:
+                lines.append(f"if ({self.name(head.guard)}) {{")
             for v in run:
                 ctype = self.lang.compute(v.dtype)
                 const = "" if id(v) in exported else f"const {ctype} "
@@ -491,6 +504,34 @@ class BodyRenderer:
 
     def reduce_result(self, v: Value) -> str:
         return f"const {self.lang.compute(v.dtype)} {self.name(v)} = {acc_result(self.lang, v, self.acc_names[id(v)])};"
+
+
+def _sunk_bools(order: list[Value]) -> list[Value]:
+    """``order`` with each unguarded bool that an unguarded value uses later moved down to just
+    before that first user. GCC 12 gave up on a simd loop ("no vectype for stmt", at a float
+    load) where bools (a max's NaN tests of a padded window's values, each written beside its
+    value) stayed live across the loads after them; next to their use, the loop vectorizes."""
+    position = {id(v): i for i, v in enumerate(order)}
+    first_use: dict[int, Value] = {}
+    for v in order:
+        for s in (*v.srcs, *((v.guard,) if v.guard is not None else ())):
+            first_use.setdefault(id(s), v)
+    before: dict[int, list[Value]] = {}
+    for v in order:
+        user = first_use.get(id(v))
+        if (v.kind == "alu" and v.dtype == dt.bool_ and v.guard is None and user is not None
+                and (user.guard is None or user.kind in ("store", "reduce"))
+                and position[id(user)] > position[id(v)] + 1):
+            before.setdefault(id(user), []).append(v)
+    if not before:
+        return order
+    moved = {id(v) for vs in before.values() for v in vs}
+    out: list[Value] = []
+    for v in order:
+        out.extend(before.get(id(v), ()))
+        if id(v) not in moved:
+            out.append(v)
+    return out
 
 
 def _grouped_order(values: list[Value]) -> list[Value]:

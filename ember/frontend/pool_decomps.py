@@ -80,11 +80,17 @@ def _decomposed(x: torch.Tensor, ks: list[int], st: list[int], pa: list[int], ce
     on_cpu = x.device.type == "cpu"
     # (a window or stride of 0 goes to ATen, for eager's own error: the meta functions of some
     # torch versions check the stride first, with another message)
+    # Padded windows on the CPU, in inference (no gradient: no indices to compute) and where the
+    # input is contiguous (NCHW): the C++ backend splits each output row where its windows lie
+    # inside the input (codegen/cpp_split.find_window), and the row's interior vectorizes.
+    # channels_last rows, and training steps (the indices, then ATen's backward), stay slower
+    padded_cpu = (not ceil_mode and not torch.is_grad_enabled() and x.is_contiguous()
+                  and suggest_memory_format(x) == torch.contiguous_format)
     return (min(ks) > 0 and min(st) > 0
             and x.layout == torch.strided and not x.is_quantized and x.dtype.is_floating_point
             and x.dtype.itemsize >= 2  # (float8 has no max_pool kernel)
             and x.numel() != 0 and math.prod(ks) <= UNROLLED_WINDOW
-            and (x.device.type == "cuda" or on_cpu and (PADDED_ON_CPU or not ceil_mode and not any(pa))))
+            and (x.device.type == "cuda" or on_cpu and (PADDED_ON_CPU or padded_cpu or not ceil_mode and not any(pa))))
 
 
 def _meta(op: Any) -> Callable[..., Any] | None:
