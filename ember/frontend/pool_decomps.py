@@ -21,9 +21,11 @@ padding's end (ceil_mode's last windows reach past it), and with ``count_include
 at the input's edges too.
 
 Where it is decomposed (``bench/pooling.py`` measured each choice against ATen's kernels):
-floating inputs, windows of up to ``UNROLLED_WINDOW`` positions; on the CPU only unpadded
-windows (padding and ceil_mode make each position's load conditional, which keeps the loop from
-vectorizing: slower than ATen's kernel). A channels_last input is pooled as (N, H, W, C), the
+floating inputs, windows of up to ``UNROLLED_WINDOW`` positions; on the CPU unpadded windows,
+and padded ones in inference on contiguous (NCHW) inputs, whose output rows the C++ backend
+splits where every window lies inside the input (codegen/cpp_split.find_window: the interior
+unguarded and vectorized). Elsewhere padding and ceil_mode make each position's load
+conditional, which keeps the loop from vectorizing: slower than ATen's kernel. A channels_last input is pooled as (N, H, W, C), the
 channels innermost; the results are laid out as eager's (its meta function's). eager's checks
 (kernel, stride, padding and dilation against the input's size) are its meta function's, run
 first, with eager's messages.
