@@ -21,6 +21,16 @@ along the loop at all (a mask of the row, in a loop over its features) unswitche
 
 Each part is the same body with the guard a constant, which GCC folds: the first computes only
 the taken branch, the second only the other (the zeros of the padding). Results are the same bits.
+
+Where no guard has either form, but guards conjoin comparisons of ``a * i + b`` with bounds that
+do not vary along the loop (a padded window's reads inside the input: ``0 <= 2 * i - 1``,
+``2 * i + 1 < W``), the loop splits where all of them hold (``find_window``):
+
+    if (<the comparisons that do not vary along the loop, all true>) {
+      for i in [0, lo) (simd):   <the body>
+      for i in [lo, hi) (simd):  <the body, those comparisons the constant true, reads unclamped>
+      for i in [hi, extent) (simd):  <the body>
+    } else for i (simd): <the body>
 """
 
 from __future__ import annotations

@@ -25,10 +25,10 @@ floating inputs, windows of up to ``UNROLLED_WINDOW`` positions; on the CPU unpa
 and padded ones in inference on contiguous (NCHW) inputs, whose output rows the C++ backend
 splits where every window lies inside the input (codegen/cpp_split.find_window: the interior
 unguarded and vectorized). Elsewhere padding and ceil_mode make each position's load
-conditional, which keeps the loop from vectorizing: slower than ATen's kernel. A channels_last input is pooled as (N, H, W, C), the
-channels innermost; the results are laid out as eager's (its meta function's). eager's checks
-(kernel, stride, padding and dilation against the input's size) are its meta function's, run
-first, with eager's messages.
+conditional, which keeps the loop from vectorizing: slower than ATen's kernel. A channels_last
+input is pooled as (N, H, W, C), the channels innermost; the results are laid out as eager's
+(its meta function's). eager's checks (kernel, stride, padding and dilation against the input's
+size) are its meta function's, run first, with eager's messages.
 
 Backwards: each input position sums the gradients of the windows that can hold it (at most
 ceil(window / stride) a dim, unrolled; from +0.0, in increasing window order, in float for 16-bit
