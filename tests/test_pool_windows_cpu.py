@@ -55,6 +55,20 @@ def test_padded_windows_in_inference_match_eager(kind, kw, dtype):
         assert len(report.kernels) == 1, [k.name for k in report.kernels]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_channels_last_16_bit_windows_run_with_their_guards_constant(dtype):
+    """A channels_last pixel's window guards are the same along the channels' loop: with all of
+    them true (the window inside the input) the loop runs them as constants, else guarded."""
+    for kind in ("max", "avg"):
+        x = _input((2, 16, 9, 11), dtype).contiguous(memory_format=torch.channels_last)
+        with torch.no_grad():
+            report = check(_pooled(kind, kernel_size=3, stride=2, padding=1), x)
+        assert not [c for c in report.fallbacks if "pool" in c], report.fallbacks
+        (kernel,) = report.kernels
+        assert re.search(r"if \(v\d+ && v\d+ && v\d+ && v\d+", kernel.source), kernel.source
+        assert kernel.source.count("// v") >= 1 and "is true here" in kernel.source, kernel.source
+
+
 def test_symbolic_widths_find_their_interior_at_run_time():
     fn = _pooled("max", kernel_size=3, stride=2, padding=1)
     compiled, report = compile_checked(fn, dynamic=True)

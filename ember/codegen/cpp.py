@@ -237,7 +237,12 @@ class CppKernelRenderer:
         self.emit(f"#pragma omp parallel for{collapse} schedule(static) if({work} >= {PARALLEL_THRESHOLD})")
         self._open_loops(outer_var, k.outer[:-1])
         split = None if self.scalar or sh.static(k.outer[-1]) == 0 else find_split(values, var)
-        window = None if split is not None or self.scalar or sh.static(k.outer[-1]) == 0 else find_window(values, var)
+        # (a split at a bound skips the false side's work too; an unswitch on one uniform guard
+        # gives way to a window over positions, whose interior has every guard of the loop constant)
+        window = (None if self.scalar or sh.static(k.outer[-1]) == 0 or split is not None and split.bound is not None
+                  else find_window(values, var))
+        if window is not None and split is not None and not window.positional:
+            window = None
         if window is not None:
             self._window_loops(var, extent, values, window)
         elif split is None:

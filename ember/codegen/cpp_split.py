@@ -145,6 +145,9 @@ class Window:
     #                        a * i + b >= m (lower) or <= m (upper), m = n + (m - n)
     hoisted: list[Value]  # what the bounds and the uniform comparisons are computed from
     facts: list[tuple[sympy.Expr, bool, sympy.Expr]]  # (e, e >= m?, m): index bounds that then hold
+    # every uniform comparison compares indices with sizes (a window's rows), none a loaded
+    # value (a ragged row's length, false on the padding rows, where an unswitch skips the work)
+    positional: bool = True
 
     def true_values(self, values: list[Value]) -> list[Value]:
         """The atoms and the logical ands of values all true, among ``values``: true in the
@@ -212,13 +215,14 @@ def find_window(values: list[Value], var: sympy.Symbol) -> Window | None:
         if bound is not None:
             bounds.append(bound)
             atoms.append(g)
-    if not bounds:
+    if not bounds and len(uniform) < 2:  # (one uniform guard: find_split unswitches it)
         return None
     hoisted: set[int] = set()
     for v in uniform + [b[1] for b in bounds]:
         hoisted.update(id(u) for u in _closure(v, values))
     facts = [f for g in atoms if (f := _index_fact(g)) is not None]
-    return Window(atoms, uniform, bounds, [v for v in values if id(v) in hoisted], facts)
+    positional = all(_index_fact(g) is not None for g in uniform)
+    return Window(atoms, uniform, bounds, [v for v in values if id(v) in hoisted], facts, positional)
 
 
 def _index_fact(g: Value) -> tuple[sympy.Expr, bool, sympy.Expr] | None:
