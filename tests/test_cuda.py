@@ -481,6 +481,22 @@ def test_64_bit_entry_points_build_at_the_first_launch_that_needs_them(kernels_o
         "its ops run through ATen instead."]
 
 
+def workspace_launcher(monkeypatch, k, meta) -> tuple[cuda_backend.CudaKernel, FakeDriver, list]:
+    """A launcher of ``k`` on a fake driver and device (132 SMs), and the list its workspace
+    allocations go to: ("partials", n) and ("counters", n)."""
+    driver = FakeDriver()
+    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
+    monkeypatch.setattr(cuda_backend, "_current_device", lambda: 0)
+    monkeypatch.setattr(cuda_backend, "_current_stream", lambda device: 7)
+    allocated = []
+    monkeypatch.setattr(torch, "empty", lambda n, **kw: allocated.append(("partials", n)) or torch.ones(1))
+    monkeypatch.setattr(torch, "zeros", lambda n, **kw: allocated.append(("counters", n)) or torch.ones(1))
+    kernel = cuda_backend.CudaKernel(k.name, meta, None, None)
+    kernel._devices[0] = {"functions": ["i32 entry", None], "max_threads": 512, "sms": 132,
+                          "geometry": {}, "workspaces": {}, "resident": {}}
+    return kernel, driver, allocated
+
+
 def test_split_column_launches_grow_their_workspace(kernels_of, monkeypatch):
     """A bias gradient's sums launch (groups of 32 columns, slices) blocks, with a workspace of a
     partial per slice, column and reduction and a counter per group; a larger call gets a larger
@@ -492,16 +508,7 @@ def test_split_column_launches_grow_their_workspace(kernels_of, monkeypatch):
     (k,), _ = kernels_of(grads, torch.randn(64, 48), torch.randn(64, 48), dynamic=True)
     meta = cuda.launch_meta(k)
     assert meta["split_columns"] and meta["workspace"] and meta["strategy"] == "columns"
-    driver = FakeDriver()
-    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
-    monkeypatch.setattr(cuda_backend, "_current_device", lambda: 0)
-    monkeypatch.setattr(cuda_backend, "_current_stream", lambda device: 7)
-    allocated = []
-    monkeypatch.setattr(torch, "empty", lambda n, **kw: allocated.append(("partials", n)) or torch.ones(1))
-    monkeypatch.setattr(torch, "zeros", lambda n, **kw: allocated.append(("counters", n)) or torch.ones(1))
-    kernel = cuda_backend.CudaKernel(k.name, meta, None, None)
-    kernel._devices[0] = {"functions": ["i32 entry", None], "max_threads": 512, "sms": 132,
-                          "geometry": {}, "workspaces": {}, "resident": {}}
+    kernel, driver, allocated = workspace_launcher(monkeypatch, k, meta)
     sizes = {meta["outer"]: 4096, meta["inner"]: 8192}  # (columns, rows)
     kernel(*(1,) * meta["n_params"], *[sizes[size] for size in meta["sizes"]])
     assert driver.geometry[-1][:2] == (128, 8) and allocated == [("partials", 8 * 4096), ("counters", 128)]

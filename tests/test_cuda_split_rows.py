@@ -16,7 +16,7 @@ from ember.runtime import cuda_backend
 
 from .conftest import DEVICE
 from .helpers import check, record_rendered
-from .test_cuda import NVCC, FakeDriver, compile_batches, needs_nvcc, sources
+from .test_cuda import NVCC, compile_batches, needs_nvcc, sources, workspace_launcher
 from .test_split_passes import _bn_args, bn_relu_with_grads
 
 
@@ -94,16 +94,7 @@ def test_split_row_kernels_compile_for_sm90(tmp_path):
 def test_split_row_launches_take_a_partial_per_slice_row_and_reduction(monkeypatch):
     (k,), _ = _kernels(monkeypatch, channel_stats, torch.randn(8, 16, 64, 64), dynamic=True)
     meta = cuda.launch_meta(k)
-    driver = FakeDriver()
-    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
-    monkeypatch.setattr(cuda_backend, "_current_device", lambda: 0)
-    monkeypatch.setattr(cuda_backend, "_current_stream", lambda device: 7)
-    allocated = []
-    monkeypatch.setattr(torch, "empty", lambda n, **kw: allocated.append(("partials", n)) or torch.ones(1))
-    monkeypatch.setattr(torch, "zeros", lambda n, **kw: allocated.append(("counters", n)) or torch.ones(1))
-    kernel = cuda_backend.CudaKernel(k.name, meta, None, None)
-    kernel._devices[0] = {"functions": ["i32 entry", None], "max_threads": 512, "sms": 132,
-                          "geometry": {}, "workspaces": {}, "resident": {}}
+    kernel, driver, allocated = workspace_launcher(monkeypatch, k, meta)
 
     # the sizes' symbols: the channels (the rows), the side (squared: H and W are duck-sized
     # alike) and the batch
