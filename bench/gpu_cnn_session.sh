@@ -7,6 +7,8 @@
 #   batchnorm  bench/batchnorm.py: BatchNorm2d + ReLU steps at a ResNet-18's shapes
 #   probe      bench/split_rows_probe.py: split row kernels against float64
 #   unroll     bench/column_unroll_probe.py: rows a CUDA C++ column kernel's thread takes per step
+#   choice     the GPU tests of timed choices and torch's AOTAutograd cache
+#   warm       warm starts of the matmul cases, OLD (default .gl/old) against the working tree
 #     PYTHONPATH=. bash bench/gpu_cnn_session.sh tests cnn_f32
 set -uo pipefail
 OUT=${OUT:-/tmp/ember-session}
@@ -34,6 +36,10 @@ for p in "$@"; do
     batchnorm) part batchnorm 200 python bench/batchnorm.py ;;
     probe) part probe 150 env EMBER_AOT_CACHE=0 python bench/split_rows_probe.py ;;
     unroll) part unroll 240 env EMBER_AOT_CACHE=0 python bench/column_unroll_probe.py ;;
+    choice) part choice 150 env EMBER_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider \
+              tests/test_choice.py tests/test_aot_cache.py ;;
+    warm) part warm 330 bash bench/ab_trees.sh "${OLD:-.gl/old}" 1 python bench/warm_start.py --device cuda \
+            --cases gelu_linear,swiglu --reps 3 --backends ember ;;
     *) echo "unknown part $p" ;;
   esac
 done

@@ -43,7 +43,7 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.fx.experimental.symbolic_shapes import guard_scalar, is_concrete_float
 
 from . import driver
-from .config import Config
+from .config import SOURCE_DIGEST, Config
 from .frontend.dynamo import GraphCompiler, make_backend
 from .frontend.lowering import storage_of
 from .runtime import capture
@@ -200,18 +200,8 @@ def _scalar_floats(gm: torch.fx.GraphModule) -> list[tuple[int, torch.SymFloat]]
     return found
 
 
-def _source_digest() -> str:
-    """A hash of every ember source file: a changed ember never loads another's entries."""
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
-
-
-# at import, so that the digest describes the code this process runs
-_SOURCE_DIGEST = _source_digest()
+# (a module global of its own, which tests replace)
+_SOURCE_DIGEST = SOURCE_DIGEST
 
 
 def _serializable(kind: str, compile_fn: Callable[[torch.fx.GraphModule, Sequence[Any]], Any],
@@ -263,6 +253,8 @@ class EmberOutputCode(OutputCode):
         # (IR graph, schedule), a list of them for a timed choice; None: this graph is not cached
         self._plan = plan
         self._plan_bytes: bytes | None = None
+        # a timed choice's graph fingerprint: the key of its choices saved on disk (runtime/choice.py)
+        self._fingerprint: str | None = getattr(program, "fingerprint", None)
         # torch adds these up on a cache hit (the compile time the hit saved)
         self._time_taken_ns = time_taken_ns
         self._set_program(program)
@@ -312,7 +304,7 @@ class EmberOutputCode(OutputCode):
         then compiles the graph afresh."""
         if self._program is None:
             self._cfg = _loading_cfg.get() or self._cfg
-            program = driver.rebuild(_load_plan(self._plan_bytes), self._kind, self._cfg)
+            program = driver.rebuild(_load_plan(self._plan_bytes), self._kind, self._cfg, self._fingerprint)
             if isinstance(self._eager, bytes):  # (unpickled at the first batched call only)
                 data = self._eager
                 eager_for_batched_calls(program, lambda: boxed(pickle.loads(data)), self._tangents)
@@ -328,7 +320,8 @@ class EmberOutputCode(OutputCode):
 
     def __getstate__(self) -> dict[str, Any]:
         return {"kind": self._kind, "cfg": self._cfg, "plan": self._pickled_plan(), "ns": self._time_taken_ns,
-                "baked": self._baked, "eager": self._pickled_eager(), "tangents": self._tangents}
+                "baked": self._baked, "eager": self._pickled_eager(), "tangents": self._tangents,
+                "fingerprint": self._fingerprint}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._boxed_call = True
@@ -337,6 +330,7 @@ class EmberOutputCode(OutputCode):
         self._baked = state.get("baked", ())
         self._eager = state.get("eager")  # (pickled)
         self._tangents = state.get("tangents", ())
+        self._fingerprint = state.get("fingerprint")
         self._plan = None
         self._set_program(None)
 

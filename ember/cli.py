@@ -195,7 +195,8 @@ def cache(args: argparse.Namespace) -> int:
     return 0
 
 
-CACHE_PARTS = ("cpp", "cuda", "triton")  # the kernel caches under cache_dir (runtime/)
+# the kernel caches under cache_dir (runtime/), and the timed choices between two plans (choice.py)
+CACHE_PARTS = ("cpp", "cuda", "triton", "choices.json")
 
 
 def _remove_tree(path: Path) -> list[str]:

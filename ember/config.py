@@ -27,6 +27,7 @@ overrides any field for one compiled function.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -274,6 +275,21 @@ def _check_triton_launch(launch: Any) -> None:
 
 
 config = Config()
+
+
+def _source_digest() -> str:
+    """A hash of every ember source file: what a cache entry kept across processes is checked
+    against (a changed ember never loads another's entries)."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+# at import, so that the digest describes the code this process runs
+SOURCE_DIGEST = _source_digest()
 
 
 def log(level: int, message: str, cfg: Config | None = None) -> None:

@@ -10,6 +10,7 @@ warning, and ``ember.stats()['graph_fallbacks']`` counts it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import os
@@ -24,7 +25,7 @@ import torch
 
 from . import report as rp
 from .codegen.wrapper import KernelCall, write_wrapper
-from .config import GPU_BACKENDS, Config, log
+from .config import GPU_BACKENDS, SOURCE_DIGEST, Config, log
 from .frontend.autograd_inputs import drop_leaf_mutation_grads
 from .frontend.dynamo import donated_inputs
 from .frontend.lowering import lower_graph, shape_env_of
@@ -34,7 +35,7 @@ from .passes.fold import unit_reductions
 from .passes.pipeline import run_pipeline
 from .runtime import capture, stats
 from .runtime.backend import BuiltKernels, backend_name, get_backend
-from .runtime.choice import CudaClock, HostClock, TimedChoice
+from .runtime.choice import CudaClock, HostClock, Program, TimedChoice, saved_choices
 from .runtime.program import CompiledProgram, boxed, eager_for_batched_calls, group_fallback, tangent_positions
 from .runtime.triton_matmul import wait_for_kernels
 from .schedule.fusion import plan
@@ -176,7 +177,7 @@ def _compile(gm: torch.fx.GraphModule, name: str, cfg: Config, report: rp.GraphR
         unfused = _build(graph_off, schedule_off, fallbacks_off, f"{name}_cublas", off,
                          rp.GraphReport(f"{name}_cublas", kind), detail=False, counted=False)
         if unfused is not None:
-            program = _choice(name, [program, unfused], cfg, graph)
+            program = _choice(name, [program, unfused], cfg, graph, key)
             plans.append((graph_off, schedule_off))
     # the plan goes to torch's AOTAutograd cache (aot_cache.py); only graphs without tensor
     # constants carry it: a constant's values are not part of any cache key (see _fingerprint)
@@ -244,10 +245,24 @@ def _times_matmuls(schedule: Schedule, cfg: Config) -> bool:
             and not torch.are_deterministic_algorithms_enabled())
 
 
-def _choice(name: str, programs: list[CompiledProgram], cfg: Config, graph: Graph) -> TimedChoice:
-    clock = CudaClock(cuda_index(graph)) if _graph_device(graph) == "cuda" else HostClock()
-    return TimedChoice(name, programs, cfg, clock, ready=lambda: wait_for_kernels(0),
-                       labels=["ember's fused matmul kernels", "cuBLAS and epilogue kernels"])
+def _choice(name: str, programs: list[Program], cfg: Config, graph: Graph, fingerprint: str | None) -> TimedChoice:
+    """A timed choice between ``programs``; on a GPU, with its choices kept on disk under the
+    graph's ``fingerprint`` (None: a graph with tensor constants, not kept), the device and the
+    versions of torch and ember (timings of another GPU, cuBLAS or ember's kernels do not hold)."""
+    saved = key = None
+    if _graph_device(graph) == "cuda":
+        clock: CudaClock | HostClock = CudaClock(cuda_index(graph))
+        if fingerprint is not None:
+            device = torch.cuda.get_device_name(cuda_index(graph))
+            key = hashlib.sha256("\n".join((fingerprint, device, torch.__version__, str(torch.version.cuda),
+                                            SOURCE_DIGEST)).encode()).hexdigest()[:32]
+            saved = saved_choices(cfg.cache_dir)
+    else:
+        clock = HostClock()
+    choice = TimedChoice(name, programs, cfg, clock, ready=lambda: wait_for_kernels(0),
+                         labels=["ember's fused matmul kernels", "cuBLAS and epilogue kernels"], saved=saved, key=key)
+    choice.fingerprint = fingerprint
+    return choice
 
 
 def rebuild_graph(graph: Graph, schedule: Schedule, kind: str, cfg: Config, counted: bool = True) -> CompiledProgram:
@@ -267,16 +282,18 @@ def rebuild_graph(graph: Graph, schedule: Schedule, kind: str, cfg: Config, coun
 
 
 def rebuild(plan: tuple[Graph, Schedule] | list[tuple[Graph, Schedule]], kind: str,
-            cfg: Config) -> CompiledProgram | TimedChoice:
-    """``rebuild_graph`` of a cached plan, or of each plan of a timed choice (its fused matmul
-    kernels and cuBLAS's), which then chooses again."""
+            cfg: Config, fingerprint: str | None = None) -> CompiledProgram | TimedChoice:
+    """``rebuild_graph`` of a cached plan, or of the plans of a timed choice (its fused matmul
+    kernels and cuBLAS's), which then chooses again, or serves the choices saved under the
+    graph's ``fingerprint``. Only the first is built now; the others at the first call that needs
+    them (to time them, or chosen before)."""
     if isinstance(plan, tuple):
         return rebuild_graph(*plan, kind, cfg)
     fused, *others = plan
-    programs = [rebuild_graph(*fused, kind, cfg),
-                *(rebuild_graph(g, s, kind, dataclasses.replace(cfg, matmul_epilogues="off"), counted=False)
-                  for g, s in others)]
-    return _choice(programs[0].name, programs, cfg, fused[0])
+    off = dataclasses.replace(cfg, matmul_epilogues="off")
+    programs: list[Program] = [rebuild_graph(*fused, kind, cfg)]
+    programs += [functools.partial(rebuild_graph, g, s, kind, off, counted=False) for g, s in others]
+    return _choice(programs[0].name, programs, cfg, fused[0], fingerprint)
 
 
 def _fallbacks(schedule: Schedule) -> dict[str, Callable[..., None]]:

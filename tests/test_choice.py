@@ -5,6 +5,7 @@ faster serves every later call of that size bucket."""
 from __future__ import annotations
 
 import gc
+import json
 import time
 
 import pytest
@@ -90,6 +91,58 @@ def _swiglu(x, wg, wu):
     return F.silu(x @ wg) * (x @ wu)
 
 
+def _saved_choice(path, key: str, log: list, seconds=(0.0, 0.01), built: list | None = None) -> TimedChoice:
+    """A choice whose choices are kept in ``path``; its cuBLAS program given as a builder, which
+    appends to ``built`` when called."""
+    def build():
+        built.append("cublas")
+        return _Program("cublas", seconds[1], log)
+    programs = [_Program("fused", seconds[0], log), build if built is not None else _Program("cublas", seconds[1], log)]
+    return TimedChoice("g", programs, Config(), HostClock(), labels=["fused", "cublas"],
+                       saved=choice.SavedChoices(path), key=key)
+
+
+@pytest.mark.parametrize("faster", [0, 1])
+def test_a_saved_choice_serves_the_next_process_at_once_building_only_what_it_runs(tmp_path, faster):
+    path, log = tmp_path / "choices.json", []
+    first = _saved_choice(path, "graph-a", log, (0.0, 0.01) if faster == 0 else (0.01, 0.0))
+    for _ in range(2 * (choice.WARMUP + choice.SAMPLES)):
+        first.run([torch.zeros(1), 7])
+    assert first.chosen == {(3,): faster}
+    assert json.loads(path.read_text()) == {"graph-a|3": ["fused", "cublas"][faster]}
+    # a later process: the saved choice serves its first call, untimed; the other program is
+    # built only where it was chosen
+    log.clear()
+    built: list[str] = []
+    later = _saved_choice(path, "graph-a", log, built=built)
+    assert later.run([torch.zeros(1), 5]) == ["fused", "cublas"][faster]
+    assert log == [(["fused", "cublas"][faster], (5,))] and built == ["cublas"] * faster
+    assert later.chosen == {(3,): faster} and not later._timing
+    # another size bucket, or another graph, is timed afresh
+    assert later.run([torch.zeros(1), 100]) == "fused" and later._timing
+    other = _saved_choice(path, "graph-b", log)
+    assert other.run([torch.zeros(1), 7]) == "fused" and other._timing
+
+
+@pytest.mark.parametrize("content", ["{not json", '["a list"]', '{"graph-a|": "a label of nothing"}'])
+def test_a_damaged_or_foreign_choices_file_means_timing_again(tmp_path, content):
+    path, log = tmp_path / "choices.json", []
+    path.write_text(content)
+    c = _saved_choice(path, "graph-a", log, (0.01, 0.0))
+    for _ in range(2 * (choice.WARMUP + choice.SAMPLES)):
+        c.run([torch.zeros(1)])
+    assert c.chosen == {(): 1} and json.loads(path.read_text())["graph-a|"] == "cublas"
+
+
+def test_choices_of_other_processes_are_kept_when_saving(tmp_path):
+    path, log = tmp_path / "choices.json", []
+    a, b = _saved_choice(path, "graph-a", log), _saved_choice(path, "graph-b", log)  # (both read the file empty)
+    for c in (a, b):
+        for _ in range(2 * (choice.WARMUP + choice.SAMPLES)):
+            c.run([torch.zeros(1)])
+    assert json.loads(path.read_text()).keys() == {"graph-a|", "graph-b|"}
+
+
 @on_the_interpreter
 def test_a_fused_matmul_graph_is_timed_against_cublas_and_matches_eager():
     x = torch.randn(40, 64, dtype=F16)
@@ -124,7 +177,7 @@ def test_other_modes_and_deterministic_algorithms_build_one_program(mode):
 
 @on_the_interpreter
 @pytest.mark.skipif(not aot_cache.SUPPORTED, reason="this torch has no bundled AOTAutograd cache")
-def test_a_warm_start_rebuilds_both_programs_and_times_them_again():
+def test_a_warm_start_rebuilds_both_plans_and_times_them_again():
     x = torch.randn(40, 64, dtype=F16)
     wg, wu = torch.randn(64, 90, dtype=F16) * 0.2, torch.randn(64, 90, dtype=F16) * 0.2
     ref = _swiglu(x, wg, wu)
@@ -135,10 +188,11 @@ def test_a_warm_start_rebuilds_both_programs_and_times_them_again():
         compiled = ember.compile(_swiglu, options={"target": "triton"})
         assert_same(compiled(x, wg, wu), ref)
         (c,) = [o for i, o in _choices().items() if i not in existing]
-        assert len(c.programs) == 2 and "aten_mm" in c.programs[1].source
+        # a warm start builds cuBLAS's program when the timing first needs it
+        assert len(c.programs) == 2 and hasattr(c.programs[1], "run") == (start == "cold")
         for _ in range(2 * (choice.WARMUP + choice.SAMPLES)):
             assert_same(compiled(x, wg, wu), ref)
-        assert c.chosen.keys() == {()}
+        assert c.chosen.keys() == {()} and "aten_mm" in c.programs[1].source
         assert counters["aot_autograd"]["autograd_cache_hit"] == (start == "warm")
 
 
@@ -162,3 +216,31 @@ def test_the_hopper_kernel_is_timed_against_cublas_on_the_gpu(backend):
     assert "ember_wgmma" in c.programs[0].source or "fused_mm" in c.programs[0].source
     assert "aten_addmm" in c.programs[1].source or "aten_mm" in c.programs[1].source
     assert len(c.chosen) == 2 and isinstance(c.clock, choice.CudaClock)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the Hopper template fuses a lone matmul on compute capability 9.0 GPUs")
+def test_a_gpu_choice_is_saved_and_a_warm_start_serves_it_untimed(tmp_path):
+    def gelu_linear(x, w, b):
+        return F.gelu(x @ w + b)
+
+    x = torch.randn(2000, 512, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(512, 384, dtype=torch.bfloat16, device="cuda") * 0.05
+    b = torch.randn(384, dtype=torch.bfloat16, device="cuda")
+    ref = gelu_linear(x, w, b)
+    options = {"background_compile": False, "cache_dir": str(tmp_path)}
+    for start in ("cold", "warm"):
+        torch._dynamo.reset()
+        counters.clear()
+        existing, timed = _choices(), ember.stats()["timed_choices"]
+        compiled = ember.compile(gelu_linear, options=options)
+        for _ in range(2 * (choice.WARMUP + choice.SAMPLES)):
+            assert_same(compiled(x, w, b), ref)
+        (c,) = [o for i, o in _choices().items() if i not in existing]
+        assert c.chosen.keys() == {()} and c.saved is not None
+        # the warm start served the saved choice: nothing timed; rebuilt from torch's
+        # AOTAutograd cache, cuBLAS's program is built only if it was the one chosen
+        assert ember.stats()["timed_choices"] - timed == (start == "cold")
+        if start == "warm" and counters["aot_autograd"]["autograd_cache_hit"]:
+            assert hasattr(c.programs[1], "run") == (c.chosen[()] == 1)
+    assert json.loads((tmp_path / "choices.json").read_text())

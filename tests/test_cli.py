@@ -134,12 +134,14 @@ def test_cache_clear_removes_only_embers_kernels(tmp_path, monkeypatch, capsys):
     root = tmp_path / "cache"
     (root / "cpp").mkdir(parents=True)
     (root / "cpp" / "k.so").write_bytes(b"x")
+    (root / "choices.json").write_text("{}")  # (timed choices: runtime/choice.py)
     (root / "notes.txt").write_text("keep me")
     import ember
     monkeypatch.setattr(ember.config, "cache_dir", root)
     proc = _ember_here(monkeypatch, capsys, "cache", "clear", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert not (root / "cpp").exists() and (root / "notes.txt").read_text() == "keep me"
+    assert not (root / "cpp").exists() and not (root / "choices.json").exists()
+    assert (root / "notes.txt").read_text() == "keep me"
     # a file where a kernel cache goes (reported cleared, and kept) is removed too
     (root / "triton").write_text("x")
     assert _ember_here(monkeypatch, capsys, "cache", "clear", cwd=tmp_path).returncode == 0

@@ -17,13 +17,23 @@ median serves every later call of that size bucket (the bit lengths of the call'
 so a graph over symbolic sizes chooses again for batches of another order of magnitude). Calls
 while a kernel compiles in the background (it runs through ATen meanwhile), inside a CUDA-graph
 capture, or under ``ember.cuda_graph``'s check run the first program untimed.
+
+On a GPU the choices are kept on disk (``SavedChoices``, ``choices.json`` in the cache directory),
+by the graph's fingerprint, the device, torch's and ember's versions and the size bucket: a later
+process (or a compile after ``torch._dynamo.reset()``) serves a bucket chosen before at once,
+without timing it again, and a warm start from torch's AOTAutograd cache builds the other
+programs only where it must time them or a saved choice names them.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,16 +46,74 @@ WARMUP = 1   # calls of each program not timed (a first launch loads kernels, ma
 SAMPLES = 5  # timed calls of each program before choosing
 
 
+class SavedChoices:
+    """Choices kept in a JSON file (``key -> label``), read once per process, written whole:
+    merged with what other processes wrote since, into a file of this process and thread,
+    renamed over the old one (never half written). A file that does not read is no choices."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._choices: dict[str, str] | None = None
+        self._lock = threading.Lock()
+
+    def _read(self) -> dict[str, str]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
+
+    def get(self, key: str) -> str | None:
+        with self._lock:
+            if self._choices is None:
+                self._choices = self._read()
+            return self._choices.get(key)
+
+    def put(self, key: str, label: str) -> None:
+        with self._lock:
+            self._choices = {**self._read(), **(self._choices or {}), key: label}
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                tmp.write_text(json.dumps(self._choices, indent=0, sort_keys=True))
+                tmp.replace(self.path)
+            except OSError:
+                pass  # (a cache directory that cannot be written: the choice lives in this process)
+
+
+_saved: dict[Path, SavedChoices] = {}
+
+
+def saved_choices(cache_dir: Path) -> SavedChoices:
+    """The one ``SavedChoices`` of a cache directory in this process."""
+    path = Path(cache_dir) / "choices.json"
+    if path not in _saved:
+        _saved[path] = SavedChoices(path)
+    return _saved[path]
+
+
+Program = CompiledProgram | Callable[[], CompiledProgram]
+
+
 class TimedChoice:
     """Callable like a ``CompiledProgram`` (AOTAutograd's boxed convention): ``programs`` compute
-    the same graph; the first serves calls until the timing has chosen."""
+    the same graph; the first serves calls until the timing has chosen. Programs after the first
+    may be given as builders (no arguments, returning the program), called when a call first
+    needs that program. With ``saved`` and ``key``, choices are read from and written to disk
+    under ``key`` and the size bucket."""
 
-    def __init__(self, name: str, programs: list[CompiledProgram], cfg: Config, clock: CudaClock | HostClock,
-                 ready: Callable[[], bool] = lambda: True, labels: list[str] | None = None):
+    def __init__(self, name: str, programs: list[Program], cfg: Config, clock: CudaClock | HostClock,
+                 ready: Callable[[], bool] = lambda: True, labels: list[str] | None = None,
+                 saved: SavedChoices | None = None, key: str | None = None):
         self._boxed_call = True
         self.name = name
         self.programs = programs
         self.labels = labels or [p.name for p in programs]
+        self.saved = saved if key is not None else None
+        self.key = key
+        # the graph's fingerprint (driver._fingerprint), which torch's AOTAutograd cache keeps
+        # with the plans, so that a warm start finds the choices saved under it
+        self.fingerprint: str | None = None
         self.cfg = cfg
         self.ready = ready
         # what the driver sets for torch's AOTAutograd cache: every program's (IR graph, schedule)
@@ -63,23 +131,45 @@ class TimedChoice:
             positions = self._sizes = [i for i, a in enumerate(args) if type(a) is int]
         return tuple(args[i].bit_length() for i in positions) if positions else ()
 
+    def program(self, i: int) -> CompiledProgram:
+        """Program ``i``, built now if it was given as a builder."""
+        p = self.programs[i]
+        if not hasattr(p, "run"):  # (a builder)
+            p = self.programs[i] = p()
+        return p
+
     def run(self, args: list[Any]) -> Any:
         bucket = self._bucket(args)
         chosen = self.chosen.get(bucket)
+        if chosen is None and self.saved is not None:
+            chosen = self._saved_choice(bucket)
         if chosen is not None:
-            return self.programs[chosen].run(args)
+            return self.program(chosen).run(args)
         return self._timed_run(bucket, args)
+
+    def _saved_key(self, bucket: tuple[int, ...]) -> str:
+        return f"{self.key}|{','.join(map(str, bucket))}"
+
+    def _saved_choice(self, bucket: tuple[int, ...]) -> int | None:
+        label = self.saved.get(self._saved_key(bucket))
+        if label not in self.labels:
+            return None
+        best = self.chosen[bucket] = self.labels.index(label)
+        log(1, f"{self.name}: sizes {bucket or 'static'}: {label}, as chosen before (saved in "
+               f"{self.saved.path})", self.cfg)
+        return best
 
     def _timed_run(self, bucket: tuple[int, ...], args: list[Any]) -> Any:
         clock = self.clock
         if capture.active or clock.capturing() or not self.ready():
-            return self.programs[0].run(args)
+            return self.program(0).run(args)
         timing = self._timing.get(bucket)
         if timing is None:
             timing = self._timing[bucket] = _Timing(len(self.programs))
         i = timing.next_program()
+        program = self.program(i)  # (built before the clock starts)
         start = clock.now()
-        out = self.programs[i].run(args)
+        out = program.run(args)
         end = clock.now()
         if self.ready():  # (a launch that started a background compile ran through ATen: not counted)
             timing.add(i, start, end)
@@ -89,6 +179,8 @@ class TimedChoice:
             best = min(range(len(medians)), key=medians.__getitem__)
             self.chosen[bucket] = best
             del self._timing[bucket]
+            if self.saved is not None:
+                self.saved.put(self._saved_key(bucket), self.labels[best])
             stats.bump("timed_choices")
             log(1, f"{self.name}: sizes {bucket or 'static'}: chose {self.labels[best]} ("
                 + ", ".join(f"{label} {ms * 1e3:.1f} us" for label, ms in zip(self.labels, medians)) + ")",
@@ -98,7 +190,7 @@ class TimedChoice:
     def __call__(self, *args: Any) -> Any:
         args_list = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
         if capture.active:  # ember.cuda_graph's check records the program that runs
-            return self.programs[0](args_list)
+            return self.program(0)(args_list)
         return self.run(args_list)
 
 
