@@ -7,7 +7,10 @@ from .c_prelude import COMMON_PRELUDE, one_plus_erf_source
 from .cuda_scan import SCAN_PRELUDE
 
 UNROLL = 4                # elements per thread per iteration of every strided loop
-COLUMN_UNROLL = 4         # rows per thread per iteration of a column kernel's loops (one column a lane)
+# Rows per thread per iteration of a column kernel's loops (one column a lane): 8 took a
+# channels_last BatchNorm's column kernels 3-6% less time than 4 at a ResNet-18's shapes
+# (bench/column_unroll_probe.py, H200; bench/RESULTS.md, sixty-eighth session)
+COLUMN_UNROLL = 8
 POINTWISE_THREADS = 256   # block size of pointwise kernels (their __launch_bounds__)
 REDUCTION_THREADS = 512   # largest block of row and full-reduction kernels (__launch_bounds__)
 # Threads of a block whose short rows take a group of lanes each (fewer than 32 a row): a row
