@@ -305,6 +305,8 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
                 original = IndexError(str(original))
             elif type(original) is RuntimeError and _rank_unchecked_by_eager(original):
                 original = IndexError(str(original))
+            elif type(original) is RuntimeError and _one_running_stat_in_training(original):
+                original = ValueError(str(original))
             elif type(original) is RuntimeError and _empty_reduction(original):
                 # amax/argmax/aminmax over an empty dim: eager's check is an IndexError
                 original = IndexError(str(original))
@@ -476,6 +478,20 @@ def _float_input_without_kernel(e: BaseException) -> torch.dtype | None:
             if not dtype.is_floating_point:
                 return dtype
     return None
+
+
+def _one_running_stat_in_training(e: BaseException) -> bool:
+    """torch's decomposition of native_batch_norm refusing a running_mean without a
+    running_var (or the reverse) with a RuntimeError: in training eager's kernel raises
+    ValueError ("running_mean and running_var must either both be None or neither be None"); in
+    evaluation its RuntimeError ("running_var must be defined in evaluation mode") is kept."""
+    frames = traceback_frames(e)
+    if not frames:
+        return False
+    raised_in = frames[-1]  # (the decomposition raises it itself)
+    return (raised_in.f_code.co_name == "native_batch_norm_decomposition"
+            and "/torch/_decomp/" in raised_in.f_code.co_filename.replace("\\", "/")
+            and raised_in.f_locals.get("training") is True)
 
 
 def _empty_reduction(e: BaseException) -> bool:

@@ -172,6 +172,10 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
                aten.native_batch_norm.default, aten.native_group_norm.default):
         # (eager's CUDA group norm refuses the mix its CPU kernel takes)
         table[op] = _norm_parameter_dtypes(table[op], mixed_on_gpus=op is not aten.native_group_norm.default)
+    # Over an empty input (no samples, channels or pixels) the decomposition's var_mean over
+    # groups of no elements warned "degrees of freedom is <= 0", which eager's group norm does
+    # not: ATen runs it (nothing to compute; its mean and rstd are eager's, 0 and NaN)
+    table[aten.native_group_norm.default] = _eager_when(table[aten.native_group_norm.default], _empty)
     # torch's decompositions give a term at the margin a gradient and let a NaN in (autograd_decomps.py)
     table[aten.multi_margin_loss.default] = in_table(multi_margin_loss)
     table[aten.multilabel_margin_loss_forward.default] = in_table(multilabel_margin_loss_forward)
