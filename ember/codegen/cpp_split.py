@@ -48,6 +48,9 @@ from ..schedule.kernel_ir import Value
 # i <op> n; n <op> i is i <the mirrored op> n
 _FORMS = {Op.LT: (False, True), Op.LE: (True, True), Op.GT: (True, False), Op.GE: (False, False)}
 _MIRRORED = {Op.LT: Op.GT, Op.LE: Op.GE, Op.GT: Op.LT, Op.GE: Op.LE}
+# Index values whose comparisons bound the loop's variable: a narrower integer wraps
+# (arange(300, dtype=torch.int8) counts ..., 127, -128, ...: i >= 3 is false again from i = 128)
+_WIDE = (dt.int32, dt.int64)
 
 
 @dataclass
@@ -119,7 +122,7 @@ def uniform_selects(values: list[Value], var: sympy.Symbol) -> set[int]:
 
 
 def _is_var(v: Value, var: sympy.Symbol) -> bool:
-    return v.kind == "index" and sympy.sympify(v.arg) == var and not v.dtype.is_float
+    return v.kind == "index" and v.dtype in _WIDE and sympy.sympify(v.arg) == var
 
 
 def _closure(value: Value, values: list[Value]) -> list[Value]:
@@ -231,7 +234,7 @@ def _index_fact(g: Value) -> tuple[sympy.Expr, bool, sympy.Expr] | None:
     e, n = g.srcs
     if e.kind != "index":
         e, n, op = n, e, _MIRRORED[op]
-    if e.kind != "index" or n.kind not in ("index", "const") or isinstance(n.arg, bool):
+    if e.kind != "index" or e.dtype not in _WIDE or n.kind not in ("index", "const") or isinstance(n.arg, bool):
         return None
     try:
         m = sympy.sympify(n.arg)
@@ -251,7 +254,7 @@ def _affine_bound(g: Value, var: sympy.Symbol, varies: Callable[[Value], bool]
     e, n = g.srcs
     if not (e.kind == "index" and var in sympy.sympify(e.arg).free_symbols):
         e, n, op = n, e, _MIRRORED[op]
-    if not (e.kind == "index" and not varies(n)):
+    if not (e.kind == "index" and e.dtype in _WIDE and not varies(n)):
         return None
     expr = sympy.expand(sympy.sympify(e.arg))
     a = expr.coeff(var)

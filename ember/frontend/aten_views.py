@@ -15,7 +15,7 @@ import torch
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import Node
+from ..ir.node import Node, SizeCheck
 from ..ir.ops import Op
 from .aten_scalars import checked_scalar, scalar_fits
 from .lowering import Context, Unsupported, register, size_arg
@@ -156,11 +156,30 @@ def _roll(ctx: Context, x: Node, shifts: Any, dims: Any = ()) -> Node:
     return out
 
 
+def _narrowed_size_check(ctx: Context, size: Any, left: sympy.Expr) -> None:
+    """eager narrows the input by each negative amount of padding first, and raises where one
+    takes more than the dim holds (``F.pad(x, (-3, 5))`` of 2 elements), whatever the output's
+    size: ATen's call raises it for a static size, the host program for a symbolic one.
+    ``size``: the dim's traced size plus the amount (a SymInt or an int), ``left`` the same as
+    a size expression."""
+    if ctx.known(size >= 0):
+        return
+    if isinstance(size, int):
+        raise Unsupported("negative padding beyond the input's size: ATen raises")
+    check = SizeCheck(sympy.expand(left), 0, 2**63 - 1, "RuntimeError", "narrow(): length must be non-negative.")
+    if check not in ctx.size_checks:
+        ctx.size_checks.append(check)
+
+
 @register(aten.constant_pad_nd.default)
 def _constant_pad(ctx: Context, x: Node, pad: Sequence[Any], value: Any = 0) -> Node:
     pairs = [(sympy.Integer(0), sympy.Integer(0))] * x.rank
     for i in range(len(pad) // 2):  # pad lists the last dim first, (lo, hi) each
         pairs[x.rank - 1 - i] = (size_arg(pad[2 * i]), size_arg(pad[2 * i + 1]))
+        for amount in pad[2 * i:2 * i + 2]:
+            if isinstance(amount, int) and amount < 0:
+                dim = x.rank - 1 - i
+                _narrowed_size_check(ctx, ctx.arg_metas[0].shape[dim] + amount, sh.expr(x.shape[dim]) + amount)
     if isinstance(value, (int, float)) and not scalar_fits(value, dt.to_torch(x.dtype), wraps=False):
         raise Unsupported(f"pad value {value} does not fit {x.dtype}: ATen raises")
     return ctx.make(Op.PAD, (x, ctx.const(checked_scalar(value, x.dtype), x.dtype)), tuple(pairs))
