@@ -9,6 +9,7 @@
 #   unroll     bench/column_unroll_probe.py: rows a CUDA C++ column kernel's thread takes per step
 #   choice     the GPU tests of timed choices and torch's AOTAutograd cache
 #   warm       warm starts of the matmul cases, OLD (default .gl/old) against the working tree
+#   triton     GPU tests of the Triton launch path (streams, CUDA graphs, wide offsets, device sizes)
 #     PYTHONPATH=. bash bench/gpu_cnn_session.sh tests cnn_f32
 set -uo pipefail
 OUT=${OUT:-/tmp/ember-session}
@@ -40,6 +41,9 @@ for p in "$@"; do
               tests/test_choice.py tests/test_aot_cache.py ;;
     warm) part warm 330 bash bench/ab_trees.sh "${OLD:-.gl/old}" 1 python bench/warm_start.py --device cuda \
             --cases gelu_linear,swiglu --reps 3 --backends ember ;;
+    triton) part triton 240 env EMBER_TEST_DEVICE=cuda python -m pytest -q -n 8 -p no:cacheprovider \
+              tests/test_triton.py tests/test_gpu_streams.py tests/test_cuda_graph_calls.py tests/test_wide_index.py \
+              tests/test_device_sizes.py tests/test_ragged_compile.py ;;
     *) echo "unknown part $p" ;;
   esac
 done

@@ -38,7 +38,7 @@ from ..schedule.kernel_ir import Kernel
 from . import cache_dirs, cuda_matmul, stats
 from . import triton_configs as tc
 from .backend import Backend, BuildError, BuiltKernels, fall_back
-from .triton_direct import direct_launcher
+from .triton_direct import DirectLauncher, direct_launcher
 from .triton_matmul import FP_FUSION, MatmulLauncher, needs_int64_offsets, submit_compile
 
 _tuning_lock = threading.Lock()
@@ -243,12 +243,14 @@ class Launcher:
             pending: dict[tuple[Any, ...], Any] = {}  # specializations compiling in the background
             failed: set[tuple[Any, ...]] = set()      # ... and those that failed there (compiled here)
             quotients: dict[tuple[int, ...], tuple[Any, ...]] = {}  # (aligns, sizes, outer, inner) by sizes
-            buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per stream
+            buffers: dict[int, tuple[torch.Tensor, torch.Tensor, int, int]] = {}  # per stream
 
-            def scratch(stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+            def scratch(stream: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+                """The stream's workspace and counters, with their addresses."""
                 rows = self.meta.get("row_reductions", 0)
                 if split == 1 and not rows:
-                    buffers[stream] = self.workspace(device, stream)
+                    ws, counts = self.workspace(device, stream)
+                    buffers[stream] = (ws, counts, ws.data_ptr(), counts.data_ptr())
                     return buffers[stream]
                 # sized for any row count of this shape bucket; each launch leaves its counts at
                 # zero for the next
@@ -263,14 +265,16 @@ class Launcher:
                     groups = triton_cdiv(programs, ROW_GROUP)
                     floats += rows * (programs + groups)
                     counts += 1 + 32 * groups
-                buffers[stream] = (torch.empty(floats, dtype=torch.float64, device=device),
-                                   torch.zeros(counts, dtype=torch.int32, device=device))
+                ws, counter = (torch.empty(floats, dtype=torch.float64, device=device),
+                               torch.zeros(counts, dtype=torch.int32, device=device))
+                buffers[stream] = (ws, counter, ws.data_ptr(), counter.data_ptr())
                 return buffers[stream]
 
             def launch(args: tuple[Any, ...], outer: int, inner: int) -> None:
                 given = args
+                pointers = [t.data_ptr() for t in args[:n]]
                 # int32 offsets unless some tensor's offsets reach past them
-                big = outer * inner >= 2**31 or any(needs_int64_offsets(t) for t in args[:n])
+                big = outer * inner >= 2**31 or _wide(args[:n])
                 if kind == "full":
                     nprog = min(triton_cdiv(inner, rblock), 1024) if multi else 1
                     grid = (max(nprog, 1),)
@@ -297,10 +301,10 @@ class Launcher:
                 # Triton compiles per specialization (16-byte aligned pointers, ints that are 1 or
                 # multiples of 16); once a specialization is compiled, launch it directly and skip
                 # Triton's per-call argument binding.
-                spec = _specialization(args, n, outer, inner) + (big, nblock) + aligns
+                spec = _specialization(pointers, args[n:], outer, inner) + (big, nblock) + aligns
                 kernel = compiled.get(spec)
                 stream = 0 if interpreting else _stream(device.index)
-                ws_, counter_ = buffers.get(stream) or scratch(stream)
+                ws_, counter_, ws_at, counter_at = buffers.get(stream) or scratch(stream)
                 if kernel is None:
                     constexprs = dict(BIG=big, XBLOCK=xblock, RBLOCK=rblock, PERSISTENT=persistent,
                                       NPROG_BLOCK=nblock, num_warps=warps, num_stages=stages,
@@ -328,7 +332,11 @@ class Launcher:
                     binary = fn.run(*args, outer, inner, ws_, counter_, grid=grid, warmup=True, **constexprs)
                     kernel = compiled[spec] = _runner(binary, device, const)
                     self._compiled_once = True
-                kernel(grid[0], split, stream, (*args, outer, inner, ws_, counter_))
+                if type(kernel) is DirectLauncher:  # (the addresses taken above, not again there)
+                    kernel.launch_addresses(grid[0], split, stream, (*pointers, *args[n:], outer, inner, ws_at,
+                                                                     counter_at))
+                else:
+                    kernel(grid[0], split, stream, (*args, outer, inner, ws_, counter_))
 
             return launch
 
@@ -440,10 +448,19 @@ def _align(v: int | float) -> int:
     return min(v & -v, 16) if v < 2**31 else 1
 
 
-def _specialization(args: tuple[Any, ...], n_tensors: int, outer: int, inner: int) -> tuple[Any, ...]:
+def _wide(tensors: tuple[torch.Tensor, ...]) -> bool:
+    """Can a kernel's offsets into any of ``tensors`` reach 2^31 (``needs_int64_offsets``)?
+    Contiguous tensors of fewer elements cannot: one test each, in one loop (every launch asks)."""
+    for t in tensors:
+        if (not t.is_contiguous() or t.numel() >= 2**31) and needs_int64_offsets(t):
+            return True
+    return False
+
+
+def _specialization(pointers: list[int], sizes: tuple[Any, ...], outer: int, inner: int) -> tuple[Any, ...]:
     """What Triton specializes a compiled kernel on: pointer alignment and small-int facts."""
-    key = [t.data_ptr() & 15 for t in args[:n_tensors]]
-    for v in args[n_tensors:]:  # (a float, x.item() of a float tensor, is specialized on nothing)
+    key: list[Any] = [p & 15 for p in pointers]
+    for v in sizes:  # (a float, x.item() of a float tensor, is specialized on nothing)
         key.append("f" if isinstance(v, float) else 1 if v == 1 else 16 if v & 15 == 0 else 0)
     key.append(1 if outer == 1 else 16 if outer & 15 == 0 else 0)
     key.append(1 if inner == 1 else 16 if inner & 15 == 0 else 0)

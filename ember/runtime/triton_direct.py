@@ -103,6 +103,7 @@ class DirectLauncher:
         self._static = _static_launch()
         self.argument_letters = "".join(_TYPE_LETTERS[kind] for _, kind in layout) + "OO"  # (+ the scratches)
         self.layout = [(i, ctypes.c_void_p is kind) for i, kind in layout]
+        self.positions = [i for i, _ in layout]
         self._slots = [kind() for _, kind in layout] + [ctypes.c_void_p(0), ctypes.c_void_p(0)]  # scratch
         self._argv = (ctypes.c_void_p * len(self._slots))(*[ctypes.addressof(s) for s in self._slots])
         self._argv_address = ctypes.addressof(self._argv)
@@ -121,6 +122,19 @@ class DirectLauncher:
                 # A thread with no current context gets device 0's from it, where another
                 # device's kernel fails: the driver path, with this device's context, launches
                 # it or reports the error.
+                make_context_current(self.device)
+        self._launch_through_cuda_python(grid_x, grid_y, stream, args)
+
+    def launch_addresses(self, grid_x: int, grid_y: int, stream: int, args: tuple[Any, ...]) -> None:
+        """``__call__`` with every pointer argument given as its address already (the launcher
+        took them for the call's specialization): no tensor looked at twice."""
+        if self._static is not None:
+            values = tuple([args[i] for i in self.positions] + [None, None])
+            try:
+                self._static(self.function_handle, grid_x, grid_y, 1, self.num_warps, self.shared,
+                             self.argument_letters, values, stream)
+                return
+            except RuntimeError:  # (see __call__)
                 make_context_current(self.device)
         self._launch_through_cuda_python(grid_x, grid_y, stream, args)
 
