@@ -123,7 +123,9 @@ def test_split_rows_match_eager_on_the_gpu(dtype):
         x = torch.randn(shape, dtype=dtype, device="cuda")
         for _ in range(2):  # the second call finds the counters the first one left
             check(channel_stats, x, options=options, **tol)
-    check(channel_stats, x, options=options, dynamic=True, **tol)
+        # symbolic sizes: the kernel is rendered for groups of rows, and a split launch reduces
+        # each slice through ember_row_reduce's whole-block branch
+        check(channel_stats, x, options=options, dynamic=True, **tol)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="runs CUDA kernels: EMBER_TEST_DEVICE=cuda on a GPU machine")
