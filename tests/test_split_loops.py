@@ -108,3 +108,33 @@ def test_a_rows_mask_unswitches_the_loop_over_its_features():
     assert _unswitched(report) == ["o1"] and _splits(report) == []
     source = report.kernels[0].source
     assert re.search(r"if \(.*\) \{  // v\d+, the same along o1\n", source), source
+
+
+def _bias_corrected(p: torch.Tensor, g: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """An Adam-style update: its bias correction, from a 0-d step, is the same at every element."""
+    return p - 0.1 * g / (1 - 0.999 ** step).sqrt()
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_values_the_same_at_every_element_are_computed_once_before_the_loops(dynamic):
+    p, g, step = torch.randn(1000), torch.randn(1000), torch.tensor(3.0)
+    report = check(_bias_corrected, p, g, step, dynamic=dynamic)
+    (source,) = [k.source for k in report.kernels]
+    before, loop = source.split("#pragma omp parallel", 1)
+    assert "std::pow" in before and "std::sqrt" in before and "std::pow" not in loop and "std::sqrt" not in loop
+    # over symbolic sizes, the step is loaded only where the loop has an element
+    assert (" > 0) {" in before) == dynamic
+    for n in (0, 1, 7):  # (an empty update reads no step)
+        check(_bias_corrected, torch.randn(n), torch.randn(n), torch.tensor(2.0), dynamic=dynamic)
+
+
+def test_an_integer_division_the_same_at_every_element_stays_in_the_loop():
+    # it raises on a zero divisor only where an element computes it
+    def shifted(x, a, b):
+        return x + a // b
+
+    x, a, b = torch.arange(10), torch.tensor(7), torch.tensor(2)
+    report = check(shifted, x, a, b)
+    (source,) = [k.source for k in report.kernels]
+    before, loop = source.split("#pragma omp parallel", 1)
+    assert "ember_floordiv" in loop and "ember_floordiv" not in before

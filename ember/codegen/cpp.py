@@ -21,7 +21,7 @@ from .cexpr import device_size_lines, index_expr
 from .cpp_columns import SUM_BLOCK, ColumnTiles, column_tiles, float_partial
 from .cpp_prelude import PRELUDE
 from .cpp_scatter import owned_elements, owned_rows, render_owned_elements, render_owned_rows
-from .cpp_split import Window, find_split, find_window, uniform_selects
+from .cpp_split import Window, find_split, find_window, loop_invariants, uniform_selects
 from .cpp_staging import close_strip, open_strip, staged_accesses
 from .cpp_team import close_team, needs_team, open_team
 from .cstyle import BodyRenderer, Language, acc_update
@@ -226,6 +226,27 @@ class CppKernelRenderer:
         if n == 0:
             self._statements(values)
             return
+        once = [v for v in loop_invariants(values) if v.kind != "const"]
+        if once:  # (loads among them read an element only where the loops have one)
+            nonempty = (sh.static(sh.numel(k.outer)) or 0) > 0
+            if not nonempty:
+                self.emit(f"if ({index_expr(sh.numel(k.outer))} > 0) {{")
+                self.depth += 1
+            self.emit("// the same at every element: computed once, before the loops")
+            hoisted = {id(v) for v in once}
+            hoisted |= {id(s) for v in once for s in v.srcs}  # (their constants)
+            self._statements([v for v in values if id(v) in hoisted])
+            values = [v for v in values if id(v) not in hoisted]
+            self._pointwise_loops(values)
+            if not nonempty:
+                self.depth -= 1
+                self.emit("}")
+            return
+        self._pointwise_loops(values)
+
+    def _pointwise_loops(self, values: list[Value]) -> None:
+        k = self.k
+        n = len(k.outer)
         work = index_expr(sh.numel(k.outer) * self.cost)
         var, extent = outer_var(n - 1), index_expr(k.outer[-1])
         if n == 1:

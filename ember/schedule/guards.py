@@ -33,7 +33,7 @@ MAX_GUARDS = 4
 # Cheap to compute anywhere: never worth a guard.
 _FREE_KINDS = frozenset({"const", "index"})
 _NEVER_GUARDED = frozenset({"store", "reduce", "chunksum", "rowreduce", "checkindex", "scan"})
-_RAISING_ALU = frozenset({Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD})  # on integers, by zero
+RAISING_ALU = frozenset({Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD})  # on integers, by zero
 
 
 def guard_branches(kernel: Kernel) -> Kernel:
@@ -90,13 +90,13 @@ def guard_branches(kernel: Kernel) -> Kernel:
         return guard
 
     needs = stage_needs()
-    invariant = _invariant(values)
+    invariant = invariant_values(values)
     for v in reversed(values):
         if v.kind in _NEVER_GUARDED or v.kind in _FREE_KINDS or v is kernel.segment_length:
             continue
         if id(v) in invariant:
             continue
-        if v.kind == "alu" and v.arg in _RAISING_ALU and not v.dtype.is_float:
+        if v.kind == "alu" and v.arg in RAISING_ALU and not v.dtype.is_float:
             continue
         g = wanted(v)
         if g is None or not g.dtype.is_bool or _depends(g, v):
@@ -114,10 +114,11 @@ def guard_branches(kernel: Kernel) -> Kernel:
     return kernel
 
 
-def _invariant(values: list[Value]) -> set[int]:
+def invariant_values(values: list[Value]) -> set[int]:
     """Values the same at every element: constants, loads at an index of no loop variable (a
     scalar loss's gradient), arithmetic of them. A guard would save a few scalar ops, and a load
-    inside the branch left GCC's loop scalar ("no vectype": a weight's masked gradient)."""
+    inside the branch left GCC's loop scalar ("no vectype": a weight's masked gradient); the C++
+    backend computes them once, before its loops (codegen/cpp_split.py: loop_invariants)."""
     out: set[int] = set()
     for v in values:
         if (v.kind == "const"
