@@ -124,6 +124,21 @@ def test_a_saved_choice_serves_the_next_process_at_once_building_only_what_it_ru
     assert other.run([torch.zeros(1), 7]) == "fused" and other._timing
 
 
+def test_a_program_that_fails_to_build_leaves_the_first_serving_every_call(tmp_path):
+    log = []
+    path = tmp_path / "choices.json"
+    path.write_text(json.dumps({"graph-a|": "cublas"}))
+
+    def broken():
+        raise RuntimeError("its cubin no longer loads")
+
+    c = TimedChoice("g", [_Program("fused", 0.0, log), broken], Config(), HostClock(), labels=["fused", "cublas"],
+                    saved=choice.SavedChoices(path), key="graph-a")
+    with pytest.warns(RuntimeWarning, match="cublas failed to build"):
+        assert c.run([torch.zeros(1)]) == "fused"
+    assert [c.run([torch.zeros(1)]) for _ in range(2)] == ["fused"] * 2 and c.saved is None
+
+
 @pytest.mark.parametrize("content", ["{not json", '["a list"]', '{"graph-a|": "a label of nothing"}'])
 def test_a_damaged_or_foreign_choices_file_means_timing_again(tmp_path, content):
     path, log = tmp_path / "choices.json", []

@@ -32,6 +32,7 @@ import os
 import statistics
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -132,10 +133,19 @@ class TimedChoice:
         return tuple(args[i].bit_length() for i in positions) if positions else ()
 
     def program(self, i: int) -> CompiledProgram:
-        """Program ``i``, built now if it was given as a builder."""
+        """Program ``i``, built now if it was given as a builder. One that fails to build (its
+        kernels no longer load) is the first program from then on, with one warning: the
+        user's call runs, and no choice of this graph is saved in this process."""
         p = self.programs[i]
         if not hasattr(p, "run"):  # (a builder)
-            p = self.programs[i] = p()
+            try:
+                p = p()
+            except Exception as e:  # noqa: BLE001 -- the first program computes the same graph
+                warnings.warn(f"ember: {self.name}: {self.labels[i]} failed to build "
+                              f"({type(e).__name__}: {e}); {self.labels[0]} serves its calls", RuntimeWarning,
+                              stacklevel=2)
+                p, self.saved = self.program(0), None
+            self.programs[i] = p
         return p
 
     def run(self, args: list[Any]) -> Any:
