@@ -111,32 +111,32 @@ class DirectLauncher:
         self._lock = threading.Lock()
 
     def __call__(self, grid_x: int, grid_y: int, stream: int, args: tuple[Any, ...]) -> None:
-        if self._static is not None:
-            values = tuple([args[i].data_ptr() if pointer and isinstance(args[i], torch.Tensor) else args[i]
-                            for i, pointer in self.layout] + [None, None])
-            try:
-                self._static(self.function_handle, grid_x, grid_y, 1, self.num_warps, self.shared,
-                             self.argument_letters, values, stream)
-                return
-            except RuntimeError:
-                # A thread with no current context gets device 0's from it, where another
-                # device's kernel fails: the driver path, with this device's context, launches
-                # it or reports the error.
-                make_context_current(self.device)
+        if self._static is not None and self._launch_static(grid_x, grid_y, stream, tuple(
+                [args[i].data_ptr() if pointer and isinstance(args[i], torch.Tensor) else args[i]
+                 for i, pointer in self.layout] + [None, None])):
+            return
         self._launch_through_cuda_python(grid_x, grid_y, stream, args)
 
     def launch_addresses(self, grid_x: int, grid_y: int, stream: int, args: tuple[Any, ...]) -> None:
         """``__call__`` with every pointer argument given as its address already (the launcher
         took them for the call's specialization): no tensor looked at twice."""
-        if self._static is not None:
-            values = tuple([args[i] for i in self.positions] + [None, None])
-            try:
-                self._static(self.function_handle, grid_x, grid_y, 1, self.num_warps, self.shared,
-                             self.argument_letters, values, stream)
-                return
-            except RuntimeError:  # (see __call__)
-                make_context_current(self.device)
+        if self._static is not None and self._launch_static(
+                grid_x, grid_y, stream, tuple([args[i] for i in self.positions] + [None, None])):
+            return
         self._launch_through_cuda_python(grid_x, grid_y, stream, args)
+
+    def _launch_static(self, grid_x: int, grid_y: int, stream: int, values: tuple[Any, ...]) -> bool:
+        """Through PyTorch's C++ launcher; False where it failed and the driver path must launch."""
+        try:
+            self._static(self.function_handle, grid_x, grid_y, 1, self.num_warps, self.shared,
+                         self.argument_letters, values, stream)
+            return True
+        except RuntimeError:
+            # A thread with no current context gets device 0's from it, where another device's
+            # kernel fails: the driver path, with this device's context, launches it or reports
+            # the error.
+            make_context_current(self.device)
+            return False
 
     def _launch_through_cuda_python(self, grid_x: int, grid_y: int, stream: int, args: tuple[Any, ...]) -> None:
         handle = self._streams.get(stream)
