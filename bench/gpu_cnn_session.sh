@@ -10,6 +10,9 @@
 #   choice     the GPU tests of timed choices and torch's AOTAutograd cache
 #   warm       warm starts of the matmul cases, OLD (default .gl/old) against the working tree
 #   triton     GPU tests of the Triton launch path (streams, CUDA graphs, wide offsets, device sizes)
+#   writes     GPU tests of writes into inputs and over dying buffers, Triton then CUDA C++
+#   optim      bench/optimizer_step.py (Adam, SGD) under OLD and the working tree
+#   cnn_ab     ResNet-18 f32 step of ember-triton and ember-cuda under OLD and the working tree
 #     PYTHONPATH=. bash bench/gpu_cnn_session.sh tests cnn_f32
 set -uo pipefail
 OUT=${OUT:-/tmp/ember-session}
@@ -44,6 +47,13 @@ for p in "$@"; do
     triton) part triton 240 env EMBER_TEST_DEVICE=cuda python -m pytest -q -n 8 -p no:cacheprovider \
               tests/test_triton.py tests/test_gpu_streams.py tests/test_cuda_graph_calls.py tests/test_wide_index.py \
               tests/test_device_sizes.py tests/test_ragged_compile.py ;;
+    writes) part writes 200 bash -c "EMBER_TEST_DEVICE=cuda python -m pytest -q -n 8 -p no:cacheprovider \
+              tests/test_input_writes.py tests/test_inplace.py tests/test_grad_modes.py && EMBER_TEST_DEVICE=cuda \
+              EMBER_GPU_BACKEND=cuda python -m pytest -q -n 8 -p no:cacheprovider tests/test_input_writes.py" ;;
+    optim) part optim 300 bash -c "bash bench/ab_trees.sh ${OLD:-.gl/old} 1 python bench/optimizer_step.py \
+             --device cuda && bash bench/ab_trees.sh ${OLD:-.gl/old} 1 python bench/optimizer_step.py --device cuda \
+             --optimizer sgd --variants eager,ember" ;;
+    cnn_ab) part cnn_ab 400 bash bench/ab_trees.sh "${OLD:-.gl/old}" 1 $CNN --variants eager,ember-triton,ember-cuda ;;
     *) echo "unknown part $p" ;;
   esac
 done

@@ -33,6 +33,7 @@ from ..schedule.device_sizes import DEVICE_TOTALS
 from ..schedule.indexing import compose_strided
 from ..schedule.inplace import writes_in_place
 from ..schedule.steps import ExternStep, KernelStep, Schedule, ViewStep
+from .input_writes import InputWrites
 from .outputs import OutputLayouts
 from .pyexpr import WrapperError, pexpr, shape_tuple
 
@@ -57,7 +58,7 @@ class Wrapper:
     constants: dict[str, Any] = field(default_factory=dict)
 
 
-class WrapperWriter(OutputLayouts):
+class WrapperWriter(OutputLayouts, InputWrites):
     def __init__(self, schedule: Schedule, calls: dict[str, KernelCall], timed: bool = False,
                  huge_page_bytes: int = 0):
         self.s = schedule
@@ -186,6 +187,7 @@ class WrapperWriter(OutputLayouts):
         if names:
             self.emit(", ".join(names) + ("," if len(names) == 1 else "") + " = args")
         self.emit("args.clear()  # inputs die as soon as nothing needs them")
+        self._keep_given_inputs()
         if any(call.uses_error_flag for call in self.calls.values()):
             self.emit("error_flag = thread_error_flag()  # where kernels flag a bad index (one per thread)")
         for node in g.inputs:
@@ -200,6 +202,7 @@ class WrapperWriter(OutputLayouts):
         last_use = self.last_use = self._last_uses()
         outputs = self.outputs = {o for o in g.outputs if o is not None}
         self.output_vars = self._output_vars(outputs)
+        self._plan_input_writes()
         fresh = self._shared_outputs()
         traced = self._traced_layouts(fresh)
         # (an ATen result whose outputs are replayed from a copy of it: alive until then)
@@ -224,6 +227,7 @@ class WrapperWriter(OutputLayouts):
         self._as_traced(traced, returned)
         repeated = self._repeated_over_copies(returned, fresh)
         self._distinct_outputs(returned, fresh + repeated)
+        returned = self._write_inputs(returned)
         self.emit("return (" + "".join(r + ", " for r in returned) + ")")
         return Wrapper("\n".join(self.lines) + "\n", self.constants)
 
@@ -264,9 +268,13 @@ class WrapperWriter(OutputLayouts):
     def _kernel(self, step: KernelStep, i: int) -> None:
         k = step.kernel
         call = self.calls[k.name]
+        into = self._into_inputs(step, i)
         reuse = self._reuse(step, i)
         for root in step.roots:
-            if root in reuse:
+            if root in into:
+                self.emit(f"{self.var[root]} = {self.var[into[root]]}  # the new value of {self.var[into[root]]}, "
+                          "stored in place")
+            elif root in reuse:
                 self.emit(self._write_over(root, reuse[root]))
             else:
                 self.emit(self._allocate(root))

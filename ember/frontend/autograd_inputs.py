@@ -167,10 +167,11 @@ def _normal_copy(t: torch.Tensor) -> torch.Tensor:
 def drop_leaf_mutation_grads(gm: torch.fx.GraphModule) -> None:
     """In a backward graph, return None, not the tangent of its in-place update, as the gradient
     of a leaf input the forward wrote in place (a target network's ``p.lerp_(q, tau)`` under
-    no_grad). ember hands AOTAutograd ``keep_inference_input_mutations=False``, so the updated
-    leaf is an output of the compiled function whose tangent the backward passes straight back
-    to the leaf; AOTAutograd copies the update into a detached leaf (a leaf needing grad can only
-    be written where autograd does not see it), so that tangent is always the zeros autograd
+    no_grad) where AOTAutograd does not keep the write in the graph (it keeps writes under
+    no_grad: ``keep_inference_input_mutations``), so the updated leaf is an output of the
+    compiled function whose tangent the backward passes straight back to the leaf; AOTAutograd
+    copies the update into a detached leaf (a leaf needing grad can only be written where
+    autograd does not see it), so that tangent is always the zeros autograd
     fills in for an unused output, and the leaf's ``.grad`` became zeros where eager leaves
     None (Adam's momentum and weight decay then moved the target network). A gradient that is
     more than the bare tangent (the leaf also feeds the loss) is kept as it is."""

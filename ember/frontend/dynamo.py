@@ -506,7 +506,7 @@ def make_backend(compile_graph: GraphCompiler, cfg: Config | None = None, wrap: 
         inference_compiler=compiler("inference"),
         decompositions=decomposition_table(),
         partition_fn=functools.partial(partition, cfg=cfg),
-        keep_inference_input_mutations=False,
+        keep_inference_input_mutations=True,  # (the program writes them: codegen/input_writes.py)
     )
 
     @functools.wraps(backend)

@@ -276,6 +276,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
     storages: dict[Any, int] = {}  # fake storages of the inputs and the outputs so far
     ctx.shared_output_storages = _shared_output_storages(gm)
     eager_layouts: dict[torch.fx.Node, Any] = {}  # (eager_strides.py)
+    written: dict[torch.fx.Node, Node] = {}  # input placeholder -> the value copy_ writes into it
 
     for fx_node in gm.graph.nodes:
         val = fx_node.meta.get("val")
@@ -300,7 +301,11 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
                         shape=sh.shape(tensor.shape), device=str(tensor.device))
             ctx.nodes.append(node)
             env[fx_node] = node
+        elif fx_node.op == "call_function" and _writes_input(fx_node):
+            written[fx_node.args[0]] = _written_value(ctx, env[fx_node.args[0]], env[fx_node.args[1]])
+            env[fx_node] = env[fx_node.args[0]]  # (returned: the input itself, written)
         elif fx_node.op == "call_function":
+            _check_not_written(fx_node, written)
             env[fx_node] = _call(ctx, fx_node, env, val)
             if isinstance(env[fx_node], Node) and isinstance(val, torch.Tensor):
                 ctx.metas.setdefault(env[fx_node], val)
@@ -333,10 +338,56 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
                     scalar_outputs.add(i)
         else:
             raise Unsupported(f"FX node kind {fx_node.op}")
+    mutated_inputs = {}
+    for placeholder, value in written.items():  # (after the outputs: Graph.mutated_inputs)
+        target = env[placeholder]
+        mutated_inputs[len(outputs)] = inputs.index(target)
+        outputs.append(value)
+        output_strides.append(target.arg.strides)
     return record_ragged_totals(Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs), output_strides,
                                       fresh_outputs=frozenset(fresh_outputs), effects=effects,
                                       size_checks=ctx.size_checks, whole_outputs=frozenset(whole_outputs),
-                                      repeated_outputs=repeated_outputs))
+                                      repeated_outputs=repeated_outputs, mutated_inputs=mutated_inputs))
+
+
+class InputWriteError(NotImplementedError):
+    """An in-place write into a graph input that ember does not lower (the graph then runs
+    through ATen, which makes it)."""
+
+
+def _writes_input(fx_node: torch.fx.Node) -> bool:
+    """Is this AOTAutograd's write of an input's new value into it, ``copy_(input, value)``
+    (kept in the graph: ``keep_inference_input_mutations``; the graph may return its result,
+    the input)? Other in-place calls on an input (``set_`` of FSDP's parameters), or whose
+    result nothing reads, raise: as an ATen call no value needs, the write would be dropped."""
+    target = fx_node.target
+    if not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
+        return False
+    first = fx_node.args[0] if fx_node.args else None
+    into_input = isinstance(first, torch.fx.Node) and first.op == "placeholder"
+    if (target is torch.ops.aten.copy_.default and into_input and not fx_node.kwargs
+            and all(user.op == "output" for user in fx_node.users)):
+        return True
+    if into_input or not fx_node.users:
+        raise InputWriteError(f"{op_name(target)} writes {'input ' if into_input else ''}{first} in place")
+    return False
+
+
+def _written_value(ctx: Context, target: Any, value: Any) -> Node:
+    """What ``copy_(target, value)`` leaves in the input ``target``: ``value`` in its dtype and
+    broadcast to its shape."""
+    if not (isinstance(target, Node) and target.op is Op.INPUT and target.dtype is not None
+            and isinstance(value, Node) and value.dtype is not None and value.shape is not None):
+        raise InputWriteError(f"copy_ into input {target!r} of a value ember holds no tensor of")
+    ctx.aten = ctx.origin = "copy_"
+    return ctx.expand_to(ctx.cast(value, target.dtype), target.shape)
+
+
+def _check_not_written(fx_node: torch.fx.Node, written: dict[torch.fx.Node, Node]) -> None:
+    """The program writes an input at its end: nothing may read it after its write."""
+    for arg in fx_node.all_input_nodes:
+        if arg in written:
+            raise InputWriteError(f"{fx_node.name} reads input {arg.name} after copy_ wrote it")
 
 
 # ATen calls that return nothing and must still run: eager's checks of values (one_hot's class

@@ -145,19 +145,21 @@ def keep_what_mutated_inputs_fed(joint_module: fx.GraphModule) -> None:
 
     descs = joint_module.graph.output_node().meta.get("desc") or ()
     mutated = [d.mutated_input for d in descs if isinstance(d, InputMutationAOTOutput)]
-    if not mutated:
+    # (a write AOTAutograd keeps in the graph: copy_ into the input at the forward's end)
+    written = {n.args[0] for n in joint_module.graph.find_nodes(op="call_function", target=aten.copy_.default)}
+    if not mutated and not written:
         return
     backward: set[fx.Node] = set()  # nodes computed from a tangent
     for node in joint_module.graph.nodes:
         if _is_tangent(node) or any(a in backward for a in node.all_input_nodes):
             backward.add(node)
     for primal in joint_module.graph.find_nodes(op="placeholder"):
-        if primal.meta.get("desc") not in mutated:
+        if primal.meta.get("desc") not in mutated and primal not in written:
             continue
         stack = list(primal.users)
         while stack:
             user = stack.pop()
-            if user.op != "call_function" or user in backward:
+            if user.op != "call_function" or user in backward or user.target is aten.copy_.default:
                 continue
             if _is_view(user):
                 stack.extend(user.users)

@@ -362,6 +362,10 @@ class Graph:
     autograd checks the version of what is saved, which the user's in-place change must reach.
     ``effects``: ATen calls that return nothing but must run, in graph order (the checks of
     ``torch._assert_async``: one_hot's class bounds).
+    ``mutated_inputs``: {output i: input k} for the last outputs, which are no outputs of the
+    function but the values it writes into its inputs (AOTAutograd's ``copy_`` of an updated
+    buffer into it: BatchNorm's running stats, an optimizer's state): the program writes output
+    i into input k's memory, in place where it can, and returns the outputs before them.
     ``size_checks``: eager's errors that only the run-time sizes decide (an int64 arange whose
     count overflows), checked by the host program before a kernel reads those sizes.
     """
@@ -371,7 +375,7 @@ class Graph:
                  output_strides: Sequence[sh.Shape | None] = (), totals: dict[sympy.Symbol, int] | None = None,
                  fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = (),
                  size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset(),
-                 repeated_outputs: dict[int, int] | None = None):
+                 repeated_outputs: dict[int, int] | None = None, mutated_inputs: dict[int, int] | None = None):
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes = list(nodes)
@@ -384,6 +388,7 @@ class Graph:
         self.size_checks = tuple(size_checks)
         self.whole_outputs = whole_outputs
         self.repeated_outputs = dict(repeated_outputs or {})
+        self.mutated_inputs = dict(mutated_inputs or {})
 
     @classmethod
     def from_outputs(cls, inputs: Sequence[Node], outputs: Sequence[Node | None], name: str = "graph",
@@ -392,11 +397,12 @@ class Graph:
                      totals: dict[sympy.Symbol, int] | None = None,
                      fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = (),
                      size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset(),
-                     repeated_outputs: dict[int, int] | None = None) -> Graph:
+                     repeated_outputs: dict[int, int] | None = None,
+                     mutated_inputs: dict[int, int] | None = None) -> Graph:
         """A graph holding exactly the nodes the outputs and effects need (plus all inputs)."""
         return cls(inputs, outputs, toposort(list(inputs) + [o for o in outputs if o is not None] + list(effects)),
                    name, scalar_outputs, output_strides, totals, fresh_outputs, effects, size_checks, whole_outputs,
-                   repeated_outputs)
+                   repeated_outputs, mutated_inputs)
 
     def users(self) -> dict[Node, list[Node]]:
         result: dict[Node, list[Node]] = {n: [] for n in self.nodes}
@@ -409,7 +415,7 @@ class Graph:
                    effects: Sequence[Node] | None = None) -> Graph:
         return Graph(inputs, outputs, nodes, self.name, self.scalar_outputs, self.output_strides, self.totals,
                      self.fresh_outputs, self.effects if effects is None else effects, self.size_checks,
-                     self.whole_outputs, self.repeated_outputs)
+                     self.whole_outputs, self.repeated_outputs, self.mutated_inputs)
 
     def __str__(self) -> str:
         from .printer import format_graph
@@ -577,4 +583,4 @@ def record_ragged_totals(graph: Graph) -> Graph:
     totals = {s: graph.inputs.index(n) for s, n in ragged_totals(graph).items()}
     return Graph(graph.inputs, graph.outputs, graph.nodes, graph.name, graph.scalar_outputs,
                  graph.output_strides, totals, graph.fresh_outputs, graph.effects, graph.size_checks,
-                 graph.whole_outputs, graph.repeated_outputs)
+                 graph.whole_outputs, graph.repeated_outputs, graph.mutated_inputs)

@@ -4,6 +4,9 @@
       %expand_2: f32[s0, 64] = expand(%arg1, [s0, 64])
       %add_3: f32[s0, 64] = add(%arg0, %expand_2)
       return (%add_3)
+
+A graph that writes new values into its inputs (``Graph.mutated_inputs``) says so before it
+returns: ``write %arg1 <- %add_3``.
 """
 
 from __future__ import annotations
@@ -106,8 +109,11 @@ def format_graph(graph: Graph) -> str:
         if node.op is Op.INPUT:
             continue
         lines.append("  " + format_node(node, names))
-    outs = ", ".join("None" if o is None else names.get(o, "?") for o in graph.outputs)
-    lines.append(f"  return ({outs})")
+    name = lambda o: "None" if o is None else names.get(o, "?")  # noqa: E731
+    for i, k in sorted(graph.mutated_inputs.items()):  # (the last outputs: written, not returned)
+        lines.append(f"  write {names[graph.inputs[k]]} <- {name(graph.outputs[i])}")
+    returned = graph.outputs[:len(graph.outputs) - len(graph.mutated_inputs)]
+    lines.append(f"  return ({', '.join(name(o) for o in returned)})")
     return "\n".join(lines)
 
 

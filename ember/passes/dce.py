@@ -15,5 +15,6 @@ def dce(graph: Graph) -> Graph:
     if len(nodes) != len(needed):  # (a node the list lacks: place every needed one afresh)
         return Graph.from_outputs(graph.inputs, graph.outputs, graph.name, graph.scalar_outputs,
                                   graph.output_strides, graph.totals, graph.fresh_outputs, graph.effects,
-                                  graph.size_checks, graph.whole_outputs, graph.repeated_outputs)
+                                  graph.size_checks, graph.whole_outputs, graph.repeated_outputs,
+                                  graph.mutated_inputs)
     return graph.with_nodes(graph.inputs, graph.outputs, nodes)

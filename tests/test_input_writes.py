@@ -1,0 +1,339 @@
+"""A compiled function's in-place updates of its inputs (frontend/lowering.py ``copy_``,
+codegen/input_writes.py): the inputs end as eager leaves them, and the program stores a new
+value straight into its input where nothing reads the input afterwards."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import ember
+from ember.frontend.lowering import InputWriteError, lower_graph
+
+from .conftest import DEVICE, INTERPRETED_TRITON
+from .helpers import assert_same, run
+
+
+def _wrapper(report: ember.Report) -> str:
+    return "\n".join(g.wrapper for g in report.graphs)
+
+
+def _stored_in_place(report: ember.Report) -> int:
+    return _wrapper(report).count("stored in place")
+
+
+def _copies(report: ember.Report) -> int:
+    return _wrapper(report).count("# the function's write into its input")
+
+
+def check_writes(fn, *args, options=None, dynamic=None, rtol=None, atol=None) -> ember.Report:
+    """ember(fn) returns what eager returns and leaves every argument as eager leaves it."""
+    eager_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    ember_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    ref = fn(*eager_args)
+    out, report = run(fn, *ember_args, options=options, dynamic=dynamic)
+    assert_same(out, ref, rtol, atol)
+    assert_same(ember_args, eager_args, rtol, atol)
+    assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]
+    return report
+
+
+def _add_into(x, buf):
+    buf.add_(x)
+    return buf * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+def test_update_is_stored_in_place(dtype):
+    x = torch.arange(37, device=DEVICE).to(dtype)
+    buf = (torch.arange(37, device=DEVICE) * 3).to(dtype)
+    report = check_writes(_add_into, x, buf)
+    assert _stored_in_place(report) == 1 and _copies(report) == 0, _wrapper(report)
+    assert "write %arg" in str(report)  # (the IR says what it writes)
+
+
+@pytest.mark.parametrize("n", [0, 1, 4099])
+def test_sizes_zero_one_and_many(n):
+    check_writes(_add_into, torch.randn(n, device=DEVICE), torch.randn(n, device=DEVICE))
+
+
+def test_symbolic_sizes_no_recompile():
+    f = ember.compile(_add_into, dynamic=True)
+    for n in (5, 9, 130):
+        x, buf = torch.randn(n, device=DEVICE), torch.randn(n, device=DEVICE)
+        ref_buf = buf + x
+        out = f(x, buf)
+        torch.testing.assert_close(buf, ref_buf)
+        torch.testing.assert_close(out, ref_buf * 2)
+
+
+def test_value_also_returned_is_a_tensor_of_its_own():
+    # the new value is returned too: copied into the input, and the output is not the input
+    def f(x, buf):
+        new = buf + x
+        buf.copy_(new)
+        return new
+
+    x, buf = torch.randn(50, device=DEVICE), torch.randn(50, device=DEVICE)
+    report = check_writes(f, x, buf)
+    out = ember.compile(f)(x, buf)
+    assert out.data_ptr() != buf.data_ptr()
+    before = buf.clone()
+    out.add_(1)
+    assert torch.equal(buf, before)
+    assert _stored_in_place(report) == 0 and _copies(report) == 1
+
+
+def test_clone_taken_before_the_write_keeps_the_old_values():
+    # ember's IR makes the clone the input itself: the input must not be written before it is copied
+    def f(buf):
+        old = buf.clone()
+        buf.mul_(2)
+        return old
+
+    check_writes(f, torch.randn(64, device=DEVICE))
+
+
+def test_read_before_the_write():
+    def f(x, buf):
+        total = buf.sum()
+        buf.add_(x)
+        return total, buf.amax()
+
+    check_writes(f, torch.randn(300, device=DEVICE), torch.randn(300, device=DEVICE))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda buf: buf.copy_(buf.roll(1, 0)),                  # the value reads other elements
+    lambda buf: buf.copy_(buf.flip(0) + buf),
+    lambda buf: buf[1:].copy_(buf[:-1].clone()),            # a shifted slice of itself
+    lambda buf: buf.copy_(buf.t().contiguous().t() * 2),    # read transposed
+    lambda buf: buf.copy_(torch.softmax(buf, -1)),          # a row kernel reads the whole row first
+    lambda buf: buf.copy_(buf.cumsum(-1)),
+], ids=["roll", "flip", "shifted-slice", "transposed", "softmax", "cumsum"])
+def test_values_that_read_other_elements(fn):
+    buf = torch.randn(33, 33, device=DEVICE)
+    report = check_writes(lambda b: (fn(b), None)[1], buf)
+    assert report.graphs
+
+
+def test_cast_and_broadcast_into_the_input():
+    def f(x, buf):
+        buf.copy_(x)
+        return x.sum()
+
+    check_writes(f, torch.randn(1, 4, device=DEVICE), torch.zeros(3, 4, dtype=torch.float64, device=DEVICE))
+
+
+def test_non_contiguous_input():
+    buf = torch.randn(6, 8, device=DEVICE).t()
+    check_writes(lambda x, b: (b.mul_(x), b.sum())[1], torch.randn(8, 6, device=DEVICE), buf)
+    buf = torch.randn(6, 16, device=DEVICE)[:, ::2]
+    check_writes(lambda x, b: (b.add_(x), None)[1], torch.randn(6, 8, device=DEVICE), buf)
+
+
+def test_write_into_part_of_an_input():
+    def f(x, buf):
+        buf[1:3].add_(x)
+        buf[:, 0] = 7
+        return x + 1
+
+    check_writes(f, torch.randn(2, 5, device=DEVICE), torch.randn(4, 5, device=DEVICE))
+
+
+def test_aliased_inputs():
+    # one argument a view of the other: AOTAutograd merges them into one base the graph writes
+    def f(a, b):
+        a.add_(1)
+        return b * 2
+
+    buf = torch.randn(10, device=DEVICE)
+    ref_buf = buf.clone()
+    ref = f(ref_buf, ref_buf[2:])
+    out = ember.compile(f)(buf, buf[2:])
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(buf, ref_buf)
+
+
+def test_counter_and_two_buffers():
+    def f(x, a, b, n):
+        a.mul_(0.9).add_(x, alpha=0.1)
+        b.copy_(torch.maximum(b, x))
+        n.add_(1)
+        return (a - b).abs().sum()
+
+    x = torch.randn(8, 3, device=DEVICE)
+    report = check_writes(f, x, torch.randn(8, 3, device=DEVICE), torch.randn(8, 3, device=DEVICE),
+                          torch.tensor(4, device=DEVICE))
+    assert _stored_in_place(report) == 3, _wrapper(report)
+
+
+def test_under_no_grad_and_inference_mode():
+    f = ember.compile(_add_into)
+    for mode in (torch.no_grad, torch.inference_mode):
+        x, buf = torch.randn(20, device=DEVICE), torch.randn(20, device=DEVICE)
+        expected = buf + x
+        with mode():
+            f(x, buf)
+        torch.testing.assert_close(buf, expected)
+
+
+def test_leaf_written_under_no_grad_in_training():
+    # a target network's update: the leaf changes, its .grad stays None, the loss's gradient flows
+    def f(x, w, target):
+        loss = (x @ w).square().mean()
+        with torch.no_grad():
+            target.lerp_(w, 0.5)
+        return loss
+
+    x = torch.randn(6, 4, device=DEVICE)
+    w = torch.randn(4, 3, device=DEVICE, requires_grad=True)
+    target = torch.zeros(4, 3, device=DEVICE, requires_grad=True)
+    w2, t2 = w.detach().clone().requires_grad_(), target.detach().clone().requires_grad_()
+    f(x, w2, t2).backward()
+    ember.compile(f)(x, w, target).backward()
+    torch.testing.assert_close(target, t2)
+    torch.testing.assert_close(w.grad, w2.grad)
+    assert target.grad is None
+
+
+def test_recompute_never_reads_the_written_input():
+    # the forward writes w after computing exp(w * x): the backward needs exp's value from
+    # before, which a backward recomputing it from w would not have
+    def f(x, w):
+        y = (w * x).exp()
+        with torch.no_grad():
+            w.mul_(2)
+        return y.sum()
+
+    x = torch.randn(40, device=DEVICE)
+    w = torch.randn(40, device=DEVICE, requires_grad=True)
+    w2 = w.detach().clone().requires_grad_()
+    f(x, w2).backward()
+    ember.compile(f)(x, w).backward()
+    torch.testing.assert_close(w, w2)
+    torch.testing.assert_close(w.grad, w2.grad)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_batchnorm_training_steps(channels_last):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).to(DEVICE)
+    reference = copy.deepcopy(model)
+    compiled = ember.compile(model)
+    for _ in range(3):
+        x = torch.randn(4, 3, 10, 10, device=DEVICE)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        compiled(x).square().mean().backward()
+        reference(x).square().mean().backward()
+    bn, ref_bn = model[1], reference[1]
+    torch.testing.assert_close(bn.running_mean, ref_bn.running_mean)
+    torch.testing.assert_close(bn.running_var, ref_bn.running_var)
+    assert int(bn.num_batches_tracked) == int(ref_bn.num_batches_tracked) == 3
+    torch.testing.assert_close(model[0].weight.grad, reference[0].weight.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_optimizer_steps(name):
+    torch.manual_seed(0)
+    params = [torch.randn(64, 32, device=DEVICE, requires_grad=True),
+              torch.randn(32, device=DEVICE, requires_grad=True)]
+    twins = [p.detach().clone().requires_grad_() for p in params]
+    kwargs = {"lr": 0.01, "momentum": 0.9} if name == "SGD" else {"lr": 0.01}
+    opt, ref_opt = getattr(torch.optim, name)(params, **kwargs), getattr(torch.optim, name)(twins, **kwargs)
+    step = ember.compile(opt.step)
+    for _ in range(3):
+        for p, q in zip(params, twins):
+            g = torch.randn_like(p)
+            p.grad, q.grad = g.clone(), g.clone()
+        step()
+        ref_opt.step()
+    for p, q in zip(params, twins):
+        torch.testing.assert_close(p, q)
+    for p, q in zip(params, twins):
+        for key, value in ref_opt.state[q].items():
+            torch.testing.assert_close(opt.state[p][key], value)
+
+
+def test_written_inputs_after_a_warm_start():
+    # the second compile loads the plan from torch's AOTAutograd cache: it still writes the input
+    from torch._dynamo.utils import counters
+
+    from ember import aot_cache
+    if not aot_cache.SUPPORTED:
+        pytest.skip("this torch has no bundled AOTAutograd cache")
+    for expected_hits in (0, 1):
+        torch._dynamo.reset()
+        counters.clear()
+        x, buf = torch.randn(16, device=DEVICE), torch.randn(16, device=DEVICE)
+        expected = buf + x
+        ember.compile(_add_into)(x, buf)
+        torch.testing.assert_close(buf, expected)
+        assert counters["aot_autograd"]["autograd_cache_hit"] == expected_hits
+
+
+@pytest.mark.parametrize("target", [pytest.param("triton", marks=INTERPRETED_TRITON)])
+def test_triton_kernel_stores_in_place(target):
+    if DEVICE != "cpu":
+        pytest.skip("the interpreter runs Triton on CPU tensors")
+    report = check_writes(_add_into, torch.randn(37), torch.randn(37), options={"target": target})
+    assert _stored_in_place(report) == 1
+
+
+def test_kernel_that_fails_to_build_still_writes(tmp_path):
+    # the kernel runs through ATen (group_fallback), storing into the input all the same
+    if DEVICE != "cpu":
+        pytest.skip("a C++ flag the compiler refuses")
+    before = ember.stats()["build_failures"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = check_writes(_add_into, torch.randn(40), torch.randn(40),
+                              options={"cxx_flags": ["-fno-such-flag-at-all"], "cache_dir": tmp_path})
+    assert ember.stats()["build_failures"] > before and _stored_in_place(report) == 1
+
+
+def test_other_writes_into_inputs_are_never_dropped():
+    # set_ (FSDP's parameters) is lowered by nobody: lowering refuses the graph, which runs
+    # through ATen, rather than dropping a call no value reads
+    def f(x, y):
+        x.set_(y)
+        return y + 1
+
+    gm = make_fx(f)(torch.randn(3), torch.randn(3))
+    with pytest.raises(InputWriteError, match="set_"):
+        lower_graph(gm)
+
+
+def test_input_read_after_its_write_is_refused():
+    def f(x, y):
+        torch.ops.aten.copy_.default(x, y)
+        return x + 1
+
+    gm = make_fx(f)(torch.randn(3), torch.randn(3))
+    with pytest.raises(InputWriteError, match="x_1"):
+        lower_graph(gm)
+
+
+def test_relu_dropout_module_state_untouched():
+    # a function that writes no input: nothing is written, nothing extra is returned
+    x = torch.randn(5, 7, device=DEVICE)
+    report = check_writes(lambda x: F.relu(x) + 1, x)
+    assert _copies(report) == 0 and _stored_in_place(report) == 0
+
+
+def test_written_input_returned():
+    # ``return a.mul_(3)``: the graph returns the input itself, written
+    def f(a, b):
+        return a.mul_(3), a.float() * b
+
+    a = torch.randn(300, dtype=torch.float16, device=DEVICE)
+    report = check_writes(f, a, torch.randn(300, device=DEVICE))
+    out = ember.compile(f)(a, torch.randn(300, device=DEVICE))
+    assert out[0] is a
+    assert _stored_in_place(report) == 1
