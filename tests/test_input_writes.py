@@ -258,7 +258,8 @@ def test_optimizer_steps(name):
         torch.testing.assert_close(p, q)
     for p, q in zip(params, twins):
         for key, value in ref_opt.state[q].items():
-            torch.testing.assert_close(opt.state[p][key], value)
+            # (Dynamo makes a compiled Adam capturable: its step count lives on the GPU there)
+            torch.testing.assert_close(opt.state[p][key].cpu(), value.cpu())
 
 
 def test_written_inputs_after_a_warm_start():

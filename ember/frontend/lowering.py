@@ -296,6 +296,12 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
             if not isinstance(tensor, torch.Tensor):  # a higher-order op's subgraph (cond's branches):
                 env[fx_node] = tensor                 # an argument of that op's ATen call
                 continue
+            if tensor.dim() == 0 and tensor.device.type == "cpu" and ctx.device != "cpu":
+                # a scalar the code wrote (``x[:, 0] = 7`` on a GPU): eager reads it as a number.
+                # (Moved for real: AOTAutograd may still hold its fake mode.)
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+                with unset_fake_temporarily():
+                    tensor = tensor.to(ctx.device)
             dtype = dt.from_torch(tensor.dtype) if dt.is_supported_torch(tensor.dtype) else None
             node = make(Op.TENSOR, (), TensorConst(fx_node.target, tensor), dtype=dtype,
                         shape=sh.shape(tensor.shape), device=str(tensor.device))
