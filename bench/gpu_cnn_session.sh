@@ -13,6 +13,7 @@
 #   writes     GPU tests of writes into inputs and over dying buffers, Triton then CUDA C++
 #   optim      bench/optimizer_step.py (Adam, SGD) under OLD and the working tree
 #   cnn_ab     ResNet-18 f32 step of ember-triton and ember-cuda under OLD and the working tree
+#   cache      bench/cache_update.py (a KV cache's index_copy_ step) under OLD and the working tree
 #     PYTHONPATH=. bash bench/gpu_cnn_session.sh tests cnn_f32
 set -uo pipefail
 OUT=${OUT:-/tmp/ember-session}
@@ -54,6 +55,7 @@ for p in "$@"; do
              --device cuda && bash bench/ab_trees.sh ${OLD:-.gl/old} 1 python bench/optimizer_step.py --device cuda \
              --optimizer sgd --variants eager,ember" ;;
     cnn_ab) part cnn_ab 400 bash bench/ab_trees.sh "${OLD:-.gl/old}" 1 $CNN --variants eager,ember-triton,ember-cuda ;;
+    cache) part cache 200 bash bench/ab_trees.sh "${OLD:-.gl/old}" 1 python bench/cache_update.py --device cuda ;;
     *) echo "unknown part $p" ;;
   esac
 done

@@ -338,3 +338,88 @@ def test_written_input_returned():
     out = ember.compile(f)(a, torch.randn(300, device=DEVICE))
     assert out[0] is a
     assert _stored_in_place(report) == 1
+
+
+@pytest.mark.parametrize("case", ["index_copy", "index_put", "index_add", "put_accumulate"])
+def test_writes_at_indices_go_straight_into_the_input(case):
+    # a KV cache's update (HF's StaticCache: index_copy_ at the cache positions): no copy of the
+    # whole cache in, none back
+    def f(cache, k, pos):
+        if case == "index_copy":
+            cache.index_copy_(2, pos, k)
+        elif case == "index_put":
+            cache[:, :, pos] = k
+        elif case == "index_add":
+            cache.index_add_(2, pos, k)
+        else:
+            cache.index_put_((torch.zeros_like(pos),), k.sum(), accumulate=True)
+        return k.sum()
+
+    cache = torch.randn(2, 3, 40, 8, device=DEVICE)
+    k = torch.randn(2, 3, 3, 8, device=DEVICE)
+    pos = torch.tensor([5, 17, 5] if case in ("index_add", "put_accumulate") else [5, 17, 39], device=DEVICE)
+    report = check_writes(f, cache, k, pos)
+    assert _stored_in_place(report) == 1 and _copies(report) == 0, _wrapper(report)
+    assert ".copy_(" not in _wrapper(report)
+
+
+def test_write_at_indices_reading_the_input_is_copied():
+    # the values written come from the input itself: the kernel reads the input it would write
+    def f(cache, src_pos, dst_pos):
+        cache.index_copy_(0, dst_pos, cache.index_select(0, src_pos) * 2)
+
+    cache = torch.randn(30, 6, device=DEVICE)
+    report = check_writes(f, cache, torch.tensor([1, 2, 3], device=DEVICE), torch.tensor([2, 3, 4], device=DEVICE))
+    assert report.graphs
+
+
+def test_input_read_after_a_write_at_indices():
+    def f(cache, k, pos):
+        before = cache * 1
+        cache.index_copy_(0, pos, k)
+        return before.sum(0), cache.sum(0)
+
+    check_writes(f, torch.randn(30, 6, device=DEVICE), torch.randn(2, 6, device=DEVICE),
+                 torch.tensor([0, 29], device=DEVICE))
+
+
+def test_bad_index_raises_as_eager_does():
+    def f(cache, k, pos):
+        cache.index_copy_(0, pos, k)
+
+    cache, k = torch.randn(8, 3, device=DEVICE), torch.randn(1, 3, device=DEVICE)
+    if DEVICE != "cpu":
+        pytest.skip("a device-side assert ends the process's CUDA context")
+    with pytest.raises(IndexError):
+        f(cache.clone(), k, torch.tensor([8]))
+    with pytest.raises(IndexError):
+        ember.compile(f)(cache, k, torch.tensor([8]))
+
+
+def test_value_read_through_views():
+    # the new cache is read transposed by a matmul: a view of the input, read after its write
+    def f(cache, q, k, pos):
+        cache.index_copy_(2, pos, k)
+        return q @ cache.transpose(-1, -2)
+
+    report = check_writes(f, torch.randn(2, 3, 40, 8, device=DEVICE), torch.randn(2, 3, 1, 8, device=DEVICE),
+                          torch.randn(2, 3, 1, 8, device=DEVICE), torch.tensor([7], device=DEVICE))
+    assert _stored_in_place(report) == 1 and _copies(report) == 0, _wrapper(report)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda buf, x: (buf.add_(x), buf.clone()[1:])[1],     # a view of a clone of the written input
+    lambda buf, x: (buf.add_(x), buf.clone().t())[1],
+    lambda buf, x: (buf.add_(x), buf[1:])[1],             # a view of the input itself
+])
+def test_views_of_the_new_value_returned(fn):
+    # the output shares the input's memory exactly where eager's does
+    buf, x = torch.randn(6, 6, device=DEVICE), torch.randn(6, 6, device=DEVICE)
+    check_writes(fn, buf, x)
+    for run_fn in (fn, ember.compile(fn)):
+        b = buf.clone()
+        out = run_fn(b, x)
+        shares = out.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        if run_fn is fn:
+            eager_shares = shares
+    assert shares == eager_shares

@@ -8,9 +8,9 @@ lowering turns those into the graph's last outputs. The program then either
 * has the kernel that computes the value store it straight into the input's memory, as Inductor
   does: no buffer, no copy. Safe when nothing reads the input after that kernel (the kernel
   itself only at the very element it stores, ``schedule/inplace.py``), the value is not also
-  returned (a running mean the backward saves), no output eager returns in memory of its own
-  comes back in the input's (a clone of the input, which ember's IR made the input itself), and
-  the buffer would have the input's size, dtype and strides; or
+  returned nor viewed by an output (a running mean the backward saves), no output eager returns
+  in memory of its own comes back in the input's (a clone of the input, which ember's IR made
+  the input itself), and the buffer would have the input's size, dtype and strides; or
 * copies the value into the input once everything else has run, as AOTAutograd did.
 
 Either way those outputs are not returned: the caller sees its inputs changed, as in eager.
@@ -49,6 +49,9 @@ class InputWrites:
         # (an output eager returns in memory of its own that ember's IR made the input itself, a
         # clone: copied at the end, it must copy the old values)
         returned_memory = {self._memory_of(g.outputs[i]) for i in g.fresh_outputs if g.outputs[i] is not None}
+        # (a value whose memory an output comes back in: stored in place, the output would be
+        # the caller's input, or a view of it, where eager's is a tensor of its own)
+        self.returned_memory = {self._memory_of(o) for o in g.outputs[:self.returned_outputs] if o is not None}
         self.write_into: dict[Node, Node] = {}
         for j, k in sorted(g.mutated_inputs.items()):
             value, target = g.outputs[j], g.inputs[k]
@@ -65,12 +68,24 @@ class InputWrites:
         out: dict[Node, Node] = {}
         for root in step.roots:
             target = self.write_into.get(root)
-            if target is None or root in step.fills:
+            if target is None:
                 continue
             info, given = self.s.buffers[root], self.s.buffers[target]
-            if (info.name in self.viewed or root.dtype != target.dtype or root.device != target.device
+            if (root in self.returned_memory or root.dtype != target.dtype or root.device != target.device
                     or tuple(root.shape) != tuple(target.shape)
                     or tuple(info.strides or ()) != tuple(given.strides or ())):
+                continue
+            if root in step.fills:
+                # a write at indices into the input (``cache[:, pos] = k``, ``index_add_``): the
+                # input already holds what the kernel starts from, so neither copy is made; the
+                # kernel itself must not read the input
+                if step.fills[root] is not target or any(p.name == given.name for p in step.kernel.params):
+                    continue
+                readers = {self.var[n] for n in self.var if self._memory_of(n) is target} - {given.name}
+                if any(self.last_use.get(v, -1) >= i for v in readers) or self.last_use.get(given.name, -1) > i:
+                    continue
+                out[root] = target
+                self.written_in_place.add(root)
                 continue
             stores = [v for v in step.kernel.values if v.kind == "store" and v.arg.buffer == info.name]
             if len(stores) != 1 or stores[0].arg.bindings or stores[0].arg.accumulate:

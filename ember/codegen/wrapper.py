@@ -278,7 +278,8 @@ class WrapperWriter(OutputLayouts, InputWrites):
                 self.emit(self._write_over(root, reuse[root]))
             else:
                 self.emit(self._allocate(root))
-            if root in step.fills:  # a write at indices starts from the tensor written into
+            if root in step.fills and not (root in into and step.fills[root] is into[root]):
+                # a write at indices starts from the tensor written into (unless it is that tensor)
                 source = step.fills[root]
                 if not isinstance(source, Node):
                     value = repr(source) if not isinstance(source, float) or math.isfinite(source) else (
