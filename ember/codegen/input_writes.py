@@ -14,8 +14,8 @@ lowering turns those into the graph's last outputs. The program then either
 * copies the value into the input once everything else has run, as AOTAutograd did.
 
 Either way those outputs are not returned: the caller sees its inputs changed, as in eager.
-A mixin of wrapper.WrapperWriter (its attributes ``s``, ``var``, ``last_use``, ``viewed``,
-``output_vars``, ``_memory_of``, ``emit``).
+A mixin of wrapper.WrapperWriter (its attributes ``s``, ``var``, ``last_use``, ``output_vars``,
+``_memory_of``, ``emit``).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class InputWrites:
         out: dict[Node, Node] = {}
         for root in step.roots:
             target = self.write_into.get(root)
-            if target is None:
+            if target is None or target not in self.s.buffers:
                 continue
             info, given = self.s.buffers[root], self.s.buffers[target]
             if (root in self.returned_memory or root.dtype != target.dtype or root.device != target.device
