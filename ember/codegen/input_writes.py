@@ -48,7 +48,7 @@ class InputWrites:
         backward = g.name.startswith("backward")
         # (an output eager returns in memory of its own that ember's IR made the input itself, a
         # clone: copied at the end, it must copy the old values)
-        returned_memory = {self._memory_of(g.outputs[i]) for i in g.fresh_outputs if g.outputs[i] is not None}
+        fresh_memory = {self._memory_of(g.outputs[i]) for i in g.fresh_outputs if g.outputs[i] is not None}
         # (a value whose memory an output comes back in: stored in place, the output would be
         # the caller's input, or a view of it, where eager's is a tensor of its own)
         self.returned_memory = {self._memory_of(o) for o in g.outputs[:self.returned_outputs] if o is not None}
@@ -58,7 +58,7 @@ class InputWrites:
             if target in self.var:
                 self.output_vars.add(self.var[target])
             if (counts[value] == 1 and value not in self.write_into and not backward and not target.arg.to_device
-                    and target not in returned_memory):
+                    and target not in fresh_memory):
                 self.write_into[value] = target
         self.written_in_place: set[Node] = set()
 
