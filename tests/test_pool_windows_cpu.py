@@ -45,7 +45,7 @@ def _input(shape, dtype):
 ])
 def test_padded_windows_in_inference_match_eager(kind, kw, dtype):
     # rows with no interior (widths 1 and 2), one window wide, odd sizes, and a ResNet stem's;
-    # one graph pools them all (one C++ module to build, not one per shape), a kernel each
+    # one graph pools them all (one C++ module to build, not one per shape)
     shapes = [shape for shape in ((2, 3, 1, 1), (1, 2, 2, 5), (2, 3, 9, 11), (1, 4, 16, 16))
               # (a dilated window wider than the padded input: eager's error)
               if not ("dilation" in kw and kw["dilation"] * 2 >= min(shape[-2:]) + 2 * 1)]
