@@ -75,29 +75,24 @@ class InputWrites:
                     or tuple(root.shape) != tuple(target.shape)
                     or tuple(info.strides or ()) != tuple(given.strides or ())):
                 continue
-            if root in step.fills:
-                # a write at indices into the input (``cache[:, pos] = k``, ``index_add_``): the
-                # input already holds what the kernel starts from, so neither copy is made; the
-                # kernel itself must not read the input
-                if step.fills[root] is not target or any(p.name == given.name for p in step.kernel.params):
-                    continue
-                readers = {self.var[n] for n in self.var if self._memory_of(n) is target} - {given.name}
-                if any(self.last_use.get(v, -1) >= i for v in readers) or self.last_use.get(given.name, -1) > i:
-                    continue
-                out[root] = target
-                self.written_in_place.add(root)
-                continue
-            stores = [v for v in step.kernel.values if v.kind == "store" and v.arg.buffer == info.name]
-            if len(stores) != 1 or stores[0].arg.bindings or stores[0].arg.accumulate:
-                continue
             # the input's memory, read through it or through a view of it: by this kernel at most
-            readers = {self.var[n] for n in self.var if self._memory_of(n) is target}
-            last = {v: self.last_use.get(v, -1) for v in readers}
+            last = {self.var[n]: self.last_use.get(self.var[n], -1) for n in self.var if self._memory_of(n) is target}
             if any(at > i for at in last.values()):
                 continue
             now = [v for v, at in last.items() if at == i]
-            if now and (now != [given.name] or not writes_in_place(step.kernel, given.name, info.name)):
-                continue
+            if root in step.fills:
+                # a write at indices into the input (``cache[:, pos] = k``, ``index_add_``): the
+                # input already holds what the kernel starts from, so neither copy is made; the
+                # fill reads the input, the kernel itself must not
+                if (step.fills[root] is not target or now not in ([], [given.name])
+                        or any(p.name == given.name for p in step.kernel.params)):
+                    continue
+            else:
+                stores = [v for v in step.kernel.values if v.kind == "store" and v.arg.buffer == info.name]
+                if len(stores) != 1 or stores[0].arg.bindings or stores[0].arg.accumulate:
+                    continue
+                if now and (now != [given.name] or not writes_in_place(step.kernel, given.name, info.name)):
+                    continue
             out[root] = target
             self.written_in_place.add(root)
         return out
@@ -108,7 +103,7 @@ class InputWrites:
         g = self.s.graph
         for j, k in sorted(g.mutated_inputs.items()):
             value, target = g.outputs[j], g.inputs[k]
-            if value in self.written_in_place and self.write_into.get(value) is target:
+            if value in self.written_in_place:  # (the one input it is the new value of)
                 continue
             self.emit(f"{self.given[target]}.copy_({returned[j]})  # the function's write into its input")
         return returned[:self.returned_outputs]
