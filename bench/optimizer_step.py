@@ -10,6 +10,7 @@ counted: stored in place by a kernel, or copied at the end.
 
     PYTHONPATH=. python bench/optimizer_step.py [--device cpu|cuda] [--optimizer adam|adamw|sgd]
                                                 [--params 8] [--numel 1048576] [--reps 20]
+                                                [--profile]  # CUDA kernels a step, with device µs
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from bench.common import interleaved_gpu_times, machine, median_times, rel_error, table
+from bench.common import interleaved_gpu_times, machine, median_times, profiled_kernels, rel_error, table
 
 OPTIMIZERS = {"adam": (torch.optim.Adam, {"lr": 1e-3}), "adamw": (torch.optim.AdamW, {"lr": 1e-3}),
               "sgd": (torch.optim.SGD, {"lr": 1e-2, "momentum": 0.9})}
@@ -62,6 +63,7 @@ def main() -> None:
     parser.add_argument("--numel", type=int, default=1 << 20)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--variants", default="eager,inductor,ember")
+    parser.add_argument("--profile", action="store_true", help="list each variant's CUDA kernels a step")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*record_function.*")
     import ember
@@ -99,6 +101,12 @@ def main() -> None:
         base = times.get("eager")
         row.insert(3, f"{base / times[row[0]]:.2f}x" if base else "")
     print(table(rows, ["variant", "rel. error after 3 steps", "ms / step", "vs eager", "input writes"]))
+    if args.profile and args.device == "cuda":
+        for variant, step in steps.items():
+            kernels = profiled_kernels(step)
+            print(f"{variant}: {len(kernels)} kernels, {sum(kernels.values()):.1f} device µs a step")
+            for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
+                print(f"    {us:8.1f}  {name}")
 
 
 if __name__ == "__main__":

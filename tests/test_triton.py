@@ -8,6 +8,7 @@ import re
 import warnings
 
 import pytest
+import sympy
 import torch
 import torch.nn.functional as F
 import triton
@@ -134,6 +135,67 @@ def test_transposed_tiles_cover_every_element_at_any_size():
     for g, args in ((lambda x: x * 2, (torch.randn(64, 64),)), (lambda x: x.t() * 2, (torch.randn(64, 8),))):
         (k,) = rendered(g, *args).kernels
         assert "tiles of XBLOCK" not in k.source, k.source
+
+
+def _sgd_momentum_step(params, grads, bufs):
+    torch._foreach_mul_(bufs, 0.9)
+    torch._foreach_add_(bufs, grads)
+    torch._foreach_add_(params, bufs, alpha=-0.01)
+
+
+def _body_order(source: str) -> list[str]:
+    """'load' / 'store' for each memory access of a kernel's source, in order."""
+    return re.findall(r"tl\.(load|store)\(", source)
+
+
+@pytest.mark.parametrize("size", [1000, 1024])  # whole blocks apart from the last; every block whole
+def test_pointwise_kernels_load_everything_before_their_first_store(size):
+    # Triton keeps a load after a store in order (it cannot know they do not alias): a step
+    # storing 6 outputs waited for each pair of loads in turn. All 9 inputs are loaded first, and
+    # outputs stored over their inputs (the step writes in place) still read the old values.
+    def make():
+        g = torch.Generator().manual_seed(0)
+        return [[torch.randn(size, generator=g) for _ in range(3)] for _ in range(3)]
+
+    (k,) = rendered(_sgd_momentum_step, *make()).kernels
+    body = k.source.split("else:")[0]  # (the first of the two branches where size is odd)
+    order = _body_order(body)
+    assert order == ["load"] * 9 + ["store"] * 6, k.source
+    want, got = make(), make()
+    _sgd_momentum_step(*want)
+    report = ember.Report()
+    step = ember.compile(_sgd_momentum_step, options=TRITON, report=report)
+    step(*got)
+    assert "stored in place" in report.graphs[0].wrapper
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w)
+
+
+def test_loads_move_ahead_of_stores_only_where_nothing_stored_is_read():
+    from ember.codegen.triton import loads_first
+    from ember.ir import dtypes as dt
+    from ember.schedule.kernel_ir import Access, Value
+
+    o0 = sympy.Symbol("o0", integer=True)
+    ind = sympy.Symbol("ind0", integer=True)
+    f32 = dt.float32
+
+    def load(buf, *srcs):
+        return Value("load", f32, srcs, Access(buf, ind if srcs else o0, (ind,) if srcs else ()))
+
+    def store(buf, v, accumulate=False):
+        return Value("store", f32, (v,), Access(buf, o0, (), accumulate))
+
+    a, i = load("a"), load("idx")
+    clamped = Value("alu", dt.int64, (i,), "clamp")
+    b = load("b", clamped)  # a gather: its index's computation moves with it
+    values = [a, store("out0", a), i, clamped, b, store("out1", b)]
+    assert [v.kind for v in loads_first(values)] == ["load", "load", "alu", "load", "store", "store"]
+    # a buffer the kernel stores and reads again, or adds into, keeps the IR's order
+    reread = [a, store("a2", a), load("a2"), store("out1", a)]
+    assert loads_first(reread) == reread
+    added = [a, store("out0", a, accumulate=True), load("c"), store("out1", a)]
+    assert loads_first(added) == added
 
 
 def test_online_softmax_reads_rows_once():

@@ -130,7 +130,7 @@ class TritonKernelRenderer(LoopBodies):
         for whole in (True, False):
             self.depth += 1
             self._x_setup("", "tl.full([XBLOCK], 1, tl.int1)" if whole else "")
-            self.statements(self.k.values)
+            self.statements(loads_first(self.k.values))
             self.depth -= 1
             if whole:
                 self.emit("else:  # the last block, partly past the end")
@@ -422,12 +422,12 @@ class TritonKernelRenderer(LoopBodies):
         self._device_sizes()
         if self.kind == "tiles":
             self._tiles_setup()
-            self.statements(k.values)
+            self.statements(loads_first(k.values))
         elif self.kind == "pointwise" and not _multiple_of_16(k.outer):
             self._whole_blocks_apart()
         elif self.kind == "pointwise":
             self._x_setup("")
-            self.statements(k.values)
+            self.statements(loads_first(k.values))
         elif self.kind == "scan":
             render_scan(self)
         elif self.kind == "rows" and k.segment_length is not None:
@@ -484,6 +484,33 @@ class TritonKernelRenderer(LoopBodies):
             self.emit(f"INNER = {pexpr(inner)}")
     def _pointer(self, v: Value) -> str:
         return f"{v.arg.buffer} + ({self.index(self.bound_index(v))})"
+
+
+def loads_first(values: list[Value]) -> list[Value]:
+    """A pointwise kernel's values with every load (and what its address or guard needs) moved
+    ahead of the first store. Triton cannot know that a store does not write what a later load
+    reads, so it keeps them in order, and a kernel storing several outputs (an optimizer's step
+    over 8 parameters) waited on each group of loads in turn; the CUDA C++ renderer loads first
+    already. Moving a load earlier is safe: ember's kernels read their inputs as they were before
+    the kernel (an output stored over an input is read at the stored index only, by the same
+    thread). Kept in order: kernels that read a buffer they store, or add into one."""
+    stored = {v.arg.buffer for v in values if v.kind == "store"}
+    if any(v.kind == "store" and v.arg.accumulate for v in values) or any(
+            v.kind == "load" and v.arg.buffer in stored for v in values):
+        return values
+    early: set[int] = set()
+
+    def need(v: Value) -> None:
+        if id(v) in early:
+            return
+        early.add(id(v))
+        for s in (*v.srcs, *((v.guard,) if v.guard is not None else ())):
+            need(s)
+
+    for v in values:
+        if v.kind == "load":
+            need(v)
+    return [v for v in values if id(v) in early] + [v for v in values if id(v) not in early]
 
 
 def launch_meta(kernel: Kernel) -> dict[str, Any]:
