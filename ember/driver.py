@@ -335,7 +335,8 @@ def _build(graph: Graph, schedule: Schedule, fallbacks: dict[str, Callable[..., 
         k = step.kernel
         ok = k.name in built.functions
         why = f"rendered for {target}, not built on this {device} machine" if render_only else "failed to build"
-        report.kernels.append(rp.KernelReport(k.name, backend.name, backend.render(k) if detail else "",
+        source = (built.sources.get(k.name) or backend.render(k)) if detail else ""
+        report.kernels.append(rp.KernelReport(k.name, backend.name, source,
                                               list(k.origins), str(k) if detail else "", built=ok,
                                               not_built="" if ok else why))
         if ok:

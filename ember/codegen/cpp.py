@@ -601,10 +601,11 @@ def render_kernel(kernel: Kernel) -> str:
     return CppKernelRenderer(stash_recomputed(kernel, _STASHED, scratch)).render()
 
 
-def render_module(kernels: list[Kernel]) -> str:
-    """One translation unit holding a graph's kernels."""
+def render_module(kernels: list[Kernel], sources: list[str] | None = None) -> str:
+    """One translation unit holding a graph's kernels (``sources``: theirs, rendered already)."""
     decls = _argred_decls(kernels)
-    return PRELUDE + "\n" + decls + "\n\n" + "\n\n".join(render_kernel(k) for k in kernels) + "\n"
+    sources = sources if sources is not None else [render_kernel(k) for k in kernels]
+    return PRELUDE + "\n" + decls + "\n\n" + "\n\n".join(sources) + "\n"
 
 
 def uses_error_flag(kernel: Kernel) -> bool:

@@ -619,6 +619,7 @@ def render_kernel(kernel: Kernel) -> str:
     return CudaKernelRenderer(kernel).render()
 
 
-def render_module(kernels: list[Kernel]) -> str:
-    """One translation unit holding a graph's kernels."""
-    return PRELUDE + "\n" + "\n\n".join(render_kernel(k) for k in kernels) + "\n"
+def render_module(kernels: list[Kernel], sources: list[str] | None = None) -> str:
+    """One translation unit holding a graph's kernels (``sources``: theirs, rendered already)."""
+    sources = sources if sources is not None else [render_kernel(k) for k in kernels]
+    return PRELUDE + "\n" + "\n\n".join(sources) + "\n"

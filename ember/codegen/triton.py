@@ -569,11 +569,13 @@ def static_bound(extents: tuple[sympy.Expr, ...], name: str) -> str:
     return str(int(n)) if n.is_Integer else name
 
 
-def render_module(kernels: list[Kernel]) -> str:
+def render_module(kernels: list[Kernel], sources: list[str] | None = None) -> str:
+    """A graph's kernels and their launch metadata, one Python module (``sources``: the
+    kernels', rendered already)."""
     parts = [HEADER]
     metas = []
-    for k in kernels:
-        parts.append(render_kernel(k))
+    for i, k in enumerate(kernels):
+        parts.append(sources[i] if sources is not None else render_kernel(k))
         metas.append(f"    {k.name!r}: {launch_meta(k)!r},")
     parts.append("LAUNCH = {\n" + "\n".join(metas) + "\n}\n")
     return "\n\n".join(parts)

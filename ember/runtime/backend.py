@@ -42,11 +42,14 @@ class BuiltKernels:
     failed: dict[str, str] = field(default_factory=dict)                    # kernel -> why
     module_source: str = ""
     keepalive: list[Any] = field(default_factory=list)  # libraries/modules the callables need
+    # kernel -> its source as rendered into module_source (a report shows it: not rendered again)
+    sources: dict[str, str] = field(default_factory=dict)
 
     def merge(self, other: BuiltKernels) -> BuiltKernels:
         """These kernels and ``other``'s (two modules of one graph), in one BuiltKernels."""
         self.functions.update(other.functions)
         self.failed.update(other.failed)
+        self.sources.update(other.sources)
         self.module_source = "\n".join(s for s in (other.module_source, self.module_source) if s)
         self.keepalive += other.keepalive
         return self

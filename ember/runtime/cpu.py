@@ -42,7 +42,8 @@ class CppBackend(Backend):
         return _toolchain_problems[key]
 
     def build_module(self, kernels: list[Kernel], cfg: Config, fallbacks: dict | None = None) -> BuiltKernels:
-        source = self.render_module(kernels)
+        sources = [cpp.render_kernel(k) for k in kernels]
+        source = cpp.render_module(kernels, sources)
         path, cached = cpp_build.build(source, cfg, prelude=cpp.PRELUDE)
         try:
             lib = cpp_build.load(path)
@@ -58,4 +59,5 @@ class CppBackend(Backend):
         functions = {k.name: bind_kernel(lib, k.name, len(k.params), [sh.is_float_symbol(s) for s in k.sizes],
                                            self.uses_error_flag(k))
                      for k in kernels}
-        return BuiltKernels(functions, module_source=source, keepalive=[lib])
+        return BuiltKernels(functions, module_source=source, keepalive=[lib],
+                            sources={k.name: s for k, s in zip(kernels, sources)})

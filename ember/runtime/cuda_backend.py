@@ -592,7 +592,8 @@ class CudaBackend(Backend):
         device = torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(device)
         arch = f"sm_{major}{minor}"
-        source = self.render_module(kernels)
+        sources = [cuda.render_kernel(k) for k in kernels]  # (no matmul here: those were taken out)
+        source = cuda.render_module(kernels, sources)
         image, cached, path = compile_module(source, arch, Path(cfg.cache_dir))
         stats.bump("cache_hits" if cached else "kernels_built", len(kernels))
         log(1, f"{'loaded' if cached else 'built'} {len(kernels)} CUDA kernel(s) for {arch} from {path}", cfg)
@@ -605,4 +606,5 @@ class CudaBackend(Backend):
         wide = WideModule(source, arch, [m["kernels"]["i64"] for m in metas.values()], cfg)
         functions = {k.name: CudaKernel(k.name, metas[k.name], module, wide, (fallbacks or {}).get(k.name))
                      for k in kernels}
-        return BuiltKernels(functions, module_source=source, keepalive=[module, wide])
+        return BuiltKernels(functions, module_source=source, keepalive=[module, wide],
+                            sources={k.name: s for k, s in zip(kernels, sources)})

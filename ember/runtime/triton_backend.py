@@ -517,14 +517,15 @@ class TritonBackend(Backend):
         rendered = _rendered.get(ident)
         if rendered is None:
             try:
-                source = tr.render_module(kernels)  # (Triton only: Hopper kernels were taken out)
+                sources = [tr.render_kernel(k) for k in kernels]  # (Triton only: Hopper kernels were taken out)
+                source = tr.render_module(kernels, sources)
             except RenderError as e:
                 raise BuildError(str(e)) from None
             # the kernels ride along so that their ids stay theirs while the entry lives
-            rendered = _rendered[ident] = (list(kernels), source, [tc.hints_of(k) for k in kernels])
+            rendered = _rendered[ident] = (list(kernels), source, [tc.hints_of(k) for k in kernels], sources)
             while len(_rendered) > 256:
                 _rendered.popitem(last=False)
-        _, source, hints = rendered
+        _, source, hints, sources = rendered
         digest = hashlib.sha256(source.encode()).hexdigest()[:32]
         path = Path(cfg.cache_dir) / "triton" / f"k{digest}.py"
         # the file is named by its source's hash: one that differs (cut short, damaged) is written again
@@ -552,7 +553,8 @@ class TritonBackend(Backend):
             else:
                 functions[k.name] = Launcher(k.name, fn, meta, digest, tuner, fallback, cfg.triton_launch, h,
                                              cfg.triton_tuning, cfg)
-        return BuiltKernels(functions, module_source=source, keepalive=[module])
+        return BuiltKernels(functions, module_source=source, keepalive=[module],
+                            sources={k.name: s for k, s in zip(kernels, sources)})
 
 
 def _holds(path: Path, source: str) -> bool:
@@ -563,7 +565,7 @@ def _holds(path: Path, source: str) -> bool:
 
 
 _tuners: dict[Path, Tuner] = {}
-_rendered: OrderedDict[tuple[int, ...], tuple[list[Kernel], str, list[tc.KernelHints]]] = OrderedDict()
+_rendered: OrderedDict[tuple[int, ...], tuple[list[Kernel], str, list[tc.KernelHints], list[str]]] = OrderedDict()
 
 
 def _tuner(cfg: Config) -> Tuner:
