@@ -6,6 +6,8 @@ be negative goes through the prelude's flooring helpers, as Python floors.
 
 from __future__ import annotations
 
+import functools
+
 import sympy
 from torch.utils._sympy.functions import (
     CeilToInt,
@@ -28,8 +30,10 @@ from ..schedule.device_sizes import DEVICE_TOTALS
 from ..schedule.kernel_ir import Kernel
 
 
+@functools.lru_cache(maxsize=1 << 14, typed=True)  # (typed: 2.0 is not 2)
 def index_expr(e: sympy.Expr) -> str:
-    """A non-negative integer index expression as C (int64 arithmetic)."""
+    """A non-negative integer index expression as C (int64 arithmetic). Memoized: a kernel's
+    accesses share their terms, and sympy's printing and sign queries cost milliseconds."""
     e = sympy.sympify(e)
     if e.is_Integer:
         v = int(e)
