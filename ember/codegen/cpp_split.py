@@ -182,6 +182,8 @@ class Window:
             for e in args:
                 if all(c is e or bounded(e, at_least, c) for c in args):
                     return e
+            if all(a is b for a, b in zip(args, x.args)):
+                return x  # (nothing unwrapped inside: sympy's Min and Max compare again when built)
             return x.func(*args)
 
         return index.replace(lambda y: isinstance(y, (sympy.Min, sympy.Max)), unwrap)
