@@ -5,6 +5,7 @@ value straight into its input where nothing reads the input afterwards."""
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 
 import pytest
@@ -361,6 +362,65 @@ def test_writes_at_indices_go_straight_into_the_input(case):
     report = check_writes(f, cache, k, pos)
     assert _stored_in_place(report) == 1 and _copies(report) == 0, _wrapper(report)
     assert ".copy_(" not in _wrapper(report)
+
+
+def _domains(report: ember.Report) -> list[str]:
+    """The outer domain of every kernel, as its source's header gives it."""
+    return [re.search(r"outer \[([^\]]*)\]", k.source).group(1) for g in report.graphs for k in g.kernels]
+
+
+@pytest.mark.parametrize("case", ["one_position", "stepped", "cast", "constant", "read_before", "read_after"])
+def test_a_slice_written_into_an_input_writes_only_the_slice(case):
+    # ``cache[:, :, 5:6] = k``: functionalized to slice_scatter(cache, k) copied into cache; the
+    # kernel runs over k's elements and stores them into the cache, not a select over all of it
+    def f(cache, k):
+        out = cache.sum(-1) if case == "read_before" else None
+        if case == "stepped":
+            cache[:, :, 1:9:3] = k
+        elif case == "constant":
+            cache[:, :, 2:4] = 7.5
+        else:
+            cache[:, :, 5:5 + k.shape[2]] = k
+        return cache @ cache.transpose(-1, -2) if case == "read_after" else out
+
+    cache = torch.randn(2, 3, 16, 8, device=DEVICE)
+    k = torch.randn(2, 3, 3 if case == "stepped" else 1, 8, device=DEVICE,
+                    dtype=torch.float64 if case == "cast" else torch.float32)
+    report = check_writes(f, cache, k)
+    assert _stored_in_place(report) == 1 and _copies(report) == 0, _wrapper(report)
+    written = "6, 16" if case == "constant" else "6, 3, 8" if case == "stepped" else "6, 8"
+    assert written in _domains(report), (_domains(report), _wrapper(report))
+
+
+def test_a_slice_at_a_position_given_each_call():
+    # the start a size argument: checked against the cache's length, one compile for every later
+    # position
+    def f(cache, k, pos: int):
+        cache[:, :, pos:pos + 1] = k
+
+    cache = torch.randn(2, 3, 16, 8, device=DEVICE)
+    compiled = ember.compile(f)
+    before = ember.stats()["graphs_compiled"]
+    for pos in (0, 7, 15, 3):
+        k = torch.randn(2, 3, 1, 8, device=DEVICE)
+        expected = cache.clone()
+        expected[:, :, pos] = k[:, :, 0]
+        compiled(cache, k, pos)
+        assert torch.equal(cache, expected)
+    assert ember.stats()["graphs_compiled"] - before == 2  # (Dynamo specializes the first position)
+    report = check_writes(f, cache, torch.randn(2, 3, 1, 8, device=DEVICE), 9)
+    assert _stored_in_place(report) == 1 and "6, 8" in _domains(report)
+
+
+def test_a_slice_written_into_a_copy_stays_one_select():
+    # not an input: the select over the whole result fuses with what reads it
+    def f(cache, k):
+        c = cache.clone()
+        c[:, :, 2:3] = k
+        return c * 2
+
+    report = check_writes(f, torch.randn(2, 3, 16, 8, device=DEVICE), torch.randn(2, 3, 1, 8, device=DEVICE))
+    assert len(_domains(report)) == 1
 
 
 def test_write_at_indices_reading_the_input_is_copied():

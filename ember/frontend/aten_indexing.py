@@ -293,14 +293,14 @@ def _put(ctx: Context, x: Node, start: int, indices: list[Node], src: Any, accum
             raise Unsupported(f"scatter_reduce {accumulate!r} of bools")
         # max and min are exact in a wider type: 16-bit floats in float32, small ints in int32
         wide = dt.float32 if dtype.is_low_precision else dtype if dtype in _ATOMIC else dt.int32
-        return ctx.cast(_put_at(ctx, x, start, indices, src, accumulate, error, wide), dtype)
+        return ctx.cast(put_at(ctx, x, start, indices, src, accumulate, error, wide), dtype)
     if accumulate and dtype not in _ATOMIC and not dtype.is_low_precision:
         raise Unsupported(f"accumulating {dtype} at indices")
     wide = dt.float32 if accumulate and dtype.is_low_precision else dtype
-    return ctx.cast(_put_at(ctx, x, start, indices, src, accumulate, error, wide), dtype)
+    return ctx.cast(put_at(ctx, x, start, indices, src, accumulate, error, wide), dtype)
 
 
-def _put_at(ctx: Context, x: Node, start: int, indices: list[Node], src: Any, accumulate: bool | str,
+def put_at(ctx: Context, x: Node, start: int, indices: list[Node], src: Any, accumulate: bool | str,
             error: int, wide: dt.DType) -> Node:
     """The INDEX_PUT node, computed in ``wide``."""
     dtype = x.dtype

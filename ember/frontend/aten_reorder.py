@@ -19,7 +19,7 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.node import Node
 from ..ir.ops import Op
-from .aten_indexing import source_dtype_matches
+from .aten_indexing import put_at, source_dtype_matches
 from .lowering import Context, Unsupported, register, size_arg, storage_of
 
 aten = torch.ops.aten
@@ -124,6 +124,11 @@ def _slice_scatter(ctx: Context, x: Node, src: Node, dim: int = 0, start: Any = 
         raise Unsupported("slice_scatter with a source not shaped like the slice")
     if sh.equal(length, 0):
         return x
+    if ctx.written_back and x.op is Op.INPUT:
+        # the result is written into x, an input (a KV cache's new entries, ``cache[:, :, t] = k``):
+        # a write of src at the slice's positions, which the program makes into x itself where
+        # nothing else reads x (codegen/input_writes.py); the select below reads and writes all of x
+        return put_at(ctx, x, dim, [_positions(ctx, length, first, step)], src, False, 3, x.dtype)
     # which positions along dim the slice covers, and (step > 1) where in src each one reads
     p = _positions(ctx, n, 0, 1)
     c = lambda v: ctx.operand(v, dt.int64, (n,))  # noqa: E731

@@ -86,6 +86,9 @@ class Context:
         self.input_storages: set[Any] = set()  # the fake storages of the graph's tensor inputs
         self.shared_output_storages: set[Any] = set()  # those that two or more outputs return
         self.metas: dict[Node, Any] = {}    # the traced value of each op's result node
+        # the current call's result is what the program writes into its first argument, an
+        # input (``copy_(input, result)``: a slice written into a KV cache)
+        self.written_back = False
 
     # ---- building -------------------------------------------------------------------------
     def make(self, op: Op, inputs: Sequence[Node] = (), arg: Any = None, **kw: Any) -> Node:
@@ -312,7 +315,9 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
             env[fx_node] = env[fx_node.args[0]]  # (returned: the input itself, written)
         elif fx_node.op == "call_function":
             _check_not_written(fx_node, written)
+            ctx.written_back = _written_back(fx_node)
             env[fx_node] = _call(ctx, fx_node, env, val)
+            ctx.written_back = False
             if isinstance(env[fx_node], Node) and isinstance(val, torch.Tensor):
                 ctx.metas.setdefault(env[fx_node], val)
             if fx_node.target in _EFFECTS and isinstance(env[fx_node], Node):
@@ -377,6 +382,14 @@ def _writes_input(fx_node: torch.fx.Node) -> bool:
     if into_input or not fx_node.users:
         raise InputWriteError(f"{op_name(target)} writes {'input ' if into_input else ''}{first} in place")
     return False
+
+
+def _written_back(fx_node: torch.fx.Node) -> bool:
+    """Does the graph write this call's result into its first argument, one of its inputs?"""
+    first = fx_node.args[0] if fx_node.args else None
+    return (isinstance(first, torch.fx.Node) and first.op == "placeholder"
+            and any(user.target is torch.ops.aten.copy_.default and user.args[:2] == (first, fx_node)
+                    and _writes_input(user) for user in fx_node.users))
 
 
 def _written_value(ctx: Context, target: Any, value: Any) -> Node:

@@ -185,16 +185,24 @@ class KernelBuilder(ReduceBuilder):
         bound = sympy.sympify(bound)
         if expr.is_Integer:
             return expr if 0 <= int(expr) and bound.is_Integer and int(expr) < int(bound) else None
-        if not expr.is_Symbol or not is_index_var(expr) or expr.name[0] not in "or":
+        loop_vars = [s for s in expr.free_symbols if is_index_var(s)]
+        if len(loop_vars) != 1 or loop_vars[0].name[0] not in "or":
             return None
+        var = loop_vars[0]
         # (a segment row's r0 counts from the row's start: no extent of its own)
-        dims = self.spec.outer if expr.name[0] == "o" else () if self.spec.segment is not None else self.spec.inner
-        if int(expr.name[1:]) >= len(dims):
+        dims = self.spec.outer if var.name[0] == "o" else () if self.spec.segment is not None else self.spec.inner
+        if int(var.name[1:]) >= len(dims):
             return None
-        extent = sympy.sympify(dims[int(expr.name[1:])])
-        if sh.equal(extent, bound) or (extent.is_Integer and bound.is_Integer and int(extent) <= int(bound)):
-            return expr
-        return None
+        extent = sympy.sympify(dims[int(var.name[1:])])
+        if expr == var:
+            fits = sh.equal(extent, bound) or (extent.is_Integer and bound.is_Integer and int(extent) <= int(bound))
+            return expr if fits else None
+        # a * var + b (a slice's positions, start b, step a: slice_scatter written into an input)
+        a, b = sympy.expand(expr).as_independent(var, as_Add=True)[::-1]
+        a = sympy.expand(a / var)
+        last = sympy.expand(a * (extent - 1) + b)
+        fits = a.is_Integer and int(a) >= 1 and sh.nonnegative(b) and sh.nonnegative(bound - 1 - last)
+        return expr if fits else None
 
     # ---- evaluation -----------------------------------------------------------------------
     def value_of(self, node: Node, point: Point) -> Value:
