@@ -7,10 +7,13 @@ cache, followed by a read of the updated cache (attention scores of the new quer
 hundreds of MB. A compiled step that copies the whole cache in and out costs milliseconds where
 the write itself costs microseconds. Correctness first (caches and scores against eager after a
 step at each of three positions), then the step timed at a fixed position (CUDA events on the
-GPU, wall time on the CPU; medians of interleaved runs).
+GPU, wall time on the CPU; medians of interleaved runs). ``--write slice`` writes the new entries
+as a slice at a Python int position instead (``k_cache[:, :, t:t + 1] = k``), which Dynamo traces
+as a slice_scatter copied into the cache.
 
     PYTHONPATH=. python bench/cache_update.py [--device cuda|cpu] [--batch 8] [--heads 32]
                                               [--length 4096] [--dim 128] [--dtype bf16]
+                                              [--write index_copy|slice]
 """
 
 from __future__ import annotations
@@ -34,6 +37,13 @@ def step(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor, k: torch
     return q @ k_cache.transpose(-1, -2)
 
 
+def slice_step(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               position: int) -> torch.Tensor:
+    k_cache[:, :, position:position + 1] = k
+    v_cache[:, :, position:position + 1] = v
+    return q @ k_cache.transpose(-1, -2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -44,6 +54,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--variants", default="eager,inductor,ember")
+    parser.add_argument("--write", choices=["index_copy", "slice"], default="index_copy")
     args = parser.parse_args()
     args.batch = args.batch or (8 if args.device == "cuda" else 1)
     args.heads = args.heads or (32 if args.device == "cuda" else 8)
@@ -52,26 +63,28 @@ def main() -> None:
 
     dtype, device = DTYPES[args.dtype], args.device
     shape = (args.batch, args.heads, args.length, args.dim)
-    print(f"# KV-cache step, caches {shape} {args.dtype} on {device}; {machine()}")
+    print(f"# KV-cache step ({args.write}), caches {shape} {args.dtype} on {device}; {machine()}")
+    step_fn = step if args.write == "index_copy" else slice_step
+    at = (lambda p: torch.tensor([p], device=device)) if args.write == "index_copy" else (lambda p: p)
     g = torch.Generator().manual_seed(0)
     new = lambda *s: torch.randn(*s, generator=g).to(device, dtype)  # noqa: E731
     k_cache0, v_cache0 = new(*shape), new(*shape)
     token = (args.batch, args.heads, 1, args.dim)
     q, k, v = new(*token), new(*token), new(*token)
 
-    compiled: dict[str, Callable[..., Any]] = {"eager": step, "inductor": torch.compile(step),
-                                                "ember": ember.compile(step)}
+    compiled: dict[str, Callable[..., Any]] = {"eager": step_fn, "inductor": torch.compile(step_fn),
+                                                "ember": ember.compile(step_fn)}
     rows, calls = [], {}
     for name in args.variants.split(","):
         fn = compiled[name]
         caches, ref_caches = (k_cache0.clone(), v_cache0.clone()), (k_cache0.clone(), v_cache0.clone())
         worst = 0.0
         for pos in (0, args.length // 2, args.length - 1):
-            positions = torch.tensor([pos], device=device)
+            positions = at(pos)
             out = fn(*caches, q, k, v, positions)
-            ref = step(*ref_caches, q, k, v, positions)
+            ref = step_fn(*ref_caches, q, k, v, positions)
             worst = max(worst, rel_error([out, *caches], [ref, *ref_caches]))
-        positions = torch.tensor([args.length // 3], device=device)
+        positions = at(args.length // 3)
         calls[name] = lambda fn=fn, caches=caches, positions=positions: fn(*caches, q, k, v, positions)
         rows.append([name, f"{worst:.1e}"])
     if device == "cuda":
