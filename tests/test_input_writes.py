@@ -412,6 +412,30 @@ def test_a_slice_at_a_position_given_each_call():
     assert _stored_in_place(report) == 1 and "6, 8" in _domains(report)
 
 
+def test_a_slice_written_at_dynamic_sizes():
+    # at symbolic sizes the trace writes the slice into the whole of each outer dim (a
+    # slice_scatter over all of it, which is its source): still one kernel, storing in place
+    def f(x, v):
+        x[:, 2:3] = v
+        return x * 2
+
+    for rows in (5, 9):
+        report = check_writes(f, torch.randn(rows, 6, device=DEVICE), torch.randn(rows, 1, device=DEVICE),
+                              dynamic=True)
+        assert _stored_in_place(report) == 1 and _copies(report) == 0, _wrapper(report)
+        assert len(_domains(report)) == 1
+
+
+def test_a_slice_of_a_slice_written_into_an_input():
+    # x[1:3, 2:4] = v: the rows' slice_scatter reads the input (the row slice written into),
+    # so it keeps the select over the whole input
+    def f(x, v):
+        x[1:3, 2:4] = v
+        return x * 2
+
+    check_writes(f, torch.randn(5, 6, device=DEVICE), torch.randn(2, 2, device=DEVICE))
+
+
 def test_a_slice_written_into_a_copy_stays_one_select():
     # not an input: the select over the whole result fuses with what reads it
     def f(cache, k):

@@ -124,10 +124,15 @@ def _slice_scatter(ctx: Context, x: Node, src: Node, dim: int = 0, start: Any = 
         raise Unsupported("slice_scatter with a source not shaped like the slice")
     if sh.equal(length, 0):
         return x
-    if ctx.written_back and x.op is Op.INPUT:
+    if (ctx.known_equal(first, sympy.Integer(0)) and sh.equal(step, 1)
+            and all(sh.equal(a, b) for a, b in zip(src.shape, x.shape))):
+        return src  # (the whole of x: an outer dim's ``:`` of a slice written at dynamic sizes)
+    if ctx.written_back and x.op is Op.INPUT and not _reads(src, x):
         # the result is written into x, an input (a KV cache's new entries, ``cache[:, :, t] = k``):
-        # a write of src at the slice's positions, which the program makes into x itself where
-        # nothing else reads x (codegen/input_writes.py); the select below reads and writes all of x
+        # a write of src at the slice's positions, which the program makes into x itself
+        # (codegen/input_writes.py); the select below reads and writes all of x. (A src that
+        # reads x, a slice of a slice written, keeps the select: a write at indices whose kernel
+        # reads the input is not made in place.)
         return put_at(ctx, x, dim, [_positions(ctx, length, first, step)], src, False, 3, x.dtype)
     # which positions along dim the slice covers, and (step > 1) where in src each one reads
     p = _positions(ctx, n, 0, 1)
@@ -147,6 +152,19 @@ def _slice_scatter(ctx: Context, x: Node, src: Node, dim: int = 0, start: Any = 
     along = [n if d == dim else sympy.Integer(1) for d in range(x.rank)]
     inside = ctx.expand_to(ctx.reshape(inside, along), x.shape)
     return ctx.make(Op.WHERE, (inside, ctx.expand_to(placed, x.shape), x))
+
+
+def _reads(node: Node, x: Node) -> bool:
+    """Is ``x`` among what ``node`` is computed from?"""
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n is x:
+            return True
+        if id(n) not in seen:
+            seen.add(id(n))
+            stack.extend(n.inputs)
+    return False
 
 
 def _bound(ctx: Context, bound: Any, default: sympy.Expr, size: sympy.Expr) -> sympy.Expr:
