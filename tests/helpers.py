@@ -151,15 +151,26 @@ def compile_checked(fn: Callable[..., Any], **kwargs: Any) -> tuple[Callable[...
 
 
 def record_rendered(monkeypatch: Any, backend: type) -> list[Any]:
-    """The kernel IR objects ``backend`` renders from now on (the list fills as it renders)."""
+    """The kernel IR objects ``backend`` renders from now on, once each (the list fills as it
+    renders: a module it builds, whose sources a report then shows, or a kernel it only renders)."""
     seen: list[Any] = []
-    original = backend.render
+    original_render, original_build = backend.render, backend.build_module
+
+    def note(kernel: Any) -> None:
+        if not any(k is kernel for k in seen):
+            seen.append(kernel)
 
     def render(self: Any, kernel: Any) -> str:
-        seen.append(kernel)
-        return original(self, kernel)
+        note(kernel)
+        return original_render(self, kernel)
+
+    def build_module(self: Any, kernels: list[Any], *args: Any, **kwargs: Any) -> Any:
+        for k in kernels:
+            note(k)
+        return original_build(self, kernels, *args, **kwargs)
 
     monkeypatch.setattr(backend, "render", render)
+    monkeypatch.setattr(backend, "build_module", build_module)
     return seen
 
 
