@@ -50,7 +50,6 @@ _UNNAMED = frozenset({Op.CONST, Op.IOTA}) | VIEW_OPS
 _INDEX_ERROR_CODES = {"aten.embedding": 8, "aten.index_select": 9}
 
 
-
 @functools.lru_cache(maxsize=4096)
 def clamped(position: sympy.Expr, size: sympy.Expr) -> sympy.Expr:
     """``position`` clamped into [0, size): a padded or concatenated read's index. sympy's Max
