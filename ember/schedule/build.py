@@ -58,6 +58,7 @@ def clamped(position: sympy.Expr, size: sympy.Expr) -> sympy.Expr:
     graph's compile)."""
     return sympy.Max(0, sympy.Min(position, size - 1))
 
+
 class KernelBuilder(ReduceBuilder):
     def __init__(self, spec: GroupSpec, buffers: dict[Node, BufferInfo], name: str,
                  held: frozenset[Node] = frozenset()):
