@@ -36,6 +36,7 @@ from ..schedule.kernel_ir import (
 )
 from .layout import tile_counts, transposed_accesses, varies
 from .triton_alu import TL_TYPES, alu, atomic_combine, combine_fn, compute_type, literal, neutral, pexpr, typed_neutral
+from .triton_lanes import lanes_of
 from .triton_loops import LoopBodies, loop_kind, multi_program, split_rows
 from .triton_scan import render_scan, scan_statement
 from .wrapper import pexpr as host_pexpr
@@ -99,8 +100,8 @@ class TritonKernelRenderer(LoopBodies):
                 self.emit(f"{var(i).name} = ({flat} // {pexpr(stride)}) % {pexpr(extents[i])}")
             stride = stride * extents[i]
 
-    def _x_setup(self, shape: str, mask: str = "") -> None:
-        self.emit(f"xindex = tl.program_id(0).to(tl.int64 if BIG else tl.int32) * XBLOCK + tl.arange(0, XBLOCK){shape}")
+    def _x_setup(self, shape: str, mask: str = "", program: str = "tl.program_id(0)") -> None:
+        self.emit(f"xindex = {program}.to(tl.int64 if BIG else tl.int32) * XBLOCK + tl.arange(0, XBLOCK){shape}")
         self.emit(f"xmask = {mask or self.below('xindex', static_bound(self.k.outer, 'OUTER'), 'XBLOCK')}")
         if self.k.outer:
             self._decompose("xindex", self.k.outer, outer_var)
@@ -119,21 +120,52 @@ class TritonKernelRenderer(LoopBodies):
         self._decompose("xindex", rows, outer_var)
         self.emit(f"{outer_var(len(self.k.outer) - 1).name} = rindex")
 
-    def _whole_blocks_apart(self) -> None:
-        """A pointwise kernel over a count of elements not known to be a multiple of 16: its
-        mask proves no vector of lanes all in or all out, so Triton would load and store an
-        element an instruction. Blocks wholly inside the tensor run without a mask (16-byte
-        accesses); the last block keeps it (H100, a bf16 add over 64M - 1 elements: 166 ->
-        131 us, kernel time). The body is rendered once for each branch."""
+    def _pointwise(self, values: list[Value], program: str = "tl.program_id(0)") -> None:
+        """A pointwise body over block ``program`` of the flattened outer domain."""
+        if _multiple_of_16(self.k.outer):
+            self._x_setup("", program=program)
+            self.statements(loads_first(values))
+            return
+        # A count of elements not known to be a multiple of 16: its mask proves no vector of
+        # elements all in or all out, so Triton would load and store an element an instruction.
+        # Blocks wholly inside the tensor run without a mask (16-byte accesses); the last block
+        # keeps it (H100, a bf16 add over 64M - 1 elements: 166 -> 131 us, kernel time). The
+        # body is rendered once for each branch.
         outer = static_bound(self.k.outer, "OUTER")
-        self.emit(f"if tl.program_id(0) < {outer} // XBLOCK:  # a whole block: no mask")
+        folded = program != "tl.program_id(0)" and outer.isdigit()
+        if folded:
+            # A lane of one block: Triton folds its block index to 0 and the whole-block test
+            # with it, which crashed its coalescing pass (Triton 3.6, sm_90). A test of
+            # constants, decided when the kernel compiles, keeps that case to the masked body.
+            self.emit(f"if {outer} < XBLOCK:  # one block, partly past the end")
+            self.depth += 1
+            self._x_setup("", "", program)
+            self.statements(loads_first(values))
+            self.depth -= 1
+            self.emit("else:")
+            self.depth += 1
+        self.emit(f"if {program} < {outer} // XBLOCK:  # a whole block: no mask")
         for whole in (True, False):
             self.depth += 1
-            self._x_setup("", "tl.full([XBLOCK], 1, tl.int1)" if whole else "")
-            self.statements(loads_first(self.k.values))
+            self._x_setup("", "tl.full([XBLOCK], 1, tl.int1)" if whole else "", program)
+            self.statements(loads_first(values))
             self.depth -= 1
             if whole:
                 self.emit("else:  # the last block, partly past the end")
+        self.depth -= folded
+
+    def _lanes(self, lanes: list[list[Value]]) -> None:
+        """Groups of stores that share no loaded value or stream, each on programs of its own
+        (codegen/triton_lanes.py); the launcher's grid is the blocks times the lanes."""
+        self.emit(f"# {len(lanes)} independent lanes: program p runs lane p // blocks on block p % blocks")
+        self.emit(f"blocks = tl.cdiv({static_bound(self.k.outer, 'OUTER')}, XBLOCK)")
+        self.emit("lane = tl.program_id(0) // blocks")
+        self.emit("block = tl.program_id(0) - lane * blocks")
+        for i, values in enumerate(lanes):
+            self.emit(f"{'if' if i == 0 else 'elif'} lane == {i}:")
+            self.depth += 1
+            self._pointwise(values, "block")
+            self.depth -= 1
 
     def _r_setup(self, start: str) -> None:
         self.emit(f"rindex = {start} + tl.arange(0, RBLOCK)[None, :]")
@@ -423,11 +455,10 @@ class TritonKernelRenderer(LoopBodies):
         if self.kind == "tiles":
             self._tiles_setup()
             self.statements(loads_first(k.values))
-        elif self.kind == "pointwise" and not _multiple_of_16(k.outer):
-            self._whole_blocks_apart()
+        elif self.kind == "pointwise" and (lanes := lanes_of(k)):
+            self._lanes(lanes)
         elif self.kind == "pointwise":
-            self._x_setup("")
-            self.statements(loads_first(k.values))
+            self._pointwise(k.values)
         elif self.kind == "scan":
             render_scan(self)
         elif self.kind == "rows" and k.segment_length is not None:
@@ -533,6 +564,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "row_reductions": len(kernel.row_reductions),
         "aligned": bool(aligned_sizes(kernel)),
         "device_sizes": bool(kernel.device_sizes),
+        "lanes": len(lanes_of(kernel) or [0]) if kind == "pointwise" else 1,
     }
 
 

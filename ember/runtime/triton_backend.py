@@ -233,6 +233,7 @@ class Launcher:
         aligned = self.meta.get("aligned", False)
         align_names = (*self.meta["sizes"], "OUTER", "INNER")
         interpreting = _interpreting()
+        lanes = self.meta.get("lanes", 1)
         bucket_key = _bucket(outer, inner)  # (every launch made here serves this bucket)
 
         def launch_with(c: dict[str, Any]) -> Callable[..., None]:
@@ -284,7 +285,9 @@ class Launcher:
                     nprog, grid = 1, (triton_cdiv(outer, xblock) * triton_cdiv(inner, rblock),)
                 else:
                     nprog = split
-                    grid = (triton_cdiv(outer, xblock), split) if split > 1 else (max(1, triton_cdiv(outer, xblock)),)
+                    blocks = triton_cdiv(outer, xblock)
+                    # (a pointwise kernel in lanes: each lane's blocks, codegen/triton_lanes.py)
+                    grid = (blocks, split) if split > 1 else (max(1, blocks * lanes),)
                 nblock = tc.next_pow2(nprog)
                 aligns: tuple[int, ...] = ()
                 if aligned:  # symbolic sizes as quotients by their power-of-two divisors
