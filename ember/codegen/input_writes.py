@@ -52,6 +52,9 @@ class InputWrites:
         # (a value whose memory an output comes back in: stored in place, the output would be
         # the caller's input, or a view of it, where eager's is a tensor of its own)
         self.returned_memory = {self._memory_of(o) for o in g.outputs[:self.returned_outputs] if o is not None}
+        # (inputs whose old values another input's write copies at the end, a value of theirs
+        # or a view of it: ``prev.copy_(cur); cur.copy_(x)`` must not store x into cur first)
+        self.read_at_end = {self._memory_of(g.outputs[j]) for j in g.mutated_inputs if g.outputs[j] is not None}
         self.write_into: dict[Node, Node] = {}
         for j, k in sorted(g.mutated_inputs.items()):
             value, target = g.outputs[j], g.inputs[k]
@@ -71,7 +74,8 @@ class InputWrites:
             if target is None or target not in self.s.buffers:
                 continue
             info, given = self.s.buffers[root], self.s.buffers[target]
-            if (root in self.returned_memory or root.dtype != target.dtype or root.device != target.device
+            if (root in self.returned_memory or target in self.read_at_end
+                    or root.dtype != target.dtype or root.device != target.device
                     or tuple(root.shape) != tuple(target.shape)
                     or tuple(info.strides or ()) != tuple(given.strides or ())):
                 continue
@@ -101,9 +105,17 @@ class InputWrites:
         """After everything else: the copies of the new values not stored in place; the outputs
         the function returns."""
         g = self.s.graph
-        for j, k in sorted(g.mutated_inputs.items()):
+        # (a value stored in place is the new value of that one input)
+        copies = [(j, k) for j, k in sorted(g.mutated_inputs.items()) if g.outputs[j] not in self.written_in_place]
+        # The writes happen at once, as in the graph: a value in memory that another copy
+        # overwrites (an input's old value, ``a.copy_(b); b.copy_(old_a)``) is read out first.
+        overwritten = {g.inputs[k] for _, k in copies}
+        for j, k in copies:
             value, target = g.outputs[j], g.inputs[k]
-            if value in self.written_in_place:  # (the one input it is the new value of)
-                continue
-            self.emit(f"{self.given[target]}.copy_({returned[j]})  # the function's write into its input")
+            memory = self._memory_of(value)
+            if memory in overwritten and value is not target:
+                self.emit(f"old{j} = {returned[j]}.clone()  # its memory is written below")
+                returned[j] = f"old{j}"
+        for j, k in copies:
+            self.emit(f"{self.given[g.inputs[k]]}.copy_({returned[j]})  # the function's write into its input")
         return returned[:self.returned_outputs]
