@@ -65,6 +65,35 @@ def test_equal_values_merged_by_cse_still_come_back_apart():
     assert b.tolist() == [1.0, 1.0]  # eager: two exps, two memories
 
 
+@pytest.mark.parametrize("fn, clone", [
+    (lambda b: (lambda out: (out[1:], out))(b.clone()), 1),
+    (lambda b: (lambda out: (out, out[1:]))(b.clone()), 0),
+    (lambda b: (lambda out: (out.t(), out))(b.clone()), 1),
+    (lambda b: (lambda out: (out.view(-1), out[0], out))(b.clone()), 2),
+], ids=["slice_first", "clone_first", "transpose", "three"])
+def test_a_clone_returned_with_its_views_is_one_memory_of_its_own(fn, clone):
+    # a clone is its input in the IR: returned beside a view of it, the clone came back as the
+    # caller's input and the view as a copy on its own (found by a helper's hunt)
+    b = torch.arange(6.0).reshape(2, 3)
+    outs = ember.compile(fn)(b)
+    assert_same(outs, fn(b.clone()))
+    assert all(o.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() for o in outs)
+    outs[clone].fill_(7)  # every view of the clone sees the write, the input does not
+    assert all(bool((o == 7).all()) for o in outs), outs
+    assert_same(b, torch.arange(6.0).reshape(2, 3))
+
+
+def test_a_clone_returned_with_its_view_keeps_the_values_before_a_write():
+    def f(b):
+        out = b.clone()
+        b.add_(1)
+        return out[1:], out
+
+    b, ref_b = torch.zeros(3), torch.zeros(3)
+    assert_same(ember.compile(f)(b), f(ref_b))
+    assert_same(b, ref_b)
+
+
 @pytest.mark.parametrize("view", [
     lambda y: y.diagonal(), lambda y: y.unfold(0, 2, 1), lambda y: y.view(torch.int32),
     lambda y: y.as_strided((2,), (3,)),

@@ -46,6 +46,29 @@ class OutputLayouts:
             claimed.add(base)
         return shared
 
+    def _views_of_one_copy(self, fresh: list[int], returned: list[str]) -> list[int]:
+        """Outputs that eager returns in one memory of its own, where ember's IR made that memory
+        an input's or a constant's (``Graph.fresh_views``: ``out = x.clone(); return out[1:],
+        out``, a clone is its source): one copy of the input, and each output the same chain of
+        views of it, so they share memory with each other and not with the input. Copied one by
+        one, the view came back on its own and the clone as the input itself. The fresh outputs
+        handled here."""
+        g = self.s.graph
+        groups: dict[int, list[int]] = {}
+        for i, j in sorted(g.fresh_views.items()):
+            base = self._memory_of(g.outputs[j])
+            if (j in fresh and base.op in (Op.INPUT, Op.TENSOR) and base in self.var
+                    and all(_views(g.outputs[t], base) for t in (i, j))):
+                groups.setdefault(j, [j]).append(i)
+        for j, outs in groups.items():
+            base = self._memory_of(g.outputs[j])
+            name = f"shared{j}"
+            self.emit(f"{name} = {self.var[base]}.clone()  # outputs {', '.join(map(str, outs))} view one memory "
+                      "of their own, as eager returns them")
+            for t in outs:
+                returned[t] = self._replayed(name, g.outputs[t], base)
+        return list(groups)
+
     def _broadcast_here(self, i: int) -> bool:
         """Is output ``i`` a broadcast view where eager's has a stride per element?"""
         g = self.s.graph
@@ -243,3 +266,12 @@ def _broadcasts(node: Node) -> bool:
                 return True
         node = x
     return False
+
+
+def _views(node: Node, base: Node) -> bool:
+    """Is ``node`` ``base`` or a chain of views of it (``WrapperWriter._replayed`` replays it)?"""
+    while node is not base:
+        if node.op not in VIEW_OPS or not node.inputs:
+            return False
+        node = node.inputs[0]
+    return True

@@ -222,8 +222,10 @@ class WrapperWriter(OutputLayouts, InputWrites):
             if dead:
                 self.emit("del " + ", ".join(sorted(dead)))
         returned = [self._output(i, o) for i, o in enumerate(g.outputs)]
+        shared = self._views_of_one_copy(fresh, returned)
         for i in fresh:
-            returned[i] = self._fresh_copy(i, returned[i])
+            if i not in shared:
+                returned[i] = self._fresh_copy(i, returned[i])
         self._as_traced(traced, returned)
         repeated = self._repeated_over_copies(returned, fresh)
         self._distinct_outputs(returned, fresh + repeated)

@@ -274,6 +274,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
     fresh_outputs: set[int] = set()
     whole_outputs: set[int] = set()  # (Graph.whole_outputs)
     repeated_outputs: dict[int, int] = {}  # (Graph.repeated_outputs)
+    fresh_views: dict[int, int] = {}  # (Graph.fresh_views)
     first_return: dict[torch.fx.Node, int] = {}
     effects = ctx.effects  # checks that return nothing, sizes read with .item() (Graph.effects)
     storages: dict[Any, int] = {}  # fake storages of the inputs and the outputs so far
@@ -332,6 +333,9 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
                         fresh_outputs.add(i)
                         if whole_memory(meta):
                             whole_outputs.add(i)
+                    elif out not in first_return and storages[storage_of(meta)] in fresh_outputs:
+                        # (another view of a fresh output's memory)
+                        fresh_views[i] = storages[storage_of(meta)]
                     storages.setdefault(storage_of(meta), i)
                     if out in first_return:
                         repeated_outputs[i] = first_return[out]
@@ -358,7 +362,8 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
     return record_ragged_totals(Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs), output_strides,
                                       fresh_outputs=frozenset(fresh_outputs), effects=effects,
                                       size_checks=ctx.size_checks, whole_outputs=frozenset(whole_outputs),
-                                      repeated_outputs=repeated_outputs, mutated_inputs=mutated_inputs))
+                                      repeated_outputs=repeated_outputs, mutated_inputs=mutated_inputs,
+                                      fresh_views=fresh_views))
 
 
 class InputWriteError(NotImplementedError):

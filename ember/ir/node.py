@@ -366,6 +366,9 @@ class Graph:
     function but the values it writes into its inputs (AOTAutograd's ``copy_`` of an updated
     buffer into it: BatchNorm's running stats, an optimizer's state): the program writes output
     i into input k's memory, in place where it can, and returns the outputs before them.
+    ``fresh_views``: {output i: the fresh output j whose memory eager returns it in} (``out =
+    x.clone(); return out[1:], out``): where ember's IR makes that memory an input's, the outputs
+    come back as views of one copy of it.
     ``size_checks``: eager's errors that only the run-time sizes decide (an int64 arange whose
     count overflows), checked by the host program before a kernel reads those sizes.
     """
@@ -375,7 +378,8 @@ class Graph:
                  output_strides: Sequence[sh.Shape | None] = (), totals: dict[sympy.Symbol, int] | None = None,
                  fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = (),
                  size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset(),
-                 repeated_outputs: dict[int, int] | None = None, mutated_inputs: dict[int, int] | None = None):
+                 repeated_outputs: dict[int, int] | None = None, mutated_inputs: dict[int, int] | None = None,
+                 fresh_views: dict[int, int] | None = None):
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes = list(nodes)
@@ -389,6 +393,7 @@ class Graph:
         self.whole_outputs = whole_outputs
         self.repeated_outputs = dict(repeated_outputs or {})
         self.mutated_inputs = dict(mutated_inputs or {})
+        self.fresh_views = dict(fresh_views or {})
 
     @classmethod
     def from_outputs(cls, inputs: Sequence[Node], outputs: Sequence[Node | None], name: str = "graph",
@@ -398,11 +403,11 @@ class Graph:
                      fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = (),
                      size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset(),
                      repeated_outputs: dict[int, int] | None = None,
-                     mutated_inputs: dict[int, int] | None = None) -> Graph:
+                     mutated_inputs: dict[int, int] | None = None, fresh_views: dict[int, int] | None = None) -> Graph:
         """A graph holding exactly the nodes the outputs and effects need (plus all inputs)."""
         return cls(inputs, outputs, toposort(list(inputs) + [o for o in outputs if o is not None] + list(effects)),
                    name, scalar_outputs, output_strides, totals, fresh_outputs, effects, size_checks, whole_outputs,
-                   repeated_outputs, mutated_inputs)
+                   repeated_outputs, mutated_inputs, fresh_views)
 
     def users(self) -> dict[Node, list[Node]]:
         result: dict[Node, list[Node]] = {n: [] for n in self.nodes}
@@ -415,7 +420,7 @@ class Graph:
                    effects: Sequence[Node] | None = None) -> Graph:
         return Graph(inputs, outputs, nodes, self.name, self.scalar_outputs, self.output_strides, self.totals,
                      self.fresh_outputs, self.effects if effects is None else effects, self.size_checks,
-                     self.whole_outputs, self.repeated_outputs, self.mutated_inputs)
+                     self.whole_outputs, self.repeated_outputs, self.mutated_inputs, self.fresh_views)
 
     def __str__(self) -> str:
         from .printer import format_graph
@@ -583,4 +588,4 @@ def record_ragged_totals(graph: Graph) -> Graph:
     totals = {s: graph.inputs.index(n) for s, n in ragged_totals(graph).items()}
     return Graph(graph.inputs, graph.outputs, graph.nodes, graph.name, graph.scalar_outputs,
                  graph.output_strides, totals, graph.fresh_outputs, graph.effects, graph.size_checks,
-                 graph.whole_outputs, graph.repeated_outputs, graph.mutated_inputs)
+                 graph.whole_outputs, graph.repeated_outputs, graph.mutated_inputs, graph.fresh_views)
