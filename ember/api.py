@@ -197,6 +197,13 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[...
             # copy, lost, and a view would be one of the copy)
             return _eagerly(gm, "a training graph over inference tensors that saves one for the backward, "
                                 "writes one in place or returns a view of one", ending=" runs eagerly")
+        if (not inference and not torch.is_inference_mode_enabled()
+                and any(isinstance(t, torch.Tensor) and t.is_inference() for t in example_inputs)
+                and autograd_refuses_an_inference_tensor(gm, example_inputs)):
+            # (no warning: eager's error follows, an inference tensor written outside inference
+            # mode, raised by the op when the graph runs it; a kernel storing into the tensor
+            # would not check)
+            return _eagerly(gm)
         try:
             compiled = backend(gm, example_inputs)
             return eager_for_dual_tensors(with_normal_copies(compiled, inference) if inference else compiled, gm)

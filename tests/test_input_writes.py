@@ -571,3 +571,24 @@ def test_a_module_keeping_its_last_two_inputs():
         torch.testing.assert_close(compiled(x), eager(x))
         torch.testing.assert_close(module.prev, eager.prev)
         torch.testing.assert_close(module.cur, eager.cur)
+
+
+@pytest.mark.parametrize("mode", [torch.enable_grad, torch.no_grad])
+def test_an_inference_tensor_written_outside_inference_mode_raises_as_eager(mode):
+    # a kernel storing into it would not check what ATen's in-place op does: the graph runs
+    # eagerly, and eager's error follows; a normal tensor still gets the compiled program
+    def f(x, y):
+        x.add_(y)
+        return x.sum()
+
+    with torch.inference_mode():
+        x = torch.zeros(4, device=DEVICE)
+    compiled = ember.compile(f)
+    with mode():
+        with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+            f(x, torch.ones(4, device=DEVICE))
+        with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+            compiled(x, torch.ones(4, device=DEVICE))
+        normal = torch.zeros(4, device=DEVICE)
+        compiled(normal, torch.ones(4, device=DEVICE))
+    assert_same(normal, torch.ones(4, device=DEVICE))
