@@ -157,10 +157,7 @@ def _var(ctx: Context, x: Node, dims: tuple[int, ...], correction: Any, keepdim:
     dev = ctx.make(Op.SUB, (x, ctx.expand_to(first, x.shape)))
     sq = ctx.make(Op.SUM, (ctx.make(Op.MUL, (dev, dev)),), dims)
     drift = ctx.make(Op.SUM, (dev,), dims)
-    # (an infinite first mean is the mean: its deviations are inf - inf, NaN, where eager's
-    # mean, a BatchNorm's running mean, is the infinity)
-    mean = ctx.make(Op.WHERE, (ctx.make(Op.ISINF, (first,)), first,
-                               ctx.make(Op.ADD, (first, ctx.make(Op.DIV, (drift, count))))))
+    mean = ctx.make(Op.ADD, (first, ctx.make(Op.DIV, (drift, count))))
     # (sum(d)^2 / n is at most sum(d * d): the difference, rounded, is kept at 0 or above)
     sq = ctx.make(Op.MAX, (ctx.make(Op.SUB, (sq, ctx.make(Op.DIV, (ctx.make(Op.MUL, (drift, drift)), count)))),
                            ctx.operand(0, x.dtype, sq.shape)))
