@@ -240,11 +240,16 @@ def test_lanes_at_symbolic_sizes_and_odd_sizes_match_eager(n):
     def f(a, b, c):
         return a.sin() * 2, b + c.cos(), (c * 3).exp2()
 
-    compiled = ember.compile(f, options=TRITON, dynamic=True)
+    report = ember.Report()
+    compiled = ember.compile(f, options=TRITON, dynamic=True, report=report)
     for m in (n, n + 7):
         args = [torch.randn(m) for _ in range(3)]
         for got, want in zip(compiled(*args), f(*args)):
             torch.testing.assert_close(got, want)
+    # (b + c.cos() and (c * 3).exp2() stream c in common: one lane; a.sin() * 2 the other)
+    assert any(len(_lanes(k.source)) == 2 for k in report.kernels), [k.source for k in report.kernels]
+
+
 def test_loads_move_ahead_of_stores_only_where_nothing_stored_is_read():
     from ember.codegen.triton import loads_first
     from ember.ir import dtypes as dt
