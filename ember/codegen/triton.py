@@ -564,7 +564,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "row_reductions": len(kernel.row_reductions),
         "aligned": bool(aligned_sizes(kernel)),
         "device_sizes": bool(kernel.device_sizes),
-        "lanes": len(lanes_of(kernel) or [0]) if kind == "pointwise" else 1,
+        "lanes": len(lanes_of(kernel) or ()) or 1 if kind == "pointwise" else 1,  # (the grid's multiple)
     }
 
 
