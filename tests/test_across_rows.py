@@ -118,6 +118,27 @@ def test_symbolic_rows_and_no_rows(target):
                 cross_entropy(x, torch.zeros(0, dtype=torch.long)))
 
 
+@pytest.mark.parametrize("target", _targets("cpp", "triton"))
+def test_a_branch_after_every_row_has_its_condition(target):
+    """A value after every row computed in a branch (schedule/guards.py) whose condition was
+    computed before the rows: the code after the rows declared the branch but not its condition,
+    so the C++ failed to build and the kernel ran through ATen with a warning (CI caught it in a
+    float64 layer_norm's training graph)."""
+
+    def repaired_mean(x, y):  # (a variance's mean repaired by its mean deviation, unless infinite)
+        m = y.mean()
+        return x.sum(-1), torch.where(torch.isinf(m), m, m + (y - m).sum() / y.numel())
+
+    torch.manual_seed(0)
+    x, y = torch.randn(37, 40, dtype=torch.float64), torch.randn(37, dtype=torch.float64)
+    for inf in (False, True):
+        y[5] = float("inf") if inf else y[5]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="ember", category=RuntimeWarning)
+            report = check(repaired_mean, x, y, options={"target": target})
+        assert any("rowreduce" in k.kernel_ir for k in report.kernels)
+
+
 def test_training_step_with_the_fused_loss():
     torch.manual_seed(0)
     x, t = ce_inputs(33, 70, torch.float32)

@@ -89,13 +89,6 @@ def test_bool_masks_beside_16_bit_values_leave_the_loops_vectorized(dtype, tmp_p
     """A relu's mask (bool) loaded or stored in a simd loop with 16-bit values: GCC 12 left the
     loop scalar ("no vectype", a BatchNorm's training step 10x slower than eager) until bools
     were loaded as bytes and stored through a select (codegen/cstyle.py: bools_as_bytes)."""
-    import subprocess
-
-    from ember.codegen.cpp_prelude import PRELUDE
-    from ember.config import Config
-
-    from .test_max_pool import _gcc
-
     x = (torch.randn(2, 16, 5, 6) * 2).to(dtype).contiguous(memory_format=torch.channels_last)
     g = torch.randn(x.shape).to(dtype).contiguous(memory_format=torch.channels_last)
     args = (x.requires_grad_(), torch.rand(16) + 0.5, torch.randn(16), torch.zeros(16), torch.ones(16), g)
@@ -104,12 +97,42 @@ def test_bool_masks_beside_16_bit_values_leave_the_loops_vectorized(dtype, tmp_p
     report = check(_bn_relu_step, *args, rtol=2e-2, atol=2e-2)
     masked = [k for k in report.kernels if "bool" in k.source.split("{")[0]]
     assert len(masked) == 2, [k.name for k in report.kernels]  # the forward stores the mask, the backward reads it
+    assert not _loops_left_scalar(masked, tmp_path)
+
+
+def _loops_left_scalar(kernels, tmp_path) -> list[str]:
+    """GCC 12's "no vectype" lines for these kernels' sources compiled with ember's flags (none
+    where there is no GCC)."""
+    import subprocess
+
+    from ember.codegen.cpp_prelude import PRELUDE
+    from ember.config import Config
+
+    from .test_max_pool import _gcc
+
     if _gcc() is None:
-        return
+        return []
     path = tmp_path / "kernels.cpp"
-    path.write_text(PRELUDE + "\n" + "\n".join(k.source for k in masked))
+    path.write_text(PRELUDE + "\n" + "\n".join(k.source for k in kernels))
     proc = subprocess.run([_gcc(), *Config().cxx_flags, "-fopenmp", "-std=c++17", "-c", "-fopt-info-vec-missed",
                            str(path), "-o", str(tmp_path / "kernels.o")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    missed = [line for line in proc.stderr.splitlines() if line.startswith(str(path)) and "no vectype" in line]
-    assert not missed, missed
+    return [line for line in proc.stderr.splitlines() if line.startswith(str(path)) and "no vectype" in line]
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_bools_kept_between_column_loops_leave_them_vectorized(dtype, tmp_path):
+    """A column kernel keeps each column's values between its loops in arrays: a bool kept so
+    left the loop reading it back scalar beside 16-bit values (GCC 12, "no vectype"), until
+    bools were kept as bytes (codegen/cpp_columns.py: _kept_type)."""
+
+    def repaired_mean(x):  # (a variance's mean repaired by its mean deviation, unless infinite)
+        m = x.float().mean(0)
+        return torch.where(torch.isinf(m), m, m + (x - m).sum(0) / x.shape[0])
+
+    x = (torch.randn(60, 16) * 3).to(dtype)
+    x[3, 2] = float("inf")
+    report = check(repaired_mean, x)
+    (kernel,) = report.kernels
+    assert "uint8_t v" in kernel.source and "// columns" in kernel.source, kernel.source
+    assert not _loops_left_scalar([kernel], tmp_path)

@@ -153,7 +153,7 @@ class ColumnTiles:
         if k.segment_length is not None:
             r.emit(f"const int64_t ember_seglen = {self.body.name(k.segment_length)};  // this row's length")
         for v in self.kept:
-            r.emit(f"{r.body.lang.compute(v.dtype)} {self.body.name(v)}_c[{self.tile}];")
+            r.emit(f"{self._kept_type(v)} {self.body.name(v)}_c[{self.tile}];")
         for v in k.reductions:
             r.emit(f"{acc_type(self.body.lang, v)} {self.body.acc_names[id(v)]}_c[{self.tile}];")
         for v in self.partial:
@@ -163,6 +163,13 @@ class ColumnTiles:
             if stage < k.n_loops:
                 self._loop(stage + 1)
         r._close_loops(n)
+
+    def _kept_type(self, v: Value) -> str:
+        """A kept value's array type: bools as bytes where the language loads them so (GCC 12
+        left the column loops that read or wrote a bool array beside floats scalar)."""
+        if v.dtype.is_bool and self.body.lang.bools_as_bytes:
+            return "uint8_t"
+        return self.body.lang.compute(v.dtype)
 
     def _columns(self, what: str, values: list[Value]) -> list[Value]:
         """Opens the simd loop over the tile's columns that computes ``values``; returns the
@@ -191,8 +198,11 @@ class ColumnTiles:
         used = {id(s) for v in values for s in (*v.srcs, *((v.guard,) if v.guard is not None else ()))}
         for v in self.kept:
             if id(v) in used and v.stage < earlier:
-                ctype = self.body.lang.compute(v.dtype)
-                self.r.emit(f"const {ctype} {self.body.name(v)} = {self.body.name(v)}_c[{self.column} - ember_c0];")
+                ctype, name = self.body.lang.compute(v.dtype), self.body.name(v)
+                kept = f"{name}_c[{self.column} - ember_c0]"
+                if self._kept_type(v) != ctype:
+                    kept = f"({kept} != 0)"
+                self.r.emit(f"const {ctype} {name} = {kept};")
 
     def _stage(self, stage: int) -> None:
         k, body = self.k, self.body
@@ -213,7 +223,10 @@ class ColumnTiles:
         self.r._statements(values)
         for v in self.kept:
             if v.stage == stage:
-                self.r.emit(f"{body.name(v)}_c{at} = {body.name(v)};")
+                kept = body.name(v)
+                if self._kept_type(v) != body.lang.compute(v.dtype):
+                    kept = f"({kept} ? 1 : 0)"
+                self.r.emit(f"{body.name(v)}_c{at} = {kept};")
         for v in starting:
             self.r.emit(f"{body.acc_names[id(v)]}_c{at} = {acc_init(body.lang, v)};")
         self._close_columns(staged)

@@ -255,13 +255,9 @@ class Kernel:
         as constants, which renderers whose row loops scope them compute again; the values
         themselves, rowreduce results excluded)."""
         final = [v for v in self.values if v.stage == FINAL_STAGE and not v.inner and v.kind != "rowreduce"]
-        needed: set[int] = set()
-        stack = [s for v in final for s in v.srcs if s.stage != FINAL_STAGE]
-        while stack:
-            v = stack.pop()
-            if id(v) not in needed:
-                needed.add(id(v))
-                stack.extend(v.srcs)
+        before = [s for v in final for s in (*v.srcs, *((v.guard,) if v.guard is not None else ()))
+                  if s.stage != FINAL_STAGE]
+        needed = reachable(before)
         return [v for v in self.values if id(v) in needed], final
 
     @property
