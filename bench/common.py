@@ -75,8 +75,9 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 
-def profiled_kernels(step: Callable[[], Any], n: int = 20) -> dict[str, float]:
-    """Device µs of each CUDA kernel (by name) per call of ``step``, the mean over ``n`` calls."""
+def profiled_kernels(step: Callable[[], Any], n: int = 20, full_names: bool = False) -> dict[str, float]:
+    """Device µs of each CUDA kernel (by name, its first 44 characters unless ``full_names``)
+    per call of ``step``, the mean over ``n`` calls."""
     from torch.profiler import ProfilerActivity, profile
     step()
     torch.cuda.synchronize()
@@ -87,7 +88,8 @@ def profiled_kernels(step: Callable[[], Any], n: int = 20) -> dict[str, float]:
     total: dict[str, float] = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            total[e.name[:44]] = total.get(e.name[:44], 0.0) + e.device_time / n
+            name = e.name if full_names else e.name[:44]
+            total[name] = total.get(name, 0.0) + e.device_time / n
     return total
 
 

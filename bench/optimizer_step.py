@@ -10,12 +10,14 @@ counted: stored in place by a kernel, or copied at the end.
 
     PYTHONPATH=. python bench/optimizer_step.py [--device cpu|cuda] [--optimizer adam|adamw|sgd]
                                                 [--params 8] [--numel 1048576] [--reps 20]
+                                                [--gpt 768,12,50257]  # a GPT-2-style model's parameters
                                                 [--profile]  # CUDA kernels a step, with device µs
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -31,12 +33,23 @@ OPTIMIZERS = {"adam": (torch.optim.Adam, {"lr": 1e-3}), "adamw": (torch.optim.Ad
 def make(args: argparse.Namespace, seed: int = 0) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
     g = torch.Generator().manual_seed(seed)
     params = []
-    for _ in range(args.params):
-        p = torch.randn(args.numel, generator=g).to(args.device).requires_grad_()
-        p.grad = torch.randn(args.numel, generator=g).to(args.device)
+    for shape in shapes_of(args):
+        p = torch.randn(shape, generator=g).to(args.device).requires_grad_()
+        p.grad = torch.randn(shape, generator=g).to(args.device)
         params.append(p)
     cls, kwargs = OPTIMIZERS[args.optimizer]
     return params, cls(params, foreach=True, **kwargs)
+
+
+def shapes_of(args: argparse.Namespace) -> list[tuple[int, ...]]:
+    """``--params`` tensors of ``--numel`` floats, or with ``--gpt WIDTH,LAYERS,VOCAB`` the
+    parameters of a GPT-2-style model (embeddings, per layer two LayerNorms, the attention's qkv
+    and output projections and the MLP's two, with biases; a final LayerNorm): 12 sizes."""
+    if not args.gpt:
+        return [(args.numel,)] * args.params
+    d, layers, vocab = (int(x) for x in args.gpt.split(","))
+    layer = [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,), (d, 4 * d), (4 * d,), (4 * d, d), (d,)]
+    return [(vocab, d), (1024, d)] + layer * layers + [(d,), (d,)]
 
 
 def state_of(params: list[torch.Tensor], opt: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -52,6 +65,8 @@ def compiled_step(variant: str, opt: torch.optim.Optimizer, report: Any = None) 
     if variant == "inductor":
         return torch.compile(opt.step)
     import ember
+    if variant == "ember-nocombo":  # a launch per kernel (codegen/triton_combos.py off)
+        return ember.compile(opt.step, report=report, options={"combo_kernels": False})
     return ember.compile(opt.step, report=report)
 
 
@@ -61,15 +76,19 @@ def main() -> None:
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam")
     parser.add_argument("--params", type=int, default=8)
     parser.add_argument("--numel", type=int, default=1 << 20)
+    parser.add_argument("--gpt", default="", help="WIDTH,LAYERS,VOCAB: a GPT-2-style model's parameters instead")
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--variants", default="eager,inductor,ember")
+    parser.add_argument("--variants", default="eager,inductor,ember", help="of eager, inductor, ember, ember-nocombo")
     parser.add_argument("--profile", action="store_true", help="list each variant's CUDA kernels a step")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*record_function.*")
     import ember
 
     variants = args.variants.split(",")
-    print(f"# {args.optimizer} step, {args.params} x {args.numel} float32 on {args.device}; {machine()}")
+    shapes = shapes_of(args)
+    what = f"GPT {args.gpt}: {len(shapes)} parameters, {sum(map(math.prod, shapes))} floats" if args.gpt else (
+        f"{args.params} x {args.numel} float32")
+    print(f"# {args.optimizer} step, {what} on {args.device}; {machine()}")
 
     ref_params, ref_opt = make(args)
     for _ in range(3):
@@ -79,7 +98,7 @@ def main() -> None:
     rows = []
     for variant in variants:
         params, opt = make(args)
-        report = ember.Report() if variant == "ember" else None
+        report = ember.Report() if variant.startswith("ember") else None
         step = compiled_step(variant, opt, report)
         for _ in range(3):
             step()
@@ -87,7 +106,8 @@ def main() -> None:
         writes = ""
         if report is not None:
             wrapper = "\n".join(g.wrapper for g in report.graphs)
-            writes = (f"{wrapper.count('stored in place')} in place, "
+            writes = (f"{sum(len(g.kernels) for g in report.graphs)} kernels; "
+                      f"{wrapper.count('stored in place')} in place, "
                       f"{wrapper.count('# the function' + chr(39) + 's write into its input')} copied")
         rows.append([variant, f"{error:.1e}", writes])
         steps[variant] = step
@@ -103,10 +123,10 @@ def main() -> None:
     print(table(rows, ["variant", "rel. error after 3 steps", "ms / step", "vs eager", "input writes"]))
     if args.profile and args.device == "cuda":
         for variant, step in steps.items():
-            kernels = profiled_kernels(step)
+            kernels = profiled_kernels(step, full_names=True)
             print(f"{variant}: {len(kernels)} kernels, {sum(kernels.values()):.1f} device µs a step")
             for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
-                print(f"    {us:8.1f}  {name}")
+                print(f"    {us:8.1f}  {name[:40]}{'...' + name[-16:] if len(name) > 56 else name[40:]}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from . import report as rp
+from .codegen.triton_combos import combine_kernels
 from .codegen.wrapper import KernelCall, write_wrapper
 from .config import GPU_BACKENDS, SOURCE_DIGEST, Config, log
 from .frontend.autograd_inputs import drop_leaf_mutation_grads
@@ -203,6 +204,8 @@ def _planned_graph(gm: torch.fx.GraphModule, name: str, cfg: Config, donated: fr
     graph = unit_reductions(graph)  # (the planner's need, not a pass: runs with any passes off)
     start = time.perf_counter()
     schedule = plan(graph, cfg, gpu=_gpu_target(graph, cfg), hints=_size_hints(gm))
+    if cfg.combo_kernels and _target(graph, cfg) == "triton":
+        schedule = combine_kernels(schedule)
     log(1, f"{name}: planned {len(schedule.kernels)} kernel(s) for {len(graph.nodes)} nodes in "
         f"{(time.perf_counter() - start) * 1e3:.0f} ms ({schedule.attempts} attempt(s), "
         f"{schedule.reused} kernel build(s) reused)", cfg)
@@ -228,12 +231,18 @@ def _size_hints(gm: torch.fx.GraphModule) -> dict[Any, int]:
         return {}
 
 
+def _target(graph: Graph, cfg: Config) -> str | None:
+    """The backend ``graph``'s kernels are rendered for (None for a graph over two devices:
+    _build reports it)."""
+    try:
+        return cfg.target or backend_name(_graph_device(graph), cfg)
+    except NotImplementedError:
+        return None
+
+
 def _gpu_target(graph: Graph, cfg: Config) -> bool:
     """Are ``graph``'s kernels rendered for a GPU (the plan splits passes over few long rows)?"""
-    try:
-        return (cfg.target or backend_name(_graph_device(graph), cfg)) in GPU_BACKENDS
-    except NotImplementedError:  # (a graph over two devices: _build reports it)
-        return False
+    return _target(graph, cfg) in GPU_BACKENDS
 
 
 def _times_matmuls(schedule: Schedule, cfg: Config) -> bool:

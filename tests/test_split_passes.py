@@ -34,12 +34,13 @@ def _bn_args(shape, dtype=torch.float32, channels_last=False):
 
 
 def _loops(report: ember.Report) -> list[tuple[str, int]]:
-    """(kind, inner loops) of each rendered Triton kernel, from its header comment."""
+    """(kind, inner loops) of each rendered Triton kernel, from its header comment (each part of
+    a combo kernel: codegen/triton_combos.py)."""
     out = []
     for k in report.kernels:
-        m = re.search(r"# outer \[.*?\], inner \[.*?\], (\d+) inner loop\(s\), (\w+)", k.source)
-        assert m, k.source[:300]
-        out.append((m.group(2), int(m.group(1))))
+        found = re.findall(r"# outer \[.*?\], inner \[.*?\], (\d+) inner loop\(s\), (\w+)", k.source)
+        assert found, k.source[:300]
+        out += [(kind, int(n)) for n, kind in found]
     return out
 
 

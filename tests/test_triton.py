@@ -61,6 +61,10 @@ CASES = {
     # lanes (codegen/triton_lanes.py) at an odd size: whole blocks apart in each
     "sgd_lanes": (lambda *a: (_sgd_momentum_step(a[:2], a[2:4], a[4:]), a)[1],
                   lambda: [torch.randn(4100) for _ in range(6)]),
+    # pointwise kernels of different sizes in one launch (codegen/triton_combos.py): a part in
+    # lanes, an odd one, a part of one element
+    "combo_sizes": (lambda a, b, c, d: (a * 2, b.sin(), c + 1, d.exp()),
+                    lambda: (torch.randn(4100), torch.randn(4100), torch.randn(33), torch.randn(1))),
     "rmsnorm_bf16": (rmsnorm, lambda: (torch.randn(20, 50).bfloat16(), torch.randn(50).bfloat16())),
     "softmax": (lambda x: torch.softmax(x, -1), lambda: (torch.randn(9, 70),)),
     "layer_norm": (lambda x, w, b: F.layer_norm(x, (40,), w, b),
@@ -227,9 +231,15 @@ def test_lanes_are_groups_of_stores_sharing_no_loaded_value_or_stream():
     qkv = torch.randn(MIN_ELEMENTS // 16, 48)
     (k,) = rendered(lambda t: (t[:, :16] * 2, t[:, 32:] * 2), qkv).kernels
     assert "lane ==" not in k.source, k.source
-    # fewer elements than MIN_ELEMENTS: latency, not bandwidth; one body
+    # fewer elements than MIN_ELEMENTS in all: latency, not bandwidth; one body
     (k,) = rendered(lambda a, b: (a * 3, b * 3), x[:64], y[:64]).kernels
     assert "lane ==" not in k.source, k.source
+    # many small tensors, MIN_ELEMENTS or more in all: a lane each, not one program streaming
+    # them in turn (an Adam step over a GPT's 74 LayerNorm parameters of 768 floats: 204 -> 4.9 us)
+    small = [torch.randn(MIN_ELEMENTS // 8 + 3) for _ in range(9)]
+    report = check(lambda *ts: [t * 3 for t in ts], *small, options=TRITON)
+    (k,) = report.kernels
+    assert len(_lanes(k.source)) == 9, k.source
     assert lanes_of(Kernel("empty", [], [], (), (), [])) is None
 
 

@@ -154,13 +154,13 @@ class TritonKernelRenderer(LoopBodies):
                 self.emit("else:  # the last block, partly past the end")
         self.depth -= folded
 
-    def _lanes(self, lanes: list[list[Value]]) -> None:
+    def _lanes(self, lanes: list[list[Value]], program: str = "tl.program_id(0)") -> None:
         """Groups of stores that share no loaded value or stream, each on programs of its own
         (codegen/triton_lanes.py); the launcher's grid is the blocks times the lanes."""
         self.emit(f"# {len(lanes)} independent lanes: program p runs lane p // blocks on block p % blocks")
         self.emit(f"blocks = tl.cdiv({static_bound(self.k.outer, 'OUTER')}, XBLOCK)")
-        self.emit("lane = tl.program_id(0) // blocks")
-        self.emit("block = tl.program_id(0) - lane * blocks")
+        self.emit(f"lane = {program} // blocks")
+        self.emit(f"block = {program} - lane * blocks")
         for i, values in enumerate(lanes):
             self.emit(f"{'if' if i == 0 else 'elif'} lane == {i}:")
             self.depth += 1
@@ -494,6 +494,21 @@ class TritonKernelRenderer(LoopBodies):
             self._looped(full=True)
         return "\n".join(head + self.lines)
 
+    def render_part(self, lanes: list[list[Value]] | None) -> str:
+        """A pointwise kernel of static sizes as a combo's part (codegen/triton_combos.py): a
+        ``@triton.jit`` function of its pointers and its program ``pid`` among the part's own,
+        in ``lanes`` where given."""
+        k = self.k
+        params = [p.name for p in k.params] + ["pid", "BIG: tl.constexpr", "XBLOCK: tl.constexpr"]
+        head = [f"# {k.name}: fuses {', '.join(k.origins) or '-'}",
+                f"# outer {sh.fmt(k.outer)}, inner [], 0 inner loop(s), {self.kind}, a combo's part (pid: its program)",
+                "@triton.jit", f"def {k.name}({', '.join(params)}):"]
+        if lanes:
+            self._lanes(lanes, "pid")
+        else:
+            self._pointwise(k.values, "pid")
+        return "\n".join(head + self.lines)
+
     def _device_sizes(self) -> None:
         """Ragged totals loaded from their offsets (schedule/device_sizes.py), and the extents
         that depend on them recomputed: the host's values only sized the grid."""
@@ -549,6 +564,9 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
     if kernel.dots:
         from .triton_matmul import matmul_meta
         return matmul_meta(kernel)
+    if kernel.parts:
+        from .triton_combos import combo_meta
+        return combo_meta(kernel)
     kind = kind_of(kernel)
     outer, inner = tile_counts(kernel) if kind == "tiles" else (sh.numel(kernel.outer), kernel.inner_hint)
     return {
@@ -569,6 +587,9 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
 
 
 def render_kernel(kernel: Kernel) -> str:
+    if kernel.parts:
+        from .triton_combos import render_combo  # (it renders each part through the renderer above)
+        return render_combo(kernel)
     if kernel.dots:
         from .triton_matmul import MatmulRenderer  # (a subclass of the renderer above)
         return MatmulRenderer(kernel).render()

@@ -234,6 +234,7 @@ class Launcher:
         align_names = (*self.meta["sizes"], "OUTER", "INNER")
         interpreting = _interpreting()
         lanes = self.meta.get("lanes", 1)
+        parts = self.meta.get("parts")
         bucket_key = _bucket(outer, inner)  # (every launch made here serves this bucket)
 
         def launch_with(c: dict[str, Any]) -> Callable[..., None]:
@@ -283,6 +284,8 @@ class Launcher:
                     nprog, grid = 1, (self.meta["chunks"],)
                 elif kind == "tiles":  # a program per (row tile, column tile), row-major
                     nprog, grid = 1, (triton_cdiv(outer, xblock) * triton_cdiv(inner, rblock),)
+                elif parts:  # a combo: every part's programs (codegen/triton_combos.py)
+                    nprog, grid = 1, (sum(triton_cdiv(size, xblock) * part_lanes for size, part_lanes in parts),)
                 else:
                     nprog = split
                     blocks = triton_cdiv(outer, xblock)

@@ -29,6 +29,7 @@ from typing import Any
 import sympy
 
 from ..codegen.online_softmax import online_softmax_pairs
+from ..ir import shapes as sh
 from ..schedule.kernel_ir import Kernel, indirect_var, inner_var, is_indirect_var, outer_var
 
 MAX_PERSISTENT = 32768    # widest row any candidate keeps whole in registers (elements)
@@ -62,7 +63,10 @@ class KernelHints:
 
 
 def hints_of(kernel: Kernel) -> KernelHints:
-    """Hints from the loads and stores of ``kernel``; any surprise gives the defaults."""
+    """Hints from the loads and stores of ``kernel`` (a combo's: its largest part's, whose
+    elements pick its launch configuration); any surprise gives the defaults."""
+    if kernel.parts:
+        kernel = max(kernel.parts, key=lambda k: int(sh.static(sh.numel(k.outer)) or 0))
     try:
         return _hints_of(kernel)
     except Exception:  # noqa: BLE001 -- a hint is an optimization, never a reason to fail

@@ -216,6 +216,9 @@ class Kernel:
     # total T from its offsets' last element (ir.node.ragged_totals). The host's value sizes the
     # grid only, so one launch (a CUDA graph) serves every T up to it.
     device_sizes: dict[sympy.Symbol, tuple[str, sympy.Expr]] = field(default_factory=dict)
+    # a combination of independent pointwise kernels launched as one, each on programs of its
+    # own (codegen/triton_combos.py); its params, sizes and values are theirs, together
+    parts: list[Kernel] = field(default_factory=list)
 
     @property
     def inner_hint(self) -> sympy.Expr:
@@ -289,7 +292,11 @@ class Kernel:
 def format_kernel(k: Kernel) -> str:
     names = {id(v): f"v{i}" for i, v in enumerate(k.values)}
     params = ", ".join(f"{'out ' if p.is_output else ''}{p.name}: {p.dtype.short}" for p in k.params)
-    lines = [f"kernel {k.name}({params}; sizes {', '.join(map(str, k.sizes)) or '-'})",
+    head = f"kernel {k.name}({params}; sizes {', '.join(map(str, k.sizes)) or '-'})"
+    if k.parts:
+        return "\n".join([head, f"  {len(k.parts)} independent kernels in one launch, each on programs of its own",
+                          *(format_kernel(part) for part in k.parts)])
+    lines = [head,
              f"  outer {sh.fmt(k.outer)}  inner {sh.fmt(k.inner)}  loops {k.n_loops}"
              + (f"  rows in {k.chunks} runs" if k.chunks else "")]
     lines += [f"  {s} = {name}[{index}] (read on the device in graphed steps)"
