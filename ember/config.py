@@ -104,9 +104,9 @@ class Config:
     # the device cannot run (CUDA kernels on a CPU-only machine) is rendered but not built, and
     # the graph runs through ATen. ember.explain(fn, *args, target=...) sets it.
     target: str | None = None
-    # With the Triton backend, launch consecutive independent pointwise kernels of different
-    # static sizes (an optimizer's foreach step over parameters of several shapes) as one kernel,
-    # each on programs of its own (codegen/triton_combos.py). False: a launch each.
+    # With the Triton backend, launch small independent pointwise kernels of different static
+    # sizes (an optimizer's foreach step over parameters of several shapes) as one kernel, each
+    # on programs of its own (codegen/triton_combos.py). False: a launch each.
     combo_kernels: bool = field(default_factory=lambda: _env_int("EMBER_COMBO_KERNELS", 1) != 0)
     # Fix some Triton launch parameters instead of tuning them, e.g. {"PERSISTENT": False,
     # "RBLOCK": 16} (tests use it to run every code path under the interpreter); "SPLIT": n

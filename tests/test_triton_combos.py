@@ -136,3 +136,29 @@ def test_symbolic_sizes_keep_a_kernel_each(dynamic):
 
     report = rendered(f, torch.randn(100), torch.randn(30), dynamic=dynamic)
     assert len(report.kernels) == 2 and not any(k.name.startswith("combo_of_") for k in report.kernels)
+
+
+def test_a_run_passes_over_a_row_kernel_only_where_nothing_depends_on_it():
+    # a.sin() and c.cos() * 2 combine past x's row sums, planned between them; where c's kernel
+    # also reads the row sums, it runs after them (with a.sin(), if that is planned after them)
+    def independent(a, x, c):
+        return a.sin(), x.sum(-1) * 3, c.cos() * 2
+
+    def dependent(a, x, c):
+        r = x.sum(-1) * 3
+        return a.sin(), r, c.cos() + r[:7]
+
+    args = (torch.randn(100), torch.randn(30, 50), torch.randn(7))
+    for f in (independent, dependent):
+        report = ember.Report()
+        got = ember.compile(f, options={"target": "triton"}, report=report)(*args)
+        for g, w in zip(got, f(*args)):
+            torch.testing.assert_close(g, w)
+        names = [k.name for k in report.kernels]
+        if f is independent:
+            assert names == ["combo_of_2_fused_sin_1", "fused_sum_mul_0"], names
+        else:
+            cos = next(i for i, k in enumerate(report.kernels) if "aten.cos" in k.aten_ops)
+            assert cos > names.index("fused_sum_mul_0"), names
+        alone = ember.explain(f, *args, target="triton", options={"combo_kernels": False})
+        assert len(alone.kernels) == 3 and not any(k.name.startswith("combo") for k in alone.kernels)
