@@ -67,6 +67,8 @@ def compiled_step(variant: str, opt: torch.optim.Optimizer, report: Any = None) 
     import ember
     if variant == "ember-nocombo":  # a launch per kernel (codegen/triton_combos.py off)
         return ember.compile(opt.step, report=report, options={"combo_kernels": False})
+    if variant == "ember-cuda":  # the CUDA C++ backend
+        return ember.compile(opt.step, report=report, options={"gpu_backend": "cuda"})
     return ember.compile(opt.step, report=report)
 
 
@@ -78,7 +80,8 @@ def main() -> None:
     parser.add_argument("--numel", type=int, default=1 << 20)
     parser.add_argument("--gpt", default="", help="WIDTH,LAYERS,VOCAB: a GPT-2-style model's parameters instead")
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--variants", default="eager,inductor,ember", help="of eager, inductor, ember, ember-nocombo")
+    parser.add_argument("--variants", default="eager,inductor,ember",
+                        help="of eager, inductor, ember, ember-nocombo, ember-cuda")
     parser.add_argument("--profile", action="store_true", help="list each variant's CUDA kernels a step")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*record_function.*")

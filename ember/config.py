@@ -20,7 +20,7 @@ overrides any field for one compiled function.
   EMBER_PASSES_OFF  comma-separated names of middle-end passes not to run (see passes_off)
   EMBER_MATMUL_EPILOGUES  'auto', 'all' or 'off': which 16-bit matmuls ember generates with the
                    pointwise ops that read them (see matmul_epilogues)
-  EMBER_COMBO_KERNELS  0 launches each pointwise kernel of a foreach step on its own with Triton
+  EMBER_COMBO_KERNELS  0 launches each pointwise kernel of a foreach step on its own on the GPU
                    (see combo_kernels)
   EMBER_BACKGROUND_COMPILE  0 compiles matmul kernels and new Triton variants at the call that
                    needs them, not in a background thread (see background_compile)
@@ -104,9 +104,9 @@ class Config:
     # the device cannot run (CUDA kernels on a CPU-only machine) is rendered but not built, and
     # the graph runs through ATen. ember.explain(fn, *args, target=...) sets it.
     target: str | None = None
-    # With the Triton backend, launch small independent pointwise kernels of different static
-    # sizes (an optimizer's foreach step over parameters of several shapes) as one kernel, each
-    # on programs of its own (codegen/triton_combos.py). False: a launch each.
+    # On the GPU backends, launch small independent pointwise kernels of different static sizes
+    # (an optimizer's foreach step over parameters of several shapes) as one kernel, each on
+    # programs (blocks) of its own (codegen/triton_combos.py, cuda_combos.py). False: a launch each.
     combo_kernels: bool = field(default_factory=lambda: _env_int("EMBER_COMBO_KERNELS", 1) != 0)
     # Fix some Triton launch parameters instead of tuning them, e.g. {"PERSISTENT": False,
     # "RBLOCK": 16} (tests use it to run every code path under the interpreter); "SPLIT": n

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from . import report as rp
+from .codegen import cuda_combos
 from .codegen.triton_combos import combine_kernels
 from .codegen.wrapper import KernelCall, write_wrapper
 from .config import GPU_BACKENDS, SOURCE_DIGEST, Config, log
@@ -204,8 +205,11 @@ def _planned_graph(gm: torch.fx.GraphModule, name: str, cfg: Config, donated: fr
     graph = unit_reductions(graph)  # (the planner's need, not a pass: runs with any passes off)
     start = time.perf_counter()
     schedule = plan(graph, cfg, gpu=_gpu_target(graph, cfg), hints=_size_hints(gm))
-    if cfg.combo_kernels and _target(graph, cfg) == "triton":
+    target = _target(graph, cfg) if cfg.combo_kernels else None
+    if target == "triton":
         schedule = combine_kernels(schedule)
+    elif target == "cuda":
+        schedule = combine_kernels(schedule, cuda_combos.combinable)
     log(1, f"{name}: planned {len(schedule.kernels)} kernel(s) for {len(graph.nodes)} nodes in "
         f"{(time.perf_counter() - start) * 1e3:.0f} ms ({schedule.attempts} attempt(s), "
         f"{schedule.reused} kernel build(s) reused)", cfg)

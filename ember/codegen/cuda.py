@@ -4,7 +4,10 @@ Values are the statements cstyle.py writes for C++ too; only indexing, launch ge
 intrinsics differ. The kernel IR's domains map to the GPU like codegen/triton.py maps them:
 
 * pointwise (no inner loop): the outer domain is flattened; a grid-stride loop gives each thread
-  EMBER_UNROLL elements per iteration, blockDim.x apart (coalesced, several loads in flight);
+  EMBER_UNROLL elements per iteration, blockDim.x apart (coalesced, several loads in flight).
+  Independent groups of stores (a foreach step's parameters, triton_lanes.py) run as lanes, a
+  row of blocks each (gridDim.y), and small kernels of static sizes can be parts of one combo
+  launch (cuda_combos.py), each body then taking its block and lane as arguments;
 * rows (outer domain with reductions): one block per outer index, blocks striding over the rows;
   in each IR loop the block's threads stride over the inner domain, then a block-wide reduction
   (warp shuffles + shared memory) gives every thread the loop's results. Rows too short for a
@@ -58,7 +61,9 @@ from .cuda_combine import COMBINE, combine_blocks, combine_rows, combine_slices
 from .cuda_plan import (  # noqa: F401 (cuda.launch_meta: the backend's name for it)
     STRATEGY_NOTES,
     kernel_row_forms,
+    lane_plan,
     launch_meta,
+    pointwise_lanes,
     row_groups,
     split_columns,
     split_rows,
@@ -116,8 +121,11 @@ _GRID_STRIDE = "(I)gridDim.x * blockDim.x * EMBER_UNROLL"
 
 
 class CudaKernelRenderer:
-    def __init__(self, kernel: Kernel):
+    def __init__(self, kernel: Kernel, part: bool = False):
         self.k = kernel
+        # a combo's part (codegen/cuda_combos.py): a pointwise body whose block, block count and
+        # lane are arguments, the combo's block b - (the blocks of the parts before it)
+        self.part = part
         self.body = BodyRenderer(kernel, CUDA)
         self.strategy = strategy(kernel)
         # a column kernel's inner domain, or a row kernel's rows, in gridDim.y slices
@@ -175,13 +183,16 @@ class CudaKernelRenderer:
         names = [p.name for p in self.k.params] + [s.name for s in self.k.sizes]
         return names + (["workspace", "counter"] if uses_workspace(self.k) else [])
 
-    def render(self) -> str:
+    def render_body(self) -> None:
+        """The header comments and the kernel's body, a device function templated on the index type."""
         k = self.k
         self.emit(f"// {k.name}: fuses {', '.join(k.origins) or '-'}")
         self.emit(f"// outer {sh.fmt(k.outer)}, inner {sh.fmt(k.inner)}, {k.n_loops} inner loop(s)")
         self.emit(f"// strategy: {STRATEGY_NOTES[self.strategy + (' split' if self.split else '')]}")
-        self.emit(f"// flat index type I: uint32_t in {k.name} (outer * inner < 2^31), int64_t in {k.name}_i64")
-        params = ", ".join(self.params())
+        if not self.part:
+            self.emit(f"// flat index type I: uint32_t in {k.name} (outer * inner < 2^31), int64_t in {k.name}_i64")
+        params = ", ".join(self.params() + (["const I ember_block", "const I ember_blocks", "const unsigned ember_lane"]
+                                            if self.part else []))
         self.emit("template <typename I>")
         self.open(f"__device__ __forceinline__ void {k.name}_body({params}) {{")
         for line in device_size_lines(k):
@@ -197,6 +208,11 @@ class CudaKernelRenderer:
         else:
             self._full()
         self.close()
+
+    def render(self) -> str:
+        k = self.k
+        self.render_body()
+        params = ", ".join(self.params())
         threads = getattr(self, "block_limit", None) or {  # (a scan's shared memory may need smaller blocks)
             "pointwise": POINTWISE_THREADS, "tiles": LANES * TILE_ROWS}.get(self.strategy, REDUCTION_THREADS)
         args = ", ".join(self.arguments())
@@ -231,12 +247,13 @@ class CudaKernelRenderer:
         for line in self.body.statements([v for v in values if id(v) not in self.hoisted]):
             self.emit(line)
 
-    def _group_invariants(self, plan: VectorPlan, extents: tuple[sympy.Expr, ...], first: list[sympy.Symbol]) -> None:
+    def _group_invariants(self, plan: VectorPlan, extents: tuple[sympy.Expr, ...], first: list[sympy.Symbol],
+                          values: list[Value]) -> None:
         """A pointwise group's values that are the same for all its elements (layout.group_invariant:
         an embedding's row index, a bag's id found by a search), computed once at the group's
         start, before its gathers and scatters of whole rows need them."""
-        fixed = group_invariant(self.k, self.k.values, outer_var(len(extents) - 1))
-        values = [v for v in self.k.values if id(v) in fixed]
+        fixed = group_invariant(self.k, values, outer_var(len(extents) - 1))
+        values = [v for v in values if id(v) in fixed]
         if all(v.kind == "const" for v in values):
             return
         self.emit("// the same for every element of the group: once a group")
@@ -262,16 +279,17 @@ class CudaKernelRenderer:
     # ---- strategies -----------------------------------------------------------------------
     def _strided(self, flat: str, count: str, start: str, spacing: str, stride: str, what: str,
                  plan: VectorPlan | None, extents: tuple[sympy.Expr, ...], var: Callable[[int], sympy.Symbol],
-                 body: Callable[[], None]) -> None:
+                 body: Callable[[], None], values: list[Value] | None = None) -> None:
         """A strided loop over ``count`` elements (``extents`` flattened, decomposed into ``var``s)
         running ``body``, the statements of one element; with a vector ``plan``, its vector form
-        where the plan's conditions hold (the same in every thread) and this loop elsewhere."""
+        where the plan's conditions hold (the same in every thread) and this loop elsewhere.
+        ``values``: a pointwise loop's values (a lane's), whose group invariants go first."""
         if plan is not None:
             test = " && ".join(plan.conditions) or "true"
             self.emit(f"// vector form where every group of {plan.width} is aligned: "
                       f"{', '.join(sorted({v.arg.buffer for v in plan.values}))}")
             self.open(f"if ({test}) {{")
-            self._vector_groups(flat, count, start, spacing, stride, what, plan, extents, var, body)
+            self._vector_groups(flat, count, start, spacing, stride, what, plan, extents, var, body, values)
             self.depth -= 1
             self.open("} else {")
         self._unrolled(flat, count, start, spacing, stride, what)
@@ -283,7 +301,7 @@ class CudaKernelRenderer:
 
     def _vector_groups(self, flat: str, count: str, start: str, spacing: str, stride: str, what: str,
                        plan: VectorPlan, extents: tuple[sympy.Expr, ...], var: Callable[[int], sympy.Symbol],
-                       body: Callable[[], None]) -> None:
+                       body: Callable[[], None], values: list[Value] | None = None) -> None:
         """The loop over groups of ``plan.width`` consecutive elements: the plan's loads of a group
         at once, its elements' statements (reading and writing vector elements), its stores at once."""
         width = plan.width
@@ -300,7 +318,7 @@ class CudaKernelRenderer:
         first = [sympy.Symbol(f"{var(i).name}_g", integer=True, nonnegative=True) for i in range(len(extents))]
         self._decompose(f"{flat}_first", extents, lambda i: first[i])
         if var is outer_var:
-            self._group_invariants(plan, extents, first)
+            self._group_invariants(plan, extents, first, self.k.values if values is None else values)
         at_first = {var(i): first[i] for i in range(len(extents))}
         where = {id(v): f"{v.arg.buffer} + ({index_expr(sympy.sympify(self.body.bound_index(v)).xreplace(at_first))})"
                  for v in plan.values}  # the group's first element
@@ -380,9 +398,27 @@ class CudaKernelRenderer:
 
     def _pointwise(self) -> None:
         self._count("ember_n", self.k.outer, "elements")
-        self._strided("ember_i", "ember_n", _GRID_START, "blockDim.x", _GRID_STRIDE,
-                      "grid-stride loop over the elements", vector_plan(self.k, 0), self.k.outer, outer_var,
-                      lambda: self._statements(self.k.values))
+        lanes = pointwise_lanes(self.k, self.part)
+        if not lanes:
+            self._pointwise_loop(self.k.values, vector_plan(self.k, 0))
+            return
+        # (a foreach step's parameters: a block streams one parameter's tensors, not a slice of each)
+        lane = "ember_lane" if self.part else "blockIdx.y"
+        self.emit(f"// {len(lanes)} independent lanes (codegen/triton_lanes.py): lane {lane}, on the blocks of its row")
+        self.open(f"switch ({lane}) {{")
+        for i, values in enumerate(lanes):
+            self.open(f"case {i}: {{")
+            self._pointwise_loop(values, lane_plan(self.k, values))
+            self.emit("break;")
+            self.close()
+        self.close()
+
+    def _pointwise_loop(self, values: list[Value], plan: VectorPlan | None) -> None:
+        start, stride = (("(I)ember_block * blockDim.x * EMBER_UNROLL + threadIdx.x",
+                          "(I)ember_blocks * blockDim.x * EMBER_UNROLL") if self.part else (_GRID_START, _GRID_STRIDE))
+        self._strided("ember_i", "ember_n", start, "blockDim.x", stride,
+                      "grid-stride loop over the elements", plan, self.k.outer, outer_var,
+                      lambda: self._statements(values), values)
 
     def _rows(self) -> None:
         smem = "EMBER_SMEM_BYTES" if self.strategy == "rows" else "EMBER_COLUMN_SMEM_BYTES"

@@ -10,13 +10,14 @@ from typing import Any
 
 from ..ir import shapes as sh
 from ..ir.ops import Op
-from ..schedule.kernel_ir import Kernel
+from ..schedule.kernel_ir import Kernel, Value
 from . import cuda_scan
 from .cuda_prelude import POINTWISE_THREADS, REDUCTION_THREADS, UNROLL
 from .cuda_scan import chained, items_per_thread
 from .cuda_tiles import LANES, TILE_ROWS, staged_accesses, tile_side
 from .cuda_vectors import RowForms, VectorPlan, plan_loop, row_forms
 from .layout import adjacent_rows, tile_counts
+from .triton_lanes import lanes_of
 from .wrapper import pexpr
 
 # each strategy as the kernel's header comment explains it
@@ -98,6 +99,20 @@ def uses_workspace(kernel: Kernel) -> bool:
             or split_rows(kernel))
 
 
+def pointwise_lanes(kernel: Kernel, part: bool = False) -> list[list[Value]] | None:
+    """A pointwise kernel's independent groups of stores (codegen/triton_lanes.py: a foreach
+    step's parameters), each run by a row of blocks of its own (gridDim.y: the lanes), or None.
+    A combo's ``part`` (codegen/cuda_combos.py) takes lanes at any size, as Triton's do."""
+    if strategy(kernel) != "pointwise":
+        return None
+    return lanes_of(kernel, min_elements=0) if part else lanes_of(kernel)
+
+
+def lane_plan(kernel: Kernel, values: list[Value]) -> VectorPlan | None:
+    """The vector form of one lane of a pointwise kernel: its own buffers' alignment decides it."""
+    return plan_loop(kernel, values, kernel.outer, inner=False)
+
+
 def vector_plan(kernel: Kernel, loop: int, most: int | None = None) -> VectorPlan | None:
     """The vector form of loop ``loop`` of ``kernel`` (0: a pointwise kernel's one loop), or None.
     Column kernels' lanes take rows, not consecutive elements: they keep the scalar loops.
@@ -156,6 +171,8 @@ def vector_width(kernel: Kernel, forms: RowForms | None = None) -> int:
     kind = strategy(kernel)
     if kind == "rows":
         plans = list((forms or kernel_row_forms(kernel)).plans.values())
+    elif kind == "pointwise" and (lanes := pointwise_lanes(kernel)):
+        plans = [p for p in (lane_plan(kernel, values) for values in lanes) if p is not None]
     else:
         loops = [0] if kind == "pointwise" else range(1, kernel.n_loops + 1)
         plans = [p for p in map(lambda i: vector_plan(kernel, i), loops) if p is not None]
@@ -184,6 +201,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "row_groups": row_groups(kernel, width),
         "max_threads": {"pointwise": POINTWISE_THREADS, "tiles": LANES * TILE_ROWS}.get(kind, REDUCTION_THREADS),
         "vector": width,
+        "lanes": len(pointwise_lanes(kernel) or ()) or 1,  # (gridDim.y of a pointwise kernel in lanes)
         "kernels": {"i32": kernel.name, "i64": f"{kernel.name}_i64"},
         **({"tile": tile_side(kernel)} if kind == "tiles" else {}),
     }

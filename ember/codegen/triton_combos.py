@@ -19,6 +19,7 @@ be computed from each read of it, so a part never stores over what another part 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import sympy
@@ -64,11 +65,12 @@ def part_lanes(part: Kernel) -> list[list[Value]] | None:
     return lanes_of(part, min_elements=0)
 
 
-def combine_kernels(schedule: Schedule) -> Schedule:
+def combine_kernels(schedule: Schedule, combinable: Callable[[Kernel], bool] = combinable) -> Schedule:
     """The schedule with runs of independent combinable kernel steps (two or more) made one step
     of a combo kernel, in the place of the run's first. A run passes over other kernel steps that
     its later members neither read from nor write into, nor read what they write (an optimizer
-    step's large update kernels between its small ones); other steps (ATen calls, views) end it."""
+    step's large update kernels between its small ones); other steps (ATen calls, views) end it.
+    ``combinable``: the backend's test of a part (codegen/cuda_combos.py has the CUDA backend's)."""
     steps: list[Any] = []
     run: list[KernelStep] = []
     passed: list[KernelStep] = []  # kernel steps the run's later members move ahead of

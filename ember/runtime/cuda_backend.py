@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ..codegen import cuda, cuda_matmul, cuda_scan
+from ..codegen import cuda, cuda_combos, cuda_matmul, cuda_scan
 from ..codegen.cuda_plan import row_threads
 from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
@@ -349,7 +349,7 @@ def row_slices(outer: int, inner: int, sms: int) -> int:
 def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: int,
                 vector: int = 1, occupancy: Callable[[int], int] | None = None,
                 row_groups: bool = False, tile: int = 64,
-                split: bool = False) -> tuple[bool, int | tuple[int, int], int | tuple[int, int]]:
+                split: bool = False, lanes: int = 1) -> tuple[bool, int | tuple[int, int], int | tuple[int, int]]:
     """(64-bit indices?, grid, block) of one launch. Blocks are powers of two from 32 threads up to
     the kernel's limit, sized so that each thread has a few unrolled steps of work (of ``vector``
     elements each, where the kernel has a vector form); grids stride. ``occupancy(block)``: the
@@ -360,7 +360,9 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
     kernel's tile side (codegen/cuda_tiles.py). ``split``: a column kernel that may split its
     inner domain into slices (codegen/cuda_plan.py: split_columns), or a row kernel its rows
     (split_rows); its grid is then (groups of 32 rows, or rows, then slices) where
-    ``column_slices`` or ``row_slices`` gives more than one."""
+    ``column_slices`` or ``row_slices`` gives more than one. ``lanes``: a pointwise kernel's
+    independent lanes (codegen/cuda_plan.py: pointwise_lanes), a row of blocks each (gridDim.y),
+    which share the device."""
     big = outer * inner >= 2**31
     limit = max(32, min(_pow2_floor(max_threads), cuda.REDUCTION_THREADS))
     step = cuda.UNROLL * vector  # elements a thread takes per iteration
@@ -371,8 +373,12 @@ def plan_launch(strategy: str, outer: int, inner: int, sms: int, max_threads: in
     def resident(block: int) -> int:  # blocks of this size the whole device holds at once
         return (occupancy(block) if occupancy else 0) or sms * min(BLOCKS_PER_SM, THREADS_PER_SM // block)
 
+    if strategy == "combo":  # independent kernels in one launch: their blocks (codegen/cuda_combos.py)
+        return big, outer, threads(cuda.POINTWISE_THREADS, min(limit, cuda.POINTWISE_THREADS))
     if strategy == "pointwise":
         block = threads(cuda.POINTWISE_THREADS, min(limit, cuda.POINTWISE_THREADS))
+        if lanes > 1:
+            return big, (balanced_grid(_cdiv(outer, block * step), max(1, resident(block) // lanes)), lanes), block
         return big, balanced_grid(_cdiv(outer, block * step), resident(block)), block
     if strategy == "tiles":  # outer rows by inner columns, in square tiles of a fixed block each
         tiles = _cdiv(outer, tile) * _cdiv(inner, tile)
@@ -525,7 +531,8 @@ class CudaKernel:
                                            row_groups=self.meta.get("row_groups", False),
                                            tile=self.meta.get("tile", 64),
                                            split=self.meta.get("split_columns", False)
-                                           or self.meta.get("split_rows", False))
+                                           or self.meta.get("split_rows", False),
+                                           lanes=self.meta.get("lanes", 1))
             if self.meta.get("chunks"):  # a chunked row kernel: a block per run of rows
                 grid = self.meta["chunks"]
             if self.meta.get("row_reductions"):  # a workspace slot per block
@@ -551,6 +558,10 @@ class CudaKernel:
         _check(driver, err, f"launching {self.name} (grid {gx} x {gy}, block {bx} x {by})")
 
 
+def _render(kernel: Kernel) -> str:
+    return cuda_combos.render_combo(kernel) if kernel.parts else cuda.render_kernel(kernel)
+
+
 class CudaBackend(Backend):
     name = "cuda"
     pass_tensors = False
@@ -564,7 +575,7 @@ class CudaBackend(Backend):
                 return cuda_matmul.render_kernel(kernel)
             except cuda_matmul.MatmulRenderError as e:
                 return f"// {kernel.name}: {e}; runs through ATen"
-        return cuda.render_kernel(kernel)
+        return _render(kernel)
 
     def render_module(self, kernels: list[Kernel]) -> str:
         matmuls = [k for k in kernels if k.dots]
@@ -592,12 +603,12 @@ class CudaBackend(Backend):
         device = torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(device)
         arch = f"sm_{major}{minor}"
-        sources = [cuda.render_kernel(k) for k in kernels]  # (no matmul here: those were taken out)
+        sources = [_render(k) for k in kernels]  # (no matmul here: those were taken out)
         source = cuda.render_module(kernels, sources)
         image, cached, path = compile_module(source, arch, Path(cfg.cache_dir))
         stats.bump("cache_hits" if cached else "kernels_built", len(kernels))
         log(1, f"{'loaded' if cached else 'built'} {len(kernels)} CUDA kernel(s) for {arch} from {path}", cfg)
-        metas = {k.name: cuda.launch_meta(k) for k in kernels}
+        metas = {k.name: cuda_combos.combo_meta(k) if k.parts else cuda.launch_meta(k) for k in kernels}
         module = CudaModule(image, [m["kernels"]["i32"] for m in metas.values()])
         try:
             module.functions(device)  # load now: a cubin the driver refuses is a build failure

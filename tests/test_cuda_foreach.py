@@ -1,0 +1,181 @@
+"""Foreach steps on the CUDA backend. Pointwise kernels in lanes: a kernel's independent groups
+of stores (codegen/triton_lanes.py), each on a row of blocks of its own (gridDim.y picks the
+lane), each with the vector form its own buffers allow. Combo kernels: small independent
+kernels of parameters of different sizes in one launch (codegen/cuda_combos.py). Rendered on the
+CPU and compiled for sm_90 with nvcc; run against eager with ``EMBER_TEST_DEVICE=cuda`` on a GPU
+machine."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+
+import ember
+from ember.codegen import cuda, cuda_combos
+from ember.codegen.triton_combos import MAX_PART_ELEMENTS
+from ember.codegen.triton_lanes import MIN_ELEMENTS
+from ember.runtime import cuda_backend
+
+from .conftest import DEVICE
+from .helpers import record_rendered
+from .test_cuda import compile_batches, explain, needs_nvcc, sources
+
+# a GPT's parameters in miniature: sizes of one, several and odd numbers of 16-byte groups
+SIZES = (768, 768 * 96, 3072, 50 * 768, 5, 4099, 768, 5)
+
+
+def sgd_momentum(params, grads, bufs):
+    torch._foreach_mul_(bufs, 0.9)
+    torch._foreach_add_(bufs, grads)
+    torch._foreach_add_(params, bufs, alpha=-0.1)
+
+
+def tensors(n: int, count: int, dtype=torch.float32, device="cpu"):
+    return [[torch.randn(n, dtype=dtype, device=device) for _ in range(count)] for _ in range(3)]
+
+
+def sized(sizes, dtype=torch.float32, device="cpu"):
+    return [[torch.randn(n, dtype=dtype, device=device) for n in sizes] for _ in range(3)]
+
+
+@pytest.fixture
+def kernels_of(monkeypatch):
+    """fn, *args -> the kernel IR objects the CUDA backend rendered for them, and the report."""
+    seen = record_rendered(monkeypatch, cuda_backend.CudaBackend)
+
+    def kernels(fn, *args, dynamic=None):
+        seen.clear()
+        report = explain(fn, *args, dynamic=dynamic)
+        return list(seen), report
+
+    return kernels
+
+
+def cases(line: str) -> list[str]:
+    return re.findall(r"^\s*case (\d+): \{", line, re.M)
+
+
+def test_a_foreach_step_runs_a_lane_a_parameter(kernels_of):
+    (kernel,), report = kernels_of(sgd_momentum, *tensors(5000, 4))
+    src = report.kernels[0].source
+    assert "switch (blockIdx.y) {" in src
+    assert cases(src) == ["0", "1", "2", "3"]
+    assert cuda.launch_meta(kernel)["lanes"] == 4
+    # each lane streams its own parameter's three tensors, and its vector form tests only theirs
+    for body in re.split(r"^\s*case \d+: \{", src, flags=re.M)[1:]:
+        aligned = re.search(r"// vector form where every group of 4 is aligned: (.*)", body)[1].split(", ")
+        assert len(aligned) == 5  # param, grad, buf loaded; param, buf stored
+        loads = set(re.findall(r"ember_load_vec<float, 4>\((\w+) \+", body))
+        assert len(loads) == 3 and loads < set(aligned)
+
+
+def test_small_kernels_and_shared_loads_stay_one_body(kernels_of):
+    # fewer elements than MIN_ELEMENTS in all lanes: latency, one body
+    (kernel,), report = kernels_of(sgd_momentum, *tensors(MIN_ELEMENTS // 8, 4))
+    assert "blockIdx.y" not in report.kernels[0].source and cuda.launch_meta(kernel)["lanes"] == 1
+    # stores that share a load are one lane: nothing to split
+    (kernel,), report = kernels_of(lambda x: (x.sin(), x.cos()), torch.randn(10000))
+    assert "blockIdx.y" not in report.kernels[0].source and cuda.launch_meta(kernel)["lanes"] == 1
+
+
+def test_geometry_gives_each_lane_a_row_of_blocks():
+    sms, plan = 132, cuda_backend.plan_launch
+    # one lane: the grid as before; six: a row of the same blocks each, sharing the device
+    assert plan("pointwise", 5000, 1, sms, 1024) == (False, 5, 256)
+    assert plan("pointwise", 5000, 1, sms, 1024, lanes=6) == (False, (5, 6), 256)
+    # past WAVES waves of a lane's share of the device, several tiles a block
+    tiles = -(-10**8 // 1024)
+    _, (blocks, lanes), _ = plan("pointwise", 10**8, 1, sms, 1024, lanes=64)
+    assert lanes == 64 and blocks == cuda_backend.balanced_grid(tiles, sms * 8 // 64) < tiles
+
+
+def test_small_kernels_of_different_sizes_are_one_combo(kernels_of):
+    (kernel,), report = kernels_of(sgd_momentum, *sized(SIZES))
+    src = report.kernels[0].source
+    assert len(kernel.parts) == len(set(SIZES)) == 6 and kernel.name.startswith("combo_of_6_")
+    # block b runs the part whose blocks hold b: a branch a part, in both entry points
+    assert len(re.findall(r"^  (?:\} else )?if \(b < \d+u\) \{", src, re.M)) == 2 * 6
+    meta = cuda_combos.combo_meta(kernel)
+    assert meta["strategy"] == "combo" and int(meta["outer"]) == sum(b * n for b, n in meta["parts"])
+    # the sizes that two parameters share run in lanes inside their part: block and lane from b
+    assert [lanes for _, lanes in meta["parts"]] == [2, 1, 1, 1, 2, 1]
+    assert re.search(r"_body<uint32_t>\([^;]*\(uint32_t\)\(\(b\) % 1u\), \(uint32_t\)1, \(b\) / 1u\);", src)
+    # a launch of the parts' blocks, whatever the sizes of the call
+    assert cuda_backend.plan_launch("combo", int(meta["outer"]), 1, 132, 1024) == (False, int(meta["outer"]), 256)
+
+
+def test_what_a_combo_leaves_alone(kernels_of):
+    # a kernel too large to gain from sharing a launch, and sizes known only at the call
+    (large, small), _ = kernels_of(sgd_momentum, *sized((MAX_PART_ELEMENTS + 1, 768)))
+    assert not large.parts and not small.parts
+    kernels, _ = kernels_of(sgd_momentum, *sized((7000, 768)), dynamic=True)
+    assert len(kernels) == 2 and not any(k.parts for k in kernels)
+    # and combos off: a kernel a size
+    report = ember.explain(sgd_momentum, *sized(SIZES), target="cuda", options={"combo_kernels": False})
+    assert len(report.kernels) == 6 and not any("combo_of" in k.name for k in report.kernels)
+
+
+@needs_nvcc
+def test_lanes_and_combos_compile_for_sm90(tmp_path):
+    kernels = []
+    # odd sizes (no vector form for some lanes), 16-bit floats, sizes known only at the call
+    kernels += sources(explain(sgd_momentum, *tensors(4099, 3)), "odd")
+    kernels += sources(explain(sgd_momentum, *tensors(8192, 5, torch.bfloat16)), "bf16")
+    kernels += sources(explain(sgd_momentum, *tensors(6000, 2), dynamic=True), "dyn")
+    assert sum("switch (blockIdx.y)" in s for s in kernels) >= 2
+    # combos, with lanes in parts, in both float widths
+    kernels += sources(explain(sgd_momentum, *sized(SIZES)), "combo")
+    kernels += sources(explain(sgd_momentum, *sized(SIZES, torch.bfloat16)), "combo_bf16")
+    assert sum("switch (ember_lane)" in s for s in kernels) >= 2
+    compile_batches(kernels, tmp_path, per_file=len(kernels))
+
+
+def check_step(params, grads, bufs, dynamic=None):
+    """ember's SGD step (the CUDA backend) updates parameters and buffers as eager's does."""
+    def clones(ts):
+        return [t.clone() for t in ts]
+
+    ref = (clones(params), clones(bufs))
+    sgd_momentum(ref[0], grads, ref[1])
+    got = (clones(params), clones(bufs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (a kernel that fell back to ATen warns)
+        ember.compile(sgd_momentum, options={"gpu_backend": "cuda"}, dynamic=dynamic)(got[0], grads, got[1])
+    for a, b in zip(got[0] + got[1], ref[0] + ref[1]):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="runs CUDA kernels: EMBER_TEST_DEVICE=cuda on a GPU machine")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lanes_match_eager_on_the_gpu(dtype):
+    torch._dynamo.reset()
+    for n, count in ((5000, 4), (4099, 3), (1 << 20, 9), (3, 40)):
+        check_step(*tensors(n, count, dtype, "cuda"))
+    # a misaligned lane (a view one element in) keeps the scalar loop; the others their vectors
+    params, grads, bufs = tensors(8193, 4, dtype, "cuda")
+    check_step([params[0][1:]] + [p[:-1] for p in params[1:]], [g[:-1] for g in grads], [b[:-1] for b in bufs])
+    check_step(*tensors(7000, 5, dtype, "cuda"), dynamic=True)
+    check_step(*sized(SIZES, dtype, "cuda"))  # a combo
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="runs CUDA kernels: EMBER_TEST_DEVICE=cuda on a GPU machine")
+def test_an_adam_step_over_many_sizes_matches_eager_on_the_gpu():
+    torch._dynamo.reset()
+
+    def make():
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(n, device="cuda")) for n in SIZES * 3]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        return params, torch.optim.Adam(params, lr=1e-2, foreach=True)
+
+    (ref, ref_opt), (got, opt) = make(), make()
+    step = ember.compile(opt.step, options={"gpu_backend": "cuda"})
+    for _ in range(3):
+        ref_opt.step()
+        step()
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
