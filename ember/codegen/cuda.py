@@ -58,6 +58,7 @@ from . import cuda_online, cuda_scan
 from .cexpr import device_size_lines, index_expr
 from .cstyle import BodyRenderer, Language, acc_init, acc_type
 from .cuda_combine import COMBINE, combine_blocks, combine_rows, combine_slices
+from .cuda_groups import vector_groups
 from .cuda_plan import (  # noqa: F401 (cuda.launch_meta: the backend's name for it)
     STRATEGY_NOTES,
     kernel_row_forms,
@@ -289,7 +290,7 @@ class CudaKernelRenderer:
             self.emit(f"// vector form where every group of {plan.width} is aligned: "
                       f"{', '.join(sorted({v.arg.buffer for v in plan.values}))}")
             self.open(f"if ({test}) {{")
-            self._vector_groups(flat, count, start, spacing, stride, what, plan, extents, var, body, values)
+            vector_groups(self, flat, count, start, spacing, stride, what, plan, extents, var, body, values)
             self.depth -= 1
             self.open("} else {")
         self._unrolled(flat, count, start, spacing, stride, what)
@@ -298,103 +299,6 @@ class CudaKernelRenderer:
         self.close(3)
         if plan is not None:
             self.close()
-
-    def _vector_groups(self, flat: str, count: str, start: str, spacing: str, stride: str, what: str,
-                       plan: VectorPlan, extents: tuple[sympy.Expr, ...], var: Callable[[int], sympy.Symbol],
-                       body: Callable[[], None], values: list[Value] | None = None) -> None:
-        """The loop over groups of ``plan.width`` consecutive elements: the plan's loads of a group
-        at once, its elements' statements (reading and writing vector elements), its stores at once."""
-        width = plan.width
-        if plan.peel_from:
-            self.emit("// groups where the row is aligned: its first elements up to one (its head) and those after")
-            self.emit("// the last whole group (its tail) go an element at a time, after the groups")
-            self.emit(f"const I {flat}_head_at = (I)(({width} - ({plan.peel_from}) % {width}) % {width});")
-            self.emit(f"const I {flat}_head = {flat}_head_at < {count} ? {flat}_head_at : {count};")
-            self.emit(f"const I {flat}_groups = ({count} - {flat}_head) / {width};")
-        else:
-            self.emit(f"const I {flat}_groups = {count} / {width};  // {count} is a multiple of {width} here")
-        self._unrolled(f"{flat}_group", f"{flat}_groups", start, spacing, stride, what, f"groups of {width} elements")
-        self.emit(f"const I {flat}_first = {f'{flat}_head + ' if plan.peel_from else ''}{flat}_group * {width};")
-        first = [sympy.Symbol(f"{var(i).name}_g", integer=True, nonnegative=True) for i in range(len(extents))]
-        self._decompose(f"{flat}_first", extents, lambda i: first[i])
-        if var is outer_var:
-            self._group_invariants(plan, extents, first, self.k.values if values is None else values)
-        at_first = {var(i): first[i] for i in range(len(extents))}
-        where = {id(v): f"{v.arg.buffer} + ({index_expr(sympy.sympify(self.body.bound_index(v)).xreplace(at_first))})"
-                 for v in plan.values}  # the group's first element
-        for v in plan.values:
-            ctype, name = CUDA.storage[self.body.buffer_dtype[v.arg.buffer]], f"{self.body.name(v)}_vec"
-            if v.kind == "load":
-                load = f"ember_load_vec<{ctype}, {width}>({where[id(v)]})"
-                key = (v.arg.buffer, str(v.arg.index))
-                if key in self.cached and self.first_loop[key] == self.loop:  # kept for later loops
-                    self.emit(f"const EmberVec<{ctype}, {width}> {name} = {load};")
-                    self.emit(f"if (ember_cached) {self.cached[key]}[ember_u] = {name};")
-                elif key in self.cached:  # an earlier loop of this row read it
-                    reread = f"ember_reread<{self.loop}>({self.cached[key]}[ember_u])"
-                    self.emit(f"const EmberVec<{ctype}, {width}> {name} = ember_cached ? {reread} : {load};")
-                else:
-                    self.emit(f"const EmberVec<{ctype}, {width}> {name} = {load};")
-            else:
-                self.emit(f"EmberVec<{ctype}, {width}> {name};")
-            self.body.vector_access[id(v)] = f"{name}.v[ember_k]"
-        for v in self.k.chunk_stores:
-            if id(v) in self.kept and v.loop == self.loop:  # (this form runs under ember_cached)
-                self.body.kept_partials[id(v)] = f"{self.kept[id(v)]}[ember_u][ember_k]"
-        for m, _ in self.maxima:
-            self.emit(f"float {cuda_online.group_slot(m, self)}[{width}];  // the group's x, for online softmax")
-        self.emit("#pragma unroll")
-        self.open(f"for (int ember_k = 0; ember_k < {width}; ++ember_k) {{")
-        declared = len(self.lines)
-        for i in range(len(extents)):
-            self.emit(f"const int64_t {var(i).name} = {first[i].name}{' + ember_k' if i == len(extents) - 1 else ''};")
-        self.in_group = True
-        body()
-        self.in_group = False
-        used = "\n".join(self.lines[declared + len(extents):])  # vector elements need no position
-        self.lines[declared:declared + len(extents)] = [
-            line for i, line in zip(range(len(extents)), self.lines[declared:])
-            if re.search(rf"\b{var(i).name}\b", used)]
-        self.close()
-        for m, sums in self.maxima:
-            cuda_online.group_update(self, m, sums, width)
-        for v in plan.values:
-            if v.kind == "store":
-                ctype = CUDA.storage[self.body.buffer_dtype[v.arg.buffer]]
-                store = "ember_atomic_add_vec" if v.arg.accumulate else "ember_store_vec"
-                self.emit(f"{store}<{ctype}, {width}>({where[id(v)]}, {self.body.name(v)}_vec);")
-        self.body.vector_access.clear()
-        self.hoisted = set()
-        self.body.kept_partials.clear()
-        self.close(3)
-        if plan.peel_from:
-            self._head_and_tail(flat, count, start, spacing, stride, plan, extents, var, body)
-
-    def _head_and_tail(self, flat: str, count: str, start: str, spacing: str, stride: str, plan: VectorPlan,
-                       extents: tuple[sympy.Expr, ...], var: Callable[[int], sympy.Symbol],
-                       body: Callable[[], None]) -> None:
-        """A peeled loop's elements outside its whole groups, an element at a time: the threads
-        stride over them as over a row. Where the row is kept in registers, so are they."""
-        rest = f"{flat}_rest"
-        self.emit(f"const I {rest} = {count} - {flat}_groups * {plan.width};  // the head and the tail")
-        self._unrolled(f"{rest}_at", rest, start, spacing, stride, "the head and the tail")
-        self.emit(f"const I {flat} = {rest}_at < {flat}_head ? {rest}_at : {rest}_at + {flat}_groups * {plan.width};")
-        self._decompose(flat, extents, var)
-        for v in plan.values:
-            key = (v.arg.buffer, str(v.arg.index))
-            if v.kind != "load" or key not in self.tails:
-                continue
-            ctype, name = CUDA.storage[self.body.buffer_dtype[v.arg.buffer]], f"{self.body.name(v)}_e"
-            load = f"{v.arg.buffer}[{index_expr(sympy.sympify(v.arg.index))}]"
-            if self.first_loop[key] == self.loop:
-                self.emit(f"const {ctype} {name} = {load};")
-                self.emit(f"if (ember_cached) {self.tails[key]}[ember_u] = {name};")
-            else:
-                self.emit(f"const {ctype} {name} = ember_cached ? {self.tails[key]}[ember_u] : {load};")
-            self.body.vector_access[id(v)] = name
-        body()
-        self.body.vector_access.clear()
-        self.close(3)
 
     def _pointwise(self) -> None:
         self._count("ember_n", self.k.outer, "elements")
