@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -67,7 +68,10 @@ def compiled_step(variant: str, opt: torch.optim.Optimizer, report: Any = None) 
     import ember
     if variant == "ember-nocombo":  # a launch per kernel (codegen/triton_combos.py off)
         return ember.compile(opt.step, report=report, options={"combo_kernels": False})
-    if variant == "ember-cuda":  # the CUDA C++ backend
+    if variant.startswith("ember-cuda"):  # the CUDA C++ backend; -uN: its combo parts unrolled N times
+        from ember.codegen import cuda_combos
+        unroll = variant.removeprefix("ember-cuda").removeprefix("-u")
+        cuda_combos.COMBO_UNROLL = int(unroll or cuda_combos.COMBO_UNROLL)  # read as the step compiles, below
         return ember.compile(opt.step, report=report, options={"gpu_backend": "cuda"})
     return ember.compile(opt.step, report=report)
 
@@ -81,7 +85,8 @@ def main() -> None:
     parser.add_argument("--gpt", default="", help="WIDTH,LAYERS,VOCAB: a GPT-2-style model's parameters instead")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--variants", default="eager,inductor,ember",
-                        help="of eager, inductor, ember, ember-nocombo, ember-cuda")
+                        help="of eager, inductor, ember, ember-nocombo, ember-cuda, ember-cuda-uN "
+                        "(combo parts unrolled N times)")
     parser.add_argument("--profile", action="store_true", help="list each variant's CUDA kernels a step")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*record_function.*")
@@ -102,9 +107,11 @@ def main() -> None:
     for variant in variants:
         params, opt = make(args)
         report = ember.Report() if variant.startswith("ember") else None
+        start = time.perf_counter()
         step = compiled_step(variant, opt, report)
         for _ in range(3):
             step()
+        print(f"{variant}: compiled and 3 steps in {time.perf_counter() - start:.1f} s", flush=True)
         error = rel_error(state_of(params, opt), reference)
         writes = ""
         if report is not None:

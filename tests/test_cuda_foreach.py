@@ -107,6 +107,18 @@ def test_small_kernels_of_different_sizes_are_one_combo(kernels_of):
     assert cuda_backend.plan_launch("combo", int(meta["outer"]), 1, 132, 1024) == (False, int(meta["outer"]), 256)
 
 
+@pytest.mark.parametrize("unroll", [1, 4])
+def test_a_parts_blocks_take_one_unrolled_step_of_groups(kernels_of, monkeypatch, unroll):
+    monkeypatch.setattr(cuda_combos, "COMBO_UNROLL", unroll)
+    (kernel,), report = kernels_of(sgd_momentum, *sized(SIZES))
+    src = report.kernels[0].source
+    assert f"#define EMBER_COMBO_UNROLL {unroll}  //" in src and "blockDim.x * EMBER_COMBO_UNROLL" in src
+    # each thread one 16-byte group of 4 floats an iteration, unroll times, 256 threads a block
+    blocks = dict(zip((int(p.outer[0]) for p in kernel.parts), cuda_combos.combo_meta(kernel)["parts"]))
+    assert blocks[768 * 96] == [-(-768 * 96 // (256 * unroll * 4)), 1]
+    assert blocks[4099] == [-(-4099 // (256 * unroll)), 1]  # odd: no 16-byte groups, an element at a time
+
+
 def test_what_a_combo_leaves_alone(kernels_of):
     # a kernel too large to gain from sharing a launch, and sizes known only at the call
     (large, small), _ = kernels_of(sgd_momentum, *sized((MAX_PART_ELEMENTS + 1, 768)))

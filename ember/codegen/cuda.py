@@ -45,6 +45,7 @@ The source compiles with NVRTC (no headers at all) and with plain ``nvcc -cubin`
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 
@@ -113,6 +114,9 @@ CUDA = Language(
     flags_int_division=False,  # no error flag on the GPU: integer division by zero gives 0
     search_hints=False,        # a thread handles too few elements for a hint to help
 )
+# a combo's parts (codegen/cuda_combos.py): one function holds every part, so what each inlines
+# multiplies; powf is called (cuda_prelude.py: ember_powf_call)
+CUDA_PART = dataclasses.replace(CUDA, fast_f32={**CUDA.fast_f32, Op.POW: "ember_powf_call({}, {})"})
 
 
 
@@ -127,7 +131,7 @@ class CudaKernelRenderer:
         # a combo's part (codegen/cuda_combos.py): a pointwise body whose block, block count and
         # lane are arguments, the combo's block b - (the blocks of the parts before it)
         self.part = part
-        self.body = BodyRenderer(kernel, CUDA)
+        self.body = BodyRenderer(kernel, CUDA_PART if part else CUDA)
         self.strategy = strategy(kernel)
         # a column kernel's inner domain, or a row kernel's rows, in gridDim.y slices
         self.split = split_columns(kernel) or split_rows(kernel)
@@ -154,8 +158,10 @@ class CudaKernelRenderer:
         self.in_group = False  # rendering a vector group's element loop
         self.hoisted: set[int] = set()  # values a pointwise group computed once, before its elements
         self.loop = 0  # the inner loop being rendered
-        # elements a thread takes per iteration of a strided loop (a column kernel's lanes: rows)
-        self.unroll = "EMBER_COLUMN_UNROLL" if self.strategy == "columns" else "EMBER_UNROLL"
+        # elements a thread takes per iteration of a strided loop (a column kernel's lanes: rows;
+        # a combo's part: its own, codegen/cuda_combos.py)
+        self.unroll = ("EMBER_COMBO_UNROLL" if part else
+                       "EMBER_COLUMN_UNROLL" if self.strategy == "columns" else "EMBER_UNROLL")
 
     def emit(self, line: str) -> None:
         self.lines.append("  " * self.depth + line)
@@ -318,8 +324,10 @@ class CudaKernelRenderer:
         self.close()
 
     def _pointwise_loop(self, values: list[Value], plan: VectorPlan | None) -> None:
-        start, stride = (("(I)ember_block * blockDim.x * EMBER_UNROLL + threadIdx.x",
-                          "(I)ember_blocks * blockDim.x * EMBER_UNROLL") if self.part else (_GRID_START, _GRID_STRIDE))
+        start, stride = _GRID_START, _GRID_STRIDE
+        if self.part:  # the combo's block numbers, not the grid's
+            start = f"(I)ember_block * blockDim.x * {self.unroll} + threadIdx.x"
+            stride = f"(I)ember_blocks * blockDim.x * {self.unroll}"
         self._strided("ember_i", "ember_n", start, "blockDim.x", stride,
                       "grid-stride loop over the elements", plan, self.k.outer, outer_var,
                       lambda: self._statements(values), values)

@@ -17,8 +17,15 @@ from ..ir import shapes as sh
 from ..schedule.kernel_ir import Kernel
 from .cuda import CUDA, CudaKernelRenderer
 from .cuda_plan import lane_plan, pointwise_lanes, strategy, vector_plan
-from .cuda_prelude import POINTWISE_THREADS, UNROLL
+from .cuda_prelude import POINTWISE_THREADS
 from .triton_combos import MAX_PART_ACCESSES, MAX_PART_ELEMENTS
+
+# Groups (or elements) a thread of a part takes per iteration: EMBER_COMBO_UNROLL in the source.
+# One, not a lone kernel's EMBER_UNROLL of 4: a combo is one function of every part, unrolled
+# code multiplies, and on an H200 (a small GPT's Adam step, bench/optimizer_step.py's variants
+# ember-cuda-u1/-u2/-u4) one was as fast (combo kernel 50.2 / 50.8 / 51.6 µs) and compiled in
+# half the time (nvcc 16.6 / 18.9 / 34.2 s; with powf called, cuda_prelude.py, 6.5 and 31.9).
+COMBO_UNROLL = 1
 
 
 def combinable(kernel: Kernel) -> bool:
@@ -39,7 +46,7 @@ def part_blocks(part: Kernel) -> tuple[int, int]:
     n = int(sh.static(sh.numel(part.outer)))
     lanes = pointwise_lanes(part, part=True)
     plans = [lane_plan(part, values) for values in lanes] if lanes else [vector_plan(part, 0)]
-    step = POINTWISE_THREADS * UNROLL * max((p.width for p in plans if p is not None), default=1)
+    step = POINTWISE_THREADS * COMBO_UNROLL * max((p.width for p in plans if p is not None), default=1)
     return max(1, -(-n // step)), len(lanes or ()) or 1
 
 
@@ -74,7 +81,8 @@ def render_combo(kernel: Kernel) -> str:
             start = end
         lines += ["  }", "}"]
     lines.append("#endif")
-    return "\n\n".join(bodies) + "\n" + "\n".join(lines)
+    unroll = f"#define EMBER_COMBO_UNROLL {COMBO_UNROLL}  // a part's elements (or groups) a thread per iteration"
+    return unroll + "\n\n" + "\n\n".join(bodies) + "\n" + "\n".join(lines)
 
 
 def combo_blocks(kernel: Kernel) -> int:
