@@ -93,6 +93,14 @@ class WrapperWriter(OutputLayouts, InputWrites):
                 needed |= sh.expr(e).free_symbols
         for k in self.s.kernels:
             needed |= set(k.sizes)
+        # the strides kernel outputs are allocated with, eager's: a size-1 dim keeps an input's
+        # stride there (y.float() of a (1, n) row of a larger tensor's storage), a symbol no
+        # shape and no kernel needs
+        for step in self.s.steps:
+            if isinstance(step, KernelStep):
+                for root in step.roots:
+                    for e in (self.s.buffers[root].strides or ()):
+                        needed |= sh.expr(e).free_symbols
         for o in self.s.graph.outputs:
             if o is not None and o.op is Op.CONST and isinstance(o.arg, sympy.Basic):
                 needed |= o.arg.free_symbols

@@ -86,6 +86,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # index_fill takes: they are wrapped first
     for op in (aten.index_fill.int_Scalar, aten.index_fill.int_Tensor):
         table[op] = _wrapping_negative_indices(table[op])
+    # (its value of any dtype: the decomposition's index_copy refused one not x's)
+    table[aten.index_fill.int_Tensor] = _fill_value_in_dtype(table[aten.index_fill.int_Tensor])
     table[aten.logsumexp.default] = _eager_when(table[aten.logsumexp.default], _over_no_dims)
     # eager's kernel converts its replacements unchecked (float32 posinf=1e39 is inf); the
     # decomposition's scalar_tensor raised "value cannot be converted ... without overflow"
@@ -345,6 +347,18 @@ def _wrapping_negative_indices(decomposition: Callable[..., Any]) -> Callable[..
             size = x.shape[dim] if x.dim() > 0 else 1
             index = torch.where(index < 0, index + size, index)
         return decomposition(x, dim, index, value)
+    return decompose
+
+
+def _fill_value_in_dtype(decomposition: Callable[..., Any]) -> Callable[..., Any]:
+    """index_fill's ``decomposition(x, dim, index, value)`` with its 0-d tensor value converted to
+    x's dtype, as eager fills with its item(). ATen keeps the op where eager raises: an index not
+    int64 (its IndexError), a value whose dtype can hold values out of x's range (overflow)."""
+    @functools.wraps(decomposition)
+    def decompose(x: torch.Tensor, dim: int, index: torch.Tensor, value: torch.Tensor) -> Any:
+        if index.dtype != torch.int64 or value.dtype != x.dtype and _value_may_overflow(x, index, value):
+            return NotImplemented
+        return decomposition(x, dim, index, value.to(x.dtype))
     return decompose
 
 
