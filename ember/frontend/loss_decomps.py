@@ -12,6 +12,12 @@ ATen's kernels exactly at the edges a test of eager catches:
 * ``binary_cross_entropy_backward``: eager divides by ``max(x * (1 - x), EPSILON)`` with
   EPSILON = 1e-12 *in the input's dtype*: 0 in float16, so an input of exactly 0 or 1 has a NaN
   or infinite gradient there, where torch's float32 epsilon gave a finite one.
+* ``nll_loss_backward`` and ``nll_loss2d_backward``: eager's kernels write each row's gradient
+  into its target's entry only (``w[t] * -(g / total_weight)``, zeros elsewhere). torch's multiplies
+  the one-hot row by ``g / total_weight * w`` broadcast over every class, so where that scale is
+  inf or NaN (a weighted mean whose targets all weigh 0: ``total_weight`` is 0) every entry was
+  NaN (``0 * inf``), where eager's are NaN at the targets and 0 elsewhere; and a negative scale
+  gave the other entries (and an ignored row's first) -0.0, where eager's are 0.0.
 
 Each computes in float32 for 16-bit inputs (torch's ``pw_cast_for_opmath``), as ember's kernels do.
 
@@ -82,6 +88,34 @@ def _bce_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.T
     return result
 
 
+def nll_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
+                      weight: torch.Tensor | None, reduction: int, ignore_index: int,
+                      total_weight: torch.Tensor) -> torch.Tensor:
+    """torch's ``_nll_loss_backward`` with the product taken at the targets' entries only, as
+    eager's kernels write them. The entries are picked by comparing positions with the target, not
+    by torch's scatter of a one-hot: run ahead of the forward's kernel (the gradient-in-forward
+    plan), ATen's scatter into 0 classes raised a RuntimeError where eager's bounds check raises
+    IndexError (the forward's gather checks the targets, as eager does)."""
+    channel_dim = 0 if self.dim() < 2 else 1
+    if reduction == _MEAN:
+        grad_output = grad_output / total_weight
+    if self.dim() == 1 and target.dim() > 0:  # (eager's kernel reads target[0] only)
+        target = target[0]
+    target = target.unsqueeze(channel_dim)
+    valid = target != ignore_index
+    safe_target = torch.where(valid, target, 0)
+    shape = [1] * self.dim()
+    shape[channel_dim] = self.shape[channel_dim]
+    hit = torch.arange(self.shape[channel_dim], device=self.device).reshape(shape) == safe_target
+    if self.dim() > grad_output.dim() > 0:
+        grad_output = grad_output.unsqueeze(channel_dim)
+    if weight is not None:
+        grad_output = grad_output * weight.reshape(shape)
+    # (torch's mask of the ignored rows, as it is: the partitioner reads it, scale_nan.py)
+    grad_output = torch.where(valid, grad_output, 0)
+    return torch.where(hit & valid, -grad_output, 0)
+
+
 def _opmath(input: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Both operands in the dtype eager's kernel computes in: their common dtype, float32 for 16 bits."""
     common = torch.result_type(input, target)
@@ -116,4 +150,6 @@ def loss_decompositions() -> dict[Any, Callable[..., Any]]:
     return {aten.huber_loss.default: huber_loss, aten.soft_margin_loss.default: soft_margin_loss,
             aten.smooth_l1_loss_backward.default: smooth_l1_loss_backward,
             aten.soft_margin_loss_backward.default: soft_margin_loss_backward,
-            aten.binary_cross_entropy_backward.default: binary_cross_entropy_backward}
+            aten.binary_cross_entropy_backward.default: binary_cross_entropy_backward,
+            aten.nll_loss_backward.default: nll_loss_backward,
+            aten.nll_loss2d_backward.default: nll_loss_backward}
