@@ -119,6 +119,20 @@ def test_a_parts_blocks_take_one_unrolled_step_of_groups(kernels_of, monkeypatch
     assert blocks[4099] == [-(-4099 // (256 * unroll)), 1]  # odd: no 16-byte groups, an element at a time
 
 
+@needs_nvcc
+def test_an_adam_combo_calls_powf_and_compiles(tmp_path):
+    # each parameter's two bias corrections are powf of its step: called, not inlined, in a
+    # combo (one function of every part: inlined, they took most of ptxas's time)
+    params = [torch.nn.Parameter(torch.randn(n)) for n in SIZES]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.Adam(params, lr=1e-2, foreach=True)
+    opt.step()  # (its state)
+    combos = [k.source for k in explain(opt.step).kernels if "combo_of" in k.name]
+    assert len(combos) == 1 and "ember_powf_call(" in combos[0] and not re.search(r"\bpowf\(", combos[0])
+    compile_batches(combos, tmp_path, per_file=1)
+
+
 def test_what_a_combo_leaves_alone(kernels_of):
     # a kernel too large to gain from sharing a launch, and sizes known only at the call
     (large, small), _ = kernels_of(sgd_momentum, *sized((MAX_PART_ELEMENTS + 1, 768)))
