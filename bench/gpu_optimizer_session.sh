@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the optimizer steps on the GPU: the foreach tests on the device, the CUDA
 # C++ combo kernels' unroll compared on a small GPT's Adam step, and the GPT-2-size step.
-# Each part's output goes to $OUT/<part>.txt. Tests need expecttest (carry .whl/, see below).
+# Each part's output goes to $OUT/<part>.txt; PARTS=a,b runs only those. Tests need expecttest
+# (carry .whl/, see below).
 #     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 #     PYTHONPATH=/tmp/site:. bash bench/gpu_optimizer_session.sh
 set -uo pipefail
@@ -9,16 +10,7 @@ OUT=${OUT:-/tmp/ember-session}
 mkdir -p "$OUT"
 export EMBER_CACHE_DIR=${EMBER_CACHE_DIR:-$OUT/cache-ignored}
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-run_part() {  # name, seconds, command...
-  local name=$1 limit=$2; shift 2
-  local start=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
-  echo "$name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/parts.txt"
-}
-PARTS=${PARTS:-foreach_tests,adam_small,adam_gpt2}  # which parts run
-part() {  # name, seconds, command...: skipped unless named in PARTS
-  [[ ",$PARTS," == *",$1,"* ]] && run_part "$@"
-}
+source "$(dirname "$0")/session_parts.sh"  # part NAME SECONDS COMMAND... (PARTS picks)
 part foreach_tests 120 env EMBER_TEST_DEVICE=cuda python -m pytest -q -p no:logging tests/test_cuda_foreach.py
 # (compiling an Adam step over 52-148 parameters takes Dynamo, Inductor and ember 20-60 s each)
 part adam_small ${SMALL_LIMIT:-300} python bench/optimizer_step.py --device cuda --optimizer adam --gpt 256,4,8192 --profile \

@@ -8,12 +8,7 @@ OUT=${OUT:-/tmp/ember-session}
 mkdir -p "$OUT"
 export EMBER_CACHE_DIR=${EMBER_CACHE_DIR:-$OUT/cache-ignored}
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-part() {  # name, seconds, command...
-  local name=$1 limit=$2; shift 2
-  local start=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
-  echo "$name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/parts.txt"
-}
+source "$(dirname "$0")/session_parts.sh"  # part NAME SECONDS COMMAND... (PARTS picks)
 part fusion 200 python bench/gpu_fusion.py --backends triton
 part warm_start 200 python bench/warm_start.py --device cuda --reps 3
 part ce_probe 120 python bench/ce_combine_probe.py
