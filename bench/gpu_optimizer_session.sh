@@ -6,11 +6,7 @@
 #     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 #     PYTHONPATH=/tmp/site:. bash bench/gpu_optimizer_session.sh
 set -uo pipefail
-OUT=${OUT:-/tmp/ember-session}
-mkdir -p "$OUT"
-export EMBER_CACHE_DIR=${EMBER_CACHE_DIR:-$OUT/cache-ignored}
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-source "$(dirname "$0")/session_parts.sh"  # part NAME SECONDS COMMAND... (PARTS picks)
+source "$(dirname "$0")/session_parts.sh"  # $OUT, a fresh kernel cache, the GPU; part NAME SECONDS COMMAND...
 part foreach_tests 120 env EMBER_TEST_DEVICE=cuda python -m pytest -q -p no:logging tests/test_cuda_foreach.py
 # (compiling an Adam step over 52-148 parameters takes Dynamo, Inductor and ember 20-60 s each)
 part adam_small ${SMALL_LIMIT:-300} python bench/optimizer_step.py --device cuda --optimizer adam --gpt 256,4,8192 --profile \

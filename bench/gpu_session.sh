@@ -4,11 +4,7 @@
 # Each part's output goes to $OUT/<part>.txt.
 #     PYTHONPATH=. bash bench/gpu_session.sh
 set -uo pipefail
-OUT=${OUT:-/tmp/ember-session}
-mkdir -p "$OUT"
-export EMBER_CACHE_DIR=${EMBER_CACHE_DIR:-$OUT/cache-ignored}
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-source "$(dirname "$0")/session_parts.sh"  # part NAME SECONDS COMMAND... (PARTS picks)
+source "$(dirname "$0")/session_parts.sh"  # $OUT, a fresh kernel cache, the GPU; part NAME SECONDS COMMAND...
 part fusion 200 python bench/gpu_fusion.py --backends triton
 part warm_start 200 python bench/warm_start.py --device cuda --reps 3
 part ce_probe 120 python bench/ce_combine_probe.py
