@@ -66,6 +66,8 @@ def test_cross_entropy_over_no_classes_raises_eagers_index_error_in_training(red
     # The gradient-in-forward plan runs the backward's chain next to the loss: torch's one-hot
     # scatter into 0 classes ran as ATen ahead of the loss's kernel, a RuntimeError where eager's
     # bounds check raises IndexError
+    if DEVICE != "cpu":
+        pytest.skip("eager's CUDA kernel asserts on the device, which poisons the context for later tests")
     x = torch.randn(3, 0, device=DEVICE, requires_grad=True)
     target = torch.zeros(3, dtype=torch.long, device=DEVICE)
 

@@ -21,6 +21,9 @@ ATen's kernels exactly at the edges a test of eager catches:
 
 Each computes in float32 for 16-bit inputs (torch's ``pw_cast_for_opmath``), as ember's kernels do.
 
+``nll_loss_forward`` of one sample (a 1-d input) whose target is ignored, a mean: eager's CUDA
+kernel gives 0 where its CPU kernel (and torch's decomposition) divide 0 by a total weight of 0.
+
 Two forward losses, whose decompositions promote their result:
 
 * ``huber_loss`` and ``soft_margin_loss``: eager's kernels write the elementwise loss into a
@@ -35,9 +38,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._decomp import decomposition_table
 from torch._decomp.decompositions import pw_cast_for_opmath
 
 aten = torch.ops.aten
+_TORCH_NLL_LOSS_FORWARD = decomposition_table[aten.nll_loss_forward.default]
 
 _MEAN, _SUM = 1, 2  # torch's Reduction enum: 0 none, 1 mean, 2 sum
 
@@ -116,6 +121,15 @@ def nll_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: tor
     return torch.where(hit & valid, -grad_output, 0)
 
 
+def nll_loss_forward(self: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int,
+                     ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's decomposition, with a GPU's loss of one ignored sample 0 as eager's CUDA kernel writes it."""
+    output, total_weight = _TORCH_NLL_LOSS_FORWARD(self, target, weight, reduction, ignore_index)
+    if self.dim() == 1 and reduction == _MEAN and self.device.type == "cuda":
+        output = torch.where(target.reshape(()) != ignore_index, output, 0)
+    return output, total_weight
+
+
 def _opmath(input: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Both operands in the dtype eager's kernel computes in: their common dtype, float32 for 16 bits."""
     common = torch.result_type(input, target)
@@ -151,5 +165,6 @@ def loss_decompositions() -> dict[Any, Callable[..., Any]]:
             aten.smooth_l1_loss_backward.default: smooth_l1_loss_backward,
             aten.soft_margin_loss_backward.default: soft_margin_loss_backward,
             aten.binary_cross_entropy_backward.default: binary_cross_entropy_backward,
+            aten.nll_loss_forward.default: nll_loss_forward,
             aten.nll_loss_backward.default: nll_loss_backward,
             aten.nll_loss2d_backward.default: nll_loss_backward}
