@@ -29,6 +29,7 @@ from .frontend.dtype_refusals import eager_kernel_refusal, traceback_frames
 from .frontend.dynamo import make_backend
 from .frontend.fma_rewrites import restore_inplace_updates
 from .frontend.guard_profile import without_guard_profiling
+from .frontend.input_sharing import eager_where_inputs_newly_share_memory
 from .frontend.module_frames import own_frame_per_class
 from .frontend.overlap import refuses_inplace_cast, writes_overlapping_memory, writes_through_a_gapped_unfold
 from .passes.pipeline import check_pass_names
@@ -160,11 +161,12 @@ def _backend(cfg: Config, sink: list[GraphReport] | None) -> Callable[..., Any]:
         return compile_graph(gm, example_inputs, kind, cfg, sink)
     # a report shows every graph going through the whole pipeline: no cached graphs there
     backend = cached_backend(compile_one, cfg) if sink is None else make_backend(compile_one, cfg)
-    backend = _eager_where_torch_cannot_trace(backend)
+    backend = _eager_where_torch_cannot_trace(backend, cfg.check_input_sharing)
     return backend if cfg.profile_guards else without_guard_profiling(backend)
 
 
-def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[..., Any]:
+def _eager_where_torch_cannot_trace(backend: Callable[..., Any],
+                                    check_input_sharing: bool = True) -> Callable[..., Any]:
     """``backend``, or Dynamo's graph run eagerly where AOTAutograd cannot trace it before ember
     sees it (torch's own decompositions: a mean loss's gradient over an empty batch divides by
     its numel in Python). The user's program runs, with one warning; an error the graph's ops
@@ -173,7 +175,9 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[...
     which functionalization gets wrong (``frontend/overlap.py``), as it does writes through an
     ``unfold`` view with gaps between its windows, calls with
     forward-mode AD dual tensors, whose tangents ember's kernels drop, and training graphs over
-    inference tensors that save or return them (``frontend/autograd_inputs.py``)."""
+    inference tensors that save or return them (``frontend/autograd_inputs.py``). With
+    ``check_input_sharing``, so do the calls of a compiled graph whose inputs newly overlap one it
+    writes (``frontend/input_sharing.py``)."""
     def compile_or_eager(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         if restore_inplace_updates(gm):
             # (no warning: an update eager refuses (an add_'s tensor alpha) raises eager's error)
@@ -206,6 +210,8 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any]) -> Callable[...
             return _eagerly(gm)
         try:
             compiled = backend(gm, example_inputs)
+            if check_input_sharing:
+                compiled = eager_where_inputs_newly_share_memory(compiled, gm, example_inputs)
             return eager_for_dual_tensors(with_normal_copies(compiled, inference) if inference else compiled, gm)
         except Exception as e:  # noqa: BLE001 -- any failure to trace: eager runs the graph
             if isinstance(e, torch._dynamo.exc.TorchDynamoException) or not _in_torch_tracing(e):

@@ -22,6 +22,8 @@ overrides any field for one compiled function.
                    pointwise ops that read them (see matmul_epilogues)
   EMBER_COMBO_KERNELS  0 launches each pointwise kernel of a foreach step on its own on the GPU
                    (see combo_kernels)
+  EMBER_CHECK_INPUT_SHARING  0 drops the per-call check of inputs that newly share memory with
+                   one the graph writes (see check_input_sharing)
   EMBER_BACKGROUND_COMPILE  0 compiles matmul kernels and new Triton variants at the call that
                    needs them, not in a background thread (see background_compile)
 """
@@ -118,6 +120,12 @@ class Config:
     # 'full' compiles and times 4-25 candidates once (seconds per kernel) and remembers the
     # fastest in the cache directory, where later 'heuristic' runs find and use it too.
     triton_tuning: str = field(default_factory=lambda: _env_choice("EMBER_TRITON_TUNING", TRITON_TUNINGS))
+    # Check each call of a graph that writes an input for tensor inputs that newly share memory
+    # with it (views of one buffer where the graph was compiled for tensors apart), and run such
+    # calls eagerly (frontend/input_sharing.py): about 0.1 us an input a call. Dynamo guards one
+    # tensor passed twice, not two views of one memory; without the check (and in Inductor), a
+    # kernel may read what it has already overwritten.
+    check_input_sharing: bool = field(default_factory=lambda: _env_int("EMBER_CHECK_INPUT_SHARING", 1) != 0)
     # Fuse at all (False: every op its own kernel, useful to bisect a wrong result).
     fusion: bool = True
     # Pointwise subtrees larger than this are stored once rather than recomputed in each kernel

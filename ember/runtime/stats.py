@@ -20,6 +20,7 @@ KEYS = (
     "calls_while_compiling",  # kernel calls run through ATen while their kernel compiled in the background
     "matmuls_through_aten",   # Hopper matmul calls whose operands TMA cannot read (ran through ATen)
     "timed_choices",      # graphs (per size bucket) that chose between fused matmuls and cuBLAS by timing
+    "calls_on_shared_inputs",  # calls run eagerly: inputs newly meeting one the graph writes (input_sharing.py)
 )
 
 
