@@ -5,8 +5,9 @@
 step must leave them as eager does. Correctness first: three steps of each compiled variant
 from the same start as eager's, every parameter and state tensor compared (relative error).
 Then the step alone is timed (wall time on the CPU, CUDA events on the GPU, medians of
-interleaved runs) with the gradients fixed, and the host program's writes into the inputs
-counted: stored in place by a kernel, or copied at the end.
+interleaved runs; on the GPU also the host's time to issue a step) with the gradients fixed,
+and the host program's writes into the inputs counted: stored in place by a kernel, or copied at
+the end.
 
     PYTHONPATH=. python bench/optimizer_step.py [--device cpu|cuda] [--optimizer adam|adamw|sgd]
                                                 [--params 8] [--numel 1048576] [--reps 20]
@@ -76,6 +77,21 @@ def compiled_step(variant: str, opt: torch.optim.Optimizer, report: Any = None) 
     return ember.compile(opt.step, report=report)
 
 
+def host_times(steps: dict[str, Callable[[], Any]], calls: int = 30, rounds: int = 5) -> dict[str, float]:
+    """Host µs a step: calls issued back to back, without a sync (the GPU's queue takes them),
+    timed on the host clock; medians of interleaved rounds."""
+    seen: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                step()
+            seen[name].append((time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return {k: sorted(v)[len(v) // 2] for k, v in seen.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -125,12 +141,15 @@ def main() -> None:
         times = interleaved_gpu_times(steps)
     else:
         times = {k: v * 1e3 for k, v in median_times(steps, reps=args.reps).items()}
+    host = host_times(steps) if args.device == "cuda" else {}
     for row in rows:
         row.insert(2, f"{times[row[0]]:.3f}")
+        row.insert(3, f"{host[row[0]]:.1f}" if host else "")
     for row in rows:
         base = times.get("eager")
-        row.insert(3, f"{base / times[row[0]]:.2f}x" if base else "")
-    print(table(rows, ["variant", "rel. error after 3 steps", "ms / step", "vs eager", "input writes"]))
+        row.insert(4, f"{base / times[row[0]]:.2f}x" if base else "")
+    print(table(rows, ["variant", "rel. error after 3 steps", "ms / step", "host µs / step", "vs eager",
+                       "input writes"]))
     if args.profile and args.device == "cuda":
         for variant, step in steps.items():
             kernels = profiled_kernels(step, full_names=True)
