@@ -18,7 +18,10 @@ the end.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import math
+import pstats
 import time
 import warnings
 from collections.abc import Callable
@@ -104,6 +107,8 @@ def main() -> None:
                         help="of eager, inductor, ember, ember-nocombo, ember-cuda, ember-cuda-uN "
                         "(combo parts unrolled N times)")
     parser.add_argument("--profile", action="store_true", help="list each variant's CUDA kernels a step")
+    parser.add_argument("--host-profile", type=int, default=0,
+                        help="print the N functions with the most host time in 50 steps of each compiled variant")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*record_function.*")
     import ember
@@ -150,6 +155,18 @@ def main() -> None:
         row.insert(4, f"{base / times[row[0]]:.2f}x" if base else "")
     print(table(rows, ["variant", "rel. error after 3 steps", "ms / step", "host µs / step", "vs eager",
                        "input writes"]))
+    if args.host_profile:
+        for variant, step in steps.items():
+            if variant == "eager":
+                continue
+            profile = cProfile.Profile()
+            profile.enable()
+            for _ in range(50):
+                step()
+            profile.disable()
+            out = io.StringIO()
+            pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.host_profile)
+            print(f"{variant}: host profile of 50 steps\n" + out.getvalue().split("\n\n", 1)[-1])
     if args.profile and args.device == "cuda":
         for variant, step in steps.items():
             kernels = profiled_kernels(step, full_names=True)
