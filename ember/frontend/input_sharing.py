@@ -54,9 +54,7 @@ def eager_where_inputs_newly_share_memory(compiled: Callable[..., Any], gm: torc
     shared = [n for n, label in enumerate(compiled_labels) if label != n or compiled_labels.count(n) > 1]
     compiled_offsets = [_static_int(examples[n].storage_offset()) for n in shared]
     met_when_compiled = _meeting_pairs(examples, compiled_labels, static=True)
-    pick = operator.itemgetter(*tensors)
-
-    count = len(tensors)
+    pick, count = operator.itemgetter(*tensors), len(tensors)
 
     def call(*args: Any) -> Any:
         ts = pick(args)
@@ -137,4 +135,3 @@ def _written_tensors(node: torch.fx.Node) -> list[Any]:
     """What ``node`` writes, a foreach op's lists of tensors too."""
     lists = [a for a in _written(node) if isinstance(a, (list, tuple))]
     return [*_written_values(node), *(_value(x) for a in lists for x in a)]
-

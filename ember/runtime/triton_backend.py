@@ -467,7 +467,8 @@ _data_ptr = torch.Tensor.data_ptr
 
 def _wide(tensors: tuple[torch.Tensor, ...]) -> bool:
     """Can a kernel's offsets into any of ``tensors`` reach 2^31 (``needs_int64_offsets``)?
-    Contiguous tensors of fewer elements cannot: one test each, in one loop (every launch asks)."""
+    Contiguous tensors of fewer elements cannot: one test each, in one loop (a launch asks once
+    per sizes)."""
     for t in tensors:
         if (not t.is_contiguous() or t.numel() >= 2**31) and needs_int64_offsets(t):
             return True
