@@ -4,6 +4,7 @@ what eager gives."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -442,3 +443,42 @@ def test_in_place_updates_with_a_symbolic_value_or_an_alpha_needing_grad_are_eag
 def _addcmul_value_into(a, b, c, value):
     a.addcmul_(b, c, value=value)
     return a
+
+
+def test_each_tensors_address_is_read_once_across_kernels():
+    # An Adam step's outputs stored in place and read again by the next kernel: each memory's
+    # data_ptr() is read once a call (it was read again under every name, by every kernel)
+    params = [torch.randn(n, requires_grad=True) for n in (8, 16, 5)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    for p, r in zip(params, ref):
+        r.grad = p.grad.clone()
+    opt, ref_opt = torch.optim.Adam(params, foreach=True), torch.optim.Adam(ref, foreach=True)
+    report = ember.Report()
+    step = ember.compile(opt.step, report=report)
+    for _ in range(3):
+        step()
+        ref_opt.step()
+    assert_same([p.detach() for p in params], [r.detach() for r in ref])
+    wrapper = "\n".join(g.wrapper for g in report.graphs)
+    reads = re.findall(r"(\w+)\.data_ptr\(\)", wrapper)
+    assert len([line for line in wrapper.splitlines() if line.strip().startswith("fused_")]) >= 2, wrapper
+    assert reads and len(reads) == len(set(reads)), wrapper
+    assert re.search(r"\(\w+_p := \w+\.data_ptr\(\)\)", wrapper), wrapper
+
+
+def test_an_address_is_read_again_after_an_aten_call():
+    # a pointer kept in a local is forgotten where anything but a kernel runs in between
+    def fn(x, y):
+        a = (x + 1).sin()
+        b = torch.linalg.matrix_exp(a.reshape(2, 2)).reshape(4)  # (ATen)
+        return (a * y + b).cos(), a
+    x, y = torch.randn(4), torch.randn(4)
+    report = ember.Report()
+    assert_same(ember.compile(fn, report=report)(x, y), fn(x, y))
+    wrapper = "\n".join(g.wrapper for g in report.graphs)
+    calls = [line.strip() for line in wrapper.splitlines() if line.strip().startswith("fused_")]
+    assert len(calls) == 2 and "aten_linalg_matrix_exp" in wrapper, wrapper
+    assert re.search(r"\((\w+)_p := \1\.data_ptr\(\)\)", calls[0]), wrapper  # kept after the first kernel ...
+    assert not re.search(r"[(, ]\w+_p[,)]", calls[1]), wrapper  # ... and read again after the ATen call

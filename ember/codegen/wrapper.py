@@ -14,6 +14,10 @@ output of the same size, dtype and layout as a buffer that dies in that kernel i
 (``schedule/inplace.py`` says when that is safe): the buffer is one of ember's own, a matmul's
 result, or a backward's saved tensor that nothing else can see (``InputSpec.donated``; reused
 only when autograd will not run the backward again, ``retain_graph=False``).
+
+Kernels that take raw addresses get each memory's ``data_ptr()`` once between ATen calls: where a
+later argument (an output stored in place, ``buf0 = arg0_1``, or a later kernel's input) is the
+same memory, the first read keeps it in a local, ``(arg0_1_p := arg0_1.data_ptr())``.
 """
 
 from __future__ import annotations
@@ -76,13 +80,20 @@ class WrapperWriter(OutputLayouts, InputWrites):
         # buffers something views: their memory outlives their last direct read
         self.viewed = {schedule.buffers[s.base].name for s in schedule.steps if isinstance(s, ViewStep)}
         self.view_base = {s.node: s.base for s in schedule.steps if isinstance(s, ViewStep)}  # replayed views
+        # data_ptr() read once: a variable's pointer local (``arg0_1_p``), valid while only kernel
+        # calls and their buffers' lines run (an ATen call or anything else forgets them all), and
+        # the variables that hold another's memory (an output stored in place: ``buf0 = arg0_1``)
+        self.pointers: dict[str, str] = {}
+        self.same_memory: dict[str, str] = {}
 
     def _const(self, value: Any, hint: str = "c") -> str:
         name = hint if hint not in self.constants else f"{hint}_{len(self.constants)}"
         self.constants[name] = value
         return name
 
-    def emit(self, line: str, depth: int = 1) -> None:
+    def emit(self, line: str, depth: int = 1, keeps_pointers: bool = False) -> None:
+        if not keeps_pointers:
+            self.pointers.clear()
         self.lines.append("    " * depth + line)
 
     # ---- sizes ----------------------------------------------------------------------------
@@ -228,7 +239,7 @@ class WrapperWriter(OutputLayouts, InputWrites):
                 self._view(step)
             dead = [v for v, last in last_use.items() if last == i and v not in self.output_vars]
             if dead:
-                self.emit("del " + ", ".join(sorted(dead)))
+                self.emit("del " + ", ".join(sorted(dead)), keeps_pointers=True)
         returned = [self._output(i, o) for i, o in enumerate(g.outputs)]
         shared = self._views_of_one_copy(fresh, returned)
         for i in fresh:
@@ -283,11 +294,12 @@ class WrapperWriter(OutputLayouts, InputWrites):
         for root in step.roots:
             if root in into:
                 self.emit(f"{self.var[root]} = {self.var[into[root]]}  # the new value of {self.var[into[root]]}, "
-                          "stored in place")
+                          "stored in place", keeps_pointers=True)
+                self.same_memory[self.var[root]] = self._memory_var(self.var[into[root]])
             elif root in reuse:
-                self.emit(self._write_over(root, reuse[root]))
+                self.emit(self._write_over(root, reuse[root]), keeps_pointers=True)
             else:
-                self.emit(self._allocate(root))
+                self.emit(self._allocate(root), keeps_pointers=True)
             if root in step.fills and not (root in into and step.fills[root] is into[root]):
                 # a write at indices starts from the tensor written into (unless it is that tensor)
                 source = step.fills[root]
@@ -295,21 +307,46 @@ class WrapperWriter(OutputLayouts, InputWrites):
                     value = repr(source) if not isinstance(source, float) or math.isfinite(source) else (
                         f"float({str(source)!r})")
                     self.emit(f"{self.var[root]}.zero_()" if is_plus_zero(source)
-                              else f"{self.var[root]}.fill_({value})")
+                              else f"{self.var[root]}.fill_({value})", keeps_pointers=True)
                 else:
-                    self.emit(f"{self.var[root]}.copy_({self.var[source]})")
+                    self.emit(f"{self.var[root]}.copy_({self.var[source]})", keeps_pointers=True)
         if call.fallback:
             self.emit(f"# {k.name} {call.why_aten}: its ops run through ATen")
         tensors = call.pass_tensors or call.fallback
-        args = [p.name if tensors else f"{p.name}.data_ptr()" for p in k.params] + [s.name for s in k.sizes]
+        args = [p.name for p in k.params] if tensors else self._pointer_args(step, i)
+        args += [s.name for s in k.sizes]
         if call.uses_error_flag:
             args.append("error_flag")
         line = f"{call.name}({', '.join(args)})"
         if self.timed:
             line = f"timed({call.name!r}, lambda: {line})"
-        self.emit(line)
+        self.emit(line, keeps_pointers=not tensors)
         if call.uses_error_flag:
-            self.emit("check_error_flag(error_flag)")
+            self.emit("check_error_flag(error_flag)", keeps_pointers=True)
+
+    def _memory_var(self, name: str) -> str:
+        return self.same_memory.get(name, name)
+
+    def _pointer_args(self, step: KernelStep, i: int) -> list[str]:
+        """A kernel's tensor arguments as addresses: ``x.data_ptr()``, kept in a local
+        (``x_p := x.data_ptr()``) where this call or a later kernel's passes the same memory again
+        (an Adam step's in-place outputs, read by the next kernel: 520 data_ptr() calls a step for
+        208 tensors before)."""
+        later = {p.name for s in self.s.steps[i + 1:] if isinstance(s, KernelStep) for p in s.kernel.params}
+        params = [p.name for p in step.kernel.params]
+        memories = [self._memory_var(name) for name in params]  # (the cache's keys)
+        args = []
+        for n, (name, memory) in enumerate(zip(params, memories)):
+            if memory in self.pointers:
+                args.append(self.pointers[memory])
+            elif not self.timed and (memory in memories[n + 1:] or memory in later or name in later):
+                # (read through this call's own name: the variable first holding the memory may
+                # have been deleted already)
+                self.pointers[memory] = f"{memory}_p"
+                args.append(f"({memory}_p := {name}.data_ptr())")
+            else:
+                args.append(f"{name}.data_ptr()")
+        return args
 
     def _reuse(self, step: KernelStep, i: int) -> dict[Node, Node]:
         """Outputs of this kernel that it may write over an input dying in it (see the module
