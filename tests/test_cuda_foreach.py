@@ -133,6 +133,25 @@ def test_an_adam_combo_calls_powf_and_compiles(tmp_path):
     compile_batches(combos, tmp_path, per_file=1)
 
 
+@needs_nvcc
+@pytest.mark.parametrize("n, short", [(768, True), (4096, False)])
+def test_many_short_lanes_unroll_once_and_call_powf(tmp_path, n, short):
+    # a GPT-2 Adam step's 74 parameters of 768 elements, a lane each: one block step covers a
+    # lane, so the lanes unroll once and call powf (nvcc: 52 s unrolled 4 times, powf inlined);
+    # long lanes keep EMBER_UNROLL and inline it
+    params = [torch.nn.Parameter(torch.randn(n)) for _ in range(cuda.MANY_LANES + 2)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.Adam(params, lr=1e-2, foreach=True)
+    opt.step()  # (its state)
+    lanes = [k.source for k in explain(opt.step).kernels if len(cases(k.source)) == len(params)]
+    assert len(lanes) == 1, [k.name for k in explain(opt.step).kernels]
+    source = lanes[0]
+    assert ("ember_u < 1;" in source and "EMBER_UNROLL" not in source) is short
+    assert ("ember_powf_call(" in source and not re.search(r"\bpowf\(", source)) is short
+    compile_batches(lanes, tmp_path, per_file=1)
+
+
 def test_what_a_combo_leaves_alone(kernels_of):
     # a kernel too large to gain from sharing a launch, and sizes known only at the call
     (large, small), _ = kernels_of(sgd_momentum, *sized((MAX_PART_ELEMENTS + 1, 768)))

@@ -114,9 +114,12 @@ CUDA = Language(
     flags_int_division=False,  # no error flag on the GPU: integer division by zero gives 0
     search_hints=False,        # a thread handles too few elements for a hint to help
 )
-# a combo's parts (codegen/cuda_combos.py): one function holds every part, so what each inlines
-# multiplies; powf is called (cuda_prelude.py: ember_powf_call)
+# a combo's parts (codegen/cuda_combos.py), and a kernel of many short lanes: one function holds
+# every part or lane, so what each inlines multiplies; powf is called (cuda_prelude.py: ember_powf_call)
 CUDA_PART = dataclasses.replace(CUDA, fast_f32={**CUDA.fast_f32, Op.POW: "ember_powf_call({}, {})"})
+# Lanes from which a pointwise kernel whose lanes take one block step each unrolls once and calls
+# powf (CudaKernelRenderer)
+MANY_LANES = 8
 
 
 
@@ -131,8 +134,14 @@ class CudaKernelRenderer:
         # a combo's part (codegen/cuda_combos.py): a pointwise body whose block, block count and
         # lane are arguments, the combo's block b - (the blocks of the parts before it)
         self.part = part
-        self.body = BodyRenderer(kernel, CUDA_PART if part else CUDA)
         self.strategy = strategy(kernel)
+        # many lanes of at most a block's step each (a GPT-2 Adam step's 74 parameters of 768
+        # elements): one step, unrolled once, powf called (the launch's one block a lane covers
+        # the lane either way); unrolled 4 times, powf inlined, nvcc took 52 of the step's 72 s
+        many_lanes = not part and len(pointwise_lanes(kernel) or ()) > MANY_LANES
+        elements = sympy.Mul(*kernel.outer)
+        one_step = many_lanes and elements.is_Integer and int(elements) <= POINTWISE_THREADS * 4
+        self.body = BodyRenderer(kernel, CUDA_PART if part or one_step else CUDA)
         # a column kernel's inner domain, or a row kernel's rows, in gridDim.y slices
         self.split = split_columns(kernel) or split_rows(kernel)
         self.lines: list[str] = []
@@ -160,7 +169,7 @@ class CudaKernelRenderer:
         self.loop = 0  # the inner loop being rendered
         # elements a thread takes per iteration of a strided loop (a column kernel's lanes: rows;
         # a combo's part: its own, codegen/cuda_combos.py)
-        self.unroll = ("EMBER_COMBO_UNROLL" if part else
+        self.unroll = ("EMBER_COMBO_UNROLL" if part else "1" if one_step else
                        "EMBER_COLUMN_UNROLL" if self.strategy == "columns" else "EMBER_UNROLL")
 
     def emit(self, line: str) -> None:
@@ -324,7 +333,7 @@ class CudaKernelRenderer:
         self.close()
 
     def _pointwise_loop(self, values: list[Value], plan: VectorPlan | None) -> None:
-        start, stride = _GRID_START, _GRID_STRIDE
+        start, stride = (g.replace("EMBER_UNROLL", self.unroll) for g in (_GRID_START, _GRID_STRIDE))
         if self.part:  # the combo's block numbers, not the grid's
             start = f"(I)ember_block * blockDim.x * {self.unroll} + threadIdx.x"
             stride = f"(I)ember_blocks * blockDim.x * {self.unroll}"
