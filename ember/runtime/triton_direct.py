@@ -19,7 +19,9 @@ tensor descriptors, no cuda-python) keep Triton's own launcher.
 from __future__ import annotations
 
 import ctypes
+import operator
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -104,6 +106,8 @@ class DirectLauncher:
         self.argument_letters = "".join(_TYPE_LETTERS[kind] for _, kind in layout) + "OO"  # (+ the scratches)
         self.layout = [(i, ctypes.c_void_p is kind) for i, kind in layout]
         self.positions = [i for i, _ in layout]
+        # (the launch's values in one C call, not a Python loop: a 208-tensor combo's arguments)
+        self._values = _picker(self.positions)
         self._slots = [kind() for _, kind in layout] + [ctypes.c_void_p(0), ctypes.c_void_p(0)]  # scratch
         self._argv = (ctypes.c_void_p * len(self._slots))(*[ctypes.addressof(s) for s in self._slots])
         self._argv_address = ctypes.addressof(self._argv)
@@ -120,8 +124,7 @@ class DirectLauncher:
     def launch_addresses(self, grid_x: int, grid_y: int, stream: int, args: tuple[Any, ...]) -> None:
         """``__call__`` with every pointer argument given as its address already (the launcher
         took them for the call's specialization): no tensor looked at twice."""
-        if self._static is not None and self._launch_static(
-                grid_x, grid_y, stream, tuple([args[i] for i in self.positions] + [None, None])):
+        if self._static is not None and self._launch_static(grid_x, grid_y, stream, self._values(args) + (None, None)):
             return
         self._launch_through_cuda_python(grid_x, grid_y, stream, args)
 
@@ -154,3 +157,13 @@ class DirectLauncher:
                 (err,) = self.driver.cuLaunchKernel(self.function, grid_x, grid_y, 1, self.threads, 1, 1,
                                                     self.shared, handle, self._argv_address, 0)
         _check(self.driver, err, f"launching {self.name} (grid {grid_x}x{grid_y})")
+
+
+def _picker(positions: list[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """args -> the tuple of args at ``positions``."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    if positions:
+        only = positions[0]
+        return lambda args: (args[only],)
+    return lambda args: ()
