@@ -78,3 +78,23 @@ def test_cross_entropy_over_no_classes_raises_eagers_index_error_in_training(red
         loss(x, target)
     with pytest.raises(IndexError):
         ember.compile(loss)(x, target)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtypes", [(torch.float64, torch.float32), (torch.float32, torch.float64)])
+def test_huber_loss_of_mixed_dtypes_raises_eagers_error_in_the_backward(dtypes, reduction):
+    # eager computes the forward and its backward kernel refuses the mix; ember's decomposition
+    # computed a gradient
+    x = torch.rand(6, dtype=dtypes[0], device=DEVICE, requires_grad=True)
+    target = torch.rand(6, dtype=dtypes[1], device=DEVICE)
+
+    def loss(x, t):
+        return F.huber_loss(x, t, reduction=reduction)
+
+    with pytest.raises(RuntimeError, match="Found dtype") as eager_error:
+        loss(x, target).sum().backward()
+    out = ember.compile(loss)(x, target)
+    assert_same(out, loss(x, target))
+    with pytest.raises(RuntimeError, match="Found dtype") as ember_error:
+        out.sum().backward()
+    assert str(ember_error.value) == str(eager_error.value)

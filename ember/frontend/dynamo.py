@@ -170,6 +170,9 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     for op, at in ((aten.nll_loss_forward.default, 1), (aten.nll_loss2d_forward.default, 1),
                    (aten.nll_loss_backward.default, 2), (aten.nll_loss2d_backward.default, 2)):
         table[op] = _eager_when(table[op], functools.partial(_nll_refused, at=at))
+    # eager's huber_loss_backward kernel refuses an input and a target of different dtypes
+    # ("Found dtype Float but expected Double"), whose forward it computes
+    table[aten.huber_loss_backward.default] = _eager_when(table[aten.huber_loss_backward.default], _mixed_operands)
     # batch norm's mean in training as eager's: inf where a channel holds inf (norm_decomps.py)
     table.update(batch_norm_decompositions())
     for op in (aten._native_batch_norm_legit_no_training.default, aten._native_batch_norm_legit_functional.default,
@@ -390,6 +393,10 @@ def _value_may_overflow(x: torch.Tensor, mask: torch.Tensor, value: torch.Tensor
         return high.max > torch.finfo(into).max
     limits = torch.iinfo(into)
     return of.is_floating_point or high.max > limits.max or high.min < limits.min
+
+
+def _mixed_operands(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, *_: Any, **__: Any) -> bool:
+    return isinstance(target, torch.Tensor) and x.dtype != target.dtype
 
 
 def _integer_target(x: torch.Tensor, target: torch.Tensor, *_: Any, **__: Any) -> bool:
