@@ -1,6 +1,6 @@
 """Training losses against eager at their edges: nll_loss's gradient where a class-weighted mean
 divides by a total weight of 0 (eager's gradient is NaN at the targets only) and the sign of the
-zeros around the targets."""
+zeros around the targets; huber_loss's backward of mixed dtypes, which eager's kernel refuses."""
 
 from __future__ import annotations
 
