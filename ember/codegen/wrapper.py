@@ -85,6 +85,8 @@ class WrapperWriter(OutputLayouts, InputWrites):
         # the variables that hold another's memory (an output stored in place: ``buf0 = arg0_1``)
         self.pointers: dict[str, str] = {}
         self.same_memory: dict[str, str] = {}
+        self.last_kernel_read = {p.name: j for j, s in enumerate(schedule.steps) if isinstance(s, KernelStep)
+                                 for p in s.kernel.params}  # the last kernel step passing each buffer
 
     def _const(self, value: Any, hint: str = "c") -> str:
         name = hint if hint not in self.constants else f"{hint}_{len(self.constants)}"
@@ -332,14 +334,14 @@ class WrapperWriter(OutputLayouts, InputWrites):
         (``x_p := x.data_ptr()``) where this call or a later kernel's passes the same memory again
         (an Adam step's in-place outputs, read by the next kernel: 520 data_ptr() calls a step for
         208 tensors before)."""
-        later = {p.name for s in self.s.steps[i + 1:] if isinstance(s, KernelStep) for p in s.kernel.params}
+        last = self.last_kernel_read
         params = [p.name for p in step.kernel.params]
         memories = [self._memory_var(name) for name in params]  # (the cache's keys)
         args = []
         for n, (name, memory) in enumerate(zip(params, memories)):
             if memory in self.pointers:
                 args.append(self.pointers[memory])
-            elif not self.timed and (memory in memories[n + 1:] or memory in later or name in later):
+            elif not self.timed and (memory in memories[n + 1:] or last.get(memory, -1) > i or last.get(name, -1) > i):
                 # (read through this call's own name: the variable first holding the memory may
                 # have been deleted already)
                 self.pointers[memory] = f"{memory}_p"
