@@ -23,6 +23,7 @@ attributes, and its inputs, the gradients, are only read.)
 from __future__ import annotations
 
 import operator
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,7 +52,8 @@ def eager_where_inputs_newly_share_memory(compiled: Callable[..., Any], gm: torc
     examples = [values[i] for i in tensors]
     # each tensor input's label: the position (among the tensor inputs) of the first that shares its storage
     compiled_labels = _labels([StorageWeakRef(_unwrapped(v).untyped_storage()) for v in examples])
-    shared = [n for n, label in enumerate(compiled_labels) if label != n or compiled_labels.count(n) > 1]
+    holders = Counter(compiled_labels)
+    shared = [n for n, label in enumerate(compiled_labels) if holders[label] > 1]
     compiled_offsets = [_static_int(examples[n].storage_offset()) for n in shared]
     met_when_compiled = _meeting_pairs(examples, compiled_labels, static=True)
     pick, count = operator.itemgetter(*tensors), len(tensors)
