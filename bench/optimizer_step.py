@@ -13,6 +13,11 @@ the end.
                                                 [--params 8] [--numel 1048576] [--reps 20]
                                                 [--gpt 768,12,50257]  # a GPT-2-style model's parameters
                                                 [--profile]  # CUDA kernels a step, with device µs
+                                                [--ncu]  # one step each, for Nsight Compute (below)
+
+``--ncu`` checks each variant, then runs one step of each between ``cudaProfilerStart`` and
+``cudaProfilerStop`` and times nothing: under ``ncu --profile-from-start off`` only those steps'
+kernels are profiled (bench/gpu_optimizer_session.sh's ncu parts).
 """
 
 from __future__ import annotations
@@ -107,6 +112,7 @@ def main() -> None:
                         help="of eager, inductor, ember, ember-nocombo, ember-cuda, ember-cuda-uN "
                         "(combo parts unrolled N times)")
     parser.add_argument("--profile", action="store_true", help="list each variant's CUDA kernels a step")
+    parser.add_argument("--ncu", action="store_true", help="profile one step of each variant (under ncu), time nothing")
     parser.add_argument("--host-profile", type=int, default=0,
                         help="print the N functions with the most host time in 50 steps of each compiled variant")
     args = parser.parse_args()
@@ -142,6 +148,16 @@ def main() -> None:
                       f"{wrapper.count('# the function' + chr(39) + 's write into its input')} copied")
         rows.append([variant, f"{error:.1e}", writes])
         steps[variant] = step
+    if args.ncu:
+        for variant, step in steps.items():
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+            step()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+            print(f"{variant}: one step profiled")
+        print(table(rows, ["variant", "rel. error after 3 steps", "input writes"]))
+        return
     if args.device == "cuda":
         times = interleaved_gpu_times(steps)
     else:

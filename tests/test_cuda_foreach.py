@@ -55,7 +55,9 @@ def kernels_of(monkeypatch):
 
 
 def cases(line: str) -> list[str]:
-    return re.findall(r"^\s*case (\d+): \{", line, re.M)
+    """A lane switch's cases: a body each, or (lanes of one form, codegen/cuda_lanes.py) the
+    pointers each picks."""
+    return re.findall(r"^\s*case (\d+): ", line, re.M)
 
 
 def test_a_foreach_step_runs_a_lane_a_parameter(kernels_of):
@@ -64,12 +66,40 @@ def test_a_foreach_step_runs_a_lane_a_parameter(kernels_of):
     assert "switch (blockIdx.y) {" in src
     assert cases(src) == ["0", "1", "2", "3"]
     assert cuda.launch_meta(kernel)["lanes"] == 4
-    # each lane streams its own parameter's three tensors, and its vector form tests only theirs
-    for body in re.split(r"^\s*case \d+: \{", src, flags=re.M)[1:]:
-        aligned = re.search(r"// vector form where every group of 4 is aligned: (.*)", body)[1].split(", ")
-        assert len(aligned) == 5  # param, grad, buf loaded; param, buf stored
-        loads = set(re.findall(r"ember_load_vec<float, 4>\((\w+) \+", body))
-        assert len(loads) == 3 and loads < set(aligned)
+    # the lanes are one computation: each picks its parameter's tensors (param, grad, buf
+    # loaded; param, buf stored), then one body runs over them (codegen/cuda_lanes.py)
+    picks = [re.findall(r"ember_lane_p(\d+) = (\w+);", line)
+             for line in re.findall(r"^\s*case \d+: (.*)$", src, re.M)]
+    assert all([k for k, _ in pick] == ["0", "1", "2", "3", "4"] for pick in picks)
+    assert len({name for pick in picks for _, name in pick}) == 4 * 5  # no tensor in two lanes
+    assert src.count("// vector form where every group of 4 is aligned") == 1
+    aligned = re.search(r"// vector form where every group of 4 is aligned: (.*)", src)[1].split(", ")
+    loads = set(re.findall(r"ember_load_vec<float, 4>\((\w+) \+", src))
+    assert len(aligned) == 5 and len(loads) == 3 and loads < set(aligned)
+    assert set(aligned) == {f"ember_lane_p{k}" for k in range(5)}
+
+
+def test_lanes_of_different_forms_keep_a_body_each(kernels_of):
+    def two(x, y):  # two lanes (no load in common), not one computation
+        return x.sin(), y.cos() * 2
+
+    (kernel,), report = kernels_of(two, torch.randn(8192), torch.randn(8192))
+    src = report.kernels[0].source
+    assert cuda.launch_meta(kernel)["lanes"] == 2 and "ember_lane_p" not in src
+    assert re.findall(r"^\s*case (\d+): \{", src, re.M) == ["0", "1"]
+    assert src.count("// vector form where every group of 4 is aligned") == 2
+
+
+def test_values_the_same_everywhere_are_computed_once_a_thread(kernels_of):
+    # an optimizer's bias correction: a power of its step count, read at one fixed index
+    def scaled(x, step):
+        return x * (1 - 0.9 ** step).sqrt()
+
+    (kernel,), report = kernels_of(scaled, torch.randn(8192), torch.tensor([3.0]))
+    src = report.kernels[0].source
+    once, loop = src.split("// the same at every position: once a thread", 1)[1].split("for (", 1)
+    assert "powf(" in once and "sqrtf(" in once and "[0]" in once
+    assert "powf(" not in loop and "sqrtf(" not in loop
 
 
 def test_small_kernels_and_shared_loads_stay_one_body(kernels_of):

@@ -60,6 +60,7 @@ from .cexpr import device_size_lines, index_expr
 from .cstyle import BodyRenderer, Language, acc_init, acc_type
 from .cuda_combine import COMBINE, combine_blocks, combine_rows, combine_slices
 from .cuda_groups import vector_groups
+from .cuda_lanes import render_lanes
 from .cuda_plan import (  # noqa: F401 (cuda.launch_meta: the backend's name for it)
     STRATEGY_NOTES,
     kernel_row_forms,
@@ -85,7 +86,7 @@ from .cuda_prelude import (  # noqa: F401 (cuda.MAX_BLOCKS, cuda.ROW_GROUP_THREA
 )
 from .cuda_tiles import LANES, TILE_ROWS, render_tiles, staged_accesses
 from .cuda_vectors import RowForms, VectorPlan
-from .layout import group_invariant
+from .layout import group_invariant, thread_invariant
 
 # float32 math spelled with CUDA's float functions (IEEE-accurate or within a few ulp), so nothing
 # silently promotes to double; exp and division as Triton computes them (cuda_prelude.py).
@@ -166,6 +167,7 @@ class CudaKernelRenderer:
         self.maxima: list[tuple[Value, list[Value]]] = []  # the loop being rendered's online maxima, their sums
         self.in_group = False  # rendering a vector group's element loop
         self.hoisted: set[int] = set()  # values a pointwise group computed once, before its elements
+        self.thread_hoisted: set[int] = set()  # values a pointwise loop's thread computed before it
         self.loop = 0  # the inner loop being rendered
         # elements a thread takes per iteration of a strided loop (a column kernel's lanes: rows;
         # a combo's part: its own, codegen/cuda_combos.py)
@@ -260,7 +262,8 @@ class CudaKernelRenderer:
             self.emit(f"const int64_t {var(i).name} = (int64_t){expr if expr.isidentifier() else f'({expr})'};")
 
     def _statements(self, values: list[Value]) -> None:
-        for line in self.body.statements([v for v in values if id(v) not in self.hoisted]):
+        skip = self.hoisted | self.thread_hoisted
+        for line in self.body.statements([v for v in values if id(v) not in skip]):
             self.emit(line)
 
     def _group_invariants(self, plan: VectorPlan, extents: tuple[sympy.Expr, ...], first: list[sympy.Symbol],
@@ -269,7 +272,7 @@ class CudaKernelRenderer:
         an embedding's row index, a bag's id found by a search), computed once at the group's
         start, before its gathers and scatters of whole rows need them."""
         fixed = group_invariant(self.k, values, outer_var(len(extents) - 1))
-        values = [v for v in values if id(v) in fixed]
+        values = [v for v in values if id(v) in fixed and id(v) not in self.thread_hoisted]
         if all(v.kind == "const" for v in values):
             return
         self.emit("// the same for every element of the group: once a group")
@@ -324,22 +327,32 @@ class CudaKernelRenderer:
         # (a foreach step's parameters: a block streams one parameter's tensors, not a slice of each)
         lane = "ember_lane" if self.part else "blockIdx.y"
         self.emit(f"// {len(lanes)} independent lanes (codegen/triton_lanes.py): lane {lane}, on the blocks of its row")
-        self.open(f"switch ({lane}) {{")
-        for i, values in enumerate(lanes):
-            self.open(f"case {i}: {{")
+        bodies = []
+        for values in lanes:  # each as a switch's case would hold it (cuda_lanes.py shares them)
+            mark, self.depth = len(self.lines), self.depth + 2
             self._pointwise_loop(values, lane_plan(self.k, values))
-            self.emit("break;")
-            self.close()
-        self.close()
+            self.depth -= 2
+            bodies.append(self.lines[mark:])
+            del self.lines[mark:]
+        render_lanes(self, bodies, lane, CUDA.storage)
 
     def _pointwise_loop(self, values: list[Value], plan: VectorPlan | None) -> None:
         start, stride = (g.replace("EMBER_UNROLL", self.unroll) for g in (_GRID_START, _GRID_STRIDE))
         if self.part:  # the combo's block numbers, not the grid's
             start = f"(I)ember_block * blockDim.x * {self.unroll} + threadIdx.x"
             stride = f"(I)ember_blocks * blockDim.x * {self.unroll}"
+        once = [v for v in values if id(v) in thread_invariant(self.k, values)]
+        if any(v.kind != "const" for v in once):  # (constants the compiler folds where they are)
+            self.emit("// the same at every position: once a thread, before its loop (layout.thread_invariant)")
+            self.open(f"if ({start} < ember_n) {{")
+            self._statements(once)
+            self.thread_hoisted = {id(v) for v in once}
         self._strided("ember_i", "ember_n", start, "blockDim.x", stride,
                       "grid-stride loop over the elements", plan, self.k.outer, outer_var,
                       lambda: self._statements(values), values)
+        if self.thread_hoisted:
+            self.close()
+            self.thread_hoisted = set()
 
     def _rows(self) -> None:
         smem = "EMBER_SMEM_BYTES" if self.strategy == "rows" else "EMBER_COLUMN_SMEM_BYTES"

@@ -117,6 +117,26 @@ def group_invariant(kernel: Kernel, values: list[Value], var: sympy.Symbol) -> s
     return fixed
 
 
+def thread_invariant(kernel: Kernel, values: list[Value]) -> set[int]:
+    """Ids of a pointwise loop's values the same at every position: constants, and what they and
+    loads at fixed indices of buffers the kernel does not write compute (an optimizer step's
+    count and its bias corrections). A thread computes them once, before its loop, not once a
+    group (GPT-2's Adam step, CUDA C++: two powf a parameter, computed for each of a thread's
+    four groups, were half its instructions). Gathers, searches and guarded values stay put."""
+    written = {v.arg.buffer for v in kernel.values if v.kind == "store"}
+    fixed: set[int] = set()
+    for v in values:
+        if v.kind in ("store", "search", "checkindex") or v.guard is not None:
+            continue
+        if v.kind == "load" and (v.srcs or v.arg.buffer in written or varies(v.arg.index)):
+            continue
+        if v.kind == "index" and varies(v.arg):
+            continue
+        if all(id(s) in fixed for s in v.srcs):
+            fixed.add(id(v))
+    return fixed
+
+
 def position_symbols(v: Value) -> set[sympy.Symbol]:
     if v.kind == "index":
         return sympy.sympify(v.arg).free_symbols

@@ -33,6 +33,27 @@ def _inputs(v: Value) -> tuple[Value, ...]:
     return (*v.srcs, *((v.guard,) if v.guard is not None else ()))
 
 
+def _lane_order(kernel: Kernel, needed: set[int], loaded: set[int]) -> list[Value]:
+    """A lane's values: its loaded ones in the kernel's order, each after the load-free values it
+    needs that came before it (constants that lanes share stand where each lane first uses them),
+    so lanes that are one computation list it in one order (codegen/cuda_lanes.py)."""
+    out: list[Value] = []
+    seen: set[int] = set()
+
+    def visit(v: Value) -> None:
+        if id(v) not in seen:
+            seen.add(id(v))
+            for s in _inputs(v):
+                if id(s) in needed:
+                    visit(s)
+            out.append(v)
+
+    for v in kernel.values:
+        if id(v) in needed and id(v) in loaded:
+            visit(v)
+    return out
+
+
 def lanes_of(kernel: Kernel, min_elements: int = MIN_ELEMENTS, max_lanes: int = MAX_LANES) -> list[list[Value]] | None:
     """The values of a pointwise kernel split into lanes (each in the kernel's order, with the
     load-free values it uses), or None where it has fewer than two groups of stores that share
@@ -82,6 +103,6 @@ def lanes_of(kernel: Kernel, min_elements: int = MIN_ELEMENTS, max_lanes: int = 
             if id(v) not in needed:
                 needed.add(id(v))
                 stack.extend(_inputs(v))
-        lanes.append([v for v in kernel.values if id(v) in needed])
+        lanes.append(_lane_order(kernel, needed, loaded))
     # (a loaded value no store uses is dead; it would belong to no lane)
     return lanes
