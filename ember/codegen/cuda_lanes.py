@@ -6,8 +6,9 @@ and 74 times the size: nvcc took seconds for each kernel, and on an H200 the 12-
 warps waited on instruction fetches a third of the time (Nsight Compute), 218 us against
 Triton's 187 for the same bytes. Here each lane picks its buffers in a switch, and one body
 runs over them: 196 us, and nvcc 3.8 s on the step's kernels, not 28.3. (The picked pointers
-take registers, 46 a thread rather than 32: capping them at 32 spills.) Lanes that differ in any statement (or in a buffer's type) keep a copy each.
-Functions of the kernel's renderer (codegen/cuda.py), as cuda_groups.py's.
+take registers, 46 a thread rather than 32: capping them at 32 spills.) Lanes that differ in
+any statement (or in a buffer's type) keep a copy each. Functions of the kernel's renderer
+(codegen/cuda.py), as cuda_groups.py's.
 """
 
 from __future__ import annotations

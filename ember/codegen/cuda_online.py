@@ -7,7 +7,9 @@ instructions (the row kernels are bound by instruction issue there), so they sta
 Each thread keeps (m, s): s = sum of exp(x - m') over its elements, m' its max m as the graph
 subtracts it (``max_in_use``). A group of consecutive elements (the vector form) takes its own
 max first and rescales s once, so a group of 8 costs 9 exps rather than 16; a lone element (the
-scalar loop, a peeled row's head and tail) rescales on its own. Across the block, each thread's
+scalar loop, a peeled row's head and tail) rescales on its own. The terms exp(x - m) are one
+ex2.approx.ftz each (``ember_exp_ftz``: a term below 2^-126 is lost next to the max's own 1);
+the rescalings keep the subnormal fix-up. Across the block, each thread's
 s is rescaled to the block's max, then summed.
 """
 
@@ -53,7 +55,7 @@ def element_update(r: CudaKernelRenderer, m: Value, sums: list[Value]) -> None:
     for s in sums:
         acc = r.body.acc_names[id(s)]
         r.emit(f"{acc} = {acc} * ember_exp_approx({am} - {max_in_use(s, 'ember_mn')}) + "
-               f"ember_exp_approx({x} - {max_in_use(s, 'ember_mn')});")
+               f"ember_exp_ftz({x} - {max_in_use(s, 'ember_mn')});")
     r.emit(f"{am} = ember_mn;")
     r.close()
 
@@ -81,7 +83,7 @@ def group_update(r: CudaKernelRenderer, m: Value, sums: list[Value], width: int)
         r.emit(f"float ember_gs{i} = 0.0f;")
         r.emit("#pragma unroll")
         r.emit(f"for (int ember_k = 0; ember_k < {width}; ++ember_k) "
-               f"ember_gs{i} += ember_exp_approx({xs}[ember_k] - ember_mu{i});")
+               f"ember_gs{i} += ember_exp_ftz({xs}[ember_k] - ember_mu{i});")
         r.emit(f"{acc} = {acc} * ember_exp_approx({am} - ember_mu{i}) + ember_gs{i};")
     r.emit(f"{am} = ember_mn;")
     r.close()
