@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -26,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.gpu_fusion import cases  # noqa: E402
 
 
-def median_us(fn, inputs, calls: int) -> float:
+def median_us(fn: Callable[..., Any], inputs: tuple[Any, ...], calls: int) -> float:
     times = []
     for _ in range(calls):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
