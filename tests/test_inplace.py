@@ -266,6 +266,10 @@ OVERLAPPING_WRITES = {
     "copy_ of a shifted view": lambda x: x[1:].copy_(x[:-1]),
     "add_ of its transpose": lambda x: (lambda s: s.add_(s.t()))(x.view(-1)[4:].view(4, 4)),
     "index_put_ of its own rows": lambda x: x.index_put_((torch.tensor([0, 1]),), x[1:3]),
+    # a list op updates one tensor at a time: it raises on the i-th pair overlapping in part, and
+    # a later index reads what an earlier one wrote (functionalized, both read the old values)
+    "foreach add_ of a shifted view": lambda x: torch._foreach_add_([x[1:]], [x[:-1]]),
+    "foreach add_ of a later written row": lambda x: torch._foreach_add_([x[0], x[1]], [x[1], x[0]]),
     # functionalized through unfold_backward, which zeroed the elements between the windows
     "mul_ of an unfold with gaps": lambda x: x.unfold(1, 2, 3).mul_(3),
     "setitem into a window of an unfold": lambda x: x.unfold(0, 1, 2)[1].fill_(7.0),
