@@ -46,7 +46,8 @@ def eager_where_inputs_newly_share_memory(compiled: Callable[..., Any], gm: torc
         return compiled
     tensors = [i for i, (t, v) in enumerate(zip(example_inputs, values))
                if isinstance(t, torch.Tensor) and t.layout == torch.strided and isinstance(v, torch.Tensor)]
-    written = frozenset(n for n, i in enumerate(tensors) if i in _written_inputs(gm, values, tensors))
+    written_inputs = _written_inputs(gm, values, tensors)  # (once: it walks the whole graph)
+    written = frozenset(n for n, i in enumerate(tensors) if i in written_inputs)
     if not written or len(tensors) < 2:
         return compiled
     examples = [values[i] for i in tensors]
