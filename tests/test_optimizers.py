@@ -135,3 +135,25 @@ def test_vector_norm_orders_and_0_d_inputs_run_in_embers_kernels(ord):
     out = ember.compile(norms, report=report)(x, s, h)
     assert_same(out, norms(x, s, h))
     assert report.fallbacks == []
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU backend's kernels are ctypes functions")
+def test_a_kernel_of_more_arguments_than_ctypes_passes_runs_compiled(recwarn):
+    """ctypes calls a function of at most 1024 arguments: a step over 360 tensors of one size,
+    whose kernel takes 1080 addresses, failed to bind and the graph ran through ATen. Such a
+    kernel has an entry taking its arguments in one array (codegen/cpp.py: packed_entry)."""
+    def step(xs, ys):
+        torch._foreach_add_(xs, ys, alpha=0.5)
+        return torch._foreach_mul(xs, 2.0)
+
+    g = torch.Generator().manual_seed(0)
+    xs, ys = ([torch.randn(2, generator=g) for _ in range(360)] for _ in range(2))
+    ref_xs = [x.clone() for x in xs]
+    expected = step(ref_xs, ys)
+    report = ember.Report()
+    got = ember.compile(step, report=report)(xs, ys)
+    assert not [w for w in recwarn if "ember" in str(w.message)], [str(w.message) for w in recwarn]
+    (kernel,) = report.kernels
+    assert f'extern "C" void {kernel.name}_packed(const int64_t* ember_args)' in kernel.source and kernel.built
+    for a, b in zip([*got, *xs], [*expected, *ref_xs]):
+        assert_same(a, b)

@@ -598,7 +598,34 @@ def render_kernel(kernel: Kernel) -> str:
     length = sh.static(sh.numel(kernel.inner))
     scratch = (bool(kernel.outer) and not column_tiles(kernel, False)
                and (length is None or length <= SCRATCH_ROW_LIMIT))
-    return CppKernelRenderer(stash_recomputed(kernel, _STASHED, scratch)).render()
+    source = CppKernelRenderer(stash_recomputed(kernel, _STASHED, scratch)).render()
+    return source + ("\n" + packed_entry(kernel) if kernel_arguments(kernel) > MAX_CTYPES_ARGUMENTS else "")
+
+
+# ctypes calls a function of at most 1024 arguments: a kernel of more (an optimizer's step over
+# hundreds of parameters of one size, each with its states) has an entry taking them as one array
+MAX_CTYPES_ARGUMENTS = 1024
+
+
+def kernel_arguments(kernel: Kernel) -> int:
+    return len(kernel.params) + len(kernel.sizes) + uses_error_flag(kernel)
+
+
+def packed_entry(kernel: Kernel) -> str:
+    """``<kernel>_packed(const int64_t* ember_args)``: the kernel's arguments as 64-bit words in
+    order (addresses, then sizes, a float size's bits, then the error flag's address)."""
+    args = [f"({'' if p.is_output else 'const '}{CPP.storage[p.dtype]}*)(intptr_t)ember_args[{i}]"
+            for i, p in enumerate(kernel.params)]
+    for s in kernel.sizes:
+        word = f"ember_args[{len(args)}]"
+        bits = f"[](int64_t w) {{ double d; __builtin_memcpy(&d, &w, sizeof d); return d; }}({word})"
+        args.append(bits if sh.is_float_symbol(s) else word)
+    if uses_error_flag(kernel):
+        args.append(f"(int32_t*)(intptr_t)ember_args[{len(args)}]")
+    body = ",\n    ".join(args)
+    return (f"// {kernel.name}'s {len(args)} arguments in one array (more than ctypes passes one by one)\n"
+            f'extern "C" void {kernel.name}_packed(const int64_t* ember_args) {{\n'
+            f"  {kernel.name}(\n    {body});\n}}")
 
 
 def render_module(kernels: list[Kernel], sources: list[str] | None = None) -> str:

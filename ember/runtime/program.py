@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import linecache
 import math
+import struct
 import sys
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from ..analysis.reference import eval_node, evaluate
+from ..codegen.cpp import MAX_CTYPES_ARGUMENTS
 from ..config import Config, log
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
@@ -66,12 +68,28 @@ def make_advise_huge(cfg: Config) -> Callable[[torch.Tensor], torch.Tensor]:
 def bind_kernel(lib: ctypes.CDLL, name: str, n_pointers: int, float_sizes: list[bool],
                 error_flag: bool) -> Callable[..., None]:
     """A kernel of the CPU library: pointers, then its sizes (int64, or double for the floats a
-    program reads from the data), then the error flag if it raises."""
+    program reads from the data), then the error flag if it raises. Past ctypes' 1024 arguments,
+    its entry taking them in one array of 64-bit words (codegen/cpp.py: packed_entry)."""
+    if n_pointers + len(float_sizes) + error_flag > MAX_CTYPES_ARGUMENTS:
+        return _packed_call(lib[f"{name}_packed"], n_pointers, float_sizes)
     fn = lib[name]
     fn.argtypes = [ctypes.c_void_p] * n_pointers + [ctypes.c_double if f else ctypes.c_int64 for f in float_sizes] + (
         [ctypes.c_void_p] if error_flag else [])
     fn.restype = None
     return fn
+
+
+def _packed_call(fn: Any, n_pointers: int, float_sizes: list[bool]) -> Callable[..., None]:
+    fn.argtypes, fn.restype = [ctypes.c_void_p], None
+    floats = [n_pointers + i for i, f in enumerate(float_sizes) if f]
+
+    def call(*args: Any) -> None:
+        words = [a or 0 for a in args]  # (an address of None: a tensor with no elements)
+        for i in floats:
+            words[i] = struct.unpack("<q", struct.pack("<d", args[i]))[0]
+        fn((ctypes.c_int64 * len(words))(*words))
+
+    return call
 
 
 def group_fallback(step: KernelStep, schedule: Schedule) -> Callable[..., None]:
