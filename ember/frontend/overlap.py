@@ -75,9 +75,13 @@ def _by_storage(tensors: Any) -> dict[Any, list[Any]]:
     compared pairwise, the check took 1.2 s of its compile, and 22 s at 600 parameters.)"""
     groups: dict[Any, list[Any]] = {}
     for item in tensors:
-        t = _unwrapped(item[0] if isinstance(item, tuple) else item)
-        groups.setdefault((t.device, StorageWeakRef(t.untyped_storage())), []).append(item)
+        groups.setdefault(_storage_key(item[0] if isinstance(item, tuple) else item), []).append(item)
     return groups
+
+
+def _storage_key(t: torch.Tensor) -> tuple[Any, Any]:
+    t = _unwrapped(t)
+    return t.device, StorageWeakRef(t.untyped_storage())
 
 
 def _foreach_reads_written_memory(node: torch.fx.Node) -> bool:
@@ -102,7 +106,7 @@ def _foreach_reads_written_memory(node: torch.fx.Node) -> bool:
     for i, w in enumerate(map(_value, node.args[0])):
         if not isinstance(w, torch.Tensor):
             continue
-        for r, j in reads_of.get(next(iter(_by_storage([w]))), []):
+        for r, j in reads_of.get(_storage_key(w), []):
             # (the i-th pair as eager's check compares it, x with x passing; any other read,
             # x again too, conservatively)
             if _partly_overlap(w, r) if j == i else _ranges_meet(w, r):
@@ -170,8 +174,7 @@ def _windows_cover(unfold: torch.fx.Node) -> bool:
 def _same_memory(a: Any, b: Any) -> bool:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return False
-    a, b = _unwrapped(a), _unwrapped(b)
-    return a.device == b.device and StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
+    return _storage_key(a) == _storage_key(b)
 
 
 def _unwrapped(t: torch.Tensor) -> torch.Tensor:
