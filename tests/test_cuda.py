@@ -629,7 +629,10 @@ def test_nvrtc_compiles_a_module():
         from cuda.bindings import nvrtc  # noqa: F401
     except ImportError:
         pytest.skip("NVRTC's Python bindings (cuda-bindings, nvidia-cuda-nvrtc) are not installed here")
-    report = explain(lambda x: torch.softmax(x, -1), torch.randn(9, 70))
-    source = cuda.PRELUDE + "\n".join(k.source for k in report.kernels)
+    # (a bf16 row of 4096 in groups too: the prelude's templates compile only where a kernel uses
+    # them, and NVRTC lacks builtins nvcc has, such as __builtin_memcpy)
+    kernels = sources(explain(lambda x: torch.softmax(x, -1), torch.randn(9, 70)), "f32") + sources(
+        explain(lambda x: torch.softmax(x, -1), torch.randn(9, 4096, dtype=torch.bfloat16)), "bf16")
+    source = cuda.PRELUDE + "\n".join(kernels)
     image = cuda_backend._compile_nvrtc(source, "sm_90")
     assert image[:4] == b"\x7fELF"

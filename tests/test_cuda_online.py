@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import ember
 from ember.codegen import cuda
 
 from .conftest import DEVICE
@@ -66,6 +67,45 @@ def test_rows_kept_in_registers_keep_two_loops():
     assert "online softmax" not in src
 
 
+def loop_text(source: str, loop: int) -> str:
+    """Loop ``loop``'s lines (its vector and scalar forms), up to the next loop or the end."""
+    parts = re.split(r"(?=// loop \d+: )", source)
+    return "".join(p for p in parts if p.startswith(f"// loop {loop}: "))
+
+
+def written_softmax(x):  # the GPU suite's softmax (bench/gpu_fusion.py), exp rounded to x's dtype
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kept_rows_sum_terms_flush_below_2_126(dtype):
+    """A kept row's sum of exp(x - max(x)) takes its terms with one ex2.approx.ftz each: a term
+    below 2^-126 (rounded to bf16 or not) is lost next to the max's own 1. The store loop's exp,
+    which is stored, keeps its subnormals (the fix-up of ex2.approx.f32)."""
+    x = torch.randn(8, 4096, dtype=dtype)
+    for fn in (written_softmax, lambda x: torch.softmax(x, -1), lambda x: torch.log_softmax(x, -1)):
+        (src,) = [k.source for k in explain(fn, x).kernels]
+        assert loops(src) == ["loop 1: amax", "loop 2: sum", "loop 3: store"]
+        assert re.search(r"ember_exp_ftz\(v\d+\)", loop_text(src, 2)) and "ember_exp_approx" not in loop_text(src, 2)
+        assert "ember_exp_ftz" not in loop_text(src, 3)
+    # not where the terms are also stored, masked, or against another row's max
+    mask = torch.rand(8, 4096) > 0.5
+
+    def stored(x):
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        return e, e.sum(-1)
+
+    def masked(x, mask):
+        return (torch.exp(x - x.amax(-1, keepdim=True)) * mask).sum(-1)
+
+    def other_max(x, y):
+        return torch.exp(x - y.amax(-1, keepdim=True)).sum(-1)
+
+    for fn, args in ((stored, (x,)), (masked, (x, mask)), (other_max, (x, x.flip(0)))):
+        assert all("ember_exp_ftz" not in k.source for k in explain(fn, *args).kernels), fn.__name__
+
+
 @needs_nvcc
 def test_online_rows_compile(tmp_path):
     x, t = torch.randn(8, 50257, dtype=torch.bfloat16), torch.randint(0, 50257, (8,))
@@ -106,3 +146,38 @@ def test_online_rows_match_eager_on_the_gpu(dtype):
             t = torch.randint(0, width, (9,), device="cuda")
             finite = x[[0, 1, 5, 6, 7, 8]]  # (a loss over inf or NaN logits is NaN in both)
             check(loss, finite, t[:6], options=options)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="runs CUDA kernels: EMBER_TEST_DEVICE=cuda on a GPU machine")
+def test_kept_rows_keep_subnormal_probabilities_on_the_gpu():
+    """The sum's terms flush below 2^-126, the softmax's own outputs do not: a logit 100 below
+    the max gives exp(-100) = 3.7e-44 (a float32 subnormal) as eager does, not 0."""
+    x = torch.randn(6, 4096, device="cuda")
+    x[:, 7] = 20.0
+    x[:, 100:110] = -80.0 - torch.arange(10, device="cuda") * 2.0  # -80 .. -98 below 20: subnormal
+    x[3] = float("-inf")
+    x[3, 5] = 0.0
+    out = ember.compile(lambda x: torch.softmax(x, -1), options={"gpu_backend": "cuda"})(x)
+    ref = torch.softmax(x, -1)
+    torch.testing.assert_close(out, ref, atol=0, rtol=2e-6)
+    assert torch.equal(out > 0, ref > 0)
+    for dtype in (torch.bfloat16, torch.float32):
+        check(written_softmax, x.to(dtype), options={"gpu_backend": "cuda"})
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="runs CUDA kernels: EMBER_TEST_DEVICE=cuda on a GPU machine")
+def test_float32_division_matches_div_full_bit_for_bit_on_the_gpu():
+    """ember_div_full spells out div.full.f32 (scaled operands, an approximate reciprocal) so a
+    loop-invariant divisor's part is computed once; its quotients are div.full's, as Triton's
+    float32 division (tl.math.fdiv, ieee_rounding=False) computes it, over the whole range."""
+    special = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 1e-40, 1.1754942e-38, 1.1754944e-38, 1.0, 3.0,
+                            2.0**126, 2.0**126 * 1.5, 2.0**127, 3.4028235e38, float("inf"), float("-inf"),
+                            float("nan")], device="cuda")
+    a = torch.cat([special.repeat_interleave(len(special)), torch.randn(4096, device="cuda") * 1e30,
+                   torch.randn(4096, device="cuda") * 1e-36])
+    b = torch.cat([special.repeat(len(special)), torch.randn(4096, device="cuda") * 1e-30,
+                   torch.randn(4096, device="cuda") * 1e37])
+    cuda_q = ember.compile(lambda a, b: a / b, options={"gpu_backend": "cuda"})(a, b)
+    triton_q = ember.compile(lambda a, b: a / b, options={"gpu_backend": "triton"})(a, b)
+    same = (cuda_q.view(torch.int32) == triton_q.view(torch.int32)) | (cuda_q.isnan() & triton_q.isnan())
+    assert bool(same.all()), (a[~same][:8], b[~same][:8], cuda_q[~same][:8], triton_q[~same][:8])

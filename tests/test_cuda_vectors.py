@@ -23,6 +23,7 @@ from ember.schedule.kernel_ir import inner_var, outer_var
 from .conftest import DEVICE
 from .helpers import assert_same, check, record_rendered
 from .test_cuda import NVCC, explain, needs_nvcc, sources
+from .test_cuda_matmul import _sass
 
 
 def kernel_sources(fn, *args, dynamic=None) -> list[str]:
@@ -63,6 +64,10 @@ def test_softmax_rows_load_and_store_eight_bf16_at_once():
     assert "& 15ull) == 0" in conds[0]
     # the scalar loop stays beside each vector loop, for addresses that are not aligned
     assert src.count("} else {") == 3 and src.count("arg0_1[4096*o0 + r0]") == 3
+    # a group's bf16 elements are read from their 32-bit words (a shift, or a mask: one instruction)
+    assert src.count("ember_bf16_at(v0_vec, ember_k)") == 3 and "ember_bf16_to_f32(v0_vec" not in src
+    (half,) = kernel_sources(softmax, torch.randn(64, 4096, dtype=torch.float16))
+    assert src.replace("bf16", "f16") == half.replace("bf16", "f16")  # (float16: HADD2.F32 reads either half)
 
 
 def test_later_loops_of_a_row_take_its_groups_from_registers():
@@ -438,7 +443,9 @@ def test_norm_backward_stores_stay_16_bytes_wide(tmp_path):
 def test_row_kernels_take_few_instructions_and_registers(tmp_path):
     """The CUDA C++ row kernels were bound by instruction issue (ncu on an H100: the softmax over
     4096 issued on 82% of cycles at 54% of DRAM bandwidth). A bf16 store is one cvt, exp is
-    ex2.approx, float32 division div.full, a NaN-propagating max one instruction. Later loops
+    ex2.approx (a softmax sum's terms without the subnormal fix-up), float32 division div.full's
+    scaled reciprocal, a NaN-propagating max one instruction, a loaded bf16 one shift or mask of
+    its 32-bit word (no byte permute, PRMT, in the SASS). Later loops
     re-read the cached row through an asm that keeps the compiler from holding a LayerNorm's 32
     x - mean values across the block reduction (86 registers a thread where 40 do); the loads
     keep their read-only path."""
@@ -451,15 +458,19 @@ def test_row_kernels_take_few_instructions_and_registers(tmp_path):
     ptx = subprocess.run([NVCC, "-ptx", "-arch=sm_90", "-std=c++17", "-o", "-", str(path)],
                          capture_output=True, text=True, timeout=600)
     assert ptx.returncode == 0, ptx.stderr[-4000:]
-    for instruction in ("cvt.rn.bf16.f32", "ex2.approx.f32", "div.full.f32", "max.NaN.f32", "ld.global.nc.v4"):
+    for instruction in ("cvt.rn.bf16.f32", "ex2.approx.f32", "ex2.approx.ftz.f32", "rcp.approx.ftz.f32",
+                        "max.NaN.f32", "ld.global.nc.v4"):
         assert instruction in ptx.stdout, instruction
-    assert "div.rn.f32" not in ptx.stdout and "ld.global.v4" not in ptx.stdout
+    assert "div.rn.f32" not in ptx.stdout and "div.full.f32" not in ptx.stdout and "ld.global.v4" not in ptx.stdout
     proc = subprocess.run([NVCC, "-cubin", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v", "-o",
                            str(path.with_suffix(".cubin")), str(path)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     registers = dict(re.findall(r"entry function '(\w+)'.*?Used (\d+) registers", proc.stderr, re.S))
     narrow = {name: int(n) for name, n in registers.items() if not name.endswith("_i64")}
     assert len(narrow) == 2 and max(narrow.values()) <= 48, registers
+    sass = _sass(path.with_suffix(".cubin"))
+    if sass is not None:
+        assert "PRMT" not in sass and sass.count("LOP3.LUT") >= 8, sass[:2000]
 
 # ---- on a GPU (EMBER_TEST_DEVICE=cuda): both forms against eager ------------------------------
 

@@ -337,11 +337,15 @@ class BodyRenderer:
         # of a vector the CUDA backend loads or stores for a group of elements)
         self.vector_access: dict[int, str] = {}
         # value id -> the float element a float16 load reads or store writes instead, of the row
-        # its loop converts a strip at a time (the CPU backend's cpp_staging.py)
+        # its loop converts a strip at a time (the CPU backend's cpp_staging.py); or a bfloat16
+        # load's float from its vector's 32-bit word (the CUDA backend's cuda_groups.py)
         self.staged: dict[int, str] = {}
         # value id -> a constant it is known to be in the loop being rendered (a guard of the
         # CPU backend's split loops, cpp_split.py)
         self.constants: dict[int, str] = {}
+        # value id -> how the loop being rendered spells it instead (the CUDA backend's terms of a
+        # softmax's sum, online_softmax.terms_lost_below_one)
+        self.spelled: dict[int, str] = {}
         # float selects rendered as selects of bits (the CPU backend's, cpp_split.uniform_selects)
         self.bit_selects: set[int] = set()
         # a rewrite of every load's and store's index (cpp_split.Window.drop_clamps)
@@ -420,6 +424,8 @@ class BodyRenderer:
         ctype = lang.compute(v.dtype)
         if id(v) in self.constants:
             return self.constants[id(v)]
+        if id(v) in self.spelled:
+            return self.spelled[id(v)]
         if v.kind == "load" and id(v) in self.staged:
             expr = self.staged[id(v)]
         elif v.kind == "load":

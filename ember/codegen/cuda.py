@@ -87,6 +87,7 @@ from .cuda_prelude import (  # noqa: F401 (cuda.MAX_BLOCKS, cuda.ROW_GROUP_THREA
 from .cuda_tiles import LANES, TILE_ROWS, render_tiles, staged_accesses
 from .cuda_vectors import RowForms, VectorPlan
 from .layout import group_invariant, thread_invariant
+from .online_softmax import terms_lost_below_one
 
 # float32 math spelled with CUDA's float functions (IEEE-accurate or within a few ulp), so nothing
 # silently promotes to double; exp and division as Triton computes them (cuda_prelude.py).
@@ -557,7 +558,11 @@ class CudaKernelRenderer:
 
         plan = self.plans.get(loop) if self.strategy == "rows" else vector_plan(k, loop)
         bound = "ember_r_end" if self.split and self.strategy == "columns" else "ember_inner"
+        # a softmax's terms, only added up next to its max's 1: one ex2.approx.ftz each
+        self.body.spelled = {id(e): f"ember_exp_ftz({self.body.name(e.srcs[0])})"
+                             for e in terms_lost_below_one(k, loop)}
         self._strided("ember_r", bound, *loop_args, plan, k.inner, inner_var, body)
+        self.body.spelled = {}
         self.maxima = []
 
     def _reduce_line(self, v: Value) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 import sympy
 
+from ..ir import dtypes as dt
 from ..schedule.kernel_ir import Value, outer_var
 from . import cuda_online
 from .cexpr import index_expr
@@ -56,6 +57,9 @@ def vector_groups(r: Any, flat: str, count: str, start: str, spacing: str, strid
         else:
             r.emit(f"EmberVec<{ctype}, {width}> {name};")
         r.body.vector_access[id(v)] = f"{name}.v[ember_k]"
+        if v.kind == "load" and r.body.buffer_dtype[v.arg.buffer] in (dt.bfloat16, dt.float16):
+            half = "bf16" if r.body.buffer_dtype[v.arg.buffer] == dt.bfloat16 else "f16"
+            r.body.staged[id(v)] = f"ember_{half}_at({name}, ember_k)"  # (a bf16 from its 32-bit word)
     for v in r.k.chunk_stores:
         if id(v) in r.kept and v.loop == r.loop:  # (this form runs under ember_cached)
             r.body.kept_partials[id(v)] = f"{r.kept[id(v)]}[ember_u][ember_k]"
@@ -82,6 +86,7 @@ def vector_groups(r: Any, flat: str, count: str, start: str, spacing: str, strid
             store = "ember_atomic_add_vec" if v.arg.accumulate else "ember_store_vec"
             r.emit(f"{store}<{ctype}, {width}>({where[id(v)]}, {r.body.name(v)}_vec);")
     r.body.vector_access.clear()
+    r.body.staged.clear()
     r.hoisted = set()
     r.body.kept_partials.clear()
     r.close(3)

@@ -137,10 +137,15 @@ EMBER_FN float ember_exp2_approx(float x) {
 // softmax's sum of exp(x - max) (cuda_online.py), where any term below 2^-126 is lost next to
 // the max's own term of 1, as Triton's eh.exp_ftz
 EMBER_FN float ember_exp_ftz(float x) { return ember_exp2_approx(x * 1.4426950408889634f); }
+// a / b as div.full.f32 computes it (its SASS: both scaled by 1/4 where |b| > 2^126, by 2^24
+// where |b| < 2^-126, then a times b's approximate reciprocal), spelled out so that where b is
+// the same for a loop's elements (a softmax's sum) its scale and reciprocal are computed once,
+// and each element costs two multiplications, not two more predicated ones
 EMBER_FN float ember_div_full(float a, float b) {
-  float q;
-  asm("div.full.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b));
-  return q;
+  const float scale = fabsf(b) > 0x1p126f ? 0.25f : fabsf(b) < 0x1p-126f ? 0x1p24f : 1.0f;
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b * scale));
+  return (a * scale) * r;
 }
 // powf as a call, not inlined (a combo's parts, codegen/cuda_combos.py): an Adam step's combo
 // computes two bias corrections a parameter, and a hundred inlined powf took ptxas 10 of 16 s
@@ -157,6 +162,22 @@ template <typename T, int N> EMBER_FN EmberVec<T, N> ember_load_vec(const T* p) 
 }
 template <typename T, int N> EMBER_FN void ember_store_vec(T* p, const EmberVec<T, N>& v) {
   *reinterpret_cast<EmberVec<T, N>*>(p) = v;
+}
+// element k of a vector of bfloat16s as a float, from the 32-bit word holding it: a shift for the
+// low half, a mask for the high one (one instruction; the element's own conversion took two or
+// three for a high half, PRMT and SHF: a tenth of a bf16 softmax's instructions)
+// (The word read through a union holding a copy of the vector took ptxas 10 more registers in a
+// softmax; NVRTC has no __builtin_memcpy.)
+template <int N> EMBER_FN float ember_bf16_at(const EmberVec<unsigned short, N>& v, int k) {
+  if constexpr (N % 2 == 0) {
+    const unsigned int w = reinterpret_cast<const unsigned int*>(v.v)[k >> 1];
+    return __uint_as_float(k & 1 ? w & 0xffff0000u : w << 16);
+  }
+  return ember_bf16_to_f32(v.v[k]);
+}
+// (a float16's conversion, HADD2.F32, reads either half of a register itself)
+template <int N> EMBER_FN float ember_f16_at(const EmberVec<unsigned short, N>& v, int k) {
+  return ember_f16_to_f32(v.v[k]);
 }
 // a group's float32 additions into a scattered row (an embedding's gradient): one vector atomic
 // (red.global.add.v4.f32) on sm_90, else one atomic an element

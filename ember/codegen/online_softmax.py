@@ -59,3 +59,36 @@ def guards_infinities(s: Value) -> bool:
     """Does the online sum ``s`` subtract logsumexp's guarded max, 0 where the max is +-inf (else
     0 only where it is -inf: every term so far is exp(-inf) = 0)?"""
     return inf_guarded(exp_of_difference(s).srcs[1]) is not None
+
+
+def terms_lost_below_one(kernel: Kernel, loop: int) -> list[Value]:
+    """The exp(x - max(x)) values that loop ``loop`` computes only to add up (through float
+    conversions, a 16-bit rounding among them) into a float32 sum of the row, the max's term 1
+    among them. A term below 2^-126 adds nothing there, so it may flush to 0: the CUDA backend
+    computes such terms with one ex2.approx.ftz, without the subnormal fix-up."""
+    computed = {id(v) for v in kernel.loop_values(loop)}
+    users: dict[int, list[Value]] = {}
+    for v in kernel.values:
+        for s in v.srcs:
+            if id(v) in computed or v.loop == loop and v.kind in ("reduce", "store", "chunksum", "dot", "checkindex"):
+                users.setdefault(id(s), []).append(v)
+    terms = []
+    for s in kernel.reductions:
+        if s.loop != loop or s.arg.op is not Op.SUM or dt.compute_dtype(s.dtype) != dt.float32:
+            continue
+        chain, e = [s], s.srcs[0]
+        while e.kind == "alu" and e.arg is Op.CAST and e.dtype.is_float and e.srcs[0].dtype.is_float:
+            chain.append(e)
+            e = e.srcs[0]
+        if not (e.kind == "alu" and e.arg is Op.EXP and e.srcs[0].kind == "alu" and e.srcs[0].arg is Op.SUB):
+            continue
+        x, m = e.srcs[0].srcs
+        m = inf_guarded(m) or m
+        if not (m.kind == "reduce" and m.arg.op is Op.AMAX and m.srcs[0] is x and m.loop < loop
+                and dt.compute_dtype(x.dtype) == dt.float32):
+            continue
+        # every use of the term and of its conversions in this loop is the next link of the chain
+        links = [e, *reversed(chain[1:])]
+        if all(users.get(id(a), []) == [b] for a, b in zip(links, [*links[1:], s])):
+            terms.append(e)
+    return terms

@@ -56,9 +56,9 @@ def _lane_order(kernel: Kernel, needed: set[int], loaded: set[int]) -> list[Valu
 
 def lanes_of(kernel: Kernel, min_elements: int = MIN_ELEMENTS, max_lanes: int = MAX_LANES) -> list[list[Value]] | None:
     """The values of a pointwise kernel split into lanes (each in the kernel's order, with the
-    load-free values it uses before their first use: ``_lane_order``), or None where it has fewer than two groups of stores that share
-    no loaded value and stream no buffer in common, more than ``max_lanes``, or fewer elements
-    in all than ``min_elements``."""
+    load-free values it uses before their first use: ``_lane_order``), or None where it has
+    fewer than two groups of stores that share no loaded value and stream no buffer in common,
+    more than ``max_lanes``, or fewer elements in all than ``min_elements``."""
     if kernel.inner or kernel.reductions or kernel.scans or sum(v.kind == "store" for v in kernel.values) < 2:
         return None
     n = sh.static(sh.numel(kernel.outer))
