@@ -386,6 +386,8 @@ def _masked_write(ctx: Context, x: Node, indices: Sequence[Any], values: Any, ac
     present = [d for d, i in enumerate(indices) if i is not None]
     if len(present) != 1 or not isinstance(indices[present[0]], Node) or not indices[present[0]].dtype.is_bool:
         return None
+    if len(indices) > x.rank:
+        return None  # (more indices than dims, a 0-d mask into a 0-d x: eager's IndexError, ATen's)
     start, mask = present[0], indices[present[0]]
     rest = x.rank - start - mask.rank
     if rest < 0 or not all(ctx.known_equal(m, n) for m, n in zip(mask.shape, x.shape[start:])):
@@ -414,6 +416,10 @@ def _index_add(ctx: Context, x: Node, dim: int, index: Node, source: Any, *, alp
         raise Unsupported("index_add into a 0-d tensor, or with a 0-d source")
     source_dtype_matches("index_add", x, source)
     _index_dtype("index_add", index)
+    if alpha != 1:
+        # eager converts alpha to self's dtype with its overflow check (1e5 into float16 raises);
+        # one that does not fit goes to ATen, which raises that error (or returns early as eager)
+        alpha = checked_scalar(alpha, x.dtype)
     dim = dim % x.rank
     if x.rank > 1 and sh.static(sh.numel(x.shape)) == 0:
         # eager's kernel returns an empty self of rank > 1 as it is, before it reads an index

@@ -110,9 +110,12 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202 -- torch.library
     # amax's backward (grad / count * mask), not as a where: a row whose extreme is NaN has no
     # element equal to it (count 0), and amax's gradient is NaN there, not a silent 0
     values, output = saved
-    hit = (values == output[rows]).to(grad.dtype)
+    # ties counted (and the gradient divided) in float32 at least, rounded once: a 16-bit sum
+    # stops counting at 256 (bfloat16) or 2048 (float16) ties, e.g. a long row of ReLU zeros
+    wide = torch.promote_types(grad.dtype, torch.float32)
+    hit = (values == output[rows]).to(wide)
     count = segment_reduce(hit, offsets, "sum")
-    return spread / count[rows] * hit, None, None
+    return (spread.to(wide) / count[rows] * hit).to(grad.dtype), None, None
 
 
 segment_reduce.register_autograd(_backward, setup_context=_setup_context)
