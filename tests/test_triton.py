@@ -318,6 +318,15 @@ def test_a_16_bit_softmax_written_out_computes_exp_once(dtype):
     report = check(softmax, torch.randn(6, 70, dtype=dtype) * 4, options=TRITON)
     persistent = report.kernels[0].source.split("if PERSISTENT:")[1].split("else:")[0]
     assert persistent.count("tl.exp(") == 1, persistent
+    # looped, the sum's loop takes its terms without the subnormal fix-up (a term below 2^-126
+    # is lost next to the max's 1), the store loop's exp keeps it
+    x = torch.randn(6, 70, dtype=dtype) * 4
+    x[1, :10] = -200.0  # exp(-200 - max) is 0 in both forms; eager's too
+    x[2, :10] = -80.0  # 16-bit subnormal probabilities where dtype is bfloat16, stored as eager's
+    src = check(softmax, x, options=LOOPED).kernels[0].source
+    sum_loop, store_loop = src.split("else:")[1].split("for roffset")[2:4]
+    assert "eh.exp_ftz(" in sum_loop and "tl.exp(" not in sum_loop, sum_loop
+    assert "tl.exp(" in store_loop and "exp_ftz" not in store_loop, store_loop
 
 
 def test_online_sums_sharing_a_max_each_accumulate():

@@ -76,6 +76,9 @@ class TritonKernelRenderer(LoopBodies):
         self.depth = 1
         self.chunk_acc = False  # chunk stores add into registers (PERSISTENT chunked rows)
         self.load_other, self.preselected = self._neutral_loads()
+        # value id -> its expression in the loop being rendered (a looped row's softmax terms
+        # that only add up next to the max's 1: online_softmax.terms_lost_below_one)
+        self.spelled: dict[int, str] = {}
 
     def emit(self, line: str) -> None:
         self.lines.append("    " * self.depth + line)
@@ -328,6 +331,8 @@ class TritonKernelRenderer(LoopBodies):
         if v.kind == "search":
             self._search(v)
             return None
+        if id(v) in self.spelled:
+            return f"{self.name(v)} = {self.spelled[id(v)]}"
         return f"{self.name(v)} = {alu(v, [self.name(s) for s in v.srcs])}"
 
     def _row_invariant(self, v: Value) -> bool:

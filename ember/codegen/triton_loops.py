@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..ir import dtypes as dt
 from ..ir.ops import Op
 from ..schedule.kernel_ir import CHUNK, FINAL_STAGE, SEGMENT_LENGTH, Kernel, Value, outer_var
-from .online_softmax import guards_infinities, online_softmax_pairs
+from .online_softmax import guards_infinities, online_softmax_pairs, terms_lost_below_one
 from .triton_alu import combine_fn, neutral, typed_neutral
 
 _ACC = {dt.float32: "float32", dt.float64: "float64"}  # chunk sums' (float) accumulators
@@ -186,7 +186,10 @@ class LoopBodies:
                 self.emit(f"for roffset in range(0, {bound}, RBLOCK):")
             self.depth += 1
             self._r_setup("roffset")
+            # a softmax's terms that only add up next to the max's 1: one ex2.approx.ftz each
+            self.spelled = {id(e): f"eh.exp_ftz({self.name(e.srcs[0])})" for e in terms_lost_below_one(k, loop)}
             self.statements(k.loop_values(loop))
+            self.spelled = {}
             for v in reductions:
                 acc = f"acc{self.name(v)}"
                 fn = combine_fn(v.arg.op, v.srcs[0].dtype)
