@@ -133,9 +133,9 @@ EMBER_FN float ember_exp2_approx(float x) {
   return y;
 }
 // exp(x) as one ex2.approx.ftz: results below 2^-126 flush to zero, with no subnormal fix-up
-// (three more instructions an element in ex2.approx.f32). Only for the terms of an online
-// softmax's sum of exp(x - max) (cuda_online.py), where any term below 2^-126 is lost next to
-// the max's own term of 1, as Triton's eh.exp_ftz
+// (three more instructions an element in ex2.approx.f32). Only for the terms of a softmax's sum
+// of exp(x - max), online (cuda_online.py) or not (online_softmax.terms_lost_below_one), where
+// any term below 2^-126 is lost next to the max's own term of 1, as Triton's eh.exp_ftz
 EMBER_FN float ember_exp_ftz(float x) { return ember_exp2_approx(x * 1.4426950408889634f); }
 // a / b as div.full.f32 computes it (its SASS: both scaled by 1/4 where |b| > 2^126, by 2^24
 // where |b| < 2^-126, then a times b's approximate reciprocal), spelled out so that where b is

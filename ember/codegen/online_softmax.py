@@ -64,8 +64,9 @@ def guards_infinities(s: Value) -> bool:
 def terms_lost_below_one(kernel: Kernel, loop: int) -> list[Value]:
     """The exp(x - max(x)) values that loop ``loop`` computes only to add up (through float
     conversions, a 16-bit rounding among them) into a float32 sum of the row, the max's term 1
-    among them. A term below 2^-126 adds nothing there, so it may flush to 0: the CUDA backend
-    computes such terms with one ex2.approx.ftz, without the subnormal fix-up."""
+    among them. A term below 2^-126 adds nothing there, so it may flush to 0: both GPU backends
+    compute such terms with one ex2.approx.ftz, without the subnormal fix-up. (Where the loop
+    also stores the term, its subnormals are kept: it is not listed.)"""
     computed = {id(v) for v in kernel.loop_values(loop)}
     users: dict[int, list[Value]] = {}
     for v in kernel.values:

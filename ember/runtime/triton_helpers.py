@@ -410,7 +410,8 @@ else:
     def exp_ftz(x):
         # exp(x) as one ex2.approx.ftz: results below 2^-126 flush to zero, no subnormal
         # fix-up (three extra instructions per element in tl.exp). Only for sums of exp(x - max)
-        # (online softmax), where every term below 2^-126 is lost next to the max's term of 1
+        # (online softmax, online_softmax.terms_lost_below_one), where every term below 2^-126
+        # is lost next to the max's term of 1
         return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
                                          dtype=tl.float32, is_pure=True, pack=1)
 
