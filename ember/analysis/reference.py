@@ -186,7 +186,8 @@ def _reduce(op: Op, x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         return x
     # argmax/argmin over several dims: move them last, flatten, reduce, put the 1s back.
     keep = [d for d in range(x.dim()) if d not in dims]
-    flat = x.permute(keep + list(dims)).reshape([x.shape[d] for d in keep] + [-1])
+    # (the reduced length spelled out: -1 is ambiguous where a kept dim is 0)
+    flat = x.permute(keep + list(dims)).reshape([x.shape[d] for d in keep] + [math.prod(x.shape[d] for d in dims)])
     fn = torch.argmax if op is Op.ARGMAX else torch.argmin
     return fn(flat, -1, keepdim=False).reshape([1 if d in dims else x.shape[d] for d in range(x.dim())])
 

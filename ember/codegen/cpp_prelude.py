@@ -76,8 +76,11 @@ EMBER_ROUNDED_DIVISION(f16, ember_round_f16)
 // Float to integer as eager's casts give it on this CPU. C++ leaves NaN, infinities and values out
 // of range undefined, and GCC used that: (float)(int8_t)x became truncf(x). x86's conversion gives
 // the int32 (int64 for int64_t) minimum for them and narrower types keep that int32's low bits
-// (300.7 -> int8 44); AArch64's saturates, NaN to 0.
+// (300.7 -> int8 44); AArch64's saturates, NaN to 0. (-1, 1) gives 0 by a select, not by the
+// conversion: with -fno-trapping-math GCC turns (float)(int)x into truncf(x), whose -0.0 for x in
+// (-1, 0) eager's cast does not give (x / x.long() was inf, not -inf)
 template <typename T, typename F> EMBER_FN T ember_float_to_int(F v) {
+  if (v > (F)-1 && v < (F)1) return 0;
 #if defined(__x86_64__) || defined(__i386__)
   if (sizeof(T) == 8)
     return (T)(v >= (F)-9223372036854775808.0 && v < (F)9223372036854775808.0 ? (int64_t)v : INT64_MIN);

@@ -46,13 +46,11 @@ class OutputLayouts:
             claimed.add(base)
         return shared
 
-    def _views_of_one_copy(self, fresh: list[int], returned: list[str]) -> list[int]:
+    def _one_copy_groups(self, fresh: list[int]) -> dict[int, list[int]]:
         """Outputs that eager returns in one memory of its own, where ember's IR made that memory
         an input's or a constant's (``Graph.fresh_views``: ``out = x.clone(); return out[1:],
-        out``, a clone is its source): one copy of the input, and each output the same chain of
-        views of it, so they share memory with each other and not with the input. Copied one by
-        one, the view came back on its own and the clone as the input itself. The fresh outputs
-        handled here."""
+        out``, a clone is its source): {the fresh output j: the outputs viewing its memory, j
+        first}, each copied by ``_views_of_one_copy``."""
         g = self.s.graph
         groups: dict[int, list[int]] = {}
         for i, j in sorted(g.fresh_views.items()):
@@ -60,6 +58,14 @@ class OutputLayouts:
             if (j in fresh and base.op in (Op.INPUT, Op.TENSOR) and base in self.var
                     and all(_views(g.outputs[t], base) for t in (i, j))):
                 groups.setdefault(j, [j]).append(i)
+        return groups
+
+    def _views_of_one_copy(self, groups: dict[int, list[int]], returned: list[str]) -> list[int]:
+        """One copy of the input for each of ``_one_copy_groups``, and each output the same chain
+        of views of it, so they share memory with each other and not with the input. Copied one
+        by one, the view came back on its own and the clone as the input itself. The fresh
+        outputs handled here."""
+        g = self.s.graph
         for j, outs in groups.items():
             base = self._memory_of(g.outputs[j])
             name = f"shared{j}"

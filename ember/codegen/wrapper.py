@@ -225,6 +225,9 @@ class WrapperWriter(OutputLayouts, InputWrites):
         self.output_vars = self._output_vars(outputs)
         self._plan_input_writes()
         fresh = self._shared_outputs()
+        one_copy = self._one_copy_groups(fresh)
+        # (an input copied for outputs that all view it, none the input itself: alive until then)
+        self.output_vars |= {self.var[self._memory_of(g.outputs[j])] for j in one_copy}
         traced = self._traced_layouts(fresh)
         # (an ATen result whose outputs are replayed from a copy of it: alive until then)
         self.output_vars |= {self.var[base] for base, (_, layout) in traced.items() if layout is not None}
@@ -243,7 +246,7 @@ class WrapperWriter(OutputLayouts, InputWrites):
             if dead:
                 self.emit("del " + ", ".join(sorted(dead)), keeps_pointers=True)
         returned = [self._output(i, o) for i, o in enumerate(g.outputs)]
-        shared = self._views_of_one_copy(fresh, returned)
+        shared = self._views_of_one_copy(one_copy, returned)
         for i in fresh:
             if i not in shared:
                 returned[i] = self._fresh_copy(i, returned[i])

@@ -91,13 +91,24 @@ class ReduceBuilder:
         for d in node.arg:
             if sh.is_one(x.shape[d]):
                 in_point[d] = sympy.Integer(0)
-        previous, self._reader = self._reader, node
-        src = self.value_of(x, tuple(in_point))
-        self._reader = previous
+        src = self._reduced(node, tuple(in_point))
         if node.op in (Op.ARGMAX, Op.ARGMIN):  # (ties as eager's rounded values make them)
             src = self._as_eager_holds(src)
         position = offset(tuple(inner_var(j) for j in range(len(dims))), sh.contiguous_strides(extents))
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.op, position))
+
+    def _reduced(self, node: Node, point: Point) -> Value:
+        """The value a reduction ``node`` reduces, at ``point`` of its input. Over no elements it
+        is never read, so nothing computing it is emitted: its loads of empty inputs are constants
+        (KernelBuilder.load), and an integer division of them, invariant in the loop that never
+        runs, was computed before it and flagged eager's ZeroDivisionError."""
+        (x,) = node.inputs
+        if sh.numel(x.shape) == 0:
+            return self._emit("const", x.dtype, (), 0)
+        previous, self._reader = self._reader, node
+        src = self.value_of(x, point)
+        self._reader = previous
+        return src
 
     def _scan(self, node: Node, point: Point) -> Value:
         """A scan at its home in a scan kernel: (o.., r0, o..) with r0 along its dim, the loop
