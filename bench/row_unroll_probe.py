@@ -26,6 +26,7 @@ import ember.codegen.cuda_online as cuda_online  # noqa: E402
 import ember.codegen.cuda_plan as cuda_plan  # noqa: E402
 import ember.codegen.cuda_prelude as cuda_prelude  # noqa: E402
 from bench.case_calls import median_us  # noqa: E402
+from bench.common import table  # noqa: E402
 from bench.gpu_fusion import cases  # noqa: E402
 
 PRELUDE, DEFAULT = cuda_prelude.PRELUDE, cuda_prelude.UNROLL
@@ -49,10 +50,10 @@ def main() -> None:
     parser.add_argument("--cases", default="softmax,cross_entropy,rmsnorm,layernorm")
     parser.add_argument("--reps", type=int, default=30)
     args = parser.parse_args()
-    table = cases(1.0)
+    suite = cases(1.0)
     rows = []
     for name in args.cases.split(","):
-        fn, make, _ = table[name]
+        fn, make, _ = suite[name]
         inputs = make()
         ref = fn(*[t.double() if t.is_floating_point() else t for t in inputs])
         for unroll in map(int, args.unrolls.split(",")):
@@ -62,11 +63,9 @@ def main() -> None:
             err = error(compiled(*inputs), ref)
             eager_err = error(fn(*inputs), ref)
             us = median_us(compiled, inputs, args.reps)
-            rows.append((name, unroll, us, err, eager_err))
+            rows.append((name, unroll, f"{us:.1f}", f"{err:.2e}", f"{eager_err:.2e}"))
             print(f"{name}, unroll {unroll}: {us:.1f} µs, error {err:.2e} (eager {eager_err:.2e})", flush=True)
-    print("\n| case | unroll | µs | error | eager's error |\n|---|---|---|---|---|")
-    for name, unroll, us, err, eager_err in rows:
-        print(f"| {name} | {unroll} | {us:.1f} | {err:.2e} | {eager_err:.2e} |")
+    print("\n" + table(rows, ("case", "unroll", "µs", "error", "eager's error")))
 
 
 if __name__ == "__main__":

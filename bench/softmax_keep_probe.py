@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ember  # noqa: E402
 from bench.case_calls import median_us  # noqa: E402
+from bench.common import table  # noqa: E402
 from bench.gpu_fusion import softmax  # noqa: E402
 from bench.row_unroll_probe import set_unroll  # noqa: E402
 from ember.runtime import cuda_backend  # noqa: E402
@@ -79,12 +80,9 @@ def main() -> None:
             err = float((out.double() - ref).abs().max())
             same = bool(torch.equal(out, base_out))
             us = median_us(compiled, (x,), args.reps)
-            rows.append((variant, unroll, us, err, same))
+            rows.append((variant, unroll, f"{us:.1f}", f"{err:.2e}", same))
             print(f"{variant}, unroll {unroll}: {us:.1f} µs, error {err:.2e}, bits of base: {same}", flush=True)
-    print("\n| variant | unroll | µs | error | same bits as base |\n|---|---|---|---|---|")
-    for variant, unroll, us, err, same in rows:
-        print(f"| {variant} | {unroll} | {us:.1f} | {err:.2e} | {same} |")
-
+    print("\n" + table(rows, ("variant", "unroll", "µs", "error", "same bits as base")))
 
 if __name__ == "__main__":
     main()
