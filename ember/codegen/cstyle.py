@@ -43,9 +43,11 @@ class Language:
     # a helper template converting a float to an integer type (``name<int8_t>(x)``) with the
     # results eager gives for NaN and out-of-range values; empty: a plain C cast
     float_to_int: str = ""
-    # bools loaded as bytes and stored through a select: GCC 12 left simd loops scalar that mixed
-    # a bool buffer's elements with 16-bit floats ("no vectype": a BatchNorm's training step in
-    # bfloat16, its relu mask loaded or stored beside them, took 10x its time)
+    # bools loaded as bytes and stored as bytes through a select: GCC 12 left simd loops scalar
+    # that mixed a bool buffer's elements with 16-bit floats ("no vectype": a BatchNorm's training
+    # step in bfloat16, its relu mask loaded or stored beside them, took 10x its time). GCC 13
+    # (-march=sapphirerapids) then left the float16 form of that loop scalar while the select's
+    # type was bool (``x ? true : false``); a select of bytes stored as a byte it vectorizes
     bools_as_bytes: bool = False
     # unguarded bools written just before their first user (``_sunk_bools``: GCC 12 left simd
     # loops scalar where bools stayed live across float loads)
@@ -69,8 +71,12 @@ class Language:
         if dtype == dt.float16:
             return f"ember_f32_to_f16({value})"
         if dtype.is_bool and self.bools_as_bytes:
-            return f"({value} ? true : false)"
+            return f"({value} ? (uint8_t)1 : (uint8_t)0)"
         return value
+
+    def store_target(self, dtype: dt.DType, ref: str) -> str:
+        """The element ``ref`` as a store writes it (a bool as its byte, see bools_as_bytes)."""
+        return f"*(uint8_t*)&{ref}" if dtype.is_bool and self.bools_as_bytes else ref
 
 
 # ---- literals ------------------------------------------------------------------------------
@@ -403,7 +409,7 @@ class BodyRenderer:
                 # elements go into its register, added by the group's vector atomic)
                 combine = v.arg.accumulate if isinstance(v.arg.accumulate, str) else "add"
                 return f"ember_atomic_{combine}(&{self.access(v)}, ({lang.storage[dtype]}){value});"
-            return f"{self.access(v)} = {value};"
+            return f"{lang.store_target(dtype, self.access(v))} = {value};"
         if v.kind in ("reduce", "chunksum", "rowreduce"):
             return None  # the backend places accumulators around its loops
         if self.users[id(v)] and all(u.kind == "store" and u.srcs[0] is v and _unrounded(v, self.buffer_dtype[
