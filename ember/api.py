@@ -285,6 +285,8 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return compiled(*args, **kwargs)
         except IndexError as e:
+            if refusal := _argmax_of_bools(e):
+                raise refusal from None
             if meta := _rank_unchecked_by_meta(e):
                 # the meta function sized a dim of a tensor of too few dims before checking its
                 # rank; eager's kernel checks the rank first and raises RuntimeError
@@ -292,7 +294,8 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
             prims = [name for x in _exception_chain(e) for f, name in zip(_frames(x), _function_names(x))
                      if "/torch/_prims/" in f]
             if not any("cat" in name for name in prims):  # (torch 2.11 raises it otherwise: left as it is)
-                raise
+                # (Dynamo lets an op's IndexError through unwrapped: named here, "sum: Dimension out of range")
+                raise _named(e, f"call_function {op}(*" if (op := _function_run(e)) else "") from None
             # prims.cat's meta indexes the shape of a 0-d tensor (Dynamo lets its IndexError
             # through); eager's cat checks its tensors first and raises RuntimeError
             raise RuntimeError(f"torch.cat: zero-dimensional tensors cannot be concatenated ({e})") from None
@@ -310,7 +313,8 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
                 # a view's size against its strides) or a bound it converts (hardtanh's int(inf) of
                 # an integer tensor); the eager op's own check raises RuntimeError
                 original = RuntimeError(str(original))
-            elif type(original) in (ValueError, OverflowError) and _raised_in(original, "/torch/__init__.py"):
+            elif (type(original) in (ValueError, OverflowError) and _raised_in(original, "/torch/__init__.py")
+                    and not _checked_as_value(original)):
                 # a Python number torch converts while tracing (masked_fill of an int tensor with
                 # NaN or inf: sym_int); eager's kernel refuses the value with a RuntimeError
                 original = RuntimeError(str(original))
@@ -320,6 +324,10 @@ def _unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
                 original = IndexError(str(original))
             elif type(original) is RuntimeError and _one_running_stat_in_training(original):
                 original = ValueError(str(original))
+            elif type(original) is RuntimeError and (refusal := _scan_to_bools(original)):
+                original = refusal
+            elif type(original) is RuntimeError and (refusal := _argmax_of_bools(original)):
+                original = refusal
             elif type(original) is RuntimeError and _empty_reduction(original):
                 # amax/argmax/aminmax over an empty dim: eager's check is an IndexError
                 original = IndexError(str(original))
@@ -409,6 +417,17 @@ def _rank_unchecked_by_meta(e: BaseException) -> str | None:
         if names and names[-1] in _RANK_CHECKED_FIRST:
             return names[-1]
     return None
+
+
+# torch's references whose torch._check_value failures eager's kernels raise as ValueError too
+# (others, split's sizes, are eager's RuntimeError)
+_EAGER_VALUE_CHECKS = frozenset({"arange"})  # (an int64 step truncated to 0)
+
+
+def _checked_as_value(e: BaseException) -> bool:
+    """Whether ``e`` is a ``torch._check_value`` failure in one of ``_EAGER_VALUE_CHECKS``."""
+    names = _function_names(e)
+    return names[-2:] == ["_check_value", "_check_with"] and len(names) > 2 and names[-3] in _EAGER_VALUE_CHECKS
 
 
 def _raised_in(e: BaseException, path: str) -> bool:
@@ -531,6 +550,42 @@ def _empty_reduction(e: BaseException) -> bool:
     return True
 
 
+# scans that eager's kernels compute in no bool dtype (their dispatch macros lack it)
+_NO_BOOL_SCANS = ("cumsum", "cumprod")
+
+
+def _scan_to_bools(e: BaseException) -> NotImplementedError | None:
+    """cumsum or cumprod with ``dtype=torch.bool`` of a tensor that requires grad: the fake
+    tensor's meta function computes it and autograd then refuses the bool result (RuntimeError),
+    where eager's kernel has no bool version and raises NotImplementedError first. None for
+    other errors."""
+    if str(e) != "Autograd not support dtype: Bool":
+        return None
+    for frame in traceback_frames(e):
+        node = frame.f_locals.get("node") if frame.f_code.co_name == "run_node" else None
+        target = getattr(node, "target", None)
+        name = target if isinstance(target, str) else getattr(target, "__name__", "")
+        if name.rstrip("_") in _NO_BOOL_SCANS:
+            return NotImplementedError(f"{name.rstrip('_')}: no kernel for a bool result ({e})")
+    return None
+
+
+def _argmax_of_bools(e: BaseException) -> RuntimeError | None:
+    """argmax or argmin of an empty bool tensor: the meta function checks the reduced dim's size
+    first (IndexError; over every dim a RuntimeError), where eager's kernel refuses the dtype
+    first, with a RuntimeError. None for other errors."""
+    for x in _exception_chain(e):
+        frames = traceback_frames(x)
+        meta = next((f for f in frames if f.f_code.co_name == "argmax_argmin_meta"), None)
+        operand = meta.f_locals.get("self") if meta is not None else None
+        if isinstance(operand, torch.Tensor) and operand.dtype == torch.bool:
+            # (the meta function serves both, and names both argmax: the dispatched op tells)
+            ops = [f.f_locals.get("func") for f in frames]
+            name = next((op.__name__.split(".")[0] for op in ops if isinstance(op, torch._ops.OpOverload)), "argmax")
+            return RuntimeError(f"{name}(): does not support bool input")
+    return None
+
+
 def _exception_chain(e: BaseException) -> list[BaseException]:
     """Dynamo re-raises an op's error inside its own; the op's error is the innermost one.
     Past Dynamo's own exceptions only explicit causes count: an op's error raised while handling
@@ -545,6 +600,8 @@ def _exception_chain(e: BaseException) -> list[BaseException]:
 
 def _named(error: Exception, dynamo_message: str) -> Exception:
     op = _op_from_dynamo_message(dynamo_message)
+    if "<locals>" in op:  # (a wrapper's qualified name, F.max_pool2d's "boolean_dispatch.<locals>.fn")
+        op = _function_run(error) or ""
     # (a message that names its op already: ember's own ops' checks, "segment_reduce: ...")
     if not op or str(error).startswith((f"{op}:", f"{op.rsplit('.', 1)[-1]}:")):
         return error
@@ -555,10 +612,22 @@ def _named(error: Exception, dynamo_message: str) -> Exception:
     return renamed.with_traceback(error.__traceback__)
 
 
+def _function_run(e: BaseException) -> str | None:
+    """The name of the function or method whose FX node Dynamo ran when ``e`` was raised."""
+    for frame in traceback_frames(e):
+        node = frame.f_locals.get("node") if frame.f_code.co_name == "run_node" else None
+        target = getattr(node, "target", None)
+        name = target if isinstance(target, str) else getattr(target, "__name__", None)  # (a method's: its name)
+        if isinstance(name, str):
+            return name
+    return None
+
+
 def _op_from_dynamo_message(message: str) -> str:
-    # "... Dynamo failed to run FX node with fake tensors: call_function <built-in function add>(..."
-    marker = "call_function "
-    if marker not in message:
+    # "... Dynamo failed to run FX node with fake tensors: call_function <built-in function add>(...",
+    # or "call_method view(*(FakeTensor(...), 5, 3)..." for a tensor's method
+    marker = next((m for m in ("call_function ", "call_method ") if m in message), None)
+    if marker is None:
         return ""
     rest = message.split(marker, 1)[1]
     target = rest.split("(*", 1)[0].strip()

@@ -1,7 +1,7 @@
 """Found by a differential fuzzer (random programs of pointwise ops, reductions, views and casts
 against eager): the sign of a zero a float -> int -> float cast gives; outputs that view one clone
-of an input a kernel also reads; an integer division summed over no elements; argmax's reference
-over no rows."""
+of an input a kernel also reads; an integer division summed over no elements, and over no rows
+beside their row sums; argmax's reference over no rows."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ember.analysis.reference import _reduce
 from ember.ir.ops import Op
 
 from .conftest import DEVICE
-from .helpers import assert_same
+from .helpers import assert_same, check
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -65,6 +65,20 @@ def test_an_integer_division_reduced_over_no_elements_raises_no_zero_division(sh
     c = torch.arange(3, device=DEVICE) if len(shape) > 1 else torch.tensor(5, device=DEVICE)
     out, ref = ember.compile(f)(a, a.clone(), c), f(a, a.clone(), c)
     assert_same(out, ref)
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (2, 0, 3)])
+def test_a_reduction_over_no_rows_beside_their_row_sums(shape):
+    # the scalar sum joined the row kernel of a.sum(-1) to reduce across its rows; the rows' roots,
+    # all empty, were left out, and the kernel without inner loops had no accumulator for it:
+    # C++ that did not compile (its graph ran through ATen), beside a hoisted 0 // 0
+    def f(a, b):
+        col = (..., 0)
+        return (a.sum(-1), (a[col] // b[col]).sum(), torch.remainder(a[col], b[col]).prod(),
+                (a[col] // b[col] > 0).any(), a[col].float().mean())
+
+    a = torch.zeros(shape, dtype=torch.int64, device=DEVICE)
+    check(f, a, a.clone())
 
 
 def test_argmin_reference_over_no_kept_elements():

@@ -131,7 +131,7 @@ def _arange(ctx: Context, *args: Any, **_: Any) -> Node:
         # (Where its count comes out another length without raising, the traced one is kept: an
         # ATen call's result must have the traced shape the kernels after it read.)
         raise Unsupported("an arange whose length ATen's int64 count overflows")
-    if dtype is dt.int64:
+    if dtype is dt.int64 and end is not None:  # (a float end, arange(2.5), is a constant: its length is traced)
         _check_int64_count(ctx, start, end, step)
     return ctx.make(Op.IOTA, (), (length, start, step), dtype=dtype)
 

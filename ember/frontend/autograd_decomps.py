@@ -17,6 +17,12 @@ where eager raises) and that an empty tensor has a positive number of classes.
 ``check_one_hot_dtype()`` adds them to it for the life of the process (Dynamo runs it on fake
 tensors before any backend is called; the checks only raise eager's errors).
 
+``_log_softmax`` of an empty integer or bool tensor: eager returns an empty tensor of its
+dtype, and so does its decomposition for integers, but a bool one refused the subtraction of bools
+(eager's is NotImplementedError where the tensor has elements). Dynamo runs that decomposition on
+fake tensors, before any backend is called: ``empty_log_softmax_of_bools()`` gives it eager's
+result for the life of the process.
+
 (softshrink's decomposition gives a NaN input a gradient of 0, as eager's vectorized kernel does,
 where its scalar tail passes the incoming one: eager has no one answer there.)
 
@@ -32,11 +38,13 @@ kernel converts with its overflow check (RuntimeError); such calls keep the op f
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch._C import DispatchKey
+from torch._decomp import decomposition_table
 
 from .aten_scalars import checked_value, scalar_fits
 from .bag_decomps import bag_overrides
@@ -218,3 +226,25 @@ def check_one_hot_dtype() -> None:
 
 
 check_one_hot_dtype()
+
+
+def empty_log_softmax_of_bools() -> None:
+    """Give torch's decomposition of ``_log_softmax``, which fake tensors run, eager's empty
+    result for an empty bool tensor. Once per process."""
+    op = aten._log_softmax.default
+    decomposition = decomposition_table.get(op)
+    if decomposition is None or getattr(decomposition, "_ember_empty_bools", False):
+        return
+
+    # (wraps: fake tensors run a table entry only where its name and module are torch's own)
+    @functools.wraps(decomposition)
+    def log_softmax(x: torch.Tensor, dim: int, half_to_float: bool, **kwargs: Any) -> torch.Tensor:
+        if x.dtype == torch.bool and x.numel() == 0 and not kwargs:
+            return torch.empty_like(x, memory_format=torch.contiguous_format)
+        return decomposition(x, dim, half_to_float, **kwargs)
+
+    log_softmax._ember_empty_bools = True  # type: ignore[attr-defined]
+    decomposition_table[op] = log_softmax
+
+
+empty_log_softmax_of_bools()

@@ -34,6 +34,7 @@ Two forward losses, whose decompositions promote their result:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -121,9 +122,22 @@ def nll_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: tor
     return torch.where(hit & valid, -grad_output, 0)
 
 
+def _one_sample_target(self: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The target of one sample (a 1-d input) as 0-d: eager's kernel takes it as a 1-d tensor of
+    one element too (and refuses more with a ValueError), which torch's decomposition refused as a
+    batch of another size (RuntimeError)."""
+    if self.dim() == 1 and target.dim() == 1:
+        if target.shape[0] != 1:  # (raised here: api.py makes torch._check_value's a RuntimeError)
+            raise ValueError(f"For 1D input, 1D target must have size 1, but got target size: {target.shape[0]}")
+        return target.reshape(())
+    return target
+
+
 def nll_loss_forward(self: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int,
                      ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's decomposition, with a GPU's loss of one ignored sample 0 as eager's CUDA kernel writes it."""
+    """torch's decomposition, with a GPU's loss of one ignored sample 0 as eager's CUDA kernel
+    writes it, and the target of one sample taken as eager's kernel takes it."""
+    target = _one_sample_target(self, target)
     output, total_weight = _TORCH_NLL_LOSS_FORWARD(self, target, weight, reduction, ignore_index)
     if self.dim() == 1 and reduction == _MEAN and self.device.type == "cuda":
         output = torch.where(target.reshape(()) != ignore_index, output, 0)
@@ -168,3 +182,24 @@ def loss_decompositions() -> dict[Any, Callable[..., Any]]:
             aten.nll_loss_forward.default: nll_loss_forward,
             aten.nll_loss_backward.default: nll_loss_backward,
             aten.nll_loss2d_backward.default: nll_loss_backward}
+
+
+def one_sample_targets_in_torch() -> None:
+    """Give torch's decomposition of ``nll_loss_forward``, which Dynamo's fake tensors run before
+    any backend is called, eager's reading of a one-sample target (``_one_sample_target``).
+    Once per process."""
+    op = aten.nll_loss_forward.default
+    decomposition = decomposition_table.get(op)
+    if decomposition is None or getattr(decomposition, "_ember_one_sample", False):
+        return
+
+    # (wraps: fake tensors run a table entry only where its name and module are torch's own)
+    @functools.wraps(decomposition)
+    def nll_loss_forward(self: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return decomposition(self, _one_sample_target(self, target), *args, **kwargs)
+
+    nll_loss_forward._ember_one_sample = True  # type: ignore[attr-defined]
+    decomposition_table[op] = nll_loss_forward
+
+
+one_sample_targets_in_torch()

@@ -211,9 +211,11 @@ class DomainRules:
         """The row kernel whose rows a scalar root's full reductions (a loss's mean over per-row
         values) reduce over, when it can finish them: partials per program, combined by the last."""
         full = [r for r in reductions if all(sh.is_one(s) for s in r.shape)]
-        # (only a scalar: what runs after every row has no loops over a root of its own shape)
+        # (only a scalar: what runs after every row has no loops over a root of its own shape.
+        # Not over no rows: the rows' roots, all empty, leave that kernel no loop to reduce in)
         if (not self.cfg.fusion or not full or not all(sh.is_one(s) for s in root.shape)
-                or any(r in self.not_across or r.op not in ACROSS_OPS for r in full)
+                or any(r in self.not_across or r.op not in ACROSS_OPS or sh.static(sh.numel(r.inputs[0].shape)) == 0
+                       for r in full)
                 or root in self.not_across):
             return None
         for g in groups:
