@@ -127,7 +127,7 @@ def _one_sample_target(self: torch.Tensor, target: torch.Tensor) -> torch.Tensor
     one element too (and refuses more with a ValueError), which torch's decomposition refused as a
     batch of another size (RuntimeError)."""
     if self.dim() == 1 and target.dim() == 1:
-        if target.shape[0] != 1:  # (raised here: api.py makes torch._check_value's a RuntimeError)
+        if target.shape[0] != 1:  # (raised here: eager_errors.py makes torch._check_value's a RuntimeError)
             raise ValueError(f"For 1D input, 1D target must have size 1, but got target size: {target.shape[0]}")
         return target.reshape(())
     return target
