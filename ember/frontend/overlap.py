@@ -48,7 +48,7 @@ def writes_overlapping_memory(gm: torch.fx.GraphModule) -> bool:
             written_args = [_value(a) for a in _written(node)]
             read = [_value(a) for a in pytree.tree_leaves((node.args, node.kwargs))]
             if any(isinstance(r, torch.Tensor) and r is not written and not any(r is w for w in written_args)
-                   and _partly_overlap(written, r) for r in read):
+                   and (_partly_overlap(written, r) or _overlap_unchecked_by_eager(written, r)) for r in read):
                 return True
     return False
 
@@ -374,6 +374,51 @@ def _partly_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     # so that sizes where they meet recompile and run eagerly; not only where provably apart
     # for every size, which sent every dynamic graph writing a row read from another eagerly
     return not guard_or_false(a_end <= b_begin) and not guard_or_false(b_end <= a_begin)
+
+
+def _overlap_unchecked_by_eager(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do ``a`` and ``b`` of one storage share an element where eager's check cannot tell (either
+    is not dense: "too hard")? Eager raises nothing there and its kernel writes in its own order:
+    ``x[:, 1:] = x[:, :-1]`` copies each row's first element along the row. Functionalization
+    reads every element as it was before the write (aot_eager too)."""
+    a, b = _unwrapped(a), _unwrapped(b)
+    if not _ranges_meet(a, b):
+        return False
+    if is_non_overlapping_and_dense_or_false(a) and is_non_overlapping_and_dense_or_false(b):
+        return False  # (eager's check: _partly_overlap)
+    if a.dtype == b.dtype and statically_known_true(a.storage_offset() == b.storage_offset()) \
+            and _known_equal(a.shape, b.shape) and _known_equal(a.stride(), b.stride()):
+        return False  # the same elements in the same order (x[:, ::2] += 1 writes its own view)
+    return _share_an_element(a, b)
+
+
+def _share_an_element(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Exact for views of one dtype with the same strides and static sizes, strides and offsets
+    (``x[:, 0] = x[:, 1]`` shares none: it still compiles); True for any other pair, which only
+    runs eagerly."""
+    layouts = (*a.shape, *a.stride(), a.storage_offset(), *b.shape, *b.stride(), b.storage_offset())
+    if a.dtype != b.dtype or not all(type(v) is int for v in layouts) or a.stride() != b.stride():
+        return True
+    # element i of a is element j of b where (i - j) . strides = b's offset - a's offset, each
+    # i_k - j_k in [-(b's size - 1), a's size - 1]
+    dims = sorted(((stride, size_a - 1, size_b - 1) for stride, size_a, size_b in zip(a.stride(), a.shape, b.shape)
+                   if stride > 0 and max(size_a, size_b) > 1), reverse=True)
+    return _offset_reached(b.storage_offset() - a.storage_offset(), dims, budget=[4096])
+
+
+def _offset_reached(delta: int, dims: list[tuple[int, int, int]], budget: list[int]) -> bool:
+    """Is ``delta`` a sum of ``d_k * stride_k`` with ``-low_k <= d_k <= high_k`` over ``dims``
+    ((stride, high, low), largest stride first)? True once ``budget`` steps are spent."""
+    if not dims:
+        return delta == 0
+    budget[0] -= 1
+    if budget[0] < 0:
+        return True
+    (stride, high, low), rest = dims[0], dims[1:]
+    above = sum(s * h for s, h, _ in rest)  # what the smaller strides can add, and take away
+    below = sum(s * lo for s, _, lo in rest)
+    first, last = max(-low, -((above - delta) // stride)), min(high, (delta + below) // stride)
+    return any(_offset_reached(delta - d * stride, rest, budget) for d in range(first, last + 1))
 
 
 def _known_equal(xs: tuple[Any, ...], ys: tuple[Any, ...]) -> bool:
