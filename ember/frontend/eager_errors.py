@@ -70,7 +70,8 @@ def unwrap_errors(compiled: Callable[..., Any]) -> Callable[..., Any]:
                 original = ValueError(str(original))
             elif type(original) is RuntimeError and (refusal := _scan_to_bools(original)):
                 original = refusal
-            elif type(original) is RuntimeError and (refusal := _argmax_of_bools(original)):
+            elif type(original) in (RuntimeError, IndexError) and (refusal := _argmax_of_bools(original)):
+                # (torch 2.11's Dynamo wraps the meta function's IndexError; 2.13's lets it through)
                 original = refusal
             elif type(original) is RuntimeError and _empty_reduction(original):
                 # amax/argmax/aminmax over an empty dim: eager's check is an IndexError
