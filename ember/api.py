@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import os
 import traceback
 import warnings
@@ -323,4 +324,14 @@ def wait_for_kernels(timeout: float | None = None) -> bool:
     ``background_compile`` option) are ready; False if ``timeout`` seconds passed first. Calls
     made meanwhile are correct, through ATen; benchmarks call this before timing."""
     from .runtime.triton_matmul import wait_for_kernels as wait
+    # (checked here, not where a job is pending: timeout="10" passed while nothing compiled and
+    # failed deep in threading when something did)
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+            raise TypeError(f"ember.wait_for_kernels: timeout= takes seconds (a number) or None, "
+                            f"got {type(timeout).__name__}")
+        if not timeout >= 0:  # (negative or NaN)
+            raise ValueError(f"ember.wait_for_kernels: timeout= must be >= 0 seconds, got {timeout!r}")
+        if timeout == float("inf"):  # (no limit: threading's wait raises OverflowError for inf)
+            timeout = None
     return wait(timeout)

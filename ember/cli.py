@@ -240,6 +240,18 @@ def _positive_int(text: str, least: int = 1) -> int:
     return value
 
 
+def _demo_device(text: str) -> str:
+    """A CPU or CUDA device string (``cuda:1`` too). (An unknown one ran on the CPU without a GPU,
+    and failed in torch with a traceback where one is present.)"""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not cpu or cuda (or cuda:N)")
+    return text
+
+
 def _count(text: str) -> int:
     return _positive_int(text, least=0)
 
@@ -249,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("demo", help="compile a small model and the padded GIoU loss, time them")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--device", type=_demo_device, default="cpu", help="cpu (default) or cuda")
     p.add_argument("--batch", type=_positive_int, default=1024, help="images in the GIoU batch")
     p.set_defaults(func=demo)
 

@@ -193,6 +193,13 @@ class Config:
     # Check the IR after every pass (on whenever debug > 0).
     verify: bool = False
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # (ember.config.debg = 2, a misspelt setting, was kept and silently ignored; torch's
+        # configs raise AttributeError for a name they do not have, too)
+        if name not in self.__dataclass_fields__:
+            raise AttributeError(f"ember.config has no setting {name!r}; known: {sorted(self.__dataclass_fields__)}")
+        object.__setattr__(self, name, value)
+
     def replace(self, **overrides: Any) -> Config:
         known = {f.name for f in dataclasses.fields(self)}
         unknown = set(overrides) - known

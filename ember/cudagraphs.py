@@ -112,7 +112,10 @@ class CudaGraphStep:
 
     def __init__(self, fn: Callable[..., Any], *, capacity: int | None = None, warmup: int = 2,
                  static_args: Sequence[int] = ()) -> None:
-        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)):
+            # (a TypeError, as warmup's: capacity="64" was a ValueError)
+            raise TypeError(f"cuda_graph: capacity must be a positive int or None, got {capacity!r}")
+        if capacity is not None and capacity < 1:
             raise ValueError(f"cuda_graph: capacity must be a positive int or None, got {capacity!r}")
         if not callable(fn):
             raise TypeError(f"cuda_graph takes a function (a training step), got {type(fn).__name__} {fn!r:.80}")

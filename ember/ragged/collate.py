@@ -77,8 +77,12 @@ def collate(batch: Sequence[Any], *, ragged_fields: Iterable[Hashable] | None = 
     Returns the samples' container type: a tuple (or list, or namedtuple) or a dict. Inputs are
     copied without autograd history: this is for data loading.
     """
-    if not isinstance(batch, (list, tuple)) or not batch:
+    if not isinstance(batch, (list, tuple)):  # (a string or a generator was a ValueError)
+        raise TypeError(f"collate expects a list of samples, got {type(batch).__name__}")
+    if not batch:
         raise ValueError("collate expects a non-empty list of samples")
+    if pin_memory is not None and not isinstance(pin_memory, bool):  # (pin_memory="no" pinned)
+        raise TypeError(f"collate: pin_memory= takes True, False or None, got {pin_memory!r}")
     pin = _should_pin(pin_memory)
     first = batch[0]
     if isinstance(first, Mapping):
@@ -327,6 +331,8 @@ def _normalize_fields(fields: Iterable[Hashable] | None, keys: list[Hashable], p
         return set()
     if isinstance(fields, (str, int)):
         fields = [fields]
+    if not isinstance(fields, Iterable):  # (ragged_fields=1.0 failed as "'float' object is not iterable")
+        raise TypeError(f"collate: ragged_fields= takes a field (index or key) or a list of them, got {fields!r}")
     out: set[Hashable] = set()
     for field in fields:
         if positional:

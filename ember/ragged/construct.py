@@ -22,8 +22,15 @@ def from_list(tensors: Sequence[torch.Tensor], *, offsets_dtype: torch.dtype = t
     """
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"from_list expects a list or tuple of tensors, got {type(tensors).__name__}")
-    if offsets_dtype not in OFFSET_DTYPES:
-        raise ValueError(f"offsets_dtype must be int32 or int64, got {offsets_dtype}")
+    _check_offsets_dtype(offsets_dtype, "from_list")
+    # (dtype="float32" was reported as "dtype=float32 but the tensors are torch.float32", and
+    # feature_shape=3 or (-3,) failed inside torch.empty)
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"from_list: dtype= must be a torch.dtype, got {dtype!r}")
+    if feature_shape is not None:
+        feature_shape = _checked_shape(feature_shape)
+    if device is not None:
+        device = _checked_device(device)
     if not tensors:
         if feature_shape is None or dtype is None:
             raise ValueError("from_list of an empty list needs feature_shape= and dtype= to know the row shape")
@@ -48,10 +55,11 @@ def from_list(tensors: Sequence[torch.Tensor], *, offsets_dtype: torch.dtype = t
                          f"{tuple(first.shape[1:])}")
     if dtype is not None and dtype != first.dtype:
         raise ValueError(f"from_list: dtype={dtype} but the tensors are {first.dtype}")
-    if device is not None and torch.device(device) != first.device:
+    if device is not None and device != first.device:
         raise ValueError(f"from_list: device={device} but the tensors are on {first.device}")
 
     lengths = [t.shape[0] for t in tensors]
+    _check_fits(sum(lengths), offsets_dtype, "from_list")
     offsets = torch.tensor([0, *accumulate(lengths)], dtype=offsets_dtype, device=first.device)
     return Ragged._make(torch.cat(list(tensors)), offsets, max(lengths))
 
@@ -67,8 +75,7 @@ def from_padded(padded: torch.Tensor, lengths: torch.Tensor | Sequence[int], *,
         raise TypeError(f"from_padded expects a tensor, got {type(padded).__name__}")
     if padded.dim() < 2:
         raise ValueError(f"from_padded expects a padded (B, N, *feature) tensor, got shape {tuple(padded.shape)}")
-    if offsets_dtype not in OFFSET_DTYPES:
-        raise ValueError(f"offsets_dtype must be int32 or int64, got {offsets_dtype}")
+    _check_offsets_dtype(offsets_dtype, "from_padded")
     batch, width = padded.shape[0], padded.shape[1]
 
     if isinstance(lengths, torch.Tensor):
@@ -78,7 +85,8 @@ def from_padded(padded: torch.Tensor, lengths: torch.Tensor | Sequence[int], *,
             raise ValueError(f"from_padded: lengths must have shape ({batch},) for a batch of {batch}, "
                              f"got {tuple(lengths.shape)}")
         lengths = lengths.to(device=padded.device, dtype=torch.int64)
-        low, high = torch.stack([lengths.min(), lengths.max()]).tolist() if batch else (0, 0)
+        summary = torch.stack([lengths.min(), lengths.max(), lengths.sum()]) if batch else torch.zeros(3)
+        low, high, total = (int(x) for x in summary.tolist())
     else:
         if type(lengths).__module__ == "numpy" and getattr(lengths, "ndim", None) == 1:
             # (a sampler's lengths array)
@@ -91,14 +99,50 @@ def from_padded(padded: torch.Tensor, lengths: torch.Tensor | Sequence[int], *,
         lengths = [operator.index(n) for n in lengths]
         if len(lengths) != batch:
             raise ValueError(f"from_padded: {len(lengths)} lengths for a batch of {batch}")
-        low, high = (min(lengths), max(lengths)) if batch else (0, 0)
+        low, high, total = (min(lengths), max(lengths), sum(lengths)) if batch else (0, 0, 0)
         lengths = torch.tensor(lengths, dtype=torch.int64, device=padded.device)
     if low < 0:
         raise ValueError(f"from_padded: lengths must be >= 0, got {low}")
     if high > width:
         raise ValueError(f"from_padded: a length of {high} exceeds the padded size {width}")
+    _check_fits(total, offsets_dtype, "from_padded")
 
     mask = torch.arange(width, device=padded.device) < lengths[:, None]
     offsets = torch.zeros(batch + 1, dtype=offsets_dtype, device=padded.device)
     offsets[1:] = lengths.cumsum(0)
     return Ragged._make(padded[mask], offsets, high)
+
+
+def _check_offsets_dtype(offsets_dtype: object, api: str) -> None:
+    # (offsets_dtype="int64" was a ValueError reading "got int64")
+    if not isinstance(offsets_dtype, torch.dtype):
+        raise TypeError(f"{api}: offsets_dtype= must be torch.int32 or torch.int64, got {offsets_dtype!r}")
+    if offsets_dtype not in OFFSET_DTYPES:
+        raise ValueError(f"{api}: offsets_dtype must be int32 or int64, got {offsets_dtype}")
+
+
+def _check_fits(total: int, offsets_dtype: torch.dtype, api: str) -> None:
+    """T must fit the offsets' dtype: torch.tensor raised its own overflow error, and a cumsum
+    copied into int32 offsets would wrap around silently."""
+    if total > torch.iinfo(offsets_dtype).max:
+        raise ValueError(f"{api}: {total} rows do not fit {offsets_dtype} offsets; use offsets_dtype=torch.int64")
+
+
+def _checked_shape(shape: object) -> tuple[int, ...]:
+    """``feature_shape`` as a tuple of sizes >= 0 (torch.Size, a list or tuple of ints)."""
+    if not isinstance(shape, (list, tuple)) or not all(
+            hasattr(type(n), "__index__") and not isinstance(n, bool) for n in shape):
+        raise TypeError(f"from_list: feature_shape= must be a tuple of ints, got {shape!r}")
+    sizes = tuple(operator.index(n) for n in shape)
+    if any(n < 0 for n in sizes):
+        raise ValueError(f"from_list: feature_shape= must have sizes >= 0, got {sizes}")
+    return sizes
+
+
+def _checked_device(device: object) -> torch.device:
+    if not isinstance(device, (str, int, torch.device)) or isinstance(device, bool):
+        raise TypeError(f"from_list: device= must be a torch.device or a device string, got {device!r}")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:  # (torch's message lists every device type)
+        raise ValueError(f"from_list: device={device!r} is not a device") from e

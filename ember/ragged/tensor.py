@@ -210,6 +210,13 @@ class Ragged:
     def to(self, device_or_dtype: torch.device | str | torch.dtype, non_blocking: bool = False) -> Ragged:
         """Values cast to a dtype (offsets stay as they are), or both tensors moved to a device.
         For a batch from ``collate``, ``ragged.to_device`` copies shared buffers only once."""
+        # (r.to(tensor) cast the offsets to the tensor's dtype too: float16 offsets, silently; and
+        # r.to("cuda", torch.half) failed in Tensor.to with non_blocking=torch.float16)
+        if isinstance(device_or_dtype, bool) or not isinstance(device_or_dtype, (torch.dtype, torch.device, str, int)):
+            raise TypeError(f"Ragged.to takes a device or a dtype, got {type(device_or_dtype).__name__}")
+        if not isinstance(non_blocking, bool):
+            raise TypeError(f"Ragged.to: non_blocking= takes True or False, got {non_blocking!r} (to move and "
+                            f"cast, call r.to(device).to(dtype))")
         if isinstance(device_or_dtype, torch.dtype):
             values = self.values.to(device_or_dtype)
             if values is self.values:
