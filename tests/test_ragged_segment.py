@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+import ember
 from ember import ragged
 from ember.ragged import Ragged
+
+from .conftest import DEVICE
 
 LENGTHS = [[3, 0, 5, 1], [7], [0, 0, 0], [2, 2], [1] * 6, [0, 40, 3, 0]]
 FEATURES = [(), (4,), (2, 3)]
@@ -69,9 +72,22 @@ def test_low_precision_accumulates_in_float32(dtype):
         torch.testing.assert_close(row.double(), want.double().softmax(0), rtol=2e-2, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_small_integer_sums_do_not_wrap(dtype):
+    # three 100s (uint8: 200s) summed in their own dtype wrapped (uint8 600 -> 88); Tensor.sum
+    # sums integers in int64, and so does segment_sum now, compiled or not
+    big = 200 if dtype == torch.uint8 else 100
+    r = Ragged(torch.full((4, 2), big, dtype=dtype, device=DEVICE), torch.tensor([0, 3, 3, 4], device=DEVICE))
+    expected = torch.stack([r.values[:3].sum(0), r.values[3:3].sum(0), r.values[3:].sum(0)])
+    assert expected.dtype == torch.int64
+    assert torch.equal(ragged.segment_sum(r), expected)
+    assert torch.equal(ember.compile(ragged.segment_sum)(r), expected)
+
+
 def test_integer_sum_and_max():
     r = Ragged(torch.tensor([1, 5, 2, 7, 3], dtype=torch.int32), torch.tensor([0, 2, 2, 5]))
     assert ragged.segment_sum(r).tolist() == [6, 0, 12]
+    assert ragged.segment_sum(r).dtype == torch.int64  # as Tensor.sum promotes integers
     assert ragged.segment_max(r).tolist() == [5, torch.iinfo(torch.int32).min, 7]
     with pytest.raises(TypeError, match="floating-point"):
         ragged.segment_mean(r)

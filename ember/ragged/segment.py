@@ -48,10 +48,11 @@ def _sum_rows(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
 
 
 def segment_sum(r: Ragged) -> torch.Tensor:
-    """(B, *feature): the sum of each row's values (0 for an empty row), in ``r.dtype``; bool
-    values are counted, in int64 (as ``Tensor.sum`` counts them: masked tokens per row)."""
+    """(B, *feature): the sum of each row's values (0 for an empty row). Floating and complex
+    values keep ``r.dtype``; integers and bools sum in int64, as ``Tensor.sum`` sums them (three
+    uint8 values of 200 are 600, not 88; bools count masked tokens per row)."""
     r = _check(r, "segment_sum")
-    if r.dtype == torch.bool:
+    if not (r.dtype.is_floating_point or r.dtype.is_complex):
         return _sum_rows(r.values.to(torch.int64), r.offsets)
     return _sum_rows(r.values, r.offsets).to(r.dtype)
 
