@@ -397,13 +397,31 @@ def _share_an_element(a: torch.Tensor, b: torch.Tensor) -> bool:
     (``x[:, 0] = x[:, 1]`` shares none: it still compiles); True for any other pair, which only
     runs eagerly."""
     layouts = (*a.shape, *a.stride(), a.storage_offset(), *b.shape, *b.stride(), b.storage_offset())
-    if a.dtype != b.dtype or not all(type(v) is int for v in layouts) or a.stride() != b.stride():
+    if a.dtype != b.dtype or not _known_equal(a.stride(), b.stride()):
         return True
+    if not all(type(v) is int for v in layouts):
+        return not _apart_within_smallest_stride(a, b)
     # element i of a is element j of b where (i - j) . strides = b's offset - a's offset, each
     # i_k - j_k in [-(b's size - 1), a's size - 1]
     dims = sorted(((stride, size_a - 1, size_b - 1) for stride, size_a, size_b in zip(a.stride(), a.shape, b.shape)
                    if stride > 0 and max(size_a, size_b) > 1), reverse=True)
     return _offset_reached(b.storage_offset() - a.storage_offset(), dims, budget=[4096])
+
+
+def _apart_within_smallest_stride(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Symbolic layouts of equal strides: is every stride a multiple of the smallest, and the two
+    offsets nearer than it (``x[:, 0]`` and ``x[:, 1]`` of an (s0, s1) tensor: 1 < s1)? Then every
+    offset one view reaches from the other is a multiple of that stride, and none is the offsets'
+    difference: no element is shared, for every size."""
+    strides = [s for s in a.stride() if not statically_known_true(s == 0)]
+    hints = [_hint(s) for s in strides]
+    if not strides or any(h is None for h in hints):
+        return False
+    smallest = strides[hints.index(min(hints))]
+    delta = b.storage_offset() - a.storage_offset()
+    return (all(statically_known_true(s % smallest == 0) for s in strides)
+            and statically_known_true(delta != 0)
+            and statically_known_true(delta < smallest) and statically_known_true(-delta < smallest))
 
 
 def _offset_reached(delta: int, dims: list[tuple[int, int, int]], budget: list[int]) -> bool:
