@@ -132,7 +132,7 @@ def _shape_facts(gm: torch.fx.GraphModule) -> str:
 def _meta(val: Any) -> str:
     if isinstance(val, torch.Tensor):
         return (f"{tuple(val.shape)}/{val.stride()}/{val.storage_offset()}/{val.dtype}/{val.device}/"
-                f"{val.requires_grad}")
+                f"{val.requires_grad}/{val.is_neg()}")
     if isinstance(val, (list, tuple)):
         return "(" + ",".join(_meta(v) for v in val) + ")"
     return repr(val)

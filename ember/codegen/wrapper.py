@@ -129,10 +129,13 @@ class WrapperWriter(OutputLayouts, InputWrites):
                     needed |= _template_symbols(n.arg)
                     n = n.inputs[0]
         bound: dict[sympy.Symbol, str | None] = {}
+        passed: set[sympy.Symbol] = set()  # (the ints the caller passes: a Python int of any size)
         for node in self.s.graph.inputs:
             spec = node.arg
             if spec.kind == "symint" and spec.expr is not None and spec.expr.is_Symbol:
                 bound.setdefault(spec.expr, spec.name)
+                if bound[spec.expr] == spec.name and not sh.is_float_symbol(spec.expr):
+                    passed.add(spec.expr)
         for node in self.s.graph.inputs:
             spec = node.arg
             if spec.kind != "tensor":
@@ -183,6 +186,12 @@ class WrapperWriter(OutputLayouts, InputWrites):
         for sym in self.symbols:
             if bound[sym] is not None:
                 self.emit(f"{sym.name} = {bound[sym]}")
+                if sym in passed:
+                    # kernels take int64 (ctypes wraps any other int silently); eager's conversion
+                    # of the int to a Scalar raises
+                    self.emit(f"if not {-2**63} <= {sym.name} < {2**64}:")
+                    self.emit(f"    raise OverflowError(\"can't convert negative int to unsigned\" if {sym.name} < 0 "
+                              "else 'int too big to convert')")
         self._emit_size_checks()
 
     def _emit_size_checks(self) -> None:

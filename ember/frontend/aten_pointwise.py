@@ -56,6 +56,9 @@ def _unary(op: Op):
 
 for _target, _op in _UNARY.items():
     register(_target.default)(_unary(_op))
+# x.conj().imag: a view whose negative bit ATen reads as -x; a kernel reading its memory would
+# read x itself, so its value is computed
+register(aten._neg_view.default)(_unary(Op.NEG))
 
 
 @register(aten.round.default)

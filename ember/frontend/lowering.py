@@ -287,6 +287,10 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
         if val is None:
             val = replayed_value(fx_node)
         if fx_node.op == "placeholder":
+            if isinstance(val, torch.Tensor) and val.is_neg():
+                # (x.conj().imag passed in: ATen reads its memory negated, a kernel would not)
+                raise NegativeBitInput(f"input {fx_node.name} has ATen's negative bit (a view such as "
+                                       "x.conj().imag)")
             node = _placeholder(fx_node, len(inputs), val, ctx.device, len(inputs) in donated)
             ctx.bindable |= _carried_symbols(node)
             if isinstance(val, torch.Tensor):
@@ -312,7 +316,9 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
             ctx.nodes.append(node)
             env[fx_node] = node
         elif fx_node.op == "call_function" and _writes_input(fx_node):
-            written[fx_node.args[0]] = _written_value(ctx, env[fx_node.args[0]], env[fx_node.args[1]])
+            metas = [getattr(a, "meta", {}).get("val") for a in fx_node.args[:2]]
+            same = all(isinstance(m, torch.Tensor) for m in metas) and metas[0].dtype == metas[1].dtype
+            written[fx_node.args[0]] = _written_value(ctx, env[fx_node.args[0]], env[fx_node.args[1]], same)
             env[fx_node] = env[fx_node.args[0]]  # (returned: the input itself, written)
         elif fx_node.op == "call_function":
             _check_not_written(fx_node, written)
@@ -366,6 +372,10 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
                                       fresh_views=fresh_views))
 
 
+class NegativeBitInput(NotImplementedError):
+    """An input whose negative bit is set: the graph runs through ATen, which reads it negated."""
+
+
 class InputWriteError(NotImplementedError):
     """An in-place write into a graph input that ember does not lower (the graph then runs
     through ATen, which makes it)."""
@@ -397,9 +407,13 @@ def _written_back(fx_node: torch.fx.Node) -> bool:
                     and _writes_input(user) for user in fx_node.users))
 
 
-def _written_value(ctx: Context, target: Any, value: Any) -> Node:
+def _written_value(ctx: Context, target: Any, value: Any, same_dtype: bool = False) -> Node:
     """What ``copy_(target, value)`` leaves in the input ``target``: ``value`` in its dtype and
     broadcast to its shape."""
+    if (isinstance(target, Node) and target.op is Op.INPUT and target.dtype is None and isinstance(value, Node)
+            and value.dtype is None and value.shape is not None and value.shape == target.shape
+            and same_dtype):
+        return value  # (complex or float8: ATen's result, of the input's dtype and shape, copied in)
     if not (isinstance(target, Node) and target.op is Op.INPUT and target.dtype is not None
             and isinstance(value, Node) and value.dtype is not None and value.shape is not None):
         raise InputWriteError(f"copy_ into input {target!r} of a value ember holds no tensor of")
