@@ -144,6 +144,8 @@ def _peeled_plan(kernel: Kernel, candidates: list[Value], extent: sympy.Expr, va
     starts = [sympy.expand(sympy.sympify(v.arg.index).subs(var, 0)) for v in candidates]
     best: tuple[tuple[int, int], int, list[Value], list[str]] | None = None
     for i in range(len(candidates)):
+        if any(is_indirect_var(x) for x in starts[i].free_symbols):
+            continue  # (a gathered row's start is loaded in the loop: the head is computed before it)
         chosen, conditions, moving = [], [], 0
         for v, start in zip(candidates, starts):
             # (partners only where that holds for every size: no test of a size can fail)
@@ -153,7 +155,8 @@ def _peeled_plan(kernel: Kernel, candidates: list[Value], extent: sympy.Expr, va
                 moving += bool(start.free_symbols & loop_vars)
         if best is None or (moving, len(chosen)) > best[0]:
             best = ((moving, len(chosen)), i, chosen, conditions)
-    assert best is not None
+    if best is None:
+        return None
     _, leader, chosen, conditions = best
     return VectorPlan(width, tuple(chosen), tuple(dict.fromkeys(conditions)), index_expr(starts[leader]))
 
