@@ -35,7 +35,7 @@ from ..codegen.triton_alu import RenderError
 from ..codegen.triton_loops import ROW_GROUP
 from ..config import Config, log
 from ..schedule.kernel_ir import Kernel
-from . import cache_dirs, cuda_matmul, stats
+from . import cache_dirs, cuda_matmul, ptxas_packed_adds, stats
 from . import triton_configs as tc
 from .backend import Backend, BuildError, BuiltKernels, fall_back
 from .triton_direct import DirectLauncher, direct_launcher
@@ -343,7 +343,8 @@ class Launcher:
 
                             def build(stubs=stubs, grid=grid, constexprs=constexprs, const=const) -> Any:
                                 with torch.cuda.device(device):  # (the thread's current device)
-                                    return _runner(fn.run(*stubs, grid=grid, warmup=True, **constexprs), device, const)
+                                    return _runner(fn.run(*stubs, grid=grid, warmup=True, **constexprs), device, const,
+                                                   self.cfg.cache_dir)
 
                             pending[spec] = submit_compile(build)
                             pending[spec].add_done_callback(
@@ -353,7 +354,7 @@ class Launcher:
                         self.fallback(*given)
                         return
                     binary = fn.run(*args, outer, inner, ws_, counter_, grid=grid, warmup=True, **constexprs)
-                    kernel = compiled[spec] = _runner(binary, device, const)
+                    kernel = compiled[spec] = _runner(binary, device, const, self.cfg.cache_dir)
                     self._compiled_once = True
                 if type(kernel) is DirectLauncher:  # (the addresses taken above, not again there)
                     kernel.launch_addresses(grid[0], split, stream, (*pointers, *args[n:], outer, inner, ws_at,
@@ -434,9 +435,13 @@ def _sharing(tensors: tuple[Any, ...]) -> list[torch.Tensor]:
     return [t for group in by_storage.values() if len(group) > 1 for t in group]
 
 
-def _runner(binary: Any, device: torch.device, constexprs: tuple[Any, ...]) -> Callable[..., None]:
+def _runner(binary: Any, device: torch.device, constexprs: tuple[Any, ...], cache_dir: Path) -> Callable[..., None]:
     """``launch(grid_x, grid_y, stream, args)`` of a compiled kernel: through the CUDA driver
-    (triton_direct.py: no launcher to build), else through Triton's launcher."""
+    (triton_direct.py: no launcher to build), else through Triton's launcher. First its cubin
+    is assembled again where its PTX has packed 16-bit adds, which ptxas gets wrong
+    (ptxas_packed_adds.py)."""
+    if ptxas_packed_adds.repair(binary, cache_dir):
+        log(1, f"{binary.name}: assembled again with its packed 16-bit adds split (ptxas_packed_adds.py)")
     index = device.index if device.index is not None else torch.cuda.current_device()
     try:
         direct = direct_launcher(binary, index)

@@ -1,0 +1,95 @@
+"""ptxas 12.8-13.0 drops the constant of a second packed 16-bit add (``add.s16x2``) that shares
+it (triton-lang/triton#11581): on an H200, ``(x + w).narrow(-1, 1, 15).contiguous()`` of a
+127 x 7 x 17 ``x`` read the element before in half its positions. Kernels whose PTX has packed
+adds are assembled again with them split (runtime/ptxas_packed_adds.py). Checked here on the
+CPU: Triton compiles ember's kernel for sm_90 without a GPU, and nvdisasm reads the SASS."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import ember
+from ember.runtime import ptxas_packed_adds
+
+triton = pytest.importorskip("triton")
+_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+needs_ptxas = pytest.mark.skipif(not (_BIN / "ptxas").is_file() or not (_BIN / "nvdisasm").is_file(),
+                                 reason="Triton's bundled ptxas and nvdisasm")
+
+PACKED = """\
+\tmov.b32 \t%r291, 65537;
+\tadd.s16x2 \t%r292, %r290, %r291;
+\t@%p3 sub.u16x2 \t%r7, %r5, %r291;
+\tadd.s32 \t%r8, %r7, 1;
+"""
+
+
+def test_packed_adds_are_split_into_halves():
+    ptx, count = ptxas_packed_adds.split_packed_adds(PACKED)
+    assert count == 2 and "16x2 \t%r" not in ptx
+    assert "add.s16 %ember_a0, %ember_a0, %ember_b0;" in ptx and "sub.u16 %ember_a1, %ember_a1, %ember_b1;" in ptx
+    assert "@%p3 mov.b32 %r7, {%ember_a0, %ember_a1};" in ptx  # (the guard stays on the write)
+    assert "mov.b32 {%ember_a0, %ember_a1}, %r290;" in ptx and "add.s32 \t%r8, %r7, 1;" in ptx
+
+
+def _narrowed(x, w):
+    return (x + w).narrow(-1, 1, 15).contiguous()
+
+
+def _sass(cubin: bytes, tmp_path: Path) -> str:
+    path = tmp_path / "k.cubin"
+    path.write_bytes(cubin)
+    return subprocess.run([str(_BIN / "nvdisasm"), str(path)], capture_output=True, text=True, check=True).stdout
+
+
+_COMPILE = """
+import importlib.util, sys, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+spec = importlib.util.spec_from_file_location("narrowed_kernel", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+signature = {name: "*fp32" for name in ("arg0_1", "arg1_1", "buf0")}
+signature |= {"OUTER": "i32", "INNER": "i32", "WORKSPACE": "*fp64", "COUNTER": "*i32"}
+constexprs = {"BIG": False, "XBLOCK": 1024, "RBLOCK": 1, "PERSISTENT": False, "NPROG_BLOCK": 1}
+signature |= {name: "constexpr" for name in constexprs}
+aligned = {(i,): [["tt.divisibility", 16]] for i in range(3)}
+binary = triton.compile(ASTSource(getattr(mod, sys.argv[2]), signature, constexprs=constexprs, attrs=aligned),
+                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+open(sys.argv[3] + ".ptx", "w").write(binary.asm["ptx"])
+open(sys.argv[3] + ".cubin", "wb").write(binary.kernel)
+"""
+
+
+@needs_ptxas
+def test_a_kernel_with_packed_adds_is_assembled_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # (rendered for sm_90, not run)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = ember.explain(_narrowed, torch.randn(127, 7, 17), torch.randn(7, 17), target="triton")
+    (kernel,) = report.kernels
+    module = tmp_path / "narrowed_kernel.py"
+    module.write_text("import triton\nimport triton.language as tl\nfrom ember.runtime import triton_helpers as eh\n"
+                      + kernel.source)
+    # Triton compiles for sm_90 in a process of its own: this one runs Triton interpreted
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path / "tc")}
+    subprocess.run([sys.executable, "-c", _COMPILE, str(module), kernel.name, str(tmp_path / "k")], env=env,
+                   check=True, timeout=600)
+    ptx, cubin = (tmp_path / "k.ptx").read_text(), (tmp_path / "k.cubin").read_bytes()
+    # the bug's mark: packed adds of a constant register, assembled as VIADD.16x2 (one of them of 0)
+    assert "add.s16x2" in ptx and "VIADD.16x2" in _sass(cubin, tmp_path)
+    binary = SimpleNamespace(name=kernel.name, asm={"ptx": ptx, "cubin": cubin}, kernel=cubin, module=None,
+                             metadata=SimpleNamespace(target=SimpleNamespace(arch=90), enable_fp_fusion=False,
+                                                      ptx_options=None))
+    assert ptxas_packed_adds.repair(binary, tmp_path / "cache")
+    assert "VIADD.16x2" not in _sass(binary.kernel, tmp_path) and binary.asm["cubin"] == binary.kernel
+    assert list((tmp_path / "cache" / "triton").glob("split16-*.cubin"))  # kept: a warm start reads it
+    assert not ptxas_packed_adds.repair(binary, tmp_path / "cache")  # (once)
