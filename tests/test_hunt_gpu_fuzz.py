@@ -5,8 +5,11 @@ it; the kernel did not build and its ops ran through ATen."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
+
+import ember
 
 from .conftest import DEVICE
 from .helpers import check
@@ -39,3 +42,37 @@ def test_rows_of_a_gather_compile_for_sm90(tmp_path):
 def test_rows_of_a_gather_match_eager():
     for fn, make in CASES:
         check(fn, *make())
+
+
+def _norm_weight_also_summed(x, w, rms):
+    """A LayerNorm's weight also reduced over its own elements: the weight's gradient is a column
+    sum over x's rows (outer: the columns) beside the gradient of ``w * w.sum()`` (or a
+    hand-written RMSNorm of w), whose sum over the same columns each column then needs."""
+    normed = F.layer_norm(x, (w.shape[0],), w)  # (first: in the other order the plan differs)
+    if rms:
+        return normed, w * torch.rsqrt(w.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return normed, w * w.sum()
+
+
+@pytest.mark.filterwarnings("error:ember")  # (the CPU kernel did not build: a warning, and ATen)
+@pytest.mark.parametrize("rms", [False, True], ids=["sum", "rms"])
+@pytest.mark.parametrize("options", [{}, {"target": "triton"}], ids=["default", "triton"])
+def test_a_weight_gradient_beside_a_sum_over_the_same_columns(rms, options):
+    """Found by the fuzzer's training runs: the column-sum kernel finished ``w.sum()`` after all
+    columns and stored every column's gradient there, where no column is. C++ did not build
+    ('o0' was not declared); Triton wrote garbage (1e37) or freed memory twice."""
+    if options and DEVICE != "cpu":
+        return  # (the Triton target on CPU tensors is the interpreter's)
+    torch.manual_seed(0)
+    x, w = torch.randn(20, 33, device=DEVICE), torch.randn(33, device=DEVICE)
+    ups = [torch.randn(20, 33, device=DEVICE), torch.randn(33, device=DEVICE)]
+
+    def grads(fn):
+        ins = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+        outs = fn(*ins, rms)
+        sum((o * u).sum() for o, u in zip(outs, ups)).backward()
+        return [t.grad for t in ins]
+
+    for got, want in zip(grads(ember.compile(_norm_weight_also_summed, options=options)),
+                         grads(_norm_weight_also_summed)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

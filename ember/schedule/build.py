@@ -561,10 +561,25 @@ class KernelBuilder(ReduceBuilder):
     def _check_final(self, kernel: Kernel) -> None:
         """Results over all rows are for the epilogue only: a row (or another reduction over the
         rows) that needs one sends its reduction to a kernel of its own."""
+        outer = {outer_var(i) for i in range(len(kernel.outer))}
         for v in kernel.values:
             late = [s for s in v.srcs if s.stage == FINAL_STAGE and not s.inner]
-            if late and (v.inner or v.kind in ("reduce", "chunksum", "rowreduce") or v.stage != FINAL_STAGE):
+            if late and (v.inner or v.kind in ("reduce", "chunksum", "rowreduce") or v.stage != FINAL_STAGE
+                         or self._reads_a_row(kernel, v, outer)):
                 raise AcrossFailed(self._across_source(late[0]))
+
+    @staticmethod
+    def _reads_a_row(kernel: Kernel, v: Value, outer: set[sympy.Symbol]) -> bool:
+        """Does ``v``, computed after all rows, need a value of one row (a load or position at an
+        outer index)? The epilogue has no row: a column sum's kernel (outer: the columns) had
+        ``w * w.sum() + (dy * xhat).sum(0)``, a LayerNorm weight's gradient beside a sum over the
+        same columns, store each column after all of them: C++ that did not build, and on Triton
+        every column's value written at the last block's."""
+        before = [s for s in (*v.srcs, *((v.guard,) if v.guard is not None else ())) if s.stage != FINAL_STAGE]
+        needed = reachable(before)
+        of_a_row = [u for u in kernel.values if id(u) in needed and (u.inner or any(e.free_symbols & outer
+                                                                                    for e in _exprs(u)))]
+        return bool(of_a_row) or any(e.free_symbols & outer for e in _exprs(v))
 
     def _across_source(self, v: Value) -> Node:
         """The node of a rowreduce that ``v`` (a value after all rows) is computed from."""
