@@ -76,3 +76,26 @@ def test_a_weight_gradient_beside_a_sum_over_the_same_columns(rms, options):
     for got, want in zip(grads(ember.compile(_norm_weight_also_summed, options=options)),
                          grads(_norm_weight_also_summed)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_max_of_a_16_bit_chain_is_one_of_its_rounded_values(dtype):
+    """Found by the fuzzer's training runs (both GPU backends, and the CPU): the max of a 16-bit
+    chain was taken of its float32 values, unrounded between ops, where eager rounds each op; the
+    max then equalled none of eager's values, and its backward, x == max over the column,
+    divided the gradient by a count of 0: NaN."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 33, device=DEVICE).to(dtype)
+
+    def fn(x):
+        y = x - x.flip(-1) + x
+        return y.amax(0), y.amin(1)
+
+    ref_x, out_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ref, out = fn(ref_x), ember.compile(fn)(out_x)
+    for got, want in zip(out, ref):
+        assert torch.equal(got, want)  # (a max is one of the values: exact)
+    sum(o.float().sum() for o in ref).backward()
+    sum(o.float().sum() for o in out).backward()
+    assert not out_x.grad.isnan().any()
+    torch.testing.assert_close(out_x.grad, ref_x.grad)

@@ -64,7 +64,8 @@ def jump_read(nodes: Sequence[Node], users: dict[Node, list[Node]]) -> frozenset
             return not reader.dtype.is_float  # (a conversion to another float changes smoothly)
         if reader.op is Op.EXTERN:
             return reader.arg.name in _JUMPING_CALLS
-        return reader.op in ROUNDED_FIRST or reader.op in (Op.ARGMAX, Op.ARGMIN, Op.SCAN)
+        # (a max too: it is one of eager's values, bit for bit)
+        return reader.op in ROUNDED_FIRST or reader.op in (Op.ARGMAX, Op.ARGMIN, Op.AMAX, Op.AMIN, Op.SCAN)
 
     # (views too: a view read by ATen may be the root its kernel stores)
     return frozenset(n for n in nodes if n.dtype is not None and n.dtype.is_low_precision
@@ -92,7 +93,10 @@ class ReduceBuilder:
             if sh.is_one(x.shape[d]):
                 in_point[d] = sympy.Integer(0)
         src = self._reduced(node, tuple(in_point))
-        if node.op in (Op.ARGMAX, Op.ARGMIN):  # (ties as eager's rounded values make them)
+        if node.op in (Op.ARGMAX, Op.ARGMIN, Op.AMAX, Op.AMIN):
+            # (ties as eager's rounded values make them; and a max is one of those values, bit for
+            # bit: a bfloat16 (x - x.flip(-1) + x).amax(0) of the unrounded chain equalled none
+            # of them, so its backward's x == max found no element, and divided by that count 0)
             src = self._as_eager_holds(src)
         position = offset(tuple(inner_var(j) for j in range(len(dims))), sh.contiguous_strides(extents))
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.op, position))
@@ -203,6 +207,8 @@ class ReduceBuilder:
         self._reader = previous
         if src.inner:
             raise AcrossFailed(node)
+        if node.op in (Op.AMAX, Op.AMIN):  # (one of eager's values, bit for bit: _reduce)
+            src = self._as_eager_holds(src)
         value = self._emit("rowreduce", node.dtype, (src,), ReduceArg(node.op, sympy.Integer(0)))
         self._across[id(value)] = node
         return value
@@ -222,6 +228,8 @@ class ReduceBuilder:
         in_row, self._in_row = self._in_row, True
         src = self.value_of(x, (start + inner_var(0), *point[1:]))
         self._reader, self._in_row = previous, in_row
+        if node.arg in (Op.AMAX, Op.AMIN):  # (one of eager's values, bit for bit: _reduce)
+            src = self._as_eager_holds(src)
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.arg, inner_var(0)))
 
     def _chunk_sum(self, node: Node, point: Point) -> Value:
