@@ -1,0 +1,406 @@
+"""bench/fuzz.py's random programs: a DAG of 2-8 ops over 1-3 inputs, emitted as Python source.
+Each candidate line is tried on meta tensors first (shape errors and values past the element
+budget are dropped), so that programs run; see fuzz.py for how they are checked."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+AWKWARD = [1, 3, 7, 17, 33, 127, 128, 129, 1000]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# ---------------------------------------------------------------- inputs (copied into reproducers)
+
+def make_inputs(specs: list[dict], device: str, train: bool = False, leading: int | None = None) -> list:
+    """Build the program's inputs from their specs (each seeded). ``leading`` replaces dim 0 of
+    the inputs marked ``dyn`` (the --dynamic second shape)."""
+    out = []
+    for s in specs:
+        g = torch.Generator().manual_seed(s["seed"])
+        shape = list(s["shape"])
+        if leading is not None and s.get("dyn"):
+            shape[0] = leading
+        n = math.prod(shape)
+        if s["kind"] == "target":
+            t = torch.randint(0, s["classes"], shape, generator=g)
+            t[torch.rand(shape, generator=g) < 0.15] = -100
+            out.append(t.to(device))
+            continue
+        alloc = list(shape)
+        if s["layout"] == "t" and len(shape) >= 2:
+            alloc[-1], alloc[-2] = alloc[-2], alloc[-1]
+        elif s["layout"] == "slice" and len(shape) >= 1:
+            alloc[-1] = alloc[-1] * 2
+        elif s["layout"] == "offset" and len(shape) >= 1:
+            alloc[0] = alloc[0] + 1
+        if s["kind"] == "perm":  # distinct values: no ties for argmax/argsort
+            m = math.prod(alloc)
+            base = (torch.randperm(m, generator=g).float() - m / 2) * (4.0 / max(m, 1))
+            base = base.reshape(alloc)
+        else:
+            base = torch.randn(alloc, generator=g) * s.get("scale", 1.0)
+            if s.get("special") and base.numel():
+                flat = base.view(-1)
+                picks = torch.randint(0, flat.numel(), (max(1, flat.numel() // 50),), generator=g)
+                vals = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0])
+                flat[picks] = vals[torch.randint(0, 4, picks.shape, generator=g)]
+        base = base.to(getattr(torch, s["dtype"])).to(device)
+        if s["layout"] == "t" and len(shape) >= 2:
+            base = base.transpose(-1, -2)
+        elif s["layout"] == "slice" and len(shape) >= 1:
+            base = base[..., ::2]
+        elif s["layout"] == "offset" and len(shape) >= 1:
+            base = base[1:]
+        assert list(base.shape) == shape and n == base.numel()
+        if train and base.is_floating_point():
+            base = base.detach().requires_grad_(True)
+        out.append(base)
+    return out
+
+
+# ---------------------------------------------------------------- program generation
+
+class Program:
+    """A generated program: source of ``fn``, input specs, and flags for the comparison."""
+
+    def __init__(self, seed: int, source: str, specs: list[dict], disc: bool, outputs: int) -> None:
+        self.seed, self.source, self.specs, self.disc, self.outputs = seed, source, specs, disc, outputs
+        # the least precise float dtype anywhere in the program sets the tolerance floor
+        text = source + " ".join(s["dtype"] for s in specs if s["kind"] != "target")
+        self.low = next((d for n, d in (("bfloat16", torch.bfloat16), ("float16", torch.float16))
+                         if n in text), torch.float32)
+
+
+class Generator:
+    """Builds one random program. Each candidate line is tried on meta tensors; lines that
+    raise there (shape errors) or grow a value past the element budget are dropped."""
+
+    UNARY = ["torch.relu({x})", "F.gelu({x})", "F.gelu({x}, approximate='tanh')", "F.silu({x})",
+             "torch.sigmoid({x})", "torch.tanh({x})", "torch.exp({x})", "torch.log({x}.abs() + 1e-3)",
+             "torch.sqrt({x}.abs())", "torch.rsqrt({x}.abs() + 1e-2)", "-{x}", "{x}.abs()",
+             "torch.reciprocal({x}.abs() + 0.5)", "torch.sin({x})", "torch.erf({x})", "F.softplus({x})",
+             "{x}.clamp(-0.5, 0.75)", "{x}.pow(2)", "{x}.abs().pow(0.5)", "F.leaky_relu({x}, 0.1)",
+             "F.hardswish({x})", "F.elu({x})", "{x} * 2.0 + 1.0"]
+    DISC_UNARY = ["torch.floor({x})", "torch.round({x})", "torch.round({x}).to(torch.int32)",
+                  "({x} > 0.1).to({x}.dtype)"]
+    BINARY = ["{a} + {b}", "{a} - {b}", "{a} * {b}", "{a} / ({b}.abs() + 0.5)", "torch.maximum({a}, {b})",
+              "torch.minimum({a}, {b})", "torch.where({a} > {b}, {a}, {b})", "torch.lerp({a}, {b}.to({a}.dtype), 0.3)",
+              "{a} * 0.5 + {b}"]
+    DISC_BINARY = ["{a}.masked_fill({b} > 0, 0.5)", "({a} > {b}).to({a}.dtype)", "{a} >= {b}"]
+
+    def __init__(self, seed: int, device: str, backend: str, dtypes: list[str], train: bool,
+                 dynamic: bool) -> None:
+        self.r = random.Random(seed)
+        self.seed, self.device, self.train, self.dynamic = seed, device, train, dynamic
+        self.dtypes = dtypes
+        self.budget = 2_000_000 if device == "cuda" else (20_000 if backend == "triton" else 200_000)
+        self.specs: list[dict] = []
+        self.env: dict[str, torch.Tensor] = {}
+        self.flags: dict[str, dict] = {}
+        self.lines: list[str] = []
+        self.disc = False
+        self.count = 0
+
+    # -- inputs
+    def shape(self, rank: int | None = None) -> list[int]:
+        """A random awkward shape within the element budget."""
+        r = self.r
+        rank = rank if rank is not None else r.choice([1, 2, 2, 2, 3, 3, 4])
+        sizes = AWKWARD + ([2048, 4100] if self.device == "cuda" else [])
+        while True:
+            shape = [r.choice(sizes if i == rank - 1 else AWKWARD[:6]) for i in range(rank)]
+            if rank >= 2 and r.random() < 0.3:
+                shape[0] = r.choice([2, 4, 8, 16, 64])
+            if r.random() < 0.03:
+                shape[r.randrange(rank)] = 0
+            if math.prod(shape) <= self.budget // 4:
+                return shape
+
+    def add_input(self, shape: list[int], kind: str = "float", dtype: str | None = None, **extra: Any) -> str:
+        """Declare a new input; returns its name."""
+        r = self.r
+        name = f"x{len(self.specs)}"
+        dt = dtype or str(DTYPES[r.choice(self.dtypes)]).replace("torch.", "")
+        if kind == "perm" and math.prod(shape) > 256:
+            dt = "float32"
+        spec = {"name": name, "shape": list(shape), "kind": kind, "dtype": dt, "seed": r.randrange(2**31),
+                "layout": r.choice(["contig"] * 5 + ["t", "slice", "offset"]) if kind != "target" else "contig",
+                "special": kind == "float" and r.random() < 0.08, "scale": r.choice([1.0, 1.0, 3.0])}
+        spec.update(extra)
+        self.specs.append(spec)
+        self.env[name] = self._meta_input(spec)
+        self.flags[name] = {"perm": kind == "perm", "input": name, "fresh": False}
+        return name
+
+    @staticmethod
+    def _meta_input(spec: dict) -> torch.Tensor:
+        """A meta tensor with the input's shape, dtype and strides."""
+        if spec["kind"] == "target":
+            return torch.empty(spec["shape"], dtype=torch.int64, device="meta")
+        return make_inputs([dict(spec, kind="float", special=False)], "meta")[0]
+
+    # -- emission
+    def try_line(self, expr: str, flags: dict | None = None, disc: bool = False, names: int = 1) -> str | None:
+        """Emit ``v = expr`` if it runs on meta tensors within budget; returns the new name."""
+        new = [f"v{self.count + i}" for i in range(names)]
+        line = f"{', '.join(new)} = {expr}"
+        scope = dict(self.env)
+        try:
+            exec(line, {"torch": torch, "F": F}, scope)
+        except Exception:  # noqa: BLE001 -- an invalid combination: try another op
+            return None
+        for n in new:
+            v = scope[n]
+            if not isinstance(v, torch.Tensor) or v.numel() > self.budget:
+                return None
+        self.count += names
+        self.lines.append(line)
+        for n in new:
+            self.env[n] = scope[n]
+            self.flags[n] = dict(flags or {"perm": False, "input": None, "fresh": True})
+        self.disc |= disc
+        return new[0]
+
+    def floats(self) -> list[str]:
+        return [n for n, t in self.env.items() if t.is_floating_point()]
+
+    def pick(self, names: list[str]) -> str:
+        """A value to build on, favouring the newest computed ones (a chain, not a fan of inputs)."""
+        computed = [n for n in self.env if n.startswith("v")]
+        weights = [6 if computed and n == computed[-1] else 3 if n.startswith("v") else 1 for n in names]
+        return self.r.choices(names, weights=weights)[0]
+
+    def dim(self, name: str) -> int:
+        nd = self.env[name].dim()
+        return self.r.randrange(-nd, nd) if nd else 0
+
+    # -- ops, each returns True when it emitted something
+    def op_unary(self) -> bool:
+        x = self.pick(self.floats())
+        if self.r.random() < 0.15:
+            return self.try_line(self.r.choice(self.DISC_UNARY).format(x=x), disc=True) is not None
+        expr = self.r.choice(self.UNARY).format(x=x)
+        fl = {"perm": self.flags[x]["perm"] and expr.startswith(("-", "{x} * 2")), "input": None, "fresh": True}
+        return self.try_line(expr, fl) is not None
+
+    def op_binary(self) -> bool:
+        a = self.pick(self.floats())
+        others = [n for n in self.floats() if n != a]
+        sa = self.env[a].shape
+        compat = [n for n in others if _broadcasts(sa, self.env[n].shape)]
+        if compat and self.r.random() < 0.8:
+            b = self.pick(compat)
+        elif self.r.random() < 0.5:
+            b = f"{a}.flip(-1)" if self.env[a].dim() else "1.5"
+        else:  # a fresh input broadcasting against a
+            shp = [s if self.r.random() < 0.7 else 1 for s in sa][self.r.randrange(len(sa) + 1):] if len(sa) else []
+            b = self.add_input(shp)
+        if self.r.random() < 0.15:
+            return self.try_line(self.r.choice(self.DISC_BINARY).format(a=a, b=b), disc=True) is not None
+        return self.try_line(self.r.choice(self.BINARY).format(a=a, b=b)) is not None
+
+    def op_reduce(self) -> bool:
+        x = self.pick(self.floats())
+        r, nd = self.r, self.env[x].dim()
+        d, k = self.dim(x), r.choice([True, False])
+        dims = f"dim={d}, keepdim={k}"
+        perm = self.flags[x]["perm"]
+        choices = [f"{x}.sum({dims})", f"{x}.mean({dims})", f"{x}.amax({dims})", f"{x}.amin({dims})",
+                   f"{x}.var({dims}, correction={r.choice([0, 1])})", f"{x}.std({dims}, correction={r.choice([0, 1])})",
+                   f"torch.logsumexp({x}, {dims})", f"(1 + 0.1 * torch.tanh({x})).prod({dims})",
+                   f"torch.linalg.vector_norm({x}, {dims})", f"({x} > 0).any({dims})", f"({x} > -1).all({dims})",
+                   f"torch.max({x}, {dims}).values", f"{x}.sum()", f"{x}.mean()", f"{x}.amax()",
+                   f"torch.sort({x}, dim={d}).values", f"torch.cumsum({x}, {d})",
+                   f"torch.cumprod(1 + 0.1 * torch.tanh({x}), {d})", f"torch.logcumsumexp({x}, {d})",
+                   f"torch.cummax({x}, {d}).values",
+                   f"torch.topk({x}, {min(3, self.env[x].shape[d]) if nd else 1}, dim={d}).values"]
+        if perm:  # no ties: index outputs are well defined
+            choices += [f"{x}.argmax({dims})", f"{x}.argmin({dims})", f"torch.argsort({x}, dim={d})"]
+            if r.random() < 0.3:
+                return self.try_line(f"torch.max({x}, {dims})", names=2) is not None
+        if r.random() < 0.1 and nd:
+            return self.try_line(f"{x}.amax(dim={list(range(nd))[-2:]}, keepdim={k})") is not None
+        return self.try_line(r.choice(choices)) is not None
+
+    def op_row(self) -> bool:
+        x = self.pick(self.floats())
+        r, t = self.r, self.env[x]
+        if t.dim() == 0:
+            return False
+        d, last = self.dim(x), t.shape[-1]
+        kind = r.choice(["softmax", "log_softmax", "layer_norm", "rms", "normalize", "ce"])
+        if kind in ("softmax", "log_softmax"):
+            return self.try_line(f"torch.{kind}({x}, dim={r.choice([-1, d])})") is not None
+        if kind == "normalize":
+            return self.try_line(f"F.normalize({x}, dim={d})") is not None
+        if kind == "layer_norm":
+            args = ""
+            if r.random() < 0.6:  # (eager CPU refuses weights of another dtype: ember does not, see report)
+                dt = str(t.dtype).replace("torch.", "")
+                args = f", {self.add_input([last], dtype=dt)}" + (
+                    f", {self.add_input([last], dtype=dt)}" if r.random() < 0.7 else "")
+            return self.try_line(f"F.layer_norm({x}, ({last},){args})") is not None
+        if kind == "rms":
+            w = self.add_input([last])
+            return self.try_line(f"{x} * torch.rsqrt({x}.pow(2).mean(-1, keepdim=True) + 1e-6) * {w}") is not None
+        c = last
+        rows = t.numel() // c if c else 0
+        if c == 0 or rows == 0:
+            return False
+        tgt = self.add_input([rows], kind="target", classes=c)
+        red = r.choice(["mean", "sum", "none"])
+        ls = r.choice([0.0, 0.0, 0.1])
+        return self.try_line(f"F.cross_entropy({x}.reshape(-1, {c}), {tgt}, reduction='{red}', "
+                             f"label_smoothing={ls}, ignore_index=-100)") is not None
+
+    def op_view(self) -> bool:
+        names = list(self.env)
+        x = self.pick(names)
+        r, t = self.r, self.env[x]
+        nd, d = t.dim(), self.dim(x)
+        fl = dict(self.flags[x], fresh=False)
+        if nd == 0:
+            return self.try_line(f"{x}.unsqueeze(0)", fl) is not None
+        sh = list(t.shape)
+        n = sh[d]
+        choices = [f"{x}.transpose({d}, {self.dim(x)})", f"{x}.permute({r.sample(range(nd), nd)})",
+                   f"{x}.reshape(-1)", f"{x}[{':, ' * (d % nd)}{r.choice([1, 0])}::{r.choice([2, 3])}]",
+                   f"{x}.narrow({d}, {min(1, n)}, {max(0, n - 2)})", f"{x}.unsqueeze({r.randrange(nd + 1)})",
+                   f"{x}.flip({d})", f"{x}.contiguous()", f"torch.chunk({x}, 2, dim={d})[{r.choice([0, -1])}]",
+                   f"{x}.split({max(1, n // 3)}, dim={d})[0]", f"torch.cat([{x}, {x} * 0.5], dim={d})",
+                   f"torch.stack([{x}, {x}.flip({d})], dim={r.randrange(nd + 1)})",
+                   f"{x}.contiguous().view({', '.join(map(str, sh[:-2] + [-1]))})"]
+        if nd == 2:
+            choices.append(f"{x}.t()")
+        if 1 in sh:
+            new = [s if s != 1 else r.choice([1, 3, 8]) for s in sh]
+            choices.append(f"{x}.expand({new})")
+            choices.append(f"{x}.squeeze({sh.index(1)})")
+        if nd >= 2 and sh[0] > 0:
+            choices.append(f"{x}.reshape(-1, {math.prod(sh[1:])})" if self.dynamic else
+                           f"{x}.reshape({sh[0] * sh[1]}, {', '.join(map(str, sh[2:])) or 1})")
+        line = r.choice(choices)
+        if "cat" in line or "stack" in line or "* 0.5" in line:
+            fl = {"perm": False, "input": None, "fresh": True}
+        if "expand" in line:
+            fl["overlap"] = True
+        return self.try_line(line, fl) is not None
+
+    def op_cast(self) -> bool:
+        x = self.pick(self.floats())
+        r = self.r
+        half = ["float16"] + (["bfloat16"] if "bf16" in self.dtypes else [])
+        choices = [f"{x}.to(torch.{r.choice(half)}).to({x}.dtype)", f"{x}.to(torch.float32)",
+                   f"{x}.to(torch.{r.choice(half)})"]
+        return self.try_line(r.choice(choices)) is not None
+
+    def op_index(self) -> bool:
+        x = self.pick(self.floats())
+        r, t = self.r, self.env[x]
+        if t.dim() == 0 or t.numel() == 0:
+            return False
+        d, sh = self.dim(x), list(t.shape)
+        n, dev = sh[d], f"device={x}.device"
+        kind = r.choice(["gather", "take", "select", "getitem", "scatter", "index_add", "argmax_take"])
+        if kind in ("gather", "take", "scatter", "argmax_take"):
+            p = self.add_input(sh, kind="perm")
+            if kind == "gather":
+                return self.try_line(f"torch.gather({x}, {d}, torch.argsort({p}, dim={d}))") is not None
+            if kind == "take":
+                return self.try_line(f"torch.take_along_dim({x}, torch.argsort({p}, dim={d}), dim={d})") is not None
+            if kind == "argmax_take":
+                return self.try_line(f"torch.take_along_dim({x}, {p}.argmax({d}, keepdim=True), dim={d})") is not None
+            div = r.choice([1, 2, 3])
+            return self.try_line(f"torch.zeros({sh}, {dev}, dtype={x}.dtype).scatter_add_({d}, "
+                                 f"torch.argsort({p}, dim={d}) // {div}, {x})") is not None
+        if kind == "select":
+            step = r.choice([1, 2])
+            return self.try_line(f"{x}.index_select({d}, torch.arange({n} - 1, -1, -{step}, {dev}))") is not None
+        if kind == "getitem":
+            return self.try_line(f"{x}[torch.arange(0, {sh[0]}, {r.choice([1, 2, 3])}, {dev})]") is not None
+        m = max(1, sh[0] // r.choice([1, 2, 3]))
+        return self.try_line(f"torch.zeros([{m}] + {sh[1:]}, {dev}, dtype={x}.dtype).index_add_(0, "
+                             f"torch.arange({sh[0]}, {dev}) % {m}, {x})") is not None
+
+    def op_matmul(self) -> bool:
+        x = self.pick([n for n in self.floats() if 1 <= self.env[n].dim() <= 3] or self.floats())
+        r, t = self.r, self.env[x]
+        if t.dim() not in (2, 3) or t.shape[-1] > 1100:
+            return False
+        k = t.shape[-1]
+        n = r.choice([1, 3, 8, 16, 17, 33, 64, 128, 129])
+        kind = r.choice(["matmul", "linear", "bmm"] if t.dim() == 3 else ["matmul", "linear"])
+        if kind == "matmul":
+            w = self.add_input([k, n], dtype=str(t.dtype).replace("torch.", ""))
+            return self.try_line(f"{x} @ {w}") is not None
+        if kind == "bmm":
+            w = self.add_input([t.shape[0], k, n], dtype=str(t.dtype).replace("torch.", ""))
+            return self.try_line(f"torch.bmm({x}, {w})") is not None
+        w = self.add_input([n, k], dtype=str(t.dtype).replace("torch.", ""))
+        bias = f", {self.add_input([n], dtype=str(t.dtype).replace('torch.', ''))}" if r.random() < 0.5 else ""
+        return self.try_line(f"F.linear({x}, {w}{bias})") is not None
+
+    def op_inplace(self) -> bool:
+        if self.train:
+            return False
+        r = self.r
+        cands = [n for n in self.floats() if self.flags[n]["fresh"] and not self.flags[n].get("overlap")]
+        if r.random() < 0.25:  # on an input: its final value is compared too
+            cands = [n for n in self.floats() if n.startswith("x") and not self.flags[n]["perm"]]
+        if not cands:
+            return False
+        v = self.pick(cands)
+        op = r.choice(["add_(0.5)", "mul_(1.5)", "clamp_(-0.5, 0.5)", "relu_()"])
+        return self.try_line(f"{v}.{op}", dict(self.flags[v], perm=False)) is not None
+
+    def build(self) -> Program:
+        """Generate the whole program."""
+        r = self.r
+        nin = r.choice([1, 1, 2, 2, 3])
+        first = self.shape()
+        for i in range(nin):
+            if i == 0 or r.random() < 0.5:
+                shp = first if i == 0 else list(first)
+            else:
+                shp = first[r.randrange(len(first) + 1):] or []
+            self.add_input(shp, kind="perm" if r.random() < 0.1 else "float", dyn=bool(shp) and i == 0 or
+                           (bool(shp) and len(shp) == len(first)))
+        ops = [(self.op_unary, 5), (self.op_binary, 5), (self.op_reduce, 4), (self.op_row, 3),
+               (self.op_view, 4), (self.op_cast, 1), (self.op_index, 2), (self.op_matmul, 2),
+               (self.op_inplace, 1)]
+        target, tries = r.randint(2, 8), 0
+        while len(self.lines) < target and tries < 60:
+            tries += 1
+            op = r.choices([o for o, _ in ops], weights=[w for _, w in ops])[0]
+            before = len(self.specs)
+            if not op():
+                del self.specs[before:]  # (inputs an op asked for, then dropped)
+                for s in [n for n in self.env if n.startswith("x") and int(n[1:]) >= before]:
+                    del self.env[s]
+        computed = [n for n in self.env if n.startswith("v")]
+        if not computed:
+            computed = [n for n in self.env]
+        # the sinks (values no later line reads), so that no op is dead code; sometimes one more
+        used = set(re.findall(r"\bv\d+\b", " ".join(ln.split("=", 1)[1] for ln in self.lines)))
+        outs = [n for n in computed if n not in used][-4:] or [computed[-1]]
+        if len(computed) > len(outs) and r.random() < 0.3:
+            outs.insert(0, r.choice([n for n in computed if n not in outs]))
+        args = ", ".join(s["name"] for s in self.specs)
+        body = "\n".join(f"    {ln}" for ln in self.lines) or "    pass"
+        src = f"def fn({args}):\n{body}\n    return ({', '.join(outs)},)\n"
+        return Program(self.seed, src, self.specs, self.disc, len(outs))
+
+
+def _broadcasts(a: torch.Size, b: torch.Size) -> bool:
+    try:
+        torch.broadcast_shapes(a, b)
+        return True
+    except RuntimeError:
+        return False
