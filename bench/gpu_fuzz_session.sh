@@ -2,7 +2,8 @@
 # One device call that fuzzes ember's GPU backends against eager (bench/fuzz.py) and runs the GPU
 # tests of the session's changes. The two backends fuzz at once, FUZZ_WORKERS processes each
 # (default 7 each: 14 of the host's 16 cores), for FUZZ_SECONDS; findings land in
-# $OUT/fuzz.tgz (fuzz-<backend>/) as reproducers, and each run's table in $OUT/fuzz_<backend>.txt. FUZZ_FLAGS adds flags (--train, --dynamic).
+# $OUT/fuzz.tgz (fuzz-<backend>/) as reproducers, each run's table in $OUT/fuzz_<backend>.txt.
+# FUZZ_FLAGS adds flags (--train, --dynamic).
 # Each part's output goes to $OUT/<part>.txt; PARTS=a,b runs only those. Tests need expecttest
 # (carry .whl/):
 #     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
