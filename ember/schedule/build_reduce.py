@@ -49,13 +49,17 @@ _JUMPING_CALLS = frozenset({
     "aten.max_pool2d_with_indices", "aten.max_pool3d_with_indices", "aten.nonzero"})
 
 
-def jump_read(nodes: Sequence[Node], users: dict[Node, list[Node]]) -> frozenset[Node]:
+def jump_read(nodes: Sequence[Node], users: dict[Node, list[Node]], outputs: Sequence[Node | None] = ()
+              ) -> frozenset[Node]:
     """The 16-bit nodes that something whose result jumps with their values reads from a buffer,
     directly or through views: an ATen sort, or a comparison in another kernel. Their kernels
     store them as eager holds them (rounded op by op): a buffer rounded once is an ulp off here
     and there, which a bfloat16 topk's order or a comparison in the next kernel turns into
     other indices and other bools than eager's. (A jump in the same kernel reads the chain
-    rounded op by op already: _as_eager_holds.)"""
+    rounded op by op already: _as_eager_holds.) A 16-bit max or min that a comparison reads, or
+    that leaves the graph (a training forward's, which its backward compares with its values:
+    x == max), is one of those values as eager holds them, bit for bit (_compared_max)."""
+    leaving = {id(n) for n in outputs if n is not None}
 
     def jumps(reader: Node) -> bool:
         if reader.op in VIEW_OPS:
@@ -64,12 +68,17 @@ def jump_read(nodes: Sequence[Node], users: dict[Node, list[Node]]) -> frozenset
             return not reader.dtype.is_float  # (a conversion to another float changes smoothly)
         if reader.op is Op.EXTERN:
             return reader.arg.name in _JUMPING_CALLS
-        # (a max too: it is one of eager's values, bit for bit)
-        return reader.op in ROUNDED_FIRST or reader.op in (Op.ARGMAX, Op.ARGMIN, Op.AMAX, Op.AMIN, Op.SCAN)
+        if reader.op in (Op.AMAX, Op.AMIN):
+            return maxima(reader)
+        return reader.op in ROUNDED_FIRST or reader.op in (Op.ARGMAX, Op.ARGMIN, Op.SCAN)
+
+    def maxima(m: Node) -> bool:  # (a max's result compared, or leaving the graph, through views)
+        return id(m) in leaving or any(jumps(u) or (u.op in VIEW_OPS and maxima(u)) for u in users[m])
 
     # (views too: a view read by ATen may be the root its kernel stores)
-    return frozenset(n for n in nodes if n.dtype is not None and n.dtype.is_low_precision
-                     and any(jumps(u) for u in users[n]))
+    low = [n for n in nodes if n.dtype is not None and n.dtype.is_low_precision]
+    return frozenset([n for n in low if any(jumps(u) for u in users[n])]
+                     + [n for n in low if n.op in (Op.AMAX, Op.AMIN) and maxima(n)])
 
 
 class ReduceBuilder:
@@ -93,13 +102,18 @@ class ReduceBuilder:
             if sh.is_one(x.shape[d]):
                 in_point[d] = sympy.Integer(0)
         src = self._reduced(node, tuple(in_point))
-        if node.op in (Op.ARGMAX, Op.ARGMIN, Op.AMAX, Op.AMIN):
-            # (ties as eager's rounded values make them; and a max is one of those values, bit for
-            # bit: a bfloat16 (x - x.flip(-1) + x).amax(0) of the unrounded chain equalled none
-            # of them, so its backward's x == max found no element, and divided by that count 0)
-            src = self._as_eager_holds(src)
+        if node.op in (Op.ARGMAX, Op.ARGMIN) or self._compared_max(node):
+            src = self._as_eager_holds(src)  # (ties as eager's rounded values make them)
         position = offset(tuple(inner_var(j) for j in range(len(dims))), sh.contiguous_strides(extents))
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.op, position))
+
+    def _compared_max(self, node: Node) -> bool:
+        """A 16-bit max or min whose result a comparison reads (``x == max`` in its backward):
+        it must be one of the values as eager holds them, rounded op by op, bit for bit. Of the
+        unrounded chain, a bfloat16 (x - x.flip(-1) + x).amax(0) equalled none of them, and its
+        backward divided by that count, 0: NaN. Read by nothing that jumps, the chain is rounded
+        once, as a sum's is (twice as fast on the CPU)."""
+        return node.op in (Op.AMAX, Op.AMIN) and node in self.held
 
     def _reduced(self, node: Node, point: Point) -> Value:
         """The value a reduction ``node`` reduces, at ``point`` of its input. Over no elements it
@@ -207,7 +221,7 @@ class ReduceBuilder:
         self._reader = previous
         if src.inner:
             raise AcrossFailed(node)
-        if node.op in (Op.AMAX, Op.AMIN):  # (one of eager's values, bit for bit: _reduce)
+        if self._compared_max(node):
             src = self._as_eager_holds(src)
         value = self._emit("rowreduce", node.dtype, (src,), ReduceArg(node.op, sympy.Integer(0)))
         self._across[id(value)] = node
@@ -228,7 +242,7 @@ class ReduceBuilder:
         in_row, self._in_row = self._in_row, True
         src = self.value_of(x, (start + inner_var(0), *point[1:]))
         self._reader, self._in_row = previous, in_row
-        if node.arg in (Op.AMAX, Op.AMIN):  # (one of eager's values, bit for bit: _reduce)
+        if node.arg in (Op.AMAX, Op.AMIN) and node in self.held:  # (as _compared_max)
             src = self._as_eager_holds(src)
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.arg, inner_var(0)))
 
