@@ -32,7 +32,8 @@ kernel converts with its overflow check (RuntimeError); such calls keep the op f
 (a symbolic ``lambd``, a value that changed between calls, is checked on each call: aten_scalars.py).
 
 ``eager_decompositions()`` puts the versions below in their place while AOTAutograd traces
-(and random_decomps.py's dropout and bernoulli_, which draw what eager's kernels draw).
+(and random_decomps.py's dropout and bernoulli_, which draw what eager's kernels draw, and
+before torch 2.13 cumprod_grad.py's gradient of cumprod).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from torch._decomp import decomposition_table
 
 from .aten_scalars import checked_value, scalar_fits
 from .bag_decomps import bag_overrides
+from .cumprod_grad import cumprod_override
 from .layout_decomps import layout_overrides
 from .pool_dtypes import pool_overrides
 from .random_decomps import dropout_overrides, functional_bernoulli
@@ -186,6 +188,8 @@ def eager_decompositions(cpu_embedding_bag: bool = False) -> Iterator[None]:
     overrides += [(op, key, fn) for (op, key), fn in dropout_overrides().items()]
     # (max_pool1d and upsampling of integers refused or computed as eager's: pool_dtypes.py)
     overrides += pool_overrides()
+    # (cumprod's gradient in scans, where torch traces it element by element: cumprod_grad.py)
+    overrides += cumprod_override()
     saved = []
     for op, key, fn in overrides:
         saved.append((op, key, op.py_kernels.get(key)))
