@@ -272,6 +272,25 @@ def test_template_refuses_two_products_of_two_layouts():
     assert "second operands of two layouts" in the_kernel(report).source
 
 
+def test_operands_with_no_contiguous_dim_stay_cublas():
+    # x @ w[:, ::2] (and its transpose in the backward): no dim of unit stride, no TMA. The pass
+    # gave the CUDA backend such products, whose template refused them at build time (a warning,
+    # the whole kernel through ATen; GPU fuzz seeds 920653352593, 1005992672181, 612274410113)
+    x, wide = torch.randn(64, 32, dtype=BF16), torch.randn(32, 96, dtype=BF16)
+    for w, strided in ((wide[:, ::2], True), (wide[:, :48], False), (wide[:, ::2].t().contiguous().t(), False)):
+        report = ember.explain(lambda x, w: torch.relu(x @ w), x, w, target="cuda")
+        products = [k for k in report.kernels if "= dot " in k.kernel_ir]
+        assert len(products) == (0 if strided else 1), [k.name for k in report.kernels]
+        assert report.fallbacks == (["aten.mm"] if strided else [])
+        assert all("runs through ATen" not in k.source for k in report.kernels)
+    # a transpose of such an operand (a gradient's w.T) neither; on the Triton backend, which
+    # loads tiles with pointers, it is a kernel
+    for target, fused in (("cuda", False), ("triton", True)):
+        report = ember.explain(lambda x, w: torch.relu(x @ w.t()), x, wide[:, ::2].t(), target=target,
+                               options={"matmul_epilogues": "all"})
+        assert bool([k for k in report.kernels if "= dot " in k.kernel_ir]) == fused, target
+
+
 def test_products_of_two_first_operands_are_kernels_apart():
     # a CLIP loss's gradients: G @ b and G.T @ a have one shape, and the planner put both in one
     # kernel, which the template refused (bf16, batch 2 with dynamic sizes: both ran through

@@ -45,6 +45,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 
+import sympy
 import torch
 
 from ..ir import dtypes as dt
@@ -88,6 +89,33 @@ def _operands(node: Node) -> tuple[Node | None, Node, Node] | None:
         if n is not None and n < MIN_SIDE:
             return None
     return bias, a, b
+
+
+def _strides(node: Node) -> tuple[sympy.Expr, ...] | None:
+    """``node``'s element strides where it is a graph input or a permutation or slice of one;
+    None where ember lays it out (a kernel's or ATen's result: contiguous) or cannot tell."""
+    if node.op is Op.INPUT:
+        return node.arg.strides
+    if node.op is Op.PERMUTE:
+        base = _strides(node.inputs[0])
+        return None if base is None else tuple(base[d] for d in node.arg)
+    if node.op is Op.SLICE:
+        base = _strides(node.inputs[0])
+        if base is None:
+            return None
+        dim, _, step = node.arg[:3]
+        return tuple(st * step if d == dim else st for d, st in enumerate(base))
+    return None
+
+
+def _tma_readable(operand: Node) -> bool:
+    """Can the Hopper template read ``operand`` with TMA: a dim of unit stride (rows or columns
+    contiguous)? Its columns sliced with a step (``x[:, ::2]``) or a transpose of that are not,
+    and the template refused the kernel at build time (a warning, its ops through ATen)."""
+    strides = _strides(operand)
+    if strides is None:
+        return True
+    return any(sympy.sympify(st) == 1 for st, size in zip(strides, operand.shape) if not sh.is_one(size))
 
 
 def _epilogue(node: Node, users: dict[Node, list[Node]]) -> set[Node]:
@@ -210,6 +238,8 @@ def _chosen(graph: Graph, target: str | None, gpu_backend: str, mode: str) -> se
     chosen = set()
     for node, _, backend in found:
         hopper = _hopper(node, target) and one_template_kernel(node)
+        if backend == "cuda" and not all(_tma_readable(x) for x in _operands(node)[1:]):
+            continue  # (the template's only way in is TMA; cuBLAS takes any strides)
         if backend == "cuda" and hopper or backend == "triton" and (mode == "all" or node in paired or hopper):
             chosen.add(node)
     return chosen
