@@ -182,6 +182,14 @@ def check_program(prog: Program, args: argparse.Namespace, options: dict) -> lis
             if dtype64:
                 xs = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x for x in xs]
             return xs
+        if lead is not None and args.device != "cpu":
+            # (CUDA eager's index errors are device-side asserts, which end the process: a program
+            # not generic in its leading dim is found on the CPU first)
+            try:
+                run_program(fn, make_inputs(prog.specs, "cpu", args.train, lead), up)
+            except Exception:  # noqa: BLE001
+                findings.append(("note-dyn-skip", "eager refused the second shape"))
+                continue
         try:
             eager, eager_err = run_program(fn, inputs(), up), None
         except Exception as err:  # noqa: BLE001

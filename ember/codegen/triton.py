@@ -135,11 +135,14 @@ class TritonKernelRenderer(LoopBodies):
         # keeps it (H100, a bf16 add over 64M - 1 elements: 166 -> 131 us, kernel time). The
         # body is rendered once for each branch.
         outer = static_bound(self.k.outer, "OUTER")
-        folded = program != "tl.program_id(0)" and outer.isdigit()
+        folded = program != "tl.program_id(0)"
         if folded:
             # A lane of one block: Triton folds its block index to 0 and the whole-block test
             # with it, which crashed its coalescing pass (Triton 3.6, sm_90). A test of
             # constants, decided when the kernel compiles, keeps that case to the masked body.
+            # A symbolic size is such a constant too where Triton specializes it: a quotient of 1
+            # (OUTER = 1 * ALIGN_OUTER, 8 rows) crashed the pass the same way (GPU fuzz, seed
+            # 676563135342); there the test is a branch at run time.
             self.emit(f"if {outer} < XBLOCK:  # one block, partly past the end")
             self.depth += 1
             self._x_setup("", "", program)
