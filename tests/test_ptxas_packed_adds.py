@@ -93,3 +93,20 @@ def test_a_kernel_with_packed_adds_is_assembled_again(tmp_path, monkeypatch):
     assert "VIADD.16x2" not in _sass(binary.kernel, tmp_path) and binary.asm["cubin"] == binary.kernel
     assert list((tmp_path / "cache" / "triton").glob("split16-*.cubin"))  # kept: a warm start reads it
     assert not ptxas_packed_adds.repair(binary, tmp_path / "cache")  # (once)
+
+
+def test_matmul_kernels_are_repaired_as_they_compile(monkeypatch):
+    # Triton's matmul kernels launch through Triton's own launcher (runtime/triton_matmul.py):
+    # each specialization's compile passes through the repair before Triton loads it
+    from ember.config import Config
+    from ember.runtime import triton_matmul
+
+    repaired = []
+    monkeypatch.setattr(ptxas_packed_adds, "repair", lambda binary, cache_dir: repaired.append(binary) or False)
+    fn = SimpleNamespace(compile=lambda src, target=None, options=None: f"binary of {src}")
+    meta = {"params": ["a", "b", "out"], "sizes": ["s0"], "m": "s0", "n": "16", "k": "16", "tma": None, "dots": 1}
+    triton_matmul.MatmulLauncher("fused_mm_0", fn, meta, "hash", None, None, None, "heuristic", Config())
+    assert fn.compile("src", target="cuda") == "binary of src" and repaired == ["binary of src"]
+    triton_matmul.MatmulLauncher("fused_mm_0", fn, meta, "hash", None, None, None, "heuristic", Config())
+    fn.compile("src2")
+    assert repaired == ["binary of src", "binary of src2"]  # (wrapped once, however many launchers)

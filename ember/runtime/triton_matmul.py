@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ..config import Config, log
-from . import stats
+from . import ptxas_packed_adds, stats
 from . import triton_configs as tc
 from .backend import fall_back
 
@@ -130,6 +130,23 @@ def _ensure_allocator() -> None:
             _allocator_set = True
 
 
+def _split_packed_adds_after(compile_fn: Callable[..., Any], cache_dir: str) -> Callable[..., Any]:
+    """``compile_fn`` (a JITFunction's Triton compile, per specialization) whose kernels are
+    assembled again where their PTX has packed 16-bit adds, which ptxas gets wrong, before Triton
+    loads them (ptxas_packed_adds.py; triton_backend.py does this for the other kernels)."""
+    if getattr(compile_fn, "ember_split16", False):
+        return compile_fn
+
+    def compile_and_repair(*args: Any, **kwargs: Any) -> Any:
+        kernel = compile_fn(*args, **kwargs)
+        if ptxas_packed_adds.repair(kernel, cache_dir):
+            log(1, f"{kernel.name}: assembled again with its packed 16-bit adds split (ptxas_packed_adds.py)")
+        return kernel
+
+    compile_and_repair.ember_split16 = True  # type: ignore[attr-defined]
+    return compile_and_repair
+
+
 class MatmulLauncher:
     """Launches one matmul kernel from the wrapper's (tensors..., sizes...) call."""
 
@@ -155,6 +172,8 @@ class MatmulLauncher:
         self._configs: dict[tuple[int, ...], dict[str, Any]] = {}
         self._jobs: dict[tuple[int, ...], cf.Future] = {}  # shape buckets compiling in the background
         self.sms = tc.DEFAULT_SMS
+        if hasattr(fn, "compile"):  # (an interpreted function compiles nothing)
+            fn.compile = _split_packed_adds_after(fn.compile, cfg.cache_dir)
 
     def _tma(self, args: tuple[Any, ...], sizes: tuple[int, ...]) -> bool:
         if self.tma_checks is None or self.forced.get("TMA") is False:
