@@ -2,11 +2,16 @@
 EMBER_DEBUG timings and a Python stack dump if it is still running after PROBE_DUMP seconds.
 
     python bench/gpu_probe_hangs.py SEED:BACKEND[:train] ...
+
+PROBE_DEVICE=cpu runs the program on the CPU instead (ember's C++ kernels), PROBE_TIMEOUT
+(default 150) limits each program's process.
 """
 import faulthandler
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -48,14 +53,19 @@ if __name__ == "__main__":
         env = dict(os.environ, EMBER_DEBUG=os.environ.get("EMBER_DEBUG", "1"))
         print(f"===== {item}", flush=True)
         t = time.perf_counter()
-        try:
-            r = subprocess.run([sys.executable, __file__, "--child", seed, backend, "1" if rest else "0"],
-                               env=env, timeout=float(os.environ.get("PROBE_TIMEOUT", "150")),
-                               capture_output=True, text=True)
-            out = r.stdout + r.stderr
-        except subprocess.TimeoutExpired as e:
-            out = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
-            out += "\nTIMEOUT"
-        lines = [ln for ln in out.splitlines() if "Warning" not in ln]
-        print("\n".join(lines[-150:]))
+        # (output to a file, the child in a session of its own: a compile worker it started
+        # would otherwise hold a pipe open past the timeout, and the probe with it)
+        with tempfile.TemporaryFile("w+") as log:
+            child_process = subprocess.Popen([sys.executable, __file__, "--child", seed, backend, "1" if rest else "0"],
+                                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                child_process.wait(timeout=float(os.environ.get("PROBE_TIMEOUT", "150")))
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                os.killpg(child_process.pid, signal.SIGKILL)
+                child_process.wait()
+                timed_out = True
+            log.seek(0)
+            lines = [ln for ln in log.read().splitlines() if "Warning" not in ln]
+        print("\n".join(lines[-150:] + (["TIMEOUT"] if timed_out else [])))
         print(f"----- {item}: {time.perf_counter() - t:.1f} s", flush=True)
