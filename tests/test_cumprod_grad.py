@@ -59,6 +59,15 @@ def test_formula_keeps_eagers_dtypes_and_specials():
     got = cumprod_grad.cumprod_backward(grad, x, torch.cumprod(x, 1, dtype=torch.float64), 1)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected.float(), equal_nan=True)
+    # complex: eager's formula of the conjugates
+    z = torch.randn(3, 12, dtype=torch.complex128)
+    z[0, 4], z[2, 0] = 0, 0
+    zg = z.clone().requires_grad_()
+    gz = torch.randn(3, 12, dtype=torch.complex128)
+    (expected,) = torch.autograd.grad(torch.cumprod(zg, 1), zg, gz)
+    (got,) = torch.autograd.grad(cumprod_grad._Cumprod.apply(zg, 1, None), zg, gz)
+    torch.testing.assert_close(got, expected)
+    assert torch.autograd.gradcheck(lambda t: cumprod_grad._Cumprod.apply(t, 1, None), (zg,))
     for dtype in (torch.bfloat16, torch.float16):
         h = (1 + 0.1 * torch.randn(2, 64)).to(dtype)
         h[1, 30] = 0
@@ -114,4 +123,14 @@ def test_compiled_gradients_with_the_override(forced):
     x = _with_zeros((4, 50), [(0, 3), (1, 0), (1, 9), (3, 49)], dtype=torch.float32).requires_grad_()
     (expected,) = torch.autograd.grad(with_zeros(x), x)
     (got,) = torch.autograd.grad(ember.compile(with_zeros)(x), x)
+    torch.testing.assert_close(got, expected)
+
+    def complex_loss(z):  # (complex: eager's formula of the conjugates)
+        return torch.view_as_real(torch.cumprod(z, 1)).pow(2).sum()
+
+    z = torch.randn(3, 12, dtype=torch.complex64)
+    z[0, 4] = 0
+    z.requires_grad_()
+    (expected,) = torch.autograd.grad(complex_loss(z), z)
+    (got,) = torch.autograd.grad(ember.compile(complex_loss)(z), z)
     torch.testing.assert_close(got, expected)

@@ -29,8 +29,9 @@ def _torch_traces_it_per_element() -> bool:
 
 
 def cumprod_backward(grad: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
-    """The gradient of ``y = cumprod(x, dim)`` for real ``x``, with ``grad`` that of ``y``, in
-    ``x``'s dtype; differentiable (a second backward works)."""
+    """The gradient of ``y = cumprod(x, dim)`` (of complex ``x``: given the conjugates of ``x`` and
+    ``y``, as eager's formula is), with ``grad`` that of ``y``, in ``x``'s dtype. Its own derivative
+    leaves out terms a zero makes 0: a second backward takes the form below."""
     if x.ndim == 0 or x.shape[dim] <= 1:
         return grad.to(x.dtype)
     dim = dim % x.ndim
@@ -85,15 +86,16 @@ class _Cumprod(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         x, y = ctx.saved_tensors
+        if x.is_complex():  # (eager's formula takes the conjugates)
+            x, y = x.conj(), y.conj()
         if torch.is_grad_enabled():  # (create_graph: a second derivative will be taken)
             return cumprod_backward_twice_differentiable(grad, x, ctx.dim), None, None
         return cumprod_backward(grad, x, y, ctx.dim), None, None
 
 
 def cumprod(x: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``aten.cumprod`` at the Autograd key: the op, with the gradient above for real floats."""
-    differentiable = torch.is_grad_enabled() and x.requires_grad
-    if not differentiable or x.is_complex() or not x.dtype.is_floating_point:
+    """``aten.cumprod`` at the Autograd key: the op, with the gradient above."""
+    if not (torch.is_grad_enabled() and x.requires_grad):  # (integers never require it)
         with torch._C._AutoDispatchBelowAutograd():
             return aten.cumprod.default(x, dim, dtype=dtype)
     return _Cumprod.apply(x, dim % max(x.ndim, 1), dtype)
