@@ -75,13 +75,17 @@ def cumprod_backward_twice_differentiable(grad: torch.Tensor, x: torch.Tensor, d
 
 
 class _Cumprod(torch.autograd.Function):
+    generate_vmap_rule = True  # (torch.func transforms of it, as of any op)
+
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, dim: int, dtype: torch.dtype | None) -> torch.Tensor:
+    def forward(x: torch.Tensor, dim: int, dtype: torch.dtype | None) -> torch.Tensor:
         with torch._C._AutoDispatchBelowAutograd():
-            y = aten.cumprod.default(x, dim, dtype=dtype)
-        ctx.dim = dim
-        ctx.save_for_backward(x, y)
-        return y
+            return aten.cumprod.default(x, dim, dtype=dtype)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        x, ctx.dim, _ = inputs
+        ctx.save_for_backward(x, output)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
