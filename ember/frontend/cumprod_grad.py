@@ -63,6 +63,7 @@ def cumprod_backward_twice_differentiable(grad: torch.Tensor, x: torch.Tensor, d
     AOTAutograd's compiled backward does not take."""
     if x.ndim == 0 or x.shape[dim] <= 1:
         return grad.to(x.dtype)
+    dim = dim % x.ndim
     grad = grad.to(x.dtype)
     n = x.shape[dim]
     xs = torch.movedim(x, dim, -1).unsqueeze(-2).expand(*x.shape[:dim], *x.shape[dim + 1:], n, n)
