@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -182,3 +186,40 @@ def assert_clean(report: ember.Report) -> None:
 
 def kernel_count(report: ember.Report) -> int:
     return len(report.kernels)
+
+
+_COMPILE_FOR_SM90 = """
+import importlib.util, json, sys, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+spec = importlib.util.spec_from_file_location("kernel_under_test", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+r = json.loads(sys.argv[2])
+aligned = {(i,): [["tt.divisibility", 16]] for i in r["aligned"]}
+binary = triton.compile(ASTSource(getattr(mod, r["name"]), r["signature"], constexprs=r["constexprs"], attrs=aligned),
+                        target=GPUTarget("cuda", 90, 32), options={"num_warps": r["num_warps"]})
+open(sys.argv[3] + ".ptx", "w").write(binary.asm["ptx"])
+open(sys.argv[3] + ".cubin", "wb").write(binary.kernel)
+"""
+
+
+def compile_for_sm90(tmp_path: Path, source: str, name: str, types: dict[str, str], constexprs: dict[str, Any],
+                     num_warps: int = 4) -> tuple[str, bytes]:
+    """(PTX, cubin) of the Triton kernel ``name`` in ``source`` (an ember kernel's), compiled for
+    sm_90 without a GPU, in a process of its own (this one runs Triton interpreted). Its
+    parameters are typed by ``types`` (pointers 16-byte aligned, as Triton's launcher finds
+    torch's), else ``constexprs``, else 32-bit ints. A compile error fails the test with Triton's."""
+    module = tmp_path / "kernel_under_test.py"
+    module.write_text("import triton\nimport triton.language as tl\nfrom ember.runtime import triton_helpers as eh\n\n"
+                      + source + "\n")
+    params = [p.split(":")[0].strip() for p in source.split(f"def {name}(")[1].split(")")[0].split(",")]
+    signature = {p: "constexpr" if p in constexprs else types.get(p, "i32") for p in params}
+    pointers = [i for i, t in enumerate(signature.values()) if t.startswith("*")]
+    spec = json.dumps({"name": name, "signature": signature, "constexprs": constexprs, "aligned": pointers,
+                       "num_warps": num_warps})
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path / "tc")}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(module), spec, str(tmp_path / "k")],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return (tmp_path / "k.ptx").read_text(), (tmp_path / "k.cubin").read_bytes()

@@ -6,9 +6,7 @@ CPU: Triton compiles ember's kernel for sm_90 without a GPU, and nvdisasm reads 
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +16,8 @@ import torch
 
 import ember
 from ember.runtime import ptxas_packed_adds
+
+from .helpers import compile_for_sm90
 
 triton = pytest.importorskip("triton")
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -50,40 +50,15 @@ def _sass(cubin: bytes, tmp_path: Path) -> str:
     return subprocess.run([str(_BIN / "nvdisasm"), str(path)], capture_output=True, text=True, check=True).stdout
 
 
-_COMPILE = """
-import importlib.util, sys, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-spec = importlib.util.spec_from_file_location("narrowed_kernel", sys.argv[1])
-mod = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mod)
-signature = {name: "*fp32" for name in ("arg0_1", "arg1_1", "buf0")}
-signature |= {"OUTER": "i32", "INNER": "i32", "WORKSPACE": "*fp64", "COUNTER": "*i32"}
-constexprs = {"BIG": False, "XBLOCK": 1024, "RBLOCK": 1, "PERSISTENT": False, "NPROG_BLOCK": 1}
-signature |= {name: "constexpr" for name in constexprs}
-aligned = {(i,): [["tt.divisibility", 16]] for i in range(3)}
-binary = triton.compile(ASTSource(getattr(mod, sys.argv[2]), signature, constexprs=constexprs, attrs=aligned),
-                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-open(sys.argv[3] + ".ptx", "w").write(binary.asm["ptx"])
-open(sys.argv[3] + ".cubin", "wb").write(binary.kernel)
-"""
-
-
 @needs_ptxas
 def test_a_kernel_with_packed_adds_is_assembled_again(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")  # (rendered for sm_90, not run)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         report = ember.explain(_narrowed, torch.randn(127, 7, 17), torch.randn(7, 17), target="triton")
     (kernel,) = report.kernels
-    module = tmp_path / "narrowed_kernel.py"
-    module.write_text("import triton\nimport triton.language as tl\nfrom ember.runtime import triton_helpers as eh\n"
-                      + kernel.source)
-    # Triton compiles for sm_90 in a process of its own: this one runs Triton interpreted
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path / "tc")}
-    subprocess.run([sys.executable, "-c", _COMPILE, str(module), kernel.name, str(tmp_path / "k")], env=env,
-                   check=True, timeout=600)
-    ptx, cubin = (tmp_path / "k.ptx").read_text(), (tmp_path / "k.cubin").read_bytes()
+    types = {name: "*fp32" for name in ("arg0_1", "arg1_1", "buf0")} | {"WORKSPACE": "*fp64", "COUNTER": "*i32"}
+    constexprs = {"BIG": False, "XBLOCK": 1024, "RBLOCK": 1, "PERSISTENT": False, "NPROG_BLOCK": 1}
+    ptx, cubin = compile_for_sm90(tmp_path, kernel.source, kernel.name, types, constexprs)
     # the bug's mark: packed adds of a constant register, assembled as VIADD.16x2 (one of them of 0)
     assert "add.s16x2" in ptx and "VIADD.16x2" in _sass(cubin, tmp_path)
     binary = SimpleNamespace(name=kernel.name, asm={"ptx": ptx, "cubin": cubin}, kernel=cubin, module=None,

@@ -4,48 +4,16 @@ on the GPU: where Triton's compiler crashed on a kernel ember rendered."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 
 import ember
 
+from .helpers import compile_for_sm90
+
 pytest.importorskip("triton")
-
-_COMPILE = """
-import importlib.util, json, sys, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-spec = importlib.util.spec_from_file_location("kernel_under_test", sys.argv[1])
-mod = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mod)
-r = json.loads(sys.argv[2])
-aligned = {(i,): [["tt.divisibility", 16]] for i in r["aligned"]}
-triton.compile(ASTSource(getattr(mod, r["name"]), r["signature"], constexprs=r["constexprs"], attrs=aligned),
-               target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
-"""
-
-
-def _compile_for_sm90(tmp_path: Path, source: str, name: str, types: dict[str, str], constexprs: dict) -> None:
-    """Compile ``name`` of ``source`` for sm_90: its parameters typed by ``types`` (pointers
-    16-byte aligned), else by ``constexprs``, else 32-bit ints."""
-    module = tmp_path / "kernel_under_test.py"
-    module.write_text("import triton\nimport triton.language as tl\nfrom ember.runtime import triton_helpers as eh\n\n"
-                      + source + "\n")
-    params = [p.split(":")[0].strip() for p in source.split(f"def {name}(")[1].split(")")[0].split(",")]
-    signature = {p: "constexpr" if p in constexprs else types.get(p, "i32") for p in params}
-    pointers = [i for i, t in enumerate(signature.values()) if t.startswith("*")]
-    spec = json.dumps({"name": name, "signature": signature, "constexprs": constexprs, "aligned": pointers})
-    env = {**os.environ, "TRITON_INTERPRET": "0"}  # (compiled for sm_90, not run)
-    done = subprocess.run([sys.executable, "-c", _COMPILE, str(module), spec], capture_output=True, text=True,
-                          env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_a_lane_of_one_block_with_a_specialized_size_builds(tmp_path):
@@ -66,4 +34,4 @@ def test_a_lane_of_one_block_with_a_specialized_size_builds(tmp_path):
     params = kernel.source.split(f"def {kernel.name}(")[1].split(")")[0]
     constexprs |= {p.split(":")[0]: 1 for p in params.split(", ") if p.startswith("ALIGN_s")}  # (strides of 3)
     assert "ALIGN_s" in str(constexprs), params
-    _compile_for_sm90(tmp_path, kernel.source, kernel.name, types, constexprs)
+    compile_for_sm90(tmp_path, kernel.source, kernel.name, types, constexprs, num_warps=1)
