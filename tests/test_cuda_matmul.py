@@ -404,14 +404,21 @@ def test_rows_that_change_reuse_the_kernel(backend, fn):
 
 @ON_HOPPER
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
-def test_operands_tma_cannot_read_run_through_aten(backend):
-    # rows of 40 bf16 (80 bytes, not a multiple of 16) sliced one element in: not 16-byte aligned
-    big = torch.randn(64, 41, dtype=BF16, device="cuda")
-    x = big[:, 1:]
-    w = torch.randn(40, 32, dtype=BF16, device="cuda") * 0.1
+@pytest.mark.parametrize("operands", ["unaligned", "broadcast"])
+def test_operands_tma_cannot_read_run_through_aten(backend, operands):
+    if operands == "unaligned":
+        # rows of 40 bf16 (80 bytes, not a multiple of 16) sliced one element in: not 16-byte aligned
+        x = torch.randn(64, 41, dtype=BF16, device="cuda")[:, 1:]
+        w = torch.randn(40, 32, dtype=BF16, device="cuda") * 0.1
+    else:
+        # a weight's one row expanded over K (a row stride of 0): TMA cannot step over rows of 0 bytes
+        x = torch.randn(64, 40, dtype=BF16, device="cuda")
+        w = torch.randn(1, 32, dtype=BF16, device="cuda").expand(40, 32)
     b = torch.randn(32, dtype=BF16, device="cuda")
     before = ember.stats()["matmuls_through_aten"]
-    out = ember.compile(gelu_matmul, options=on_gpu(backend))(x, w, b)  # (check() would clone x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # through ATen by design: no fallback warning
+        out = ember.compile(gelu_matmul, options=on_gpu(backend))(x, w, b)  # (check() would clone x)
     torch.testing.assert_close(out, gelu_matmul(x, w, b), rtol=1.6e-2, atol=1e-2)
     assert ember.stats()["matmuls_through_aten"] > before
 

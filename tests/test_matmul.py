@@ -195,6 +195,24 @@ def test_operand_layouts(layout):
 
 
 @on_the_interpreter
+def test_a_broadcast_operand_is_read_with_pointers(monkeypatch):
+    # a weight's one row expanded over K has a row stride of 0: 16-byte aligned, but no row for
+    # TMA's copy engine to step over. The launcher takes the kernel's pointer loads for it
+    from ember.runtime import triton_matmul
+    chosen, tma = [], triton_matmul.MatmulLauncher._tma
+    monkeypatch.setattr(triton_matmul.MatmulLauncher, "_tma",
+                        lambda self, *args: chosen.append(tma(self, *args)) or chosen[-1])
+    x, b = torch.randn(40, 64, dtype=F16), torch.randn(48, dtype=F16)
+    for w, readable in ((torch.randn(64, 48, dtype=F16) * 0.2, True),
+                        ((torch.randn(1, 48, dtype=F16) * 0.2).expand(64, 48), False)):
+        torch._dynamo.reset()
+        chosen.clear()
+        out = ember.compile(gelu_matmul, options=TRITON)(x, w, b)  # (check() would clone w dense)
+        assert_same(out, gelu_matmul(x, w, b))
+        assert chosen == [readable]
+
+
+@on_the_interpreter
 def test_epilogue_of_the_transposed_product():
     # read at (n, m), the product cannot be the epilogue's tile: a kernel of its own stores it
     x, w = torch.randn(40, 64, dtype=F16), torch.randn(64, 48, dtype=F16) * 0.2

@@ -180,7 +180,8 @@ class MatmulLauncher:
             return False
         for i, itemsize, at in self.tma_checks:
             offset, stride = at(*sizes)
-            if (args[i].data_ptr() + offset * itemsize) % 16 or (stride * itemsize) % 16:
+            # (a row stride of 0, a broadcast operand's, is no TMA row either: pointer loads)
+            if (args[i].data_ptr() + offset * itemsize) % 16 or (stride * itemsize) % 16 or stride == 0:
                 return False
         return True
 
