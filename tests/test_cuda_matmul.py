@@ -291,6 +291,35 @@ def test_operands_with_no_contiguous_dim_stay_cublas():
         assert bool([k for k in report.kernels if "= dot " in k.kernel_ir]) == fused, target
 
 
+
+@pytest.mark.parametrize("case", ["linear_of_sliced_3d", "computed_then_sliced", "reshape_not_a_view", "broadcast"])
+def test_operands_tma_cannot_read_through_views_stay_cublas(case):
+    # the layout a kernel reads an operand in follows the views down to a buffer: an input's
+    # strides, a kernel's result contiguous. A training step's F.linear over a (33, 1, 17) slice
+    # with a step of 2 (flattened to (33, 17), still strided 2) reached the template, which
+    # refused it at build time (GPU fuzz seed 102556773008); a broadcast row (stride 0) sent
+    # every call to ATen
+    w = torch.randn(32, 48, dtype=BF16)
+    args, fn = {
+        "linear_of_sliced_3d": ((torch.randn(33, 1, 34, dtype=BF16)[..., ::2].requires_grad_(),
+                                 torch.randn(17, 17, dtype=BF16, requires_grad=True), torch.randn(17, dtype=BF16)),
+                                lambda x, w, b: F.gelu(F.linear(x, w, b))),
+        "computed_then_sliced": ((torch.randn(64, 64, dtype=BF16), w),
+                                 lambda x, w: torch.relu(torch.relu(x)[:, ::2] @ w)),
+        "reshape_not_a_view": ((torch.randn(16, 64, 32, dtype=BF16), w),
+                               lambda x, w: torch.relu((x * 2).permute(1, 0, 2).reshape(1024, 32) @ w)),
+        "broadcast": ((torch.randn(1, 32, dtype=BF16), w), lambda x, w: torch.relu(x.expand(64, 32) @ w)),
+    }[case]
+    report = ember.explain(fn, *args, target="cuda", options={"matmul_epilogues": "all"})
+    assert not [k for k in report.kernels if "= dot " in k.kernel_ir], [k.name for k in report.kernels]
+    assert report.fallbacks and set(report.fallbacks) <= {"aten.mm"}, report.fallbacks
+    assert all("runs through ATen" not in k.source for k in report.kernels)
+    # the transposed product of a kernel's result is the template's (TMA reads its columns)
+    report = ember.explain(lambda x, w: torch.relu(torch.relu(x).t() @ w), torch.randn(32, 64, dtype=BF16), w,
+                           target="cuda")
+    assert "ember_wgmma" in the_kernel(report).source
+
+
 def test_products_of_two_first_operands_are_kernels_apart():
     # a CLIP loss's gradients: G @ b and G.T @ a have one shape, and the planner put both in one
     # kernel, which the template refused (bf16, batch 2 with dynamic sizes: both ran through

@@ -7,7 +7,8 @@ import sympy
 
 from ember.ir import Graph, GraphBuilder, IRError, Op, VerifyError, dtypes, make, verify
 from ember.ir.node import Node
-from ember.schedule.indexing import _view_strides, map_reshape, reshape_groups
+from ember.ir.strides import reshape_groups
+from ember.schedule.indexing import _view_strides, map_reshape
 
 s0 = sympy.Symbol("s0", integer=True, positive=True)
 

@@ -33,8 +33,8 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.node import ArgRef, Node, aten_result_strides, is_plus_zero, op_name
 from ..ir.ops import VIEW_OPS, Op
+from ..ir.strides import compose_strided
 from ..schedule.device_sizes import DEVICE_TOTALS
-from ..schedule.indexing import compose_strided
 from ..schedule.inplace import writes_in_place
 from ..schedule.steps import ExternStep, KernelStep, Schedule, ViewStep
 from .input_writes import InputWrites

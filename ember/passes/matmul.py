@@ -50,8 +50,9 @@ import torch
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import ArgRef, ExternCall, Graph, Node, make, rewrite
+from ..ir.node import ArgRef, ExternCall, Graph, Node, aten_result_strides, make, rewrite
 from ..ir.ops import POINTWISE_OPS, VIEW_OPS, Op
+from ..ir.strides import compose_strided
 
 aten = torch.ops.aten
 MIN_SIDE = 16  # tl.dot's smallest block side
@@ -92,30 +93,29 @@ def _operands(node: Node) -> tuple[Node | None, Node, Node] | None:
 
 
 def _strides(node: Node) -> tuple[sympy.Expr, ...] | None:
-    """``node``'s element strides where it is a graph input or a permutation or slice of one;
-    None where ember lays it out (a kernel's or ATen's result: contiguous) or cannot tell."""
+    """``node``'s element strides as a kernel reads it: a graph input's own, an ATen result's
+    as eager lays it out, a kernel's result contiguous, and a view of any of those (permutes,
+    slices, reshapes, expands) composed as torch composes them. None where a reshape of it is no
+    view (a kernel then reads it through index arithmetic)."""
+    if node.op in VIEW_OPS:
+        base = _strides(node.inputs[0])
+        composed = None if base is None else compose_strided(node, (tuple(base), sympy.Integer(0)))
+        return None if composed is None else composed[0]
     if node.op is Op.INPUT:
-        return node.arg.strides
-    if node.op is Op.PERMUTE:
-        base = _strides(node.inputs[0])
-        return None if base is None else tuple(base[d] for d in node.arg)
-    if node.op is Op.SLICE:
-        base = _strides(node.inputs[0])
-        if base is None:
-            return None
-        dim, _, step = node.arg[:3]
-        return tuple(st * step if d == dim else st for d, st in enumerate(base))
-    return None
+        return tuple(node.arg.strides)
+    return tuple(aten_result_strides(node) or sh.contiguous_strides(node.shape))
 
 
 def _tma_readable(operand: Node) -> bool:
     """Can the Hopper template read ``operand`` with TMA: a dim of unit stride (rows or columns
-    contiguous)? Its columns sliced with a step (``x[:, ::2]``) or a transpose of that are not,
-    and the template refused the kernel at build time (a warning, its ops through ATen)."""
+    contiguous), and no dim broadcast (a stride of 0)? Otherwise (``x[:, ::2]``, a transpose of
+    that, a reshape that is no view, ``w.expand(k, n)``) the template refused the kernel at
+    build time (a warning, its ops through ATen) or sent every call to ATen; cuBLAS takes any."""
     strides = _strides(operand)
     if strides is None:
-        return True
-    return any(sympy.sympify(st) == 1 for st, size in zip(strides, operand.shape) if not sh.is_one(size))
+        return False
+    real = [sympy.sympify(st) for st, size in zip(strides, operand.shape) if not sh.is_one(size)]
+    return any(st == 1 for st in real) and not any(st == 0 for st in real)
 
 
 def _epilogue(node: Node, users: dict[Node, list[Node]]) -> set[Node]:

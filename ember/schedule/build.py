@@ -24,9 +24,10 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.node import Node, row_ids_offsets
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
+from ..ir.strides import Strided, compose_strided
 from .build_reduce import ROUNDED_FIRST, ReduceBuilder
 from .group_spec import AcrossFailed, BufferInfo, Conflict, GroupSpec, NeedsBuffer, has_indirect, has_inner
-from .indexing import Point, Strided, compose_strided, map_view, offset, recombine
+from .indexing import Point, map_view, offset, recombine
 from .kernel_ir import (
     CHUNK,
     FINAL_STAGE,
