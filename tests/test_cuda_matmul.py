@@ -449,7 +449,8 @@ def test_operands_tma_cannot_read_run_through_aten(backend, operands):
         warnings.simplefilter("error")  # through ATen by design: no fallback warning
         out = ember.compile(gelu_matmul, options=on_gpu(backend))(x, w, b)  # (check() would clone x)
     torch.testing.assert_close(out, gelu_matmul(x, w, b), rtol=1.6e-2, atol=1e-2)
-    assert ember.stats()["matmuls_through_aten"] > before
+    if operands == "unaligned" or backend == "triton":  # (CUDA C++ leaves a broadcast operand to cuBLAS
+        assert ember.stats()["matmuls_through_aten"] > before  # at compile time: the pass's test above)
 
 
 @on_the_interpreter
