@@ -187,8 +187,11 @@ def test_a_symbolic_alpha_checked_in_a_gpu_graph_is_no_aten_call(monkeypatch):
     (lambda x, v: torch.logspace(v, 1.0, 1, dtype=x.dtype) + x[:1], _H, 7e4),
     (lambda x, v: torch.logspace(1.0, v, 2, base=2.0, dtype=x.dtype) + x[:2], _H, 7e4),
     (lambda x, v: F.softplus(x, beta=v), _H.float(), 1e39),
+    # an alpha of 0 (or -0.0) is eager's RuntimeError; made symbolic, torch's decomposition
+    # divided by it (NaN and inf where x < 0, no error): the op is kept, and ATen checks each call
+    (lambda x, v: F.celu(x, alpha=v), _H.float(), 0.0),
 ], ids=["hardshrink_lambd", "linspace_end", "linspace_one_step", "linspace_no_steps", "logspace_one_step",
-        "logspace_end", "softplus_beta"])
+        "logspace_end", "softplus_beta", "celu_alpha_zero"])
 def test_other_python_floats_made_symbolic_are_checked_on_each_call(fn, x, big):
     _same_as_eager_each_call(fn, [(x, 2.0), (x, big), (x, 3.0), (x, -big)])
 

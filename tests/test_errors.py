@@ -697,9 +697,12 @@ def test_masked_fill_of_a_tensor_value_that_overflows_raises(fn, args):
 @pytest.mark.parametrize("fn, args", [
     (lambda x, t: F.binary_cross_entropy(x, t), (torch.tensor([0.5, 1.5]), torch.tensor([1.0, 0.0]))),
     (lambda x, t: F.smooth_l1_loss(x, t, beta=-1.0), (torch.randn(4), torch.randn(4))),
+    # (eager checks beta >= 0, which NaN fails: the decomposition computed a NaN loss)
+    (lambda x, t: F.smooth_l1_loss(x, t, beta=float("nan")), (torch.randn(4), torch.randn(4))),
     (lambda x, t: F.cross_entropy(x, t), (torch.randn(3, 5), torch.tensor([0, 4, 2], dtype=torch.int32))),
     (lambda x, t: F.nll_loss(x, t), (torch.randn(3, 5), torch.tensor([0, 4, 2], dtype=torch.int32))),
-], ids=["bce_out_of_range", "smooth_l1_negative_beta", "cross_entropy_int32_target", "nll_int32_target"])
+], ids=["bce_out_of_range", "smooth_l1_negative_beta", "smooth_l1_nan_beta", "cross_entropy_int32_target",
+        "nll_int32_target"])
 def test_loss_inputs_eager_refuses_raise_its_error(fn, args):
     # the decompositions computed a loss (nan for the BCE input of 1.5)
     assert _eager_error(fn, *args) is RuntimeError

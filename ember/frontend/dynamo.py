@@ -404,7 +404,8 @@ def _integer_target(x: torch.Tensor, target: torch.Tensor, *_: Any, **__: Any) -
 
 
 def _negative_beta(x: torch.Tensor, target: torch.Tensor, reduction: int = 1, beta: float = 1.0) -> bool:
-    return isinstance(beta, (int, float)) and beta < 0
+    # (eager checks beta >= 0, which a NaN beta fails too: the decomposition computed NaN)
+    return isinstance(beta, (int, float)) and not beta >= 0
 
 
 def _nll_refused(*args: Any, at: int, **_: Any) -> bool:

@@ -129,8 +129,10 @@ def _threshold(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _celu(original: Callable[..., Any]) -> Callable[..., Any]:
     def celu(x: torch.Tensor, alpha: Any = 1.0) -> Any:
-        if not x.dtype.is_floating_point or isinstance(alpha, (int, float)) and alpha == 0:
-            return NotImplemented  # (no integer kernel, or alpha = 0: ATen raises eager's error)
+        if not x.dtype.is_floating_point or not isinstance(alpha, (int, float)) or alpha == 0:
+            # (no integer kernel, or alpha = 0: ATen raises eager's error; a symbolic alpha, a
+            # float that changed between calls, may be 0 on a later call: ATen checks it each call)
+            return NotImplemented
         return original(x, alpha)
     return celu
 
