@@ -222,6 +222,8 @@ def check_program(prog: Program, args: argparse.Namespace, options: dict) -> lis
             done_leads = leadings[:leadings.index(lead) + 1]
             upstream = _aot_eager_raises(prog, args, up, done_leads, type(got_err))
             findings.append(("upstream" if upstream else "ember-raised", f"{tb.strip()[:400]}{where}"))
+            if upstream:
+                break  # (the check reset Dynamo: a later shape would compile afresh, not reuse the graph)
             continue
         cache: dict[str, Any] = {}
 
