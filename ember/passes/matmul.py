@@ -110,7 +110,8 @@ def _tma_readable(operand: Node) -> bool:
     """Can the Hopper template read ``operand`` with TMA: a dim of unit stride (rows or columns
     contiguous), and no dim broadcast (a stride of 0)? Otherwise (``x[:, ::2]``, a transpose of
     that, a reshape that is no view, ``w.expand(k, n)``) the template refused the kernel at
-    build time (a warning, its ops through ATen) or sent every call to ATen; cuBLAS takes any."""
+    build time (a warning, its ops through ATen) or sent every call to ATen; cuBLAS takes any.
+    (Alignment is the call's to check: the launcher sends a misaligned call to ATen.)"""
     strides = _strides(operand)
     if strides is None:
         return False
@@ -238,8 +239,10 @@ def _chosen(graph: Graph, target: str | None, gpu_backend: str, mode: str) -> se
     chosen = set()
     for node, _, backend in found:
         hopper = _hopper(node, target) and one_template_kernel(node)
-        if backend == "cuda" and not all(_tma_readable(x) for x in _operands(node)[1:]):
-            continue  # (the template's only way in is TMA; cuBLAS takes any strides)
+        if (backend == "cuda" or hopper) and not all(_tma_readable(x) for x in _operands(node)[1:]):
+            # (the template's only way in is TMA, and on a Hopper GPU the Triton backend hands
+            # it these kernels too; cuBLAS takes any strides, decided here once, not per call)
+            continue
         if backend == "cuda" and hopper or backend == "triton" and (mode == "all" or node in paired or hopper):
             chosen.add(node)
     return chosen
