@@ -22,7 +22,7 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import Node, row_ids_offsets
+from ..ir.node import Node, row_ids_offsets, view_base
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
 from ..ir.strides import Strided, compose_strided
 from .build_reduce import ROUNDED_FIRST, ReduceBuilder
@@ -62,9 +62,10 @@ def clamped(position: sympy.Expr, size: sympy.Expr) -> sympy.Expr:
 
 class KernelBuilder(ReduceBuilder):
     def __init__(self, spec: GroupSpec, buffers: dict[Node, BufferInfo], name: str,
-                 held: frozenset[Node] = frozenset()):
+                 held: frozenset[Node] = frozenset(), converted: frozenset[Node] = frozenset()):
         self.spec = spec
         self.held = held  # roots stored as eager holds them (jump_read)
+        self.converted = converted  # values every reader reads rounded (cast_read)
         self.buffers = buffers
         self.name = name
         self.values: list[Value] = []
@@ -288,6 +289,9 @@ class KernelBuilder(ReduceBuilder):
                 # (a conversion to another float changes smoothly: only its operand is rounded)
                 per_op = not (op is Op.CAST and node.dtype.is_float)
                 srcs = [self._as_eager_holds(s, per_op) for s in srcs]
+            else:  # (what a conversion reads rounded, all read rounded: cast_read)
+                srcs = [self._as_eager_holds(s, per_op=False) if view_base(i) in self.converted else s
+                        for i, s in zip(node.inputs, srcs)]
             return self._emit("alu", node.dtype, srcs, op)
         if op in VIEW_OPS:
             strided = self.strided(node)
