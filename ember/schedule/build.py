@@ -25,7 +25,7 @@ from ..ir import shapes as sh
 from ..ir.node import Node, row_ids_offsets, view_base
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, VIEW_OPS, Op
 from ..ir.strides import Strided, compose_strided
-from .build_reduce import ROUNDED_FIRST, ReduceBuilder
+from .build_reduce import CANCELLING, ROUNDED_FIRST, ReduceBuilder
 from .group_spec import AcrossFailed, BufferInfo, Conflict, GroupSpec, NeedsBuffer, has_indirect, has_inner
 from .indexing import Point, map_view, offset, recombine
 from .kernel_ir import (
@@ -289,7 +289,7 @@ class KernelBuilder(ReduceBuilder):
                 # (a conversion to another float changes smoothly: only its operand is rounded)
                 per_op = not (op is Op.CAST and node.dtype.is_float)
                 srcs = [self._as_eager_holds(s, per_op) for s in srcs]
-            else:  # (what a conversion reads rounded, all read rounded: cast_read)
+            elif op in CANCELLING:  # (what a conversion reads rounded, a difference reads rounded: cast_read)
                 srcs = [self._as_eager_holds(s, per_op=False) if view_base(i) in self.converted else s
                         for i, s in zip(node.inputs, srcs)]
             return self._emit("alu", node.dtype, srcs, op)
