@@ -11,6 +11,7 @@ On this CPU machine::
     python bench/fuzz.py --device cpu --backend triton --seconds 300 --workers 1 --seed 2  # interpreted
     python bench/fuzz.py --device cpu --backend cpp --seconds 300 --workers 1 --seed 3 --train
     python bench/fuzz.py --device cpu --backend cpp --seconds 300 --workers 1 --seed 4 --dynamic
+    python bench/fuzz.py --device cpu --backend cpp --seconds 600 --workers 1 --seed 5 --ragged [--dynamic]
 
 On the GPU machine (one process per worker, all sharing the GPU)::
 
@@ -21,13 +22,16 @@ On the GPU machine (one process per worker, all sharing the GPU)::
 Findings: mismatch, ember-raised (eager did not), raise-parity (eager raised, ember did not or
 raised another type), fallback (an "ember..." warning), crash (worker died), hang; and upstream:
 ember raised where eager did not, but ``torch.compile(backend="aot_eager")`` raises too (Dynamo
-or AOTAutograd refused the program), left out of the pass rate.
+or AOTAutograd refused the program), left out of the pass rate. ``--ragged``: programs over an
+``ember.ragged.Ragged`` (fuzz_ragged.py); with --dynamic also recompile (a compile where the
+README promises none).
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import logging
 import multiprocessing as mp
 import os
 import queue
@@ -43,6 +47,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 from fuzz_programs import Generator, Program, make_inputs  # (bench/ is on sys.path: python bench/fuzz.py)
+from torch._dynamo.utils import counters
 
 # (rtol, atol as a fraction of the output's largest finite magnitude) by output dtype
 TOLS = {torch.float32: (1e-4, 1e-5), torch.float16: (4e-3, 1e-3), torch.bfloat16: (3e-2, 8e-3),
@@ -164,6 +169,28 @@ def _ref_part(r: dict | None, part: str, i: int) -> Any:
 
 # ---------------------------------------------------------------- running one program
 
+def widen(xs: list) -> list:
+    """The inputs as float64 (the reference run)."""
+    return [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x for x in xs]
+
+
+def _kind(prog: Program) -> tuple[Any, Any, Any]:
+    """make_inputs, run_program and widen for the program's kind of inputs (fuzz_ragged's own)."""
+    return (getattr(prog, "make_inputs", make_inputs), getattr(prog, "run_program", run_program),
+            getattr(prog, "widen", widen))
+
+
+def _leads(prog: Program, args: argparse.Namespace) -> list[int | None]:
+    """The calls' leading dims (--dynamic: a second one), or a ragged program's batches."""
+    if hasattr(prog, "leads"):
+        return prog.leads(args.dynamic)
+    return [None, random.Random(prog.seed).choice([2, 5, 9, 31, 66])] if args.dynamic else [None]
+
+
+def _compile_dynamic(prog: Program, args: argparse.Namespace) -> bool | None:
+    return getattr(prog, "compile_dynamic", True if args.dynamic else None)
+
+
 def _exec_fn(source: str) -> Any:
     scope: dict[str, Any] = {"torch": torch, "F": F}
     exec(compile(source, "<fuzz program>", "exec"), scope)
@@ -176,16 +203,15 @@ def check_program(prog: Program, args: argparse.Namespace, options: dict) -> lis
     findings: list[tuple[str, str]] = []
     fn = _exec_fn(prog.source)
     up = prog.seed + 1 if args.train else None
-    compiled = ember.compile(_exec_fn(prog.source), options=options, dynamic=True if args.dynamic else None)
-    leadings: list[int | None] = [None]
-    if args.dynamic:
-        leadings.append(random.Random(prog.seed).choice([2, 5, 9, 31, 66]))
+    compiled = ember.compile(_exec_fn(prog.source), options=options, dynamic=_compile_dynamic(prog, args))
+    make_inputs, run_program, widen = _kind(prog)
+    leadings = _leads(prog, args)
+    seen: dict[int | None, int] = {}  # frames Dynamo compiled, by the end of each call
+    start_frames = counters["frames"]["ok"]
     for lead in leadings:
         def inputs(dtype64: bool = False, lead: int | None = lead) -> list:
             xs = make_inputs(prog.specs, args.device, args.train, lead)
-            if dtype64:
-                xs = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x for x in xs]
-            return xs
+            return widen(xs) if dtype64 else xs
         if lead is not None and args.device != "cpu":
             # (CUDA eager's index errors are device-side asserts, which end the process: a program
             # not generic in its leading dim is found on the CPU first)
@@ -210,7 +236,13 @@ def check_program(prog: Program, args: argparse.Namespace, options: dict) -> lis
         for w in caught:
             if str(w.message).startswith("ember"):
                 findings.append(("fallback", str(w.message).splitlines()[0][:300]))
-        where = f" (leading dim {lead})" if lead is not None else ""
+        where = f" ({'batch' if hasattr(prog, 'leads') else 'leading dim'} {lead})" if lead is not None else ""
+        if got_err is None and hasattr(prog, "allowed_compiles"):  # (ragged: count recompiles)
+            seen[lead] = counters["frames"]["ok"] - start_frames
+            allowed = prog.allowed_compiles(lead, seen)
+            if allowed is not None and (n := seen[lead] - seen[None]) > allowed:
+                findings.append(("recompile", f"{n} compiles after the first call by call {lead} "
+                                 f"({prog.describe(lead)}); the README allows {allowed}"))
         if eager_err is not None:
             if got_err is None:
                 findings.append(("raise-parity", f"eager raised {type(eager_err).__name__}: "
@@ -252,8 +284,9 @@ def _aot_eager_raises(prog: Program, args: argparse.Namespace, up: int | None, l
     or AOTAutograd refused the program before ember saw it (torch 2.11's fake ``split`` of an
     empty dim), which no backend can change: an upstream finding, not ember's."""
     torch._dynamo.reset()
+    make_inputs, run_program, _ = _kind(prog)
     try:
-        compiled = torch.compile(_exec_fn(prog.source), backend="aot_eager", dynamic=True if args.dynamic else None)
+        compiled = torch.compile(_exec_fn(prog.source), backend="aot_eager", dynamic=_compile_dynamic(prog, args))
         for lead in leads:
             run_program(compiled, make_inputs(prog.specs, args.device, args.train, lead), up)
     except Exception as err:  # noqa: BLE001
@@ -309,9 +342,11 @@ def write_repro(prog: Program, args: argparse.Namespace, options: dict, kind: st
     env = ""
     if args.device == "cpu" and args.backend == "triton":
         env = 'os.environ.setdefault("TRITON_INTERPRET", "1")\n'
-    leading: list[int | None] = [None]
-    if args.dynamic:
-        leading.append(random.Random(prog.seed).choice([2, 5, 9, 31, 66]))
+    if hasattr(prog, "leads"):
+        from fuzz_ragged import repro_source
+        path.write_text(repro_source(prog, args, options, kind, msg, env))
+        return
+    leading = _leads(prog, args)
     path.write_text(REPRO.format(kind=kind, msg=msg.replace('"""', "'''").replace("\\", "/")[:500], env=env,
                                  device=args.device, options=options, specs=prog.specs, train=args.train,
                                  leading=leading, make_inputs=inspect.getsource(make_inputs),
@@ -332,6 +367,7 @@ def worker(index: int, args: argparse.Namespace, start: int, results: Any) -> No
     """Generate and check programs until the deadline, reporting each to ``results``."""
     import torch._dynamo
     warnings.filterwarnings("ignore")  # (eager's own warnings; ember's are caught per program)
+    logging.getLogger("torch._dynamo").setLevel(logging.ERROR)  # (graph breaks: to_padded's max_length)
     torch.set_num_threads(1)  # (W workers share the cores; on cuda only the host side runs here)
     cfg = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
@@ -343,11 +379,14 @@ def worker(index: int, args: argparse.Namespace, start: int, results: Any) -> No
     seeds = [stream.randrange(2**40) for _ in range(start)]
     out = Path(args.out)
     dtypes = args.dtypes.split(",")
+    gen = Generator
+    if args.ragged:
+        from fuzz_ragged import RaggedGenerator as gen
     while time.time() < args.deadline:
         seed = stream.randrange(2**40)
         seeds.append(seed)
         try:
-            prog = Generator(seed, args.device, args.backend, dtypes, args.train, args.dynamic).build()
+            prog = gen(seed, args.device, args.backend, dtypes, args.train, args.dynamic).build()
         except Exception:  # noqa: BLE001 -- a fuzzer bug: report, carry on
             results.put((index, seed, [("generator", traceback.format_exc()[-600:])], None))
             continue
@@ -384,6 +423,7 @@ def main() -> None:
     ap.add_argument("--dtypes", default="fp32,bf16,fp16")
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--dynamic", action="store_true")
+    ap.add_argument("--ragged", action="store_true", help="programs over a ragged.Ragged (fuzz_ragged.py)")
     ap.add_argument("--out", default="build/fuzz")
     ap.add_argument("--hang-seconds", type=float, default=None,
                     help="one program's limit (default 300, 900 interpreted)")
@@ -404,7 +444,7 @@ def main() -> None:
     results = ctx.Queue()
     counts = {"programs": 0, "passed": 0, "mismatch": 0, "ember-raised": 0, "raise-parity": 0,
               "fallback": 0, "crash": 0, "hang": 0, "harness": 0, "generator": 0,
-              "dyn-skipped": 0, "upstream": 0}
+              "dyn-skipped": 0, "upstream": 0, "recompile": 0}
     done = [0] * args.workers
     last = [time.time()] * args.workers
     procs: list[Any] = [None] * args.workers
@@ -470,6 +510,7 @@ def main() -> None:
     ok = counts["passed"]
     print("\n" + "=" * 60)
     print(f"ember fuzz: device={args.device} backend={args.backend} train={args.train} dynamic={args.dynamic} "
+          f"ragged={args.ragged} "
           f"seed={args.seed} workers={args.workers} seconds={args.seconds:.0f}")
     for k, v in counts.items():
         print(f"  {k:<14}{v:>8}")

@@ -68,9 +68,12 @@ def jump_read(nodes: Sequence[Node], users: dict[Node, list[Node]], outputs: Seq
             return not reader.dtype.is_float  # (a conversion to another float changes smoothly)
         if reader.op is Op.EXTERN:
             return reader.arg.name in _JUMPING_CALLS
-        if reader.op in (Op.AMAX, Op.AMIN):
+        if is_max(reader):
             return maxima(reader)
         return reader.op in ROUNDED_FIRST or reader.op in (Op.ARGMAX, Op.ARGMIN, Op.SCAN)
+
+    def is_max(n: Node) -> bool:  # (a segment max too: ragged.segment_max's backward compares it)
+        return n.op in (Op.AMAX, Op.AMIN) or n.op is Op.SEGMENT_REDUCE and n.arg in (Op.AMAX, Op.AMIN)
 
     def maxima(m: Node) -> bool:  # (a max's result compared, or leaving the graph, through views)
         return id(m) in leaving or any(jumps(u) or (u.op in VIEW_OPS and maxima(u)) for u in users[m])
@@ -78,7 +81,7 @@ def jump_read(nodes: Sequence[Node], users: dict[Node, list[Node]], outputs: Seq
     # (views too: a view read by ATen may be the root its kernel stores)
     low = [n for n in nodes if n.dtype is not None and n.dtype.is_low_precision]
     return frozenset([n for n in low if any(jumps(u) for u in users[n])]
-                     + [n for n in low if n.op in (Op.AMAX, Op.AMIN) and maxima(n)])
+                     + [n for n in low if is_max(n) and maxima(n)])
 
 
 # ops whose result can cancel to the difference of their operands' roundings

@@ -247,6 +247,11 @@ class DomainRules:
         shape = root.shape
         if not shape or not sh.equal(shape[0], total) or not sh.shapes_equal(_drop_ones(shape[1:]), outer[1:]):
             return False
+        if root.op is Op.SCAN or root.op in REDUCE_OPS:
+            # a segment kernel computes neither (its one loop walks the row): a cumsum over the
+            # packed rows, or a sum over each token's features, stored as a root there asked for
+            # the buffer it had, and planning was stuck (the graph ran through ATen)
+            return False
         return any(n.op is Op.SEARCH and row_ids_offsets(n) is offsets
                    for n in [root, *self.subtree(root), *self.reads(root)])
 

@@ -1,0 +1,122 @@
+"""bench/fuzz.py --ragged (bench/fuzz_ragged.py) run for a few seeds, so that the mode keeps
+working, and what it found: a scan along a ragged tensor's packed rows, or a sum over each
+token's features, beside a segment kernel (planning was stuck: the graph ran through ATen); a
+16-bit segment max whose backward found no maxima (NaN gradients)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ember
+from ember import ragged
+
+from .helpers import check, on_the_interpreter
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture
+def fuzz(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))  # (the fuzzer's modules import each other as bench/ scripts)
+    import fuzz
+    import fuzz_ragged
+    yield fuzz, fuzz_ragged
+    for name in ("fuzz", "fuzz_ragged", "fuzz_programs"):
+        sys.modules.pop(name, None)
+
+
+def test_the_ragged_generator_writes_ragged_programs(fuzz):
+    _, fr = fuzz
+    progs = [fr.RaggedGenerator(seed, "cpu", "cpp", ["fp32", "bf16", "fp16"], seed % 2 == 0, True).build()
+             for seed in range(60)]
+    text = "\n".join(p.source for p in progs)
+    for piece in ("ragged.segment_", "jagged_softmax", "to_padded", ".row_ids(), r0.positions()]",
+                  "[r0.row_ids()]", "validate=False"):
+        assert piece in text, piece
+    specs = [p.specs[0] for p in progs]
+    assert {s["offsets_dtype"] for s in specs} == {"int32", "int64"}
+    assert any(0 in s["lengths"][0] for s in specs) and any(len(s["lengths"][0]) == 1 for s in specs)
+    small = [fr.RaggedGenerator(seed, "cpu", "triton", ["fp32"], False, True).build() for seed in range(20)]
+    assert max(sum(p.specs[0]["lengths"][0]) for p in small) <= 24 * 16
+    for p in progs[:10]:  # every batch builds, and a partner is as wide as the longest row
+        for v in fr.VARIANTS:
+            xs = fr.make_inputs(p.specs, "cpu", False, v)
+            for x, s in zip(xs, p.specs):
+                if s["kind"] == "partner":
+                    assert x.shape[0] == xs[0].batch_size and x.shape[1] >= xs[0].max_length
+
+
+@pytest.mark.parametrize("train, dynamic, seeds", [(False, False, [0, 1]), (True, False, [3]),
+                                                   (False, True, [5])], ids=["plain", "train", "dynamic"])
+def test_ragged_fuzz_seeds_pass(fuzz, train, dynamic, seeds, tmp_path):
+    fz, fr = fuzz
+    args = argparse.Namespace(device="cpu", backend="cpp", train=train, dynamic=dynamic, ragged=True)
+    for seed in seeds:
+        prog = fr.RaggedGenerator(seed, "cpu", "cpp", ["fp32", "bf16", "fp16"], train, dynamic).build()
+        torch._dynamo.reset()
+        findings = [f for f in fz.check_program(prog, args, {}) if not f[0].startswith("note")]
+        assert findings == [], (prog.source, findings)
+        path = tmp_path / f"repro-{seed}.py"
+        fz.write_repro(prog, args, {}, "mismatch", "a test", path)
+        compile(path.read_text(), str(path), "exec")  # (a script that parses)
+
+
+@pytest.mark.parametrize("options", [None, pytest.param({"target": "triton"}, marks=on_the_interpreter)])
+@pytest.mark.parametrize("feature", [(), (3,)])
+def test_a_scan_over_packed_rows_beside_a_segment_reduction(options, feature):
+    # the cumsum, a (T, ..) value reading the row ids, was planned into the segment kernel of the
+    # segment sum as a row-wise value; a scan computes only in a scan kernel, so it asked for a
+    # buffer it had already: "fusion planning is stuck", and the graph ran through ATen
+    def f(r):
+        scaled = r.values / r.lengths().clamp(min=1)[r.row_ids()].view(-1, *[1] * len(feature))
+        return torch.cumsum(scaled, 0), torch.cumsum(r.values * 2, 0).flip(0), ragged.segment_sum(r)
+
+    r = ragged.from_list([torch.randn(n, *feature) for n in [4, 0, 22, 1]])
+    report = check(f, r, options=options)
+    assert report.fallbacks == []
+
+    def g(r):  # a jagged softmax and a reversed scan of the same rows
+        x = r.values * r.row_ids()
+        return ragged.jagged_softmax(r).values, torch.flip(torch.cumsum(torch.flip(x, [0]), 0), [0])
+
+    assert check(g, ragged.from_list([torch.randn(n) for n in [5, 3, 0, 9]]), options=options).fallbacks == []
+
+
+@pytest.mark.parametrize("options", [None, pytest.param({"target": "triton"}, marks=on_the_interpreter)])
+def test_a_sum_over_each_tokens_features_beside_a_segment_reduction(options):
+    # likewise a (T, 1) sum over the features of a value reading the row ids, beside a segment
+    # kernel over (B,): the sum was planned into the segment kernel, which cannot compute it
+    def f(r, x):
+        segments = ragged.segment_max(ragged.Ragged(r.values[:, 0], r.offsets, validate=False))
+        return segments, (r.values * r.row_ids()[:, None]).sum(-1), x[r.row_ids(), r.positions()].norm(dim=-1)
+
+    r = ragged.from_list([torch.randn(n, 17) for n in [22, 2, 3, 0, 2]])
+    assert check(f, r, torch.randn(5, 39, 17), options=options).fallbacks == []
+
+
+@pytest.mark.parametrize("options", [None, pytest.param({"target": "triton"}, marks=on_the_interpreter)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_16_bit_segment_max_of_computed_values_has_eager_gradients(dtype, options):
+    # a training forward's segment max leaves the graph: its backward compares it with the values
+    # (x == max) to find the maxima. It was the max of the unrounded float32 chain, rounded once,
+    # an ulp off the values as eager holds them (rounded op by op): no value equalled it in some
+    # rows, which counted 0 maxima and gave NaN gradients. (amax's case already held it as eager)
+    def f(r, x):
+        v = torch.reciprocal(x[r.row_ids(), r.positions()].abs() + 0.5)
+        return ragged.segment_max(ragged.Ragged(v, r.offsets, validate=False))
+
+    g = torch.Generator().manual_seed(0)
+    lengths = [21, 1, 0, 17]
+    r = ragged.from_list(list(torch.randn(sum(lengths), 3, generator=g).to(dtype).split(lengths)))
+    x = torch.randn(4, 28, 3, generator=g).to(dtype)
+    up = torch.randn(4, 3, generator=g).to(dtype)
+    mine, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (ember.compile(f, options=options)(r, mine) * up).sum().backward()
+    (f(r, ref) * up).sum().backward()
+    assert not mine.grad.isnan().any()
+    torch.testing.assert_close(mine.grad, ref.grad)
