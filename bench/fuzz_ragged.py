@@ -162,9 +162,16 @@ class RaggedProgram(Program):
                     return None
         # Dynamo's duck sizing: symbolic sizes equal in the first call share a symbol, and a later
         # call where they differ recompiles (T and B + 1; with dynamic=True every size, e.g. B and F)
+        # (and the sizes of the buffers the inputs are views of: a sliced (T, F) is a (T, 2F) buffer's,
+        # and T = 2F shared a symbol too)
         lengths = rag[0]["lengths"][0]
-        mine = [sum(lengths), len(lengths) + 1] + [len(lengths)] * (self.compile_dynamic is True)
+        total, b = sum(lengths), len(lengths)
+        mine = [total, b + 1] + [b] * (self.compile_dynamic is True)
         others = [d for s in self.specs for d in s.get("feat", s.get("shape", []))] if self.compile_dynamic else []
+        for s in rag:
+            mine += [total + 1] * (s["layout"] == "offset") + [2 * total] * (s["layout"] == "slice" and not s["feat"])
+            mine += [b + 2] * bool(s["offsets_view"])
+            others += [2 * s["feat"][0]] * bool(s["layout"] == "slice" and s["feat"] and self.compile_dynamic)
         if len(set(mine)) < len(mine) or set(mine) & set(others):
             return None
         allowed = int(reads_length)
