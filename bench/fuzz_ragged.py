@@ -162,8 +162,8 @@ class RaggedProgram(Program):
                     return None
         # Dynamo's duck sizing: symbolic sizes equal in the first call share a symbol, and a later
         # call where they differ recompiles (T and B + 1; with dynamic=True every size, e.g. B and F)
-        # (and the sizes of the buffers the inputs are views of: a sliced (T, F) is a (T, 2F) buffer's,
-        # and T = 2F shared a symbol too)
+        # (and the sizes and strides of the buffers the inputs are views of: a sliced (T, F) is a
+        # (T, 2F) buffer's, and T = 2F shared a symbol too)
         lengths = rag[0]["lengths"][0]
         total, b = sum(lengths), len(lengths)
         mine = [total, b + 1] + [b] * (self.compile_dynamic is True)
@@ -171,7 +171,8 @@ class RaggedProgram(Program):
         for s in rag:
             mine += [total + 1] * (s["layout"] == "offset") + [2 * total] * (s["layout"] == "slice" and not s["feat"])
             mine += [b + 2] * bool(s["offsets_view"])
-            others += [2 * s["feat"][0]] * bool(s["layout"] == "slice" and s["feat"] and self.compile_dynamic)
+            if s["layout"] == "slice" and self.compile_dynamic:  # (strides too: B = 2 met the step)
+                others += [2] + [2 * s["feat"][0]] * bool(s["feat"])
         if len(set(mine)) < len(mine) or set(mine) & set(others):
             return None
         allowed = int(reads_length)
