@@ -65,7 +65,7 @@ class KernelBuilder(ReduceBuilder):
                  held: frozenset[Node] = frozenset(), converted: frozenset[Node] = frozenset()):
         self.spec = spec
         self.held = held  # roots stored as eager holds them (jump_read)
-        self.converted = converted  # values every reader reads rounded (cast_read)
+        self.converted = converted  # 16-bit values differences read rounded (cast_read)
         self.buffers = buffers
         self.name = name
         self.values: list[Value] = []

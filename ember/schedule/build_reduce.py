@@ -91,7 +91,7 @@ CANCELLING = frozenset({Op.ADD, Op.SUB})
 def cast_read(nodes: Sequence[Node], users: dict[Node, list[Node]]) -> frozenset[Node]:
     """The 16-bit values computed in kernels that a conversion to another float reads, directly
     or through views. The conversion reads them rounded, as eager holds them, so additions and
-    subtractions in their kernel read them rounded too. With two forms, a float16 ``x.std(0)``'s
+    subtractions read them rounded too, in whichever kernel computes them. With two forms, a float16 ``x.std(0)``'s
     backward, ``(e - e.float().mean(0).half()) / std`` of ``e = x.exp()``, subtracted a mean of
     the rounded values from an unrounded value; over two rows an ulp apart that difference is
     the ulp itself, and the gradient came out 20% off where eager's is within 3% (CPU fuzz seed
