@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -161,3 +163,24 @@ def test_a_value_a_conversion_reads_rounded_is_read_rounded_by_all(dtype):
     got = grad(ember.compile(fn), x)
     rtol, atol = TOLERANCES[dtype]
     torch.testing.assert_close(got, ref, rtol=rtol, atol=atol)
+
+
+def test_a_rounded_value_stored_along_rows_it_was_carried_into_builds():
+    # a bf16 mean's backward stores g / n across the rows beside its column sum: the store
+    # converted the rounding's float32 source, which the loop over the rows did not carry (an
+    # undeclared variable: the kernel failed to build and its ops ran through ATen; CPU fuzz
+    # seed 363425026600)
+    def fn(x, w, b):
+        return F.linear(x, w, b).mean(dim=-2)
+
+    torch.manual_seed(0)
+    args = [torch.randn(4, 100, dtype=torch.bfloat16), torch.randn(33, 100, dtype=torch.bfloat16),
+            torch.randn(33, dtype=torch.bfloat16)]
+    g = torch.randn(33, dtype=torch.bfloat16)
+    mine, theirs = ([a.clone().requires_grad_() for a in args] for _ in range(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = torch.autograd.grad(ember.compile(fn, dynamic=True)(*mine), mine, g)
+    ref = torch.autograd.grad(fn(*theirs), theirs, g)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1.6e-2, atol=1e-2)

@@ -400,10 +400,10 @@ class BodyRenderer:
                 return f"{self.kept_partials[id(v)]} += {value};"
             return f"{ref} = {lang.store(dtype, f'{lang.load(dtype, ref)} + {value}')};"
         if v.kind == "store" and id(v) in self.staged:  # (rounded with its row after the loop)
-            return f"{self.staged[id(v)]} = {self.name(_unrounded(v.srcs[0], self.buffer_dtype[v.arg.buffer]))};"
+            return f"{self.staged[id(v)]} = {self.name(_unrounded(v, self.buffer_dtype[v.arg.buffer]))};"
         if v.kind == "store":
             dtype = self.buffer_dtype[v.arg.buffer]
-            value = lang.store(dtype, self.name(_unrounded(v.srcs[0], dtype)))
+            value = lang.store(dtype, self.name(_unrounded(v, dtype)))
             if v.arg.accumulate and id(v) not in self.vector_access:
                 # threads may add to (or max, min with) one element: atomically (a vector's
                 # elements go into its register, added by the group's vector atomic)
@@ -412,7 +412,7 @@ class BodyRenderer:
             return f"{lang.store_target(dtype, self.access(v))} = {value};"
         if v.kind in ("reduce", "chunksum", "rowreduce"):
             return None  # the backend places accumulators around its loops
-        if self.users[id(v)] and all(u.kind == "store" and u.srcs[0] is v and _unrounded(v, self.buffer_dtype[
+        if self.users[id(v)] and all(u.kind == "store" and u.srcs[0] is v and _unrounded(u, self.buffer_dtype[
                 u.arg.buffer]) is not v for u in self.users[id(v)]):
             return None  # only stores read it, which convert its source (_unrounded)
         if v.kind == "scan" and self.scan_line is not None:
@@ -588,12 +588,18 @@ def _grouped_order(values: list[Value]) -> list[Value]:
     return out
 
 
-def _unrounded(v: Value, dtype: dt.DType) -> Value:
-    """What a store into a ``dtype`` buffer converts: a float32 value rounded to bfloat16 (or
+def _unrounded(store: Value, dtype: dt.DType) -> Value:
+    """What ``store`` into a ``dtype`` buffer converts: a float32 value rounded to bfloat16 (or
     float16) just before it is stored is converted from its float32 source, which rounds the
     same once (round to nearest even leaves a rounded value as it is): the round trip would cost a
-    CUDA store two conversions and a shift per element, a C++ store its software rounding twice."""
-    if (dtype.is_low_precision and v.kind == "alu" and v.arg is Op.CAST and v.dtype == dtype
+    CUDA store two conversions and a shift per element, a C++ store its software rounding twice.
+    Only where the store sits beside the rounding: a row's value rounded before the loop that
+    stores it along the row is carried into that loop, its source is not (a bf16 mean's
+    backward, ``g / n`` stored across the rows beside its column sum, named an undeclared
+    ``v3``: CPU fuzz seed 363425026600)."""
+    v = store.srcs[0]
+    beside = store.loop != 0 if v.inner else store.loop == 0 and store.stage == v.stage
+    if (beside and dtype.is_low_precision and v.kind == "alu" and v.arg is Op.CAST and v.dtype == dtype
             and v.srcs[0].dtype == dt.float32):
         return v.srcs[0]
     return v
