@@ -87,7 +87,10 @@ class Generator:
              "torch.sqrt({x}.abs())", "torch.rsqrt({x}.abs() + 1e-2)", "-{x}", "{x}.abs()",
              "torch.reciprocal({x}.abs() + 0.5)", "torch.sin({x})", "torch.erf({x})", "F.softplus({x})",
              "{x}.clamp(-0.5, 0.75)", "{x}.pow(2)", "{x}.abs().pow(0.5)", "F.leaky_relu({x}, 0.1)",
-             "F.hardswish({x})", "F.elu({x})", "{x} * 2.0 + 1.0"]
+             "F.hardswish({x})", "F.elu({x})", "{x} * 2.0 + 1.0", "F.hardtanh({x}, -0.5, 1.0)",
+             "F.relu6({x} * 4)", "F.mish({x})", "F.selu({x})", "F.celu({x}, 0.5)", "F.logsigmoid({x})",
+             "F.softsign({x})", "F.hardsigmoid({x})", "torch.expm1({x})", "torch.log1p({x}.abs())",
+             "torch.atan({x})", "torch.cos({x})", "{x}.clamp_min(0.25)"]
     DISC_UNARY = ["torch.floor({x})", "torch.round({x})", "torch.round({x}).to(torch.int32)",
                   "({x} > 0.1).to({x}.dtype)"]
     BINARY = ["{a} + {b}", "{a} - {b}", "{a} * {b}", "{a} / ({b}.abs() + 0.5)", "torch.maximum({a}, {b})",
@@ -347,6 +350,72 @@ class Generator:
         bias = f", {self.add_input([n], dtype=str(t.dtype).replace('torch.', ''))}" if r.random() < 0.5 else ""
         return self.try_line(f"F.linear({x}, {w}{bias})") is not None
 
+    def op_nn(self) -> bool:
+        """Layers over (N, C, L) or (N, C, H, W) values: pooling, normalization, resampling,
+        padding and convolution."""
+        x = self.pick([n for n in self.floats() if self.env[n].dim() in (3, 4)] or self.floats())
+        r, t = self.r, self.env[x]
+        if t.dim() not in (3, 4):  # (an image or a sequence of its own)
+            x = self.add_input(self.shape(r.choice([3, 4])), dyn=True)
+            t = self.env[x]
+        nd, c, dt = t.dim() - 2, t.shape[1], str(t.dtype).replace("torch.", "")
+        k = r.choice([1, 2, 3])
+        kind = r.choice(["max_pool", "avg_pool", "adaptive", "batch_norm", "group_norm", "instance_norm",
+                         "interpolate", "pad", "conv"])
+        if kind in ("max_pool", "avg_pool"):
+            args = f"{k}, stride={r.choice([None, 1, 2])}, padding={r.randrange(k // 2 + 1)}, " \
+                   f"ceil_mode={r.choice([False, True])}"
+            if kind == "avg_pool":
+                args += f", count_include_pad={r.choice([False, True])}"
+            return self.try_line(f"F.{kind}{nd}d({x}, {args})") is not None
+        if kind == "adaptive":
+            size = ", ".join(str(r.choice([1, 2, 3, 5])) for _ in range(nd))
+            return self.try_line(f"F.adaptive_{r.choice(['avg', 'max'])}_pool{nd}d({x}, ({size},))") is not None
+        if kind in ("batch_norm", "group_norm", "instance_norm"):
+            return self._norm(x, kind, c, dt)
+        if kind == "interpolate":
+            mode = r.choice(["nearest", "nearest-exact"] + (["linear"] if nd == 1 else ["bilinear", "bicubic"]))
+            corners = f", align_corners={r.choice([False, True])}" if mode[-6:] in ("linear", "bicubic") else ""
+            how = "scale_factor=2" if r.random() < 0.5 else f"size={[r.choice([1, 3, 8]) for _ in range(nd)]}"
+            return self.try_line(f"F.interpolate({x}, {how}, mode='{mode}'{corners})") is not None
+        if kind == "pad":
+            mode = r.choice(["constant", "reflect", "replicate", "circular"])
+            return self.try_line(f"F.pad({x}, {tuple(r.choice([0, 1, 2]) for _ in range(2 * nd))}, "
+                                 f"mode='{mode}')") is not None
+        out, groups = r.choice([1, 3, 8]), r.choice([1, c]) if c <= 8 else 1
+        wc = self.add_input([out * groups, c // groups] + [k] * nd, dtype=dt)
+        bias = self.add_input([out * groups], dtype=dt) if r.random() < 0.5 else None
+        return self.try_line(f"F.conv{nd}d({x}, {wc}, {bias}, stride={r.choice([1, 2])}, "
+                             f"padding={r.randrange(k)}, groups={groups})") is not None
+
+    def _norm(self, x: str, kind: str, c: int, dt: str) -> bool:
+        r = self.r
+        w, b = (self.add_input([c], dtype=dt) for _ in range(2))
+        if kind == "batch_norm":
+            if r.random() < 0.5:
+                return self.try_line(f"F.batch_norm({x}, None, None, {w}, {b}, training=True)") is not None
+            m, v = (self.add_input([c], dtype=dt) for _ in range(2))
+            return self.try_line(f"F.batch_norm({x}, {m}.detach(), {v}.detach().abs() + 0.5, {w}, {b})") is not None
+        if kind == "group_norm":
+            g = r.choice([d for d in range(1, c + 1) if c % d == 0])
+            return self.try_line(f"F.group_norm({x}, {g}, {w}, {b})") is not None
+        return self.try_line(f"F.instance_norm({x}, weight={w}, bias={b})") is not None
+
+    def op_loss(self) -> bool:
+        """Losses between a value and another of its shape."""
+        x = self.pick(self.floats())
+        r, t = self.r, self.env[x]
+        y = self.add_input(list(t.shape), dtype=str(t.dtype).replace("torch.", ""))
+        red = r.choice(["mean", "sum", "none"])
+        kind = r.choice([f"F.mse_loss({x}, {y}, reduction='{red}')", f"F.l1_loss({x}, {y}, reduction='{red}')",
+                         f"F.smooth_l1_loss({x}, {y}, reduction='{red}', beta={r.choice([0.0, 0.5, 1.0])})",
+                         f"F.huber_loss({x}, {y}, reduction='{red}', delta=0.5)",
+                         f"F.binary_cross_entropy_with_logits({x}, torch.sigmoid({y}), reduction='{red}')",
+                         f"F.binary_cross_entropy(torch.sigmoid({x}), torch.sigmoid({y}), reduction='{red}')",
+                         f"F.kl_div(F.log_softmax({x}, -1), F.softmax({y}, -1), "
+                         f"reduction='{red.replace('mean', 'batchmean')}')"])
+        return self.try_line(kind) is not None
+
     def op_inplace(self) -> bool:
         if self.train:
             return False
@@ -374,7 +443,7 @@ class Generator:
                            (bool(shp) and len(shp) == len(first)))
         ops = [(self.op_unary, 5), (self.op_binary, 5), (self.op_reduce, 4), (self.op_row, 3),
                (self.op_view, 4), (self.op_cast, 1), (self.op_index, 2), (self.op_matmul, 2),
-               (self.op_inplace, 1)]
+               (self.op_inplace, 1), (self.op_nn, 2), (self.op_loss, 1)]
         target, tries = r.randint(2, 8), 0
         while len(self.lines) < target and tries < 60:
             tries += 1

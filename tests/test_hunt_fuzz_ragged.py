@@ -66,6 +66,28 @@ def test_ragged_fuzz_seeds_pass(fuzz, train, dynamic, seeds, tmp_path):
         compile(path.read_text(), str(path), "exec")  # (a script that parses)
 
 
+def test_the_judge_leaves_cancellation_noise_and_flags_a_wrong_element(fuzz):
+    # (seed 353220689365: a normalize's gradient cancels to ~0; ember's rounding lands on other
+    # elements than eager's, but its worst element is no further from float64 than eager's)
+    fz, _ = fuzz
+    ref = torch.linspace(-1e-7, 1e-7, 64, dtype=torch.float64)
+    eager = ref.float().clone()
+    eager[3] += 5e-8
+    noisy, wrong = ref.float().clone(), ref.float().clone()
+    noisy[40] += 4e-8
+    wrong[40] += 2e-7
+    assert fz.compare_tensor(noisy, eager, lambda nocast=False: ref, False) is None
+    why = fz.compare_tensor(wrong, eager, lambda nocast=False: ref, False)
+    assert why is not None and why.startswith("1/64 differ; first at flat 40"), why
+    # (seed 811051431437: a jagged softmax's row means, whose gradient cancels to exactly 0 in
+    # float64 and in eager; ember keeps float32 rounding of its ~0.1 terms)
+    zero = torch.zeros(40, dtype=torch.float64)
+    runs = [{"outs": [], "inputs": [], "grads": [g]} for g in (zero.float() + 3e-9, zero.float(), zero)]
+    assert fz.compare_runs(*runs[:2], lambda nocast=False: runs[2], False, torch.float32) is None
+    runs[0]["grads"][0][7] = 1e-4
+    assert fz.compare_runs(*runs[:2], lambda nocast=False: runs[2], False, torch.float32) is not None
+
+
 @pytest.mark.parametrize("options", [None, pytest.param({"target": "triton"}, marks=on_the_interpreter)])
 @pytest.mark.parametrize("feature", [(), (3,)])
 def test_a_scan_over_packed_rows_beside_a_segment_reduction(options, feature):
