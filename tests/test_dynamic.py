@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F  # noqa: N812
 
 import ember
 
@@ -54,6 +55,27 @@ def test_symbolic_reshape_and_slices():
         x = torch.randn(b, n)
         assert_same(fast(x), fn(x))
     assert len(report.graphs) == 1
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_a_strided_vector_reshaped_to_rows_of_a_fixed_width(train):
+    # (fuzz seed 422096704374: the view replay sampled the packed length at 61, and the row
+    # count's s0 // 1000 divided by 0: the graph ran through ATen)
+    def fn(x, target):
+        return F.cross_entropy(x.reshape(-1, 1000), target)
+
+    fast, report = compile_checked(fn, dynamic=True)
+    for rows in (1, 3):  # (a strided view: a clone would be contiguous)
+        base = torch.randn(2000 * rows, dtype=torch.bfloat16, device=DEVICE)
+        target = torch.arange(rows, device=DEVICE) * 7
+        x, ref_x = (base.clone().requires_grad_(train) for _ in range(2))
+        got, want = fast(x[::2], target), fn(ref_x[::2], target)
+        assert_same(got, want)
+        if train:
+            got.backward()
+            want.backward()
+            assert_same(x.grad, ref_x.grad)
+    assert_clean(report)
 
 
 def test_size_arithmetic_and_symbolic_scalars():

@@ -302,10 +302,11 @@ def few_long_rows(outer: tuple, inner: tuple, hints: dict[sympy.Symbol, int], co
     run of memory (``FEW_CONTIGUOUS_ROWS``). Symbolic sizes count as their ``hints`` (this
     compile's example), else as SYMBOLIC_GUESS."""
     def guess(extents: tuple) -> int | None:
-        e = sh.expr(sh.numel(extents)).subs(hints)
         try:
+            e = sh.expr(sh.numel(extents)).subs(hints)
             return int(e.subs({s: SYMBOLIC_GUESS for s in e.free_symbols}))
-        except (TypeError, ValueError):  # (an extent sympy cannot evaluate: leave the kernel whole)
+        except (TypeError, ValueError, ZeroDivisionError):  # (an extent sympy cannot evaluate, or
+            # one dividing by a size the guess makes 0: leave the kernel whole)
             return None
 
     rows, length = guess(outer), guess(inner)

@@ -158,7 +158,8 @@ def _replay_copies_at(steps: list[Node], base: Node, sample: int) -> bool:
                 dim, _start, step, _length = v.arg
                 strides = strides[:dim] + [strides[dim] * size(step)] + strides[dim + 1:]
             shape = new
-    except (TypeError, ValueError):  # a size the sample does not make an integer: cannot tell
+    except (TypeError, ValueError, ZeroDivisionError):  # a size the sample does not make an
+        # integer, or one dividing by a size it makes 0 (x.reshape(-1, 1000) at 61): cannot tell
         return False
     return copies
 
