@@ -6,6 +6,7 @@ token's features, beside a segment kernel (planning was stuck: the graph ran thr
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 import ember
 from ember import ragged
 
-from .helpers import check, on_the_interpreter
+from .helpers import assert_clean, assert_same, check, compile_checked, on_the_interpreter
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
@@ -119,6 +120,32 @@ def test_a_sum_over_each_tokens_features_beside_a_segment_reduction(options):
 
     r = ragged.from_list([torch.randn(n, 17) for n in [22, 2, 3, 0, 2]])
     assert check(f, r, torch.randn(5, 39, 17), options=options).fallbacks == []
+
+
+@on_the_interpreter
+def test_a_tiled_kernel_over_a_ragged_total_stores_only_its_rows():
+    # (fuzz seed 300667428358, interpreted Triton, which then crashed with heap corruption) the
+    # backward's softmax over transposed values is a tiled kernel: rows of the ragged total T by
+    # 17 columns. Its device-size prologue set OUTER to T * 17, so rows past T passed the mask
+    def f(r):
+        soft = ragged.Ragged(torch.softmax(r.values, -1), r.offsets, validate=False)
+        return ragged.segment_sum(soft), ragged.segment_max(r)
+
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(17, 34, generator=g).half()  # (transposed below: (34, 17), stride (1, 34))
+    ups = [torch.randn(2, 17, generator=g).half() for _ in range(2)]
+    offsets = torch.tensor([0, 11, 34], dtype=torch.int32)
+    mine, ref = (values.clone().requires_grad_() for _ in range(2))
+    fast, report = compile_checked(f, options={"target": "triton"})
+    outs = fast(ragged.Ragged(mine.t(), offsets, max_length=23))
+    wants = f(ragged.Ragged(ref.t(), offsets, max_length=23))
+    assert_same(outs, wants)
+    torch.autograd.backward(outs, ups)
+    torch.autograd.backward(wants, ups)
+    assert_same(mine.grad, ref.grad)
+    assert_clean(report)
+    tiled = [k.source for k in report.kernels if "tiles of XBLOCK rows" in k.source and "ragged total" in k.source]
+    assert tiled and all(re.search(r"\n +OUTER = s\d+\n", src) for src in tiled), tiled
 
 
 @pytest.mark.parametrize("options", [None, pytest.param({"target": "triton"}, marks=on_the_interpreter)])

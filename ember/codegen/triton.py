@@ -530,12 +530,15 @@ class TritonKernelRenderer(LoopBodies):
                       "  # ragged total, read on the device in graphed steps (never past the host's, which "
                       "sized the buffers)")
         totals = set(k.device_sizes)
-        outer = sh.expr(sh.numel(k.outer))
+        # (a tiled kernel's OUTER counts its rows and INNER its columns, as its launcher's do: the
+        # whole outer numel let a ragged total's rows past the buffers be stored)
+        outer, inner = (sh.expr(e) for e in (tile_counts(k) if self.kind == "tiles"
+                                              else (sh.numel(k.outer), sh.numel(k.inner))))
         if outer.free_symbols & totals:
             self.emit(f"OUTER = {pexpr(outer)}")
-        inner = sh.expr(sh.numel(k.inner))
         if k.segment_length is None and inner.free_symbols & totals:
             self.emit(f"INNER = {pexpr(inner)}")
+
     def _pointer(self, v: Value) -> str:
         return f"{v.arg.buffer} + ({self.index(self.bound_index(v))})"
 
