@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F  # noqa: N812
 
 import ember
 from ember.analysis.reference import _reduce
@@ -43,6 +44,35 @@ def test_outputs_viewing_one_clone_of_an_input_that_a_kernel_reads():
     assert_same(out, ref)
     assert out[1].untyped_storage().data_ptr() == out[2].untyped_storage().data_ptr()
     assert out[1].untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+VIEWS_OF_ONE_RESULT = {
+    # (fuzz seed 818296670125: a max_pool1d of kernel 1 is a strided slice of its input in
+    # ember's IR; returned beside its .reshape(-1) in training, it came back strided, and
+    # AOTAutograd's .view(-1) of it, the other output, raised where eager's result is contiguous)
+    "pool_of_one": lambda x: (lambda y: (y, y.reshape(-1)))(F.max_pool1d(x, 1, stride=2)),
+    "slice_clone": lambda x: (lambda y: (y, y.view(-1)))(x[..., ::2].clone()),
+    "transposed_slice": lambda x: (lambda y: (y, y[:, 1:3]))(x[0].t()[1:].clone()),
+    "permuted": lambda x: (lambda y: (y, y[1], y.transpose(0, 1)))(x.permute(2, 0, 1).clone()),
+}
+
+
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("case", list(VIEWS_OF_ONE_RESULT))
+def test_outputs_viewing_one_fresh_result_share_it_at_eagers_strides(case, train):
+    # eager returns one fresh result and views of it; ember's IR made that result a view of the
+    # input (a clone is its source): the copy is of the result, laid out as eager's, and the
+    # other outputs are eager's views of that copy
+    f = VIEWS_OF_ONE_RESULT[case]
+    x = torch.randn(3, 7, 10, device=DEVICE)[..., :9]  # (not contiguous)
+    out, ref = ember.compile(f)(x.requires_grad_(train)), f(x)
+    assert_same(out, ref)
+    assert [o.stride() for o in out] == [r.stride() for r in ref]
+    with torch.no_grad():  # one memory, as eager's: a write to the last output shows in the others
+        out, ref = ember.compile(f)(x.detach()), f(x.detach())
+        out[-1].add_(1)
+        ref[-1].add_(1)
+    assert_same(out, ref)
 
 
 def test_a_repeat_viewed_twice_beside_a_kernel_reading_its_input():

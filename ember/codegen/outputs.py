@@ -69,11 +69,32 @@ class OutputLayouts:
         for j, outs in groups.items():
             base = self._memory_of(g.outputs[j])
             name = f"shared{j}"
+            strides = [self._own_strides(t) for t in outs]
+            if j in g.whole_outputs and None not in strides and not _broadcasts_on_the_way(g.outputs[j], base):
+                # (output j is all of eager's memory: a copy of it at eager's strides, and the others
+                # eager's views of that copy. A copy of the input, viewed as ember's IR views it, had
+                # other strides: a max_pool1d of kernel 1, a slice of the input, came back strided,
+                # and AOTAutograd's .view(-1) of it, an output too, raised)
+                self.emit(f"{name} = relayout({returned[j]}, {shape_tuple(strides[0])})  # outputs "
+                          f"{', '.join(map(str, outs))} view one memory of their own, as eager returns them")
+                for t, st in zip(outs[1:], strides[1:]):
+                    returned[t] = f"view_in({name}, {returned[j]}, {returned[t]}, {shape_tuple(st)})"
+                returned[j] = name
+                continue
             self.emit(f"{name} = {self.var[base]}.clone()  # outputs {', '.join(map(str, outs))} view one memory "
                       "of their own, as eager returns them")
             for t in outs:
                 returned[t] = self._replayed(name, g.outputs[t], base)
         return list(groups)
+
+    def _own_strides(self, i: int) -> sh.Shape | None:
+        """The strides eager returns output ``i`` with, where the program can spell them and they
+        broadcast nothing (a copy of its own has a stride per element)."""
+        node, strides = self.s.graph.outputs[i], self.s.graph.output_strides[i]
+        if (strides is not None and sh.free_symbols(strides) <= set(self.symbols)
+                and not any(sh.equal(st, 0) and not sh.is_one(n) for st, n in zip(strides, node.shape))):
+            return strides
+        return None
 
     def _broadcast_here(self, i: int) -> bool:
         """Is output ``i`` a broadcast view where eager's has a stride per element?"""
@@ -215,10 +236,8 @@ class OutputLayouts:
 
     def _fresh_copy(self, i: int, var: str) -> str:
         """Output ``i`` copied into memory of its own, laid out as eager returns it."""
-        node, strides = self.s.graph.outputs[i], self.s.graph.output_strides[i]
         name = f"out{i}"
-        if (strides is not None and sh.free_symbols(strides) <= set(self.symbols)
-                and not any(sh.equal(st, 0) and not sh.is_one(n) for st, n in zip(strides, node.shape))):
+        if (strides := self._own_strides(i)) is not None:
             self.emit(f"{name} = relayout({var}, {shape_tuple(strides)})  # a copy of its own, as eager returns it")
         else:
             self.emit(f"{name} = {var}.clone(memory_format=torch.contiguous_format)  # a copy of its own")
@@ -281,3 +300,13 @@ def _views(node: Node, base: Node) -> bool:
             return False
         node = node.inputs[0]
     return True
+
+
+def _broadcasts_on_the_way(node: Node, base: Node) -> bool:
+    """Does the chain of views from ``base`` to ``node`` expand? (Then its elements' offsets do not
+    say which element of ``node`` they are: ``runtime.program.view_in`` needs them to.)"""
+    while node is not base:
+        if node.op is Op.EXPAND:
+            return True
+        node = node.inputs[0]
+    return False

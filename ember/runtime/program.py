@@ -165,6 +165,27 @@ def as_own(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
     return out
 
 
+def view_in(own: torch.Tensor, whole: torch.Tensor, view: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+    """``view``, a view of the memory ``whole`` views all of, as the same elements of ``own``
+    (``whole``'s values in memory of their own, laid out as eager returns it), with eager's
+    ``strides``: outputs that eager returns as views of one fresh result share its copy, at
+    eager's strides and offsets (codegen/outputs.py). Where ``view``'s first element is not one
+    of ``whole``'s, it comes back as a copy of its own: its values, not the shared memory."""
+    if view.numel() == 0:
+        return own.as_strided(view.shape, strides, own.storage_offset())
+    left, index = view.storage_offset() - whole.storage_offset(), [0] * whole.dim()
+    # (whole is a chain of views of dense memory: each dim's stride exceeds all that the dims of
+    # smaller strides span, so the greedy quotients are the element's index)
+    for d in sorted((d for d in range(whole.dim()) if whole.shape[d] > 1), key=lambda d: -whole.stride(d)):
+        if whole.stride(d) > 0:
+            index[d] = min(max(left // whole.stride(d), 0), whole.shape[d] - 1)
+            left -= index[d] * whole.stride(d)
+    if left != 0:
+        return relayout(view, strides)
+    offset = sum(i * st for i, st in zip(index, own.stride()))
+    return own.as_strided(view.shape, strides, own.storage_offset() + offset)
+
+
 def _extent(t: torch.Tensor) -> int:
     """The bytes from ``t``'s first element to its last, inclusive (0 when empty)."""
     if t.numel() == 0:
@@ -302,7 +323,7 @@ class CompiledProgram:
 
         ns = {"torch": torch, "math": math, "warnings": warnings, **_fast_allocators(),
               "advise_huge": make_advise_huge(cfg), "relayout": relayout, "as_traced": as_traced,
-              "as_own": as_own,
+              "as_own": as_own, "view_in": view_in,
               "in_graphed_step": capture.in_graphed_step, "thread_error_flag": thread_error_flag,
               "check_error_flag": check_error_flag, "timed": timed, **namespace}
         filename = f"<ember wrapper {name}>"
