@@ -172,7 +172,7 @@ class RaggedProgram(Program):
             mine += [total + 1] * (s["layout"] == "offset") + [2 * total] * (s["layout"] == "slice" and not s["feat"])
             mine += [b + 2] * bool(s["offsets_view"])
             if s["layout"] == "slice" and self.compile_dynamic:  # (strides too: B = 2 met the step)
-                others += [2] + [2 * s["feat"][0]] * bool(s["feat"])
+                others += [2] + ([2 * s["feat"][0]] if s["feat"] else [])
         if len(set(mine)) < len(mine) or set(mine) & set(others):
             return None
         allowed = int(reads_length)

@@ -165,6 +165,30 @@ def test_a_value_a_conversion_reads_rounded_is_read_rounded_by_all(dtype):
     torch.testing.assert_close(got, ref, rtol=rtol, atol=atol)
 
 
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_a_float32_min_of_a_16_bit_chain_is_one_its_backward_recomputes(dtype, layout):
+    # (x * rsqrt(ms)).float() * w, an RMSNorm with a float32 weight, then its min per row: the
+    # forward's min read the unrounded rsqrt, its backward recomputed the products from the
+    # rounded rsqrt it saved, and x == min matched nothing in some rows: NaN gradients (CPU fuzz
+    # seed 320218832278, bfloat16)
+    def fn(x, w):
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w).amin(dim=1, keepdim=True)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 7, generator=g).to(dtype)
+    if layout == "columns":
+        x = x.t().contiguous().t()
+    w = torch.randn(7, generator=g) * 3
+    up = torch.randn(64, 1, generator=g)
+    mine, ref = (x.clone().requires_grad_() for _ in range(2))
+    ember.compile(fn)(mine, w).backward(up)
+    fn(ref, w).backward(up)
+    assert not mine.grad.isnan().any()
+    rtol, atol = TOLERANCES[dtype]
+    torch.testing.assert_close(mine.grad, ref.grad, rtol=rtol, atol=atol)
+
+
 def test_a_rounded_value_stored_along_rows_it_was_carried_into_builds():
     # a bf16 mean's backward stores g / n across the rows beside its column sum: the store
     # converted the rounding's float32 source, which the loop over the rows did not carry (an

@@ -80,8 +80,11 @@ def jump_read(nodes: Sequence[Node], users: dict[Node, list[Node]], outputs: Seq
 
     # (views too: a view read by ATen may be the root its kernel stores)
     low = [n for n in nodes if n.dtype is not None and n.dtype.is_low_precision]
+    # (maxima of any float dtype: a float32 max of a 16-bit chain, ``(x * rsqrt(ms)).float() * w``
+    # an RMSNorm's, is one of the values its backward recomputes from eager's rounded ones)
+    floats = [n for n in nodes if n.dtype is not None and n.dtype.is_float]
     return frozenset([n for n in low if any(jumps(u) for u in users[n])]
-                     + [n for n in low if is_max(n) and maxima(n)])
+                     + [n for n in floats if is_max(n) and maxima(n)])
 
 
 # ops whose result can cancel to the difference of their operands' roundings
@@ -128,18 +131,40 @@ class ReduceBuilder:
             if sh.is_one(x.shape[d]):
                 in_point[d] = sympy.Integer(0)
         src = self._reduced(node, tuple(in_point))
-        if node.op in (Op.ARGMAX, Op.ARGMIN) or self._compared_max(node):
+        if node.op in (Op.ARGMAX, Op.ARGMIN):
             src = self._as_eager_holds(src)  # (ties as eager's rounded values make them)
+        elif self._compared_max(node):
+            src = self._chain_as_eager_holds(src)
         position = offset(tuple(inner_var(j) for j in range(len(dims))), sh.contiguous_strides(extents))
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.op, position))
 
     def _compared_max(self, node: Node) -> bool:
-        """A 16-bit max or min whose result a comparison reads (``x == max`` in its backward):
-        it must be one of the values as eager holds them, rounded op by op, bit for bit. Of the
+        """A max or min whose result a comparison reads (``x == max`` in its backward): it must
+        be one of the values as eager holds them, rounded op by op, bit for bit. Of the
         unrounded chain, a bfloat16 (x - x.flip(-1) + x).amax(0) equalled none of them, and its
         backward divided by that count, 0: NaN. Read by nothing that jumps, the chain is rounded
         once, as a sum's is (twice as fast on the CPU)."""
         return node.op in (Op.AMAX, Op.AMIN) and node in self.held
+
+    def _chain_as_eager_holds(self, v: Value) -> Value:
+        """``_as_eager_holds`` of a max's source, and of the 16-bit values under a wider one: a
+        float32 max of ``(x * rsqrt(ms)).float() * w`` over bfloat16 ``x`` read the unrounded
+        rsqrt, its backward the rounded one it saved, and no product equalled the max in some
+        rows (bfloat16 CPU fuzz seed 320218832278: NaN gradients)."""
+        if v.kind != "alu":
+            return v
+        if v.arg is Op.CAST:  # (a 16-bit op's rounding, or a widening of it: its chain, op by op)
+            inner = self._chain_as_eager_holds(v.srcs[0])
+            if inner is v.srcs[0] or inner.kind == "alu" and inner.arg is Op.CAST and inner.dtype == v.dtype:
+                return v if inner is v.srcs[0] else inner  # (rounded to this dtype already)
+            return self._emit("alu", v.dtype, (inner,), Op.CAST)
+        if v.dtype.is_low_precision:
+            return self._as_eager_holds(v)
+        held, key = self._eager_held, (id(v), "chain")
+        if key not in held:
+            srcs = tuple(self._chain_as_eager_holds(s) for s in v.srcs)
+            held[key] = v if all(a is b for a, b in zip(srcs, v.srcs)) else self._emit("alu", v.dtype, srcs, v.arg)
+        return held[key]
 
     def _reduced(self, node: Node, point: Point) -> Value:
         """The value a reduction ``node`` reduces, at ``point`` of its input. Over no elements it
@@ -248,7 +273,7 @@ class ReduceBuilder:
         if src.inner:
             raise AcrossFailed(node)
         if self._compared_max(node):
-            src = self._as_eager_holds(src)
+            src = self._chain_as_eager_holds(src)
         value = self._emit("rowreduce", node.dtype, (src,), ReduceArg(node.op, sympy.Integer(0)))
         self._across[id(value)] = node
         return value
@@ -269,7 +294,7 @@ class ReduceBuilder:
         src = self.value_of(x, (start + inner_var(0), *point[1:]))
         self._reader, self._in_row = previous, in_row
         if node.arg in (Op.AMAX, Op.AMIN) and node in self.held:  # (as _compared_max)
-            src = self._as_eager_holds(src)
+            src = self._chain_as_eager_holds(src)
         return self._emit("reduce", node.dtype, (src,), ReduceArg(node.arg, inner_var(0)))
 
     def _chunk_sum(self, node: Node, point: Point) -> Value:
