@@ -258,6 +258,19 @@ _MODES = [("nearest", 3), ("nearest-exact", 5), ("linear", 3), ("bilinear", 4), 
 
 
 @pytest.mark.parametrize("mode, rank", _MODES, ids=[f"{m}_{r}d" for m, r in _MODES])
+@pytest.mark.parametrize("train", [False, True])
+def test_interpolate_of_no_channels_or_pixels_raises_as_eager(mode, rank, train):
+    # (CPU fuzz seeds 853602114899, 599914614669) eager's kernels refuse an input with no
+    # channels or no pixels; the decompositions returned an empty result
+    fn = lambda x: F.interpolate(x, scale_factor=2, mode=mode)  # noqa: E731
+    for empty in range(1, rank):
+        shape = [2, 3, 4, 5, 6][:rank]
+        shape[empty] = 0
+        _same_error(fn, torch.randn(shape, requires_grad=train), expected=RuntimeError)
+    check(fn, torch.randn([0, 3, 4, 5, 6][:rank]))  # (no images: eager returns none)
+
+
+@pytest.mark.parametrize("mode, rank", _MODES, ids=[f"{m}_{r}d" for m, r in _MODES])
 def test_interpolate_of_integers_refuses_or_computes_as_eager(mode, rank):
     # eager's kernels have floating types, and uint8 for nearest, nearest-exact, bilinear and
     # bicubic (bilinear's and bicubic's rounding their own): the decompositions computed every

@@ -16,6 +16,9 @@ dtype, so ember computed where eager raises NotImplementedError:
   Such calls keep ATen's op, which raises eager's error or computes eager's values, on any
   device; uint8 nearest and nearest-exact (a gather, exact) stay decomposed. (linear, trilinear
   and area refuse uint8 too; area is an adaptive average pool, which ATen runs already.)
+* ``F.interpolate`` of an input with no channels or no pixels: eager's kernels raise
+  RuntimeError, the decompositions returned an empty result. ATen's op is kept, and its check
+  raises eager's error while the graph is traced (the call then runs eagerly and raises it).
 
 ``pool_overrides()`` gives the kernels to use while AOTAutograd traces (autograd_decomps.py puts
 them in place), ``kept_upsampling(table)`` the decomposition table's entries that keep the ops.
@@ -64,6 +67,8 @@ def _max_pool1d(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
 def _kept(packet: Any, x: Any) -> bool:
     """Does ATen's own upsampling op decide for ``x`` (an integer or bool tensor, but a uint8
     one of a nearest mode)?"""
+    if isinstance(x, torch.Tensor) and any(type(n) is int and n == 0 for n in x.shape[1:]):
+        return True  # (no channels or no pixels: eager's kernels refuse it, the decompositions did not)
     if not isinstance(x, torch.Tensor) or x.dtype.is_floating_point or x.dtype.is_complex:
         return False
     return not (packet in _NEAREST and x.dtype == torch.uint8)
