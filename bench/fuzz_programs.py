@@ -382,7 +382,7 @@ class Generator:
             mode = r.choice(["constant", "reflect", "replicate", "circular"])
             return self.try_line(f"F.pad({x}, {tuple(r.choice([0, 1, 2]) for _ in range(2 * nd))}, "
                                  f"mode='{mode}')") is not None
-        out, groups = r.choice([1, 3, 8]), r.choice([1, c]) if c <= 8 else 1
+        out, groups = r.choice([1, 3, 8]), r.choice([1, c]) if 0 < c <= 8 else 1
         wc = self.add_input([out * groups, c // groups] + [k] * nd, dtype=dt)
         bias = self.add_input([out * groups], dtype=dt) if r.random() < 0.5 else None
         return self.try_line(f"F.conv{nd}d({x}, {wc}, {bias}, stride={r.choice([1, 2])}, "

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 import ember
 
+from .helpers import check
+
 
 def _eager_error(fn, *args) -> type[BaseException] | None:
     try:
@@ -98,3 +100,50 @@ def test_max_unpool_of_max_pool_indices():
     torch.testing.assert_close(out, ref)
     g = torch.randn_like(ref)
     torch.testing.assert_close(torch.autograd.grad(out, x, g)[0], torch.autograd.grad(ref, x, g)[0])
+
+
+_LINEAR_MODES = ["linear", "bilinear", "trilinear"]
+
+
+@pytest.mark.parametrize("mode", _LINEAR_MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_linear_interpolation_matches_eagers_opinfo_samples(mode, dtype):
+    # a quarter of the mode's OpInfo samples (sizes, scale factors, align_corners); float64 with
+    # its gradient. eager's bfloat16 kernels round between the dims: ember's is no further from
+    # float64 than eager's
+    from torch.testing._internal.common_methods_invocations import op_db
+    info = next(o for o in op_db if o.name == "nn.functional.interpolate" and o.variant_test_name == mode)
+    for sample in list(info.sample_inputs("cpu", dtype))[::4]:
+        def fn(x, sample=sample):
+            return F.interpolate(x, *sample.args, **sample.kwargs)
+        x = sample.input.detach()
+        if dtype == torch.bfloat16:
+            out, ref, exact = ember.compile(fn)(x).double(), fn(x).double(), fn(x.double())
+            assert (out - exact).abs().max() <= (ref - exact).abs().max() + 2 ** -8, sample.kwargs
+            continue
+        check(fn, x)
+        if dtype == torch.float64:
+            mine, ref = (x.clone().requires_grad_() for _ in range(2))
+            up = torch.randn_like(fn(x))
+            ember.compile(fn)(mine).backward(up)
+            fn(ref).backward(up)
+            torch.testing.assert_close(mine.grad, ref.grad)
+
+
+@pytest.mark.parametrize("mode, rank", [("linear", 3), ("bilinear", 4), ("trilinear", 5)])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_linear_interpolation_next_to_infinities_is_eagers(mode, rank, align_corners):
+    # (CPU fuzz seed 341522607868) eager weighs the neighbours, x0 * (1 - w) + x1 * w; torch's
+    # decomposition computed x0 + (x1 - x0) * w, NaN between -inf and a number where eager's is
+    # -inf. NaN stays where eager's has it too (an infinity times a weight of 0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn([2, 3, 3, 4, 5][:rank], generator=g)
+    flat = x.view(-1)
+    picks = torch.randperm(flat.numel(), generator=g)[:flat.numel() // 6]
+    flat[picks] = torch.where(torch.arange(len(picks)) % 2 == 0, float("inf"), -float("inf"))
+    fn = lambda x: F.interpolate(x, scale_factor=2, mode=mode, align_corners=align_corners)  # noqa: E731
+    out, ref = ember.compile(fn)(x), fn(x)
+    assert torch.equal(out.isnan(), ref.isnan())
+    torch.testing.assert_close(out, ref, equal_nan=True)
+    channels_last = x.contiguous(memory_format=torch.channels_last) if rank == 4 else x
+    assert ember.compile(fn)(channels_last).stride() == fn(channels_last).stride()

@@ -34,11 +34,13 @@ import torch
 from torch._C import DispatchKey
 
 from .dtype_refusals import _dtype_name
+from .linear_upsampling import upsample_linear_vec
 
 aten = torch.ops.aten
 
 _NEAREST = (aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d,
             aten._upsample_nearest_exact1d, aten._upsample_nearest_exact2d, aten._upsample_nearest_exact3d)
+_LINEAR = (aten.upsample_linear1d, aten.upsample_bilinear2d, aten.upsample_trilinear3d)
 _INTERPOLATING = (aten.upsample_linear1d, aten.upsample_bilinear2d, aten.upsample_bicubic2d,
                   aten.upsample_trilinear3d, aten._upsample_bilinear2d_aa, aten._upsample_bicubic2d_aa)
 
@@ -99,6 +101,8 @@ def pool_overrides() -> list[tuple[Any, DispatchKey, Callable[..., Any]]]:
             op = getattr(packet, name)
             for key in (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd):
                 original = _torch_kernels().get((op, key))
+                if original is not None and packet in _LINEAR and name == "vec":
+                    original = upsample_linear_vec  # (neighbours weighted as eager's: linear_upsampling.py)
                 if original is not None:
                     out.append((op, key, _upsample(op, original)))
     return out
