@@ -390,7 +390,9 @@ class Generator:
 
     def _norm(self, x: str, kind: str, c: int, dt: str) -> bool:
         r = self.r
-        w, b = (self.add_input([c], dtype=dt) for _ in range(2))
+        # (finite affine parameters: an infinite weight gives eager's x * (w / std) + (b - mean * w /
+        # std) NaN where ember's (x - mean) / std * w + b is the infinity, a known difference)
+        w, b = (self.add_input([c], dtype=dt, special=False) for _ in range(2))
         if kind == "batch_norm":
             if r.random() < 0.5:
                 return self.try_line(f"F.batch_norm({x}, None, None, {w}, {b}, training=True)") is not None
