@@ -399,7 +399,7 @@ class Generator:
             m, v = (self.add_input([c], dtype=dt) for _ in range(2))
             return self.try_line(f"F.batch_norm({x}, {m}.detach(), {v}.detach().abs() + 0.5, {w}, {b})") is not None
         if kind == "group_norm":
-            g = r.choice([d for d in range(1, c + 1) if c % d == 0])
+            g = r.choice([d for d in range(1, c + 1) if c % d == 0] or [1])
             return self.try_line(f"F.group_norm({x}, {g}, {w}, {b})") is not None
         return self.try_line(f"F.instance_norm({x}, weight={w}, bias={b})") is not None
 
