@@ -189,6 +189,30 @@ def test_a_float32_min_of_a_16_bit_chain_is_one_its_backward_recomputes(dtype, l
     torch.testing.assert_close(mine.grad, ref.grad, rtol=rtol, atol=atol)
 
 
+def test_a_16_bit_value_a_training_forward_saves_is_read_rounded_by_it_too():
+    # an RMSNorm's rsqrt is saved for the backward, rounded; the forward's x * rsqrt read it
+    # unrounded. Normalized over a dim of size 1, the gradient is 0 by cancellation of terms the
+    # forward's norm and the backward's recomputed product must agree on: it came out 14 where
+    # eager's is within 1e-4 (CPU fuzz seed 58612926972). (bfloat16: eager's float16 overflows)
+    dtype = torch.bfloat16
+
+    def fn(x, w):
+        return F.normalize(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w, dim=2)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(17, 1, 1, 1000, generator=g).to(dtype)
+    w = (torch.randn(1000, generator=g) * 3).half()
+    up = torch.randn(17, 1, 1, 1000, generator=g)
+    grads = []
+    for f, cast in ((fn, dtype), (ember.compile(fn), dtype), (fn, torch.float64)):
+        a = x.to(cast).clone().requires_grad_()
+        b = w.to(cast if cast == torch.float64 else w.dtype).clone().requires_grad_()
+        f(a, b).backward(up.to(torch.float64 if cast == torch.float64 else torch.float32))
+        grads.append([a.grad.double(), b.grad.double()])
+    for eager, mine, exact in zip(*grads):
+        assert (mine - exact).abs().max() <= 2 * (eager - exact).abs().max() + 1e-3
+
+
 def test_a_rounded_value_stored_along_rows_it_was_carried_into_builds():
     # a bf16 mean's backward stores g / n across the rows beside its column sum: the store
     # converted the rounding's float32 source, which the loop over the rows did not carry (an

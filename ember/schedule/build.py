@@ -62,10 +62,12 @@ def clamped(position: sympy.Expr, size: sympy.Expr) -> sympy.Expr:
 
 class KernelBuilder(ReduceBuilder):
     def __init__(self, spec: GroupSpec, buffers: dict[Node, BufferInfo], name: str,
-                 held: frozenset[Node] = frozenset(), converted: frozenset[Node] = frozenset()):
+                 held: frozenset[Node] = frozenset(), converted: frozenset[Node] = frozenset(),
+                 saved: frozenset[Node] = frozenset()):
         self.spec = spec
         self.held = held  # roots stored as eager holds them (jump_read)
         self.converted = converted  # 16-bit values differences read rounded (cast_read)
+        self.saved = saved  # 16-bit values every reader reads rounded (saved_read)
         self.buffers = buffers
         self.name = name
         self.values: list[Value] = []
@@ -289,8 +291,10 @@ class KernelBuilder(ReduceBuilder):
                 # (a conversion to another float changes smoothly: only its operand is rounded)
                 per_op = not (op is Op.CAST and node.dtype.is_float)
                 srcs = [self._as_eager_holds(s, per_op) for s in srcs]
-            elif op in CANCELLING:  # (what a conversion reads rounded, a difference reads rounded: cast_read)
-                srcs = [self._as_eager_holds(s, per_op=False) if view_base(i) in self.converted else s
+            else:  # (what a conversion reads rounded, a difference reads rounded: cast_read; what a
+                # training forward saves, every op reads rounded: saved_read)
+                srcs = [self._as_eager_holds(s, per_op=False) if view_base(i) in self.saved
+                        or op in CANCELLING and view_base(i) in self.converted else s
                         for i, s in zip(node.inputs, srcs)]
             return self._emit("alu", node.dtype, srcs, op)
         if op in VIEW_OPS:

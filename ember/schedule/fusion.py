@@ -25,7 +25,7 @@ from ..ir import shapes as sh
 from ..ir.node import Graph, Node, aten_result_strides, fill_value, ragged_totals, view_base
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
 from .build import KernelBuilder
-from .build_reduce import cast_read, jump_read
+from .build_reduce import cast_read, jump_read, saved_read
 from .device_sizes import read_totals_on_device
 from .domains import DomainRules
 from .group_spec import AcrossFailed, BufferInfo, Conflict, GroupSpec, NeedsBuffer
@@ -68,6 +68,7 @@ class Planner(DomainRules, StepOrder):
         self.totals = ragged_totals(graph)     # ragged totals kernels read on the device
         self.held = jump_read(graph.nodes, self.users, graph.outputs)  # 16-bit roots stored as eager holds them
         self.converted = cast_read(graph.nodes, self.users)  # 16-bit values differences read rounded
+        self.saved = saved_read(graph.name, graph.nodes, graph.outputs)  # 16-bit values all read rounded
         # subtrees while buffers and views stay as they are: (changes seen, root -> subtree)
         self._subtrees: tuple[tuple[int, int], dict[Node, tuple[Node, ...]]] = ((-1, -1), {})
         self._reach: dict[Node, int] | None = None  # (the dependency walk's, made on first use)
@@ -605,7 +606,7 @@ class Planner(DomainRules, StepOrder):
         return kernel
 
     def _build_kernel(self, spec: GroupSpec, infos: RecordedReads, subtrees: list[tuple[Node, ...]]) -> Kernel:
-        kernel = KernelBuilder(spec, infos, "", self.held, self.converted).build()  # type: ignore[arg-type]  # (lookups only)
+        kernel = KernelBuilder(spec, infos, "", self.held, self.converted, self.saved).build()  # type: ignore[arg-type]  # (lookups only)
         # (a matmul's tiles need its two dims: they are never collapsed into one)
         kernel = guard_branches(kernel if spec.matmul else collapse_dims(memory_ordered_dims(kernel)))
         # Every size the group's nodes mention is an argument, so the group can also run
