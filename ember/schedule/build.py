@@ -288,9 +288,12 @@ class KernelBuilder(ReduceBuilder):
             srcs = [self.value_of(i, point) for i in node.inputs]
             self._reader = previous
             if op in ROUNDED_FIRST:
-                # (a conversion to another float changes smoothly: only its operand is rounded)
-                per_op = not (op is Op.CAST and node.dtype.is_float)
-                srcs = [self._as_eager_holds(s, per_op) for s in srcs]
+                # (a conversion to another float changes smoothly: only its operand is rounded, but
+                # op by op where a jump reads that operand too, so both see one value: bf16
+                # ``y.half().bfloat16() >= y`` was False where the conversion's y was an ulp off)
+                smooth = op is Op.CAST and node.dtype.is_float
+                srcs = [self._as_eager_holds(s, not smooth or view_base(i) in self.held)
+                        for i, s in zip(node.inputs, srcs)]
             else:  # (what a conversion reads rounded, a difference reads rounded: cast_read; what a
                 # training forward saves, every op reads rounded: saved_read)
                 srcs = [self._as_eager_holds(s, per_op=False) if view_base(i) in self.saved
