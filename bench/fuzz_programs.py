@@ -247,8 +247,8 @@ class Generator:
             args = ""
             if r.random() < 0.6:  # (eager CPU refuses weights of another dtype: ember does not, see report)
                 dt = str(t.dtype).replace("torch.", "")
-                args = f", {self.add_input([last], dtype=dt)}" + (
-                    f", {self.add_input([last], dtype=dt)}" if r.random() < 0.7 else "")
+                args = f", {self.add_input([last], dtype=dt, special=False)}" + (
+                    f", {self.add_input([last], dtype=dt, special=False)}" if r.random() < 0.7 else "")
             return self.try_line(f"F.layer_norm({x}, ({last},){args})") is not None
         if kind == "rms":
             w = self.add_input([last])
