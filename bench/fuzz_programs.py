@@ -455,18 +455,21 @@ class Generator:
                 del self.specs[before:]  # (inputs an op asked for, then dropped)
                 for s in [n for n in self.env if n.startswith("x") and int(n[1:]) >= before]:
                     del self.env[s]
-        computed = [n for n in self.env if n.startswith("v")]
-        if not computed:
-            computed = [n for n in self.env]
-        # the sinks (values no later line reads), so that no op is dead code; sometimes one more
+        computed = [n for n in self.env if n.startswith("v")] or list(self.env)
+        src, outputs = self.source(computed)
+        return Program(self.seed, src, self.specs, self.disc, outputs)
+
+    def source(self, computed: list[str], header: str = "") -> tuple[str, int]:
+        """``fn``'s source and its number of outputs: the lines, returning the sinks (values no
+        later line reads, so that no op is dead code) and sometimes one more of ``computed``."""
+        r = self.r
         used = set(re.findall(r"\bv\d+\b", " ".join(ln.split("=", 1)[1] for ln in self.lines)))
         outs = [n for n in computed if n not in used][-4:] or [computed[-1]]
         if len(computed) > len(outs) and r.random() < 0.3:
             outs.insert(0, r.choice([n for n in computed if n not in outs]))
         args = ", ".join(s["name"] for s in self.specs)
         body = "\n".join(f"    {ln}" for ln in self.lines) or "    pass"
-        src = f"def fn({args}):\n{body}\n    return ({', '.join(outs)},)\n"
-        return Program(self.seed, src, self.specs, self.disc, len(outs))
+        return f"{header}def fn({args}):\n{body}\n    return ({', '.join(outs)},)\n", len(outs)
 
 
 def _broadcasts(a: torch.Size, b: torch.Size) -> bool:

@@ -454,15 +454,9 @@ class RaggedGenerator(Generator):
             if not done:
                 del self.specs[before:]
         computed = [n for n in self.env if n.startswith("v")] or [f"{self.rag}.values"]
-        used = set(re.findall(r"\bv\d+\b", " ".join(ln.split("=", 1)[1] for ln in self.lines)))
-        outs = [n for n in computed if n not in used][-4:] or [computed[-1]]
-        if len(computed) > len(outs) and r.random() < 0.3:
-            outs.insert(0, r.choice([n for n in computed if n not in outs]))
-        args = ", ".join(s["name"] for s in self.specs)
-        body = "\n".join(f"    {ln}" for ln in self.lines) or "    pass"
-        src = f"{HEADER}def fn({args}):\n{body}\n    return ({', '.join(outs)},)\n"
+        src, outputs = self.source(computed, HEADER)
         dyn = r.choice([None, True]) if self.dynamic else None
-        return RaggedProgram(self.seed, src, self.specs, self.disc, len(outs), dyn)
+        return RaggedProgram(self.seed, src, self.specs, self.disc, outputs, dyn)
 
 
 # ---------------------------------------------------------------- reproducers
