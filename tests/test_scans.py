@@ -205,12 +205,14 @@ def test_cuda_scans_compile_for_sm90(tmp_path):
         (lambda x: x.cummin(-1), torch.randint(0, 9, (5, 70), dtype=torch.int8)),
         (lambda x: (x.cummin(-1).values, x.short().cummax(-1).values), torch.randint(0, 9, (5, 70), dtype=torch.uint8)),
         (lambda x: x.cummax(-1), torch.rand(5, 70) > 0.5),
+        # rows read in reverse (a gather: the row's index is a value), each loaded 8 at a time
+        (lambda x: x.flip(0).cumsum(-1), torch.randn(127, 64).bfloat16()),
         # along a dim whose elements are far apart: lanes take adjacent rows (no shuffles)
         (lambda x: (x.cumsum(0), x.flip(1).logcumsumexp(1).flip(1)), torch.randn(70, 3, 100).bfloat16()),
         (lambda x: x.cumsum(0) - 1, torch.randint(0, 2, (300, 33))),
         (lambda x: (x.cummin(0).values, x.double().cummax(0).values), torch.randn(300, 33).half()),
     ]
-    first_columns = 14
+    first_columns = 15
     sources, by_case = [], {}
     for i, (fn, x) in enumerate(cases):
         report = ember.explain(fn, x, target="cuda")
@@ -225,6 +227,7 @@ def test_cuda_scans_compile_for_sm90(tmp_path):
     assert "ember_runs_" not in sources[0] and "ember_warp_scan<float>(ember_in" in sources[0]
     # where rows are aligned, a lane's group of consecutive elements loads at once; not reversed
     assert "ember_load_vec<unsigned short, 8>" in by_case[2] and "ember_load_vec" not in by_case[5]
+    assert "ember_load_vec<unsigned short, 8>" in by_case[14]
     assert any("ember_runs_" in s and "EmberScanLogsumexp" in s for s in sources)
     path = tmp_path / "scans.cu"
     path.write_text(cuda.PRELUDE + "\n" + "\n\n".join(sources) + "\n")

@@ -77,6 +77,11 @@ CASES = {
                      lambda: (torch.tensor([0, 2, 2, 7]), torch.arange(9), torch.randn(4, 3))),
     # a gather at a one-element index: the loaded index is a scalar, the load's mask a block
     "gather_one_element": (lambda x, i: torch.index_select(x, 0, i) * 2, lambda: (torch.randn(1), torch.tensor([0]))),
+    # ... and at an index a tensor holds, read beside a reduction's rows: the index and the
+    # gathered value are scalars, which Triton's compiler refuses to load under the rows' mask
+    "gather_scalar_beside_rows": (lambda x, w, i: (x.sum(-1) * torch.index_select(w, 0, i),
+                                                   (x.sum(-1) + torch.index_select(w, 0, i)).sum()),
+                                  lambda: (torch.randn(6, 100), torch.randn(3), torch.tensor([2]))),
     # a replicate pad cut to one row: that row's index is a constant, not an expression
     "replicate_pad_one_row": (lambda x: F.pad(x, (-2, -1, -4, 0), mode="replicate") * 2,
                               lambda: (torch.randn(3, 5, 5),)),

@@ -108,7 +108,7 @@ def head_and_tail(r: Any, flat: str, count: str, start: str, spacing: str, strid
         if v.kind != "load" or key not in r.tails:
             continue
         ctype, name = r.body.lang.storage[r.body.buffer_dtype[v.arg.buffer]], f"{r.body.name(v)}_e"
-        load = f"{v.arg.buffer}[{index_expr(sympy.sympify(v.arg.index))}]"
+        load = f"{v.arg.buffer}[{index_expr(sympy.sympify(r.body.bound_index(v)))}]"  # (a gather's too)
         if r.first_loop[key] == r.loop:
             r.emit(f"const {ctype} {name} = {load};")
             r.emit(f"if (ember_cached) {r.tails[key]}[ember_u] = {name};")

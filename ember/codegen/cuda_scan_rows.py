@@ -35,6 +35,7 @@ from .cstyle import scan_acc_type, scan_combine, scan_init
 from .cuda_vectors import VectorPlan, plan_loop
 
 if TYPE_CHECKING:
+    from .cstyle import BodyRenderer
     from .cuda import CudaKernelRenderer
 
 SCAN_ITEMS = 8  # elements a thread takes per chunk (loaded 32 apart, scanned 8 consecutive)
@@ -128,7 +129,7 @@ def _group_runs(r: CudaKernelRenderer, plan: VectorPlan) -> None:
     for v in plan.values:
         if v.kind == "store":
             ctype = body.lang.storage[body.buffer_dtype[v.arg.buffer]]
-            r.emit(f"ember_store_vec<{ctype}, {width}>({_group_address(v, width)}, {body.name(v)}_vec[ember_g]);")
+            r.emit(f"ember_store_vec<{ctype}, {width}>({_group_address(body, v, width)}, {body.name(v)}_vec[ember_g]);")
     r.close(3)
     body.vector_access.clear()
     _close_chunks(r)
@@ -146,7 +147,7 @@ def _open_group(r: CudaKernelRenderer, plan: VectorPlan, accesses: list[Value], 
         if v.kind == "load":
             r.emit("#pragma unroll")
             r.emit(f"for (int ember_g = 0; ember_g < {items // width}; ++ember_g) "
-                   f"{name}[ember_g] = ember_load_vec<{ctype}, {width}>({_group_address(v, width)});")
+                   f"{name}[ember_g] = ember_load_vec<{ctype}, {width}>({_group_address(body, v, width)});")
         body.vector_access[id(v)] = f"{name}[ember_k / {width}].v[ember_k % {width}]"
     r.emit("#pragma unroll")
     r.open(f"for (int ember_k = 0; ember_k < {items}; ++ember_k) {{")
@@ -155,10 +156,12 @@ def _open_group(r: CudaKernelRenderer, plan: VectorPlan, accesses: list[Value], 
            f"ember_in ? ember_first + ember_k : ember_n - {width} + ember_k % {width};")
 
 
-def _group_address(v: Value, width: int) -> str:
-    """Where vector ``ember_g`` of the lane's elements starts (the row's last where it is past the end)."""
+def _group_address(body: BodyRenderer, v: Value, width: int) -> str:
+    """Where vector ``ember_g`` of the lane's elements starts (the row's last where it is past the
+    end); a gather's indirect variables named by the values they hold (a flipped row's index)."""
     at = f"(ember_first + ember_g * {width} < ember_n ? ember_first + ember_g * {width} : ember_n - {width})"
-    index = index_expr(sympy.sympify(v.arg.index).xreplace({inner_var(0): sympy.Symbol("ember_at", integer=True)}))
+    at_var = sympy.Symbol("ember_at", integer=True)
+    index = index_expr(sympy.sympify(body.bound_index(v)).xreplace({inner_var(0): at_var}))
     return f"{v.arg.buffer} + ({index.replace('ember_at', at)})"
 
 

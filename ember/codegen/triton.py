@@ -319,6 +319,15 @@ class TritonKernelRenderer(LoopBodies):
                 # at loaded indices that may be scalars (a gather at one index): the pointer
                 # takes the mask's block shape
                 pointer += " + 0 * xindex"
+            elif mask and v.arg.bindings and all(self._uniform(s) for s in v.srcs):
+                # at indices that are scalars (a gather at an index a scalar input holds): a
+                # scalar load where the indices are clamped into a dim that is not empty (as a
+                # fixed element's), else one in the mask's block shape; Triton's compiler refuses
+                # a block mask on a scalar pointer (its interpreter does not)
+                if all(s.kind == "checkindex" and sh.static(s.arg[0]) for s in v.srcs):
+                    mask = ""
+                else:
+                    pointer += f" + 0 * ({self._mask_shape(mask)})"
             other = self.load_other.get(id(v), "0")
             load = f"tl.load({pointer}" + (f", {mask}, other={other})" if mask else ")")
             if dtype.is_low_precision:
@@ -344,6 +353,23 @@ class TritonKernelRenderer(LoopBodies):
             return False
         outer = {outer_var(i) for i in range(len(self.k.outer))}
         return not (sympy.sympify(v.arg.index).free_symbols & outer)
+
+    def _uniform(self, v: Value) -> bool:
+        """Is ``v`` one value for the whole program (a scalar: constants, loads of fixed
+        elements, arithmetic of those)?"""
+        if v.kind == "const":
+            return True
+        if v.kind == "load":
+            return not varies(v.arg.index) and all(self._uniform(s) for s in v.srcs)
+        if v.kind == "index":
+            return not varies(v.arg)
+        return v.kind in ("alu", "checkindex") and all(self._uniform(s) for s in v.srcs)
+
+    def _mask_shape(self, mask: str) -> str:
+        """An int32 block of zeros in the block shape of ``mask`` (xmask, rmask or both)."""
+        x = "xmask" in mask and self.kind != "full"
+        r = "rmask" in mask or self.kind == "tiles"
+        return " + ".join((["xindex"] if x else []) + (["rindex"] if r else [])) or "0"
 
     def _skips(self, v: Value) -> bool:
         """Does a guarded load take its guard into its mask? Only where that keeps its vector
