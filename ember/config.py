@@ -181,7 +181,7 @@ class Config:
     # bucket, once the kernel has compiled for some size) in a background thread: until one is
     # ready, calls run its group through ATen, so no call waits for a compiler as sizes change.
     # ember.wait_for_kernels() blocks until every such compile is done. False: the call compiles
-    # them.
+    # them. Training graphs always do (driver._build: ATen's roundings are not the kernels').
     background_compile: bool = field(default_factory=lambda: _env_int("EMBER_BACKGROUND_COMPILE", 1) != 0)
     # Let Dynamo time each new set of guards for its compile metrics, as it does for other
     # backends: it evicts the CPU caches first, 18-26 ms per compiled frame (frontend/guard_profile.py).

@@ -3,6 +3,8 @@ grad) give eager's values, gradients and errors, generated rather than run throu
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -118,3 +120,29 @@ def test_binary_cross_entropy_with_logits_integer_target_raises_as_eager(target_
     assert str(compiled.value) == str(eager.value)
     # a float target of another dtype than the input still decomposes, with eager's values
     assert_same(ember.compile(loss)(x, y.double()), loss(x, y.double()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mse_loss_gradient_over_no_elements_compiles(dtype):
+    # torch's decomposition divides 2.0 by the element count in Python: a mean over an empty
+    # ragged batch (a size 0, or a symbolic one hinted 0) raised ZeroDivisionError while tracing,
+    # and the training graph ran eagerly with a warning
+    from ember import ragged
+
+    fn = lambda r, t: F.mse_loss(r.values, t)  # noqa: E731
+    fast = ember.compile(fn, dynamic=True)
+    for lengths in ([3, 4], [0, 0], [2], [0]):
+        parts = ragged.from_list([torch.randn(n, 4, dtype=dtype) for n in lengths])
+        t = torch.randn(parts.values.shape, dtype=dtype)
+        got, want = ([], [])
+        for f, out in ((fast, got), (fn, want)):
+            v = parts.values.detach().clone().requires_grad_(True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # (no "could not trace" fallback)
+                loss = f(ragged.Ragged(v, parts.offsets), t)
+                (g,) = torch.autograd.grad(loss, v, torch.tensor(1.5, dtype=dtype))
+            out += [loss.detach(), g]
+        assert_same(got, want)
+    x = torch.randn(0, 3, requires_grad=True)
+    (g,) = torch.autograd.grad(ember.compile(F.mse_loss)(x, torch.randn(0, 3)), x)
+    assert g.shape == (0, 3)

@@ -583,6 +583,50 @@ def test_new_specializations_compile_in_the_background():
     assert len(report.graphs) == 1 and all(k.built for k in report.kernels)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiles Triton kernels for a GPU")
+def test_training_graphs_compile_new_specializations_at_the_call():
+    # ... except in training: there a group run through ATen rounds otherwise than the kernel
+    # recomputing it (a max and the backward's recomputed input matched nowhere: NaN gradients)
+    fn = lambda x: ragged.segment_max(ragged.Ragged(F.normalize(x.values, dim=-1), x.offsets))  # noqa: E731
+    fast = ember.compile(fn, dynamic=True, options={"gpu_backend": "triton", "background_compile": True})
+    before = ember.stats()["calls_while_compiling"]
+    for lengths in ([3, 9, 1], [30, 0, 200, 7, 64], [1000, 3]):
+        parts = [torch.randn(n, 17, device="cuda", requires_grad=True) for n in lengths]
+        x = ragged.from_list(parts)
+        values = x.values.detach().requires_grad_(True)
+        x = ragged.Ragged(values, x.offsets)
+        up = torch.randn(len(lengths), 17, device="cuda")
+        (got,) = torch.autograd.grad((fast(x) * up).sum(), values)
+        ref = values.detach().clone().requires_grad_(True)
+        (expected,) = torch.autograd.grad((fn(ragged.Ragged(ref, x.offsets)) * up).sum(), ref)
+        torch.testing.assert_close(got, expected)
+    assert ember.stats()["calls_while_compiling"] == before
+
+
+def test_training_graphs_build_without_background_compiles(monkeypatch):
+    from ember import driver
+    seen = []
+    original = driver.get_backend
+
+    def spy(name):
+        backend = original(name)
+
+        class Spy:
+            def build(self, kernels, cfg, fallbacks=None):
+                seen.append(cfg.background_compile)
+                return backend.build(kernels, cfg, fallbacks)
+        return Spy()
+    monkeypatch.setattr(driver, "get_backend", spy)
+    x = torch.randn(4, 8, requires_grad=True)
+    fast = ember.compile(lambda x: (x.exp() / x.sum(-1, keepdim=True)).amax(-1), options={"background_compile": True})
+    fast(x).sum().backward()
+    assert seen == [False, False]  # the forward's and the backward's
+    seen.clear()
+    with torch.no_grad():
+        ember.compile(lambda x: x.exp() * 3, options={"background_compile": True})(x)
+    assert seen == [True]  # inference keeps compiling new variants in the background
+
+
 OPS = ["abs", "exp", "log1p", "tanh", "sigmoid", "erf", "round", "trunc", "sign", "nn.functional.gelu",
        "add", "mul", "div", "floor_divide", "remainder", "pow", "maximum", "where", "clamp", "bitwise_xor",
        "sum", "amax", "argmin", "var", "softmax", "log_softmax", "nn.functional.layer_norm", "any",
