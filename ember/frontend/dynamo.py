@@ -140,12 +140,6 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # fake tensors run the same decomposition for its shapes)
     table[aten.native_group_norm_backward.default] = _empty_groups_apart(
         table[aten.native_group_norm_backward.default])
-    # Its decomposition divides 2.0 by the input's element count in Python: the mean's gradient
-    # over no elements (an empty ragged batch, a size hinted 0) raised ZeroDivisionError, and the
-    # whole training graph ran eagerly. (Of an input and a target of different dtypes the op
-    # stays: eager's CUDA kernel refuses them, "Found dtype Float but expected BFloat16", where
-    # its CPU one computes; ATen does as eager does on each.)
-    table[aten.mse_loss_backward.default] = _eager_when(_mse_loss_backward, _mixed_operands)
     # Its decomposition returns the attention weights where the op returns the log-sum-exp. In a
     # training graph the op's backward (never decomposed) then reads the weights as the
     # log-sum-exp, and every gradient is wrong, silently. It runs through ATen, as in Inductor.
@@ -179,6 +173,9 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # eager's huber_loss_backward kernel refuses an input and a target of different dtypes
     # ("Found dtype Float but expected Double"), whose forward it computes
     table[aten.huber_loss_backward.default] = _eager_when(table[aten.huber_loss_backward.default], _mixed_operands)
+    # and so does its CUDA mse_loss_backward ("Found dtype Float but expected BFloat16"), which
+    # its CPU one computes: ATen does as eager does on each
+    table[aten.mse_loss_backward.default] = _eager_when(table[aten.mse_loss_backward.default], _mixed_operands)
     # batch norm's mean in training as eager's: inf where a channel holds inf (norm_decomps.py)
     table.update(batch_norm_decompositions())
     for op in (aten._native_batch_norm_legit_no_training.default, aten._native_batch_norm_legit_functional.default,
@@ -487,16 +484,6 @@ def _16_bit(x: torch.Tensor, *_: Any, **__: Any) -> bool:
 
 def _one_pixel_side(theta: torch.Tensor, size: Sequence[Any], *_: Any, **__: Any) -> bool:
     return any(isinstance(s, int) and s == 1 for s in size[2:])
-
-
-def _mse_loss_backward(grad: torch.Tensor, input: torch.Tensor, target: torch.Tensor, reduction: int) -> Any:
-    """torch's decomposition (``norm * (input - target) * grad`` in the operands' opmath dtype,
-    rounded once), its mean's norm over at least one element: over none the gradient is empty,
-    whatever it is."""
-    compute, result = elementwise_dtypes(grad, input, target,
-                                         type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
-    norm = 2.0 / torch.sym_max(input.numel(), 1) if reduction == 1 else 2.0  # (1: the mean)
-    return (norm * (input.to(compute) - target.to(compute)) * grad.to(compute)).to(result)
 
 
 def _empty(x: torch.Tensor, *_: Any, **__: Any) -> bool:

@@ -12,6 +12,8 @@ ATen's kernels exactly at the edges a test of eager catches:
 * ``binary_cross_entropy_backward``: eager divides by ``max(x * (1 - x), EPSILON)`` with
   EPSILON = 1e-12 *in the input's dtype*: 0 in float16, so an input of exactly 0 or 1 has a NaN
   or infinite gradient there, where torch's float32 epsilon gave a finite one.
+* ``mse_loss_backward``: torch's divides 2.0 by the element count in Python, which raised for
+  an empty batch; eager's kernel scales nothing there.
 * ``nll_loss_backward`` and ``nll_loss2d_backward``: eager's kernels write each row's gradient
   into its target's entry only (``w[t] * -(g / total_weight)``, zeros elsewhere). torch's multiplies
   the one-hot row by ``g / total_weight * w`` broadcast over every class, so where that scale is
@@ -144,6 +146,16 @@ def nll_loss_forward(self: torch.Tensor, target: torch.Tensor, weight: torch.Ten
     return output, total_weight
 
 
+@pw_cast_for_opmath
+def mse_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
+                      reduction: int) -> torch.Tensor:
+    # torch's, its mean's norm taken over at least one element: torch's divided 2.0 by a count of
+    # 0 in Python (an empty ragged batch: ZeroDivisionError, and the training graph ran eagerly).
+    # (No guard on the count, as _mean_norm's: a batch of none keeps the graph of the others.)
+    norm = 2.0 / torch.sym_max(self.numel(), 1) if reduction == _MEAN else 2.0
+    return norm * (self - target) * grad_output
+
+
 def _opmath(input: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Both operands in the dtype eager's kernel computes in: their common dtype, float32 for 16 bits."""
     common = torch.result_type(input, target)
@@ -177,6 +189,7 @@ def loss_decompositions() -> dict[Any, Callable[..., Any]]:
     """The decompositions above, by the ops they stand for."""
     return {aten.huber_loss.default: huber_loss, aten.soft_margin_loss.default: soft_margin_loss,
             aten.smooth_l1_loss_backward.default: smooth_l1_loss_backward,
+            aten.mse_loss_backward.default: mse_loss_backward,
             aten.soft_margin_loss_backward.default: soft_margin_loss_backward,
             aten.binary_cross_entropy_backward.default: binary_cross_entropy_backward,
             aten.nll_loss_forward.default: nll_loss_forward,
