@@ -12,8 +12,8 @@ ATen's kernels exactly at the edges a test of eager catches:
 * ``binary_cross_entropy_backward``: eager divides by ``max(x * (1 - x), EPSILON)`` with
   EPSILON = 1e-12 *in the input's dtype*: 0 in float16, so an input of exactly 0 or 1 has a NaN
   or infinite gradient there, where torch's float32 epsilon gave a finite one.
-* ``mse_loss_backward``: torch's divides 2.0 by the element count in Python, which raised for
-  an empty batch; eager's kernel scales nothing there.
+* ``mse_loss_backward`` and ``huber_loss_backward``: torch's divide by the element count in
+  Python, which raised for an empty batch; eager's kernels scale nothing there.
 * ``nll_loss_backward`` and ``nll_loss2d_backward``: eager's kernels write each row's gradient
   into its target's entry only (``w[t] * -(g / total_weight)``, zeros elsewhere). torch's multiplies
   the one-hot row by ``g / total_weight * w`` broadcast over every class, so where that scale is
@@ -146,14 +146,27 @@ def nll_loss_forward(self: torch.Tensor, target: torch.Tensor, weight: torch.Ten
     return output, total_weight
 
 
+def _scale_over_count(x: torch.Tensor, reduction: int, scale: float) -> Any:
+    """``scale`` over the mean's count of elements, taken as at least one: torch's divided by a
+    count of 0 in Python (an empty ragged batch: ZeroDivisionError, and the training graph ran
+    eagerly), where the gradient of no elements is empty whatever it is. No guard on the count,
+    as _mean_norm's: a batch of none keeps the graph of the others."""
+    return scale / torch.sym_max(x.numel(), 1) if reduction == _MEAN else scale
+
+
 @pw_cast_for_opmath
 def mse_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
                       reduction: int) -> torch.Tensor:
-    # torch's, its mean's norm taken over at least one element: torch's divided 2.0 by a count of
-    # 0 in Python (an empty ragged batch: ZeroDivisionError, and the training graph ran eagerly).
-    # (No guard on the count, as _mean_norm's: a batch of none keeps the graph of the others.)
-    norm = 2.0 / torch.sym_max(self.numel(), 1) if reduction == _MEAN else 2.0
-    return norm * (self - target) * grad_output
+    return _scale_over_count(self, reduction, 2.0) * (self - target) * grad_output
+
+
+@pw_cast_for_opmath
+def huber_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
+                        reduction: int, delta: float) -> torch.Tensor:
+    norm = _scale_over_count(self, reduction, 1.0)
+    x = self - target
+    return torch.where(x < -delta, -norm * grad_output * delta,
+                       torch.where(x > delta, norm * grad_output * delta, norm * x * grad_output))
 
 
 def _opmath(input: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,6 +203,7 @@ def loss_decompositions() -> dict[Any, Callable[..., Any]]:
     return {aten.huber_loss.default: huber_loss, aten.soft_margin_loss.default: soft_margin_loss,
             aten.smooth_l1_loss_backward.default: smooth_l1_loss_backward,
             aten.mse_loss_backward.default: mse_loss_backward,
+            aten.huber_loss_backward.default: huber_loss_backward,
             aten.soft_margin_loss_backward.default: soft_margin_loss_backward,
             aten.binary_cross_entropy_backward.default: binary_cross_entropy_backward,
             aten.nll_loss_forward.default: nll_loss_forward,
