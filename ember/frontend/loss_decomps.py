@@ -50,10 +50,12 @@ _TORCH_NLL_LOSS_FORWARD = decomposition_table[aten.nll_loss_forward.default]
 _MEAN, _SUM = 1, 2  # torch's Reduction enum: 0 none, 1 mean, 2 sum
 
 
-def _mean_norm(x: torch.Tensor, reduction: int) -> float:
-    # (an empty batch's mean has no elements to scale: torch's decompositions divided by 0 here)
-    n = x.numel()
-    return 1.0 / n if reduction == _MEAN and n != 0 else 1.0
+def _mean_norm(x: torch.Tensor, reduction: int, scale: float = 1.0) -> Any:
+    """``scale`` over the mean's count of elements, taken as at least one: torch's divided by a
+    count of 0 in Python (an empty ragged batch: ZeroDivisionError, and the training graph ran
+    eagerly), where the gradient of no elements is empty whatever it is. No guard on the count:
+    a batch of none keeps the graph of the others."""
+    return scale / torch.sym_max(x.numel(), 1) if reduction == _MEAN else scale
 
 
 @pw_cast_for_opmath
@@ -146,24 +148,16 @@ def nll_loss_forward(self: torch.Tensor, target: torch.Tensor, weight: torch.Ten
     return output, total_weight
 
 
-def _scale_over_count(x: torch.Tensor, reduction: int, scale: float) -> Any:
-    """``scale`` over the mean's count of elements, taken as at least one: torch's divided by a
-    count of 0 in Python (an empty ragged batch: ZeroDivisionError, and the training graph ran
-    eagerly), where the gradient of no elements is empty whatever it is. No guard on the count,
-    as _mean_norm's: a batch of none keeps the graph of the others."""
-    return scale / torch.sym_max(x.numel(), 1) if reduction == _MEAN else scale
-
-
 @pw_cast_for_opmath
 def mse_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
                       reduction: int) -> torch.Tensor:
-    return _scale_over_count(self, reduction, 2.0) * (self - target) * grad_output
+    return _mean_norm(self, reduction, 2.0) * (self - target) * grad_output
 
 
 @pw_cast_for_opmath
 def huber_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
                         reduction: int, delta: float) -> torch.Tensor:
-    norm = _scale_over_count(self, reduction, 1.0)
+    norm = _mean_norm(self, reduction)
     x = self - target
     return torch.where(x < -delta, -norm * grad_output * delta,
                        torch.where(x > delta, norm * grad_output * delta, norm * x * grad_output))
