@@ -146,3 +146,23 @@ def test_mse_loss_gradient_over_no_elements_compiles(dtype):
     x = torch.randn(0, 3, requires_grad=True)
     (g,) = torch.autograd.grad(ember.compile(F.mse_loss)(x, torch.randn(0, 3)), x)
     assert g.shape == (0, 3)
+
+
+@pytest.mark.parametrize("input_dtype,target_dtype", [(torch.float32, torch.float16),
+                                                      (torch.bfloat16, torch.float32),
+                                                      (torch.float16, torch.float64)])
+def test_mse_loss_gradient_of_mixed_dtypes_is_eagers_on_the_cpu(input_dtype, target_dtype):
+    # eager's CPU kernel takes an input and a target of different dtypes (its CUDA kernel refuses
+    # them): computed in their common dtype, held in the input's. The op was kept for ATen, and
+    # over no elements the trace took its shape from torch's decomposition, which divides by 0:
+    # the graph ran eagerly with a warning
+    fn = lambda x, t: F.mse_loss(x * 2, t)  # noqa: E731
+    fast = ember.compile(fn, dynamic=True)
+    for rows in (5, 0, 3):
+        x, t = torch.randn(rows, 7, dtype=input_dtype), torch.randn(rows, 7, dtype=target_dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = _loss_and_grads(fast, (x, t), [0])
+        want = _loss_and_grads(fn, (x, t), [0])
+        assert got[1].dtype == input_dtype
+        assert_same(got, want, rtol=0, atol=0)

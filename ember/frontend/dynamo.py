@@ -174,8 +174,10 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # ("Found dtype Float but expected Double"), whose forward it computes
     table[aten.huber_loss_backward.default] = _eager_when(table[aten.huber_loss_backward.default], _mixed_operands)
     # and so does its CUDA mse_loss_backward ("Found dtype Float but expected BFloat16"), which
-    # its CPU one computes: ATen does as eager does on each
-    table[aten.mse_loss_backward.default] = _eager_when(table[aten.mse_loss_backward.default], _mixed_operands)
+    # its CPU one computes, as the decomposition does (kept, a CPU op over no elements failed the
+    # trace: the fake tensor's shape came from torch's decomposition, which divides by 0)
+    table[aten.mse_loss_backward.default] = _eager_when(table[aten.mse_loss_backward.default],
+                                                        _mixed_operands_on_a_gpu)
     # batch norm's mean in training as eager's: inf where a channel holds inf (norm_decomps.py)
     table.update(batch_norm_decompositions())
     for op in (aten._native_batch_norm_legit_no_training.default, aten._native_batch_norm_legit_functional.default,
@@ -400,6 +402,11 @@ def _value_may_overflow(x: torch.Tensor, mask: torch.Tensor, value: torch.Tensor
 
 def _mixed_operands(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, *_: Any, **__: Any) -> bool:
     return isinstance(target, torch.Tensor) and x.dtype != target.dtype
+
+
+def _mixed_operands_on_a_gpu(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, *_: Any,
+                             **__: Any) -> bool:
+    return x.device.type != "cpu" and _mixed_operands(grad, x, target)
 
 
 def _integer_target(x: torch.Tensor, target: torch.Tensor, *_: Any, **__: Any) -> bool:

@@ -148,9 +148,16 @@ def nll_loss_forward(self: torch.Tensor, target: torch.Tensor, weight: torch.Ten
     return output, total_weight
 
 
-@pw_cast_for_opmath
 def mse_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
                       reduction: int) -> torch.Tensor:
+    """In the input's dtype, as eager's kernel writes it: with a target of another dtype, eager's
+    CPU kernel computes in the operands' common dtype and rounds to the input's once."""
+    return _mse_loss_backward(grad_output, self, target, reduction).to(self.dtype)
+
+
+@pw_cast_for_opmath
+def _mse_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
+                       reduction: int) -> torch.Tensor:
     return _mean_norm(self, reduction, 2.0) * (self - target) * grad_output
 
 
