@@ -295,10 +295,12 @@ class KernelBuilder(ReduceBuilder):
                 srcs = [self._as_eager_holds(s, not smooth or view_base(i) in self.held)
                         for i, s in zip(node.inputs, srcs)]
             else:  # (what a conversion reads rounded, a difference reads rounded: cast_read; what a
-                # training forward saves, every op reads rounded: saved_read)
-                srcs = [self._as_eager_holds(s, per_op=False) if view_base(i) in self.saved
-                        or op in CANCELLING and view_base(i) in self.converted else s
-                        for i, s in zip(node.inputs, srcs)]
+                # training forward saves, every op reads rounded: saved_read. Each reads the value
+                # as it is stored: op by op where a jump reads it too, or bf16 softsign's
+                # ``s >= maximum(s, x)`` compared two roundings of s, False where eager's is True)
+                srcs = [self._as_eager_holds(s, per_op=view_base(i) in self.held)
+                        if view_base(i) in self.saved or op in CANCELLING and view_base(i) in self.converted
+                        else s for i, s in zip(node.inputs, srcs)]
             return self._emit("alu", node.dtype, srcs, op)
         if op in VIEW_OPS:
             strided = self.strided(node)
