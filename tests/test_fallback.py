@@ -160,6 +160,25 @@ def test_kernel_build_failure_falls_back_with_one_warning(tmp_path):
     assert "aten.relu" in report.fallbacks
 
 
+def test_a_kernel_over_an_empty_batch_that_fails_to_build_runs_through_aten(tmp_path):
+    # its ATen fallback computed the group's values of no elements: an empty input, which is no
+    # kernel parameter, raised "cannot evaluate input", and a max over each segment of no
+    # tokens raised amax's IndexError. Empty values are allocated, and a max over nothing is
+    # its start, -inf, as the kernel's
+    from ember import ragged
+
+    def f(r, x):
+        rows = x.index_select(0, r.row_ids())
+        soft = ragged.jagged_softmax(ragged.Ragged(rows, r.offsets, validate=False)).values
+        return soft, ragged.segment_max(ragged.Ragged(rows, r.offsets, validate=False)), (x * x).mean()
+
+    opts = {"cache_dir": tmp_path, "cxx_flags": ("-O3", "-fPIC", "-shared", "--not-a-real-flag")}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check(f, ragged.from_list([torch.randn(0, 8)]), torch.randn(1, 8), options=opts, expect_built=False)
+    assert len([w for w in caught if "failed to build" in str(w.message)]) == 1
+
+
 def test_a_compiler_asked_for_by_name_is_used_or_named(tmp_path):
     # options={"cxx": ...} (or EMBER_CXX) naming no compiler fell back to g++ without a word
     with warnings.catch_warnings(record=True) as caught:

@@ -122,6 +122,20 @@ def test_a_sum_over_each_tokens_features_beside_a_segment_reduction(options):
     assert check(f, r, torch.randn(5, 39, 17), options=options).fallbacks == []
 
 
+@pytest.mark.parametrize("options", [None, pytest.param({"target": "triton"}, marks=on_the_interpreter)])
+def test_a_mean_beside_a_softmax_over_an_empty_batch_builds(options):
+    # over a batch of no tokens the softmax's max over each segment is a kernel of no inner
+    # loop, which took the mean of the per-row tensor as a reduction across its rows: there
+    # was no loop to reduce in (an undeclared variable, the kernel failed to build, and its
+    # ATen fallback raised; CPU ragged fuzz seed 773207913000)
+    def f(r, x):
+        rows = x.index_select(0, r.row_ids())
+        return ragged.jagged_softmax(ragged.Ragged(rows, r.offsets, validate=False)).values, (x * x).mean()
+
+    r = ragged.from_list([torch.randn(0, 8)])
+    assert check(f, r, torch.randn(1, 8), options=options).fallbacks == []
+
+
 @on_the_interpreter
 def test_a_tiled_kernel_over_a_ragged_total_stores_only_its_rows():
     # (fuzz seed 300667428358, interpreted Triton, which then crashed with heap corruption) the

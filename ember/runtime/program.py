@@ -114,7 +114,8 @@ def group_fallback(step: KernelStep, schedule: Schedule) -> Callable[..., None]:
                 env[node.inputs[0]] = out.clone()  # the wrapper filled it with the tensor written into
 
         def value(node: Node) -> Any:
-            if node not in env and node in empty:
+            if node not in env and (node in empty or node.shape and sh.numel(node.shape) == 0):
+                # (nothing to compute in a value of no elements: an empty input is no parameter)
                 env[node] = torch.empty([evaluate(d, bound) for d in node.shape], dtype=dt.to_torch(node.dtype),
                                         device=node.device)
             if node not in env:

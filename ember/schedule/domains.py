@@ -212,7 +212,8 @@ class DomainRules:
         values) reduce over, when it can finish them: partials per program, combined by the last."""
         full = [r for r in reductions if all(sh.is_one(s) for s in r.shape)]
         # (only a scalar: what runs after every row has no loops over a root of its own shape.
-        # Not over no rows: the rows' roots, all empty, leave that kernel no loop to reduce in)
+        # Not over no rows, nor rows of no elements: the rows' roots, all empty, or a max over
+        # an empty batch's segments, leave that kernel no loop to reduce in)
         if (not self.cfg.fusion or not full or not all(sh.is_one(s) for s in root.shape)
                 or any(r in self.not_across or r.op not in ACROSS_OPS or sh.static(sh.numel(r.inputs[0].shape)) == 0
                        for r in full)
@@ -220,6 +221,7 @@ class DomainRules:
             return None
         for g in groups:
             if (g.inner and g.outer and g.segment is None and g.chunks is None and g.scan is None
+                    and sh.static(sh.numel(g.inner)) != 0
                     and all(sh.shapes_equal(_drop_ones(r.inputs[0].shape), g.outer) for r in full)):
                 return g
         return None
