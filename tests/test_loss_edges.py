@@ -157,6 +157,13 @@ def test_mse_loss_gradient_of_mixed_dtypes_is_eagers_on_the_cpu(input_dtype, tar
     # over no elements the trace took its shape from torch's decomposition, which divides by 0:
     # the graph ran eagerly with a warning
     fn = lambda x, t: F.mse_loss(x * 2, t)  # noqa: E731
+    x = torch.ones(2, requires_grad=True, dtype=input_dtype)
+    try:
+        F.mse_loss(x, torch.ones(2, dtype=target_dtype)).backward()
+    except RuntimeError as e:  # torch before 2.13: ember's gradient raises as eager's
+        with pytest.raises(RuntimeError, match="Found dtype"):
+            ember.compile(fn)(x, torch.ones(2, dtype=target_dtype)).backward()
+        pytest.skip(f"this torch's CPU kernel refuses the mix too ({e})")
     fast = ember.compile(fn, dynamic=True)
     for rows in (5, 0, 3):
         x, t = torch.randn(rows, 7, dtype=input_dtype), torch.randn(rows, 7, dtype=target_dtype)

@@ -174,10 +174,10 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # ("Found dtype Float but expected Double"), whose forward it computes
     table[aten.huber_loss_backward.default] = _eager_when(table[aten.huber_loss_backward.default], _mixed_operands)
     # and so does its CUDA mse_loss_backward ("Found dtype Float but expected BFloat16"), which
-    # its CPU one computes, as the decomposition does (kept, a CPU op over no elements failed the
-    # trace: the fake tensor's shape came from torch's decomposition, which divides by 0)
+    # torch 2.13's CPU one computes, as the decomposition does (kept, a CPU op over no elements
+    # failed the trace: the fake tensor's shape came from torch's decomposition, which divides by 0)
     table[aten.mse_loss_backward.default] = _eager_when(table[aten.mse_loss_backward.default],
-                                                        _mixed_operands_on_a_gpu)
+                                                        _mixed_operands_refused)
     # batch norm's mean in training as eager's: inf where a channel holds inf (norm_decomps.py)
     table.update(batch_norm_decompositions())
     for op in (aten._native_batch_norm_legit_no_training.default, aten._native_batch_norm_legit_functional.default,
@@ -404,9 +404,23 @@ def _mixed_operands(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, *
     return isinstance(target, torch.Tensor) and x.dtype != target.dtype
 
 
-def _mixed_operands_on_a_gpu(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, *_: Any,
-                             **__: Any) -> bool:
-    return x.device.type != "cpu" and _mixed_operands(grad, x, target)
+def _mixed_operands_refused(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, *_: Any,
+                            **__: Any) -> bool:
+    """An input and a target of two dtypes where eager's mse_loss_backward refuses them: on a
+    GPU, and on the CPU before torch 2.13 (asked of the CPU kernel once)."""
+    if not _mixed_operands(grad, x, target):
+        return False
+    return x.device.type != "cpu" or _cpu_mse_backward_refuses(x.dtype, target.dtype)
+
+
+@functools.cache
+def _cpu_mse_backward_refuses(input_dtype: torch.dtype, target_dtype: torch.dtype) -> bool:
+    try:
+        torch.ops.aten.mse_loss_backward(torch.ones(1, dtype=input_dtype), torch.ones(1, dtype=input_dtype),
+                                         torch.ones(1, dtype=target_dtype), 1)
+    except RuntimeError:
+        return True
+    return False
 
 
 def _integer_target(x: torch.Tensor, target: torch.Tensor, *_: Any, **__: Any) -> bool:
