@@ -148,6 +148,18 @@ def test_mse_loss_gradient_over_no_elements_compiles(dtype):
     assert g.shape == (0, 3)
 
 
+def test_mse_loss_gradient_of_mixed_dtypes_keeps_the_op_where_the_cpu_kernel_refuses(monkeypatch):
+    # torch 2.11's CPU kernel refuses the mix ("Found dtype Half but expected Float"): asked of
+    # the kernel (here made to refuse), ember keeps the op for ATen, which answers as eager's
+    from ember.frontend import dynamo
+
+    monkeypatch.setattr(dynamo, "_cpu_mse_backward_refuses", lambda input_dtype, target_dtype: True)
+    report = ember.Report()
+    x = torch.randn(4, 3, requires_grad=True)
+    ember.compile(lambda a, t: F.mse_loss(a * 3, t), report=report)(x, torch.randn(4, 3).half()).backward()
+    assert "aten.mse_loss_backward" in report.fallbacks
+
+
 @pytest.mark.parametrize("input_dtype,target_dtype", [(torch.float32, torch.float16),
                                                       (torch.bfloat16, torch.float32),
                                                       (torch.float16, torch.float64)])

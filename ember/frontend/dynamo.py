@@ -415,11 +415,13 @@ def _mixed_operands_refused(grad: torch.Tensor, x: torch.Tensor, target: torch.T
 
 @functools.cache
 def _cpu_mse_backward_refuses(input_dtype: torch.dtype, target_dtype: torch.dtype) -> bool:
-    try:
-        torch.ops.aten.mse_loss_backward(torch.ones(1, dtype=input_dtype), torch.ones(1, dtype=input_dtype),
-                                         torch.ones(1, dtype=target_dtype), 1)
-    except RuntimeError:
-        return True
+    # (asked while tracing: with the tracer's fake and proxy modes off, the kernel itself answers)
+    with torch.utils._python_dispatch._disable_current_modes():
+        try:
+            torch.ops.aten.mse_loss_backward(torch.ones(1, dtype=input_dtype), torch.ones(1, dtype=input_dtype),
+                                             torch.ones(1, dtype=target_dtype), 1)
+        except RuntimeError:
+            return True
     return False
 
 
