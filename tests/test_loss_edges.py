@@ -164,7 +164,7 @@ def test_mse_loss_gradient_of_mixed_dtypes_keeps_the_op_where_the_cpu_kernel_ref
                                                       (torch.bfloat16, torch.float32),
                                                       (torch.float16, torch.float64)])
 def test_mse_loss_gradient_of_mixed_dtypes_is_eagers_on_the_cpu(input_dtype, target_dtype):
-    # eager's CPU kernel takes an input and a target of different dtypes (its CUDA kernel refuses
+    # torch 2.13's CPU kernel takes an input and a target of different dtypes (its CUDA kernel refuses
     # them): computed in their common dtype, held in the input's. The op was kept for ATen, and
     # over no elements the trace took its shape from torch's decomposition, which divides by 0:
     # the graph ran eagerly with a warning
