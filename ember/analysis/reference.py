@@ -17,7 +17,7 @@ import torch
 from ..ir import dtypes as dt
 from ..ir.node import ArgRef, Graph, Node
 from ..ir.ops import Op
-from ..ragged.ops import segment_reduce
+from ..ragged.ops import identity, segment_reduce
 
 Sizes = Mapping[sympy.Symbol, int]
 
@@ -173,17 +173,6 @@ def chunk_sum(x: torch.Tensor, lead: int, chunks: int, dtype: dt.DType) -> torch
     return padded.reshape(chunks, per, *rows.shape[1:]).sum(1)
 
 
-def _identity(op: Op, dtype: torch.dtype) -> float | int | bool:
-    """The max's (``op`` AMAX) or min's start: the lowest or highest value of ``dtype``."""
-    low = op is Op.AMAX
-    if dtype == torch.bool:
-        return not low
-    if dtype.is_floating_point:
-        return -math.inf if low else math.inf
-    info = torch.iinfo(dtype)
-    return info.min if low else info.max
-
-
 def _reduce(op: Op, x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     if op is Op.SUM:
         return torch.sum(x, dims, keepdim=True, dtype=x.dtype)
@@ -192,7 +181,7 @@ def _reduce(op: Op, x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
             # a kernel's max starts from its identity and keeps it over no elements (a segment
             # max over an empty batch); ATen's amax refuses them
             shape = [1 if d in dims else n for d, n in enumerate(x.shape)]
-            return torch.full(shape, _identity(op, x.dtype), dtype=x.dtype, device=x.device)
+            return torch.full(shape, identity(op.value, x.dtype), dtype=x.dtype, device=x.device)
         return (torch.amax if op is Op.AMAX else torch.amin)(x, dims, keepdim=True)
     if op in (Op.ANY, Op.ALL):
         return (torch.any if op is Op.ANY else torch.all)(x, dims, keepdim=True)

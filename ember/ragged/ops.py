@@ -41,10 +41,12 @@ def check_args(values: torch.Tensor, offsets: torch.Tensor, reduce: str) -> None
         raise TypeError(f"segment_reduce: {values.dtype} values are not supported")
 
 
-def identity(reduce: str, dtype: torch.dtype) -> float | int:
-    """What an empty row reduces to."""
+def identity(reduce: str, dtype: torch.dtype) -> float | int | bool:
+    """What an empty row reduces to ("sum", "amax" or "amin")."""
     if reduce == "sum":
         return 0
+    if dtype == torch.bool:
+        return reduce != "amax"
     if dtype.is_floating_point:
         return float("-inf") if reduce == "amax" else float("inf")
     info = torch.iinfo(dtype)

@@ -97,11 +97,6 @@ def group_fallback(step: KernelStep, schedule: Schedule) -> Callable[..., None]:
     tensors in order, then its size symbols), writing its outputs in place."""
     by_name = {info.name: node for node, info in schedule.buffers.items()}
     kernel = step.kernel
-    # buffers with no elements the group reads: the kernel loads none of them (schedule/build.py),
-    # so they are no parameters of it
-    computed = set(step.nodes)
-    empty = {node for node in schedule.buffers
-             if node not in computed and node.shape and sh.numel(node.shape) == 0}
     n_params = len(kernel.params)
 
     def run(*args: Any) -> None:
@@ -114,8 +109,9 @@ def group_fallback(step: KernelStep, schedule: Schedule) -> Callable[..., None]:
                 env[node.inputs[0]] = out.clone()  # the wrapper filled it with the tensor written into
 
         def value(node: Node) -> Any:
-            if node not in env and (node in empty or node.shape and sh.numel(node.shape) == 0):
-                # (nothing to compute in a value of no elements: an empty input is no parameter)
+            if node not in env and node.shape and sh.numel(node.shape) == 0:
+                # nothing to compute in a value of no elements; and the kernel loads no buffer or
+                # input of none (schedule/build.py), so they are no parameters of it
                 env[node] = torch.empty([evaluate(d, bound) for d in node.shape], dtype=dt.to_torch(node.dtype),
                                         device=node.device)
             if node not in env:
