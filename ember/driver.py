@@ -17,6 +17,7 @@ import os
 import time
 import traceback
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,7 +31,7 @@ from .codegen.wrapper import KernelCall, write_wrapper
 from .config import GPU_BACKENDS, SOURCE_DIGEST, Config, log
 from .frontend.autograd_inputs import drop_leaf_mutation_grads
 from .frontend.dynamo import donated_inputs
-from .frontend.lowering import lower_graph, shape_env_of
+from .frontend.lowering import ShapeDisagreement, lower_graph, shape_env_of
 from .ir.node import Graph
 from .ir.ops import Op
 from .passes.fold import unit_reductions
@@ -47,6 +48,11 @@ _graph_ids = itertools.count()
 _warned: set[str] = set()
 _planned: OrderedDict[str, tuple[Graph, Schedule, dict[str, Callable[..., None]]]] = OrderedDict()
 _PLANNED_MAX = 256
+# The traced values (fake tensors) a forward returns that fell back to ATen over a shape its
+# lowering and the fake kernel disagree on: AOTAutograd hands the same objects to the backward
+# as the saved values it takes, which the ATen forward may then give in other shapes.
+# (by id: a WeakSet compares its tensors with ==, which is elementwise)
+_saved_by_disagreeing_forwards: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
 
 def warn_once(key: str, message: str) -> None:
@@ -69,6 +75,15 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
         if sink is not None:
             sink.append(report)
         return boxed(gm)
+    if kind == "backward" and any(_saved_by_disagreeing_forwards.get(id(v)) is v for v in _input_values(gm)):
+        # its kernels would read the saved values in their traced shapes, which the forward's
+        # ATen ops may not have given (torch 2.11's fake linalg_vector_norm kept a dim the op
+        # drops: an IndexError in the backward). ATen's ops take them as they come, as in aot_eager.
+        report.error = "its forward ran through ATen over a shape the trace disagrees on"
+        log(1, f"{name}: {report.error}: it runs through ATen too", cfg)
+        if sink is not None:
+            sink.append(report)
+        return boxed(gm)
     try:
         # what only a report shows (the IR after each pass, each kernel's source) is skipped
         # when nobody asked for one: it is most of ember's own time on a warm start
@@ -80,6 +95,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
         warn_once(f"{type(e).__name__}:{e}", f"ember could not compile graph {name} ({report.error}); "
                   "it runs through ATen. Set EMBER_DEBUG=1 for details.")
         program = boxed(gm)
+        if kind == "forward" and isinstance(e, ShapeDisagreement):
+            _saved_by_disagreeing_forwards.update((id(v), v) for v in _output_values(gm) if isinstance(v, torch.Tensor))
     if kind == "backward" and isinstance(program, (CompiledProgram, TimedChoice)):
         # (vmap's batched gradients: ATen batches them)
         eager_for_batched_calls(program, lambda: boxed(gm), tangent_positions(gm))
@@ -91,6 +108,15 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     aten = "runs through ATen (kernels rendered only)" if rendered_only else f"{len(report.fallbacks)} ATen call(s)"
     log(1, f"{name}: {len(report.kernels)} kernel(s), {aten}, {report.compile_ms:.0f} ms", cfg)
     return program
+
+
+def _input_values(gm: torch.fx.GraphModule) -> list[Any]:
+    return [node.meta.get("val") for node in gm.graph.nodes if node.op == "placeholder"]
+
+
+def _output_values(gm: torch.fx.GraphModule) -> list[Any]:
+    outputs = [node for node in gm.graph.nodes if node.op == "output"][0].args[0]
+    return [getattr(node, "meta", {}).get("val") for node in outputs]
 
 
 def _on_meta(gm: torch.fx.GraphModule) -> bool:

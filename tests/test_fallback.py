@@ -436,3 +436,31 @@ def test_fake_tensors_run_the_graph_eagerly_as_eager_does():
     assert (out.shape, made.shape, outside.shape, w.grad.shape) == ((3,), (3,), (3,), (4, 5))
     w.grad = None
     assert_same(fast(x, w), fn(x, w))  # real calls after them: compiled as before
+
+
+def test_a_forward_whose_trace_disagrees_on_a_shape_runs_its_backward_through_aten_too(monkeypatch):
+    # torch 2.11's fake linalg_vector_norm kept a dim of size 1 its eager op drops: the forward ran
+    # through ATen, its saved values came in the shapes ATen gives, and the backward compiled for
+    # the traced shapes raised IndexError. A forward that falls back over a shape disagreement
+    # (made here by a lowering that builds another shape) runs its backward through ATen too.
+    from ember.frontend import aten_reductions, lowering  # noqa: F401  (LOWERINGS filled before the patch)
+
+    def disagreeing(ctx, x, *_):
+        raise lowering.ShapeDisagreement(f"lowering of {ctx.aten} built {list(x.shape)}, ATen gives []")
+
+    for op in (torch.ops.aten.sum.default, torch.ops.aten.sum.dim_IntList):  # (the forward's only)
+        monkeypatch.setitem(lowering.LOWERINGS, op, disagreeing)
+    fn = lambda x: (x.sin() * x.exp()).sum()  # noqa: E731
+    report = ember.Report()
+    x = torch.randn(5, 3, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = ember.compile(fn, report=report)(x)
+    got.backward()
+    x_eager = x.detach().requires_grad_()
+    want = fn(x_eager)
+    (want_grad,) = torch.autograd.grad(want, x_eager)
+    assert_same((got, x.grad), (want, want_grad))
+    forward, backward = report.graphs
+    assert "ShapeDisagreement" in forward.error
+    assert "its forward ran through ATen over a shape" in backward.error and not backward.kernels

@@ -49,6 +49,11 @@ class Unsupported(Exception):
     """A lowering declines this call: the op runs through ATen instead."""
 
 
+class ShapeDisagreement(AssertionError):
+    """A lowering built another shape than the traced one (the fake kernel's). One of the two
+    is wrong: the graph runs through ATen, whose results then may not have the traced shapes."""
+
+
 LoweringFn = Callable[..., Any]
 LOWERINGS: dict[Any, LoweringFn] = {}
 
@@ -673,6 +678,6 @@ def _finish(ctx: Context, result: Any, val: Any) -> Any:
             # ATen's spelling, which later ops broadcast as the 1 it is
             result = ctx.reshape(result, aten_shape)
         if not sh.shapes_equal(result.shape, aten_shape):
-            raise AssertionError(f"lowering of {ctx.aten} built {sh.fmt(result.shape)}, "
+            raise ShapeDisagreement(f"lowering of {ctx.aten} built {sh.fmt(result.shape)}, "
                                  f"ATen gives {sh.fmt(sh.shape(val.shape))}")
     return result
