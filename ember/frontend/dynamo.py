@@ -37,7 +37,7 @@ from .eager_strides import in_eager_layout, is_iterator_op
 from .layout_decomps import layout_decompositions
 from .linspace_decomps import integer_linspaces
 from .loss_decomps import loss_decompositions
-from .norm_decomps import batch_norm_decompositions, vector_norm_decompositions
+from .norm_decomps import batch_norm_decompositions
 from .optimizer_decomps import optimizer_decompositions
 from .partition import partition
 from .pool_decomps import pool_decompositions
@@ -180,8 +180,6 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
                                                         _mixed_operands_refused)
     # batch norm's mean in training as eager's: inf where a channel holds inf (norm_decomps.py)
     table.update(batch_norm_decompositions())
-    # (a norm over dims of size 1 traced as ATen computes it under torch 2.11 too)
-    table.update(vector_norm_decompositions())
     for op in (aten._native_batch_norm_legit_no_training.default, aten._native_batch_norm_legit_functional.default,
                aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats,
                aten.native_batch_norm.default, aten.native_group_norm.default):

@@ -4,10 +4,7 @@ in training on the CPU: eager's kernel takes it as ``sum / n``, inf for a channe
 ``m + sum(x - m) / n`` is ``inf - inf = NaN`` there: the running and saved means were NaN. The
 shared variance lowering stays as it is (eager's ``var_mean`` is a Welford mean, NaN unless the
 inf comes last), and so does the GPU (eager's CUDA mean is inf or NaN by layout and position).
-The variance, rstd and the output are NaN in both.
-
-Also ``linalg_vector_norm`` over dims of size 1 only, whose dims torch 2.11's fake kernel keeps
-where its eager op drops them."""
+The variance, rstd and the output are NaN in both."""
 
 from __future__ import annotations
 
@@ -83,23 +80,3 @@ def batch_norm_decompositions() -> dict[Any, Callable[..., Any]]:
         aten._native_batch_norm_legit.no_stats: _no_stats,
         aten._native_batch_norm_legit_functional.default: _functional,
     }
-
-
-def _vector_norm_over_ones(x: torch.Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,
-                           dtype: torch.dtype | None = None) -> Any:
-    """``linalg_vector_norm`` over dims of size 1 only, without keepdim: the norm with keepdim,
-    then those dims squeezed. torch 2.11's fake kernel gives such a norm of a (1, n) tensor over
-    dim 0 the shape (1, n) where its eager op gives (n,): the traced shapes disagreed with the
-    ones ATen computes, the forward ran through ATen, and the backward compiled for the traced
-    shapes got the computed ones (an IndexError). Other norms keep the op (NotImplemented)."""
-    dims = [dim] if isinstance(dim, int) else list(dim or ())
-    if keepdim or not dims or x.dim() == 0:
-        return NotImplemented
-    dims = [d % x.dim() if -x.dim() <= d < x.dim() else None for d in dims]
-    if None in dims or any(not (isinstance(x.shape[d], int) and x.shape[d] == 1) for d in dims):
-        return NotImplemented  # (a dim out of range: ATen raises eager's IndexError)
-    return aten.squeeze.dims(aten.linalg_vector_norm(x, ord, dims, True, dtype=dtype), dims)
-
-
-def vector_norm_decompositions() -> dict[Any, Callable[..., Any]]:
-    return {aten.linalg_vector_norm.default: _vector_norm_over_ones}
