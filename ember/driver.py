@@ -80,6 +80,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
         # ATen ops may not have given (torch 2.11's fake linalg_vector_norm kept a dim the op
         # drops: an IndexError in the backward). ATen's ops take them as they come, as in aot_eager.
         report.error = "its forward ran through ATen over a shape the trace disagrees on"
+        stats.bump("graph_fallbacks")
         log(1, f"{name}: {report.error}: it runs through ATen too", cfg)
         if sink is not None:
             sink.append(report)

@@ -679,5 +679,5 @@ def _finish(ctx: Context, result: Any, val: Any) -> Any:
             result = ctx.reshape(result, aten_shape)
         if not sh.shapes_equal(result.shape, aten_shape):
             raise ShapeDisagreement(f"lowering of {ctx.aten} built {sh.fmt(result.shape)}, "
-                                 f"ATen gives {sh.fmt(sh.shape(val.shape))}")
+                                    f"ATen gives {sh.fmt(sh.shape(val.shape))}")
     return result
