@@ -442,7 +442,7 @@ def test_a_forward_whose_trace_disagrees_on_a_shape_runs_its_backward_through_at
     # torch 2.11's fake linalg_vector_norm kept a dim of size 1 its eager op drops: the forward ran
     # through ATen, its saved values came in the shapes ATen gives, and the backward compiled for
     # the traced shapes raised IndexError. A forward that falls back over a shape disagreement
-    # (made here by a lowering that builds another shape) runs its backward through ATen too.
+    # (here a lowering raises one) runs its backward through ATen too.
     from ember.frontend import aten_reductions, lowering  # noqa: F401  (LOWERINGS filled before the patch)
 
     def disagreeing(ctx, x, *_):
