@@ -33,7 +33,7 @@ kernel converts with its overflow check (RuntimeError); such calls keep the op f
 
 ``eager_decompositions()`` puts the versions below in their place while AOTAutograd traces
 (and random_decomps.py's dropout and bernoulli_, which draw what eager's kernels draw, and
-before torch 2.13 cumprod_grad.py's gradient of cumprod).
+before torch 2.13 cumprod_grad.py's gradient of cumprod, and prod_grad.py's of 16-bit CPU products).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from .bag_decomps import bag_overrides
 from .cumprod_grad import cumprod_override
 from .layout_decomps import layout_overrides
 from .pool_dtypes import pool_overrides
+from .prod_grad import prod_override
 from .random_decomps import dropout_overrides, functional_bernoulli
 
 aten = torch.ops.aten
@@ -190,6 +191,8 @@ def eager_decompositions(cpu_embedding_bag: bool = False) -> Iterator[None]:
     overrides += pool_overrides()
     # (cumprod's gradient in scans, where torch traces it element by element: cumprod_grad.py)
     overrides += cumprod_override()
+    # (a 16-bit CPU product's gradient from ATen's rounded result, as eager's: prod_grad.py)
+    overrides += prod_override()
     saved = []
     for op, key, fn in overrides:
         saved.append((op, key, op.py_kernels.get(key)))
