@@ -218,6 +218,7 @@ class Generator:
         choices = [f"{x}.sum({dims})", f"{x}.mean({dims})", f"{x}.amax({dims})", f"{x}.amin({dims})",
                    f"{x}.var({dims}, correction={r.choice([0, 1])})", f"{x}.std({dims}, correction={r.choice([0, 1])})",
                    f"torch.logsumexp({x}, {dims})", f"(1 + 0.1 * torch.tanh({x})).prod({dims})",
+                   f"torch.where({x} > 1.5, 0, 1 + 0.1 * torch.tanh({x})).prod({dims})",  # (some zeros)
                    f"torch.linalg.vector_norm({x}, {dims})", f"({x} > 0).any({dims})", f"({x} > -1).all({dims})",
                    f"torch.max({x}, {dims}).values", f"{x}.sum()", f"{x}.mean()", f"{x}.amax()",
                    f"torch.sort({x}, dim={d}).values", f"torch.cumsum({x}, {d})",
