@@ -116,6 +116,18 @@ def test_a_complex_products_gradient_takes_the_conjugates():
         torch.testing.assert_close(got, expected)
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="only the CPU's 16-bit product rounds every step")
+def test_a_16_bit_product_of_float32_values_has_eagers_gradient():
+    # prod(dtype=bfloat16) of float32 values: ATen casts them and multiplies in bfloat16
+    fn = lambda x: torch.log(x.prod(-1, dtype=torch.bfloat16))  # noqa: E731
+    x = 1 + 0.1 * torch.randn(3, 600, generator=torch.Generator().manual_seed(5))
+    out, g = _grads(fn, x, ember.compile(fn))
+    want_out, want = _grads(fn, x, None)
+    assert g.dtype == torch.float32
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(g, want, atol=4e-3, rtol=2e-2)
+
+
 def test_a_product_to_float32_of_16_bit_values_keeps_the_two_sided_formula():
     # prod(dtype=float32) of bf16 values is ember's own float32 product: the result is exact there
     fn = lambda x: x.prod(-1, dtype=torch.float32)  # noqa: E731

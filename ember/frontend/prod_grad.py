@@ -77,8 +77,7 @@ class _Prod(torch.autograd.Function):
 
 def _rounds_every_step(x: torch.Tensor, dtype: torch.dtype | None) -> bool:
     """Whether ATen computes this product (and ember leaves it to ATen): 16-bit on the CPU."""
-    out = dtype or x.dtype
-    return x.device.type == "cpu" and out in (torch.float16, torch.bfloat16) and x.dtype == out
+    return x.device.type == "cpu" and (dtype or x.dtype) in (torch.float16, torch.bfloat16)
 
 
 def _below_autograd(op: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
