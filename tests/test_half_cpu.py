@@ -189,6 +189,29 @@ def test_a_float32_min_of_a_16_bit_chain_is_one_its_backward_recomputes(dtype, l
     torch.testing.assert_close(mine.grad, ref.grad, rtol=rtol, atol=atol)
 
 
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_a_comparison_rounds_the_16_bit_ops_under_a_float32_op_as_the_min_it_meets(dtype, layout):
+    # lerp computes in float32 between two 16-bit ops: log(|x| + 1e-3), then the lerp's cast
+    # back. The forward's min rounded the sum before the log; the backward's x == min rounded
+    # only the lerp's cast, not the sum under its float32 ops, and in 16 of 128 columns no
+    # element equalled the min: NaN gradients (float16 CPU fuzz seed 104247131677)
+    def fn(x):
+        return torch.lerp(x, torch.log(x.abs() + 1e-3).to(x.dtype), 0.3).amin(dim=0, keepdim=True)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 128, generator=g).to(dtype)
+    if layout == "columns":
+        x = x.t().contiguous().t()
+    up = torch.randn(1, 128, generator=g).to(dtype)
+    mine, ref = (x.clone().requires_grad_() for _ in range(2))
+    ember.compile(fn)(mine).backward(up)
+    fn(ref).backward(up)
+    assert not mine.grad.isnan().any()
+    rtol, atol = TOLERANCES[dtype]
+    torch.testing.assert_close(mine.grad, ref.grad, rtol=rtol, atol=atol)
+
+
 def test_a_16_bit_value_a_training_forward_saves_is_read_rounded_by_it_too():
     # an RMSNorm's rsqrt is saved for the backward, rounded; the forward's x * rsqrt read it
     # unrounded. Normalized over a dim of size 1, the gradient is 0 by cancellation of terms the

@@ -292,8 +292,12 @@ class KernelBuilder(ReduceBuilder):
                 # op by op where a jump reads that operand too, so both see one value: bf16
                 # ``y.half().bfloat16() >= y`` was False where the conversion's y was an ulp off)
                 smooth = op is Op.CAST and node.dtype.is_float
-                srcs = [self._as_eager_holds(s, not smooth or view_base(i) in self.held)
-                        for i, s in zip(node.inputs, srcs)]
+                # (op by op also under widening casts and float32 ops: fp16 ``x == x.amin(0)`` of
+                # ``x = lerp(a, log(|a| + 1e-3).half(), 0.3)``, its float32 lerp between two
+                # 16-bit ops, compared an unrounded sum's log with the max's rounded one: no
+                # element equalled it, and its backward divided by that count, 0: NaN)
+                srcs = [self._chain_as_eager_holds(s) if not smooth or view_base(i) in self.held
+                        else self._as_eager_holds(s, False) for i, s in zip(node.inputs, srcs)]
             else:  # (what a conversion reads rounded, a difference reads rounded: cast_read; what a
                 # training forward saves, every op reads rounded: saved_read. Each reads the value
                 # as it is stored: op by op where a jump reads it too, or bf16 softsign's

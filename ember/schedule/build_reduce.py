@@ -165,8 +165,8 @@ class ReduceBuilder:
         float32 max of ``(x * rsqrt(ms)).float() * w`` over bfloat16 ``x`` read the unrounded
         rsqrt, its backward the rounded one it saved, and no product equalled the max in some
         rows (bfloat16 CPU fuzz seed 320218832278: NaN gradients)."""
-        if v.kind != "alu":
-            return v
+        if v.kind != "alu":  # (a load or constant as it is; a 16-bit sum or max rounded)
+            return self._as_eager_holds(v)
         if v.arg is Op.CAST:  # (a 16-bit op's rounding, or a widening of it: its chain, op by op)
             inner = self._chain_as_eager_holds(v.srcs[0])
             if inner is v.srcs[0] or inner.kind == "alu" and inner.arg is Op.CAST and inner.dtype == v.dtype:
@@ -230,7 +230,7 @@ class ReduceBuilder:
             if v.kind == "alu" and per_op:
                 # eager rounds every op, so the chain under the jump reads rounded values too: a
                 # (x / s + z).round() of fake quantization rounds x / s before adding z
-                srcs = tuple(self._as_eager_holds(s) for s in v.srcs)
+                srcs = tuple(self._chain_as_eager_holds(s) for s in v.srcs)
                 if any(a is not b for a, b in zip(srcs, v.srcs)):
                     rounded_srcs = self._emit("alu", v.dtype, srcs, v.arg)
             # a select, a sign change or a max of rounded values is one of them: no second
