@@ -9,7 +9,10 @@ Needs a GPU with 12 GiB free: ``EMBER_TEST_DEVICE=cuda pytest tests/test_wide_in
 
 from __future__ import annotations
 
+import fcntl
+import tempfile
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +24,20 @@ from .conftest import DEVICE
 pytestmark = pytest.mark.skipif(DEVICE != "cuda", reason="runs GPU kernels over 4 GiB: EMBER_TEST_DEVICE=cuda")
 
 WIDE = 1 << 31
+
+
+@pytest.fixture(autouse=True)
+def one_wide_test_at_a_time():
+    """Under pytest-xdist these tests take turns (a lock file all workers share): two of them at
+    once, 18 GiB each, ran an H100 out of memory beside the other workers' tests."""
+    with open(Path(tempfile.gettempdir()) / "ember-test-wide-index.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            torch.cuda.empty_cache()
+            yield
+        finally:
+            torch.cuda.empty_cache()  # (this worker's cached blocks back for the next one)
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def scale_shift(x):
