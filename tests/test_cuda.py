@@ -122,6 +122,25 @@ def test_opinfo_kernels_compile_for_sm90(tmp_path):
     compile_batches(kernels, tmp_path, per_file=-(-len(kernels) // 2))  # one file per nvcc worker
 
 
+@needs_nvcc
+def test_a_saved_value_named_after_a_math_function_does_not_hide_it(tmp_path):
+    # AOTAutograd names the saved sqrt(p) "sqrt"; as a kernel parameter of that name it hid
+    # CUDA's sqrt() from the std the same backward kernel recomputes: the kernel failed to build
+    # and ran through ATen (GPU fuzz seed 317377345058). Unnumbered input names get "_in".
+    def fn(x):
+        p = torch.softmax(x, dim=0)
+        s = p.std(dim=-2, keepdim=True, correction=0)
+        return torch.sqrt(p.abs()), torch.where(p > s, p, s)
+
+    x = torch.randn(3, 300, dtype=torch.float16, requires_grad=True)
+    ups = [torch.randn(3, 300, dtype=torch.float16) for _ in range(2)]
+    report = explain(lambda x, *ups: torch.autograd.backward(fn(x), list(ups)), x, *ups)
+    params = re.findall(r"void \w+_body\(([^)]*)\)", "\n".join(k.source for k in report.kernels))
+    names = {p.split()[-1] for group in params for p in group.split(",")}
+    assert "sqrt_in" in names and "sqrt" not in names, names
+    assert nvcc(sources(report, "t"), tmp_path / "named.cu") is None
+
+
 # ---- what each strategy looks like ----------------------------------------------------------
 
 def test_pointwise_kernel_is_a_grid_stride_loop():

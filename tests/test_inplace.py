@@ -80,7 +80,7 @@ def test_backward_writes_over_saved_products():
     for a, r in zip(args, ref_args):
         assert_same(a.grad, r.grad)
     reused = _written_over(report, "backward")
-    assert any(line.startswith(("buf0 = mm ", "buf0 = mm_1 ")) for line in reused), reused
+    assert any(line.startswith(("buf0 = mm_in ", "buf0 = mm_1 ")) for line in reused), reused
 
 
 def test_saved_tensors_are_kept_when_the_backward_may_run_again():

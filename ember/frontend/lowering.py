@@ -11,6 +11,7 @@ and the result is cast to the dtype ATen would give.
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -483,10 +484,23 @@ def _only_indexes(fx_node: torch.fx.Node) -> bool:
         for u in users)
 
 
+_NUMBERED = re.compile(r"_\d+$")
+
+
+def input_name(fx_name: str) -> str:
+    """The name of a graph input in ember's IR and kernels. AOTAutograd names a saved value after
+    its op, and the first of them has no number: a kernel parameter named ``sqrt`` hid CUDA's
+    ``sqrt()`` from the kernel's own square roots ("expression preceding parentheses ... must
+    have function type": GPU fuzz, the kernel fell back to ATen). Names FX numbers
+    (``primals_1``, ``sqrt_1``) stay; the others, which may be any function, keyword or local
+    a renderer uses (``sqrt``, ``max``, ``v0``, ``buf0``), get ``_in``."""
+    return fx_name if _NUMBERED.search(fx_name) else f"{fx_name}_in"
+
+
 def _placeholder(fx_node: torch.fx.Node, index: int, val: Any, device: str, donated: bool = False) -> Node:
     from .aten_scalars import checked_value_symbol  # (a lowering module: it imports this one)
 
-    name = fx_node.name
+    name = input_name(fx_node.name)
     if isinstance(val, torch.Tensor):
         dtype = dt.from_torch(val.dtype) if dt.is_supported_torch(val.dtype) else None
         on_host = str(val.device) == "cpu" and device != "cpu"
