@@ -28,8 +28,9 @@ WIDE = 1 << 31
 
 @pytest.fixture(autouse=True)
 def one_wide_test_at_a_time():
-    """Under pytest-xdist these tests take turns (a lock file all workers share): two of them at
-    once, 18 GiB each, ran an H100 out of memory beside the other workers' tests."""
+    """Under pytest-xdist these tests take turns (a lock file all workers share): one ran an H100
+    out of memory beside a 48 GiB process (-n 14), most likely another of them (18 GiB or more
+    each: the inputs, outputs and eager's slices)."""
     with open(Path(tempfile.gettempdir()) / "ember-test-wide-index.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
