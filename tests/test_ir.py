@@ -105,3 +105,20 @@ def test_view_strides_follow_atens_view_rule():
         assert (got is None) == (want is None), (t.shape, t.stride(), new)
         if want is not None:  # (a size-1 dim's stride is free)
             assert all(a == b or n == 1 for a, b, n in zip(got, want, new)), (t.shape, t.stride(), new)
+
+
+def test_eager_saved_values_follow_their_nodes_through_passes():
+    # (Graph.eager_saved: a backward's recomputed forward values, read rounded.) CSE merges the
+    # recomputed product with its twin and dce drops a dead one: the set follows the survivor
+    from ember.passes.cse import cse
+    from ember.passes.dce import dce
+
+    b = GraphBuilder()
+    x = b.input((4,), dtypes.bfloat16)
+    c = b.input((4,), dtypes.bfloat16)
+    first, twin, dead = b.mul(x, c), b.mul(x, c), b.mul(c, c)
+    g = b.build(b.exp(b.add(first, twin)))
+    g = g.with_nodes(g.inputs, g.outputs, g.nodes, eager_saved=frozenset({twin, dead}))
+    after = dce(cse(g))
+    (product,) = [n for n in after.nodes if n.op is Op.MUL]
+    assert after.eager_saved == {product}

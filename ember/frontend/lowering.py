@@ -375,7 +375,26 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
                                       fresh_outputs=frozenset(fresh_outputs), effects=effects,
                                       size_checks=ctx.size_checks, whole_outputs=frozenset(whole_outputs),
                                       repeated_outputs=repeated_outputs, mutated_inputs=mutated_inputs,
-                                      fresh_views=fresh_views))
+                                      fresh_views=fresh_views, eager_saved=_eager_saved(gm, env)))
+
+
+_BACKWARD_TAGS = ("is_backward", "must_be_in_backward")
+
+
+def _eager_saved(gm: torch.fx.GraphModule, env: dict[torch.fx.Node, Any]) -> frozenset[Node]:
+    """The values computed in this graph that AOTAutograd traced in the forward and a backward op
+    reads (``Graph.eager_saved``): eager's backward reads them as its forward saved them, rounded,
+    whether the partitioner saved them or recomputes them here. Of a recomputed ``x * c`` read
+    unrounded, a bfloat16 ``logcumsumexp(x * c)``'s backward ``exp(rev_lcse(g - out) + x * c)``
+    exceeded the rounded ``out`` by half its ulp, exp of up to 16: gradients 10^6 where eager's
+    are 10^3 (CPU fuzz seed 9801)."""
+    found = []
+    for fx_node in gm.graph.nodes:
+        if (fx_node.op == "call_function" and fx_node.meta.get("partitioner_tag") == "is_forward"
+                and isinstance(env.get(fx_node), Node)
+                and any(u.meta.get("partitioner_tag") in _BACKWARD_TAGS for u in fx_node.users)):
+            found.append(env[fx_node])
+    return frozenset(found)
 
 
 class NegativeBitInput(NotImplementedError):

@@ -371,6 +371,9 @@ class Graph:
     come back as views of one copy of it.
     ``size_checks``: eager's errors that only the run-time sizes decide (an int64 arange whose
     count overflows), checked by the host program before a kernel reads those sizes.
+    ``eager_saved``: the values of a training graph that eager's backward reads as its forward
+    saved them, rounded to their dtype (a backward's recomputation of a forward value, or a
+    forward value the gradient-in-forward plan reads): ``fusion.saved_read``.
     """
 
     def __init__(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node],
@@ -379,7 +382,7 @@ class Graph:
                  fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = (),
                  size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset(),
                  repeated_outputs: dict[int, int] | None = None, mutated_inputs: dict[int, int] | None = None,
-                 fresh_views: dict[int, int] | None = None):
+                 fresh_views: dict[int, int] | None = None, eager_saved: frozenset[Node] = frozenset()):
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes = list(nodes)
@@ -394,6 +397,7 @@ class Graph:
         self.repeated_outputs = dict(repeated_outputs or {})
         self.mutated_inputs = dict(mutated_inputs or {})
         self.fresh_views = dict(fresh_views or {})
+        self.eager_saved = eager_saved
 
     @classmethod
     def from_outputs(cls, inputs: Sequence[Node], outputs: Sequence[Node | None], name: str = "graph",
@@ -403,11 +407,12 @@ class Graph:
                      fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = (),
                      size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset(),
                      repeated_outputs: dict[int, int] | None = None,
-                     mutated_inputs: dict[int, int] | None = None, fresh_views: dict[int, int] | None = None) -> Graph:
+                     mutated_inputs: dict[int, int] | None = None, fresh_views: dict[int, int] | None = None,
+                     eager_saved: frozenset[Node] = frozenset()) -> Graph:
         """A graph holding exactly the nodes the outputs and effects need (plus all inputs)."""
         return cls(inputs, outputs, toposort(list(inputs) + [o for o in outputs if o is not None] + list(effects)),
                    name, scalar_outputs, output_strides, totals, fresh_outputs, effects, size_checks, whole_outputs,
-                   repeated_outputs, mutated_inputs, fresh_views)
+                   repeated_outputs, mutated_inputs, fresh_views, eager_saved)
 
     def users(self) -> dict[Node, list[Node]]:
         result: dict[Node, list[Node]] = {n: [] for n in self.nodes}
@@ -417,10 +422,11 @@ class Graph:
         return result
 
     def with_nodes(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node],
-                   effects: Sequence[Node] | None = None) -> Graph:
+                   effects: Sequence[Node] | None = None, eager_saved: frozenset[Node] | None = None) -> Graph:
         return Graph(inputs, outputs, nodes, self.name, self.scalar_outputs, self.output_strides, self.totals,
                      self.fresh_outputs, self.effects if effects is None else effects, self.size_checks,
-                     self.whole_outputs, self.repeated_outputs, self.mutated_inputs, self.fresh_views)
+                     self.whole_outputs, self.repeated_outputs, self.mutated_inputs, self.fresh_views,
+                     self.eager_saved if eager_saved is None else eager_saved)
 
     def __str__(self) -> str:
         from .printer import format_graph
@@ -473,7 +479,8 @@ def rewrite(graph: Graph, rule: Rule) -> Graph:
         new_nodes.extend(toposort([replacement], seen))
     inputs = [mapping[i] for i in graph.inputs]
     outputs = [mapping[o] if o is not None else None for o in graph.outputs]
-    return graph.with_nodes(inputs, outputs, new_nodes, [mapping[e] for e in graph.effects])
+    saved = frozenset(mapping[n] for n in graph.eager_saved if n in mapping)
+    return graph.with_nodes(inputs, outputs, new_nodes, [mapping[e] for e in graph.effects], saved)
 
 
 def aten_result_strides(node: Node) -> tuple[Any, ...] | None:
@@ -588,4 +595,5 @@ def record_ragged_totals(graph: Graph) -> Graph:
     totals = {s: graph.inputs.index(n) for s, n in ragged_totals(graph).items()}
     return Graph(graph.inputs, graph.outputs, graph.nodes, graph.name, graph.scalar_outputs,
                  graph.output_strides, totals, graph.fresh_outputs, graph.effects, graph.size_checks,
-                 graph.whole_outputs, graph.repeated_outputs, graph.mutated_inputs, graph.fresh_views)
+                 graph.whole_outputs, graph.repeated_outputs, graph.mutated_inputs, graph.fresh_views,
+                 graph.eager_saved)

@@ -14,7 +14,7 @@ from torch.utils._sympy.functions import FloorDiv
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import Node, view_base
+from ..ir.node import Graph, Node, view_base
 from ..ir.ops import POINTWISE_OPS, VIEW_OPS, Op
 from .group_spec import (
     ACROSS_OPS,
@@ -110,16 +110,19 @@ def cast_read(nodes: Sequence[Node], users: dict[Node, list[Node]]) -> frozenset
                      and n.dtype is not None and n.dtype.is_low_precision and converted(n))
 
 
-def saved_read(graph_name: str, nodes: Sequence[Node], outputs: Sequence[Node | None]) -> frozenset[Node]:
-    """The 16-bit values computed in a training forward's kernels that it returns: saved for its
-    backward (or the user's). They leave the graph rounded, and the backward recomputes from
-    them as saved, so the forward's own readers read them rounded too. Of the unrounded value, a
-    bf16 RMSNorm's ``x * rsqrt(ms)`` normalized over a dim of size 1 had a norm its backward's
-    recomputed ``x * rsqrt`` missed by an ulp; the gradient, 0 by cancellation, came out 14 where
-    eager's is within 1e-4 (CPU fuzz seed 58612926972)."""
-    if not graph_name.startswith("forward"):
-        return frozenset()
-    return frozenset(base for n in outputs if n is not None
+def saved_read(graph: Graph) -> frozenset[Node]:
+    """The 16-bit values computed in a training graph's kernels that eager holds as its forward
+    saved them, so that every reader reads them rounded. A training forward's outputs are saved
+    for its backward (or the user's): they leave the graph rounded, and the backward recomputes
+    from them as saved. Of the unrounded value, a bf16 RMSNorm's ``x * rsqrt(ms)`` normalized
+    over a dim of size 1 had a norm its backward's recomputed ``x * rsqrt`` missed by an ulp;
+    the gradient, 0 by cancellation, came out 14 where eager's is within 1e-4 (CPU fuzz seed
+    58612926972). ``graph.eager_saved`` adds the forward values a backward op reads in this
+    graph: a backward's recomputations, and the forward values of the gradient-in-forward plan."""
+    candidates = list(graph.eager_saved)
+    if graph.name.startswith("forward"):
+        candidates += [n for n in graph.outputs if n is not None]
+    return frozenset(base for n in candidates
                      if (base := view_base(n)).op in POINTWISE_OPS and base.op is not Op.CAST
                      and base.dtype is not None and base.dtype.is_low_precision)
 

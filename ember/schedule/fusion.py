@@ -68,7 +68,7 @@ class Planner(DomainRules, StepOrder):
         self.totals = ragged_totals(graph)     # ragged totals kernels read on the device
         self.held = jump_read(graph.nodes, self.users, graph.outputs)  # 16-bit roots stored as eager holds them
         self.converted = cast_read(graph.nodes, self.users)  # 16-bit values differences read rounded
-        self.saved = saved_read(graph.name, graph.nodes, graph.outputs)  # 16-bit values all read rounded
+        self.saved = saved_read(graph)  # 16-bit values all read rounded
         # subtrees while buffers and views stay as they are: (changes seen, root -> subtree)
         self._subtrees: tuple[tuple[int, int], dict[Node, tuple[Node, ...]]] = ((-1, -1), {})
         self._reach: dict[Node, int] | None = None  # (the dependency walk's, made on first use)
