@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import ember
-from ember.frontend.lowering import InputWriteError, lower_graph
+from ember.frontend.input_writes import InputWriteError
+from ember.frontend.lowering import lower_graph
 
 from .conftest import DEVICE, INTERPRETED_TRITON
 from .helpers import assert_same, run

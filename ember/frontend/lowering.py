@@ -44,6 +44,7 @@ from .aten_calls import (
     whole_memory,
 )
 from .eager_strides import eager_output_strides
+from .input_writes import check_not_written, writes_input, written_back, written_value
 
 
 class Unsupported(Exception):
@@ -321,14 +322,14 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
                         shape=sh.shape(tensor.shape), device=str(tensor.device))
             ctx.nodes.append(node)
             env[fx_node] = node
-        elif fx_node.op == "call_function" and _writes_input(fx_node):
+        elif fx_node.op == "call_function" and writes_input(fx_node):
             metas = [getattr(a, "meta", {}).get("val") for a in fx_node.args[:2]]
             same = all(isinstance(m, torch.Tensor) for m in metas) and metas[0].dtype == metas[1].dtype
-            written[fx_node.args[0]] = _written_value(ctx, env[fx_node.args[0]], env[fx_node.args[1]], same)
+            written[fx_node.args[0]] = written_value(ctx, env[fx_node.args[0]], env[fx_node.args[1]], same)
             env[fx_node] = env[fx_node.args[0]]  # (returned: the input itself, written)
         elif fx_node.op == "call_function":
-            _check_not_written(fx_node, written)
-            ctx.written_back = _written_back(fx_node)
+            check_not_written(fx_node, written)
+            ctx.written_back = written_back(fx_node)
             env[fx_node] = _call(ctx, fx_node, env, val)
             ctx.written_back = False
             if isinstance(env[fx_node], Node) and isinstance(val, torch.Tensor):
@@ -399,58 +400,6 @@ def _eager_saved(gm: torch.fx.GraphModule, env: dict[torch.fx.Node, Any]) -> fro
 
 class NegativeBitInput(NotImplementedError):
     """An input whose negative bit is set: the graph runs through ATen, which reads it negated."""
-
-
-class InputWriteError(NotImplementedError):
-    """An in-place write into a graph input that ember does not lower (the graph then runs
-    through ATen, which makes it)."""
-
-
-def _writes_input(fx_node: torch.fx.Node) -> bool:
-    """Is this AOTAutograd's write of an input's new value into it, ``copy_(input, value)``
-    (kept in the graph: ``keep_inference_input_mutations``; the graph may return its result,
-    the input)? Other in-place calls on an input (``set_`` of FSDP's parameters), or whose
-    result nothing reads, raise: as an ATen call no value needs, the write would be dropped."""
-    target = fx_node.target
-    if not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
-        return False
-    first = fx_node.args[0] if fx_node.args else None
-    into_input = isinstance(first, torch.fx.Node) and first.op == "placeholder"
-    if (target is torch.ops.aten.copy_.default and into_input and not fx_node.kwargs
-            and all(user.op == "output" for user in fx_node.users)):
-        return True
-    if into_input or not fx_node.users:
-        raise InputWriteError(f"{op_name(target)} writes {'input ' if into_input else ''}{first} in place")
-    return False
-
-
-def _written_back(fx_node: torch.fx.Node) -> bool:
-    """Does the graph write this call's result into its first argument, one of its inputs?"""
-    first = fx_node.args[0] if fx_node.args else None
-    return (isinstance(first, torch.fx.Node) and first.op == "placeholder"
-            and any(user.target is torch.ops.aten.copy_.default and user.args[:2] == (first, fx_node)
-                    and _writes_input(user) for user in fx_node.users))
-
-
-def _written_value(ctx: Context, target: Any, value: Any, same_dtype: bool = False) -> Node:
-    """What ``copy_(target, value)`` leaves in the input ``target``: ``value`` in its dtype and
-    broadcast to its shape."""
-    if (isinstance(target, Node) and target.op is Op.INPUT and target.dtype is None and isinstance(value, Node)
-            and value.dtype is None and value.shape is not None and value.shape == target.shape
-            and same_dtype):
-        return value  # (complex or float8: ATen's result, of the input's dtype and shape, copied in)
-    if not (isinstance(target, Node) and target.op is Op.INPUT and target.dtype is not None
-            and isinstance(value, Node) and value.dtype is not None and value.shape is not None):
-        raise InputWriteError(f"copy_ into input {target!r} of a value ember holds no tensor of")
-    ctx.aten = ctx.origin = "copy_"
-    return ctx.expand_to(ctx.cast(value, target.dtype), target.shape)
-
-
-def _check_not_written(fx_node: torch.fx.Node, written: dict[torch.fx.Node, Node]) -> None:
-    """The program writes an input at its end: nothing may read it after its write."""
-    for arg in fx_node.all_input_nodes:
-        if arg in written:
-            raise InputWriteError(f"{fx_node.name} reads input {arg.name} after copy_ wrote it")
 
 
 # ATen calls that return nothing and must still run: eager's checks of values (one_hot's class
