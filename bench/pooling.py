@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import interleaved_gpu_times, machine, median_times, rel_error, table  # noqa: E402
 
 import ember  # noqa: E402
-from ember.frontend.dynamo import decomposition_table  # noqa: E402
+from ember.frontend.decompositions import decomposition_table  # noqa: E402
 from ember.frontend.pool_decomps import pool_decompositions  # noqa: E402
 
 

@@ -3,7 +3,7 @@ alpha, a pad value, a scalar operand): the overflow check it converts them with,
 scalars it checks on each call, and the rounding of a number to a 16-bit float.
 
 Shared by the lowerings (aten_pointwise.py, aten_copies.py, aten_views.py, aten_indexing.py) and
-by the Dynamo backend (dynamo.py: masked_fill and index_fill of a value out of range are not
+by the decomposition table (decompositions.py: masked_fill and index_fill of a value out of range are not
 decomposed, so eager's overflow error is raised).
 
 Decomposed ops convert their numbers with no check: ``range_checked_decompositions`` keeps the

@@ -51,7 +51,7 @@ def _in_dtype(v: float, dtype: torch.dtype) -> float:
     if dtype == torch.float64:
         return v
     if dtype in (torch.float16, torch.bfloat16):
-        from .dynamo import _rounded_16  # (dynamo.py imports this module)
+        from .decompositions import _rounded_16  # (decompositions.py imports this module)
         return _rounded_16(v, dtype)
     return ctypes.c_float(v).value
 
