@@ -122,3 +122,13 @@ def test_eager_saved_values_follow_their_nodes_through_passes():
     after = dce(cse(g))
     (product,) = [n for n in after.nodes if n.op is Op.MUL]
     assert after.eager_saved == {product}
+
+
+def test_printer_marks_the_values_eager_saved():
+    b = GraphBuilder()
+    x = b.input((4,), dtypes.bfloat16)
+    product = b.mul(x, x)
+    g = b.build(b.exp(product))
+    g = g.with_nodes(g.inputs, g.outputs, g.nodes, eager_saved=frozenset({product}))
+    lines = str(g).splitlines()
+    assert [line.split(":")[0].strip() for line in lines if line.endswith("# saved")] == ["%mul_1"]

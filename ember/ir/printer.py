@@ -6,7 +6,8 @@
       return (%add_3)
 
 A graph that writes new values into its inputs (``Graph.mutated_inputs``) says so before it
-returns: ``write %arg1 <- %add_3``.
+returns: ``write %arg1 <- %add_3``. A forward value a backward op reads (``Graph.eager_saved``:
+read rounded, as eager saved it) ends its line with ``# saved``.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def format_graph(graph: Graph) -> str:
     for node in graph.nodes:
         if node.op is Op.INPUT:
             continue
-        lines.append("  " + format_node(node, names))
+        lines.append("  " + format_node(node, names) + ("  # saved" if node in graph.eager_saved else ""))
     name = lambda o: "None" if o is None else names.get(o, "?")  # noqa: E731
     for i, k in sorted(graph.mutated_inputs.items()):  # (the last outputs: written, not returned)
         lines.append(f"  write {names[graph.inputs[k]]} <- {name(graph.outputs[i])}")
