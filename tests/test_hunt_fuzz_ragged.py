@@ -182,4 +182,9 @@ def test_a_16_bit_segment_max_of_computed_values_has_eager_gradients(dtype, opti
     (ember.compile(f, options=options)(r, mine) * up).sum().backward()
     (f(r, ref) * up).sum().backward()
     assert not mine.grad.isnan().any()
-    torch.testing.assert_close(mine.grad, ref.grad)
+    # (against float64, as eager's own error allows: the backward's chain of 16-bit products
+    # rounds where eager's ops do only in part, a bfloat16 ulp or two from eager's gradient)
+    exact = x.double().requires_grad_()
+    (f(ragged.Ragged(r.values.double(), r.offsets), exact) * up.double()).sum().backward()
+    error, eager_error = ((g.double() - exact.grad).abs().max() for g in (mine.grad, ref.grad))
+    assert error <= 2 * eager_error + 1e-3, (error, eager_error)
