@@ -373,7 +373,7 @@ class Graph:
     count overflows), checked by the host program before a kernel reads those sizes.
     ``eager_saved``: the values of a training graph that eager's backward reads as its forward
     saved them, rounded to their dtype (a backward's recomputation of a forward value, or a
-    forward value the gradient-in-forward plan reads): ``fusion.saved_read``.
+    forward value the gradient-in-forward plan reads): ``schedule/build_reduce.saved_read``.
     """
 
     def __init__(self, inputs: Sequence[Node], outputs: Sequence[Node | None], nodes: Sequence[Node],
