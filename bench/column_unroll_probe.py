@@ -66,8 +66,8 @@ def _channel_sums(x: torch.Tensor) -> list[torch.Tensor]:
 
 def _per_output(args, seed, ref, unrolls: list[int], base_prelude: str, base_unroll: int) -> None:
     """Each output's error of two calls at each unroll; then the channel sums alone."""
-    from ember.runtime import cuda_backend
-    slices = cuda_backend.column_slices
+    from ember.runtime import cuda_launch
+    slices = cuda_launch.column_slices
     sums_ref = _channel_sums(args[0].detach().double())
     for unroll in unrolls:
         _set_unroll(unroll, base_prelude)
@@ -79,12 +79,12 @@ def _per_output(args, seed, ref, unrolls: list[int], base_prelude: str, base_unr
                   + f"; {_flips(got, ref)} flip(s)")
         torch._dynamo.reset()
         for split in (True, False):
-            cuda_backend.column_slices = slices if split else (lambda *a: 1)
+            cuda_launch.column_slices = slices if split else (lambda *a: 1)
             sums = ember.compile(_channel_sums, options={"gpu_backend": "cuda"})(args[0].detach())
             print(f"  unroll {unroll} channel sums, {'split' if split else 'unsplit'}: "
                   + " ".join(f"{e:.1e}" for e in _errors(sums, sums_ref)))
             torch._dynamo.reset()
-        cuda_backend.column_slices = slices
+        cuda_launch.column_slices = slices
     _set_unroll(base_unroll, base_prelude)
 
 

@@ -142,7 +142,7 @@ def kernel_times(fn, args, cache_dir: str | None = None) -> str:
     Triton tuner in ``cache_dir``, EMBER_CACHE_DIR by default)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from ember.runtime import triton_backend
+    from ember.runtime import triton_tuner
     fn(*args)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -152,7 +152,7 @@ def kernel_times(fn, args, cache_dir: str | None = None) -> str:
     parts = [f"{e.name[:40]} {e.device_time:.1f}us" for e in prof.events()
              if e.device_type == torch.autograd.DeviceType.CUDA]
     root = cache_dir or os.environ.get("EMBER_CACHE_DIR")
-    tuner = triton_backend._tuners.get(Path(root) / "triton" / "tuning.json") if root else None
+    tuner = triton_tuner._tuners.get(Path(root) / "triton" / "tuning.json") if root else None
     chosen = [f"{k.rsplit(':', 2)[-2]}@{k.rsplit(':', 1)[-1]}={v}" for k, v in (tuner.chosen if tuner else {}).items()
               if k.rsplit(":", 2)[-2] in names]
     return "; ".join(parts) + (f"\n    configs: {chosen}" if chosen else "")

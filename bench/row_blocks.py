@@ -1,7 +1,7 @@
 """How wide a block the CUDA C++ backend's row kernels should take, one device call.
 
 A row kernel runs a block per row, sized so that each thread takes one step of UNROLL groups
-of 16 bytes (runtime/cuda_backend.py: plan_launch): a 1024-wide bf16 row gets one warp. This
+of 16 bytes (runtime/cuda_launch.py: plan_launch): a 1024-wide bf16 row gets one warp. This
 times the row cases below with the launcher's block multiplied by 1, 2, 4 and 8 (up to the
 kernel's 512 threads; the blocks still cover a row in one step, fewer groups a thread), next to
 eager, Inductor and the Triton backend: CUDA events, medians of interleaved rounds, and the
@@ -22,10 +22,10 @@ import torch.nn.functional as F
 
 import ember
 from bench.common import interleaved_gpu_times, machine, profiled_kernels, rel_error, table
-from ember.runtime import cuda_backend
+from ember.runtime import cuda_backend, cuda_launch
 
 BF16 = torch.bfloat16
-_plan_launch = cuda_backend.plan_launch
+_plan_launch = cuda_launch.plan_launch
 _factor = 1  # the block multiplier of the launches planned next
 
 
@@ -35,8 +35,8 @@ def _widened(strategy, outer, inner, sms, max_threads, vector=1, occupancy=None,
     if strategy == "rows" and isinstance(block, int) and _factor > 1:
         block = min(block * _factor, max(32, max_threads), cuda_backend.cuda.REDUCTION_THREADS)
         resident = (occupancy(block) if occupancy else 0) or sms * min(
-            cuda_backend.BLOCKS_PER_SM, cuda_backend.THREADS_PER_SM // block)
-        grid = cuda_backend.balanced_grid(outer, resident)
+            cuda_launch.BLOCKS_PER_SM, cuda_launch.THREADS_PER_SM // block)
+        grid = cuda_launch.balanced_grid(outer, resident)
     return big, grid, block
 
 

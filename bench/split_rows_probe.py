@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from ember.runtime import cuda_backend
+from ember.runtime import cuda_launch
 
 
 def bn_relu_with_grads(x, w, b, rm, rv, g):
@@ -28,7 +28,7 @@ def _inputs(args, grads, to=None):
 
 
 def main() -> None:
-    split_slices = cuda_backend.row_slices
+    split_slices = cuda_launch.row_slices
     variants = {
         "eager": lambda fn: fn,
         "ember-cuda": lambda fn: ember.compile(fn, options={"gpu_backend": "cuda"}),
@@ -45,13 +45,13 @@ def main() -> None:
             reference = fn(*_inputs(fn_args, grads, torch.float64))
             print(f"{fn.__name__} {dtype}: worst error of each output / its largest magnitude")
             for name, make in variants.items():
-                cuda_backend.row_slices = (lambda *a: 1) if name.endswith("unsplit") else split_slices
+                cuda_launch.row_slices = (lambda *a: 1) if name.endswith("unsplit") else split_slices
                 torch._dynamo.reset()
                 out = make(fn)(*_inputs(fn_args, grads))
                 errors = [((o.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
                           for o, r in zip(out, reference)]
                 print(f"  {name:20s} " + " ".join(f"{e:8.1e}" for e in errors))
-    cuda_backend.row_slices = split_slices
+    cuda_launch.row_slices = split_slices
 
 
 if __name__ == "__main__":

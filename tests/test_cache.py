@@ -243,7 +243,7 @@ def test_tuning_choices_of_two_processes_are_both_kept(tmp_path):
     # each process wrote the choices it had read at start plus its own, dropping those another
     # process saved meanwhile (timed for seconds per kernel on a GPU), through one temporary name
     # for all (tuning.tmp), where two writers' bytes could interleave
-    from ember.runtime.triton_backend import Tuner
+    from ember.runtime.triton_tuner import Tuner
 
     path = tmp_path / "triton" / "tuning.json"
     first, second = Tuner(path), Tuner(path)  # two processes, each reading the file as it starts

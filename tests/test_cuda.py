@@ -20,7 +20,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 import ember
 from ember.codegen import cuda
 from ember.ir import shapes as sh
-from ember.runtime import cuda_backend
+from ember.runtime import cuda_backend, cuda_launch
 from ember.runtime.backend import BuildError, get_backend
 from ember.workloads.giou import make_batch, padded_giou_loss
 
@@ -205,7 +205,7 @@ def test_reductions_over_a_leading_dim_give_lanes_adjacent_rows():
 
 
 def test_column_sums_over_few_groups_split_their_rows():
-    plan = cuda_backend.plan_launch
+    plan = cuda_launch.plan_launch
     # a bias gradient: 4096 columns (128 groups of 32) over 8192 rows: 8 slices of 1024 rows
     assert plan("columns", 4096, 8192, 132, 512, split=True) == (False, (128, 8), 512)
     assert plan("columns", 4096, 8192, 132, 512) == (False, 128, 512)  # (a kernel that cannot split)
@@ -217,7 +217,7 @@ def test_column_sums_over_few_groups_split_their_rows():
 
 
 def test_column_scans_take_a_warp_per_segment_of_the_scanned_dim():
-    plan = cuda_backend.plan_launch
+    plan = cuda_launch.plan_launch
     # x.cumsum(0) over 4096 x 4096: 128 groups of 32 columns, 16 segments of 256 rows each
     assert plan("scan_columns", 4096, 4096, 132, 512) == (False, 128, 512)
     # segments of 32 rows at least: 100 rows take 3 warps' worth, rounded down to 2
@@ -287,7 +287,7 @@ def test_no_error_flag_on_the_gpu():
 # ---- launching --------------------------------------------------------------------------------
 
 def test_launch_geometry():
-    sms, plan = 132, cuda_backend.plan_launch
+    sms, plan = 132, cuda_launch.plan_launch
     # pointwise: 256 threads, 4 elements each per iteration, a block per iteration's tile
     assert plan("pointwise", 3300, 1, sms, 1024) == (False, 4, 256)
     assert plan("pointwise", 2**31, 1, sms, 1024)[0] is True  # 64-bit indices
@@ -374,7 +374,7 @@ def test_transposed_kernels_stage_through_shared_memory_tiles(kernels_of, tmp_pa
 
 def test_tiles_launch_a_block_of_32_x_8_threads_a_tile():
     """64 x 64 tiles (32 x 32 where shared memory is short), each a block of 32 x 8 threads."""
-    sms, plan = 132, cuda_backend.plan_launch
+    sms, plan = 132, cuda_launch.plan_launch
     assert plan("tiles", 8192, 8192, sms, 256) == (False, 128 * 128, (32, 8))  # a tile a block, up to WAVES waves
     assert plan("tiles", 8192, 8192, sms, 256, tile=32) == (False, -(-256 * 256 // 3), (32, 8))  # then a few
     assert plan("tiles", 33, 70, sms, 256, tile=32) == (False, 2 * 3, (32, 8))  # tiles partly past either end
@@ -385,9 +385,9 @@ def test_tiles_launch_a_block_of_32_x_8_threads_a_tile():
 def test_balanced_grids_take_one_tile_a_block_then_equal_shares(resident):
     """Every tile is covered; up to WAVES waves a block takes one tile; beyond, the blocks' shares
     differ by at most one tile and the grid stays within WAVES waves (and above half of it)."""
-    waves = cuda_backend.WAVES
+    waves = cuda_launch.WAVES
     for tiles in (1, resident, resident * waves, resident * waves + 1, resident * waves * 3 - 1, 10**7 + 3):
-        grid = cuda_backend.balanced_grid(tiles, resident)
+        grid = cuda_launch.balanced_grid(tiles, resident)
         per_block = -(-tiles // grid)
         assert grid * per_block >= tiles and (grid - 1) * per_block < tiles
         if tiles < 2 * resident * waves:
@@ -587,7 +587,7 @@ def test_row_groups_where_rows_may_be_short():
     for k in (chunked, long_rows):
         assert "threadIdx.y" not in k.source and "ember_row_reduce(" not in k.source
         assert "ember_block_reduce(" in k.source
-    plan = cuda_backend.plan_launch
+    plan = cuda_launch.plan_launch
     assert plan("rows", 64, 10, 132, 1024, row_groups=True)[2] == (2, 128)
     assert plan("rows", 64, 10, 132, 1024, row_groups=False)[2] == 32
     assert plan("rows", 64, 10, 132, 128, row_groups=True)[2] == (2, 64)  # a register-bound kernel

@@ -17,7 +17,7 @@ import ember
 from ember.codegen import cuda, cuda_combos
 from ember.codegen.triton_combos import MAX_PART_ELEMENTS
 from ember.codegen.triton_lanes import MIN_ELEMENTS
-from ember.runtime import cuda_backend
+from ember.runtime import cuda_backend, cuda_launch
 
 from .conftest import DEVICE
 from .helpers import record_rendered
@@ -112,14 +112,14 @@ def test_small_kernels_and_shared_loads_stay_one_body(kernels_of):
 
 
 def test_geometry_gives_each_lane_a_row_of_blocks():
-    sms, plan = 132, cuda_backend.plan_launch
+    sms, plan = 132, cuda_launch.plan_launch
     # one lane: the grid as before; six: a row of the same blocks each, sharing the device
     assert plan("pointwise", 5000, 1, sms, 1024) == (False, 5, 256)
     assert plan("pointwise", 5000, 1, sms, 1024, lanes=6) == (False, (5, 6), 256)
     # past WAVES waves of a lane's share of the device, several tiles a block
     tiles = -(-10**8 // 1024)
     _, (blocks, lanes), _ = plan("pointwise", 10**8, 1, sms, 1024, lanes=64)
-    assert lanes == 64 and blocks == cuda_backend.balanced_grid(tiles, sms * 8 // 64) < tiles
+    assert lanes == 64 and blocks == cuda_launch.balanced_grid(tiles, sms * 8 // 64) < tiles
 
 
 def test_small_kernels_of_different_sizes_are_one_combo(kernels_of):
@@ -134,7 +134,7 @@ def test_small_kernels_of_different_sizes_are_one_combo(kernels_of):
     assert [lanes for _, lanes in meta["parts"]] == [2, 1, 1, 1, 2, 1]
     assert re.search(r"_body<uint32_t>\([^;]*\(uint32_t\)\(\(b\) % 1u\), \(uint32_t\)1, \(b\) / 1u\);", src)
     # a launch of the parts' blocks, whatever the sizes of the call
-    assert cuda_backend.plan_launch("combo", int(meta["outer"]), 1, 132, 1024) == (False, int(meta["outer"]), 256)
+    assert cuda_launch.plan_launch("combo", int(meta["outer"]), 1, 132, 1024) == (False, int(meta["outer"]), 256)
 
 
 @pytest.mark.parametrize("unroll", [1, 4])

@@ -1,5 +1,5 @@
 """CUDA C++ row kernels split few long rows over blocks (codegen/cuda_plan.py: split_rows,
-runtime/cuda_backend.py: row_slices): a BatchNorm's per-channel sums over an NCHW activation
+runtime/cuda_launch.py: row_slices): a BatchNorm's per-channel sums over an NCHW activation
 were a block per channel, 64 blocks on 132 SMs each walking 800K elements."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 import ember
 from ember.codegen import cuda
-from ember.runtime import cuda_backend
+from ember.runtime import cuda_backend, cuda_launch
 
 from .conftest import DEVICE
 from .helpers import check, record_rendered
@@ -34,7 +34,7 @@ def _kernels(monkeypatch, fn, *args, dynamic=None):
 
 
 def test_few_long_rows_split_over_blocks():
-    plan, sms = cuda_backend.plan_launch, 132
+    plan, sms = cuda_launch.plan_launch, 132
     # a ResNet stem's BatchNorm sums: 64 channels of 64 x 112 x 112, 16 slices of 50K elements
     assert plan("rows", 64, 802816, sms, 512, vector=4, split=True) == (False, (64, 16), 512)
     assert plan("rows", 64, 802816, sms, 512, vector=4) == (False, 64, 512)  # (a kernel that cannot split)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import ember
 from ember.codegen import cuda
 from ember.codegen.cuda_vectors import _multiple_of
-from ember.runtime import cuda_backend
+from ember.runtime import cuda_backend, cuda_launch
 from ember.schedule.kernel_ir import inner_var, outer_var
 
 from .conftest import DEVICE
@@ -337,7 +337,7 @@ def test_index_terms_that_must_be_multiples():
 
 
 def test_launch_geometry_counts_the_group():
-    sms, plan = 132, cuda_backend.plan_launch
+    sms, plan = 132, cuda_launch.plan_launch
     # a 4096-wide bf16 row in groups of 8: 128 threads, each one iteration of 4 groups (so that
     # the loops after the first take the row from registers), a block per row
     assert plan("rows", 16384, 4096, sms, 1024, vector=8) == (False, 16384, 128)

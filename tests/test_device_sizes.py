@@ -439,7 +439,8 @@ def test_kernels_reading_a_total_on_the_device_never_run_through_aten_meanwhile(
     # more rows than the total, which ATen reads whole: the GIoU step's capture hit a device
     # assert (an index out of bounds) in that ATen run
     from ember.config import Config
-    from ember.runtime.triton_backend import Launcher, Tuner
+    from ember.runtime.triton_backend import Launcher
+    from ember.runtime.triton_tuner import Tuner
 
     meta = {"kind": "rows", "outer": "s0", "inner": "4", "sizes": ["s0"], "params": ["a"], "multi_program": False,
             "split_rows": False, "n_reductions": 1, "chunks": 0, "row_reductions": 0, "aligned": False}

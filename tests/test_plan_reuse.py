@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import ember
 import ember.driver as driver
 from ember.codegen.cpp import render_module
-from ember.schedule import fusion
+from ember.schedule import cycles, fusion
 
 from .helpers import assert_same
 
@@ -128,7 +128,7 @@ def test_plans_are_those_of_a_planner_without_shortcuts(monkeypatch):
         # a graph too large for reach sets: the walk skips only what precedes every target
         counting = "no_reach"
         with monkeypatch.context() as m:
-            m.setattr(fusion, "REACH_LIMIT", 0)
+            m.setattr(cycles, "REACH_LIMIT", 0)
             assert _fingerprint(fusion.Planner(graph, cfg).plan()) == _fingerprint(slow), graph.name
     # some graphs retried (a backward's NeedsBuffer), and the retries rebuilt fewer kernels
     assert retried >= 2
@@ -169,7 +169,7 @@ def test_the_pruned_dependency_walk_answers_as_a_full_walk(monkeypatch):
                         assert planner._depends(a, {b}, direct_ok, inside) == want, (a, b)
                         answers[want] += 1
         with monkeypatch.context() as m:
-            m.setattr(fusion, "REACH_LIMIT", 0)
+            m.setattr(cycles, "REACH_LIMIT", 0)
             bounded = fusion.Planner(graph, cfg)
             bounded.buffered |= planner.buffered
             for a in nodes:

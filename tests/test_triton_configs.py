@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import ember
 from ember import ragged
 from ember.config import Config
-from ember.runtime import triton_backend
+from ember.runtime import triton_backend, triton_tuner
 from ember.runtime import triton_configs as tc
 from ember.workloads.giou import make_batch, ragged_giou_loss
 
@@ -223,7 +223,7 @@ def test_tensors_sharing_memory_are_found_for_the_timing_to_restore():
 def test_the_tuner_times_each_candidate_twice_and_skips_those_that_fail(tmp_path, monkeypatch):
     import triton.testing
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(triton_backend, "_interpreting", lambda: False)
+    monkeypatch.setattr(triton_tuner, "interpreting", lambda: False)
     first_round_slow = {(512, 4): iter([3.0, 1.0]), (1024, 4): iter([2.0, 2.0])}
     ran = []
 
@@ -238,7 +238,7 @@ def test_the_tuner_times_each_candidate_twice_and_skips_those_that_fail(tmp_path
 
     monkeypatch.setattr(triton.testing, "do_bench", do_bench)
     choices = tc.pointwise_choices(tc.TIMED_POINTWISE, tc.KernelHints())
-    tuner = triton_backend.Tuner(tmp_path / "tuning.json")
+    tuner = triton_tuner.Tuner(tmp_path / "tuning.json")
     assert tuner.pick("k", choices, run) == choices[0]  # its second round beat the other's both
     assert ran == [(512, 4), (1024, 4), (512, 8), (512, 4), (1024, 4)]  # the failed one only once
     assert json.loads((tmp_path / "tuning.json").read_text()) == {"k": choices[0]}
@@ -247,7 +247,7 @@ def test_the_tuner_times_each_candidate_twice_and_skips_those_that_fail(tmp_path
 @on_the_interpreter
 def test_a_launch_whose_timing_fails_takes_the_first_configuration_that_compiles(tmp_path, monkeypatch):
     fn = FakeKernel()
-    tuner = triton_backend.Tuner(tmp_path / "tuning.json")
+    tuner = triton_tuner.Tuner(tmp_path / "tuning.json")
 
     def out_of_memory(*_, **__):
         raise torch.OutOfMemoryError("CUDA out of memory (do_bench's buffer)")
@@ -265,7 +265,7 @@ def test_a_launch_whose_timing_fails_takes_the_first_configuration_that_compiles
 @on_the_interpreter
 def test_large_pointwise_kernels_are_not_timed_without_a_gpu(tmp_path):
     fn = FakeKernel()
-    tuner = triton_backend.Tuner(tmp_path / "tuning.json")
+    tuner = triton_tuner.Tuner(tmp_path / "tuning.json")
     meta = {**META, "kind": "pointwise", "outer": str(tc.TIMED_POINTWISE), "inner": "1", "n_reductions": 0}
     launcher = triton_backend.Launcher("k", fn, meta, "h", tuner, None, hints=tc.KernelHints(), tuning="heuristic")
     launcher(torch.empty(1), torch.empty(1))  # (the fake kernel touches no memory)
@@ -409,7 +409,7 @@ META = {"kind": "rows", "params": ["x", "out"], "sizes": [], "outer": "64", "inn
 @on_the_interpreter
 def test_launcher_falls_back_to_a_safer_configuration(tmp_path):
     fn = FakeKernel()
-    tuner = triton_backend.Tuner(tmp_path / "tuning.json")
+    tuner = triton_tuner.Tuner(tmp_path / "tuning.json")
     launcher = triton_backend.Launcher("k", fn, META, "h", tuner, None, hints=ROWS, tuning="heuristic")
     x, out = torch.randn(64, 256), torch.empty(64)
     launcher(x, out)
@@ -423,7 +423,7 @@ def test_launcher_prefers_a_configuration_tuned_earlier(tmp_path):
     (tmp_path / "tuning.json").write_text(
         '{"h:k:64x256": {"XBLOCK": 8, "RBLOCK": 64, "num_warps": 2, "PERSISTENT": false, "num_stages": 2}}')
     fn = FakeKernel()
-    tuner = triton_backend.Tuner(tmp_path / "tuning.json")
+    tuner = triton_tuner.Tuner(tmp_path / "tuning.json")
     launcher = triton_backend.Launcher("k", fn, META, "h", tuner, None, hints=ROWS, tuning="heuristic")
     launcher(torch.randn(64, 256), torch.empty(64))
     assert fn.launched == [dict(XBLOCK=8, RBLOCK=64, num_warps=2, grid=(8,))]

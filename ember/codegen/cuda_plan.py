@@ -1,7 +1,7 @@
 """How a kernel of the CUDA backend is launched, decided from its kernel IR: its strategy (how
 its domains map to blocks and threads, codegen/cuda.py), the vector forms of its loops and what
 its rows keep in registers (cuda_vectors.py), whether short rows may share a block in groups of
-lanes, and the meta the launcher reads (runtime/cuda_backend.py: plan_launch sizes the grid
+lanes, and the meta the launcher reads (runtime/cuda_launch.py: plan_launch sizes the grid
 and the blocks from it and the sizes of a call)."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def split_rows(kernel: Kernel) -> bool:
     steps), the last of a row's blocks combining their partials? As ``split_columns``: one loop
     of float or bool reductions, whose stores, if any, are each slice's own elements. No run
     partials (chunks), reductions over all rows or ragged rows, which have their own blocks'
-    bookkeeping. The launcher splits only few long rows (runtime/cuda_backend.py: row_slices):
+    bookkeeping. The launcher splits only few long rows (runtime/cuda_launch.py: row_slices):
     a BatchNorm's per-channel sums over an NCHW activation, 64 rows of 800K."""
     return (strategy(kernel) == "rows" and kernel.n_loops == 1 and not kernel.chunks
             and not kernel.row_reductions and kernel.segment_length is None and bool(kernel.reductions)
@@ -145,7 +145,7 @@ def row_groups(kernel: Kernel, width: int | None = None) -> bool:
     """May the kernel's short rows go several to a block, a group of fewer than 32 threads each
     (blockDim.x threads a row, blockDim.y rows)? Not where a block's threads work on one run of
     rows together (a chunked kernel's column sums). Nor where the rows are statically too long
-    for it (the launcher's rule, runtime/cuda_backend.py: plan_launch): their reductions then
+    for it (the launcher's rule, runtime/cuda_launch.py: plan_launch): their reductions then
     skip the groups' branch, whose registers cost a 4096-wide softmax a block per SM.
     ``width``: the kernel's ``vector_width``, where the caller has it (planning it again costs
     milliseconds of sympy per kernel)."""
@@ -160,7 +160,7 @@ def row_groups(kernel: Kernel, width: int | None = None) -> bool:
 def row_threads(inner: int, vector: int) -> int:
     """Threads a row of ``inner`` elements asks for (before rounding to a block): each thread at
     least two unrolled steps of it, or, in groups of ``vector`` elements, one step covering the
-    row (its loops then read the row once, runtime/cuda_backend.py: plan_launch)."""
+    row (its loops then read the row once, runtime/cuda_launch.py: plan_launch)."""
     return -(-inner // (UNROLL * vector if vector > 1 else 2 * UNROLL))
 
 

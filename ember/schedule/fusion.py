@@ -7,7 +7,7 @@
    reduce extent) when its unbuffered inputs contain a reduction, else its own shape (the rules:
    schedule/domains.py). Roots with
    the same domain share a kernel (softmax = one kernel with three loops; the padded GIoU loss =
-   one kernel with two sums and its scalar epilogue), unless that would make a cycle.
+   one kernel with two sums and its scalar epilogue), unless that would make a cycle (cycles.py).
 3. Everything between roots is inlined: pointwise producers are recomputed where used, unless
    several kernels would recompute something costly (many ops, or many full-size buffers to
    read: a residual stream summed over the layers), which then gets a buffer of its own.
@@ -26,25 +26,26 @@ from ..ir.node import Graph, Node, aten_result_strides, fill_value, ragged_total
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
 from .build import KernelBuilder
 from .build_reduce import cast_read, jump_read, saved_read
+from .cycles import CycleChecks
 from .device_sizes import read_totals_on_device
 from .domains import DomainRules
-from .group_spec import AcrossFailed, BufferInfo, Conflict, GroupSpec, NeedsBuffer
+from .group_spec import BUFFER_OPS, AcrossFailed, BufferInfo, Conflict, GroupSpec, NeedsBuffer
 from .guards import guard_branches
 from .indexing import base_layout, replay_copies
 from .kernel_ir import CHUNK, Kernel
 from .loops import collapse_dims, memory_ordered_dims
-from .reuse import REACH_LIMIT, CountedDict, CountedSet, RecordedReads, reach_sets
+from .reuse import CountedDict, CountedSet, RecordedReads
 from .steps import Schedule, StepOrder, _symbols, copied_base
-
-BUFFER_OPS = frozenset({Op.INPUT, Op.EXTERN, Op.GETITEM, Op.TENSOR})
-
 
 COMPUTE_OPS = POINTWISE_OPS | REDUCE_OPS | VIEW_OPS | frozenset({
     Op.CONST, Op.IOTA, Op.GATHER, Op.INDEX, Op.SEARCH, Op.CAT, Op.PAD, Op.SEGMENT_REDUCE, Op.CHUNK_SUM,
     Op.MATMUL, Op.SCAN})
 
 
-class Planner(DomainRules, StepOrder):
+class Planner(DomainRules, StepOrder, CycleChecks):
+    """Plans a graph's buffers and kernels; the domain rules are ``DomainRules`` (domains.py), the
+    step order ``StepOrder`` (steps.py), the cycle checks ``CycleChecks`` (cycles.py)."""
+
     def __init__(self, graph: Graph, cfg: Config, gpu: bool = False, hints: dict[sympy.Symbol, int] | None = None):
         self.graph = graph
         self.cfg = cfg
@@ -261,49 +262,6 @@ class Planner(DomainRules, StepOrder):
             return groups
         return self._form_groups(optimistic=False, alone=True)
 
-    def _acyclic(self, groups: list[GroupSpec]) -> bool:
-        index = {r: i for i, g in enumerate(groups) for r in g.roots}
-        made_by: dict[Node, set[int]] = {}
-
-        def producers(x: Node) -> set[int]:
-            """The groups ``x`` needs: its own, or, for what no kernel computes (an ATen call such
-            as a matmul, a view), the groups its inputs need."""
-            if x in index:
-                return {index[x]}
-            if x not in made_by:
-                made_by[x] = set()  # (a DAG: no node reaches itself)
-                made_by[x] = set().union(*(producers(i) for i in x.inputs)) if x.inputs else set()
-            return made_by[x]
-
-        needs: list[set[int]] = []
-        for i, g in enumerate(groups):
-            read = {x for r in g.roots for x in self.reads(r)}
-            read |= {self.views.get(b, b) for b in (copied_base(r) for r in g.roots if r.op is Op.INDEX_PUT)}
-            if self._size_binders:  # the ATen calls binding the sizes its ops use (a.clamp(min=a.mean().item()))
-                read |= self._binders_of(_symbols({n for r in g.roots for n in (r, *self.subtree(r))}))
-            need: set[int] = set()
-            for x in read:
-                if x in index:
-                    need.add(index[x])
-                elif i in producers(x):
-                    return False  # it reads an ATen result computed from its own results
-                else:
-                    need |= producers(x)
-            needs.append(need - {i})
-        state = [0] * len(groups)  # 0 new, 1 on the path, 2 done
-
-        def visit(i: int) -> bool:
-            if state[i] == 1:
-                return False
-            if state[i] == 2:
-                return True
-            state[i] = 1
-            ok = all(visit(j) for j in needs[i])
-            state[i] = 2
-            return ok
-
-        return all(visit(i) for i in range(len(groups)))
-
     def _form_groups(self, optimistic: bool, checked: bool = False, alone: bool = False) -> list[GroupSpec]:
         self._optimistic = optimistic
         roots = sorted(self.buffered, key=self.order.__getitem__)
@@ -376,72 +334,9 @@ class Planner(DomainRules, StepOrder):
         theirs = {n.inputs[0] for r in group.roots for n in [*self.subtree(r), r] if n.op is Op.MATMUL}
         return len(mine | theirs) > 1
 
-    def _closes_cycle(self, root: Node, group: GroupSpec, groups: list[GroupSpec]) -> bool:
-        group.roots.append(root)
-        try:
-            return not self._acyclic(groups)
-        finally:
-            group.roots.pop()
-
     def _has_reduction(self, root: Node) -> bool:
         reducing = REDUCE_OPS | {Op.SEGMENT_REDUCE, Op.MATMUL}
         return root.op in reducing or any(n.op in reducing for n in self.subtree(root))
-
-    def _blocked(self, root: Node, group: GroupSpec, owner: dict[Node, GroupSpec]) -> bool:
-        if any(frozenset((root, r)) in self.apart for r in group.roots):
-            return True
-        if self._put_blocked(root, group.roots):
-            return True
-        # A cycle appears if root needs, through another kernel or an ATen call, something
-        # this group computes, or the group needs root that way.
-        # Roots of this kernel are computed in it, so a path through one stays inside.
-        members = set(group.roots)
-        ungrouped = {n for n in self.buffered if n not in owner} if self._optimistic else set()
-        inside = frozenset(members | {root} | ungrouped)
-        return self._depends(root, members, direct_ok=True, inside=inside) or any(
-            self._depends(r, {root}, direct_ok=True, inside=inside) for r in group.roots)
-
-    def _put_blocked(self, root: Node, members: list[Node]) -> bool:
-        """A write at indices is complete only when its kernel ends, and its buffer is filled
-        before the kernel starts: nothing in its kernel may read its result, and the tensor it
-        copies may not come from its kernel."""
-        for put, others in [(r, [root]) for r in members if r.op is Op.INDEX_PUT] + (
-                [(root, members)] if root.op is Op.INDEX_PUT else []):
-            base = copied_base(put)
-            for other in others:
-                if (other is base or self._depends(other, {put}, direct_ok=False)
-                        or self._depends(base, {other}, direct_ok=False)):
-                    return True
-        return False
-
-    def _depends(self, node: Node, targets: set[Node], direct_ok: bool, inside: frozenset[Node] = frozenset()) -> bool:
-        """Does ``node`` need any of ``targets`` through a buffer boundary? Buffered nodes in
-        ``inside`` (computed by the same kernel) are no boundary, except writes at indices.
-        The walk skips inputs from which no target can be reached: on large graphs, most."""
-        if self._reach is None and len(self.order) <= REACH_LIMIT:
-            self._reach = reach_sets(self.graph)
-        if self._reach is not None:
-            reach, mask = self._reach, 0
-            for t in targets:
-                mask |= 1 << self.order[t]
-            leads = lambda x: reach[x] & mask  # noqa: E731
-        else:  # (inputs precede their users: nothing before every target leads to one)
-            first = min((self.order[t] for t in targets), default=len(self.order))
-            leads = lambda x: self.order[x] >= first  # noqa: E731
-        stack = [(x, False) for x in node.inputs if leads(x)]
-        seen: set[tuple[Node, bool]] = set()
-        while stack:
-            n, crossed = stack.pop()
-            if (n, crossed) in seen:
-                continue
-            seen.add((n, crossed))
-            boundary = (n in self.buffered and (n not in inside or n.op is Op.INDEX_PUT)) or n.op in BUFFER_OPS
-            if n in targets and (crossed or not direct_ok):
-                return True
-            if n in targets and not crossed:
-                continue  # read directly inside the kernel: fine
-            stack.extend((x, crossed or boundary) for x in n.inputs if leads(x))
-        return False
 
     # ---- 3. recomputation ------------------------------------------------------------------
     def costly_shared(self, groups: list[GroupSpec]) -> set[Node]:

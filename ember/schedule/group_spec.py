@@ -17,6 +17,10 @@ from ..ir.ops import Op
 from .indexing import Point
 from .kernel_ir import inner_var, is_index_var, is_indirect_var, outer_var
 
+# nodes whose value is a buffer already (inputs, ATen results and their items, constant tensors):
+# no kernel computes them
+BUFFER_OPS = frozenset({Op.INPUT, Op.EXTERN, Op.GETITEM, Op.TENSOR})
+
 
 class NeedsBuffer(Exception):
     def __init__(self, node: Node):
