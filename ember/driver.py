@@ -30,8 +30,9 @@ from .codegen.triton_combos import combine_kernels
 from .codegen.wrapper import KernelCall, write_wrapper
 from .config import GPU_BACKENDS, SOURCE_DIGEST, Config, log
 from .frontend.autograd_inputs import drop_leaf_mutation_grads
+from .frontend.context import ShapeDisagreement, shape_env_of
 from .frontend.dynamo import donated_inputs
-from .frontend.lowering import ShapeDisagreement, lower_graph, shape_env_of
+from .frontend.lowering import lower_graph
 from .ir.node import Graph
 from .ir.ops import Op
 from .passes.fold import unit_reductions

@@ -443,13 +443,13 @@ def test_a_forward_whose_trace_disagrees_on_a_shape_runs_its_backward_through_at
     # through ATen, its saved values came in the shapes ATen gives, and the backward compiled for
     # the traced shapes raised IndexError. A forward that falls back over a shape disagreement
     # (here a lowering raises one) runs its backward through ATen too.
-    from ember.frontend import aten_reductions, lowering  # noqa: F401  (LOWERINGS filled before the patch)
+    from ember.frontend import aten_reductions, context  # noqa: F401  (LOWERINGS filled before the patch)
 
     def disagreeing(ctx, x, *_):
-        raise lowering.ShapeDisagreement(f"lowering of {ctx.aten} built {list(x.shape)}, ATen gives []")
+        raise context.ShapeDisagreement(f"lowering of {ctx.aten} built {list(x.shape)}, ATen gives []")
 
     for op in (torch.ops.aten.sum.default, torch.ops.aten.sum.dim_IntList):  # (the forward's only)
-        monkeypatch.setitem(lowering.LOWERINGS, op, disagreeing)
+        monkeypatch.setitem(context.LOWERINGS, op, disagreeing)
     fn = lambda x: (x.sin() * x.exp()).sum()  # noqa: E731
     report = ember.Report()
     x = torch.randn(5, 3, requires_grad=True)

@@ -17,7 +17,7 @@ from ..ir.node import ArgRef, ExternCall, Node, make, op_name
 from ..ir.ops import Op
 
 if TYPE_CHECKING:
-    from .lowering import Context
+    from .context import Context
 
 
 def traced_strides(meta: torch.Tensor) -> sh.Shape:

@@ -19,7 +19,7 @@ from ..ir import dtypes as dt
 from ..ir.node import Node, SizeCheck
 from ..ir.ops import Op
 from .aten_scalars import _rounded_to, _symbolic, checked_scalar
-from .lowering import Context, Unsupported, register, size_arg
+from .context import Context, Unsupported, register, size_arg
 
 aten = torch.ops.aten
 prims = torch.ops.prims

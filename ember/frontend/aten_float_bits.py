@@ -14,7 +14,7 @@ import torch
 from ..ir import dtypes as dt
 from ..ir.node import Node
 from ..ir.ops import Op
-from .lowering import Context, Unsupported, register
+from .context import Context, Unsupported, register
 
 aten = torch.ops.aten
 

@@ -25,7 +25,8 @@ from ..ir.ops import Op
 from ..ragged import ops as _ragged_ops  # noqa: F401 -- registers torch.ops.ember.segment_reduce
 from . import bag_decomps as _bag_decomps  # noqa: F401 -- registers torch.ops.ember.bag_bounds
 from .aten_scalars import checked_scalar
-from .lowering import Context, Unsupported, register, size_arg, storage_of
+from .context import Context, Unsupported, register, size_arg
+from .lowering import storage_of
 
 aten = torch.ops.aten
 

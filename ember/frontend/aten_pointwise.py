@@ -20,7 +20,7 @@ from ..ir import shapes as sh
 from ..ir.node import Node
 from ..ir.ops import Op
 from .aten_scalars import _rounded_to, _symbolic, checked_scalar
-from .lowering import Context, Unsupported, register
+from .context import Context, Unsupported, register
 
 aten = torch.ops.aten
 

@@ -20,7 +20,8 @@ from ..ir import shapes as sh
 from ..ir.node import Node
 from ..ir.ops import Op
 from .aten_indexing import put_at, source_dtype_matches
-from .lowering import Context, Unsupported, register, size_arg, storage_of
+from .context import Context, Unsupported, register, size_arg
+from .lowering import storage_of
 
 aten = torch.ops.aten
 

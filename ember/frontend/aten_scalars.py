@@ -35,7 +35,7 @@ from ..ir import dtypes as dt
 from ..ir.node import Node, SizeCheck
 from ..ir.ops import Op
 from .aten_calls import extern_call
-from .lowering import Context, Unsupported, register
+from .context import Context, Unsupported, register
 
 
 def _rounded_to(x: Any, dtype: dt.DType) -> Any:

@@ -16,7 +16,7 @@ from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.node import Node, ScanArg
 from ..ir.ops import Op
-from .lowering import Context, Unsupported, register
+from .context import Context, Unsupported, register
 
 aten = torch.ops.aten
 

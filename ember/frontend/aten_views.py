@@ -18,7 +18,7 @@ from ..ir import shapes as sh
 from ..ir.node import Node, SizeCheck
 from ..ir.ops import Op
 from .aten_scalars import checked_scalar, scalar_fits
-from .lowering import Context, Unsupported, register, size_arg
+from .context import Context, Unsupported, register, size_arg
 
 aten = torch.ops.aten
 

@@ -12,7 +12,7 @@ from ..ir.node import Node, op_name
 from ..ir.ops import Op
 
 if TYPE_CHECKING:
-    from .lowering import Context
+    from .context import Context
 
 
 class InputWriteError(NotImplementedError):
