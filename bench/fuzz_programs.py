@@ -98,6 +98,31 @@ class Generator:
               "{a} * 0.5 + {b}"]
     DISC_BINARY = ["{a}.masked_fill({b} > 0, 0.5)", "({a} > {b}).to({a}.dtype)", "{a} >= {b}"]
 
+    # op_more's wider op set (added 2026-12-05: a seed's programs from then on differ from before)
+    MORE_UNARY = ["torch.nan_to_num({x}, nan=0.0, posinf=2.0, neginf=-2.0)",
+                  "torch.logit(torch.sigmoid({x}), eps=1e-3)",
+                  "torch.erfinv(torch.tanh({x}) * 0.9)", "torch.sinh({x}.clamp(-3, 3))", "torch.asinh({x})",
+                  "torch.frac({x} * 3)", "{x}.square()", "torch.exp2({x}.clamp(-10, 10))",
+                  "torch.log2({x}.abs() + 1e-2)", "torch.log10({x}.abs() + 1e-2)", "torch.cosh({x}.clamp(-3, 3))",
+                  "torch.acos(torch.tanh({x}) * 0.9)", "torch.tan({x}.clamp(-1.2, 1.2))", "torch.sinc({x})",
+                  "torch.special.expit({x})", "torch.special.log_ndtr({x})", "torch.special.ndtr({x})",
+                  "F.softplus({x}, beta=2.0, threshold=5.0)", "F.rrelu({x}, 0.1, 0.3, training=False)",
+                  "F.hardshrink({x}, 0.3)", "F.softshrink({x}, 0.2)", "F.tanhshrink({x})",
+                  "F.threshold({x}, 0.1, -1.0)",
+                  "torch.clamp({x}, min=-0.3)", "{x}.clamp(max=0.4)", "F.glu(torch.cat([{x}, {x}.flip(-1)], -1), -1)"]
+    MORE_DISC_UNARY = ["torch.trunc({x} * 3)", "torch.sign({x})", "torch.ceil({x} * 2)", "({x} * 4).floor_divide(3)",
+                       "torch.signbit({x}).to({x}.dtype)", "torch.isnan({x}) | torch.isinf({x})",
+                       "torch.heaviside({x}, torch.tensor(0.5, dtype={x}.dtype, device={x}.device))"]
+    MORE_BINARY = ["torch.atan2({a}, {b})", "torch.hypot({a}, {b})", "torch.xlogy({a}.abs(), {b}.abs() + 0.1)",
+                   "torch.addcmul({a}, {a}, {b}, value=0.5)", "torch.addcdiv({a}, {a}, {b}.abs() + 1.0, value=-0.5)",
+                   "({a}.abs() + 0.1).pow({b}.clamp(-2, 2))", "torch.where({b} > 0, {a}, 0.0)",
+                   "torch.clamp({a}, min={b} - 1, max={b} + 1)", "torch.fmax({a}, {b})", "torch.fmin({a}, {b})",
+                   "torch.logaddexp({a}, {b})", "torch.sub({a}, {b}, alpha=2)", "torch.true_divide({a}, {b}.abs() + 2)"]
+    MORE_DISC_BINARY = ["torch.fmod({a}, {b}.abs() + 0.5)", "torch.remainder({a}, {b}.abs() + 0.5)",
+                        "torch.copysign({a}, {b})", "torch.div({a}, {b}.abs() + 0.5, rounding_mode='floor')",
+                        "torch.div({a}, {b}.abs() + 0.5, rounding_mode='trunc')", "torch.eq({a}, {b}.round())",
+                        "torch.isclose({a}, {b}, atol=0.5)"]
+
     def __init__(self, seed: int, device: str, backend: str, dtypes: list[str], train: bool,
                  dynamic: bool) -> None:
         self.r = random.Random(seed)
@@ -208,6 +233,39 @@ class Generator:
         if self.r.random() < 0.15:
             return self.try_line(self.r.choice(self.DISC_BINARY).format(a=a, b=b), disc=True) is not None
         return self.try_line(self.r.choice(self.BINARY).format(a=a, b=b)) is not None
+
+    def op_more(self) -> bool:
+        """The wider op set: more elementwise functions, and structural ops (triangles, rolls,
+        repeats, differences, einsums, windows)."""
+        r = self.r
+        kind = r.choice(["unary", "unary", "binary", "binary", "shape"])
+        x = self.pick(self.floats())
+        if kind == "unary":
+            if r.random() < 0.2:
+                return self.try_line(r.choice(self.MORE_DISC_UNARY).format(x=x), disc=True) is not None
+            return self.try_line(r.choice(self.MORE_UNARY).format(x=x)) is not None
+        if kind == "binary":
+            compat = [n for n in self.floats() if n != x and _broadcasts(self.env[x].shape, self.env[n].shape)]
+            b = self.pick(compat) if compat else f"{x}.flip(-1)" if self.env[x].dim() else "0.75"
+            if r.random() < 0.25:
+                return self.try_line(r.choice(self.MORE_DISC_BINARY).format(a=x, b=b), disc=True) is not None
+            return self.try_line(r.choice(self.MORE_BINARY).format(a=x, b=b)) is not None
+        t = self.env[x]
+        nd = t.dim()
+        if nd == 0:
+            return False
+        d = self.dim(x)
+        choices = [f"torch.roll({x}, {r.choice([1, -2])}, {d})", f"torch.diff({x}, dim={d})",
+                   f"{x}.repeat({', '.join(str(r.choice([1, 2])) for _ in range(nd))})",
+                   f"torch.repeat_interleave({x}, 2, dim={d})", f"{x}.unfold({d}, {min(2, t.shape[d]) or 1}, 1)",
+                   f"torch.cumsum({x}.flip({d}), {d}).flip({d})", f"{x} - {x}.mean({d}, keepdim=True)",
+                   f"{x} / ({x}.abs().amax({d}, keepdim=True) + 1)", f"F.softmin({x}, {d})"]
+        if nd >= 2:
+            choices += [f"torch.tril({x})", f"torch.triu({x}, 1)", f"torch.einsum('...ij,...kj->...ik', {x}, {x})",
+                        f"{x}.masked_fill(torch.ones({x}.shape[-2:], dtype=torch.bool, "
+                        f"device={x}.device).tril(-1), 0.0)",
+                        f"torch.rot90({x}, 1, [-2, -1])", f"{x}.diagonal(0, -2, -1)"]
+        return self.try_line(r.choice(choices)) is not None
 
     def op_reduce(self) -> bool:
         x = self.pick(self.floats())
@@ -446,7 +504,7 @@ class Generator:
                            (bool(shp) and len(shp) == len(first)))
         ops = [(self.op_unary, 5), (self.op_binary, 5), (self.op_reduce, 4), (self.op_row, 3),
                (self.op_view, 4), (self.op_cast, 1), (self.op_index, 2), (self.op_matmul, 2),
-               (self.op_inplace, 1), (self.op_nn, 2), (self.op_loss, 1)]
+               (self.op_inplace, 1), (self.op_nn, 2), (self.op_loss, 1), (self.op_more, 3)]
         target, tries = r.randint(2, 8), 0
         while len(self.lines) < target and tries < 60:
             tries += 1
