@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import ember
+from ember.frontend.dynamo import may_overlap
 from ember.frontend.overlap import _share_an_element
 
 from .conftest import DEVICE
@@ -91,3 +92,44 @@ def test_which_strided_views_share_an_element():
     assert _share_an_element(x[:, ::2], x[:, 2::2])
     assert _share_an_element(x[1:, 1:], x[:-1, :-1])
     assert _share_an_element(x[:, 0], x[:, 1].to(torch.float64))  # (other layouts: not looked at)
+
+
+def _unfold_windows(x):
+    return x.unfold(-1, 2, 1).split(42, dim=-2)[0]
+
+
+def _unfold_all(x):
+    return x.unfold(-1, 3, 1) * 1  # (a copy: its tangent is dense)
+
+
+def _unfold_view_and_sum(x):
+    return x.unfold(-1, 3, 2), x.sum()
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("fn", [_unfold_windows, _unfold_all, _unfold_view_and_sum], ids=lambda f: f.__name__)
+def test_the_gradient_of_an_output_whose_elements_share_memory_is_eagers(fn, dynamic):
+    # x.unfold(0, 2, 1) has strides (1, 1). torch traced its tangent with those strides, and at
+    # run time copied the incoming gradient into a tensor of them: elements sharing memory kept
+    # one of their values (aot_eager and Inductor alike). ember traces such graphs' tangents in
+    # the outputs' memory formats
+    torch.manual_seed(0)
+    compiled = ember.compile(fn, dynamic=dynamic)
+    for n in (50, 61):
+        x = torch.randn(n, device=DEVICE, requires_grad=True)
+        outs = fn(x)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        seeds = [torch.randn(o.shape, device=DEVICE) for o in outs]
+        want = torch.autograd.grad(outs, x, seeds)[0]
+        got_outs = compiled(x)
+        got_outs = got_outs if isinstance(got_outs, tuple) else (got_outs,)
+        for g, o in zip(got_outs, outs):
+            assert_same(g, o)
+        assert_same(torch.autograd.grad(got_outs, x, seeds)[0], want)
+
+
+def test_which_strides_may_share_memory():
+    x = torch.randn(50)
+    assert may_overlap(x.unfold(0, 2, 1)) and may_overlap(torch.randn(1, 5).expand(3, 5))
+    assert not may_overlap(x.unfold(0, 2, 2)) and not may_overlap(torch.randn(3, 4).t())
+    assert not may_overlap(torch.randn(4, 1, 3)[:, :, ::2]) and not may_overlap(torch.randn(()))

@@ -50,10 +50,43 @@ def make_backend(compile_graph: GraphCompiler, cfg: Config | None = None, wrap: 
     def trace(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         # (torch decomposes a few ops at the Autograd key, before the table above is read)
         with eager_decompositions(cpu_embedding_bag=cfg is not None and cfg.cpu_embedding_bag), \
-                _scalars_read_from_tensors(gm):
+                _scalars_read_from_tensors(gm), _tangents_contiguous_where_outputs_overlap(gm):
             return backend(gm, example_inputs)
 
     return trace
+
+
+@contextlib.contextmanager
+def _tangents_contiguous_where_outputs_overlap(gm: torch.fx.GraphModule | torch.nn.Module) -> Any:
+    """While AOTAutograd traces ``gm``, trace the tangents in the outputs' memory formats
+    (contiguous, channels_last), not in their strides, where an output's elements may share memory
+    (``x.unfold(0, 2, 1)``: strides (1, 1)). torch gives a static output's tangent the output's
+    strides unless the output surely overlaps itself (``_debug_has_internal_overlap`` says yes,
+    not "too hard to tell"), and at run time copies the incoming gradient into a tensor of those
+    strides: elements sharing memory kept one of their values, and the gradient came back wrong
+    (under aot_eager and Inductor too)."""
+    from torch._functorch import config as functorch_config
+
+    outputs = gm.graph.find_nodes(op="output") if isinstance(gm, torch.fx.GraphModule) else ()
+    values = [a.meta.get("example_value") for node in outputs for a in node.all_input_nodes]
+    if not hasattr(functorch_config, "guess_tangent_strides_as_outputs") or not any(map(may_overlap, values)):
+        yield
+        return
+    with functorch_config.patch(guess_tangent_strides_as_outputs=False):
+        yield
+
+
+def may_overlap(t: Any) -> bool:
+    """Might two elements of the static strided tensor ``t`` share memory? (Not where each of its
+    dims of more than one element, by stride, steps past the offsets all smaller dims reach.)"""
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t._has_symbolic_sizes_strides:
+        return False
+    reach = 0  # the largest offset the dims so far reach
+    for n, st in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n > 1), key=lambda d: d[1]):
+        if st <= reach:
+            return True
+        reach += (n - 1) * st
+    return False
 
 
 # Ops Dynamo records with a 0-d tensor where the op takes an int, which the op reads with
