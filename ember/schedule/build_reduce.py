@@ -78,13 +78,30 @@ def jump_read(nodes: Sequence[Node], users: dict[Node, list[Node]], outputs: Seq
     def maxima(m: Node) -> bool:  # (a max's result compared, or leaving the graph, through views)
         return id(m) in leaving or any(jumps(u) or (u.op in VIEW_OPS and maxima(u)) for u in users[m])
 
+    def leaving_under(m: Node) -> list[Node]:
+        """The 16-bit values leaving the graph that a max's chain computes on its way (rounded
+        op by op there): stored so too, or its backward's ``x == max`` compared the max with
+        values stored rounded once, found none equal (a bfloat16 ``v.abs().amax()`` of a
+        label-smoothed cross-entropy ``v`` also returned), and divided by that count: NaN."""
+        found, stack, seen = [], list(m.inputs), set()
+        while stack:
+            n = stack.pop()
+            if id(n) in seen or not (n.op in POINTWISE_OPS or n.op in VIEW_OPS):
+                continue
+            seen.add(id(n))
+            if id(n) in leaving and n.dtype is not None and n.dtype.is_low_precision:
+                found.append(n)
+            stack.extend(n.inputs)
+        return found
+
     # (views too: a view read by ATen may be the root its kernel stores)
     low = [n for n in nodes if n.dtype is not None and n.dtype.is_low_precision]
     # (maxima of any float dtype: a float32 max of a 16-bit chain, ``(x * rsqrt(ms)).float() * w``
     # an RMSNorm's, is one of the values its backward recomputes from eager's rounded ones)
     floats = [n for n in nodes if n.dtype is not None and n.dtype.is_float]
-    return frozenset([n for n in low if any(jumps(u) for u in users[n])]
-                     + [n for n in floats if is_max(n) and maxima(n)])
+    maxes = [n for n in floats if is_max(n) and maxima(n)]
+    return frozenset([n for n in low if any(jumps(u) for u in users[n])] + maxes
+                     + [n for m in maxes for n in leaving_under(m)])
 
 
 # ops whose result can cancel to the difference of their operands' roundings
