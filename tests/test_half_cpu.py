@@ -261,6 +261,26 @@ def test_a_16_bit_value_a_training_forward_saves_is_read_rounded_by_it_too():
         assert (mine - exact).abs().max() <= 2 * (eager - exact).abs().max() + 1e-3
 
 
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_a_value_the_backward_recomputes_is_read_as_it_in_the_forward_too(dtype, dynamic):
+    # layer_norm(cos(x) ** 2) over one element: its gradient is 0 where the backward's x - mean
+    # is, that is where the backward's recomputed cos(x) ** 2 is the forward's. The backward
+    # squared the rounded cos (which it reads for pow's gradient, as eager saved it), the forward
+    # the unrounded one: an ulp apart, times rstd (316), gradients of 600 where eager's are 0
+    # (CPU fuzz seed 372043163940)
+    def fn(x):
+        return F.layer_norm(torch.cos(x).pow(2), (1,))
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 33, 1, generator=g) * 3).to(dtype)
+    up = torch.randn(2, 33, 1, generator=g)
+    mine, ref = (x.clone().requires_grad_() for _ in range(2))
+    (ember.compile(fn, dynamic=dynamic)(mine).float() * up).sum().backward()
+    (fn(ref).float() * up).sum().backward()
+    torch.testing.assert_close(mine.grad, ref.grad, rtol=0, atol=1e-3)
+
+
 @pytest.mark.parametrize("dtype,scale", [(torch.bfloat16, 1700.0), (torch.float16, 10000.0)])
 @pytest.mark.parametrize("loss_inside", [False, True], ids=["output", "loss"])
 def test_a_forward_value_the_backward_recomputes_is_read_as_eager_saved_it(dtype, scale, loss_inside):

@@ -45,6 +45,7 @@ from .aten_calls import (
 from .context import Context, ShapeDisagreement, Unsupported, lookup, meta_dtype, size_arg
 from .eager_strides import eager_output_strides
 from .input_writes import check_not_written, writes_input, written_back, written_value
+from .partition import READ_BY_BACKWARD
 
 
 def _sym_dtype(val: Any) -> dt.DType:
@@ -184,23 +185,17 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
                                       fresh_views=fresh_views, eager_saved=_eager_saved(gm, env)))
 
 
-_BACKWARD_TAGS = ("is_backward", "must_be_in_backward")
-
-
 def _eager_saved(gm: torch.fx.GraphModule, env: dict[torch.fx.Node, Any]) -> frozenset[Node]:
     """The values computed in this graph that AOTAutograd traced in the forward and a backward op
-    reads (``Graph.eager_saved``): eager's backward reads them as its forward saved them, rounded,
-    whether the partitioner saved them or recomputes them here. Of a recomputed ``x * c`` read
-    unrounded, a bfloat16 ``logcumsumexp(x * c)``'s backward ``exp(rev_lcse(g - out) + x * c)``
-    exceeded the rounded ``out`` by half its ulp, exp of up to 16: gradients 10^6 where eager's
-    are 10^3 (CPU fuzz seed 9801)."""
-    found = []
-    for fx_node in gm.graph.nodes:
-        if (fx_node.op == "call_function" and fx_node.meta.get("partitioner_tag") == "is_forward"
-                and isinstance(env.get(fx_node), Node)
-                and any(u.meta.get("partitioner_tag") in _BACKWARD_TAGS for u in fx_node.users)):
-            found.append(env[fx_node])
-    return frozenset(found)
+    reads (``Graph.eager_saved``; marked on the joint graph: partition.mark_backward_reads):
+    eager's backward reads them as its forward saved them, rounded, whether the partitioner saved
+    them or recomputes them in the backward, and the forward reads them so too. Of a recomputed
+    ``x * c`` read unrounded, a bfloat16 ``logcumsumexp(x * c)``'s backward
+    ``exp(rev_lcse(g - out) + x * c)`` exceeded the rounded ``out`` by half its ulp, exp of up to
+    16: gradients 10^6 where eager's are 10^3 (CPU fuzz seed 9801)."""
+    return frozenset(env[fx_node] for fx_node in gm.graph.nodes
+                     if fx_node.op == "call_function" and fx_node.meta.get(READ_BY_BACKWARD)
+                     and isinstance(env.get(fx_node), Node))
 
 
 class NegativeBitInput(NotImplementedError):

@@ -103,6 +103,7 @@ def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_output
     """AOTAutograd's ``partition_fn``: the gradient-in-forward plan where it moves fewer bytes
     than min-cut (see the module docstring), min-cut rematerialization otherwise."""
     cfg = cfg or default_config
+    mark_backward_reads(joint_module)
 
     def min_cut() -> Modules:
         mark_row_ids_for_recompute(joint_module)  # ragged row ids: recomputed, never saved
@@ -127,6 +128,25 @@ def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_output
         return default
     stats.bump("grads_in_forward")
     return planned
+
+
+READ_BY_BACKWARD = "ember_read_by_backward"
+_BACKWARD_TAGS = ("is_backward", "must_be_in_backward")
+
+
+def mark_backward_reads(joint_module: fx.GraphModule) -> None:
+    """Mark the forward values that a backward op reads in the joint graph, before either plan
+    splits it: the mark travels with each copy of the node (the forward's, a backward's
+    recomputation), and the lowering makes every reader of a marked value read it rounded as
+    eager saved it (``Graph.eager_saved``), in both graphs alike. Marked on one side only, a
+    bfloat16 ``layer_norm(cos(x) ** 2, (1,))`` squared the unrounded cos in the forward and the
+    rounded one in its backward's recomputation: ``x - mean`` of one element came out an ulp
+    instead of 0, times ``rstd`` (316), and the gradient 600 where eager's is 0 (CPU fuzz seed
+    372043163940)."""
+    for node in joint_module.graph.nodes:
+        if (node.op == "call_function" and node.meta.get("partitioner_tag") == "is_forward"
+                and any(u.meta.get("partitioner_tag") in _BACKWARD_TAGS for u in node.users)):
+            node.meta[READ_BY_BACKWARD] = True
 
 
 def keep_what_mutated_inputs_fed(joint_module: fx.GraphModule) -> None:
