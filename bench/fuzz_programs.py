@@ -110,9 +110,11 @@ class Generator:
                   "F.hardshrink({x}, 0.3)", "F.softshrink({x}, 0.2)", "F.tanhshrink({x})",
                   "F.threshold({x}, 0.1, -1.0)",
                   "torch.clamp({x}, min=-0.3)", "{x}.clamp(max=0.4)", "F.glu(torch.cat([{x}, {x}.flip(-1)], -1), -1)"]
-    MORE_DISC_UNARY = ["torch.trunc({x} * 3)", "torch.sign({x})", "torch.ceil({x} * 2)", "({x} * 4).floor_divide(3)",
-                       "torch.signbit({x}).to({x}.dtype)", "torch.isnan({x}) | torch.isinf({x})",
-                       "torch.heaviside({x}, torch.tensor(0.5, dtype={x}.dtype, device={x}.device))"]
+    # (floor_divide and heaviside of detached values: torch has no derivative for them)
+    MORE_DISC_UNARY = ["torch.trunc({x} * 3)", "torch.sign({x})", "torch.ceil({x} * 2)",
+                       "({x} * 4).detach().floor_divide(3)", "torch.signbit({x}).to({x}.dtype)",
+                       "torch.isnan({x}) | torch.isinf({x})",
+                       "torch.heaviside({x}.detach(), torch.tensor(0.5, dtype={x}.dtype, device={x}.device))"]
     MORE_BINARY = ["torch.atan2({a}, {b})", "torch.hypot({a}, {b})", "torch.xlogy({a}.abs(), {b}.abs() + 0.1)",
                    "torch.addcmul({a}, {a}, {b}, value=0.5)", "torch.addcdiv({a}, {a}, {b}.abs() + 1.0, value=-0.5)",
                    "({a}.abs() + 0.1).pow({b}.clamp(-2, 2))", "torch.where({b} > 0, {a}, 0.0)",
