@@ -496,6 +496,21 @@ def test_margin_losses_at_the_margin_and_with_nan_match_eager(loss):
         assert_same(outs + grads, ref_outs + ref_grads)
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_softshrink_passes_no_gradient_inside_its_band_whatever_comes_in(dynamic):
+    # torch's decomposition computes the band as x * 0, whose gradient g * 0 was NaN for a NaN or
+    # infinite g (a weight with a NaN after it): eager's softshrink_backward gives 0 there
+    # (GPU fuzz seed 48235966367, the CPU alike)
+    def fn(x, w):
+        return F.softshrink(x, 0.5) * w
+
+    x = torch.tensor([[0.1, -0.3, 2.0, -1.5], [0.9, 0.2, -0.2, 0.4]], device=DEVICE, requires_grad=True)
+    w = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0], device=DEVICE)
+    ref_outs, ref_grads, g = _grads(fn, [x, w])
+    outs, grads, _ = _grads(ember.compile(fn, dynamic=dynamic), [x, w], g)
+    assert_same(outs + grads, ref_outs + ref_grads)
+
+
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # (a graph run eagerly warns, with no report)
 @pytest.mark.parametrize("shape", [(2, 0, 3), (2, 4, 0)], ids=["no_channels", "no_pixels"])
 def test_group_norm_gradients_over_empty_groups_match_eager(shape):

@@ -23,8 +23,10 @@ dtype, and so does its decomposition for integers, but a bool one refused the su
 fake tensors, before any backend is called: ``empty_log_softmax_of_bools()`` gives it eager's
 result for the life of the process.
 
-(softshrink's decomposition gives a NaN input a gradient of 0, as eager's vectorized kernel does,
-where its scalar tail passes the incoming one: eager has no one answer there.)
+``softshrink``: torch's decomposition computes the band as ``a * 0`` (a NaN input stays NaN),
+whose gradient ``g * 0`` is NaN for a NaN or infinite incoming ``g``; eager's is 0 there. A NaN
+input's gradient is 0, as eager's vectorized kernel gives it, where its scalar tail passes the
+incoming one: eager has no one answer there.
 
 ``hardshrink``: torch's decomposition computed integer and bool inputs, which eager's kernel
 refuses (NotImplementedError), and a ``lambd`` out of the input dtype's range, which eager's
@@ -170,9 +172,20 @@ def hardshrink_in_table(x: torch.Tensor, lambd: Any = 0.5) -> Any:
     return NotImplemented if _hardshrink_refused(x, lambd) else hardshrink(x, lambd)
 
 
+def softshrink(a: torch.Tensor, lambd: Any = 0.5) -> torch.Tensor:
+    """``aten.softshrink``: torch's decomposition with eager's gradient, 0 inside the band
+    whatever the incoming gradient. torch's ``a * 0`` there (a NaN input stays NaN) passed a NaN
+    or infinite incoming gradient on as NaN: an RMSNorm's weight with a NaN made every row's
+    shrunk elements NaN where eager's are 0 (GPU fuzz seed 48235966367, CPU alike)."""
+    torch._check(0 <= lambd <= torch.finfo(a.dtype).max,
+                 lambda: f"lambda must be in range [0, {torch.finfo(a.dtype).max}] for input dtype {a.dtype}, "
+                         f"but found {lambd}")
+    return torch.where(torch.abs(a) > lambd, a - torch.sign(a) * lambd, a.detach() * 0)
+
+
 _OVERRIDES = {aten.multi_margin_loss.default: multi_margin_loss,
               aten.multilabel_margin_loss_forward.default: multilabel_margin_loss_forward,
-              aten.hardshrink.default: hardshrink}
+              aten.hardshrink.default: hardshrink, aten.softshrink.default: softshrink}
 
 
 @contextlib.contextmanager
