@@ -325,3 +325,19 @@ def test_gathers_from_reshaped_cats_compile_as_cuda(tmp_path):
     for case, (fn, make) in _VIEWS_OF_CATS.items():
         kernels += sources(ember.explain(fn, *make(), target="cuda"), case)
     compile_batches(kernels, tmp_path, per_file=len(kernels))
+
+
+def _empty_slice_of_a_shared_loss(x, y):
+    loss = F.kl_div(F.log_softmax(x.sum(), -1), F.softmax(y, -1), reduction="batchmean").unsqueeze(0)
+    return loss.narrow(0, 1, 0), -loss
+
+
+def test_a_view_replayed_from_a_shared_value_keeps_its_buffer():
+    # the loss was buffered for sharing (several kernels read it), an empty slice of it returned
+    # was then replayed from that buffer, and the buffer released (its readers ended up in its
+    # own kernel): the host program looked for it, KeyError, and the graph ran through ATen
+    # (CPU fuzz seed 625457012128)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="ember could not compile", category=RuntimeWarning)
+        for dynamic in (False, True):
+            check(_empty_slice_of_a_shared_loss, torch.randn(5, 4), torch.randn(()), dynamic=dynamic)

@@ -459,12 +459,16 @@ class Planner(DomainRules, StepOrder, CycleChecks):
 
     def _local_shared(self, groups: list[GroupSpec]) -> set[Node]:
         """Values buffered for sharing whose readers all ended up in their own kernel (the
-        kernel computes them once anyway): their stores would be written and never read."""
+        kernel computes them once anyway): their stores would be written and never read. Not
+        those a view is replayed from since: the view needs the buffer (an empty slice of a
+        loss's value, returned, lost it and failed the graph to ATen with a KeyError)."""
         local: set[Node] = set()
+        bases = set(self.views.values())
         for g in groups:
             computed = {n for r in g.roots for n in [r, *self.subtree(r)]}
             for n in g.roots:
-                if n in self.shared and n not in self.released and all(u in computed for u in self.users[n]):
+                if (n in self.shared and n not in self.released and n not in bases
+                        and all(u in computed for u in self.users[n])):
                     local.add(n)
         return local
 
