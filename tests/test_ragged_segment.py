@@ -130,3 +130,24 @@ def test_one_graph_no_host_sync(fn):
     for lengths in ([3, 0, 5], [2, 7, 1]):
         r = make(lengths, (4,))
         torch.testing.assert_close(compiled(r), fn(r))
+
+
+def test_a_max_compared_in_the_backward_reads_the_sum_its_kernel_read():
+    # softmax over 3 features, its max per token, then a jagged softmax and a logsumexp: the
+    # forward's gradient-in-forward plan computes x == max in a later kernel than the max. The
+    # softmax's sum, buffered for both, was released (its readers all in the first kernel, but
+    # for the later kernel's inlined quotient) and summed again there in another order: in 17 of
+    # 120 rows no element equalled the max, and its gradient divided by that count, 0: NaN
+    # (CPU fuzz seed 537474434310)
+    def fn(values, offsets):
+        probs = torch.softmax(values, -1).amax(-1)
+        return torch.logsumexp(ragged.jagged_softmax(Ragged(probs, offsets, 70, validate=False)).values, 0)
+
+    g = torch.Generator().manual_seed(1415021675)
+    base = torch.randn(3, 120, generator=g)
+    offsets = torch.tensor([0, 17, 17, 87, 109, 120])
+    mine, ref = (base.t().clone().requires_grad_() for _ in range(2))  # (transposed, as the fuzzer's)
+    ember.compile(fn, dynamic=True)(mine, offsets).backward()
+    fn(ref, offsets).backward()
+    assert not mine.grad.isnan().any()
+    torch.testing.assert_close(mine.grad, ref.grad)

@@ -460,16 +460,28 @@ class Planner(DomainRules, StepOrder, CycleChecks):
     def _local_shared(self, groups: list[GroupSpec]) -> set[Node]:
         """Values buffered for sharing whose readers all ended up in their own kernel (the
         kernel computes them once anyway): their stores would be written and never read. Not
-        those a view is replayed from since: the view needs the buffer (an empty slice of a
-        loss's value, returned, lost it and failed the graph to ATen with a KeyError)."""
+        those a view is replayed from since, or that another kernel reads: they need the buffer
+        (an empty slice of a loss's value, returned, lost it and failed the graph to ATen with a
+        KeyError)."""
         local: set[Node] = set()
         bases = set(self.views.values())
-        for g in groups:
+        read_by: dict[Node, set[int]] | None = None  # buffer -> the groups reading it (made on first use)
+        for gi, g in enumerate(groups):
             computed = {n for r in g.roots for n in [r, *self.subtree(r)]}
             for n in g.roots:
                 if (n in self.shared and n not in self.released and n not in bases
                         and all(u in computed for u in self.users[n])):
-                    local.add(n)
+                    if read_by is None:
+                        read_by = {}
+                        for hi, h in enumerate(groups):
+                            for r in h.roots:
+                                for x in self.reads(r):
+                                    read_by.setdefault(x, set()).add(hi)
+                    # (another kernel inlining one of its users reads the buffer too: released,
+                    # that kernel summed a softmax's row again, in another order, and the
+                    # backward's x == max found no element equal to the max: NaN gradients)
+                    if read_by.get(n, set()) <= {gi}:
+                        local.add(n)
         return local
 
     def _separate(self, e: Conflict, groups: list[GroupSpec]) -> None:
