@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import ember
-from ember.frontend.dynamo import may_overlap
-from ember.frontend.overlap import _share_an_element
+from ember.frontend.overlap import _share_an_element, may_overlap
 
 from .conftest import DEVICE
 from .helpers import assert_same

@@ -20,6 +20,7 @@ from torch._dynamo.backends.common import aot_autograd
 from ..config import Config
 from .autograd_decomps import eager_decompositions
 from .decompositions import decomposition_table
+from .overlap import may_overlap
 from .partition import partition
 
 aten = torch.ops.aten
@@ -69,24 +70,13 @@ def _tangents_contiguous_where_outputs_overlap(gm: torch.fx.GraphModule | torch.
 
     outputs = gm.graph.find_nodes(op="output") if isinstance(gm, torch.fx.GraphModule) else ()
     values = [a.meta.get("example_value") for node in outputs for a in node.all_input_nodes]
-    if not hasattr(functorch_config, "guess_tangent_strides_as_outputs") or not any(map(may_overlap, values)):
+    static = [v for v in values if isinstance(v, torch.Tensor) and v.layout == torch.strided
+              and not v._has_symbolic_sizes_strides]  # (symbolic ones: torch traces memory formats already)
+    if not hasattr(functorch_config, "guess_tangent_strides_as_outputs") or not any(map(may_overlap, static)):
         yield
         return
     with functorch_config.patch(guess_tangent_strides_as_outputs=False):
         yield
-
-
-def may_overlap(t: Any) -> bool:
-    """Might two elements of the static strided tensor ``t`` share memory? (Not where each of its
-    dims of more than one element, by stride, steps past the offsets all smaller dims reach.)"""
-    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t._has_symbolic_sizes_strides:
-        return False
-    reach = 0  # the largest offset the dims so far reach
-    for n, st in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n > 1), key=lambda d: d[1]):
-        if st <= reach:
-            return True
-        reach += (n - 1) * st
-    return False
 
 
 # Ops Dynamo records with a 0-d tensor where the op takes an int, which the op reads with

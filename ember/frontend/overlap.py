@@ -42,7 +42,7 @@ def writes_overlapping_memory(gm: torch.fx.GraphModule) -> bool:
         for written in _written_values(node):
             if not isinstance(written, torch.Tensor):
                 continue
-            if _may_overlap(written):
+            if may_overlap(written):
                 return True
             # (the tensors written are not read: setitem's x is written as its view x[i])
             written_args = [_value(a) for a in _written(node)]
@@ -325,7 +325,7 @@ def _writes_data(name: str) -> bool:
     return not any(torch.Tag.inplace_view in getattr(packet, o).tags for o in packet.overloads())
 
 
-def _may_overlap(t: torch.Tensor) -> bool:
+def may_overlap(t: torch.Tensor) -> bool:
     """Eager's "Yes" of its overlap check (a dimension of stride 0 and more than one element),
     and any layout not provably one element per address. Symbolic sizes and strides (the graph
     Dynamo compiles again, dynamic, once a call brings other strides) are compared with guards:
