@@ -12,6 +12,7 @@ On this CPU machine::
     python bench/fuzz.py --device cpu --backend cpp --seconds 300 --workers 1 --seed 3 --train
     python bench/fuzz.py --device cpu --backend cpp --seconds 300 --workers 1 --seed 4 --dynamic
     python bench/fuzz.py --device cpu --backend cpp --seconds 600 --workers 1 --seed 5 --ragged [--dynamic]
+    python bench/fuzz.py --device cpu --backend cpp --seconds 600 --workers 1 --seed 6 --favour int  # integer ops
 
 On the GPU machine (one process per worker, all sharing the GPU)::
 
@@ -410,7 +411,9 @@ def worker(index: int, args: argparse.Namespace, start: int, results: Any) -> No
         seed = stream.randrange(2**40)
         seeds.append(seed)
         try:
-            prog = gen(seed, args.device, args.backend, dtypes, args.train, args.dynamic).build()
+            maker = gen(seed, args.device, args.backend, dtypes, args.train, args.dynamic)
+            maker.favour = frozenset(filter(None, args.favour.split(",")))
+            prog = maker.build()
         except Exception:  # noqa: BLE001 -- a fuzzer bug: report, carry on
             results.put((index, seed, [("generator", traceback.format_exc()[-600:])], None))
             continue
@@ -448,6 +451,8 @@ def main() -> None:
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--dynamic", action="store_true")
     ap.add_argument("--ragged", action="store_true", help="programs over a ragged.Ragged (fuzz_ragged.py)")
+    ap.add_argument("--favour", default="", help="op families drawn 8x as often, e.g. int,more "
+                    "(fuzz_programs.Generator's op_<family> methods)")
     ap.add_argument("--out", default="build/fuzz")
     ap.add_argument("--hang-seconds", type=float, default=None,
                     help="one program's limit (default 300, 900 interpreted)")

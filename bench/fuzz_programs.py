@@ -40,7 +40,16 @@ def make_inputs(specs: list[dict], device: str, train: bool = False, leading: in
             alloc[-1] = alloc[-1] * 2
         elif s["layout"] == "offset" and len(shape) >= 1:
             alloc[0] = alloc[0] + 1
-        if s["kind"] == "perm":  # distinct values: no ties for argmax/argsort
+        if s["kind"] == "int":  # small values (many ties), or the dtype's whole range and its ends
+            info = torch.iinfo(getattr(torch, s["dtype"]))
+            lo, hi = (info.min, info.max) if s.get("wide") else (max(info.min, -40), min(info.max, 40))
+            base = torch.randint(lo, hi, alloc, generator=g, dtype=torch.int64)
+            if s.get("wide") and base.numel():
+                flat = base.view(-1)
+                picks = torch.randint(0, flat.numel(), (max(1, flat.numel() // 20),), generator=g)
+                flat[picks] = torch.tensor([info.min, info.max, 0, -1 if info.min else 1])[
+                    torch.randint(0, 4, picks.shape, generator=g)]
+        elif s["kind"] == "perm":  # distinct values: no ties for argmax/argsort
             m = math.prod(alloc)
             base = (torch.randperm(m, generator=g).float() - m / 2) * (4.0 / max(m, 1))
             base = base.reshape(alloc)
@@ -137,6 +146,7 @@ class Generator:
         self.lines: list[str] = []
         self.disc = False
         self.count = 0
+        self.favour: frozenset[str] = frozenset()  # (op families drawn 8x as often: --favour int,more)
 
     # -- inputs
     def shape(self, rank: int | None = None) -> list[int]:
@@ -267,6 +277,66 @@ class Generator:
                         f"{x}.masked_fill(torch.ones({x}.shape[-2:], dtype=torch.bool, "
                         f"device={x}.device).tril(-1), 0.0)",
                         f"torch.rot90({x}, 1, [-2, -1])", f"{x}.diagonal(0, -2, -1)"]
+        return self.try_line(r.choice(choices)) is not None
+
+    INT_DTYPES = ["int32", "int64", "int16", "int8", "uint8"]
+    # (divisors and shift counts through `& 7` and `& 3`: never 0, never -1, never past the width)
+    INT_BINARY = ["{a} + {b}", "{a} - {b}", "{a} * {b}", "torch.div({a}, ({b} & 7) + 1, rounding_mode='floor')",
+                  "torch.div({a}, ({b} & 7) + 1, rounding_mode='trunc')", "{a} // (({b} & 7) + 1)",
+                  "{a} % (({b} & 7) + 1)", "torch.fmod({a}, ({b} & 7) + 1)", "torch.remainder({a}, -(({b} & 7) + 1))",
+                  "{a} & {b}", "{a} | {b}", "{a} ^ {b}", "{a} << ({b} & 3)", "{a} >> ({b} & 3)",
+                  "torch.maximum({a}, {b})", "torch.minimum({a}, {b})", "torch.where({a} > {b}, {a}, {b})",
+                  "{a} / (({b} & 7) + 1)", "({a} == {b})", "({a} < {b}) | ({a} == 0)", "torch.clamp({a}, {b}, {b} + 5)"]
+    INT_UNARY = ["-{a}", "{a}.abs()", "~{a}", "torch.sign({a})", "{a}.clamp(-7, 9)", "{a}.clamp_min(0)",
+                 "{a} * 3 + 1", "{a} * 0.5", "{a}.to(torch.{dt})", "{a}.to(torch.float32).sqrt()", "{a}.square()",
+                 "{a} - {a}.flip(-1)", "{a}.to(torch.{dt}) + {a}", "torch.where({a} > 0, {a}, 1)",
+                 "torch.bitwise_and({a}, 0x55)", "{a} // -3", "{a} % 5", "torch.pow({a}, 2)"]
+    INT_REDUCE = ["{a}.sum({dims})", "{a}.sum()", "{a}.amax({dims})", "{a}.amin({dims})", "torch.cumsum({a}, {d})",
+                  "{a}.argmax({dims})", "{a}.argmin({dims})", "torch.max({a}, {dims}).values", "{a}.prod({dims})",
+                  "{a}.float().mean({dims})", "({a} > 0).sum({dims})", "torch.sort({a}, dim={d}).values",
+                  "torch.cummax({a}, {d}).indices", "{a}.sum({dims}, dtype=torch.int32)", "({a} != 0).any({dims})"]
+
+    def ints(self) -> list[str]:
+        return [n for n, t in self.env.items() if not t.is_floating_point() and t.dtype is not torch.bool]
+
+    def op_int(self) -> bool:
+        """Integer arithmetic: wrapping products and differences, floor and truncating division,
+        remainders, bit operations and shifts, promotion between integer types, integer
+        reductions (int64 sums, argmax's first index among ties), indices computed from integers,
+        and conversions to and from floats."""
+        r = self.r
+        ints = self.ints()
+        if not ints or r.random() < 0.25:
+            if r.random() < 0.3:  # (of a float32 input: a computed value's ulp would move its truncation)
+                x = self.add_input(list(self.shape()), dtype="float32", special=True)
+                return self.try_line(f"torch.nan_to_num({x} * 8, 0.0, 0.0, 0.0).clamp(-100, 100)"
+                                     f".to(torch.{r.choice(self.INT_DTYPES[:3])})") is not None
+            like = self.env[self.pick(self.floats())].shape if self.floats() and r.random() < 0.7 else self.shape()
+            ints = [self.add_input(list(like), kind="int", dtype=r.choice(self.INT_DTYPES), wide=r.random() < 0.3)]
+        a = self.pick(ints)
+        t = self.env[a]
+        nd = t.dim()
+        kind = r.choice(["binary", "binary", "unary", "unary", "reduce", "index"])
+        if kind == "binary":
+            compat = [n for n in self.ints() if n != a and _broadcasts(t.shape, self.env[n].shape)]
+            b = self.pick(compat) if compat and r.random() < 0.7 else (
+                f"{a}.flip(-1)" if nd and r.random() < 0.5 else str(r.choice([3, -2, 100])))
+            return self.try_line(r.choice(self.INT_BINARY).format(a=a, b=b)) is not None
+        if kind == "unary":
+            return self.try_line(r.choice(self.INT_UNARY).format(a=a, dt=r.choice(self.INT_DTYPES))) is not None
+        d = self.dim(a)
+        if kind == "reduce":
+            dims = f"dim={d}, keepdim={r.choice([True, False])}"
+            return self.try_line(r.choice(self.INT_REDUCE).format(a=a, d=d, dims=dims)) is not None
+        x = self.pick(self.floats()) if self.floats() else None
+        if x is None or self.env[x].dim() == 0 or self.env[x].shape[0] == 0:
+            return False
+        n, xd = self.env[x].shape[0], self.dim(x)
+        m = self.env[x].shape[xd]
+        if m == 0:
+            return False
+        choices = [f"{x}.index_select({xd}, {a}.reshape(-1).long() % {m})", f"{x}[{a}.long() % {n}]",
+                   f"F.embedding({a}.long() % {n}, {x}.reshape({n}, -1))"]
         return self.try_line(r.choice(choices)) is not None
 
     def op_reduce(self) -> bool:
@@ -506,7 +576,9 @@ class Generator:
                            (bool(shp) and len(shp) == len(first)))
         ops = [(self.op_unary, 5), (self.op_binary, 5), (self.op_reduce, 4), (self.op_row, 3),
                (self.op_view, 4), (self.op_cast, 1), (self.op_index, 2), (self.op_matmul, 2),
-               (self.op_inplace, 1), (self.op_nn, 2), (self.op_loss, 1), (self.op_more, 3)]
+               (self.op_inplace, 1), (self.op_nn, 2), (self.op_loss, 1), (self.op_more, 3),
+               (self.op_int, 3)]
+        ops = [(o, w * 8 if o.__name__[3:] in self.favour else w) for o, w in ops]
         target, tries = r.randint(2, 8), 0
         while len(self.lines) < target and tries < 60:
             tries += 1

@@ -442,6 +442,7 @@ class RaggedGenerator(Generator):
                (self.op_segment, 4), (self.op_index_add, 1), (self.op_softmax, 2), (self.op_pad, 2),
                (self.op_position, 2), (self.op_reduce, 3), (self.op_loss, 1), (self.op_cast, 1),
                (self.op_matmul, 1)]
+        ops = [(o, w * 8 if o.__name__[3:] in self.favour else w) for o, w in ops]
         target, tries = r.randint(2, 8), 0
         while len(self.lines) < target and tries < 80:
             tries += 1
