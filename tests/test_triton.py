@@ -82,6 +82,11 @@ CASES = {
     "gather_scalar_beside_rows": (lambda x, w, i: (x.sum(-1) * torch.index_select(w, 0, i),
                                                    (x.sum(-1) + torch.index_select(w, 0, i)).sum()),
                                   lambda: (torch.randn(6, 100), torch.randn(3), torch.tensor([2]))),
+    # ... and a row gathered at such an index: the load varies along the row, so it keeps the
+    # row's mask (without it, a softmax over row 0's 33 values read row 1's too, and a float16
+    # layer_norm came out NaN: GPU fuzz seed 130891054576)
+    "row_at_scalar_index": (lambda x, i: (torch.softmax(x[i], -1), F.layer_norm(x.t()[:, i].t(), (33,))),
+                            lambda: (torch.randn(2, 33), torch.tensor([0]))),
     # a replicate pad cut to one row: that row's index is a constant, not an expression
     "replicate_pad_one_row": (lambda x: F.pad(x, (-2, -1, -4, 0), mode="replicate") * 2,
                               lambda: (torch.randn(3, 5, 5),)),
@@ -113,6 +118,14 @@ CASES = {
     "permute_021": (lambda x: (x.permute(0, 2, 1) * 2).contiguous(), lambda: (torch.randn(2, 19, 65),)),
     "int_ops": (lambda a, b: (a // b, a % b, (a * 3).sum(-1)),
                 lambda: (torch.randint(-50, 50, (8, 9)), torch.randint(1, 7, (8, 9)))),
+    # 8- and 16-bit integers through helpers (shifts, powers, floor division): their results
+    # keep their type, so the next product wraps at 8 bits (uint8 >> 0 squared came out
+    # unwrapped: GPU fuzz seed 456711204467) and a reduction's loop-carried type holds (an
+    # int16 amin of shifts failed to compile: seed 1062043588507)
+    "narrow_int_helpers": (lambda a, b: ((a >> 0).square() ^ b, (b >> (a & 3)).amin(0), torch.pow(a, 2) * 3,
+                                         torch.div(b, 3, rounding_mode="floor") * 700),
+                           lambda: (torch.randint(0, 256, (4, 33), dtype=torch.uint8),
+                                    torch.randint(-300, 300, (4, 33), dtype=torch.int16))),
     # integer powers of a scalar base: the exponent's shape is the result's
     "int_pow_scalar_base": (lambda a: (torch.pow(2, a % 40), torch.pow(a, 3)),
                             lambda: (torch.randint(-50, 50, (8, 9), dtype=torch.int32),)),

@@ -32,6 +32,8 @@ from ..schedule.kernel_ir import (
     Kernel,
     Value,
     inner_var,
+    is_index_var,
+    is_indirect_var,
     outer_var,
 )
 from .layout import tile_counts, transposed_accesses, varies
@@ -250,11 +252,13 @@ class TritonKernelRenderer(LoopBodies, TritonIndexing):
                 # at loaded indices that may be scalars (a gather at one index): the pointer
                 # takes the mask's block shape
                 pointer += " + 0 * xindex"
-            elif mask and v.arg.bindings and all(self._uniform(s) for s in v.srcs):
-                # at indices that are scalars (a gather at an index a scalar input holds): a
-                # scalar load where the indices are clamped into a dim that is not empty (as a
-                # fixed element's), else one in the mask's block shape; Triton's compiler refuses
-                # a block mask on a scalar pointer (its interpreter does not)
+            elif mask and v.arg.bindings and all(self._uniform(s) for s in v.srcs) and not any(
+                    is_index_var(s) and not is_indirect_var(s) for s in sympy.sympify(v.arg.index).free_symbols):
+                # at indices that are scalars (a gather at an index a scalar input holds) and
+                # nothing else that varies (x[i] of a row, i a scalar, varies along the row and
+                # keeps its mask): a scalar load where the indices are clamped into a dim that is
+                # not empty (as a fixed element's), else one in the mask's block shape; Triton's
+                # compiler refuses a block mask on a scalar pointer (its interpreter does not)
                 if all(s.kind == "checkindex" and sh.static(s.arg[0]) for s in v.srcs):
                     mask = ""
                 else:
