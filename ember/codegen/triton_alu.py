@@ -118,9 +118,10 @@ _HELPER = {Op.EXPM1: "expm1", Op.LOG1P: "log1p", Op.LOG10: "log10", Op.SIN: "sin
 
 def alu(v: Value, args: list[str]) -> str:
     text = _alu(v, args)
-    if text.startswith("eh.") and not (v.dtype.is_float or v.dtype.is_bool):
+    if text.startswith("eh.") and not (v.dtype.is_float or v.dtype.is_bool) and v.dtype.itemsize < 4:
         # (a helper's bare literals are int32: shr's tl.where(a < 0, -1, 0) made an int8 or uint8
-        # result int32, and the next product or shift did not wrap at 8 bits as eager's does)
+        # result int32, and the next product or shift did not wrap at 8 bits as eager's does;
+        # int32 and int64 results keep their type)
         return f"{text}.to({TL_TYPES[v.dtype]})"
     return text
 
