@@ -66,7 +66,7 @@ def run_program(fn, inputs: list, upstream_seed: int | None) -> dict:
         loss = None
         for o in outs:
             if isinstance(o, torch.Tensor) and o.requires_grad:
-                up = torch.randn(o.shape, generator=g).to(o.device, torch.float64)
+                up = torch.randn(o.shape, generator=g, dtype=torch.float32).to(o.device, torch.float64)
                 term = (o.to(torch.float64) * up).sum()
                 loss = term if loss is None else loss + term
         leaves = [i for i in inputs if isinstance(i, torch.Tensor) and i.requires_grad]
@@ -287,15 +287,26 @@ def check_program(prog: Program, args: argparse.Namespace, options: dict) -> lis
         cache: dict[str, Any] = {}
 
         def ref(nocast: bool = False, inputs=inputs, cache=cache) -> dict | None:
-            """Eager on float64 inputs; ``nocast``: with the program's casts to half types made float64."""
+            """Eager on float64 inputs; ``nocast``: with the program's float casts made float64 and
+            float64 the default dtype (an integer times 0.5 is float64 then, beside float64 weights)."""
             if nocast not in cache:
-                src = prog.source
-                if nocast:
-                    src = src.replace("torch.bfloat16", "torch.float64").replace("torch.float16", "torch.float64")
+                cache[nocast] = None
                 try:
-                    cache[nocast] = run_program(_exec_fn(src) if nocast else fn, inputs(True), up)
+                    xs = inputs(True)
+                    if not nocast:
+                        cache[nocast] = run_program(fn, xs, up)
+                    else:
+                        src = prog.source
+                        for half in ("torch.bfloat16", "torch.float16", "torch.float32"):
+                            src = src.replace(half, "torch.float64")
+                        default = torch.get_default_dtype()
+                        torch.set_default_dtype(torch.float64)
+                        try:
+                            cache[nocast] = run_program(_exec_fn(src.replace(".float()", ".double()")), xs, up)
+                        finally:
+                            torch.set_default_dtype(default)
                 except Exception:  # noqa: BLE001
-                    cache[nocast] = None
+                    pass
             return cache[nocast]
         why = compare_runs(got, eager, ref, prog.disc, prog.low)
         if why:
