@@ -211,6 +211,27 @@ def _exec_fn(source: str) -> Any:
     return scope["fn"]
 
 
+def reference_run(source: str, fn: Any, inputs: list, up: int | None, run_program: Any = run_program,
+                  nocast: bool = False) -> dict | None:
+    """Eager on float64 inputs, or None where that raises; ``nocast``: with the program's float
+    casts made float64 and float64 the default dtype (an integer times 0.5 is float64 then, as
+    the float64 weights beside it: a mixed-dtype norm would refuse a float32 one)."""
+    try:
+        if not nocast:
+            return run_program(fn, inputs, up)
+        for half in ("torch.bfloat16", "torch.float16", "torch.float32"):
+            source = source.replace(half, "torch.float64")
+        wide = _exec_fn(source.replace(".float()", ".double()"))
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            return run_program(wide, inputs, up)
+        finally:
+            torch.set_default_dtype(default)
+    except Exception:  # noqa: BLE001 -- no reference: the judge says so
+        return None
+
+
 def check_program(prog: Program, args: argparse.Namespace, options: dict) -> list[tuple[str, str]]:
     """Run one program eagerly and through ember; the findings as (kind, message) pairs."""
     import ember
@@ -287,26 +308,8 @@ def check_program(prog: Program, args: argparse.Namespace, options: dict) -> lis
         cache: dict[str, Any] = {}
 
         def ref(nocast: bool = False, inputs=inputs, cache=cache) -> dict | None:
-            """Eager on float64 inputs; ``nocast``: with the program's float casts made float64 and
-            float64 the default dtype (an integer times 0.5 is float64 then, beside float64 weights)."""
             if nocast not in cache:
-                cache[nocast] = None
-                try:
-                    xs = inputs(True)
-                    if not nocast:
-                        cache[nocast] = run_program(fn, xs, up)
-                    else:
-                        src = prog.source
-                        for half in ("torch.bfloat16", "torch.float16", "torch.float32"):
-                            src = src.replace(half, "torch.float64")
-                        default = torch.get_default_dtype()
-                        torch.set_default_dtype(torch.float64)
-                        try:
-                            cache[nocast] = run_program(_exec_fn(src.replace(".float()", ".double()")), xs, up)
-                        finally:
-                            torch.set_default_dtype(default)
-                except Exception:  # noqa: BLE001
-                    pass
+                cache[nocast] = reference_run(prog.source, fn, inputs(True), up, run_program, nocast)
             return cache[nocast]
         why = compare_runs(got, eager, ref, prog.disc, prog.low)
         if why:
@@ -462,7 +465,7 @@ def main() -> None:
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--dynamic", action="store_true")
     ap.add_argument("--ragged", action="store_true", help="programs over a ragged.Ragged (fuzz_ragged.py)")
-    ap.add_argument("--favour", default="", help="op families drawn 8x as often, e.g. int,more "
+    ap.add_argument("--favour", default="", help="op families drawn 8x as often, e.g. int,bool,more "
                     "(fuzz_programs.Generator's op_<family> methods)")
     ap.add_argument("--out", default="build/fuzz")
     ap.add_argument("--hang-seconds", type=float, default=None,

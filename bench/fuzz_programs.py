@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
+from fuzz_int_ops import IntegerOps, broadcasts  # (bench/ is on sys.path)
 
 AWKWARD = [1, 3, 7, 17, 33, 127, 128, 129, 1000]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -40,7 +41,9 @@ def make_inputs(specs: list[dict], device: str, train: bool = False, leading: in
             alloc[-1] = alloc[-1] * 2
         elif s["layout"] == "offset" and len(shape) >= 1:
             alloc[0] = alloc[0] + 1
-        if s["kind"] == "int":  # small values (many ties), or the dtype's whole range and its ends
+        if s["kind"] == "bool":  # each element set with probability `density` (0: none, 1: all)
+            base = torch.rand(alloc, generator=g) < s["density"]
+        elif s["kind"] == "int":  # small values (many ties), or the dtype's whole range and its ends
             info = torch.iinfo(getattr(torch, s["dtype"]))
             lo, hi = (info.min, info.max) if s.get("wide") else (max(info.min, -40), min(info.max, 40))
             base = torch.randint(lo, hi, alloc, generator=g, dtype=torch.int64)
@@ -87,7 +90,7 @@ class Program:
                          if n in text), torch.float32)
 
 
-class Generator:
+class Generator(IntegerOps):
     """Builds one random program. Each candidate line is tried on meta tensors; lines that
     raise there (shape errors) or grow a value past the element budget are dropped."""
 
@@ -234,7 +237,7 @@ class Generator:
         a = self.pick(self.floats())
         others = [n for n in self.floats() if n != a]
         sa = self.env[a].shape
-        compat = [n for n in others if _broadcasts(sa, self.env[n].shape)]
+        compat = [n for n in others if broadcasts(sa, self.env[n].shape)]
         if compat and self.r.random() < 0.8:
             b = self.pick(compat)
         elif self.r.random() < 0.5:
@@ -257,7 +260,7 @@ class Generator:
                 return self.try_line(r.choice(self.MORE_DISC_UNARY).format(x=x), disc=True) is not None
             return self.try_line(r.choice(self.MORE_UNARY).format(x=x)) is not None
         if kind == "binary":
-            compat = [n for n in self.floats() if n != x and _broadcasts(self.env[x].shape, self.env[n].shape)]
+            compat = [n for n in self.floats() if n != x and broadcasts(self.env[x].shape, self.env[n].shape)]
             b = self.pick(compat) if compat else f"{x}.flip(-1)" if self.env[x].dim() else "0.75"
             if r.random() < 0.25:
                 return self.try_line(r.choice(self.MORE_DISC_BINARY).format(a=x, b=b), disc=True) is not None
@@ -277,66 +280,6 @@ class Generator:
                         f"{x}.masked_fill(torch.ones({x}.shape[-2:], dtype=torch.bool, "
                         f"device={x}.device).tril(-1), 0.0)",
                         f"torch.rot90({x}, 1, [-2, -1])", f"{x}.diagonal(0, -2, -1)"]
-        return self.try_line(r.choice(choices)) is not None
-
-    INT_DTYPES = ["int32", "int64", "int16", "int8", "uint8"]
-    # (divisors and shift counts through `& 7` and `& 3`: never 0, never -1, never past the width)
-    INT_BINARY = ["{a} + {b}", "{a} - {b}", "{a} * {b}", "torch.div({a}, ({b} & 7) + 1, rounding_mode='floor')",
-                  "torch.div({a}, ({b} & 7) + 1, rounding_mode='trunc')", "{a} // (({b} & 7) + 1)",
-                  "{a} % (({b} & 7) + 1)", "torch.fmod({a}, ({b} & 7) + 1)", "torch.remainder({a}, -(({b} & 7) + 1))",
-                  "{a} & {b}", "{a} | {b}", "{a} ^ {b}", "{a} << ({b} & 3)", "{a} >> ({b} & 3)",
-                  "torch.maximum({a}, {b})", "torch.minimum({a}, {b})", "torch.where({a} > {b}, {a}, {b})",
-                  "{a} / (({b} & 7) + 1)", "({a} == {b})", "({a} < {b}) | ({a} == 0)", "torch.clamp({a}, {b}, {b} + 5)"]
-    INT_UNARY = ["-{a}", "{a}.abs()", "~{a}", "torch.sign({a})", "{a}.clamp(-7, 9)", "{a}.clamp_min(0)",
-                 "{a} * 3 + 1", "{a} * 0.5", "{a}.to(torch.{dt})", "{a}.to(torch.float32).sqrt()", "{a}.square()",
-                 "{a} - {a}.flip(-1)", "{a}.to(torch.{dt}) + {a}", "torch.where({a} > 0, {a}, 1)",
-                 "torch.bitwise_and({a}, 0x55)", "{a} // -3", "{a} % 5", "torch.pow({a}, 2)"]
-    INT_REDUCE = ["{a}.sum({dims})", "{a}.sum()", "{a}.amax({dims})", "{a}.amin({dims})", "torch.cumsum({a}, {d})",
-                  "{a}.argmax({dims})", "{a}.argmin({dims})", "torch.max({a}, {dims}).values", "{a}.prod({dims})",
-                  "{a}.float().mean({dims})", "({a} > 0).sum({dims})", "torch.sort({a}, dim={d}).values",
-                  "torch.cummax({a}, {d}).indices", "{a}.sum({dims}, dtype=torch.int32)", "({a} != 0).any({dims})"]
-
-    def ints(self) -> list[str]:
-        return [n for n, t in self.env.items() if not t.is_floating_point() and t.dtype is not torch.bool]
-
-    def op_int(self) -> bool:
-        """Integer arithmetic: wrapping products and differences, floor and truncating division,
-        remainders, bit operations and shifts, promotion between integer types, integer
-        reductions (int64 sums, argmax's first index among ties), indices computed from integers,
-        and conversions to and from floats."""
-        r = self.r
-        ints = self.ints()
-        if not ints or r.random() < 0.25:
-            if r.random() < 0.3:  # (of a float32 input: a computed value's ulp would move its truncation)
-                x = self.add_input(list(self.shape()), dtype="float32", special=True)
-                return self.try_line(f"torch.nan_to_num({x} * 8, 0.0, 0.0, 0.0).clamp(-100, 100)"
-                                     f".to(torch.{r.choice(self.INT_DTYPES[:3])})") is not None
-            like = self.env[self.pick(self.floats())].shape if self.floats() and r.random() < 0.7 else self.shape()
-            ints = [self.add_input(list(like), kind="int", dtype=r.choice(self.INT_DTYPES), wide=r.random() < 0.3)]
-        a = self.pick(ints)
-        t = self.env[a]
-        nd = t.dim()
-        kind = r.choice(["binary", "binary", "unary", "unary", "reduce", "index"])
-        if kind == "binary":
-            compat = [n for n in self.ints() if n != a and _broadcasts(t.shape, self.env[n].shape)]
-            b = self.pick(compat) if compat and r.random() < 0.7 else (
-                f"{a}.flip(-1)" if nd and r.random() < 0.5 else str(r.choice([3, -2, 100])))
-            return self.try_line(r.choice(self.INT_BINARY).format(a=a, b=b)) is not None
-        if kind == "unary":
-            return self.try_line(r.choice(self.INT_UNARY).format(a=a, dt=r.choice(self.INT_DTYPES))) is not None
-        d = self.dim(a)
-        if kind == "reduce":
-            dims = f"dim={d}, keepdim={r.choice([True, False])}"
-            return self.try_line(r.choice(self.INT_REDUCE).format(a=a, d=d, dims=dims)) is not None
-        x = self.pick(self.floats()) if self.floats() else None
-        if x is None or self.env[x].dim() == 0 or self.env[x].shape[0] == 0:
-            return False
-        n, xd = self.env[x].shape[0], self.dim(x)
-        m = self.env[x].shape[xd]
-        if m == 0:
-            return False
-        choices = [f"{x}.index_select({xd}, {a}.reshape(-1).long() % {m})", f"{x}[{a}.long() % {n}]",
-                   f"F.embedding({a}.long() % {n}, {x}.reshape({n}, -1))"]
         return self.try_line(r.choice(choices)) is not None
 
     def op_reduce(self) -> bool:
@@ -577,7 +520,7 @@ class Generator:
         ops = [(self.op_unary, 5), (self.op_binary, 5), (self.op_reduce, 4), (self.op_row, 3),
                (self.op_view, 4), (self.op_cast, 1), (self.op_index, 2), (self.op_matmul, 2),
                (self.op_inplace, 1), (self.op_nn, 2), (self.op_loss, 1), (self.op_more, 3),
-               (self.op_int, 3)]
+               (self.op_int, 3), (self.op_bool, 2)]
         ops = [(o, w * 8 if o.__name__[3:] in self.favour else w) for o, w in ops]
         target, tries = r.randint(2, 8), 0
         while len(self.lines) < target and tries < 60:
@@ -604,10 +547,3 @@ class Generator:
         body = "\n".join(f"    {ln}" for ln in self.lines) or "    pass"
         return f"{header}def fn({args}):\n{body}\n    return ({', '.join(outs)},)\n", len(outs)
 
-
-def _broadcasts(a: torch.Size, b: torch.Size) -> bool:
-    try:
-        torch.broadcast_shapes(a, b)
-        return True
-    except RuntimeError:
-        return False

@@ -7,6 +7,7 @@ import atexit
 import itertools
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -77,3 +78,14 @@ def padded_on_cpu(monkeypatch):
     from ember.frontend import pool_decomps
     monkeypatch.setattr(pool_decomps, "PADDED_ON_CPU", True)
     monkeypatch.setattr(pool_decomps, "GATHERED_MAX_BACKWARD", True)
+
+
+@pytest.fixture
+def fuzz(monkeypatch):
+    """bench/fuzz.py and bench/fuzz_ragged.py, imported as the scripts import each other."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import fuzz
+    import fuzz_ragged
+    yield fuzz, fuzz_ragged
+    for name in ("fuzz", "fuzz_ragged", "fuzz_programs", "fuzz_int_ops"):
+        sys.modules.pop(name, None)

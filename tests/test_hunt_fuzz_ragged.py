@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,18 +15,6 @@ import ember
 from ember import ragged
 
 from .helpers import assert_clean, assert_same, check, compile_checked, on_the_interpreter
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-@pytest.fixture
-def fuzz(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))  # (the fuzzer's modules import each other as bench/ scripts)
-    import fuzz
-    import fuzz_ragged
-    yield fuzz, fuzz_ragged
-    for name in ("fuzz", "fuzz_ragged", "fuzz_programs"):
-        sys.modules.pop(name, None)
 
 
 def test_the_ragged_generator_writes_ragged_programs(fuzz):
