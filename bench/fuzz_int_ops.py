@@ -86,9 +86,11 @@ class IntegerOps:
                   "{a}.to(torch.float32) * 2 - 1", "torch.cumsum({a}, {d})", "{a}.long().cumsum({d}) - 1",
                   "{a} == 0", "{a} + 1", "{a} * 3", "torch.where({a}, 2, -1)", "{a}.to(torch.uint8) << 2",
                   "torch.cummax({a}.to(torch.int32), {d}).values", "{a}.all()", "{a}.any()"]
+    # (argmax of a bool tensor: eager refuses the dtype; of its uint8 the first set index)
     BOOL_REDUCE = ["{a}.any({dims})", "{a}.all({dims})", "{a}.sum({dims})", "torch.count_nonzero({a}, {d})",
-                   "{a}.amax({dims})", "{a}.amin({dims})", "{a}.float().mean({dims})", "{a}.argmax({dims})",
-                   "{a}.sum({dims}, dtype=torch.int32)", "{a}.prod({dims})", "{a}.to(torch.int16).sum({dims})"]
+                   "{a}.amax({dims})", "{a}.amin({dims})", "{a}.float().mean({dims})",
+                   "{a}.to(torch.uint8).argmax({dims})", "{a}.sum({dims}, dtype=torch.int32)", "{a}.prod({dims})",
+                   "{a}.to(torch.int16).sum({dims})"]
     # masks applied to floats ({x}: a float value its shape, {m}: a mask broadcasting against it)
     BOOL_MASKED = ["torch.where({m}, {x}, 0.0)", "torch.where({m}, {x}, {x}.flip(-1))", "{x} * {m}",
                    "{x} * {m}.to({x}.dtype)", "{x}.masked_fill({m}, -1.5)", "{x}.masked_fill(~{m}, 0.0)",
