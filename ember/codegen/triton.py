@@ -280,7 +280,8 @@ class TritonKernelRenderer(LoopBodies, TritonIndexing):
             return None
         if id(v) in self.spelled:
             return f"{self.name(v)} = {self.spelled[id(v)]}"
-        return f"{self.name(v)} = {alu(v, [self.name(s) for s in v.srcs])}"
+        scalars = bool(v.srcs) and all(self._zero_dim(s) for s in v.srcs)
+        return f"{self.name(v)} = {alu(v, [self.name(s) for s in v.srcs], scalars)}"
 
     def _row_invariant(self, v: Value) -> bool:
         """Is ``v`` a row kernel's load inside the rows whose index names no outer variable?"""
@@ -299,6 +300,13 @@ class TritonKernelRenderer(LoopBodies, TritonIndexing):
         if v.kind == "index":
             return not varies(v.arg)
         return v.kind in ("alu", "checkindex") and all(self._uniform(s) for s in v.srcs)
+
+    def _zero_dim(self, v: Value) -> bool:
+        """Is ``v`` a 0-d scalar: a load of one fixed element, or arithmetic of those only (a
+        constant is a [1] block)?"""
+        if v.kind == "load":
+            return not v.arg.bindings and not varies(v.arg.index)
+        return v.kind == "alu" and all(self._zero_dim(s) for s in v.srcs)
 
     def _mask_shape(self, mask: str) -> str:
         """An int32 block of zeros in the block shape of ``mask`` (xmask, rmask or both)."""

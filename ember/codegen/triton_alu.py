@@ -116,8 +116,17 @@ _HELPER = {Op.EXPM1: "expm1", Op.LOG1P: "log1p", Op.LOG10: "log10", Op.SIN: "sin
            Op.GCD: "gcd", Op.LCM: "lcm"}
 
 
-def alu(v: Value, args: list[str]) -> str:
+_COMPARISONS = (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.ISNAN)
+
+
+def alu(v: Value, args: list[str], scalars: bool = False) -> str:
+    """``v``'s spelling; ``scalars``: its operands are all 0-d."""
     text = _alu(v, args)
+    if scalars and v.arg in _COMPARISONS:
+        # (Triton 3.6's interpreter tags a comparison of two 0-d values with its operands' float
+        # type, and broadcasting it makes floats, which & and | refuse; through an int32 it is
+        # a bool again. Compiled, the != 0 of an int1 folds away)
+        return f"({text} != 0)"
     if text.startswith("eh.") and not (v.dtype.is_float or v.dtype.is_bool) and v.dtype.itemsize < 4:
         # (a helper's bare literals are int32: shr's tl.where(a < 0, -1, 0) made an int8 or uint8
         # result int32, and the next product or shift did not wrap at 8 bits as eager's does;
