@@ -132,3 +132,45 @@ def test_which_strides_may_share_memory():
     assert may_overlap(x.unfold(0, 2, 1)) and may_overlap(torch.randn(1, 5).expand(3, 5))
     assert not may_overlap(x.unfold(0, 2, 2)) and not may_overlap(torch.randn(3, 4).t())
     assert not may_overlap(torch.randn(4, 1, 3)[:, :, ::2]) and not may_overlap(torch.randn(()))
+
+
+def _scaled_flat(x):
+    return x.mul_(1.5).reshape(-1)
+
+
+def _shifted_rows(x):
+    v = x.add_(1)
+    return v.permute(1, 0, 2)[1:], v.sum()
+
+
+def _clamped_tail(x):
+    return x.clamp_(-0.5, 0.5)[:, :, 1:].flatten(1), x * 2
+
+
+_LAYOUTS = {"strided": lambda b: b[..., ::2], "offset": lambda b: b[1:], "transposed": lambda b: b.transpose(1, 2)}
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+@pytest.mark.parametrize("fn", [_scaled_flat, _shifted_rows, _clamped_tail], ids=lambda f: f.__name__)
+def test_views_of_an_input_written_in_place_are_eagers_views(fn, layout, dynamic):
+    # (CPU fuzz seed 339336268174) with symbolic sizes AOTAutograd rebuilds an output that views
+    # an input from the returned tensor's strides and offset; the graph returned it as a view of
+    # the written value, laid out as a fresh value: x.mul_(1.5).reshape(-1) of a strided x read
+    # the gaps between x's elements (aot_eager and Inductor alike). Now a view of the input
+    base = torch.arange(2 * 3 * 8, dtype=torch.float32, device=DEVICE).reshape(2, 3, 8) / 7 - 3
+    ref_x, out_x = (_LAYOUTS[layout](base.clone()) for _ in range(2))
+    ref = fn(ref_x)
+    out = ember.compile(fn, dynamic=dynamic)(out_x)
+    assert_same(out, ref)
+    assert_same(out_x, ref_x)
+    for o, r, x, rx in [(out[0], ref[0], out_x, ref_x)] if isinstance(ref, tuple) else [(out, ref, out_x, ref_x)]:
+        assert o.stride() == r.stride() and o.storage_offset() == r.storage_offset()
+        # (a view of the input where eager's is one; a reshape of a transposed one is a copy)
+        assert (o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()) == (
+            r.untyped_storage().data_ptr() == rx.untyped_storage().data_ptr())
+    if dynamic:  # another size, the same compiled graph
+        bigger = torch.randn(3, 5, 8, device=DEVICE)
+        ref_x, out_x = (_LAYOUTS[layout](bigger.clone()) for _ in range(2))
+        assert_same(ember.compile(fn, dynamic=dynamic)(out_x), fn(ref_x))
+        assert_same(out_x, ref_x)

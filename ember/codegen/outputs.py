@@ -37,7 +37,7 @@ class OutputLayouts:
         claimed: set[Node] = set()
         shared = []
         for i, node in enumerate(g.outputs):
-            if node is None or i in g.scalar_outputs:
+            if node is None or i in g.scalar_outputs or i in self.input_views:
                 continue
             base = self._memory_of(node)
             if (i in g.fresh_outputs and (base.op in (Op.INPUT, Op.TENSOR) or self._broadcast_here(i))
@@ -45,6 +45,21 @@ class OutputLayouts:
                 shared.append(i)
             claimed.add(base)
         return shared
+
+    def _input_views(self) -> dict[int, tuple[str, Node]]:
+        """``Graph.input_views`` the program can replay: {output i: (the input's variable, the
+        written value that output i views)}, each output a chain of views of that value, which
+        has the input's shape. Returned as the same views of the input (its memory holds the
+        value once the program writes it), the output has eager's strides and offset, which
+        AOTAutograd rebuilds it with; a view of the written value had a fresh value's."""
+        g = self.s.graph
+        views = {}
+        for i, (k, j) in g.input_views.items():
+            node, value, target = g.outputs[i], g.outputs[j], g.inputs[k]
+            if (node is not None and value is not None and target in self.var and _views(node, value)
+                    and value.shape is not None and sh.shapes_equal(value.shape, target.shape)):
+                views[i] = (self.var[target], value)
+        return views
 
     def _one_copy_groups(self, fresh: list[int]) -> dict[int, list[int]]:
         """Outputs that eager returns in one memory of its own, where ember's IR made that memory
@@ -54,6 +69,8 @@ class OutputLayouts:
         g = self.s.graph
         groups: dict[int, list[int]] = {}
         for i, j in sorted(g.fresh_views.items()):
+            if i in self.input_views or j in self.input_views:
+                continue
             base = self._memory_of(g.outputs[j])
             if (j in fresh and base.op in (Op.INPUT, Op.TENSOR) and base in self.var
                     and all(_views(g.outputs[t], base) for t in (i, j))):
@@ -152,7 +169,8 @@ class OutputLayouts:
                 # offsets carry the nested size its gradient must have)
                 seen.add(var)
                 continue
-            if var not in seen and node in self.view_base and self._memory_of(node).op is Op.INPUT:
+            if var not in seen and (i in self.input_views or node in self.view_base
+                                    and self._memory_of(node).op is Op.INPUT):
                 # a view of an input stays one: AOTAutograd rebuilds it from the input, or (views
                 # that unbind or split an input requiring grad) hands it to the user as it is,
                 # and autograd must see the view to refuse in-place changes to it, as eager does
@@ -183,7 +201,8 @@ class OutputLayouts:
         over: dict[Node, list[int]] = {}
         for i, node in enumerate(g.outputs):
             strides = g.output_strides[i] if i < len(g.output_strides) else None
-            if (node is None or i in g.scalar_outputs or i in fresh or strides is None or node.shape is None
+            if (node is None or i in g.scalar_outputs or i in fresh or i in self.input_views or strides is None
+                    or node.shape is None
                     or len(strides) != node.rank
                     or not sh.free_symbols(strides) <= set(self.symbols)
                     or any(sh.equal(st, 0) and not sh.is_one(n) for st, n in zip(strides, node.shape))):

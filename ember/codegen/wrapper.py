@@ -233,6 +233,8 @@ class WrapperWriter(OutputLayouts, InputWrites):
         outputs = self.outputs = {o for o in g.outputs if o is not None}
         self.output_vars = self._output_vars(outputs)
         self._plan_input_writes()
+        self.input_views = self._input_views()
+        self.output_vars |= {name for name, _ in self.input_views.values()}
         fresh = self._shared_outputs()
         one_copy = self._one_copy_groups(fresh)
         # (an input copied for outputs that all view it, none the input itself: alive until then)
@@ -260,6 +262,9 @@ class WrapperWriter(OutputLayouts, InputWrites):
             if i not in shared:
                 returned[i] = self._fresh_copy(i, returned[i])
         self._as_traced(traced, returned)
+        for i, (name, value) in self.input_views.items():
+            self.emit(f"out{i} = {self._replayed(name, g.outputs[i], value)}  # eager's view of the written input")
+            returned[i] = f"out{i}"
         repeated = self._repeated_over_copies(returned, fresh)
         self._distinct_outputs(returned, fresh + repeated)
         returned = self._write_inputs(returned)

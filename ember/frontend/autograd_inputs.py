@@ -210,3 +210,37 @@ def drop_leaf_mutation_grads(gm: torch.fx.GraphModule) -> None:
         output.args = (type(values)(changed),)
         gm.graph.eliminate_dead_code()  # (the placeholder stays: AOTAutograd passes every tangent)
         gm.recompile()
+
+
+def aot_input_views(gm: torch.fx.GraphModule) -> dict[int, tuple[int, int | None]]:
+    """{graph output i: (placeholder k, the graph output j holding the value written into k, or
+    None where the graph writes k itself with copy_)} for the outputs AOTAutograd rebuilds as views
+    of an input that the function writes (``x.mul_(2).reshape(-1)``, x not contiguous). With
+    symbolic sizes it rebuilds them from the returned tensor's strides and offset, and the graph
+    returns a view of the written value, which has a fresh value's strides (upstream, aot_eager
+    and Inductor alike returned the wrong elements). Empty outside an AOTAutograd compile."""
+    try:
+        from torch._functorch._aot_autograd.descriptors import (
+            InputMutationAOTOutput,
+            PlainAOTInput,
+            PlainAOTOutput,
+        )
+        from torch._functorch._aot_autograd.schemas import OutputType
+    except ImportError:  # (a torch without graph descriptions)
+        return {}
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None) if context is not None else None
+    descs = gm.graph.output_node().meta.get("desc")
+    if meta is None or not isinstance(descs, (list, tuple)):
+        return {}
+    placeholders = {n.meta.get("desc"): k for k, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    written = {d.mutated_input: j for j, d in enumerate(descs) if isinstance(d, InputMutationAOTOutput)}
+    views = {}
+    for i, d in enumerate(descs):
+        info = meta.output_info[d.idx] if isinstance(d, PlainAOTOutput) and d.idx < len(meta.output_info) else None
+        if info is None or info.output_type != OutputType.alias_of_input or info.base_idx is None:
+            continue
+        base = PlainAOTInput(info.base_idx)
+        if base in placeholders:
+            views[i] = (placeholders[base], written.get(base))
+    return views

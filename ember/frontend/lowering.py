@@ -42,6 +42,7 @@ from .aten_calls import (
     tuple_item,
     whole_memory,
 )
+from .autograd_inputs import aot_input_views
 from .context import Context, ShapeDisagreement, Unsupported, lookup, meta_dtype, size_arg
 from .eager_strides import eager_output_strides
 from .input_writes import check_not_written, writes_input, written_back, written_value
@@ -178,11 +179,15 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
         mutated_inputs[len(outputs)] = inputs.index(target)
         outputs.append(value)
         output_strides.append(target.arg.strides)
+    written_at = {k: j for j, k in mutated_inputs.items()}
+    input_views = {i: (k, j if j is not None else written_at[k])
+                   for i, (k, j) in aot_input_views(gm).items() if j is not None or k in written_at}
     return record_ragged_totals(Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs), output_strides,
                                       fresh_outputs=frozenset(fresh_outputs), effects=effects,
                                       size_checks=ctx.size_checks, whole_outputs=frozenset(whole_outputs),
                                       repeated_outputs=repeated_outputs, mutated_inputs=mutated_inputs,
-                                      fresh_views=fresh_views, eager_saved=_eager_saved(gm, env)))
+                                      fresh_views=fresh_views, eager_saved=_eager_saved(gm, env),
+                                      input_views=input_views))
 
 
 def _eager_saved(gm: torch.fx.GraphModule, env: dict[torch.fx.Node, Any]) -> frozenset[Node]:

@@ -371,6 +371,10 @@ class Graph:
     come back as views of one copy of it.
     ``size_checks``: eager's errors that only the run-time sizes decide (an int64 arange whose
     count overflows), checked by the host program before a kernel reads those sizes.
+    ``input_views``: {output i: input k} for outputs eager returns as views of input k that the
+    function writes into (``x.mul_(2).reshape(-1)``): AOTAutograd rebuilds each from input k,
+    with the strides and offset of the tensor the program returns where the sizes are symbolic,
+    so the program returns it as the same views of input k, not of the written value.
     ``eager_saved``: the values of a training graph that eager's backward reads as its forward
     saved them, rounded to their dtype (a backward's recomputation of a forward value, or a
     forward value the gradient-in-forward plan reads): ``schedule/build_reduce.saved_read``.
@@ -382,7 +386,8 @@ class Graph:
                  fresh_outputs: frozenset[int] = frozenset(), effects: Sequence[Node] = (),
                  size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset(),
                  repeated_outputs: dict[int, int] | None = None, mutated_inputs: dict[int, int] | None = None,
-                 fresh_views: dict[int, int] | None = None, eager_saved: frozenset[Node] = frozenset()):
+                 fresh_views: dict[int, int] | None = None, eager_saved: frozenset[Node] = frozenset(),
+                 input_views: dict[int, int] | None = None):
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes = list(nodes)
@@ -398,6 +403,7 @@ class Graph:
         self.mutated_inputs = dict(mutated_inputs or {})
         self.fresh_views = dict(fresh_views or {})
         self.eager_saved = eager_saved
+        self.input_views = dict(input_views or {})
 
     @classmethod
     def from_outputs(cls, inputs: Sequence[Node], outputs: Sequence[Node | None], name: str = "graph",
@@ -408,11 +414,11 @@ class Graph:
                      size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset(),
                      repeated_outputs: dict[int, int] | None = None,
                      mutated_inputs: dict[int, int] | None = None, fresh_views: dict[int, int] | None = None,
-                     eager_saved: frozenset[Node] = frozenset()) -> Graph:
+                     eager_saved: frozenset[Node] = frozenset(), input_views: dict[int, int] | None = None) -> Graph:
         """A graph holding exactly the nodes the outputs and effects need (plus all inputs)."""
         return cls(inputs, outputs, toposort(list(inputs) + [o for o in outputs if o is not None] + list(effects)),
                    name, scalar_outputs, output_strides, totals, fresh_outputs, effects, size_checks, whole_outputs,
-                   repeated_outputs, mutated_inputs, fresh_views, eager_saved)
+                   repeated_outputs, mutated_inputs, fresh_views, eager_saved, input_views)
 
     def users(self) -> dict[Node, list[Node]]:
         result: dict[Node, list[Node]] = {n: [] for n in self.nodes}
@@ -426,7 +432,7 @@ class Graph:
         return Graph(inputs, outputs, nodes, self.name, self.scalar_outputs, self.output_strides, self.totals,
                      self.fresh_outputs, self.effects if effects is None else effects, self.size_checks,
                      self.whole_outputs, self.repeated_outputs, self.mutated_inputs, self.fresh_views,
-                     self.eager_saved if eager_saved is None else eager_saved)
+                     self.eager_saved if eager_saved is None else eager_saved, self.input_views)
 
     def __str__(self) -> str:
         from .printer import format_graph
@@ -596,4 +602,4 @@ def record_ragged_totals(graph: Graph) -> Graph:
     return Graph(graph.inputs, graph.outputs, graph.nodes, graph.name, graph.scalar_outputs,
                  graph.output_strides, totals, graph.fresh_outputs, graph.effects, graph.size_checks,
                  graph.whole_outputs, graph.repeated_outputs, graph.mutated_inputs, graph.fresh_views,
-                 graph.eager_saved)
+                 graph.eager_saved, graph.input_views)

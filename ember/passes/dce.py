@@ -17,5 +17,5 @@ def dce(graph: Graph) -> Graph:
         return Graph.from_outputs(graph.inputs, graph.outputs, graph.name, graph.scalar_outputs,
                                   graph.output_strides, graph.totals, graph.fresh_outputs, graph.effects,
                                   graph.size_checks, graph.whole_outputs, graph.repeated_outputs,
-                                  graph.mutated_inputs, graph.fresh_views, saved)
+                                  graph.mutated_inputs, graph.fresh_views, saved, graph.input_views)
     return graph.with_nodes(graph.inputs, graph.outputs, nodes, eager_saved=saved)
