@@ -174,3 +174,23 @@ def test_views_of_an_input_written_in_place_are_eagers_views(fn, layout, dynamic
         ref_x, out_x = (_LAYOUTS[layout](bigger.clone()) for _ in range(2))
         assert_same(ember.compile(fn, dynamic=dynamic)(out_x), fn(ref_x))
         assert_same(out_x, ref_x)
+
+
+def _every_third_flat(x):
+    return torch.chunk(x, 2, dim=-3)[0][..., 1::3].reshape(-1)
+
+
+@pytest.mark.parametrize("width", [33, 34], ids=["viewable", "copied"])
+def test_a_reshape_that_the_sizes_make_a_view_is_eagers_view(width):
+    # (CPU fuzz seed 560251378204) x[..., 1::3].reshape(-1) of a width that 3 divides is a view
+    # (stride 3, offset 1): Dynamo traces aten.view under a guard, and AOTAutograd rebuilds the
+    # output from the input with the returned tensor's strides and offset; ember's IR reshape of
+    # symbolic sizes copies, and the copy's offset 0 read the elements before them
+    x = torch.randn(5, 1, 7, width, device=DEVICE)
+    compiled = ember.compile(_every_third_flat, dynamic=True)
+    for y in (x, torch.randn(3, 1, 4, width, device=DEVICE)):  # (two sizes, one graph)
+        ref = _every_third_flat(y)
+        out = compiled(y)
+        assert_same(out, ref)
+        assert (out.stride(), out.storage_offset(), out._is_view()) == (ref.stride(), ref.storage_offset(),
+                                                                         ref._is_view())

@@ -48,17 +48,23 @@ class OutputLayouts:
 
     def _input_views(self) -> dict[int, tuple[str, Node]]:
         """``Graph.input_views`` the program can replay: {output i: (the input's variable, the
-        written value that output i views)}, each output a chain of views of that value, which
-        has the input's shape. Returned as the same views of the input (its memory holds the
+        node output i is a chain of views of: the input, or the value written into it, which
+        has its shape)}. Returned as the same views of the input (its memory holds the written
         value once the program writes it), the output has eager's strides and offset, which
-        AOTAutograd rebuilds it with; a view of the written value had a fresh value's."""
+        AOTAutograd rebuilds it with. A view of the written value had a fresh value's strides,
+        and a reshape that copies in ember's IR (sizes only the guards make viewable) a copy's."""
         g = self.s.graph
         views = {}
         for i, (k, j) in g.input_views.items():
-            node, value, target = g.outputs[i], g.outputs[j], g.inputs[k]
-            if (node is not None and value is not None and target in self.var and _views(node, value)
-                    and value.shape is not None and sh.shapes_equal(value.shape, target.shape)):
+            node, target = g.outputs[i], g.inputs[k]
+            if node is None or target not in self.var:
+                continue
+            value = g.outputs[j] if j is not None else None
+            if value is not None and value.shape is not None and sh.shapes_equal(value.shape, target.shape) and (
+                    _views(node, value)):
                 views[i] = (self.var[target], value)
+            elif _views(node, target):
+                views[i] = (self.var[target], target)
         return views
 
     def _one_copy_groups(self, fresh: list[int]) -> dict[int, list[int]]:

@@ -214,11 +214,11 @@ def drop_leaf_mutation_grads(gm: torch.fx.GraphModule) -> None:
 
 def aot_input_views(gm: torch.fx.GraphModule) -> dict[int, tuple[int, int | None]]:
     """{graph output i: (placeholder k, the graph output j holding the value written into k, or
-    None where the graph writes k itself with copy_)} for the outputs AOTAutograd rebuilds as views
-    of an input that the function writes (``x.mul_(2).reshape(-1)``, x not contiguous). With
-    symbolic sizes it rebuilds them from the returned tensor's strides and offset, and the graph
-    returns a view of the written value, which has a fresh value's strides (upstream, aot_eager
-    and Inductor alike returned the wrong elements). Empty outside an AOTAutograd compile."""
+    None)} for the outputs AOTAutograd rebuilds as views of input k. With symbolic sizes it
+    rebuilds them from the strides and offset of the tensor the graph returns, which in ember's
+    IR could be a view of the value written into k (``x.mul_(2).reshape(-1)``, x strided: a fresh
+    value's strides; aot_eager and Inductor alike returned the wrong elements) or a copy (a
+    reshape that only the guarded sizes make a view). Empty outside an AOTAutograd compile."""
     try:
         from torch._functorch._aot_autograd.descriptors import (
             InputMutationAOTOutput,

@@ -180,8 +180,7 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
         outputs.append(value)
         output_strides.append(target.arg.strides)
     written_at = {k: j for j, k in mutated_inputs.items()}
-    input_views = {i: (k, j if j is not None else written_at[k])
-                   for i, (k, j) in aot_input_views(gm).items() if j is not None or k in written_at}
+    input_views = {i: (k, j if j is not None else written_at.get(k)) for i, (k, j) in aot_input_views(gm).items()}
     return record_ragged_totals(Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs), output_strides,
                                       fresh_outputs=frozenset(fresh_outputs), effects=effects,
                                       size_checks=ctx.size_checks, whole_outputs=frozenset(whole_outputs),

@@ -371,10 +371,11 @@ class Graph:
     come back as views of one copy of it.
     ``size_checks``: eager's errors that only the run-time sizes decide (an int64 arange whose
     count overflows), checked by the host program before a kernel reads those sizes.
-    ``input_views``: {output i: input k} for outputs eager returns as views of input k that the
-    function writes into (``x.mul_(2).reshape(-1)``): AOTAutograd rebuilds each from input k,
-    with the strides and offset of the tensor the program returns where the sizes are symbolic,
-    so the program returns it as the same views of input k, not of the written value.
+    ``input_views``: {output i: (input k, the output j holding the value the function writes
+    into k, or None)} for outputs eager returns as views of input k: AOTAutograd rebuilds each
+    from input k with the strides and offset of the tensor the program returns where the sizes
+    are symbolic, so the program returns the same views of input k (``x.mul_(2).reshape(-1)``:
+    not of the written value; ``x[..., 1::3].reshape(-1)``: not a copy).
     ``eager_saved``: the values of a training graph that eager's backward reads as its forward
     saved them, rounded to their dtype (a backward's recomputation of a forward value, or a
     forward value the gradient-in-forward plan reads): ``schedule/build_reduce.saved_read``.
