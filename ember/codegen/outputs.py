@@ -46,25 +46,33 @@ class OutputLayouts:
             claimed.add(base)
         return shared
 
-    def _input_views(self) -> dict[int, tuple[str, Node]]:
-        """``Graph.input_views`` the program can replay: {output i: (the input's variable, the
-        node output i is a chain of views of: the input, or the value written into it, which
-        has its shape)}. Returned as the same views of the input (its memory holds the written
-        value once the program writes it), the output has eager's strides and offset, which
-        AOTAutograd rebuilds it with. A view of the written value had a fresh value's strides,
-        and a reshape that copies in ember's IR (sizes only the guards make viewable) a copy's."""
+    def _input_views(self) -> dict[int, tuple[str, str]]:
+        """``Graph.input_views`` the program can replay: {output i: (the input's variable, output
+        i as views of it)}, where output i is a chain of views of the input or of the value
+        written into it (which has its shape), or both are reshapes of one value (``v =
+        x.unflatten(-1, (1, -1)); v.clamp_(0, 1); return v``: ember's IR writes a reshape of the
+        clamp, and returns the clamp). Returned as those views of the input (its memory holds the
+        written value once the program writes it), the output has eager's strides and offset,
+        which AOTAutograd rebuilds it with. A view of the written value had a fresh value's
+        strides, and a reshape that copies in ember's IR (sizes only the guards make viewable) a
+        copy's."""
         g = self.s.graph
         views = {}
         for i, (k, j) in g.input_views.items():
             node, target = g.outputs[i], g.inputs[k]
             if node is None or target not in self.var:
                 continue
+            name = self.var[target]
             value = g.outputs[j] if j is not None else None
-            if value is not None and value.shape is not None and sh.shapes_equal(value.shape, target.shape) and (
-                    _views(node, value)):
-                views[i] = (self.var[target], value)
+            if value is not None and (value.shape is None or not sh.shapes_equal(value.shape, target.shape)):
+                value = None
+            if value is not None and _views(node, value):
+                views[i] = (name, self._replayed(name, node, value))
             elif _views(node, target):
-                views[i] = (self.var[target], target)
+                views[i] = (name, self._replayed(name, node, target))
+            elif value is not None and _reshapes(node, self._memory_of(value)) and _reshapes(
+                    value, self._memory_of(value)):
+                views[i] = (name, f"{name}.reshape({shape_tuple(node.shape)})")
         return views
 
     def _one_copy_groups(self, fresh: list[int]) -> dict[int, list[int]]:
@@ -322,6 +330,15 @@ def _views(node: Node, base: Node) -> bool:
     """Is ``node`` ``base`` or a chain of views of it (``WrapperWriter._replayed`` replays it)?"""
     while node is not base:
         if node.op not in VIEW_OPS or not node.inputs:
+            return False
+        node = node.inputs[0]
+    return True
+
+
+def _reshapes(node: Node, base: Node) -> bool:
+    """Is ``node`` ``base`` or a chain of reshapes of it?"""
+    while node is not base:
+        if node.op is not Op.RESHAPE or not node.inputs:
             return False
         node = node.inputs[0]
     return True

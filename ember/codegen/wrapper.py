@@ -262,8 +262,8 @@ class WrapperWriter(OutputLayouts, InputWrites):
             if i not in shared:
                 returned[i] = self._fresh_copy(i, returned[i])
         self._as_traced(traced, returned)
-        for i, (name, value) in self.input_views.items():
-            self.emit(f"out{i} = {self._replayed(name, g.outputs[i], value)}  # eager's view of the written input")
+        for i, (_, view) in self.input_views.items():
+            self.emit(f"out{i} = {view}  # eager's view of the input")
             returned[i] = f"out{i}"
         repeated = self._repeated_over_copies(returned, fresh)
         self._distinct_outputs(returned, fresh + repeated)
