@@ -388,7 +388,7 @@ class Graph:
                  size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset(),
                  repeated_outputs: dict[int, int] | None = None, mutated_inputs: dict[int, int] | None = None,
                  fresh_views: dict[int, int] | None = None, eager_saved: frozenset[Node] = frozenset(),
-                 input_views: dict[int, int] | None = None):
+                 input_views: dict[int, tuple[int, int | None]] | None = None):
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes = list(nodes)
@@ -415,7 +415,8 @@ class Graph:
                      size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset(),
                      repeated_outputs: dict[int, int] | None = None,
                      mutated_inputs: dict[int, int] | None = None, fresh_views: dict[int, int] | None = None,
-                     eager_saved: frozenset[Node] = frozenset(), input_views: dict[int, int] | None = None) -> Graph:
+                     eager_saved: frozenset[Node] = frozenset(),
+                     input_views: dict[int, tuple[int, int | None]] | None = None) -> Graph:
         """A graph holding exactly the nodes the outputs and effects need (plus all inputs)."""
         return cls(inputs, outputs, toposort(list(inputs) + [o for o in outputs if o is not None] + list(effects)),
                    name, scalar_outputs, output_strides, totals, fresh_outputs, effects, size_checks, whole_outputs,
