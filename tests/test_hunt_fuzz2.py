@@ -210,3 +210,28 @@ def test_a_reshape_that_the_sizes_make_a_view_is_eagers_view(width):
         assert_same(out, ref)
         assert (out.stride(), out.storage_offset(), out._is_view()) == (ref.stride(), ref.storage_offset(),
                                                                          ref._is_view())
+
+
+def _repeated_and_its_middle(x):
+    v = torch.repeat_interleave(x, 2, dim=0)
+    return v, v.narrow(-1, 1, v.shape[-1] - 2)
+
+
+def _expanded_clone_flat(x):
+    v = x.unsqueeze(-1).expand(*x.shape, 3).contiguous().view(x.shape[0], -1)
+    return v, v[:, 1:], v.t()
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("fn", [_repeated_and_its_middle, _expanded_clone_flat], ids=lambda f: f.__name__)
+def test_outputs_rebuilt_from_an_expanded_clone_in_training(fn, dynamic):
+    # (CPU fuzz seed 577833368708) the training graph returns the clone of an expanded input, the
+    # base AOTAutograd rebuilds the other outputs from (clone.view(-1), its slices); a clone being
+    # its source in ember's IR, the base came back as a broadcast view and AOTAutograd's view raised
+    x = torch.randn(6, 5, device=DEVICE)
+    xr, xe = (x.clone().requires_grad_() for _ in range(2))
+    ref, out = fn(xr), ember.compile(fn, dynamic=dynamic)(xe)
+    assert_same(out, ref)
+    sum(o.sum() * (k + 1) for k, o in enumerate(ref)).backward()
+    sum(o.sum() * (k + 1) for k, o in enumerate(out)).backward()
+    assert_same(xe.grad, xr.grad)

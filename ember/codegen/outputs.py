@@ -118,6 +118,22 @@ class OutputLayouts:
                 returned[t] = self._replayed(name, g.outputs[t], base)
         return list(groups)
 
+    def _bases_over_copies(self, returned: list[str], copied: list[int]) -> None:
+        """Outputs that eager returns in the memory of an output copied above, and that output a
+        reshape of them (a training graph returns ``clone``, the intermediate base AOTAutograd
+        rebuilds ``clone.view(-1)`` and its slices from, beside those: ``repeat_interleave``):
+        that reshape of the copy back, so that they share its memory. ember's IR, where a clone
+        is its source, had the base as a broadcast view of the input, which AOTAutograd's
+        ``view`` refused."""
+        g = self.s.graph
+        for i, j in sorted(g.fresh_views.items()):
+            node, whole = g.outputs[i], g.outputs[j]
+            if j in copied and i not in copied and node is not None and whole is not None and (
+                    node.shape is not None and whole is not node and _reshapes(whole, node)):
+                self.emit(f"out{i} = {returned[j]}.reshape({shape_tuple(node.shape)})  # the memory "
+                          f"of output {j}, as eager's")
+                returned[i] = f"out{i}"
+
     def _own_strides(self, i: int) -> sh.Shape | None:
         """The strides eager returns output ``i`` with, where the program can spell them and they
         broadcast nothing (a copy of its own has a stride per element)."""

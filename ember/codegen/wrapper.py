@@ -261,6 +261,7 @@ class WrapperWriter(OutputLayouts, InputWrites):
         for i in fresh:
             if i not in shared:
                 returned[i] = self._fresh_copy(i, returned[i])
+        self._bases_over_copies(returned, [i for i in fresh if i not in shared])
         self._as_traced(traced, returned)
         for i, (_, view) in self.input_views.items():
             self.emit(f"out{i} = {view}  # eager's view of the input")
