@@ -119,8 +119,10 @@ class IntegerOps:
             vals = self.floats() + self.ints()
             if vals and r.random() < 0.6:
                 x = self.pick(vals)
-                disc = self.env[x].is_floating_point() and self.flags[x]["input"] is None
-                return self.try_line(r.choice(self.BOOL_FROM).format(x=x), disc=disc) is not None
+                expr = r.choice(self.BOOL_FROM)
+                # (a computed value, or a computed threshold: a perm input's mean is one of its values)
+                disc = self.env[x].is_floating_point() and (self.flags[x]["input"] is None or "mean" in expr)
+                return self.try_line(expr.format(x=x), disc=disc) is not None
             like = self.env[self.pick(self.floats())].shape if self.floats() and r.random() < 0.8 else self.shape()
             if like and r.random() < 0.3:  # (a mask broadcasting along the leading dims)
                 like = [1] * (len(like) - 1) + [like[-1]] if r.random() < 0.5 else list(like[:-1]) + [1]

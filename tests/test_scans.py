@@ -235,3 +235,19 @@ def test_cuda_scans_compile_for_sm90(tmp_path):
         proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", *wide, "-o",
                                str(tmp_path / "scans.cubin"), str(path)], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize("keepdim", [True, False])
+def test_a_column_sum_the_shape_of_a_scan_it_reads(keepdim):
+    # (CPU fuzz seed 381017672450, bool programs) a sum over rows with keepdim has the shape of
+    # the (1, n) cumsum its gather reads: planned as the scan's kernel, whose one loop cannot
+    # accumulate, it asked for a buffer it had (the graph's output) and planning stopped; the
+    # graph ran through ATen with ember's warning
+    def fn(x, mask):
+        v = x * 2
+        return (torch.gather(v, -1, mask.long().cumsum(-1)) + v).sum(dim=-2, keepdim=keepdim)
+
+    mask = torch.zeros(1, 1000, dtype=torch.bool)
+    mask[0, ::7] = True
+    mask[0, 0] = False
+    check(fn, torch.randn(4, 1000), mask)

@@ -88,9 +88,10 @@ class DomainRules:
                 self.segment_of[root] = (g.segment, g.segment_total)
                 return g.outer, g.inner, _row_home(root.shape), None
         scans = [n for n in [*self.subtree(root), root] if n.op is Op.SCAN]
-        if scans and sh.shapes_equal(root.shape, scans[-1].shape):
+        if scans and sh.shapes_equal(root.shape, scans[-1].shape) and root.op not in REDUCE_OPS:
             # a scan and what is computed from it, element for element: rows along the scanned
-            # dim walked in order (a reduction or another scan that does not fit gets a buffer)
+            # dim walked in order (a reduction or another scan that does not fit gets a buffer;
+            # a root that reduces, to the scan's shape by chance, loops over its own input)
             scan = scans[-1]
             dim = scan.arg.dim
             self.scan_roots[root] = scan.arg.reverse  # (a kernel's loop runs one way)
