@@ -127,9 +127,11 @@ CASES = {
                            lambda: (torch.randint(0, 256, (4, 33), dtype=torch.uint8),
                                     torch.randint(-300, 300, (4, 33), dtype=torch.int16))),
     # masks from comparisons of 0-d values beside masks of blocks (Triton's interpreter made the
-    # former floats, which & refused: the kernel ran through ATen; CPU fuzz seed 866159417107)
+    # former floats, which & refused: the kernel ran through ATen; CPU fuzz seeds 866159417107,
+    # and 892227093424: a 0-d value's conversion to bool)
     "scalar_masks": (lambda x, t: ((torch.isfinite(t) & (x > 0)) | (t > 1), torch.where(t == t, x, 0.0),
-                                   (x * (torch.isnan(t) ^ (x < 0.5))).sum(-1)),
+                                   (x * (torch.isnan(t) ^ (x < 0.5))).sum(-1),
+                                   torch.logical_and(t, t) | (x > 0), torch.logical_not(t) | (x < 0)),
                      lambda: (torch.randn(5, 33), torch.tensor(0.5))),
     # integer powers of a scalar base: the exponent's shape is the result's
     "int_pow_scalar_base": (lambda a: (torch.pow(2, a % 40), torch.pow(a, 3)),

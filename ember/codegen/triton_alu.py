@@ -116,13 +116,13 @@ _HELPER = {Op.EXPM1: "expm1", Op.LOG1P: "log1p", Op.LOG10: "log10", Op.SIN: "sin
            Op.GCD: "gcd", Op.LCM: "lcm"}
 
 
-_COMPARISONS = (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.ISNAN)
+_LOGIC = (Op.AND, Op.OR, Op.XOR, Op.BITAND, Op.BITOR, Op.BITXOR, Op.WHERE)
 
 
 def alu(v: Value, args: list[str], scalars: bool = False) -> str:
     """``v``'s spelling; ``scalars``: its operands are all 0-d."""
     text = _alu(v, args)
-    if scalars and v.arg in _COMPARISONS:
+    if scalars and v.dtype.is_bool and v.arg not in _LOGIC:  # (comparisons, casts to bool, not)
         # (Triton 3.6's interpreter tags a comparison of two 0-d values with its operands' float
         # type, and broadcasting it makes floats, which & and | refuse; through an int32 it is
         # a bool again. Compiled, the != 0 of an int1 folds away)
