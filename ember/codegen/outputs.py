@@ -342,10 +342,11 @@ def _broadcasts(node: Node) -> bool:
     return False
 
 
-def _views(node: Node, base: Node) -> bool:
-    """Is ``node`` ``base`` or a chain of views of it (``WrapperWriter._replayed`` replays it)?"""
+def _views(node: Node, base: Node, ops: frozenset[Op] = VIEW_OPS) -> bool:
+    """Is ``node`` ``base`` or a chain of views of it (``WrapperWriter._replayed`` replays it),
+    each one of ``ops``?"""
     while node is not base:
-        if node.op not in VIEW_OPS or not node.inputs:
+        if node.op not in ops or not node.inputs:
             return False
         node = node.inputs[0]
     return True
@@ -353,11 +354,7 @@ def _views(node: Node, base: Node) -> bool:
 
 def _reshapes(node: Node, base: Node) -> bool:
     """Is ``node`` ``base`` or a chain of reshapes of it?"""
-    while node is not base:
-        if node.op is not Op.RESHAPE or not node.inputs:
-            return False
-        node = node.inputs[0]
-    return True
+    return _views(node, base, frozenset({Op.RESHAPE}))
 
 
 def _broadcasts_on_the_way(node: Node, base: Node) -> bool:
