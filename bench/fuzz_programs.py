@@ -496,14 +496,30 @@ class Generator(IntegerOps):
         if self.train:
             return False
         r = self.r
-        cands = [n for n in self.floats() if self.flags[n]["fresh"] and not self.flags[n].get("overlap")]
-        if r.random() < 0.25:  # on an input: its final value is compared too
-            cands = [n for n in self.floats() if n.startswith("x") and not self.flags[n]["perm"]]
+        writable = [n for n in self.floats() if not self.flags[n].get("overlap") and not self.flags[n]["perm"]]
+        cands = [n for n in writable if self.flags[n]["fresh"]]
+        roll = r.random()
+        if roll < 0.2:  # on an input: its final value is compared too
+            cands = [n for n in writable if n.startswith("x")]
+        elif roll < 0.45:  # on a view (of an input or of a computed value): the write reaches its base
+            cands = [n for n in writable if n.startswith("v") and not self.flags[n]["fresh"]]
         if not cands:
             return False
         v = self.pick(cands)
-        op = r.choice(["add_(0.5)", "mul_(1.5)", "clamp_(-0.5, 0.5)", "relu_()"])
-        return self.try_line(f"{v}.{op}", dict(self.flags[v], perm=False)) is not None
+        nd = self.env[v].dim()
+        d = self.dim(v)
+        # Right-hand sides are computed from v before the write and never alias it, so the order
+        # of the elements' updates cannot matter (eager refuses or races on overlapping ones).
+        ops = ["add_(0.5)", "mul_(1.5)", "clamp_(-0.5, 0.5)", "relu_()", "sigmoid_()", "zero_()",
+               "fill_(2.0)", f"sub_({v}.mean())", f"masked_fill_({v} < 0, 0.25)",
+               f"div_({v}.abs().amax(-1, keepdim=True) + 1)" if nd else "div_(2.0)"]
+        if nd:
+            n = self.env[v].shape[d]
+            ops += [f"copy_({v}.flip({d}))", f"narrow({d}, {min(1, n)}, {max(0, n - 1) // 2}).mul_(-2.0)",
+                    f"select({d}, {r.choice([0, -1])}).fill_(3.0)" if n else "neg_()"]
+        op = r.choice(ops)
+        fl = dict(self.flags[v], perm=False, fresh=self.flags[v]["fresh"] and not op.startswith(("narrow", "select")))
+        return self.try_line(f"{v}.{op}", fl, disc="<" in op) is not None
 
     def build(self) -> Program:
         """Generate the whole program."""

@@ -162,13 +162,28 @@ def _added_flat_clamped_unflattened(x):
     return v1, v2
 
 
+def _permuted_flat_added(x):
+    # (CPU fuzz seed 738533157370) ember's IR writes the sum permuted back into x and returns the
+    # sum itself: its strides were a fresh value's, not eager's view of x
+    v = x.permute(2, 0, 1).reshape(x.shape[2], -1)
+    v.add_(0.5)
+    return v
+
+
+def _zeroed_flat(x):
+    # (CPU fuzz seed 154407021780) passes folded the output, a reshape of the zeros written into
+    # x, into a broadcast zero of its own, returned as a fresh copy
+    return x.reshape(-1).zero_(), x.abs()
+
+
 _LAYOUTS = {"strided": lambda b: b[..., ::2], "offset": lambda b: b[1:], "transposed": lambda b: b.transpose(1, 2)}
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("layout", list(_LAYOUTS))
 @pytest.mark.parametrize("fn", [_scaled_flat, _shifted_rows, _clamped_tail, _clamped_unflattened,
-                                _added_flat_clamped_unflattened], ids=lambda f: f.__name__)
+                                _added_flat_clamped_unflattened, _permuted_flat_added, _zeroed_flat],
+                         ids=lambda f: f.__name__)
 def test_views_of_an_input_written_in_place_are_eagers_views(fn, layout, dynamic):
     # (CPU fuzz seed 339336268174) with symbolic sizes AOTAutograd rebuilds an output that views
     # an input from the returned tensor's strides and offset; the graph returned it as a view of

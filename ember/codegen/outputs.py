@@ -13,7 +13,7 @@ from ..ir import shapes as sh
 from ..ir.node import ArgRef, Node
 from ..ir.ops import VIEW_OPS, Op
 from ..schedule.indexing import base_layout
-from .pyexpr import shape_tuple
+from .pyexpr import replayed_chain, shape_tuple
 
 
 class OutputLayouts:
@@ -48,31 +48,18 @@ class OutputLayouts:
 
     def _input_views(self) -> dict[int, tuple[str, str]]:
         """``Graph.input_views`` the program can replay: {output i: (the input's variable, output
-        i as views of it)}, where output i is a chain of views of the input or of the value
-        written into it (which has its shape), or both are reshapes of one value (``v =
-        x.unflatten(-1, (1, -1)); v.clamp_(0, 1); return v``: ember's IR writes a reshape of the
-        clamp, and returns the clamp). Returned as those views of the input (its memory holds the
-        written value once the program writes it), the output has eager's strides and offset,
-        which AOTAutograd rebuilds it with. A view of the written value had a fresh value's
-        strides, and a reshape that copies in ember's IR (sizes only the guards make viewable) a
-        copy's."""
+        i as views of it)}, where output i was lowered as a chain of views of the input or of the
+        value written into it. Returned as those views of the input (its memory holds the written
+        value once the program writes it), the output has eager's strides and offset, which
+        AOTAutograd rebuilds it with. The graph's output could have a fresh value's strides (a
+        view of the written value, or a value passes folded the views into) or a copy's (a
+        reshape that only the guarded sizes make a view)."""
         g = self.s.graph
         views = {}
-        for i, (k, j) in g.input_views.items():
-            node, target = g.outputs[i], g.inputs[k]
-            if node is None or target not in self.var:
-                continue
-            name = self.var[target]
-            value = g.outputs[j] if j is not None else None
-            if value is not None and (value.shape is None or not sh.shapes_equal(value.shape, target.shape)):
-                value = None
-            if value is not None and _views(node, value):
-                views[i] = (name, self._replayed(name, node, value))
-            elif _views(node, target):
-                views[i] = (name, self._replayed(name, node, target))
-            elif value is not None and _reshapes(node, self._memory_of(value)) and _reshapes(
-                    value, self._memory_of(value)):
-                views[i] = (name, f"{name}.reshape({shape_tuple(node.shape)})")
+        for i, (k, _, chain) in g.input_views.items():
+            target = g.inputs[k]
+            if chain is not None and g.outputs[i] is not None and target in self.var:
+                views[i] = (self.var[target], replayed_chain(self.var[target], chain))
         return views
 
     def _one_copy_groups(self, fresh: list[int]) -> dict[int, list[int]]:

@@ -1,5 +1,6 @@
 """Size expressions (sympy, with torch's integer functions) spelled as Python: for the host
-program (``wrapper.py``) and, with ``in_triton``, for scalars inside Triton kernels."""
+program (``wrapper.py``) and, with ``in_triton``, for scalars inside Triton kernels; and chains
+of views taken in the host program."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from torch.utils._sympy.functions import (
 )
 
 from ..ir import shapes as sh
+from ..ir.node import ViewChain
+from ..ir.ops import Op
 
 
 class WrapperError(ValueError):
@@ -117,3 +120,19 @@ _COMPARISONS = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">
 def shape_tuple(shape: tuple[sympy.Expr, ...]) -> str:
     items = [pexpr(s) for s in shape]
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def replayed_chain(expr: str, chain: ViewChain) -> str:
+    """The views of ``chain`` taken of the tensor ``expr``, as Python."""
+    for op, arg, shape in chain:
+        if op is Op.RESHAPE:
+            expr = f"{expr}.reshape({shape_tuple(shape)})"
+        elif op is Op.PERMUTE:
+            expr = f"{expr}.permute({tuple(arg)})"
+        elif op is Op.EXPAND:
+            expr = f"{expr}.expand({shape_tuple(shape)})"
+        else:
+            dim, start, step_, length = arg
+            end = sympy.expand(start + (length - 1) * step_ + 1)
+            expr = f"{expr}[{', '.join([':'] * dim + [f'{pexpr(start)}:{pexpr(end)}:{pexpr(step_)}'])}]"
+    return expr

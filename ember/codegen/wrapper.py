@@ -31,7 +31,7 @@ import torch
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
-from ..ir.node import ArgRef, Node, aten_result_strides, is_plus_zero, op_name
+from ..ir.node import ArgRef, Node, aten_result_strides, is_plus_zero, op_name, view_chain
 from ..ir.ops import VIEW_OPS, Op
 from ..ir.strides import compose_strided
 from ..schedule.device_sizes import DEVICE_TOTALS
@@ -39,7 +39,7 @@ from ..schedule.inplace import writes_in_place
 from ..schedule.steps import ExternStep, KernelStep, Schedule, ViewStep
 from .input_writes import InputWrites
 from .outputs import OutputLayouts
-from .pyexpr import WrapperError, pexpr, shape_tuple
+from .pyexpr import WrapperError, pexpr, replayed_chain, shape_tuple
 
 # ATen calls whose result is always a new tensor: their buffers may be written over
 _FRESH_EXTERNS = frozenset({"mm", "addmm", "bmm", "baddbmm", "convolution", "_int_mm"})
@@ -556,23 +556,9 @@ class WrapperWriter(OutputLayouts, InputWrites):
     @staticmethod
     def _replayed(expr: str, view: Node, base: Node) -> str:
         """The chain of views from ``base`` (the tensor ``expr``) up to ``view``, as Python."""
-        chain: list[Node] = []
-        n = view
-        while n is not base:
-            chain.append(n)
-            n = n.inputs[0]
-        for v in reversed(chain):
-            if v.op is Op.RESHAPE:
-                expr = f"{expr}.reshape({shape_tuple(v.shape)})"
-            elif v.op is Op.PERMUTE:
-                expr = f"{expr}.permute({tuple(v.arg)})"
-            elif v.op is Op.EXPAND:
-                expr = f"{expr}.expand({shape_tuple(v.shape)})"
-            else:
-                dim, start, step_, length = v.arg
-                end = sympy.expand(start + (length - 1) * step_ + 1)
-                expr = f"{expr}[{', '.join([':'] * dim + [f'{pexpr(start)}:{pexpr(end)}:{pexpr(step_)}'])}]"
-        return expr
+        chain = view_chain(view, base)
+        assert chain is not None, f"{view} is no chain of views of {base}"
+        return replayed_chain(expr, chain)
 
 
 def _safe(name: str) -> str:

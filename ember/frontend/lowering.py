@@ -31,6 +31,7 @@ from ..ir.node import (
     make,
     op_name,
     record_ragged_totals,
+    view_chain,
 )
 from ..ir.ops import Op
 from .aten_calls import (
@@ -180,7 +181,15 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
         outputs.append(value)
         output_strides.append(target.arg.strides)
     written_at = {k: j for j, k in mutated_inputs.items()}
-    input_views = {i: (k, j if j is not None else written_at.get(k)) for i, (k, j) in aot_input_views(gm).items()}
+    input_views = {}
+    for i, (k, j) in aot_input_views(gm).items():
+        j = j if j is not None else written_at.get(k)
+        base = outputs[j] if j is not None else inputs[k]
+        chain = None
+        if outputs[i] is not None and base is not None and base.shape is not None and sh.shapes_equal(
+                base.shape, inputs[k].shape):
+            chain = view_chain(outputs[i], base)
+        input_views[i] = (k, j, chain)
     return record_ragged_totals(Graph(inputs, outputs, ctx.nodes, name, frozenset(scalar_outputs), output_strides,
                                       fresh_outputs=frozenset(fresh_outputs), effects=effects,
                                       size_checks=ctx.size_checks, whole_outputs=frozenset(whole_outputs),

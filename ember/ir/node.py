@@ -341,6 +341,12 @@ def make(op: Op, inputs: Sequence[Node] = (), arg: Any = None, *, dtype: dt.DTyp
 # graphs
 # ---------------------------------------------------------------------------------------------
 
+# A chain of views as plain data: (op, arg, shape) of each view from a base up, which passes that
+# rewrite the nodes cannot change (``Graph.input_views``).
+ViewChain = tuple[tuple[Op, Any, sh.Shape], ...]
+InputView = tuple[int, int | None, ViewChain | None]  # (Graph.input_views)
+
+
 class Graph:
     """Inputs in calling order, outputs in return order, and every node in topological order.
 
@@ -372,10 +378,12 @@ class Graph:
     ``size_checks``: eager's errors that only the run-time sizes decide (an int64 arange whose
     count overflows), checked by the host program before a kernel reads those sizes.
     ``input_views``: {output i: (input k, the output j holding the value the function writes
-    into k, or None)} for outputs eager returns as views of input k: AOTAutograd rebuilds each
-    from input k with the strides and offset of the tensor the program returns where the sizes
-    are symbolic, so the program returns the same views of input k (``x.mul_(2).reshape(-1)``:
-    not of the written value; ``x[..., 1::3].reshape(-1)``: not a copy).
+    into k, or None, output i's chain of views of that value or of input k as lowered, or None)}
+    for outputs eager returns as views of input k: AOTAutograd rebuilds each from input k with
+    the strides and offset of the tensor the program returns where the sizes are symbolic, so
+    the program returns the same views of input k (``x.mul_(2).reshape(-1)``: not of the written
+    value; ``x[..., 1::3].reshape(-1)``: not a copy). The chain is kept as data: passes fold it
+    (``x.reshape(-1).zero_()``: output i became a broadcast zero of its own).
     ``eager_saved``: the values of a training graph that eager's backward reads as its forward
     saved them, rounded to their dtype (a backward's recomputation of a forward value, or a
     forward value the gradient-in-forward plan reads): ``schedule/build_reduce.saved_read``.
@@ -388,7 +396,7 @@ class Graph:
                  size_checks: Sequence[SizeCheck] = (), whole_outputs: frozenset[int] = frozenset(),
                  repeated_outputs: dict[int, int] | None = None, mutated_inputs: dict[int, int] | None = None,
                  fresh_views: dict[int, int] | None = None, eager_saved: frozenset[Node] = frozenset(),
-                 input_views: dict[int, tuple[int, int | None]] | None = None):
+                 input_views: dict[int, InputView] | None = None):
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes = list(nodes)
@@ -416,7 +424,7 @@ class Graph:
                      repeated_outputs: dict[int, int] | None = None,
                      mutated_inputs: dict[int, int] | None = None, fresh_views: dict[int, int] | None = None,
                      eager_saved: frozenset[Node] = frozenset(),
-                     input_views: dict[int, tuple[int, int | None]] | None = None) -> Graph:
+                     input_views: dict[int, InputView] | None = None) -> Graph:
         """A graph holding exactly the nodes the outputs and effects need (plus all inputs)."""
         return cls(inputs, outputs, toposort(list(inputs) + [o for o in outputs if o is not None] + list(effects)),
                    name, scalar_outputs, output_strides, totals, fresh_outputs, effects, size_checks, whole_outputs,
@@ -507,6 +515,18 @@ def view_base(node: Node) -> Node:
     while node.op in VIEW_OPS:
         node = node.inputs[0]
     return node
+
+
+def view_chain(node: Node, base: Node) -> ViewChain | None:
+    """The views from ``base`` up to ``node``; None when ``node`` is not ``base`` or a chain of
+    views of it."""
+    links = []
+    while node is not base:
+        if node.op not in VIEW_OPS or not node.inputs:
+            return None
+        links.append((node.op, node.arg, node.shape))
+        node = node.inputs[0]
+    return tuple(reversed(links))
 
 
 def is_leaf(node: Node) -> bool:
