@@ -280,7 +280,11 @@ class Generator(IntegerOps):
                         f"{x}.masked_fill(torch.ones({x}.shape[-2:], dtype=torch.bool, "
                         f"device={x}.device).tril(-1), 0.0)",
                         f"torch.rot90({x}, 1, [-2, -1])", f"{x}.diagonal(0, -2, -1)"]
-        return self.try_line(r.choice(choices)) is not None
+        line = r.choice(choices)
+        fl = None
+        if ".unfold(" in line or ".diagonal(" in line:  # (views of x: windows of step 1 overlap)
+            fl = dict(self.flags[x], fresh=False, overlap=self.flags[x].get("overlap") or ".unfold(" in line)
+        return self.try_line(line, fl) is not None
 
     def op_reduce(self) -> bool:
         x = self.pick(self.floats())
@@ -493,13 +497,13 @@ class Generator(IntegerOps):
         return self.try_line(kind) is not None
 
     def op_inplace(self) -> bool:
-        if self.train:
-            return False
         r = self.r
         writable = [n for n in self.floats() if not self.flags[n].get("overlap") and not self.flags[n]["perm"]]
+        if self.train:  # (not on an input, a leaf that requires grad, nor on a view of one: eager refuses)
+            writable = [n for n in writable if n.startswith("v") and self.flags[n]["input"] is None]
         cands = [n for n in writable if self.flags[n]["fresh"]]
         roll = r.random()
-        if roll < 0.2:  # on an input: its final value is compared too
+        if roll < 0.2 and not self.train:  # on an input: its final value is compared too
             cands = [n for n in writable if n.startswith("x")]
         elif roll < 0.45:  # on a view (of an input or of a computed value): the write reaches its base
             cands = [n for n in writable if n.startswith("v") and not self.flags[n]["fresh"]]

@@ -1,11 +1,12 @@
-"""bench/fuzz.py's dense programs: the integer and boolean op families (``--favour int,bool``)
-write what they say, their inputs build, a few seeds of each pass, and the float64 reference
-exists for programs that make float32 values from integers beside float32 weights (the judge had
-none, so small norm-gradient differences stayed untriaged)."""
+"""bench/fuzz.py's dense programs: the integer, boolean and in-place op families (``--favour
+int,bool,inplace``) write what they say, their inputs build, a few seeds of each pass, and the
+float64 reference exists for programs that make float32 values from integers beside float32
+weights (the judge had none, so small norm-gradient differences stayed untriaged)."""
 
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 import torch
@@ -64,3 +65,41 @@ def test_the_float64_reference_of_floats_made_from_integers(fuzz):
     assert torch.get_default_dtype() is torch.float32
     want = torch.nn.functional.group_norm((xs[0].to(torch.int16) * 0.5).double(), 1, xs[1], xs[2])
     torch.testing.assert_close(ref["outs"][0], want.detach())
+
+
+def _writes(source: str) -> list[tuple[str, str]]:
+    """(the written name, the in-place method) of each line of ``source`` that writes in place."""
+    return re.findall(r"= (\w+)\.(?:narrow\([^)]*\)\.|select\([^)]*\)\.)?(\w+_)\(", source)
+
+
+def test_the_inplace_family_writes_views_and_never_a_leaf_in_training(fuzz):
+    from fuzz_programs import Generator
+    written, methods = set(), set()
+    for train in (False, True):
+        for seed in range(60):
+            g = Generator(seed, "cpu", "cpp", ["fp32"], train, False)
+            g.favour = frozenset({"inplace"})
+            prog = g.build()
+            for name, method in _writes(prog.source):
+                methods.add(method)
+                kind = "input" if name.startswith("x") else "fresh" if g.flags[name]["fresh"] else "view"
+                written.add((train, kind))
+                if train:  # (eager refuses an in-place change of a leaf that requires grad, or of its view)
+                    assert kind != "input" and g.flags[name]["input"] is None, prog.source
+    assert {(False, "input"), (False, "view"), (False, "fresh"), (True, "fresh"), (True, "view")} <= written
+    assert {"masked_fill_", "copy_", "zero_", "mul_", "fill_"} <= methods
+
+
+@pytest.mark.parametrize("train, seeds", [(False, [1, 31]), (True, [1, 28])])
+def test_inplace_fuzz_seeds_pass(fuzz, train, seeds):
+    from fuzz_programs import Generator
+    fz, _ = fuzz
+    args = argparse.Namespace(device="cpu", backend="cpp", train=train, dynamic=not train, ragged=False)
+    for seed in seeds:
+        g = Generator(seed, "cpu", "cpp", ["fp32", "bf16", "fp16"], train, not train)
+        g.favour = frozenset({"inplace", "view"})
+        prog = g.build()
+        assert _writes(prog.source), prog.source
+        torch._dynamo.reset()
+        findings = [f for f in fz.check_program(prog, args, {}) if not f[0].startswith("note")]
+        assert findings == [], (prog.source, findings)
