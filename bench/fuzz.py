@@ -184,8 +184,20 @@ def _ref_part(r: dict | None, part: str, i: int) -> Any:
 # ---------------------------------------------------------------- running one program
 
 def widen(xs: list) -> list:
-    """The inputs as float64 (the reference run)."""
-    return [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x for x in xs]
+    """The inputs as float64 (the reference run), those sharing memory still sharing it."""
+    storages: dict[int, torch.Tensor] = {}
+    out = []
+    for x in xs:
+        if not x.is_floating_point():
+            out.append(x)
+            continue
+        key = x.untyped_storage().data_ptr()
+        if key not in storages:
+            whole = x.untyped_storage().nbytes() // x.element_size()
+            storages[key] = x.detach().as_strided((whole,), (1,), 0).double()
+        wide = storages[key].as_strided(x.shape, x.stride(), x.storage_offset())
+        out.append(wide.requires_grad_(x.requires_grad))
+    return out
 
 
 def _kind(prog: Program) -> tuple[Any, Any, Any]:

@@ -24,6 +24,11 @@ def make_inputs(specs: list[dict], device: str, train: bool = False, leading: in
     the inputs marked ``dyn`` (the --dynamic second shape)."""
     out = []
     for s in specs:
+        if s["kind"] == "alias":  # a view of an earlier input: the program's inputs share memory
+            x, view = out[s["of"]], s["view"]
+            out.append(x if view == "same" else x[1:] if view == "rows" else x[..., 1:] if view == "cols"
+                       else x.transpose(-1, -2) if view == "t" else x[::2])
+            continue
         g = torch.Generator().manual_seed(s["seed"])
         shape = list(s["shape"])
         if leading is not None and s.get("dyn"):
@@ -181,6 +186,22 @@ class Generator(IntegerOps):
         self.env[name] = self._meta_input(spec)
         self.flags[name] = {"perm": kind == "perm", "input": name, "fresh": False}
         return name
+
+    def maybe_alias(self, name: str) -> None:
+        """Sometimes make input ``name`` a view of input x0 (``fn(x, x[1:])``, ``fn(x, x)``): Dynamo
+        merges inputs that share memory, and a write to one changes the other. (Drawn from a
+        generator of its own, so that programs without one are as before.)"""
+        pick = random.Random(self.seed * 7919 + len(self.specs))
+        x0 = self.env["x0"]
+        if pick.random() > 0.12 or self.specs[0]["kind"] != "float":
+            return
+        views = ["same"] + (["rows", "cols", "every2"] if x0.dim() else []) + (["t"] if x0.dim() >= 2 else [])
+        view = pick.choice(views)
+        spec = self.specs[-1]
+        spec.clear()
+        spec.update(name=name, kind="alias", of=0, view=view, dtype=self.specs[0]["dtype"])
+        self.env[name] = make_inputs([self.specs[0], spec], "meta")[1]
+        self.flags[name] = dict(self.flags["x0"], input=name)
 
     @staticmethod
     def _meta_input(spec: dict) -> torch.Tensor:
@@ -535,8 +556,10 @@ class Generator(IntegerOps):
                 shp = first if i == 0 else list(first)
             else:
                 shp = first[r.randrange(len(first) + 1):] or []
-            self.add_input(shp, kind="perm" if r.random() < 0.1 else "float", dyn=bool(shp) and i == 0 or
-                           (bool(shp) and len(shp) == len(first)))
+            name = self.add_input(shp, kind="perm" if r.random() < 0.1 else "float", dyn=bool(shp) and i == 0 or
+                                  (bool(shp) and len(shp) == len(first)))
+            if i and not self.train:
+                self.maybe_alias(name)
         ops = [(self.op_unary, 5), (self.op_binary, 5), (self.op_reduce, 4), (self.op_row, 3),
                (self.op_view, 4), (self.op_cast, 1), (self.op_index, 2), (self.op_matmul, 2),
                (self.op_inplace, 1), (self.op_nn, 2), (self.op_loss, 1), (self.op_more, 3),

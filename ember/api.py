@@ -215,7 +215,8 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any],
                 compiled = eager_where_inputs_newly_share_memory(compiled, gm, example_inputs)
             return eager_for_dual_tensors(with_normal_copies(compiled, inference) if inference else compiled, gm)
         except Exception as e:  # noqa: BLE001 -- any failure to trace: eager runs the graph
-            if isinstance(e, torch._dynamo.exc.TorchDynamoException) or not _in_torch_tracing(e):
+            if isinstance(e, torch._dynamo.exc.TorchDynamoException) or not (
+                    _in_torch_tracing(e) or _saved_tensor_modified(e)):
                 raise
             return _eagerly(gm, f"torch could not trace a graph for compiling ({type(e).__name__}: "
                                 f"{str(e).splitlines()[0] if str(e) else ''})")
@@ -238,6 +239,13 @@ def _in_torch_tracing(e: BaseException) -> bool:
     ours = os.path.dirname(os.path.abspath(__file__))
     deepest = next((f for f in reversed(frames) if "torch" in f or f.startswith(ours)), "")
     return bool(deepest) and not deepest.startswith(ours)
+
+
+def _saved_tensor_modified(e: BaseException) -> bool:
+    """Is ``e`` autograd's refusal of a saved tensor the function then wrote in place? Eager's
+    backward raises it; tracing the backward of one of ember's autograd functions
+    (``frontend/prod_grad.py``) raised it while compiling, where eager's forward succeeds."""
+    return isinstance(e, RuntimeError) and "modified by an inplace operation" in str(e)
 
 
 def compile(model: Callable[..., Any] | None = None, *, options: dict[str, Any] | None = None,
