@@ -365,6 +365,8 @@ LEADING = {leading!r}  # --dynamic: the second call's leading dim
 
 {run_program}
 
+{widen}
+
 {source}
 
 compiled = ember.compile(fn, options=OPTIONS, dynamic={dynamic!r})
@@ -372,8 +374,7 @@ up = {up!r}
 for lead in LEADING:
     eager = run_program(fn, make_inputs(SPECS, DEVICE, TRAIN, lead), up)
     got = run_program(compiled, make_inputs(SPECS, DEVICE, TRAIN, lead), up)
-    ref = run_program(fn, [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x
-                           for x in make_inputs(SPECS, DEVICE, TRAIN, lead)], up)
+    ref = run_program(fn, widen(make_inputs(SPECS, DEVICE, TRAIN, lead)), up)
     for part in ("outs", "inputs", "grads"):
         for i, (e, g, r) in enumerate(zip(got[part] or [], eager[part] or [], ref[part] or [])):
             if e is None or g is None:
@@ -401,7 +402,8 @@ def write_repro(prog: Program, args: argparse.Namespace, options: dict, kind: st
     path.write_text(REPRO.format(kind=kind, msg=msg.replace('"""', "'''").replace("\\", "/")[:500], env=env,
                                  device=args.device, options=options, specs=prog.specs, train=args.train,
                                  leading=leading, make_inputs=inspect.getsource(make_inputs),
-                                 run_program=inspect.getsource(run_program), source=prog.source,
+                                 run_program=inspect.getsource(run_program), widen=inspect.getsource(widen),
+                                 source=prog.source,
                                  dynamic=True if args.dynamic else None, up=prog.seed + 1 if args.train else None))
 
 

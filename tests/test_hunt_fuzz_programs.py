@@ -103,3 +103,33 @@ def test_inplace_fuzz_seeds_pass(fuzz, train, seeds):
         torch._dynamo.reset()
         findings = [f for f in fz.check_program(prog, args, {}) if not f[0].startswith("note")]
         assert findings == [], (prog.source, findings)
+
+
+def test_aliased_inputs_share_memory_in_every_run_and_the_reference(fuzz):
+    from fuzz_programs import Generator, make_inputs
+    fz, _ = fuzz
+    views = set()
+    for seed in range(200):
+        g = Generator(seed, "cpu", "cpp", ["fp32", "bf16"], False, seed % 2 == 0)
+        prog = g.build()
+        for k, spec in enumerate(prog.specs):
+            if spec["kind"] != "alias":
+                continue
+            views.add(spec["view"])
+            for lead in (None, 5):
+                xs = make_inputs(prog.specs, "cpu", False, lead if prog.specs[0].get("dyn") else None)
+                wide = fz.widen(xs)
+                for inputs in (xs, wide):
+                    assert inputs[k].untyped_storage().data_ptr() == inputs[0].untyped_storage().data_ptr()
+                assert wide[k].dtype is torch.float64 and torch.equal(wide[k], xs[k].double())
+                assert wide[k].stride() == xs[k].stride()
+    assert views == {"same", "rows", "cols", "every2", "t"}
+    args = argparse.Namespace(device="cpu", backend="cpp", train=False, dynamic=True, ragged=False)
+    for seed in (25, 98, 151):  # (a write into one of the aliased inputs or a value)
+        g = Generator(seed, "cpu", "cpp", ["fp32", "bf16", "fp16"], False, True)
+        g.favour = frozenset({"inplace"})
+        prog = g.build()
+        assert any(s["kind"] == "alias" for s in prog.specs) and _writes(prog.source), prog.source
+        torch._dynamo.reset()
+        findings = [f for f in fz.check_program(prog, args, {}) if not f[0].startswith("note")]
+        assert findings == [], (prog.source, findings)
