@@ -100,9 +100,11 @@ class IntegerOps:
                    "torch.where({m}, {x}.abs().sqrt(), {x})", "{x}.masked_fill({m}, float('nan')).nansum({d})",
                    "torch.gather({x}, {d}, ({m}.long().cumsum({d}) - 1).clamp_min(0))",
                    "torch.where({m} & ({x} > 0), {x}, -{x})", "torch.where({m}, {x}.detach(), {x} * 2)"]
-    # masks from floats and integers (near ties under 16-bit rounding: disc)
+    # masks from floats and integers (near ties under 16-bit rounding: disc). (A NaN's sign is no
+    # one's to match: computed NaNs, an instance norm's over an inf, differ in it.)
     BOOL_FROM = ["{x} > 0", "{x} >= {x}.mean()", "{x}.abs() < 0.5", "torch.isfinite({x})", "torch.isnan({x})",
-                 "torch.signbit({x})", "{x}.bool()", "torch.logical_and({x}, {x}.flip(-1))", "{x} == {x}.round()",
+                 "torch.signbit(torch.nan_to_num({x}, 0.0))", "{x}.bool()", "torch.logical_and({x}, {x}.flip(-1))",
+                 "{x} == {x}.round()",
                  "torch.isclose({x}, {x}.flip(-1), atol=0.3)", "{x} != 0", "torch.logical_not({x})"]
 
     def bools(self) -> list[str]:

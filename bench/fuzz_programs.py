@@ -129,7 +129,7 @@ class Generator(IntegerOps):
                   "torch.clamp({x}, min=-0.3)", "{x}.clamp(max=0.4)", "F.glu(torch.cat([{x}, {x}.flip(-1)], -1), -1)"]
     # (floor_divide and heaviside of detached values: torch has no derivative for them)
     MORE_DISC_UNARY = ["torch.trunc({x} * 3)", "torch.sign({x})", "torch.ceil({x} * 2)",
-                       "({x} * 4).detach().floor_divide(3)", "torch.signbit({x}).to({x}.dtype)",
+                       "({x} * 4).detach().floor_divide(3)", "torch.signbit(torch.nan_to_num({x}, 0.0)).to({x}.dtype)",
                        "torch.isnan({x}) | torch.isinf({x})",
                        "torch.heaviside({x}.detach(), torch.tensor(0.5, dtype={x}.dtype, device={x}.device))"]
     MORE_BINARY = ["torch.atan2({a}, {b})", "torch.hypot({a}, {b})", "torch.xlogy({a}.abs(), {b}.abs() + 0.1)",
