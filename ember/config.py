@@ -99,8 +99,11 @@ class Config:
     # was inf, not NaN). -fno-tree-pre: GCC's partial redundancy elimination rewrote the NaN test
     # of a select (relu(x) != relu(x) as c ? x != x : false), a select of masks its vectorizer
     # refuses; relu + max pooling ran scalar, 3.8x slower (bench/RESULTS.md, sixty-third session).
+    # -fno-thread-jumps: GCC 12's jump threading, with -fno-trapping-math, miscompiled an omp simd
+    # loop reducing a row max beside a bfloat16 store of two chained selects: wrong maxima, other
+    # reductions' results overwritten, crashes (bench/RESULTS.md, ninety-fourth session).
     cxx_flags: tuple[str, ...] = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math",
-                                  "-ffp-contract=off", "-fwrapv", "-fno-tree-pre")
+                                  "-ffp-contract=off", "-fwrapv", "-fno-tree-pre", "-fno-thread-jumps")
     gpu_backend: str = field(default_factory=lambda: _env_choice("EMBER_GPU_BACKEND", GPU_BACKENDS))
     # Render kernels for this backend ('cpp', 'cuda', 'triton') whatever the device; a target
     # the device cannot run (CUDA kernels on a CPU-only machine) is rendered but not built, and

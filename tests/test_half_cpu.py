@@ -359,3 +359,26 @@ def test_a_rounded_value_stored_along_rows_it_was_carried_into_builds():
     ref = torch.autograd.grad(fn(*theirs), theirs, g)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=1.6e-2, atol=1e-2)
+
+
+def _row_max_beside_rounded_selects(x, mask):
+    v = x.masked_fill(x == 0, 0.0)  # (two chained selects, stored rounded to bfloat16)
+    count = torch.count_nonzero(mask, 1)
+    scaled = x.div_(x.abs().amax(-1, keepdim=True) + 1)
+    return count, scaled, v.clamp_min(0.25)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_a_row_max_beside_a_rounded_store_of_two_selects(dynamic):
+    # (CPU fuzz seed 11574934379) GCC 12 at -O3 with -fno-trapping-math: jump threading
+    # miscompiled the omp simd loop reducing the row max and the count beside the bfloat16 store
+    # of the clamp: the counts came back as garbage, the maxima wrong, and variants crashed. The
+    # default flags turn it off (-fno-thread-jumps, config.py).
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(17, 1000, generator=g).bfloat16()
+    mask = torch.zeros(18, 1000, dtype=torch.bool)[1:]
+    want = _row_max_beside_rounded_selects(x.clone(), mask)
+    got = ember.compile(_row_max_beside_rounded_selects, dynamic=dynamic)(x.clone(), mask)
+    torch.testing.assert_close(got[0], want[0], atol=0, rtol=0)
+    for w, o in zip(want[1:], got[1:]):  # (ember rounds amax + 1 once, in the division)
+        torch.testing.assert_close(o, w)
