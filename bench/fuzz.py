@@ -283,7 +283,9 @@ def check_program(prog: Program, args: argparse.Namespace, options: dict) -> lis
         traced = False  # (torch's trace failed, and ember ran the function eagerly)
         for w in caught:
             if str(w.message).startswith("ember"):
-                findings.append(("fallback", str(w.message).splitlines()[0][:300]))
+                # (an upstream fault ember steps around: AOTAutograd's views of merged inputs)
+                kind = "upstream" if "AOTAutograd rebuilds wrongly" in str(w.message) else "fallback"
+                findings.append((kind, str(w.message).splitlines()[0][:300]))
                 traced |= "torch could not trace" in str(w.message)
         if traced and _aot_eager_raises(prog, args, up, leadings[:leadings.index(lead) + 1], Exception):
             # (F.mse_loss's backward over no elements divides by 0 under aot_eager too)

@@ -30,7 +30,10 @@ from .frontend.dynamo import make_backend
 from .frontend.eager_errors import unwrap_errors
 from .frontend.fma_rewrites import restore_inplace_updates
 from .frontend.guard_profile import without_guard_profiling
-from .frontend.input_sharing import eager_where_inputs_newly_share_memory
+from .frontend.input_sharing import (
+    eager_where_inputs_newly_share_memory,
+    returns_a_written_input_that_overlaps_another,
+)
 from .frontend.module_frames import own_frame_per_class
 from .frontend.overlap import refuses_inplace_cast, writes_overlapping_memory, writes_through_a_gapped_unfold
 from .passes.pipeline import check_pass_names
@@ -176,7 +179,9 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any],
     which functionalization gets wrong (``frontend/overlap.py``), as it does writes through an
     ``unfold`` view with gaps between its windows, calls with
     forward-mode AD dual tensors, whose tangents ember's kernels drop, and training graphs over
-    inference tensors that save or return them (``frontend/autograd_inputs.py``). With
+    inference tensors that save or return them (``frontend/autograd_inputs.py``), and graphs
+    returning the memory of an input they write that overlaps another input
+    (``frontend/input_sharing.py``). With
     ``check_input_sharing``, so do the calls of a compiled graph whose inputs newly overlap one it
     writes (``frontend/input_sharing.py``)."""
     def compile_or_eager(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -195,6 +200,9 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any],
         if takes_fake_tensors(gm):
             # (no warning: fake tensors hold no data for kernels; eager's ops make fake results)
             return gm.forward
+        if returns_a_written_input_that_overlaps_another(gm, example_inputs):
+            return _eagerly(gm, "a graph writes in place to an input that overlaps another input and returns "
+                                "that memory, whose views torch's AOTAutograd rebuilds wrongly")
         inference = inference_inputs(example_inputs)
         if inference and (autograd_refuses_an_inference_tensor(gm, example_inputs) or returns_a_view_of(gm, inference)):
             # (eager's autograd refuses the first, which the graph raises when it runs; the

@@ -119,3 +119,39 @@ def test_check_input_sharing_option(check):
     if check:
         assert_same(b, ref)
     assert _shared_calls() == before + check
+
+
+_MERGED_VIEWS = {"rows": lambda b: (b[1:], b[1:][..., 1:]), "t": lambda b: (b, b.t()),
+                 "step": lambda b: (b[1:], b[::2])}
+
+
+@pytest.mark.parametrize("view", sorted(_MERGED_VIEWS))
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("fn, runs_eagerly", [
+    (lambda x0, x1: (x1 + 1, x0.mul_(2.0)[0]), True),    # AOTAutograd gave b[0] for x0[0] (torch 2.13 too)
+    (lambda x0, x1: (x1.add_(1.0), x0.sum()), True),     # x1 with the whole base's shape (torch 2.11)
+    (lambda x0, x1: (x0.add_(1.0).t(), x1 * 2), True),   # AOTAutograd raised after the graph ran
+    (lambda x0, x1: (x0.fill_(2.0), x1.bool())[::-1], True),
+    (lambda x0, x1: (x0.fill_(2.0), x1.sum(-1))[1], False),  # returns no memory of the inputs
+    (lambda x0, x1: (x1.add_(1.0), x0 * 2)[1], False),
+], ids=["view_of_written", "written_returned", "transposed_written", "fill_returned", "write_then_read",
+        "write_then_scale"])
+def test_a_written_input_that_overlaps_another_and_is_returned_is_eagers(fn, runs_eagerly, view, dynamic):
+    # inputs that meet from the first call: AOTAutograd merges them into one synthetic base and
+    # rebuilds the outputs that view it; ember runs those graphs eagerly, with one warning
+    torch._dynamo.reset()
+    ember.reset_stats()
+    base = torch.randn(34, 254, device=DEVICE)
+    ref_base, got_base = base.clone(), base.clone()
+    expected = fn(*_MERGED_VIEWS[view](ref_base))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = ember.compile(fn, dynamic=dynamic)(*_MERGED_VIEWS[view](got_base))
+    expected, got = (expected, got) if isinstance(expected, tuple) else ((expected,), (got,))
+    for e, g in zip(expected, got):
+        assert (g.shape, g.stride(), g.storage_offset()) == (e.shape, e.stride(), e.storage_offset())
+        torch.testing.assert_close(g, e)
+    torch.testing.assert_close(got_base, ref_base)
+    fallbacks = [w for w in caught if "AOTAutograd rebuilds wrongly" in str(w.message)]
+    assert len(fallbacks) == int(runs_eagerly)
+    assert ember.stats()["graph_fallbacks"] == int(runs_eagerly)

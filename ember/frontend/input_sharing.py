@@ -80,6 +80,44 @@ def eager_where_inputs_newly_share_memory(compiled: Callable[..., Any], gm: torc
     return call
 
 
+def returns_a_written_input_that_overlaps_another(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Does the graph write an input whose memory meets another input's, and return a view of that
+    memory (the written input itself, or a view of it)? AOTAutograd merges such inputs into one
+    synthetic base and rebuilds those outputs from it, wrongly: ``x0.mul_(2)[0]`` of ``x0 = b[1:]``
+    comes back as ``b[0]`` (torch 2.11 and 2.13), and under torch 2.11 ``x0.fill_(2)`` itself
+    comes back with the shape of the whole base. ``aot_eager`` and Inductor return the same. The
+    inputs that meet are the example inputs' (Dynamo's values hold symbolic sizes)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        return False
+    values = [_value(n) for n in placeholders]
+    tensors = [i for i, (t, v) in enumerate(zip(example_inputs, values))
+               if isinstance(t, torch.Tensor) and t.layout == torch.strided and isinstance(v, torch.Tensor)]
+    if len(tensors) < 2:
+        return False
+    examples = [example_inputs[i] for i in tensors]
+    try:
+        labels = _labels([_storage_address(t) for t in examples])
+    except Exception:  # noqa: BLE001 -- tensors without storage (functional, fake): nothing to compare
+        return False
+    if len(set(labels)) == len(labels):
+        return False
+    written = _written_inputs(gm, values, tensors)
+    merged = {tensors[n] for pair in _meeting_pairs(examples, labels, static=True) for n in pair
+              if tensors[pair[0]] in written or tensors[pair[1]] in written}
+    return bool(merged) and _returns_memory_of(gm, placeholders, sorted(merged))
+
+
+def _returns_memory_of(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], indices: list[int]) -> bool:
+    """Does one of the graph's outputs share storage with one of these inputs (Dynamo's values)?"""
+    storages = {StorageWeakRef(_unwrapped(_value(placeholders[i])).untyped_storage()) for i in indices}
+    returned: list[torch.fx.Node] = []
+    for output in gm.graph.find_nodes(op="output"):
+        torch.fx.node.map_arg(output.args, returned.append)
+    return any(isinstance(v := _value(n), torch.Tensor) and v.layout == torch.strided
+               and StorageWeakRef(_unwrapped(v).untyped_storage()) in storages for n in returned)
+
+
 def _labels(keys: list[Any]) -> list[int]:
     first: dict[Any, int] = {}
     return [first.setdefault(k, n) for n, k in enumerate(keys)]
