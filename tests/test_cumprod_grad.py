@@ -89,10 +89,12 @@ def forced(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(cumprod_grad, "_torch_traces_it_per_element", lambda: True)
-    # (torch's AOTAutograd cache keys on its version, not on the override: a hit would skip it)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
     monkeypatch.setattr(cumprod_grad, "cumprod", counted)
-    return calls
+    # (torch's AOTAutograd cache keys on its version, not on the override: a hit would skip it.
+    # The config's own patch: under torch 2.11, monkeypatch's restore left the option unreadable,
+    # and every later compile in the process ran eagerly)
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        yield calls
 
 
 def _backward_nodes(report: ember.Report) -> int:
