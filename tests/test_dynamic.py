@@ -192,13 +192,19 @@ captures_dynamic_output_shapes = pytest.mark.skipif(
     reason="torch 2.11's Dynamo fails with capture_dynamic_output_shape_ops itself")
 
 
+@pytest.fixture
+def capture_output_shapes():
+    """Dynamo's capture_dynamic_output_shape_ops on, through the config's own patch (pytest's
+    monkeypatch left torch 2.11's config modules without the option after its restore)."""
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        yield
+
+
 @captures_dynamic_output_shapes
-def test_sizes_only_an_aten_result_knows(monkeypatch):
+def test_sizes_only_an_aten_result_knows(capture_output_shapes):
     # A mixture of experts' routing: each expert's token count comes from nonzero, a size no
     # input has (an unbacked u0). The host program reads it from the result; the graph ran
     # through ATen ("cannot bind size symbols") before.
-    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
-
     def route(x, logits, w):
         top = logits.argmax(-1)
         out = torch.zeros_like(x)
@@ -218,11 +224,10 @@ def test_sizes_only_an_aten_result_knows(monkeypatch):
 
 @pytest.mark.parametrize("use", ["count", "unique_size", "masked_numel", "zeros_of_count"])
 @captures_dynamic_output_shapes
-def test_size_only_a_dropped_result_knows(monkeypatch, use):
+def test_size_only_a_dropped_result_knows(capture_output_shapes, use):
     # Only the size of a data-dependent result is used (x * nz.shape[0]): dead-code elimination
     # dropped the ATen call that knows it, so the program could not bind u0 and the graph ran
     # through ATen with a warning. The call is kept as an effect and binds u0 first.
-    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
     fns = {
         "count": lambda x: x * x.nonzero().shape[0],
         "unique_size": lambda x: torch.unique(x, return_inverse=True)[1].float() * torch.unique(x).shape[0],
