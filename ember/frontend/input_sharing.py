@@ -18,6 +18,10 @@ counts it. Graphs compiled for inputs that met were checked when compiled
 drops the check, for graphs with many inputs whose callers never pass overlapping views. (A
 ``torch.optim`` step pays nothing: Dynamo holds its parameters and states as the graph's
 attributes, and its inputs, the gradients, are only read.)
+
+A graph compiled for inputs that already meet, one of them written and its memory returned, runs
+eagerly from the start (``returns_a_written_input_that_overlaps_another``): AOTAutograd, which
+merges such inputs into one base, rebuilds the returned views wrongly.
 """
 
 from __future__ import annotations
