@@ -18,7 +18,16 @@ from torch.utils._pytree import tree_flatten
 import ember
 
 from .conftest import DEVICE
-from .helpers import assert_clean, assert_same, check, compile_checked, on_the_interpreter, program_of_samples, run
+from .helpers import (
+    assert_clean,
+    assert_same,
+    check,
+    compile_checked,
+    flatten,
+    on_the_interpreter,
+    program_of_samples,
+    run,
+)
 
 UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
          "reciprocal", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
@@ -153,8 +162,29 @@ def _check_samples(op, per_dtype, options) -> ember.Report:
         try:
             assert_same(out[span], ref[span])
         except AssertionError as e:
+            if dtype in (torch.bfloat16, torch.float16) and _no_further_from_float64(
+                    out[span], ref[span], fn, tensors, span):
+                continue  # (eager's own rounding differs: torch 2.11's bfloat16 batch_norm on the CPU)
             raise AssertionError(f"{_id(op)} [{dtype}]: {e}") from None
     return report
+
+
+def _no_further_from_float64(out, ref, fn, tensors, span) -> bool:
+    """Is each of ember's 16-bit outputs, where it differs from eager's, no further from the
+    float64 run of the same samples than eager's (same shapes, same non-finite elements)?"""
+    wide = fn(*[t.double() if t.is_floating_point() else t.clone() for t in tensors])[span]
+    for o, r, w in zip(flatten(out), flatten(ref), flatten(wide)):
+        if not (isinstance(r, torch.Tensor) and r.dtype.is_floating_point):
+            continue
+        if not (isinstance(w, torch.Tensor) and o.shape == r.shape == w.shape and o.dtype == r.dtype):
+            return False
+        o64, r64, w64 = o.double(), r.double(), w.double()
+        if not torch.equal(torch.isfinite(o64), torch.isfinite(r64)):
+            return False
+        finite = torch.isfinite(o64) & torch.isfinite(w64)
+        if finite.any() and (o64 - w64)[finite].abs().max() > (r64 - w64)[finite].abs().max():
+            return False
+    return True
 
 
 SPECIAL_OPS = {
