@@ -476,7 +476,10 @@ class Generator(IntegerOps):
             mode = r.choice(["nearest", "nearest-exact"] + (["linear"] if nd == 1 else ["bilinear", "bicubic"]))
             corners = f", align_corners={r.choice([False, True])}" if mode[-6:] in ("linear", "bicubic") else ""
             how = "scale_factor=2" if r.random() < 0.5 else f"size={[r.choice([1, 3, 8]) for _ in range(nd)]}"
-            return self.try_line(f"F.interpolate({x}, {how}, mode='{mode}'{corners})") is not None
+            # (weighted modes read finite values: which of an infinity's neighbours turn NaN (a zero
+            # weight times it) follows eager's kernel's arithmetic, not a semantic; Inductor spreads more)
+            src = x if mode.startswith("nearest") else f"torch.nan_to_num({x}, 0.0, 2.0, -2.0)"
+            return self.try_line(f"F.interpolate({src}, {how}, mode='{mode}'{corners})") is not None
         if kind == "pad":
             mode = r.choice(["constant", "reflect", "replicate", "circular"])
             return self.try_line(f"F.pad({x}, {tuple(r.choice([0, 1, 2]) for _ in range(2 * nd))}, "
