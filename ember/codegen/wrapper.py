@@ -45,6 +45,13 @@ from .pyexpr import WrapperError, pexpr, replayed_chain, shape_tuple
 _FRESH_EXTERNS = frozenset({"mm", "addmm", "bmm", "baddbmm", "convolution", "_int_mm"})
 
 
+def _may_return_a_view(node: Node) -> bool:
+    """May this ATen call's result share memory with one of its inputs (its schema's alias
+    annotations: ``diagonal(Tensor(a) self) -> Tensor(a)``)? Targets without a schema may."""
+    schema = getattr(node.arg.target, "_schema", None)
+    return schema is None or any(r.alias_info is not None for r in schema.returns)
+
+
 @dataclass
 class KernelCall:
     """How the program calls one kernel: its Python name, whether it takes tensors or raw
@@ -77,8 +84,12 @@ class WrapperWriter(OutputLayouts, InputWrites):
         # buffers some kernel reads: ATen results among them must be dense
         self.kernel_reads = {p.name for k in schedule.kernels for p in k.params if not p.is_output}
         self.node_of = {info.name: node for node, info in schedule.buffers.items()}
-        # buffers something views: their memory outlives their last direct read
+        # buffers something views: their memory outlives their last direct read (an ATen call's
+        # result may be a view too: ``aten.diagonal`` of a buffer a later kernel would overwrite)
         self.viewed = {schedule.buffers[s.base].name for s in schedule.steps if isinstance(s, ViewStep)}
+        self.viewed |= {schedule.buffers[x].name for s in schedule.steps
+                        if isinstance(s, ExternStep) and _may_return_a_view(s.node)
+                        for x in s.node.inputs if x in schedule.buffers}
         self.view_base = {s.node: s.base for s in schedule.steps if isinstance(s, ViewStep)}  # replayed views
         # data_ptr() read once: a variable's pointer local (``arg0_1_p``), valid while only kernel
         # calls and their buffers' lines run (an ATen call or anything else forgets them all), and
