@@ -13,7 +13,8 @@ calls kernels and ATen ops in dependency order, and drops buffers after their la
 output of the same size, dtype and layout as a buffer that dies in that kernel is written over it
 (``schedule/inplace.py`` says when that is safe): the buffer is one of ember's own, a matmul's
 result, or a backward's saved tensor that nothing else can see (``InputSpec.donated``; reused
-only when autograd will not run the backward again, ``retain_graph=False``).
+only when autograd will not run the backward again, ``retain_graph=False``), and nothing views it
+(a replayed view, or an ATen call whose result may alias its input, as ``aten.diagonal``'s does).
 
 Kernels that take raw addresses get each memory's ``data_ptr()`` once between ATen calls: where a
 later argument (an output stored in place, ``buf0 = arg0_1``, or a later kernel's input) is the
