@@ -137,8 +137,10 @@ class Generator(IntegerOps):
                    "({a}.abs() + 0.1).pow({b}.clamp(-2, 2))", "torch.where({b} > 0, {a}, 0.0)",
                    "torch.clamp({a}, min={b} - 1, max={b} + 1)", "torch.fmax({a}, {b})", "torch.fmin({a}, {b})",
                    "torch.logaddexp({a}, {b})", "torch.sub({a}, {b}, alpha=2)", "torch.true_divide({a}, {b}.abs() + 2)"]
+    # (copysign reads a NaN-free sign, as signbit does: a computed NaN's sign is no one's to match)
     MORE_DISC_BINARY = ["torch.fmod({a}, {b}.abs() + 0.5)", "torch.remainder({a}, {b}.abs() + 0.5)",
-                        "torch.copysign({a}, {b})", "torch.div({a}, {b}.abs() + 0.5, rounding_mode='floor')",
+                        "torch.copysign({a}, torch.nan_to_num({b}, 0.0))",
+                        "torch.div({a}, {b}.abs() + 0.5, rounding_mode='floor')",
                         "torch.div({a}, {b}.abs() + 0.5, rounding_mode='trunc')", "torch.eq({a}, {b}.round())",
                         "torch.isclose({a}, {b}, atol=0.5)"]
 
