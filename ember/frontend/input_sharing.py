@@ -35,6 +35,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..runtime import stats
+from .autograd_inputs import returns_a_view_of
 from .overlap import _unwrapped, _value, _written, _written_values
 
 _storage_address = torch._C._storage_address
@@ -44,12 +45,10 @@ def eager_where_inputs_newly_share_memory(compiled: Callable[..., Any], gm: torc
                                           example_inputs: Sequence[Any]) -> Callable[..., Any]:
     """``compiled``, or a wrapper of it that runs ``gm`` eagerly on a call whose inputs newly share
     memory with one the graph writes (the module docstring)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    values = [_value(n) for n in placeholders]
-    if len(placeholders) != len(example_inputs):
+    found = _tensor_inputs(gm, example_inputs)
+    if found is None:
         return compiled
-    tensors = [i for i, (t, v) in enumerate(zip(example_inputs, values))
-               if isinstance(t, torch.Tensor) and t.layout == torch.strided and isinstance(v, torch.Tensor)]
+    values, tensors = found
     written_inputs = _written_inputs(gm, values, tensors)  # (once: it walks the whole graph)
     written = frozenset(n for n, i in enumerate(tensors) if i in written_inputs)
     if not written or len(tensors) < 2:
@@ -91,14 +90,10 @@ def returns_a_written_input_that_overlaps_another(gm: torch.fx.GraphModule, exam
     comes back as ``b[0]`` (torch 2.11 and 2.13), and under torch 2.11 ``x0.fill_(2)`` itself
     comes back with the shape of the whole base. ``aot_eager`` and Inductor return the same. The
     inputs that meet are the example inputs' (Dynamo's values hold symbolic sizes)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(example_inputs):
+    found = _tensor_inputs(gm, example_inputs)
+    if found is None or len(found[1]) < 2:
         return False
-    values = [_value(n) for n in placeholders]
-    tensors = [i for i, (t, v) in enumerate(zip(example_inputs, values))
-               if isinstance(t, torch.Tensor) and t.layout == torch.strided and isinstance(v, torch.Tensor)]
-    if len(tensors) < 2:
-        return False
+    values, tensors = found
     examples = [example_inputs[i] for i in tensors]
     try:
         labels = _labels([_storage_address(t) for t in examples])
@@ -109,17 +104,18 @@ def returns_a_written_input_that_overlaps_another(gm: torch.fx.GraphModule, exam
     written = _written_inputs(gm, values, tensors)
     merged = {tensors[n] for pair in _meeting_pairs(examples, labels, static=True) for n in pair
               if tensors[pair[0]] in written or tensors[pair[1]] in written}
-    return bool(merged) and _returns_memory_of(gm, placeholders, sorted(merged))
+    return bool(merged) and returns_a_view_of(gm, sorted(merged))
 
 
-def _returns_memory_of(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], indices: list[int]) -> bool:
-    """Does one of the graph's outputs share storage with one of these inputs (Dynamo's values)?"""
-    storages = {StorageWeakRef(_unwrapped(_value(placeholders[i])).untyped_storage()) for i in indices}
-    returned: list[torch.fx.Node] = []
-    for output in gm.graph.find_nodes(op="output"):
-        torch.fx.node.map_arg(output.args, returned.append)
-    return any(isinstance(v := _value(n), torch.Tensor) and v.layout == torch.strided
-               and StorageWeakRef(_unwrapped(v).untyped_storage()) in storages for n in returned)
+def _tensor_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[list[Any], list[int]] | None:
+    """Dynamo's values of the graph's inputs, and the indices of its strided tensor inputs; None
+    where the placeholders do not match the example inputs one to one."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        return None
+    values = [_value(n) for n in placeholders]
+    return values, [i for i, (t, v) in enumerate(zip(example_inputs, values))
+                    if isinstance(t, torch.Tensor) and t.layout == torch.strided and isinstance(v, torch.Tensor)]
 
 
 def _labels(keys: list[Any]) -> list[int]:
