@@ -84,9 +84,23 @@ EMBER_FN int64_t ember_abs(int64_t a) {
   return r;
 }
 #endif
-// (narrow ints in int32, then cut back: ptxas's abs.s16 gave |-32768| as +32768 to the sign
-// extension after it, so int16 abs(-32768) % 5 was 3 on the GPU, eager's 2)
-EMBER_FN int16_t ember_abs(int16_t a) { const int32_t w = a; return (int16_t)(w < 0 ? -w : w); }
+// int16 results of arithmetic, computed in int (a division helper's int64 converts to its low
+// 32 bits) and cut back here. On the GPU through PTX NVVM cannot see into: it turned int16
+// negation (and 0 - x, x * -1, x / -1) into neg.s16 or abs.s16, and ptxas takes their results
+// as already sign-extended in its 32-bit registers, so -(-32768) and |-32768| reached a widening
+// or a comparison as +32768 (int16 (-x) // -3 at -32768 was -10923 on an H100, eager's 10922;
+// abs(-32768) % 5 was 3). bfe.s32 extends the sign of bit 15 (one SGXT). int8 needs none: NVVM
+// widens int8 arithmetic to 16 bits and sign-extends from bit 7 itself.
+#if defined(__CUDA_ARCH__)
+EMBER_FN int16_t ember_wrap_i16(int32_t w) {
+  int32_t r;
+  asm("bfe.s32 %0, %1, 0, 16;" : "=r"(r) : "r"(w));
+  return (int16_t)r;
+}
+#else
+EMBER_FN int16_t ember_wrap_i16(int32_t w) { return (int16_t)w; }
+#endif
+EMBER_FN int16_t ember_abs(int16_t a) { const int32_t w = a; return ember_wrap_i16(w < 0 ? -w : w); }
 EMBER_FN int8_t ember_abs(int8_t a) { const int32_t w = a; return (int8_t)(w < 0 ? -w : w); }
 EMBER_FN uint8_t ember_abs(uint8_t a) { return a; }
 EMBER_FN bool ember_abs(bool a) { return a; }

@@ -134,6 +134,13 @@ def _wraps_in_unsigned(dtype: dt.DType) -> bool:
     return dtype.kind == "i" and dtype.itemsize >= 4
 
 
+def _narrow(dtype: dt.DType, ctype: str, expr: str) -> str:
+    """An int or int64 arithmetic result as the element type. int16 goes through
+    ember_wrap_i16 (c_prelude.py): on the GPU, a plain cast let NVVM emit neg.s16, whose
+    overflow ptxas ignores."""
+    return f"ember_wrap_i16({expr})" if dtype == dt.int16 else f"(({ctype}){expr})"
+
+
 def alu(lang: Language, v: Value, args: list[str]) -> str:
     """C expression for a pointwise value; ``args`` are the C spellings of its sources."""
     op, dtype = v.arg, v.dtype
@@ -153,14 +160,14 @@ def alu(lang: Language, v: Value, args: list[str]) -> str:
         expr = f"({a} {_INFIX[op]} {args[1]})"
         # C promotes narrow integers to int: bring results back to the element type
         if dtype.is_int and dtype.itemsize < 4 or dtype.is_bool and op in (Op.ADD, Op.MUL, Op.SUB):
-            expr = f"(({ctype}){expr})"
+            expr = _narrow(dtype, ctype, expr) if op in _WRAPPING else f"(({ctype}){expr})"
         return expr
     if op is Op.WHERE:
         return f"({a} ? {args[1]} : {args[2]})"
     if op is Op.NEG and _wraps_in_unsigned(dtype):
         return f"(({ctype})(0 - (uint{8 * dtype.itemsize}_t){a}))"
     if op is Op.NEG:
-        return f"(({ctype})(-{a}))" if dtype.itemsize < 4 and not dtype.is_float else f"(-{a})"
+        return _narrow(dtype, ctype, f"(-{a})") if dtype.itemsize < 4 and not dtype.is_float else f"(-{a})"
     if op is Op.NOT or (op is Op.BITNOT and dtype.is_bool):
         return f"(!{a})"
     if op is Op.BITNOT:
@@ -187,9 +194,9 @@ def alu(lang: Language, v: Value, args: list[str]) -> str:
         if dtype.is_float:
             return f"{fn}({a}, {args[1]})"
         err = ", ember_err" if lang.flags_int_division else ""
-        return f"(({ctype}){fn}((int64_t){a}, (int64_t){args[1]}{err}))"
+        return _narrow(dtype, ctype, f"{fn}((int64_t){a}, (int64_t){args[1]}{err})")
     if op is Op.POW and not dtype.is_float:
-        return f"(({ctype})ember_ipow((int64_t){a}, (int64_t){args[1]}))"
+        return _narrow(dtype, ctype, f"ember_ipow((int64_t){a}, (int64_t){args[1]})")
     if op in _MATH:
         if dtype.is_int and op in (Op.FLOOR, Op.CEIL, Op.TRUNC, Op.ROUND):
             return a
@@ -219,6 +226,8 @@ def cast(lang: Language, src: dt.DType, dst: dt.DType, a: str) -> str:
         return f"((uint8_t){wide})"
     if lang.float_to_int and src.is_float and not dst.is_float:
         return f"{lang.float_to_int}<{lang.compute(dst)}>({a})"
+    if dst == dt.int16 and src.is_int and src.itemsize > 2:  # (a narrowing NVVM could make neg.s16)
+        return _narrow(dst, "int16_t", a)
     return f"(({lang.compute(dst)}){a})"
 
 

@@ -119,8 +119,18 @@ _HELPER = {Op.EXPM1: "expm1", Op.LOG1P: "log1p", Op.LOG10: "log10", Op.SIN: "sin
 _LOGIC = (Op.AND, Op.OR, Op.XOR, Op.BITAND, Op.BITOR, Op.BITXOR, Op.WHERE)
 
 
+# int16 ops computed in int32 and cut back through eh.wrap_i16 (runtime/triton_bits.py): in int16,
+# LLVM made neg.s16 of negations (and of 0 - x, x * -1, x // -1), whose overflow ptxas ignores
+_INT16_IN_INT32 = (Op.NEG, Op.ADD, Op.SUB, Op.MUL, Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD, Op.POW)
+
+
 def alu(v: Value, args: list[str], scalars: bool = False) -> str:
     """``v``'s spelling; ``scalars``: its operands are all 0-d."""
+    if v.dtype == dt.int16 and all(s.dtype == dt.int16 for s in v.srcs):
+        if v.arg in _INT16_IN_INT32:
+            return f"eh.wrap_i16({_alu(v, [f'{a}.to(tl.int32)' for a in args])})"
+    elif v.dtype == dt.int16 and v.arg is Op.CAST and v.srcs[0].dtype in (dt.int32, dt.int64):
+        return f"eh.wrap_i16({args[0]}.to(tl.int32))"
     text = _alu(v, args)
     if scalars and v.dtype.is_bool and v.arg not in _LOGIC:  # (comparisons, casts to bool, not)
         # (Triton 3.6's interpreter tags a comparison of two 0-d values with its operands' float

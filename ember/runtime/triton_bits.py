@@ -1,8 +1,8 @@
-"""Triton helpers for the sign and magnitude ops and integer gcd/lcm (hypot, copysign, signbit,
-nextafter, integer abs, gcd, lcm), which generated kernels call as ``eh.<name>`` (triton_helpers.py imports
-them). As there, hypot and nextafter come from libdevice on a GPU and are written with ``tl``
-primitives under ``TRITON_INTERPRET=1``; the others are bit and integer arithmetic, exact on both.
-"""
+"""Triton helpers for the sign and magnitude ops, integer gcd/lcm and int16 wrap-around (hypot,
+copysign, signbit, nextafter, integer abs, gcd, lcm, wrap_i16), which generated kernels call as
+``eh.<name>`` (triton_helpers.py imports them). As there, hypot and nextafter come from libdevice
+on a GPU and are written with ``tl`` primitives under ``TRITON_INTERPRET=1``; the others are bit
+and integer arithmetic, exact on both."""
 
 from __future__ import annotations
 
@@ -40,6 +40,10 @@ if INTERPRET:
     @triton.jit
     def iabs(x):
         return tl.abs(x)  # (numpy's: |INT_MIN| wraps to INT_MIN, as eager's)
+
+    @triton.jit
+    def wrap_i16(x):
+        return x.to(tl.int16)
 else:
     @triton.jit
     def iabs(x):
@@ -56,6 +60,15 @@ else:
                 "{ .reg .pred n; setp.lt.s32 n, $1, 0; neg.s32 $0, $1; selp.b32 $0, $0, $1, n; }",
                 "=r,r", [x.to(tl.int32)], dtype=tl.int32, is_pure=True, pack=1).to(x.dtype)
         return r
+
+    @triton.jit
+    def wrap_i16(x):
+        # an int32 result of int16 operands as int16, through PTX LLVM cannot see into: it
+        # narrowed int16 negation (0 - x, x * -1, x // -1) to neg.s16, and ptxas took that
+        # result as sign-extended, so -(-32768) was +32768 to a widening or a comparison after
+        # it ((-x) // -3 gave -10923 on an H100, eager's 10922). bfe.s32 extends bit 15
+        r = tl.inline_asm_elementwise("bfe.s32 $0, $1, 0, 16;", "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
+        return r.to(tl.int16)
 
 
 # ---- gcd, lcm: ATen's calc_gcd and lcm step for step ----------------------------------------

@@ -16,7 +16,7 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # (kernels call these as eh.<name> too)
-from .triton_bits import copysign, gcd, hypot, iabs, lcm, nextafter, signbit  # noqa: E402, F401
+from .triton_bits import copysign, gcd, hypot, iabs, lcm, nextafter, signbit, wrap_i16  # noqa: E402, F401
 
 # ---- reductions' combine functions ----------------------------------------------------------
 
