@@ -23,7 +23,8 @@ On the GPU machine (one process per worker, all sharing the GPU)::
 Findings: mismatch, ember-raised (eager did not), raise-parity (eager raised, ember did not or
 raised another type), fallback (an "ember..." warning), crash (worker died), hang; and upstream:
 ember raised where eager did not, but ``torch.compile(backend="aot_eager")`` raises too (Dynamo
-or AOTAutograd refused the program), left out of the pass rate. ``--ragged``: programs over an
+or AOTAutograd refused the program), or on a GPU ember's result differed from eager's but matches
+eager's on the CPU (eager's CUDA kernel is the odd one out), left out of the pass rate. ``--ragged``: programs over an
 ``ember.ragged.Ragged`` (fuzz_ragged.py); with --dynamic also recompile (a compile where the
 README promises none).
 """
@@ -326,9 +327,35 @@ def check_program(prog: Program, args: argparse.Namespace, options: dict) -> lis
                 cache[nocast] = reference_run(prog.source, fn, inputs(True), up, run_program, nocast)
             return cache[nocast]
         why = compare_runs(got, eager, ref, prog.disc, prog.low)
-        if why:
+        if why and args.device != "cpu" and _agrees_with_cpu_eager(prog, args, fn, got, up, lead):
+            findings.append(("upstream", f"eager's GPU kernels disagree with its CPU ones, which ember "
+                             f"matches: {why}{where}"))
+        elif why:
             findings.append(("mismatch", why + where))
     return findings
+
+
+def _agrees_with_cpu_eager(prog: Program, args: argparse.Namespace, fn: Any, got: dict, up: int | None,
+                           lead: int | None) -> bool:
+    """Does ember's GPU result match eager on the CPU (same inputs, judged the same way)? Then
+    eager's CUDA kernel is the odd one out: torch 2.11's avg_pool2d backward of a channels-last
+    input with padding (pytorch/pytorch#188344) gave every padded window's gradient to the wrong
+    elements, and its float64 run, on the GPU too, agreed with it."""
+    make_inputs, run_program, widen = _kind(prog)
+    cache: dict[bool, Any] = {}
+
+    def ref(nocast: bool = False) -> dict | None:
+        if nocast not in cache:
+            xs = widen(make_inputs(prog.specs, "cpu", args.train, lead))
+            cache[nocast] = reference_run(prog.source, fn, xs, up, run_program, nocast)
+        return cache[nocast]
+    try:
+        on_cpu = run_program(fn, make_inputs(prog.specs, "cpu", args.train, lead), up)
+    except Exception:  # noqa: BLE001 -- no CPU run to side with
+        return False
+    moved = {part: None if ts is None else [t.cpu() if isinstance(t, torch.Tensor) else t for t in ts]
+             for part, ts in got.items()}
+    return compare_runs(moved, on_cpu, ref, prog.disc, prog.low) is None
 
 
 def _aot_eager_raises(prog: Program, args: argparse.Namespace, up: int | None, leads: list[int | None],

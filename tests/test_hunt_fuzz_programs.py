@@ -133,3 +133,23 @@ def test_aliased_inputs_share_memory_in_every_run_and_the_reference(fuzz):
         torch._dynamo.reset()
         findings = [f for f in fz.check_program(prog, args, {}) if not f[0].startswith("note")]
         assert findings == [], (prog.source, findings)
+
+
+def test_a_gpu_mismatch_where_ember_matches_cpu_eager_is_upstream(fuzz):
+    # (GPU seed 10108: torch 2.11's CUDA avg_pool backward of a channels-last input with padding,
+    # pytorch/pytorch#188344, gave padded windows' gradients to the wrong elements; its float64
+    # run, on the GPU too, agreed with it, so ember's right gradient read as a mismatch)
+    from fuzz_programs import Program
+    fz, _ = fuzz
+    source = ("def fn(x0):\n    v0 = F.avg_pool1d(x0, 2, stride=2, padding=1, count_include_pad=False)\n"
+              "    return (v0,)\n")
+    specs = [{"name": "x0", "shape": [2, 6, 5], "kind": "float", "dtype": "float32", "seed": 3, "layout": "t",
+              "special": False, "scale": 1.0}]
+    prog = Program(1, source, specs, False, 1)
+    args = argparse.Namespace(device="cuda", backend="cuda", train=True, dynamic=False, ragged=False)
+    fn = fz._exec_fn(source)
+    right = fz.run_program(fn, fz.make_inputs(specs, "cpu", True), 2)
+    assert fz._agrees_with_cpu_eager(prog, args, fn, right, 2, None)
+    wrong = {**right, "grads": [right["grads"][0].roll(1, -1)]}  # (eager CUDA's shifted windows)
+    assert fz.compare_runs(wrong, right, lambda nocast=False: None, False, torch.float32)
+    assert not fz._agrees_with_cpu_eager(prog, args, fn, wrong, 2, None)
