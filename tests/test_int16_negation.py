@@ -1,11 +1,12 @@
 """int16 arithmetic that wraps at -32768, against eager, and the PTX both GPU backends hand to
-ptxas. ptxas (12.x to 13.0, sm_90) takes the result of ``neg.s16`` (and ``abs.s16``) as already
-sign-extended in its 32-bit registers: -(-32768) reached the division or comparison after it as
-+32768, so int16 ``(-x) // -3`` at -32768 was -10923 on an H100 in both backends (eager's 10922;
-GPU fuzz, seed 79063875724). LLVM makes neg.s16 of any int16 negation it can see (0 - x, x * -1,
-x // -1 too), so kernels compute int16 arithmetic in int32 and cut it back through PTX it cannot
-see into (c_prelude.py: ember_wrap_i16, runtime/triton_bits.py: wrap_i16). Checked here on the
-CPU: nvcc and Triton compile ember's kernels for sm_90 without a GPU."""
+ptxas. ptxas (12.8, which Triton 3.6 bundles, and 13.0; sm_90) takes the result of ``neg.s16``
+(and ``abs.s16``) as already sign-extended in its 32-bit registers: -(-32768) reached the
+division or comparison after it as +32768, so int16 ``(-x) // -3`` at -32768 was -10923 on an
+H100 in both backends (eager's 10922; GPU fuzz, seed 79063875724). LLVM makes neg.s16 of any
+int16 negation it can see (0 - x, x * -1, x // -1 too), so kernels compute int16 arithmetic in
+int32 and cut it back through PTX it cannot see into (c_prelude.py: ember_wrap_i16,
+runtime/triton_bits.py: wrap_i16). Checked here on the CPU: nvcc and Triton compile ember's
+kernels for sm_90 without a GPU."""
 
 from __future__ import annotations
 
