@@ -21,12 +21,12 @@ On the GPU machine (one process per worker, all sharing the GPU)::
     python bench/fuzz.py --device cuda --backend cuda --seconds 1800 --workers 12 --seed 1 --train
 
 Findings: mismatch, ember-raised (eager did not), raise-parity (eager raised, ember did not or
-raised another type), fallback (an "ember..." warning), crash (worker died), hang; and upstream:
-ember raised where eager did not, but ``torch.compile(backend="aot_eager")`` raises too (Dynamo
-or AOTAutograd refused the program), or on a GPU ember's result differed from eager's but matches
-eager's on the CPU (eager's CUDA kernel is the odd one out), left out of the pass rate. ``--ragged``: programs over an
-``ember.ragged.Ragged`` (fuzz_ragged.py); with --dynamic also recompile (a compile where the
-README promises none).
+raised another type), fallback (an "ember..." warning), crash (worker died), hang; and upstream,
+left out of the pass rate: ember raised where eager did not, but
+``torch.compile(backend="aot_eager")`` raises too (Dynamo or AOTAutograd refused the program), or
+on a GPU ember's result differs from eager's but matches eager's on the CPU (eager's CUDA kernel
+is the odd one out). ``--ragged``: programs over an ``ember.ragged.Ragged`` (fuzz_ragged.py);
+with --dynamic also recompile (a compile where the README promises none).
 """
 
 from __future__ import annotations
