@@ -268,10 +268,20 @@ def check_program(prog: Program, args: argparse.Namespace, options: dict) -> lis
             except Exception:  # noqa: BLE001
                 findings.append(("note-dyn-skip", "eager refused the second shape"))
                 continue
+        where = f" ({'batch' if hasattr(prog, 'leads') else 'leading dim'} {lead})" if lead is not None else ""
         try:
             eager, eager_err = run_program(fn, inputs(), up), None
+            if args.device != "cpu":
+                torch.cuda.synchronize()  # (eager's asynchronous CUDA errors surface as eager's, not ember's)
         except Exception as err:  # noqa: BLE001
             eager, eager_err = None, err
+        if eager_err is not None and broken_context(eager_err, args.device):
+            # (eager's CUDA binary_cross_entropy asserts on a NaN probability, its embedding backward
+            # of width 0 reads out of bounds: every later CUDA call fails, ember's and aot_eager's)
+            first = str(eager_err).splitlines()[0] if str(eager_err) else ""
+            findings.append(("upstream", f"eager's own CUDA kernels failed, ending the process's CUDA context: "
+                             f"{type(eager_err).__name__}: {first[:200]}{where}"))
+            break
         if lead is not None and eager_err is not None:
             findings.append(("note-dyn-skip", "eager refused the second shape"))
             continue  # (the program is not generic in its leading dim)
@@ -293,7 +303,6 @@ def check_program(prog: Program, args: argparse.Namespace, options: dict) -> lis
             findings = [("upstream", m) if k == "fallback" and "torch could not trace" in m else (k, m)
                         for k, m in findings]
             break  # (the check reset Dynamo, as below)
-        where = f" ({'batch' if hasattr(prog, 'leads') else 'leading dim'} {lead})" if lead is not None else ""
         if got_err is None and hasattr(prog, "allowed_compiles"):  # (ragged: count recompiles)
             seen[lead] = counters["frames"]["ok"] - start_frames
             allowed = prog.allowed_compiles(lead, seen)
@@ -315,7 +324,9 @@ def check_program(prog: Program, args: argparse.Namespace, options: dict) -> lis
         if got_err is not None:
             tb = "".join(traceback.format_exception_only(type(got_err), got_err))
             done_leads = leadings[:leadings.index(lead) + 1]
-            upstream = _aot_eager_raises(prog, args, up, done_leads, type(got_err))
+            # (after a broken CUDA context aot_eager fails too, whatever it would have done)
+            upstream = not broken_context(got_err, args.device) and _aot_eager_raises(
+                prog, args, up, done_leads, type(got_err))
             findings.append(("upstream" if upstream else "ember-raised", f"{tb.strip()[:400]}{where}"))
             if upstream:
                 break  # (the check reset Dynamo: a later shape would compile afresh, not reuse the graph)
@@ -494,7 +505,13 @@ def worker(index: int, args: argparse.Namespace, start: int, results: Any) -> No
 
 
 _CUDA_BROKEN = re.compile(r"illegal memory access|device-side assert|CUDA error|misaligned address|"
-                          r"unspecified launch failure|an illegal instruction")
+                          r"unspecified launch failure|an illegal instruction|the process's CUDA context")
+
+
+def broken_context(err: BaseException, device: str) -> bool:
+    """Did ``err`` end this process's CUDA context (a device-side assert, an illegal address)? Every
+    later CUDA call then fails, whoever makes it, so no later result can be compared."""
+    return device != "cpu" and bool(_CUDA_BROKEN.search(f"{type(err).__name__}: {err}"))
 
 
 def main() -> None:

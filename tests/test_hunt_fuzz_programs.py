@@ -153,3 +153,31 @@ def test_a_gpu_mismatch_where_ember_matches_cpu_eager_is_upstream(fuzz):
     wrong = {**right, "grads": [right["grads"][0].roll(1, -1)]}  # (eager CUDA's shifted windows)
     assert fz.compare_runs(wrong, right, lambda nocast=False: None, False, torch.float32)
     assert not fz._agrees_with_cpu_eager(prog, args, fn, wrong, 2, None)
+
+
+def test_eager_ending_the_cuda_context_is_eager_finding_and_ends_the_worker(fuzz):
+    # (GPU seed 10109: eager's CUDA embedding backward of a width-0 weight read out of bounds, and
+    # a binary_cross_entropy of a NaN probability asserted on the device. Either error surfaced
+    # asynchronously in ember's call, and the broken context then failed aot_eager too, so the
+    # finding read as ember's, or the next program's eager raised and ember "raised another type")
+    from fuzz_programs import Program, make_inputs
+    fz, _ = fuzz
+    source = "def fn(x0):\n    v0 = x0 * 2.0\n    return (v0,)\n"
+    specs = [{"name": "x0", "shape": [3], "kind": "float", "dtype": "float32", "seed": 1, "layout": "contig",
+              "special": False, "scale": 1.0}]
+    prog = Program(1, source, specs, False, 1)
+    calls = []
+
+    def run_on_a_broken_gpu(fn, inputs, up):
+        calls.append(fn)
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+    prog.make_inputs = lambda specs, device, train=False, lead=None: make_inputs(specs, "cpu", train, lead)
+    prog.run_program = run_on_a_broken_gpu
+    args = argparse.Namespace(device="cuda", backend="cuda", train=True, dynamic=False, ragged=False)
+    findings = fz.check_program(prog, args, {})
+    assert [k for k, _ in findings] == ["upstream"] and len(calls) == 1  # (ember's call never ran)
+    assert "eager's own CUDA kernels failed" in findings[0][1]
+    assert fz._CUDA_BROKEN.search(findings[0][1])  # (the worker exits: a fresh process follows)
+    assert fz.broken_context(torch.AcceleratorError("CUDA error: device-side assert triggered"), "cuda")
+    assert not fz.broken_context(RuntimeError("mat1 and mat2 shapes cannot be multiplied"), "cuda")
+    assert not fz.broken_context(torch.AcceleratorError("CUDA error: device-side assert triggered"), "cpu")
