@@ -289,6 +289,8 @@ def check_program(prog: Program, args: argparse.Namespace, options: dict) -> lis
             warnings.simplefilter("always")
             try:
                 got, got_err = run_program(compiled, inputs(), up), None
+                if args.device != "cpu":
+                    torch.cuda.synchronize()  # (and ember's are ember's, not the next program's)
             except Exception as err:  # noqa: BLE001
                 got, got_err = None, err
         traced = False  # (torch's trace failed, and ember ran the function eagerly)
