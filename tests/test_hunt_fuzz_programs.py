@@ -181,3 +181,26 @@ def test_eager_ending_the_cuda_context_is_eager_finding_and_ends_the_worker(fuzz
     assert fz.broken_context(torch.AcceleratorError("CUDA error: device-side assert triggered"), "cuda")
     assert not fz.broken_context(RuntimeError("mat1 and mat2 shapes cannot be multiplied"), "cuda")
     assert not fz.broken_context(torch.AcceleratorError("CUDA error: device-side assert triggered"), "cpu")
+
+
+def test_a_mismatch_where_ember_matches_eager_on_contiguous_inputs_is_upstream(fuzz):
+    # (CPU seed 10033: torch's CPU batch_norm backward, 2.11 and 2.13, reads a strided weight's
+    # memory as if contiguous; its float64 run, from inputs of the same strides, agreed with it)
+    from fuzz_programs import Program
+    fz, _ = fuzz
+    source = ("def fn(x0, x1):\n    v0 = F.batch_norm(x0, torch.zeros(5), torch.ones(5), x1, None)\n"
+              "    return (v0,)\n")
+    specs = [{"name": "x0", "shape": [6, 5, 1], "kind": "float", "dtype": "float32", "seed": 3, "layout": "contig",
+              "special": False, "scale": 1.0},
+             {"name": "x1", "shape": [5], "kind": "float", "dtype": "float32", "seed": 4, "layout": "slice",
+              "special": False, "scale": 1.0}]
+    prog = Program(1, source, specs, False, 1)
+    args = argparse.Namespace(device="cpu", backend="cpp", train=True, dynamic=False, ragged=False)
+    fn = fz._exec_fn(source)
+    xs = [x.detach().contiguous().requires_grad_() for x in fz.make_inputs(specs, "cpu", True)]
+    right = fz.run_program(fn, xs, 2)
+    assert fz._agrees_with_contiguous_eager(prog, args, fn, right, 2, None)
+    wrong = {**right, "grads": [right["grads"][0].flip(1), right["grads"][1]]}
+    assert not fz._agrees_with_contiguous_eager(prog, args, fn, wrong, 2, None)
+    findings = fz.check_program(prog, args, {})  # (ember's gradient is right: upstream, or none once fixed)
+    assert all(k == "upstream" and "inputs' strides" in m for k, m in findings), findings
