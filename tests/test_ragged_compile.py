@@ -357,6 +357,21 @@ def test_a_ragged_built_inside_compiled_code_does_not_recompile_per_longest_row(
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - before <= 2
 
 
+@pytest.mark.parametrize("max_length", [3.0, "4", True])
+def test_a_ragged_built_inside_compiled_code_checks_max_length_type(max_length):
+    # (eager raised TypeError; inside compiled code any max_length was kept, and only a later
+    # to_padded failed, with torch's own error)
+    def rewrap(r):
+        return ragged.Ragged(r.values * 2, r.offsets, max_length, validate=False)
+
+    r = ragged.from_list([torch.randn(2, 3), torch.randn(4, 3)])
+    with pytest.raises(TypeError, match="max_length must be an int or None"):
+        rewrap(r)
+    torch._dynamo.reset()
+    with pytest.raises(TypeError, match="max_length must be an int or None"):
+        ember.compile(rewrap)(r)
+
+
 def test_a_jagged_softmax_of_a_ragged_without_max_length_is_one_graph():
     # jagged_softmax read max_length only to hand it to its result; for a Ragged built in
     # compiled code without one, that read (a host sync) broke the graph into three

@@ -52,7 +52,10 @@ def segment_sum(r: Ragged) -> torch.Tensor:
     values keep ``r.dtype``; integers and bools sum in int64, as ``Tensor.sum`` sums them (three
     uint8 values of 200 are 600, not 88; bools count masked tokens per row)."""
     r = _check(r, "segment_sum")
-    if not (r.dtype.is_floating_point or r.dtype.is_complex):
+    if r.dtype.is_complex:  # (the real and imaginary parts summed as a trailing pair of floats)
+        return torch.view_as_complex(segment_sum(Ragged._make(
+            torch.view_as_real(r.values), r.offsets, r._max_length)).contiguous())
+    if not r.dtype.is_floating_point:
         return _sum_rows(r.values.to(torch.int64), r.offsets)
     return _sum_rows(r.values, r.offsets).to(r.dtype)
 

@@ -35,8 +35,8 @@ class Ragged:
     the two tensors without copying. With ``max_length=None`` the longest row is computed (one
     host sync). ``validate=False`` skips the checks that read offsets' data (for internal fast
     paths that built the offsets themselves) but still checks ranks, dtypes and devices; inside
-    a compiled function it also keeps ``max_length`` as given, unchecked (a look at it would pin
-    it with a guard).
+    a compiled function it also keeps ``max_length`` as given, its type checked but not its value
+    (a look at the value would pin it with a guard).
     """
 
     __slots__ = ("values", "offsets", "_max_length", "_values_buffer", "_offsets_buffer")
@@ -53,10 +53,15 @@ class Ragged:
                  validate: bool = True) -> None:
         if not validate and torch.compiler.is_compiling():
             # inside a compiled function (re-wrapping per-token scores with a batch's offsets):
-            # any look at max_length, even ``is None``, pins it with a guard, and every batch
+            # a check of max_length's value pins it with a guard (a size Dynamo made symbolic is
+            # an int to its trace: operator.index, a comparison, torch._check), and every batch
             # with another longest row compiled again. It is kept as given (None: found when
-            # first read), unchecked; the checks of ranks, dtypes and devices still run
+            # first read), its sign and the offsets' data unchecked; the checks of ranks, dtypes,
+            # devices and of max_length's type still run
             _check_structure(values, offsets, None)
+            if max_length is not None:
+                if isinstance(max_length, bool) or not hasattr(type(max_length), "__index__"):
+                    raise TypeError(f"max_length must be an int or None, got {type(max_length).__name__}")
             self.values, self.offsets, self._max_length = values, offsets, max_length
             self._values_buffer = self._offsets_buffer = None
             return
