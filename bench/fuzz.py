@@ -528,9 +528,11 @@ def worker(index: int, args: argparse.Namespace, start: int, results: Any) -> No
         if args.device == "cuda" and any(_CUDA_BROKEN.search(m) for _, m in findings):
             results.close()
             results.join_thread()  # (the result reaches the parent first)
-            os._exit(3)  # a broken CUDA context fails every later program: the parent starts a fresh worker
+            # (a broken CUDA context fails every later program: the parent starts a fresh worker)
+            os._exit(BROKEN_CONTEXT_EXIT)
 
 
+BROKEN_CONTEXT_EXIT = 3  # a worker's exit status after a finding that broke its CUDA context
 _CUDA_BROKEN = re.compile(r"illegal memory access|device-side assert|CUDA error|misaligned address|"
                           r"unspecified launch failure|an illegal instruction|the process's CUDA context")
 
@@ -621,7 +623,12 @@ def main() -> None:
             if p is None:
                 continue
             if not p.is_alive():
-                if p.exitcode != 0:
+                if p.exitcode == BROKEN_CONTEXT_EXIT:  # (its program's finding is counted already)
+                    print(f"[w{i}] restarted: its CUDA context broke (the finding above)", flush=True)
+                    procs[i] = None
+                    if now < args.deadline:
+                        start(i)
+                elif p.exitcode != 0:
                     died(i, "crash", f"worker exit code {p.exitcode}")
                     procs[i] = None
                     if now < args.deadline:
