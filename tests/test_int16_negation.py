@@ -82,3 +82,27 @@ def test_triton_kernels_give_ptxas_no_int16_negation(tmp_path):
     ptx, _ = compile_for_sm90(tmp_path, kernel.source, kernel.name, types, constexprs)
     assert "bfe.s32" in ptx
     _no_narrow_negation(ptx)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not installed")
+def test_cuda_kernels_divide_narrow_integers_in_32_bits(tmp_path):
+    # (int16 and int32 divisions went through int64: a software routine on the GPU, and
+    # int16 (-x) // -3 + y ran at 2.3 TB/s on an H100 where its other int16 kernels ran at 2.9)
+    def divide(x, y):
+        return x // y, x % y, torch.div(x, y, rounding_mode="trunc"), torch.fmod(x, y)
+
+    sources = {}
+    for dtype in (torch.int16, torch.int32, torch.int64):
+        x = torch.tensor([-7, 7, 9], dtype=dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = ember.explain(divide, x, x.flip(0), target="cuda")
+        path = tmp_path / f"{dtype}.cu"
+        path.write_text(cuda.PRELUDE + "\n" + "\n\n".join(k.source for k in report.kernels) + "\n")
+        done = subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(path.with_suffix(".ptx")),
+                               str(path)], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        sources[dtype] = path.with_suffix(".ptx").read_text()
+    for dtype in (torch.int16, torch.int32):
+        assert "div.s32" in sources[dtype] and "div.s64" not in sources[dtype], dtype
+    assert "div.s64" in sources[torch.int64]

@@ -194,7 +194,8 @@ def alu(lang: Language, v: Value, args: list[str]) -> str:
         if dtype.is_float:
             return f"{fn}({a}, {args[1]})"
         err = ", ember_err" if lang.flags_int_division else ""
-        return _narrow(dtype, ctype, f"{fn}((int64_t){a}, (int64_t){args[1]}{err})")
+        wide = "int64_t" if dtype.itemsize == 8 else "int32_t"  # (int32 holds int16's -32768 // -1)
+        return _narrow(dtype, ctype, f"{fn}(({wide}){a}, ({wide}){args[1]}{err})")
     if op is Op.POW and not dtype.is_float:
         return _narrow(dtype, ctype, f"ember_ipow((int64_t){a}, (int64_t){args[1]})")
     if op in _MATH:

@@ -117,6 +117,10 @@ EMBER_FN int64_t ember_truncdiv(int64_t a, int64_t b) { int32_t unused = 0; retu
 EMBER_FN int64_t ember_floordiv(int64_t a, int64_t b) { int32_t unused = 0; return ember_floordiv(a, b, &unused); }
 EMBER_FN int64_t ember_fmod(int64_t a, int64_t b) { int32_t unused = 0; return ember_fmod(a, b, &unused); }
 EMBER_FN int64_t ember_mod(int64_t a, int64_t b) { int32_t unused = 0; return ember_mod(a, b, &unused); }
+EMBER_FN int32_t ember_truncdiv(int32_t a, int32_t b) { int32_t unused = 0; return ember_truncdiv(a, b, &unused); }
+EMBER_FN int32_t ember_floordiv(int32_t a, int32_t b) { int32_t unused = 0; return ember_floordiv(a, b, &unused); }
+EMBER_FN int32_t ember_fmod(int32_t a, int32_t b) { int32_t unused = 0; return ember_fmod(a, b, &unused); }
+EMBER_FN int32_t ember_mod(int32_t a, int32_t b) { int32_t unused = 0; return ember_mod(a, b, &unused); }
 
 // float32 exp and division as Triton computes them (and so the Triton backend and Inductor):
 // exp as ex2.approx of x * log2(e), division as div.full.f32 (at most 2 ulp). CUDA's expf and
