@@ -104,7 +104,12 @@ def _load_function(spec: str) -> Callable[..., Any]:
         raise SystemExit(f"{file} is not a Python file (FILE.py:FUNCTION)")
     module = importlib.util.module_from_spec(module_spec)
     sys.path.insert(0, str(file.parent.resolve()))
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 -- the user's file: one line, as for the other mistakes
+        if _debugging():
+            raise
+        raise SystemExit(f"{file} failed to import: {_one_line(e)}{_TRACEBACK_HINT}") from None
     fn = getattr(module, name, None)
     if fn is None:
         raise SystemExit(f"{file} has no function {name!r}")
@@ -113,6 +118,20 @@ def _load_function(spec: str) -> Callable[..., Any]:
     if isinstance(fn, type):  # (called with the inputs, a module class failed in its __init__)
         raise SystemExit(f"{file}: {name!r} is a class; name a function, or an instance of a module")
     return fn
+
+
+_TRACEBACK_HINT = "\n(EMBER_DEBUG=1 shows the traceback)"
+
+
+def _debugging() -> bool:
+    import ember
+    return ember.config.debug > 0
+
+
+def _one_line(e: BaseException) -> str:
+    """``Type: message``, the message's first line (torch's messages run to many)."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def _random_input(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -146,8 +165,18 @@ def explain(args: argparse.Namespace) -> int:
             raise SystemExit(f"{args.target} takes {len(needed)} input(s); --shapes gives {len(inputs)}")
         if len(inputs) > len(positional) and not any(p.kind is p.VAR_POSITIONAL for p in params):
             raise SystemExit(f"{args.target} takes at most {len(positional)} input(s); --shapes gives {len(inputs)}")
+        keyword_only = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+        if keyword_only:
+            raise SystemExit(f"{args.target} needs keyword-only argument(s) {', '.join(keyword_only)}, which "
+                             "--shapes cannot give; wrap it in a function that passes them")
     options = {"debug": 0}
-    report = ember.explain(fn, *inputs, options=options, dynamic=True if args.dynamic else None)
+    try:
+        report = ember.explain(fn, *inputs, options=options, dynamic=True if args.dynamic else None)
+    except Exception as e:  # noqa: BLE001 -- the function's own error (or ember's): one line
+        if _debugging():
+            raise
+        print(f"ember explain: {args.target} raised {_one_line(e)}{_TRACEBACK_HINT}", file=sys.stderr)
+        return 1
     print(report if args.full else report.summary())
     if not args.full:
         for k in report.kernels:

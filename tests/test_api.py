@@ -376,3 +376,13 @@ def test_an_unpickled_module_takes_the_loading_processs_settings(monkeypatch, tm
     with torch.no_grad():
         assert_same(loaded(x), model(x))
     assert any(p.suffix == ".so" for p in (tmp_path / "loader").rglob("*"))
+
+
+def test_a_kernel_of_only_a_constant_is_named_after_the_op_that_made_it():
+    # (its constants are left out of names where they fuse into other ops: such a kernel was
+    # fused_copy_0, "fuses -", and the report's summary listed no op for it)
+    report = ember.explain(lambda x: torch.nn.functional.conv2d(x, torch.ones(1, 1, 3, 3)).sigmoid(),
+                           torch.randn(1, 1, 8, 8))
+    names = {k.name.rsplit("_", 1)[0]: k.aten_ops for k in report.kernels}
+    assert names == {"fused_ones": ["aten.ones"], "fused_sigmoid": ["aten.sigmoid"]}, names
+    assert "fuses -" not in "".join(k.source for k in report.kernels)

@@ -73,11 +73,15 @@ def test_json_round_trip_and_plot(quick, capsys, tmp_path, monkeypatch):
     code, again = run_cli(capsys, "--from-json", str(out_json))
     assert code == 0 and table.strip() in again  # the same tables, printed from the file
 
-    # without matplotlib: a clear message, no crash
+    # without matplotlib: a clear message and a failing exit (the chart asked for is not written),
+    # before a study of minutes starts
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     code, msg = run_cli(capsys, "--from-json", str(out_json), "--plot", str(tmp_path / "none.png"))
-    assert code == 0 and "matplotlib is not installed" in msg and "--from-json" in msg
+    assert code == 2 and "matplotlib is not installed" in msg and "--from-json" in msg
     assert not (tmp_path / "none.png").exists()
+    code, msg = run_cli(capsys, "--device", "cpu", "--batch", "8", "--plot", str(tmp_path / "none.png"))
+    assert code == 2 and "matplotlib is not installed" in msg and "GIoU study" not in msg
+    assert "not plotting" in giou_bench.plot(results, tmp_path / "none.png")
 
 
 def test_plot(capsys, tmp_path):

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def _ember(*args, cwd=None, timeout=600):
     return subprocess.run([sys.executable, "-m", "ember.cli", *args], capture_output=True, text=True,
@@ -87,6 +89,22 @@ def test_explain_reports_bad_files_functions_and_counts(tmp_path, monkeypatch, c
         assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     proc = _ember_here(monkeypatch, capsys, "demo", "--batch", "-1", cwd=tmp_path)
     assert proc.returncode == 2 and "not positive" in proc.stderr
+
+
+def test_explain_reports_errors_of_the_users_code_in_one_line(tmp_path, monkeypatch, capsys):
+    # (a keyword-only argument, a function that raises and a file that fails to import each
+    # printed a traceback through ember's and torch's frames)
+    (tmp_path / "model.py").write_text("def kw(x, *, y):\n    return x + y\n\n"
+                                       "def boom(x):\n    raise ValueError('user error inside fn')\n")
+    (tmp_path / "broken.py").write_text("import no_such_module_xyz\n")
+    for target, message in (("model.py:kw", "keyword-only argument(s) y"),
+                            ("model.py:boom", "raised ValueError: user error inside fn"),
+                            ("broken.py:f", "failed to import: ModuleNotFoundError")):
+        proc = _ember_here(monkeypatch, capsys, "explain", target, "--shapes", "3", cwd=tmp_path)
+        assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    monkeypatch.setattr("ember.config.debug", 1)  # (EMBER_DEBUG: the traceback, for the user's debugging)
+    with pytest.raises(ValueError, match="user error inside fn"):
+        _ember_here(monkeypatch, capsys, "explain", "model.py:boom", "--shapes", "3", cwd=tmp_path)
 
 
 def test_cache_info(tmp_path, monkeypatch, capsys):

@@ -36,3 +36,14 @@ def test_ragged_example_runs():
     namespace = {"torch": torch, "ember": ember, "boxes_per_image": boxes}
     exec(block, namespace)
     torch.testing.assert_close(namespace["fast"](pred, namespace["targets"]), padded_giou_loss(pred, padded))
+
+
+def test_the_settings_table_lists_every_variable_ember_reads():
+    # (EMBER_CPU_EMBEDDING_BAG was read by ember/config.py but missing from the table)
+    config_source = (Path(ember.__file__).parent / "config.py").read_text()
+    read = set(re.findall(r"""_env_\w+\(\s*["'](EMBER_\w+)["']|environ\.get\(\s*["'](EMBER_\w+)["']""", config_source))
+    read = {a or b for a, b in read}
+    table = README[README.index("## Settings"):]
+    table = table[:table.index("\n\n", table.index("| variable"))]
+    listed = set(re.findall(r"^\| `(EMBER_\w+)` \|", table, re.M))
+    assert len(read) > 10 and read <= listed, sorted(read - listed)

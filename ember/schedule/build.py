@@ -64,6 +64,7 @@ class KernelBuilder(ReduceBuilder, IndexBuilder):
         self._reads: dict[str, dt.DType] = {}
         self._writes: dict[str, dt.DType] = {}
         self.origins: list[str] = []
+        self._made: list[str] = []  # origins of constants and aranges: the names of a kernel of only those
         self._reader: Node | None = None
         self._depth = 0  # of compute's recursion (deep chains: _operands_first)
         self._indirect: dict[sympy.Symbol, Value] = {}
@@ -173,6 +174,8 @@ class KernelBuilder(ReduceBuilder, IndexBuilder):
         self._memo[key] = value
         if node.origin and node.origin not in self.origins and node.op not in _UNNAMED:
             self.origins.append(node.origin)
+        elif node.origin and node.op in (Op.CONST, Op.IOTA) and node.origin not in self._made:
+            self._made.append(node.origin)
         return value
 
     def _operands_first(self, node: Node, point: Point) -> None:
@@ -343,7 +346,7 @@ class KernelBuilder(ReduceBuilder, IndexBuilder):
         symbols.discard(SEGMENT_LENGTH)
         symbols.discard(CHUNK)
         kernel = Kernel(self.name, params, sorted(symbols, key=lambda s: s.name), self.spec.outer,
-                        self.spec.inner, self.values, origins=self.origins, chunks=self.spec.chunks)
+                        self.spec.inner, self.values, origins=self.origins or self._made, chunks=self.spec.chunks)
         if self.spec.segment is not None:
             offsets = self.spec.segment
             kernel.segment_length = self._segment[2]

@@ -25,6 +25,7 @@ Results print as tables, save as JSON (``--json``) and plot as a log-scale bar c
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import math
 import statistics
@@ -424,6 +425,10 @@ def load_json(path: str | Path) -> dict[str, Any]:
     return results
 
 
+_NO_MATPLOTLIB = ("matplotlib is not installed (pip install 'ember[plot]'); save the results with --json "
+                  "out.json and plot them anywhere with: ember bench giou --from-json out.json --plot {path}")
+
+
 def plot(results: dict[str, Any], path: str | Path) -> str:
     """A log-scale bar chart, forward and forward + backward per variant; returns a message
     (matplotlib is optional: without it, say how to get it and how to plot the JSON later)."""
@@ -431,9 +436,7 @@ def plot(results: dict[str, Any], path: str | Path) -> str:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        return (f"not plotting {path}: matplotlib is not installed (pip install 'ember[plot]'); save the "
-                f"results with --json out.json and plot them anywhere with: "
-                f"ember bench giou --from-json out.json --plot {path}")
+        return f"not plotting {path}: {_NO_MATPLOTLIB.format(path=path)}"
     meta = results["meta"]
     rows = results["variants"]
     fig = Figure(figsize=(max(6.0, 1.5 * len(rows)), 4.8), layout="constrained")
@@ -471,6 +474,9 @@ def main(device: str | None = None, batch: int = 1024, dtype: str | None = None,
     device: bf16 and 50 runs on a GPU (the article's setting), fp32 and 20 runs on a CPU."""
     if json_path and not _writable(json_path):  # (before a study of minutes, not after it)
         print(f"error: --json: cannot write {json_path}")
+        return 2
+    if plot_path and importlib.util.find_spec("matplotlib") is None:  # (a chart asked for, none written)
+        print(f"error: --plot: {_NO_MATPLOTLIB.format(path=plot_path)}")
         return 2
     if from_json:
         try:
