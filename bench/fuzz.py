@@ -25,7 +25,9 @@ raised another type), fallback (an "ember..." warning), crash (worker died), han
 left out of the pass rate: ember raised where eager did not, but
 ``torch.compile(backend="aot_eager")`` raises too (Dynamo or AOTAutograd refused the program), or
 on a GPU ember's result differs from eager's but matches eager's on the CPU (eager's CUDA kernel
-is the odd one out). ``--ragged``: programs over an ``ember.ragged.Ragged`` (fuzz_ragged.py);
+is the odd one out), or it matches eager's on contiguous copies of the inputs (eager's result
+depended on their strides), or eager's own CUDA kernels broke the process's CUDA context (a
+device-side assert: the worker restarts). ``--ragged``: programs over an ``ember.ragged.Ragged`` (fuzz_ragged.py);
 with --dynamic also recompile (a compile where the README promises none).
 """
 
