@@ -60,8 +60,7 @@ class Ragged:
             # devices and of max_length's type still run
             _check_structure(values, offsets, None)
             if max_length is not None:
-                if isinstance(max_length, bool) or not hasattr(type(max_length), "__index__"):
-                    raise TypeError(f"max_length must be an int or None, got {type(max_length).__name__}")
+                _check_length_type(max_length)
             self.values, self.offsets, self._max_length = values, offsets, max_length
             self._values_buffer = self._offsets_buffer = None
             return
@@ -283,13 +282,19 @@ def _check_structure(values: Any, offsets: Any, max_length: Any) -> None:
         checked_length(max_length)
 
 
+def _check_length_type(max_length: Any) -> None:
+    """TypeError unless ``max_length`` is an integer (a bool is not). Reads no value: inside
+    compiled code, a size Dynamo made symbolic passes without a guard."""
+    if isinstance(max_length, bool) or not hasattr(type(max_length), "__index__"):
+        raise TypeError(f"max_length must be an int or None, got {type(max_length).__name__}")
+
+
 def checked_length(max_length: Any) -> Any:
     """``max_length`` as an int (any integer: numpy's too, as from a sampler's lengths array;
     a size Dynamo made symbolic as it is), or TypeError or ValueError naming what is wrong."""
     if isinstance(max_length, torch.SymInt):
         return max_length
-    if isinstance(max_length, bool) or not hasattr(type(max_length), "__index__"):
-        raise TypeError(f"max_length must be an int or None, got {type(max_length).__name__}")
+    _check_length_type(max_length)
     max_length = operator.index(max_length)
     if max_length < 0:
         raise ValueError(f"max_length must be >= 0, got {max_length}")
