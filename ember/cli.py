@@ -228,20 +228,32 @@ def cache(args: argparse.Namespace) -> int:
 CACHE_PARTS = ("cpp", "cuda", "triton", "choices.json")
 
 
-def _remove_tree(path: Path) -> list[str]:
-    """Removes ``path`` and what it holds; what could not be removed, with why."""
+def _remove_tree(path: Path, top: bool = True) -> list[str]:
+    """Removes ``path`` and what it holds; what could not be removed, with why. A ``top`` that
+    links to a folder keeps the link and loses what the folder holds."""
     failures: list[str] = []
 
     def failed(function: Any, name: str, error: BaseException) -> None:
         if not isinstance(error, FileNotFoundError):  # (removed meanwhile: another process clears)
             failures.append(f"{name}: {getattr(error, 'strerror', None) or error}")
 
-    if path.is_dir() or path.is_symlink():
+    if top and path.is_symlink() and path.is_dir():
+        # a cache folder linked to another disk: what it holds goes, the link stays (rmtree
+        # refuses a link, and the clear failed); links inside it are removed, not followed
+        try:
+            children = list(path.iterdir())
+        except OSError as e:
+            failed(os.listdir, str(path), e)
+            children = []
+        for child in children:
+            failures += _remove_tree(child, top=False)
+    elif path.is_dir() and not path.is_symlink():
         if sys.version_info >= (3, 12):
             shutil.rmtree(path, onexc=failed)
         else:
             shutil.rmtree(path, onerror=lambda function, name, info: failed(function, name, info[1]))
-    elif path.exists():  # (a file where ember keeps a cache was reported cleared, and kept)
+    elif path.exists() or path.is_symlink():  # (a file where ember keeps a cache was reported
+        # cleared, and kept; a link to a file, or to nothing)
         try:
             path.unlink()
         except OSError as e:

@@ -166,6 +166,27 @@ def test_cache_clear_removes_only_embers_kernels(tmp_path, monkeypatch, capsys):
     assert not (root / "triton").exists() and (root / "notes.txt").exists()
 
 
+def test_cache_clear_empties_a_cache_folder_that_is_a_link(tmp_path, monkeypatch, capsys):
+    # cpp/ linked to another disk: rmtree refuses a link, and the clear failed
+    import ember
+    from ember import cli
+
+    root, elsewhere, outside = tmp_path / "cache", tmp_path / "big disk", tmp_path / "outside"
+    root.mkdir()
+    (elsewhere / "ab").mkdir(parents=True)
+    (elsewhere / "ab" / "k.so").write_bytes(b"x")
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep me")
+    (elsewhere / "a link").symlink_to(outside)  # removed, not followed
+    (root / "cpp").symlink_to(elsewhere)
+    (root / "choices.json").symlink_to(tmp_path / "gone.json")  # a link to nothing
+    monkeypatch.setattr(ember.config, "cache_dir", root)
+    assert cli.main(["cache", "clear"]) == 0, capsys.readouterr().err
+    assert (root / "cpp").is_symlink() and list(elsewhere.iterdir()) == []
+    assert not (root / "choices.json").is_symlink()
+    assert (outside / "keep.txt").read_text() == "keep me"
+
+
 def test_explain_reports_a_class_named_as_the_function(tmp_path, monkeypatch, capsys):
     # the class was called with the inputs: a traceback from its __init__
     (tmp_path / "model.py").write_text("import torch\nclass Net(torch.nn.Module):\n"

@@ -125,6 +125,36 @@ def test_fold_removes_exact_identities_only():
     assert_pass(fold_constants, before, expected)
 
 
+def test_fold_keeps_a_constant_where_whose_dropped_branch_can_raise():
+    # eager computes both branches of where(False, x[i], y), so an index out of range raises
+    # there; dropping the gather dropped its bounds check (and a zero divisor's)
+    b = GraphBuilder()
+    x, i = b.input((5,)), b.input((3,), dtypes.int64)
+    a, d = b.input((3,), dtypes.int64), b.input((3,), dtypes.int64)
+    false, true = b.full(False, (3,), dtypes.bool_), b.full(True, (3,), dtypes.bool_)
+    head = b.slice(x, 0, 0, 1, 3)
+    gathered = b.op(Op.GATHER, x, i, arg=0)
+    both = b.where(false, gathered, b.exp(gathered))  # the kept branch gathers too
+    dropped_gather = b.where(false, gathered, b.neg(head))
+    dropped_division = b.where(true, b.add(a, d), b.op(Op.FLOORDIV, a, d))
+    plain = b.where(true, b.neg(head), b.exp(head))
+    after = dce(fold_constants(b.build(both, dropped_gather, dropped_division, plain)))
+    assert [o.op for o in after.outputs] == [Op.EXP, Op.WHERE, Op.WHERE, Op.NEG]
+
+    cases = [(lambda x, i: torch.where(torch.zeros(3, dtype=torch.bool), x[i], x[:3] + 1),
+              torch.randn(5), torch.tensor([0, 7, 1]), torch.tensor([0, 4, 1])),
+             (lambda x, i: torch.where(torch.tensor(False), torch.gather(x, 0, i), 2.0),
+              torch.randn(5), torch.tensor([0, -1, 1]), torch.tensor([0, 2, 1])),
+             (lambda a, d: torch.where(torch.ones(3, dtype=torch.bool), a + d, a // d),
+              torch.tensor([1, 2, 3]), torch.tensor([1, 0, 2]), torch.tensor([1, 3, 2]))]
+    for fn, x, bad, good in cases:
+        with pytest.raises((IndexError, RuntimeError)) as want:
+            fn(x, bad)
+        with pytest.raises(want.type):
+            ember.compile(fn)(x, bad)
+        assert_same(ember.compile(fn)(x, good), fn(x, good))
+
+
 def test_fold_round_trip_casts():
     b = GraphBuilder()
     x = b.input((3,), dtypes.bfloat16)

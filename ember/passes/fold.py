@@ -6,6 +6,8 @@
 * reductions over size-1 dims become casts (``unit_reduction``);
 * identities that hold bit for bit, NaN and -0.0 included: x*1, x/1, x-0, x+(-0.0), integer x+0,
   -(-x), where(constant, a, b), and casts that round-trip through a wider type (bf16->f32->bf16).
+  A constant ``where`` keeps a branch it drops that can raise (an index out of range, an integer
+  division by zero): eager computes both branches and raises, so ember's kernels check them.
 """
 
 from __future__ import annotations
@@ -126,7 +128,9 @@ def _fold(node: Node, inputs: tuple[Node, ...]) -> Node | None:
     if op is Op.NEG and inputs[0].op is Op.NEG:
         return inputs[0].inputs[0]
     if op is Op.WHERE and _is_literal(values[0]):
-        return inputs[1] if values[0] else inputs[2]
+        kept, dropped = (inputs[1], inputs[2]) if values[0] else (inputs[2], inputs[1])
+        if not _raising(dropped) - _raising(kept):
+            return kept
     if op is Op.MUL:
         for x, v in ((inputs[0], values[1]), (inputs[1], values[0])):
             if _is_literal(v) and v == 1 and not isinstance(v, bool):
@@ -140,6 +144,25 @@ def _fold(node: Node, inputs: tuple[Node, ...]) -> Node | None:
             if _is_literal(v) and v == 0 and (node.dtype.is_int or _negative_zero(v)):
                 return x
     return None
+
+
+_CHECKED_INDEXING = (Op.GATHER, Op.INDEX, Op.INDEX_PUT)
+_INTEGER_DIVISIONS = (Op.FLOORDIV, Op.TRUNCDIV, Op.MOD, Op.FMOD)
+
+
+def _raising(node: Node) -> set[Node]:
+    """The nodes computing ``node`` runs that raise on bad data: gathers and indexing whose
+    indices kernels bounds-check, integer divisions whose divisor may be 0."""
+    seen, stack, found = set(), [node], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op in _CHECKED_INDEXING or (n.op in _INTEGER_DIVISIONS and not n.dtype.is_float):
+            found.add(n)
+        stack.extend(n.inputs)
+    return found
 
 
 def _negative_zero(v: Any) -> bool:
