@@ -198,18 +198,19 @@ spec.loader.exec_module(mod)
 r = json.loads(sys.argv[2])
 aligned = {(i,): [["tt.divisibility", 16]] for i in r["aligned"]}
 binary = triton.compile(ASTSource(getattr(mod, r["name"]), r["signature"], constexprs=r["constexprs"], attrs=aligned),
-                        target=GPUTarget("cuda", 90, 32), options={"num_warps": r["num_warps"]})
+                        target=GPUTarget("cuda", 90, 32), options={"num_warps": r["num_warps"], **r["options"]})
 open(sys.argv[3] + ".ptx", "w").write(binary.asm["ptx"])
 open(sys.argv[3] + ".cubin", "wb").write(binary.kernel)
 """
 
 
 def compile_for_sm90(tmp_path: Path, source: str, name: str, types: dict[str, str], constexprs: dict[str, Any],
-                     num_warps: int = 4) -> tuple[str, bytes]:
+                     num_warps: int = 4, options: dict[str, Any] | None = None) -> tuple[str, bytes]:
     """(PTX, cubin) of the Triton kernel ``name`` in ``source`` (an ember kernel's), compiled for
     sm_90 without a GPU, in a process of its own (this one runs Triton interpreted). Its
     parameters are typed by ``types`` (pointers 16-byte aligned, as Triton's launcher finds
-    torch's), else ``constexprs``, else 32-bit ints. A compile error fails the test with Triton's."""
+    torch's), else ``constexprs``, else 32-bit ints; ``options`` are Triton's compile options
+    (``debug``). A compile error fails the test with Triton's."""
     module = tmp_path / "kernel_under_test.py"
     module.write_text("import triton\nimport triton.language as tl\nfrom ember.runtime import triton_helpers as eh\n\n"
                       + source + "\n")
@@ -217,9 +218,20 @@ def compile_for_sm90(tmp_path: Path, source: str, name: str, types: dict[str, st
     signature = {p: "constexpr" if p in constexprs else types.get(p, "i32") for p in params}
     pointers = [i for i, t in enumerate(signature.values()) if t.startswith("*")]
     spec = json.dumps({"name": name, "signature": signature, "constexprs": constexprs, "aligned": pointers,
-                       "num_warps": num_warps})
+                       "num_warps": num_warps, "options": options or {}})
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path / "tc")}
     done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(module), spec, str(tmp_path / "k")],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return (tmp_path / "k.ptx").read_text(), (tmp_path / "k.cubin").read_bytes()
+
+
+def cuda_ptx(path: Path, report: ember.Report) -> str:
+    """The sm_90 PTX nvcc makes of the report's CUDA kernels (source written to ``path``)."""
+    from ember.codegen import cuda
+
+    path.write_text(cuda.PRELUDE + "\n" + "\n\n".join(k.source for k in report.kernels) + "\n")
+    done = subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(path.with_suffix(".ptx")),
+                           str(path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return path.with_suffix(".ptx").read_text()

@@ -11,17 +11,15 @@ kernels for sm_90 without a GPU."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import warnings
 
 import pytest
 import torch
 
 import ember
-from ember.codegen import cuda
 
 from .conftest import DEVICE
-from .helpers import compile_for_sm90, on_the_interpreter, run
+from .helpers import compile_for_sm90, cuda_ptx, on_the_interpreter, run
 
 
 def _negations(x):
@@ -60,18 +58,8 @@ def _no_narrow_negation(ptx: str) -> None:
     assert not lines, lines
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not installed")
-def _cuda_ptx(path, report: ember.Report) -> str:
-    """The sm_90 PTX nvcc makes of the report's CUDA kernels (source written to ``path``)."""
-    path.write_text(cuda.PRELUDE + "\n" + "\n\n".join(k.source for k in report.kernels) + "\n")
-    done = subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(path.with_suffix(".ptx")),
-                           str(path)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return path.with_suffix(".ptx").read_text()
-
-
 def test_cuda_kernels_give_ptxas_no_int16_negation(tmp_path):
-    ptx = _cuda_ptx(tmp_path / "k.cu", _explain("cuda"))
+    ptx = cuda_ptx(tmp_path / "k.cu", _explain("cuda"))
     assert "bfe.s32" in ptx  # (the cut back to int16 is there)
     _no_narrow_negation(ptx)
 
@@ -101,7 +89,7 @@ def test_cuda_kernels_divide_narrow_integers_in_32_bits(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             report = ember.explain(divide, x, x.flip(0), target="cuda")
-        sources[dtype] = _cuda_ptx(tmp_path / f"{dtype}.cu", report)
+        sources[dtype] = cuda_ptx(tmp_path / f"{dtype}.cu", report)
     for dtype in (torch.int16, torch.int32):
         assert "div.s32" in sources[dtype] and "div.s64" not in sources[dtype], dtype
     assert "div.s64" in sources[torch.int64]

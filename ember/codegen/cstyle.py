@@ -20,7 +20,7 @@ import sympy
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
 from ..ir.ops import Op
-from ..schedule.kernel_ir import Kernel, Value
+from ..schedule.kernel_ir import Kernel, Value, index_error_message
 from .cexpr import index_expr
 
 
@@ -34,6 +34,8 @@ class Language:
     restrict: str = "__restrict__"
     # out-of-range gather indices raise like eager (through the error flag); else they clamp
     checks_indices: bool = True
+    # ... or stop the kernel with a device-side assert, as eager's CUDA kernels do
+    asserts_indices: bool = False
     # integer division by zero raises like eager (through the error flag); else the division
     # helpers take no flag argument and return 0 (CUDA: eager does not raise on the GPU either)
     flags_int_division: bool = True
@@ -452,8 +454,12 @@ class BodyRenderer:
             index = self.name(v.srcs[0])
             code = self.check_codes[id(v)]
             expr = (f"ember_check_index((int64_t){index}, {bound}, {code}, ember_err)" if lang.checks_indices
-                    else f"ember_clamp_index((int64_t){index}, {bound})")
+                    else f"ember_assert_index((int64_t){index}, {bound}, \"{index_error_message(v)}\")"
+                    if lang.asserts_indices else f"ember_clamp_index((int64_t){index}, {bound})")
             length = self.kernel.segment_length
+            if lang.asserts_indices and length is not None and not v.inner and v.arg[3]:
+                expr = (f"ember_assert_index_if({self.name(length)} > 0, (int64_t){index}, {bound}, "
+                        f"\"{index_error_message(v)}\")")
             if lang.checks_indices and length is not None and not v.inner and v.arg[3]:
                 # checked once per row, before the row's loop: an empty row indexes nothing in eager
                 expr = (f"ember_check_index_if({self.name(length)} > 0, (int64_t){index}, {bound}, {code}, "

@@ -112,7 +112,8 @@ CUDA = Language(
     math_prefix="",
     fast_f32={op: f"{fn}({{}}, {{}})" if op in _BINARY else f"{fn}({{}})" for op, fn in _F32_MATH.items()},
     sum_acc_f32="float",       # partial sums per thread, then a tree across the block
-    checks_indices=False,      # gather indices clamp, as Triton kernels and eager CUDA do not raise
+    checks_indices=False,      # no error flag on the GPU: an index out of range is a device-side
+    asserts_indices=True,      # assert, as in eager's CUDA kernels (and Inductor's)
     flags_int_division=False,  # no error flag on the GPU: integer division by zero gives 0
     search_hints=False,        # a thread handles too few elements for a hint to help
 )

@@ -49,6 +49,18 @@ typedef unsigned long long uint64_t;
 // an empty domain (extent 0) compares an unsigned index with zero: not worth a warning
 #pragma nv_diag_suppress 186
 """ + COMMON_PRELUDE + r"""
+// A gather's or an indexing's index out of range: a device-side assert, as eager's CUDA kernels
+// raise (and Inductor's), then the clamped index, so that no thread reads out of bounds before
+// the kernel stops. (__assertfail is the device runtime's, which CUDA's assert() calls.)
+extern "C" __device__ void __assertfail(const char* message, const char* file, unsigned int line,
+                                        const char* function, decltype(sizeof(0)) char_size);
+EMBER_FN int64_t ember_assert_index_if(bool used, int64_t i, int64_t n, const char* message) {
+  if (used && ((i < 0) | (i >= n))) __assertfail(message, "ember kernel", 0, "", 1);
+  return i < 0 ? 0 : (i >= n ? n - 1 : i);
+}
+EMBER_FN int64_t ember_assert_index(int64_t i, int64_t n, const char* message) {
+  return ember_assert_index_if(true, i, n, message);
+}
 // index_put(accumulate=True): threads may add to one element
 EMBER_FN void ember_atomic_add(float* p, float v) { atomicAdd(p, v); }
 EMBER_FN void ember_atomic_add(double* p, double v) { atomicAdd(p, v); }

@@ -31,6 +31,7 @@ from ..schedule.kernel_ir import (
     SEGMENT_LENGTH,
     Kernel,
     Value,
+    index_error_message,
     inner_var,
     is_index_var,
     is_indirect_var,
@@ -270,9 +271,19 @@ class TritonKernelRenderer(LoopBodies, TritonIndexing):
             return f"{self.name(v)} = {load}"
         if v.kind == "const":
             return f"{self.name(v)} = {literal(v.arg, v.dtype)}"
-        if v.kind == "checkindex":  # out-of-range gather indices clamp on the GPU
-            bound = pexpr(v.arg[0])
-            return f"{self.name(v)} = tl.minimum(tl.maximum({self.name(v.srcs[0])}.to(tl.int64), 0), {bound} - 1)"
+        if v.kind == "checkindex":
+            # an index out of range: a device-side assert where the lane is in use, as eager's
+            # CUDA kernels raise (and Inductor's), then clamped, so no lane reads out of bounds
+            bound, index = pexpr(v.arg[0]), self.name(v.srcs[0])
+            used = self.mask_for(v)
+            if self.k.segment_length is not None and not v.inner and v.arg[3]:
+                # (read only by its row's elements: eager never reads it for an empty row)
+                used = " & ".join(m for m in (used, f"({self.name(self.k.segment_length)} > 0)") if m)
+            in_range = f"({index} >= 0) & ({index} < {bound})"
+            indent = "    " * self.depth
+            return (f"tl.device_assert({in_range}{' | ~(' + used + ')' if used else ''}, "
+                    f"\"{index_error_message(v)}\")\n"
+                    f"{indent}{self.name(v)} = tl.minimum(tl.maximum({index}.to(tl.int64), 0), {bound} - 1)")
         if v.kind == "index":
             return f"{self.name(v)} = {self.index_value(v.arg, compute_type(v.dtype))}"
         if v.kind == "search":
@@ -536,6 +547,12 @@ def loads_first(values: list[Value]) -> list[Value]:
     return [v for v in values if id(v) in early] + [v for v in values if id(v) not in early]
 
 
+def asserts_indices(kernel: Kernel) -> bool:
+    """Does the kernel check indices with device-side asserts (which Triton compiles only in
+    its debug mode)?"""
+    return any(v.kind == "checkindex" for k in (kernel, *kernel.parts) for v in k.values)
+
+
 def launch_meta(kernel: Kernel) -> dict[str, Any]:
     """What the launcher needs: the kind, and the outer/inner extents as size expressions."""
     if kernel.dots:
@@ -543,7 +560,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         return matmul_meta(kernel)
     if kernel.parts:
         from .triton_combos import combo_meta
-        return combo_meta(kernel)
+        return {**combo_meta(kernel), "index_asserts": asserts_indices(kernel)}
     kind = kind_of(kernel)
     outer, inner = tile_counts(kernel) if kind == "tiles" else (sh.numel(kernel.outer), kernel.inner_hint)
     return {
@@ -560,6 +577,7 @@ def launch_meta(kernel: Kernel) -> dict[str, Any]:
         "aligned": bool(aligned_sizes(kernel)),
         "device_sizes": bool(kernel.device_sizes),
         "lanes": len(lanes_of(kernel) or ()) or 1 if kind == "pointwise" else 1,  # (the grid's multiple)
+        "index_asserts": asserts_indices(kernel),
     }
 
 

@@ -13,6 +13,7 @@ and runs the group through ATen from then on. Compiled kernels are launched thro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.machinery
@@ -22,7 +23,7 @@ import sys
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,33 @@ from .backend import Backend, BuildError, BuiltKernels, fall_back
 from .triton_direct import DirectLauncher, direct_launcher
 from .triton_matmul import FP_FUSION, MatmulLauncher, needs_int64_offsets, submit_compile
 from .triton_tuner import Tuner, tuner_for
+
+
+class IndexAssert(RuntimeError):
+    """An index check's device-side assert, under Triton's interpreter: raised as the GPU's
+    assert surfaces in eager (a RuntimeError), not taken for a kernel that fails to launch."""
+
+
+@contextlib.contextmanager
+def interpreted_asserts(on: bool) -> Iterator[None]:
+    """Triton's interpreter (the CPU test run) with the device-side asserts of a kernel that
+    checks its indices: its builder's options are global, and its launch takes no debug flag."""
+    if not on:
+        yield
+        return
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    before = builder.options
+    builder.options = dataclasses.replace(before, debug=True, sanitize_overflow=False)
+    try:
+        yield
+    except interpreter.InterpreterError as e:
+        if isinstance(e.__cause__, AssertionError) and "index out of bounds" in str(e.__cause__):
+            raise IndexAssert(f"device-side assert triggered: {e.__cause__}") from None
+        raise
+    finally:
+        builder.options = before
 
 
 class Launcher:
@@ -149,6 +177,8 @@ class Launcher:
                 if ran:
                     return
             launch(args, outer, inner)
+        except IndexAssert:
+            raise
         except Exception as e:  # noqa: BLE001 -- a kernel Triton cannot compile falls back, once
             fall_back(self, f"Triton kernel {self.name}", e, args)
 
@@ -261,8 +291,13 @@ class Launcher:
                                       NPROG_BLOCK=nblock, num_warps=warps, num_stages=stages,
                                       enable_fp_fusion=FP_FUSION)
                     constexprs.update((f"ALIGN_{name}", a) for name, a in zip(align_names, aligns))
+                    if self.meta.get("index_asserts"):
+                        # Triton keeps device-side asserts only in its debug mode; without the
+                        # integer overflow checks that mode adds (ember's integers wrap, as eager's)
+                        constexprs.update(debug=True, sanitize_overflow=False)
                     if interpreting:  # the interpreter runs the Python function itself
-                        fn[grid](*args, outer, inner, ws_, counter_, **constexprs)
+                        with interpreted_asserts(bool(self.meta.get("index_asserts"))):
+                            fn[grid](*args, outer, inner, ws_, counter_, **constexprs)
                         return
                     const = (big, xblock, rblock, persistent, nblock, *aligns)
                     if spec not in failed and self._may_compile_later(device):

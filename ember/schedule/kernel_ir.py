@@ -81,6 +81,17 @@ def is_index_var(s: sympy.Symbol) -> bool:
     return (name[0] in "or" and name[1:].isdigit()) or (name.startswith("ind") and name[3:].isdigit())
 
 
+# the op each index check's error code (schedule/build_index.py: ``indirect``) stands for
+_CHECKED_OPS = {2: "gather", 3: "index", 4: "index_add/scatter_add", 5: "nll_loss/cross_entropy target",
+                6: "scatter", 7: "index_add", 8: "embedding", 9: "index_select", 10: "index_copy",
+                11: "index_select", 12: "put"}
+
+
+def index_error_message(check: Value) -> str:
+    """What a GPU kernel's device-side assert says when a 'checkindex' value is out of range."""
+    return f"ember: {_CHECKED_OPS.get(check.arg[2], 'indexing')}: index out of bounds"
+
+
 def is_indirect_var(s: sympy.Symbol) -> bool:
     return s.name.startswith("ind") and s.name[3:].isdigit()
 
