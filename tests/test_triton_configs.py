@@ -19,6 +19,7 @@ from ember.runtime import triton_backend, triton_tuner
 from ember.runtime import triton_configs as tc
 from ember.workloads.giou import make_batch, ragged_giou_loss
 
+from .conftest import DEVICE
 from .helpers import on_the_interpreter, record_rendered
 
 ROWS = tc.KernelHints(itemsize=2)                        # norms, softmax, cross-entropy: reduce
@@ -494,3 +495,30 @@ def test_direct_launch_passes_addresses_to_torchs_static_launcher(monkeypatch):
     monkeypatch.setattr(triton_direct, "make_context_current", made_current.append)
     launcher(3, 1, 77, (x, 10, 64, 0.5, 2**40))
     assert made_current == [0] and fallbacks == [(3, 1, 77, (x, 10, 64, 0.5, 2**40))]
+
+
+def test_tiles_of_fewer_elements_than_threads_take_fewer_warps():
+    # a bias gradient's 8 x 3 column sum, written over the saved value it reads, got 8 warps
+    # for its 4 x 8 tile: each element on 8 warps, one warp's store before another's load
+    assert tc.fitted_warps({"XBLOCK": 4, "RBLOCK": 8, "num_warps": 8}) == 1
+    assert tc.fitted_warps({"XBLOCK": 2, "RBLOCK": 4, "num_warps": 4}) == 1
+    assert tc.fitted_warps({"XBLOCK": 16, "RBLOCK": 16, "num_warps": 8}) == 8
+    assert tc.fitted_warps({"XBLOCK": 8, "RBLOCK": 16, "num_warps": 8}) == 4
+    assert tc.fitted_warps({"XBLOCK": 1024, "RBLOCK": 1, "num_warps": 4}) == 4
+
+
+def test_an_input_written_over_by_a_small_column_sum_kernel_matches_eager():
+    # (the GPU race above: every element of the bias gradient was wrong on an H100)
+    def fn(x, w, b):
+        return torch.special.log_ndtr(F.linear(x, w, b))
+
+    g = torch.Generator().manual_seed(1)
+    args = [torch.randn(8, 1, generator=g) * 4, torch.randn(3, 1, generator=g), torch.randn(3, generator=g)]
+    compiled = ember.compile(fn)
+    for _ in range(3):
+        got = [a.to(DEVICE).requires_grad_() for a in args]
+        want = [a.to(DEVICE).requires_grad_() for a in args]
+        compiled(*got).sum().backward()
+        fn(*want).sum().backward()
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)

@@ -196,7 +196,7 @@ class Launcher:
         bucket_key = _bucket(outer, inner)  # (every launch made here serves this bucket)
 
         def launch_with(c: dict[str, Any]) -> Callable[..., None]:
-            xblock, rblock, warps, persistent = c["XBLOCK"], c["RBLOCK"], c["num_warps"], c["PERSISTENT"]
+            xblock, rblock, warps, persistent = c["XBLOCK"], c["RBLOCK"], tc.fitted_warps(c), c["PERSISTENT"]
             stages = c.get("num_stages", 1)
             split = c.get("SPLIT", 1) if kind == "rows" and self.hints.splittable and not persistent else 1
             compiled: dict[tuple[Any, ...], Any] = {}

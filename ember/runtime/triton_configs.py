@@ -144,6 +144,17 @@ def _config(x: int, r: int, warps: int, persistent: bool = False, stages: int = 
     return c
 
 
+def fitted_warps(config: Config) -> int:
+    """The configuration's warps, at most one per 32 elements of its tile. A tile of fewer
+    elements than threads repeats each element over warps; in a kernel that writes an output
+    over an input it reads (schedule/inplace.py), one warp's store then landed before another
+    warp's load of the same element, which read the new value (a bias gradient's 8 x 3 column
+    sum in 8 warps on an H100: every sum wrong, run after run). Within one warp the load comes
+    before the store for every lane, so a tile of fewer than 32 elements takes one warp."""
+    tile = config["XBLOCK"] * config["RBLOCK"]
+    return max(1, min(config["num_warps"], tile // 32))
+
+
 def _split(outer: int, xblock: int, inner: int, rblock: int, hints: KernelHints, sms: int,
            per_sm: int = 4, most: int = 64) -> int:
     """Programs per row block: with fewer row blocks than two per SM, each row's reduction is
