@@ -382,7 +382,8 @@ class Launcher:
                     self.cfg)
                 error = e
                 continue
-            log(2, f"{self.name} {bucket.rsplit(':', 1)[-1]}: {c}", self.cfg)
+            fitted = {**c, "num_warps": tc.fitted_warps(c)}  # (as launched)
+            log(2, f"{self.name} {bucket.rsplit(':', 1)[-1]}: {fitted}", self.cfg)
             self.tuner.chosen[bucket] = c
             return launch, True
         raise error if error is not None else RuntimeError(f"no launch configuration for {self.name}")
