@@ -147,10 +147,11 @@ def _config(x: int, r: int, warps: int, persistent: bool = False, stages: int = 
 def fitted_warps(config: Config) -> int:
     """The configuration's warps, at most one per 32 elements of its tile. A tile of fewer
     elements than threads repeats each element over warps; in a kernel that writes an output
-    over an input it reads (schedule/inplace.py), one warp's store then landed before another
-    warp's load of the same element, which read the new value (a bias gradient's 8 x 3 column
-    sum in 8 warps on an H100: every sum wrong, run after run). Within one warp the load comes
-    before the store for every lane, so a tile of fewer than 32 elements takes one warp."""
+    over an input it reads (schedule/inplace.py), one warp's store can land before another
+    warp's load of the same element, which then reads the new value. (A bias gradient's 8 x 3
+    column sum, written over a saved value, ran in 8 warps on an H100 and every sum was wrong,
+    run after run; in one warp it is right.) Within one warp the load comes before the store
+    for every lane, so a tile of fewer than 32 elements takes one warp."""
     tile = config["XBLOCK"] * config["RBLOCK"]
     return max(1, min(config["num_warps"], tile // 32))
 

@@ -136,7 +136,7 @@ class Value:
     a write at indices lists the index values after the value, and may add instead of write),
     'checkindex' (arg: (bound, dim label, error code, whether only a segment row's elements
     read it); its source clamped into [0, bound), flagging the error code on the CPU when it was
-    not), 'search' (arg SearchArg: the position of
+    not, and stopping GPU kernels with a device-side assert), 'search' (arg SearchArg: the position of
     its source in a sorted sequence, searchsorted's answer), 'chunksum' (arg ReduceArg: adds its
     source over the rows of a chunked kernel's run, per inner position; only a store reads it, and
     writes the run's total when the run ends), 'rowreduce' (arg ReduceArg: reduces its outer
