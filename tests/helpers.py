@@ -200,6 +200,7 @@ aligned = {(i,): [["tt.divisibility", 16]] for i in r["aligned"]}
 binary = triton.compile(ASTSource(getattr(mod, r["name"]), r["signature"], constexprs=r["constexprs"], attrs=aligned),
                         target=GPUTarget("cuda", 90, 32), options={"num_warps": r["num_warps"], **r["options"]})
 open(sys.argv[3] + ".ptx", "w").write(binary.asm["ptx"])
+open(sys.argv[3] + ".ttgir", "w").write(binary.asm["ttgir"])
 open(sys.argv[3] + ".cubin", "wb").write(binary.kernel)
 """
 
@@ -210,7 +211,8 @@ def compile_for_sm90(tmp_path: Path, source: str, name: str, types: dict[str, st
     sm_90 without a GPU, in a process of its own (this one runs Triton interpreted). Its
     parameters are typed by ``types`` (pointers 16-byte aligned, as Triton's launcher finds
     torch's), else ``constexprs``, else 32-bit ints; ``options`` are Triton's compile options
-    (``debug``). A compile error fails the test with Triton's."""
+    (``debug``). A compile error fails the test with Triton's. Its Triton GPU IR (the
+    layouts) is left in ``tmp_path / "k.ttgir"``."""
     module = tmp_path / "kernel_under_test.py"
     module.write_text("import triton\nimport triton.language as tl\nfrom ember.runtime import triton_helpers as eh\n\n"
                       + source + "\n")

@@ -20,7 +20,7 @@ from ember.runtime import triton_configs as tc
 from ember.workloads.giou import make_batch, ragged_giou_loss
 
 from .conftest import DEVICE
-from .helpers import on_the_interpreter, record_rendered
+from .helpers import compile_for_sm90, on_the_interpreter, record_rendered
 
 ROWS = tc.KernelHints(itemsize=2)                        # norms, softmax, cross-entropy: reduce
 ROWS_WRITTEN = tc.KernelHints(itemsize=2, writes_rows=True)  # and write the row
@@ -505,6 +505,48 @@ def test_tiles_of_fewer_elements_than_threads_take_fewer_warps():
     assert tc.fitted_warps({"XBLOCK": 16, "RBLOCK": 16, "num_warps": 8}) == 8
     assert tc.fitted_warps({"XBLOCK": 8, "RBLOCK": 16, "num_warps": 8}) == 4
     assert tc.fitted_warps({"XBLOCK": 1024, "RBLOCK": 1, "num_warps": 4}) == 4
+
+
+def _warp_copies(ttgir: str, tile: tuple[int, int]) -> int:
+    """How many warps hold each element of a [XBLOCK, RBLOCK] tile, at most, over the blocked
+    layouts of a kernel's Triton GPU IR."""
+    import re
+
+    worst = 1
+    for layout in re.findall(r"#ttg\.blocked<\{([^}]*)\}>", ttgir):
+        field = {k: [int(n) for n in v.split(",")] for k, v in re.findall(r"(\w+) = \[([\d, ]+)\]", layout)}
+        if len(field["warpsPerCTA"]) != 2:
+            continue
+        copies = 1
+        for d in range(2):
+            per_warp = field["sizePerThread"][d] * field["threadsPerWarp"][d]
+            warps = field["warpsPerCTA"][d]
+            copies *= max(1, per_warp * warps // max(tile[d], per_warp))  # warps beyond the tile's extent
+        worst = max(worst, copies)
+    return worst
+
+
+def test_a_small_column_sum_launch_holds_each_element_on_one_warp(kernels_of, tmp_path):
+    # Triton's layout of the race's 4 x 8 tile in 8 warps: threadsPerWarp [4, 8], warpsPerCTA
+    # [1, 8], so all 8 warps held every element (and loaded it, where one stores it)
+    pytest.importorskip("triton")
+    (k,) = kernels_of(lambda g, a: (g * a).sum(0), torch.randn(8, 3), torch.randn(8, 3))
+    from ember.codegen.triton import launch_meta, render_kernel
+
+    meta = launch_meta(k)
+    config = tc.candidates(meta["kind"], 3, 8, tc.hints_of(k), "heuristic")[0]
+    tile = (config["XBLOCK"], config["RBLOCK"])
+    assert config["num_warps"] > 1 and tile[0] * tile[1] <= 32  # (what the heuristic gives it)
+    source = render_kernel(k)
+    params = source.split(f"def {k.name}(")[1].split(")")[0]
+    types = {p: "*fp32" for p in params.split(", ") if p.startswith(("arg", "buf"))}
+    types |= {"WORKSPACE": "*fp64", "COUNTER": "*i32"}
+    constexprs = {"BIG": False, "XBLOCK": tile[0], "RBLOCK": tile[1], "PERSISTENT": False, "NPROG_BLOCK": 1}
+    compile_for_sm90(tmp_path, source, k.name, types, constexprs, num_warps=config["num_warps"])
+    assert _warp_copies((tmp_path / "k.ttgir").read_text(), tile) > 1  # the heuristic's warps alone
+    (tmp_path / "fitted").mkdir()
+    compile_for_sm90(tmp_path / "fitted", source, k.name, types, constexprs, num_warps=tc.fitted_warps(config))
+    assert _warp_copies((tmp_path / "fitted" / "k.ttgir").read_text(), tile) == 1
 
 
 # GPU fuzz seed 37301731762 (Triton, --train): the program, its inputs and its upstream gradients
