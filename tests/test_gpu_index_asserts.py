@@ -64,14 +64,13 @@ def test_lanes_past_the_end_do_not_assert():
         assert_same(ember.compile(shifted, options=TRITON)(x, i), shifted(x, i))
 
 
-def _kernel_sources(target: str):
-    report = ember.explain(lambda x, i: x[i] + 1, torch.randn(5), torch.tensor([0, 4, 1]), target=target)
-    return report
+def _explained(target: str) -> ember.Report:
+    return ember.explain(lambda x, i: x[i] + 1, torch.randn(5), torch.tensor([0, 4, 1]), target=target)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not installed")
 def test_cuda_kernels_call_the_device_runtime_assert(tmp_path):
-    report = _kernel_sources("cuda")
+    report = _explained("cuda")
     assert "ember_assert_index(" in report.kernels[0].source
     ptx = cuda_ptx(tmp_path / "k.cu", report)
     assert "__assertfail" in ptx
@@ -79,7 +78,7 @@ def test_cuda_kernels_call_the_device_runtime_assert(tmp_path):
 
 def test_triton_kernels_compile_their_asserts_for_sm90(tmp_path):
     pytest.importorskip("triton")
-    (kernel,) = _kernel_sources("triton").kernels
+    (kernel,) = _explained("triton").kernels
     assert "tl.device_assert(" in kernel.source
     params = kernel.source.split(f"def {kernel.name}(")[1].split(")")[0]
     types = {"arg0_1": "*fp32", "arg1_1": "*i64", "buf0": "*fp32", "WORKSPACE": "*fp64", "COUNTER": "*i32"}
