@@ -453,17 +453,17 @@ class BodyRenderer:
             bound = index_expr(sh.expr(v.arg[0]))
             index = self.name(v.srcs[0])
             code = self.check_codes[id(v)]
-            expr = (f"ember_check_index((int64_t){index}, {bound}, {code}, ember_err)" if lang.checks_indices
-                    else f"ember_assert_index((int64_t){index}, {bound}, \"{index_error_message(v)}\")"
-                    if lang.asserts_indices else f"ember_clamp_index((int64_t){index}, {bound})")
             length = self.kernel.segment_length
-            if lang.asserts_indices and length is not None and not v.inner and v.arg[3]:
-                expr = (f"ember_assert_index_if({self.name(length)} > 0, (int64_t){index}, {bound}, "
-                        f"\"{index_error_message(v)}\")")
-            if lang.checks_indices and length is not None and not v.inner and v.arg[3]:
-                # checked once per row, before the row's loop: an empty row indexes nothing in eager
-                expr = (f"ember_check_index_if({self.name(length)} > 0, (int64_t){index}, {bound}, {code}, "
-                        "ember_err)")
+            # (an index only its row's elements read is checked once per row, before the row's
+            # loop, where the row has elements: an empty row indexes nothing in eager)
+            row_only = length is not None and not v.inner and v.arg[3]
+            used, only_if = (f"{self.name(length)} > 0, ", "_if") if row_only else ("", "")
+            if lang.checks_indices:
+                expr = f"ember_check_index{only_if}({used}(int64_t){index}, {bound}, {code}, ember_err)"
+            elif lang.asserts_indices:
+                expr = f"ember_assert_index{only_if}({used}(int64_t){index}, {bound}, \"{index_error_message(v)}\")"
+            else:
+                expr = f"ember_clamp_index((int64_t){index}, {bound})"
         elif v.kind == "search":
             a = v.arg
             args = (f"{a.buffer} + ({index_expr(a.start)}), {index_expr(a.length)}, {index_expr(a.stride)}, "

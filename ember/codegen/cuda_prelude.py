@@ -56,7 +56,7 @@ extern "C" __device__ void __assertfail(const char* message, const char* file, u
                                         const char* function, decltype(sizeof(0)) char_size);
 EMBER_FN int64_t ember_assert_index_if(bool used, int64_t i, int64_t n, const char* message) {
   if (used && ((i < 0) | (i >= n))) __assertfail(message, "ember kernel", 0, "", 1);
-  return i < 0 ? 0 : (i >= n ? n - 1 : i);
+  return ember_clamp_index(i, n);
 }
 EMBER_FN int64_t ember_assert_index(int64_t i, int64_t n, const char* message) {
   return ember_assert_index_if(true, i, n, message);
