@@ -372,6 +372,26 @@ def test_a_ragged_built_inside_compiled_code_checks_max_length_type(max_length):
         ember.compile(rewrap)(r)
 
 
+def test_a_ragged_built_inside_compiled_code_rejects_a_negative_max_length():
+    # eager raised ValueError; inside compiled code a negative max_length was kept, and a later
+    # to_padded built a padded tensor of negative width or failed with torch's own error
+    def rewrap(r, n):
+        return ragged.Ragged(r.values * 2, r.offsets, n, validate=False).max_length
+
+    r = ragged.from_list([torch.randn(2, 3), torch.randn(4, 3)])
+    with pytest.raises(ValueError, match="max_length must be >= 0, got -1"):
+        rewrap(r, -1)
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="max_length must be >= 0, got -1"):
+        ember.compile(rewrap)(r, -1)
+    torch._dynamo.reset()
+    compiled = ember.compile(rewrap)
+    for n in (5, 6, 7):  # the length turns symbolic; its sign check must not pin it
+        assert compiled(r, n) == n
+    with pytest.raises(ValueError, match="max_length must be >= 0, got -3"):
+        compiled(r, -3)
+
+
 def test_a_jagged_softmax_of_a_ragged_without_max_length_is_one_graph():
     # jagged_softmax read max_length only to hand it to its result; for a Ragged built in
     # compiled code without one, that read (a host sync) broke the graph into three

@@ -35,8 +35,8 @@ class Ragged:
     the two tensors without copying. With ``max_length=None`` the longest row is computed (one
     host sync). ``validate=False`` skips the checks that read offsets' data (for internal fast
     paths that built the offsets themselves) but still checks ranks, dtypes and devices; inside
-    a compiled function it also keeps ``max_length`` as given, its type checked but not its value
-    (a look at the value would pin it with a guard).
+    a compiled function it also keeps ``max_length`` as given, its type and sign checked but not
+    against the longest row (which would read offsets' data and pin the length with a guard).
     """
 
     __slots__ = ("values", "offsets", "_max_length", "_values_buffer", "_offsets_buffer")
@@ -53,14 +53,16 @@ class Ragged:
                  validate: bool = True) -> None:
         if not validate and torch.compiler.is_compiling():
             # inside a compiled function (re-wrapping per-token scores with a batch's offsets):
-            # a check of max_length's value pins it with a guard (a size Dynamo made symbolic is
-            # an int to its trace: operator.index, a comparison, torch._check), and every batch
-            # with another longest row compiled again. It is kept as given (None: found when
-            # first read), its sign and the offsets' data unchecked; the checks of ranks, dtypes,
-            # devices and of max_length's type still run
+            # operator.index or torch._check on max_length pins it with an equality guard (a
+            # size Dynamo made symbolic is an int to its trace), and every batch with another
+            # longest row compiled again. It is kept as given (None: found when first read) and
+            # the offsets' data go unchecked; ranks, dtypes, devices and max_length's type and
+            # sign are checked (`< 0` guards a symbolic length with s >= 0, which pins nothing)
             _check_structure(values, offsets, None)
             if max_length is not None:
                 _check_length_type(max_length)
+                if max_length < 0:  # a bound, not a pin: the guard a symbolic size gets is s >= 0
+                    raise ValueError(f"max_length must be >= 0, got {max_length}")
             self.values, self.offsets, self._max_length = values, offsets, max_length
             self._values_buffer = self._offsets_buffer = None
             return
