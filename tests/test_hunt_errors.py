@@ -42,6 +42,26 @@ def test_log_softmax_of_bools_with_elements_stays_refused():
                 expected=NotImplementedError)
 
 
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_split_of_an_empty_dim_is_one_empty_chunk(dynamic):
+    """Eager returns the one empty chunk. torch 2.11's decomposition, which fake tensors run for
+    a tensor of symbolic sizes, made no chunk and raised IndexError while Dynamo traced."""
+    def f(x):
+        return x.split(1, dim=1)[0] * 2, x.split(3, dim=-2)[-1].sum(-1), len(x.split(2, 1))
+
+    x = torch.randn(7, 0, 5, device=DEVICE, requires_grad=True)
+    check(f, x, dynamic=dynamic)
+    compiled = ember.compile(f, dynamic=dynamic)
+    for rows in (7, 66):  # (the second: the rows' size turned symbolic)
+        x = torch.randn(rows, 0, 5, device=DEVICE, requires_grad=True)
+        out = compiled(x)
+        assert out[0].shape == (rows, 0, 5) and out[2] == 1
+        (out[0].sum() + out[1].sum()).backward()
+        assert x.grad.shape == x.shape
+    with pytest.raises(RuntimeError, match="split_size"):
+        ember.compile(lambda t: t.split(-1, dim=1), dynamic=dynamic)(x)
+
+
 @pytest.mark.parametrize("fn", [lambda x: x.argmax(-1), lambda x: x.argmin(), lambda x: torch.argmax(x, 0, True)],
                          ids=["argmax_dim", "argmin_all", "argmax_keepdim"])
 @pytest.mark.parametrize("shape", [(0,), (2, 0), (0, 2)])

@@ -23,6 +23,11 @@ dtype, and so does its decomposition for integers, but a bool one refused the su
 fake tensors, before any backend is called: ``empty_log_softmax_of_bools()`` gives it eager's
 result for the life of the process.
 
+``split`` of an empty dim: torch 2.11's decomposition (which fake tensors run where the tensor
+has a symbolic size) made no chunk and indexed the empty list of chunk sizes, so
+``x.split(1, dim=1)`` of a (B, 0, C) tensor failed Dynamo's trace with an IndexError, where eager
+returns the one empty chunk. ``one_chunk_of_an_empty_dim()`` returns it, as torch 2.13 does.
+
 ``softshrink``: torch's decomposition computes the band as ``a * 0`` (a NaN input stays NaN),
 whose gradient ``g * 0`` is NaN for a NaN or infinite incoming ``g``; eager's is 0 there. A NaN
 input's gradient is 0, as eager's vectorized kernel gives it, where its scalar tail passes the
@@ -268,3 +273,26 @@ def empty_log_softmax_of_bools() -> None:
 
 
 empty_log_softmax_of_bools()
+
+
+def one_chunk_of_an_empty_dim() -> None:
+    """Give torch's decomposition of ``split``, which fake tensors run, eager's one chunk of an
+    empty dim (torch 2.11 raised IndexError). Once per process."""
+    op = aten.split.Tensor
+    decomposition = decomposition_table.get(op)
+    if decomposition is None or getattr(decomposition, "_ember_empty_dim", False):
+        return
+
+    # (wraps: fake tensors run a table entry only where its name and module are torch's own)
+    @functools.wraps(decomposition)
+    def split(self: torch.Tensor, split_size: Any, dim: int = 0) -> Any:
+        size = self.shape[dim] if -self.dim() <= dim < max(self.dim(), 1) else None
+        if isinstance(size, int) and size == 0 and isinstance(split_size, int) and split_size > 0:
+            return (self.detach(),)  # (negative sizes, bad dims: torch's own checks raise)
+        return decomposition(self, split_size, dim)
+
+    split._ember_empty_dim = True  # type: ignore[attr-defined]
+    decomposition_table[op] = split
+
+
+one_chunk_of_an_empty_dim()
