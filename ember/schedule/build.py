@@ -7,8 +7,9 @@ the inner loop variables. Nodes stored in a buffer (by another kernel, by ATen, 
 become loads. Values are hash-consed, so anything needed twice is computed once.
 
 When something cannot live in this kernel the builder raises, and the scheduler adjusts and
-retries: ``NeedsBuffer`` (a reduction whose loops don't match this kernel's) or ``Conflict``
-(a root read at a point other than the one this kernel computes it at).
+retries: ``NeedsBuffer`` (a reduction whose loops don't match this kernel's, or a value inlined at
+so many points that the kernel grew past ``MAX_KERNEL_VALUES``) or ``Conflict`` (a root read at a
+point other than the one this kernel computes it at).
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ from .kernel_ir import (
 
 # Nodes that say nothing about what a kernel does (constants, index remapping).
 _UNNAMED = frozenset({Op.CONST, Op.IOTA}) | VIEW_OPS
+# A kernel of more values than this, most of them one value inlined and recomputed at several
+# points, stores that value instead (a load a point). Stencils over stencils multiply: a layer norm read through a circular pad by a 3x3
+# pool was recomputed at 81 points, a kernel of 1500 lines that ptxas took 70-90 s to compile
+# (each new size again). Of the test suite's 8356 kernels 15 hold more, the largest 1422 (a
+# slice_scatter chain) and pools over 20-25 windows 700-850; none has a repeat that large.
+MAX_KERNEL_VALUES = 400
+# Nodes that can take a buffer of their own in place of being inlined
+_STORABLE = POINTWISE_OPS | frozenset({Op.PAD, Op.CAT})
 
 
 class KernelBuilder(ReduceBuilder, IndexBuilder):
@@ -72,6 +81,7 @@ class KernelBuilder(ReduceBuilder, IndexBuilder):
         self._in_row = False  # building what only a segment row's elements need (not a per-row result)
         self._across: dict[int, Node] = {}  # rowreduce values -> their nodes
         self._eager_held: dict[tuple[int, bool], Value] = {}  # (a 16-bit value, per op) -> it rounded as eager holds it
+        self._inlined: dict[Node, list[int]] = {}  # node -> [points computed at, values emitted there]
 
     # ---- value construction (hash-consed) -------------------------------------------------
     def _emit(self, kind: str, dtype: dt.DType, srcs: Sequence[Value] = (), arg: Any = None,
@@ -167,10 +177,14 @@ class KernelBuilder(ReduceBuilder, IndexBuilder):
         if self._depth > 64 and (node.op in POINTWISE_OPS or node.op in VIEW_OPS):
             self._operands_first(node, key[1])
         self._depth += 1
+        emitted = len(self.values)
         try:
             value = self._compute(node, tuple(point))
         finally:
             self._depth -= 1
+        counts = self._inlined.setdefault(node, [0, 0])
+        counts[0] += 1
+        counts[1] += len(self.values) - emitted  # (with what it read that nothing had computed yet)
         self._memo[key] = value
         if node.origin and node.origin not in self.origins and node.op not in _UNNAMED:
             self.origins.append(node.origin)
@@ -335,6 +349,8 @@ class KernelBuilder(ReduceBuilder, IndexBuilder):
                 self._emit("store", root.dtype, (value, *(self._indirect[s] for s in bound)),
                            Access(info.name, index, bound), expr=index)
         self.values = self._live_values()
+        if len(self.values) > MAX_KERNEL_VALUES:
+            self._store_the_costliest_repeat()
         params = [Param(n, d, False) for n, d in self._reads.items() if n not in self._writes]
         params += [Param(n, d, True) for n, d in self._writes.items()]
         symbols: set[sympy.Symbol] = set()
@@ -359,6 +375,17 @@ class KernelBuilder(ReduceBuilder, IndexBuilder):
             raise RuntimeError(f"ember: a scan kernel of {kernel.n_loops} loops")
         self._check_final(kernel)
         return kernel
+
+    def _store_the_costliest_repeat(self) -> None:
+        """Raise NeedsBuffer for the inlined node whose recomputation at several points emitted
+        the most values, where that is most of the kernel (a load a point replaces them)."""
+        best, saved = None, len(self.values) // 2
+        for node, (points, emitted) in self._inlined.items():
+            if (points > 1 and emitted - points > saved and node.op in _STORABLE
+                    and node not in self.spec.homes and node not in self.buffers):
+                best, saved = node, emitted - points
+        if best is not None:
+            raise NeedsBuffer(best)
 
     def _live_values(self) -> list[Value]:
         """The values something uses: what stores, index checks (which flag a bad index) and a
