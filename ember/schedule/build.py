@@ -47,10 +47,11 @@ from .kernel_ir import (
 # Nodes that say nothing about what a kernel does (constants, index remapping).
 _UNNAMED = frozenset({Op.CONST, Op.IOTA}) | VIEW_OPS
 # A kernel of more values than this, most of them one value inlined and recomputed at several
-# points, stores that value instead (a load a point). Stencils over stencils multiply: a layer norm read through a circular pad by a 3x3
-# pool was recomputed at 81 points, a kernel of 1500 lines that ptxas took 70-90 s to compile
-# (each new size again). Of the test suite's 8356 kernels 15 hold more, the largest 1422 (a
-# slice_scatter chain) and pools over 20-25 windows 700-850; none has a repeat that large.
+# points, stores that value instead (a load a point). Stencils over stencils multiply: a layer
+# norm read through a circular pad by a 3x3 pool was recomputed at 81 points, a kernel of 1500
+# lines that ptxas took 70-90 s to compile (each new size again). Of the test suite's 8356
+# kernels 15 hold more, the largest 1422 (a slice_scatter chain) and pools over 20-25 windows
+# 700-850; none has a repeat that large.
 MAX_KERNEL_VALUES = 400
 # Nodes that can take a buffer of their own in place of being inlined
 _STORABLE = POINTWISE_OPS | frozenset({Op.PAD, Op.CAT})
