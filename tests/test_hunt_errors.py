@@ -62,6 +62,21 @@ def test_split_of_an_empty_dim_is_one_empty_chunk(dynamic):
         ember.compile(lambda t: t.split(-1, dim=1), dynamic=dynamic)(x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim, keepdim", [(-2, False), ((-2, 0), False), ((-3, -2), False), (-2, True)])
+def test_vector_norm_over_size_one_dims_from_the_end_has_eagers_shape(dtype, dim, keepdim):
+    """torch 2.11's meta function kept a size-1 dim named from the end (its negative number
+    matched no position): Dynamo traced (5, 1, 7) for eager's (5, 7), and the expand after it
+    raised in ember where eager runs (or the graph ran through ATen with a warning)."""
+    def f(x):
+        v = torch.linalg.vector_norm(x, dim=dim, keepdim=keepdim)
+        return v.exp() - 2 * v, v.expand(3, *v.shape)
+
+    x = torch.randn(5, 1, 7, device=DEVICE, dtype=dtype, requires_grad=True)
+    x = x if dim != (-3, -2) else x[:1].detach().requires_grad_(True)
+    check(f, x)
+
+
 @pytest.mark.parametrize("fn", [lambda x: x.argmax(-1), lambda x: x.argmin(), lambda x: torch.argmax(x, 0, True)],
                          ids=["argmax_dim", "argmin_all", "argmax_keepdim"])
 @pytest.mark.parametrize("shape", [(0,), (2, 0), (0, 2)])

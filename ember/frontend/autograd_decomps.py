@@ -28,6 +28,12 @@ has a symbolic size) made no chunk and indexed the empty list of chunk sizes, so
 ``x.split(1, dim=1)`` of a (B, 0, C) tensor failed Dynamo's trace with an IndexError, where eager
 returns the one empty chunk. ``one_chunk_of_an_empty_dim()`` returns it, as torch 2.13 does.
 
+``linalg_vector_norm`` over dims all of size 1, named from the end (``dim=-2``): torch 2.11's
+meta function (its reference, which fake tensors run) kept those dims, their negative numbers
+never matching a position, so Dynamo traced a (127, 1, 7) result where eager's is (127, 7) and
+ember ran the graph through ATen with a warning. ``vector_norm_dims_from_the_front()`` numbers
+them from the front first, as torch 2.13's reference does.
+
 ``softshrink``: torch's decomposition computes the band as ``a * 0`` (a NaN input stays NaN),
 whose gradient ``g * 0`` is NaN for a NaN or infinite incoming ``g``; eager's is 0 there. A NaN
 input's gradient is 0, as eager's vectorized kernel gives it, where its scalar tail passes the
@@ -296,3 +302,32 @@ def one_chunk_of_an_empty_dim() -> None:
 
 
 one_chunk_of_an_empty_dim()
+
+
+def vector_norm_dims_from_the_front() -> None:
+    """Give torch's meta function and decomposition of ``linalg_vector_norm`` (the same
+    reference, which fake tensors run) its dims numbered from the front (torch 2.11 kept a
+    negative one of size 1). Once per process."""
+    op = aten.linalg_vector_norm.default
+
+    def numbered_from_the_front(reference: Any) -> Any:
+        # (wraps: fake tensors run a table entry only where its name and module are torch's own)
+        @functools.wraps(reference)
+        def vector_norm(x: torch.Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
+            if isinstance(dim, (list, tuple)) and x.dim() > 0 and all(-x.dim() <= d < x.dim() for d in dim):
+                dim = [d % x.dim() for d in dim]  # (a dim out of range: torch's own check raises)
+            return reference(x, ord, dim, keepdim, **kwargs)
+
+        vector_norm._ember_dims_from_the_front = True  # type: ignore[attr-defined]
+        return vector_norm
+
+    meta = op.py_kernels.get(DispatchKey.Meta)
+    if meta is not None and not getattr(meta, "_ember_dims_from_the_front", False):
+        op.py_kernels[DispatchKey.Meta] = numbered_from_the_front(meta)
+        op._dispatch_cache.clear()
+    decomposition = decomposition_table.get(op)
+    if decomposition is not None and not getattr(decomposition, "_ember_dims_from_the_front", False):
+        decomposition_table[op] = numbered_from_the_front(decomposition)
+
+
+vector_norm_dims_from_the_front()
