@@ -30,9 +30,10 @@ returns the one empty chunk. ``one_chunk_of_an_empty_dim()`` returns it, as torc
 
 ``linalg_vector_norm`` over dims all of size 1, named from the end (``dim=-2``): torch 2.11's
 meta function (its reference, which fake tensors run) kept those dims, their negative numbers
-never matching a position, so Dynamo traced a (127, 1, 7) result where eager's is (127, 7) and
-ember ran the graph through ATen with a warning. ``vector_norm_dims_from_the_front()`` numbers
-them from the front first, as torch 2.13's reference does.
+never matching a position, so Dynamo traced a (127, 1, 7) result where eager's is (127, 7):
+ember ran the graph through ATen with a warning, or an op after it (an expand) raised where
+eager runs. ``vector_norm_dims_from_the_front()`` numbers them from the front first, as torch
+2.13's reference does.
 
 ``softshrink``: torch's decomposition computes the band as ``a * 0`` (a NaN input stays NaN),
 whose gradient ``g * 0`` is NaN for a NaN or infinite incoming ``g``; eager's is 0 there. A NaN
@@ -283,7 +284,8 @@ empty_log_softmax_of_bools()
 
 def one_chunk_of_an_empty_dim() -> None:
     """Give torch's decomposition of ``split``, which fake tensors run, eager's one chunk of an
-    empty dim (torch 2.11 raised IndexError). Once per process."""
+    empty dim (torch 2.11 raised IndexError) and eager's RuntimeError for a 0-d tensor (an
+    IndexError in 2.11 and 2.13). Once per process."""
     op = aten.split.Tensor
     decomposition = decomposition_table.get(op)
     if decomposition is None or getattr(decomposition, "_ember_empty_dim", False):
@@ -292,7 +294,9 @@ def one_chunk_of_an_empty_dim() -> None:
     # (wraps: fake tensors run a table entry only where its name and module are torch's own)
     @functools.wraps(decomposition)
     def split(self: torch.Tensor, split_size: Any, dim: int = 0) -> Any:
-        size = self.shape[dim] if -self.dim() <= dim < max(self.dim(), 1) else None
+        # (eager's check; the decomposition indexed a 0-d tensor's shape, an IndexError)
+        torch._check(self.dim() > 0, lambda: "split expects at least a 1-dimensional tensor")
+        size = self.shape[dim] if -self.dim() <= dim < self.dim() else None
         if isinstance(size, int) and size == 0 and isinstance(split_size, int) and split_size > 0:
             return (self.detach(),)  # (negative sizes, bad dims: torch's own checks raise)
         return decomposition(self, split_size, dim)
