@@ -61,7 +61,8 @@ def test_split_of_an_empty_dim_is_one_empty_chunk(dynamic):
     with pytest.raises(RuntimeError, match="split_size"):
         ember.compile(lambda t: t.split(-1, dim=1), dynamic=dynamic)(x)
     # a 0-d tensor: eager's RuntimeError (the decomposition indexed its shape: IndexError)
-    _same_error(lambda t: t.split(1), torch.tensor(1.0, device=DEVICE), expected=RuntimeError)
+    for split in (lambda t: t.split(1), lambda t: t.split([1]), lambda t: torch.split(t, [1, 0])):
+        _same_error(split, torch.tensor(1.0, device=DEVICE), expected=RuntimeError)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

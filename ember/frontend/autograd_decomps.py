@@ -33,7 +33,8 @@ meta function (its reference, which fake tensors run) kept those dims, their neg
 never matching a position, so Dynamo traced a (127, 1, 7) result where eager's is (127, 7):
 ember ran the graph through ATen with a warning, or an op after it (an expand) raised where
 eager runs. ``vector_norm_dims_from_the_front()`` numbers them from the front first, as torch
-2.13's reference does.
+2.13's reference does. ``split`` and ``split_with_sizes`` of a 0-d tensor: their references
+indexed its shape (IndexError, torch 2.11 and 2.13) where eager raises RuntimeError.
 
 ``softshrink``: torch's decomposition computes the band as ``a * 0`` (a NaN input stays NaN),
 whose gradient ``g * 0`` is NaN for a NaN or infinite incoming ``g``; eager's is 0 there. A NaN
@@ -282,56 +283,65 @@ def empty_log_softmax_of_bools() -> None:
 empty_log_softmax_of_bools()
 
 
-def one_chunk_of_an_empty_dim() -> None:
-    """Give torch's decomposition of ``split``, which fake tensors run, eager's one chunk of an
-    empty dim (torch 2.11 raised IndexError) and eager's RuntimeError for a 0-d tensor (an
-    IndexError in 2.11 and 2.13). Once per process."""
-    op = aten.split.Tensor
+def _corrected(op: Any, flag: str, correct: Any) -> None:
+    """Install ``correct(reference)`` in place of torch's meta function and decomposition of
+    ``op`` (fake tensors run one or the other, as the dispatch goes), each once per process."""
+    def install(reference: Any) -> Any:
+        # (wraps: fake tensors run a table entry only where its name and module are torch's own)
+        wrapper = functools.wraps(reference)(correct(reference))
+        setattr(wrapper, flag, True)
+        return wrapper
+
+    meta = op.py_kernels.get(DispatchKey.Meta)
+    if meta is not None and not getattr(meta, flag, False):
+        op.py_kernels[DispatchKey.Meta] = install(meta)
+        op._dispatch_cache.clear()
     decomposition = decomposition_table.get(op)
-    if decomposition is None or getattr(decomposition, "_ember_empty_dim", False):
-        return
-
-    # (wraps: fake tensors run a table entry only where its name and module are torch's own)
-    @functools.wraps(decomposition)
-    def split(self: torch.Tensor, split_size: Any, dim: int = 0) -> Any:
-        # (eager's check; the decomposition indexed a 0-d tensor's shape, an IndexError)
-        torch._check(self.dim() > 0, lambda: "split expects at least a 1-dimensional tensor")
-        size = self.shape[dim] if -self.dim() <= dim < self.dim() else None
-        if isinstance(size, int) and size == 0 and isinstance(split_size, int) and split_size > 0:
-            return (self.detach(),)  # (negative sizes, bad dims: torch's own checks raise)
-        return decomposition(self, split_size, dim)
-
-    split._ember_empty_dim = True  # type: ignore[attr-defined]
-    decomposition_table[op] = split
-
-
-one_chunk_of_an_empty_dim()
+    if decomposition is not None and not getattr(decomposition, flag, False):
+        decomposition_table[op] = install(decomposition)
 
 
 def vector_norm_dims_from_the_front() -> None:
-    """Give torch's meta function and decomposition of ``linalg_vector_norm`` (the same
-    reference, which fake tensors run) its dims numbered from the front (torch 2.11 kept a
-    negative one of size 1). Once per process."""
-    op = aten.linalg_vector_norm.default
-
-    def numbered_from_the_front(reference: Any) -> Any:
-        # (wraps: fake tensors run a table entry only where its name and module are torch's own)
-        @functools.wraps(reference)
+    """Give torch's reference of ``linalg_vector_norm`` its dims numbered from the front (torch
+    2.11 kept a negative one of size 1)."""
+    def correct(reference: Any) -> Any:
         def vector_norm(x: torch.Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
             if isinstance(dim, (list, tuple)) and x.dim() > 0 and all(-x.dim() <= d < x.dim() for d in dim):
                 dim = [d % x.dim() for d in dim]  # (a dim out of range: torch's own check raises)
             return reference(x, ord, dim, keepdim, **kwargs)
-
-        vector_norm._ember_dims_from_the_front = True  # type: ignore[attr-defined]
         return vector_norm
 
-    meta = op.py_kernels.get(DispatchKey.Meta)
-    if meta is not None and not getattr(meta, "_ember_dims_from_the_front", False):
-        op.py_kernels[DispatchKey.Meta] = numbered_from_the_front(meta)
-        op._dispatch_cache.clear()
-    decomposition = decomposition_table.get(op)
-    if decomposition is not None and not getattr(decomposition, "_ember_dims_from_the_front", False):
-        decomposition_table[op] = numbered_from_the_front(decomposition)
+    _corrected(aten.linalg_vector_norm.default, "_ember_dims_from_the_front", correct)
 
 
+def one_chunk_of_an_empty_dim() -> None:
+    """Give torch's decomposition of ``split`` eager's one chunk of an empty dim (torch 2.11
+    raised IndexError) and eager's RuntimeError for a 0-d tensor (an IndexError in 2.11 and
+    2.13)."""
+    def correct(reference: Any) -> Any:
+        def split(self: torch.Tensor, split_size: Any, dim: int = 0) -> Any:
+            torch._check(self.dim() > 0, lambda: "split expects at least a 1-dimensional tensor")
+            size = self.shape[dim] if -self.dim() <= dim < self.dim() else None
+            if isinstance(size, int) and size == 0 and isinstance(split_size, int) and split_size > 0:
+                return (self.detach(),)  # (negative sizes, bad dims: torch's own checks raise)
+            return reference(self, split_size, dim)
+        return split
+
+    _corrected(aten.split.Tensor, "_ember_empty_dim", correct)
+
+
+def split_with_sizes_of_a_0d_tensor_refused() -> None:
+    """Give torch's reference of ``split_with_sizes`` eager's RuntimeError for a 0-d tensor (it
+    indexed the tensor's shape: an IndexError)."""
+    def correct(reference: Any) -> Any:
+        def split_with_sizes(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            torch._check(self.dim() > 0, lambda: "split expects at least a 1-dimensional tensor")
+            return reference(self, *args, **kwargs)
+        return split_with_sizes
+
+    _corrected(aten.split_with_sizes.default, "_ember_refuses_0d", correct)
+
+
+one_chunk_of_an_empty_dim()
 vector_norm_dims_from_the_front()
+split_with_sizes_of_a_0d_tensor_refused()
