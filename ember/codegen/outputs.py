@@ -76,6 +76,14 @@ class OutputLayouts:
             if (j in fresh and base.op in (Op.INPUT, Op.TENSOR) and base in self.var
                     and all(_views(g.outputs[t], base) for t in (i, j))):
                 groups.setdefault(j, [j]).append(i)
+        for j, outs in list(groups.items()):
+            # the output that is all of the memory leads, where it is returned after a view of it
+            # (``c = x[..., ::2].contiguous(); return c.view(3, -1)[:, 1::3], c``): copied at
+            # eager's strides, the others its views, not a copy of the whole input
+            whole = next((t for t in outs if t in g.whole_outputs), None)
+            if whole is not None and whole != j:
+                del groups[j]
+                groups[whole] = [whole, *(t for t in outs if t != whole)]
         return groups
 
     def _views_of_one_copy(self, groups: dict[int, list[int]], returned: list[str]) -> list[int]:
@@ -96,7 +104,10 @@ class OutputLayouts:
                 self.emit(f"{name} = relayout({returned[j]}, {shape_tuple(strides[0])})  # outputs "
                           f"{', '.join(map(str, outs))} view one memory of their own, as eager returns them")
                 for t, st in zip(outs[1:], strides[1:]):
-                    returned[t] = f"view_in({name}, {returned[j]}, {returned[t]}, {shape_tuple(st)})"
+                    if _views(g.outputs[t], g.outputs[j]):  # (its views in ember's IR too: replayed)
+                        returned[t] = self._replayed(name, g.outputs[t], g.outputs[j])
+                    else:
+                        returned[t] = f"view_in({name}, {returned[j]}, {returned[t]}, {shape_tuple(st)})"
                 returned[j] = name
                 continue
             self.emit(f"{name} = {self.var[base]}.clone()  # outputs {', '.join(map(str, outs))} view one memory "
@@ -115,11 +126,27 @@ class OutputLayouts:
         g = self.s.graph
         for i, j in sorted(g.fresh_views.items()):
             node, whole = g.outputs[i], g.outputs[j]
-            if j in copied and i not in copied and node is not None and whole is not None and (
-                    node.shape is not None and whole is not node and _reshapes(whole, node)):
+            if node is None or whole is None or i in copied or i in self.input_views:
+                continue
+            # (or output j is a kernel's result and output i a view of the input: the clone a
+            # training graph returns beside ``clone.view(...)`` came back strided, and
+            # AOTAutograd's view of it raised)
+            apart = j in copied or self._memory_of(whole) is not self._memory_of(node)
+            if apart and node.shape is not None and whole is not node and _reshapes(whole, node):
                 self.emit(f"out{i} = {returned[j]}.reshape({shape_tuple(node.shape)})  # the memory "
                           f"of output {j}, as eager's")
                 returned[i] = f"out{i}"
+            elif (apart and i in g.whole_outputs and self._memory_of(node).op in (Op.INPUT, Op.TENSOR)
+                  and (strides := self._own_strides(i)) is not None):
+                # all of eager's fresh memory, here a view of the input at other strides: AOTAutograd
+                # rebuilt a view output from it by its traced strides (``c.view(n, -1)[:, 1::3]``
+                # of a strided ``c``) and read the wrong elements. A copy at eager's strides
+                self.emit(f"out{i} = relayout({returned[i]}, {shape_tuple(strides)})  # memory of its own, "
+                          "as eager's")
+                returned[i] = f"out{i}"
+                if _views(whole, node):  # (and output j its view, at eager's offset: AOTAutograd
+                    # rebuilds views from the base by the offset the program returns them with)
+                    returned[j] = self._replayed(returned[i], whole, node)
 
     def _own_strides(self, i: int) -> sh.Shape | None:
         """The strides eager returns output ``i`` with, where the program can spell them and they

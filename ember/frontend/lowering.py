@@ -155,8 +155,11 @@ def lower_graph(gm: torch.fx.GraphModule, name: str = "graph", donated: frozense
                         if whole_memory(meta):
                             whole_outputs.add(i)
                     elif out not in first_return and storages[storage_of(meta)] in fresh_outputs:
-                        # (another view of a fresh output's memory)
+                        # (another view of a fresh output's memory; maybe all of it, where the
+                        # output returned first is a view of it: ``return c.view(-1)[1:], c``)
                         fresh_views[i] = storages[storage_of(meta)]
+                        if whole_memory(meta):
+                            whole_outputs.add(i)
                     storages.setdefault(storage_of(meta), i)
                     if out in first_return:
                         repeated_outputs[i] = first_return[out]
