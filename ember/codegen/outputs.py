@@ -122,7 +122,9 @@ class OutputLayouts:
         rebuilds ``clone.view(-1)`` and its slices from, beside those: ``repeat_interleave``):
         that reshape of the copy back, so that they share its memory. ember's IR, where a clone
         is its source, had the base as a broadcast view of the input, which AOTAutograd's
-        ``view`` refused."""
+        ``view`` refused. Where output j is no reshape of such a base that came back as a view of
+        the input (a slice of it), the base is copied at eager's strides and output j replayed
+        from the copy."""
         g = self.s.graph
         for i, j in sorted(g.fresh_views.items()):
             node, whole = g.outputs[i], g.outputs[j]

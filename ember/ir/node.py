@@ -359,9 +359,10 @@ class Graph:
     ``fresh_outputs``: outputs that eager returns in memory of their own (a clone, a new result),
     sharing it with no input and no other output, though ember's IR may have made them the same
     node as an input or another output (a clone is the value it copies; CSE merges equal values).
-    ``whole_outputs``: the fresh outputs eager returns as all of their memory (a clone, a new
-    result), not as a view into a larger intermediate (``x.cumsum(0)[-1]``): returned as a view
-    of a larger buffer of ember's, they are copied (``codegen/outputs.py``).
+    ``whole_outputs``: the fresh outputs (and views of one, ``fresh_views``) eager returns as all
+    of their memory (a clone, a new result), not as a view into a larger intermediate
+    (``x.cumsum(0)[-1]``): returned as a view of a larger buffer of ember's, they are copied
+    (``codegen/outputs.py``).
     ``repeated_outputs``: {output i: the earlier output j that is the same tensor in eager} (AOTAutograd's
     forward returns a tensor saved for the backward that the user also gets twice: as an output
     and as a saved tensor). Where output j is copied, output i must come back over that copy:
