@@ -4,6 +4,12 @@ drifts between whole-suite runs; interleaving cancels it).
 
     python bench/cxx_flags_ab.py --add=-fno-tree-pre   # B: the default and this flag
     python bench/cxx_flags_ab.py --drop=-fno-tree-pre  # A: the default without this flag
+    python bench/cxx_flags_ab.py --lang guards_as_selects=0  # A: the C++ renderer's field set so
+
+``--lang`` flips a field of the C++ renderer's ``Language`` (codegen/cpp.py) while A compiles:
+the same flags, other source. ``--train`` times the training-step cases only (forward and
+backward of a transformer layer, a relu MLP, the padded GIoU loss with and without
+``skip_masked``).
 
 Cases: ``bench/cpu_fusion.py``'s, plus relu + max pooling, a bf16 pointwise sum, a bf16 column
 sum and a max over relu'd rows. Prints ms medians (6 rounds of 5 calls) and the ratio A / B.
@@ -39,6 +45,29 @@ def extra_cases() -> list:
             ("relu(x).amax(-1), 4096² f32", lambda x: torch.relu(x).amax(-1), lambda: (torch.randn(4096, 4096),))]
 
 
+def where_cases() -> list:
+    """A select beside a column sum: a relu's backward and its bias gradient."""
+    def relu_backward_and_bias_grad(g, mask):
+        dx = torch.where(mask, 0.0, g)
+        return dx, dx.sum(0)
+    return [("where(mask, 0, g) and its sum(0), 4096x1024", relu_backward_and_bias_grad,
+             lambda: (torch.randn(4096, 1024), torch.rand(4096, 1024) < 0.5))]
+
+
+def train_cases() -> list:
+    """(name, module or loss, inputs, options): each timed as forward + backward."""
+    from cpu_fusion import make_batch, padded_giou_loss
+    torch.manual_seed(0)
+    pred, _targets, padded = make_batch(1024)
+    layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)
+    mlp = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 512))
+    return [("transformer layer 8x64x256, train step", layer, lambda: (torch.randn(8, 64, 256),), {}),
+            ("relu MLP 2048x512, train step", mlp, lambda: (torch.randn(2048, 512),), {}),
+            ("padded GIoU loss 1024x256, train step", padded_giou_loss, lambda: (pred, padded), {}),
+            ("padded GIoU, skip_masked, train step", padded_giou_loss, lambda: (pred, padded),
+             {"skip_masked": True})]
+
+
 def _median_call(fn, args, calls: int) -> float:
     times = []
     for _ in range(calls):
@@ -48,21 +77,54 @@ def _median_call(fn, args, calls: int) -> float:
     return statistics.median(times)
 
 
+def _train_step(fn):
+    """fn's forward and backward, the first input requiring grad; returns that gradient."""
+    def step(*args):
+        first = args[0].detach().requires_grad_(True)
+        out = fn(first, *args[1:])
+        (out if out.dim() == 0 else out.float().square().mean()).backward()
+        return first.grad
+    return step
+
+
+def _set_lang(fields: dict[str, bool]) -> dict[str, bool]:
+    """Set fields of the C++ renderer's Language; returns their old values."""
+    from ember.codegen.cpp import CPP
+    old = {name: getattr(CPP, name) for name in fields}
+    for name, value in fields.items():
+        setattr(CPP, name, value)
+    return old
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--add", action="append", default=[], help="a flag B has and the default lacks")
     p.add_argument("--drop", action="append", default=[], help="a default flag A lacks")
     p.add_argument("--quick", action="store_true", help="cpu_fusion's small sizes")
+    p.add_argument("--lang", action="append", default=[], metavar="FIELD=0|1",
+                   help="a field of the C++ renderer's Language, set so while A compiles")
+    p.add_argument("--train", action="store_true", help="the training-step cases only")
     a = p.parse_args()
     torch._dynamo.config.recompile_limit = torch._dynamo.config.cache_size_limit = 1000
     flags_b = tuple(dict.fromkeys(Config().cxx_flags + tuple(a.add)))
     flags_a = tuple(f for f in Config().cxx_flags if f not in a.drop)
-    print(f"A: {' '.join(flags_a)}\nB: {' '.join(flags_b)}")
-    for name, fn, make in cases(a.quick) + extra_cases():
+    lang_a = {k: v != "0" for k, v in (item.split("=", 1) for item in a.lang)}
+    print(f"A: {' '.join(flags_a)} {lang_a or ''}\nB: {' '.join(flags_b)}")
+    if a.train:
+        todo = train_cases()
+    else:
+        todo = [(name, fn, make, {}) for name, fn, make in cases(a.quick) + extra_cases() + where_cases()]
+    wrap = _train_step if a.train else (lambda f: f)
+    for name, fn, make, options in todo:
         args = make()
-        fa = ember.compile(lambda *xs, fn=fn: fn(*xs), options={"cxx_flags": flags_a})
-        fb = ember.compile(lambda *xs, fn=fn: fn(*xs), options={"cxx_flags": flags_b})
-        torch.testing.assert_close(fa(*args), fb(*args))
+        fa = wrap(ember.compile(lambda *xs, fn=fn: fn(*xs), options={**options, "cxx_flags": flags_a}))
+        fb = wrap(ember.compile(lambda *xs, fn=fn: fn(*xs), options={**options, "cxx_flags": flags_b}))
+        old = _set_lang(lang_a)
+        try:
+            out_a = fa(*args)
+        finally:
+            _set_lang(old)
+        torch.testing.assert_close(out_a, fb(*args))
         rounds_a, rounds_b = [], []
         for _ in range(6):
             rounds_a.append(_median_call(fa, args, 5))

@@ -120,6 +120,30 @@ def test_the_taken_branch_is_computed_inside_an_if():
     check(_branchy, x, y, m)
 
 
+def _relu_backward_and_bias_grad(g, mask):
+    dx = torch.where(mask, 0.0, g)
+    return dx, dx.sum(0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(48, 40), (512, 64), (0, 5), (1, 7)])
+def test_a_guarded_load_alone_is_a_select_in_cpp(shape, dtype):
+    # a guard's run of nothing but a load is ``v = g ? load : 0`` in C++, not an if block: GCC
+    # 12 (jump threading and PRE off) left this column sum's simd loop scalar around the block, a
+    # branch per element, 10x slower at 512 x 1024 (bench/cxx_flags_ab.py)
+    g = torch.randn(shape, dtype=dtype)
+    mask = torch.rand(shape) < 0.5
+    if g.numel():
+        g[mask] = float("nan")  # never selected: the select reads them or not, the same result
+    report = check(_relu_backward_and_bias_grad, g, mask)
+    if g.numel():
+        (k,) = report.kernels
+        assert "if (v" not in k.source, k.source
+        assert re.search(r"= v\d+ \? [(\w]*arg1_1\[", k.source), k.source
+    check(_relu_backward_and_bias_grad, g.t().contiguous().t(), mask, dynamic=True)  # (same strides)
+    check(_relu_backward_and_bias_grad, g[:, ::2], mask[:, ::2], dynamic=True)
+
+
 def test_values_the_same_at_every_element_stay_unguarded(tmp_path):
     # a masked weight's gradient from a scalar loss: g / n is loaded and divided outside the
     # branch (inside it, a load of a scalar left GCC's loop scalar: "no vectype")

@@ -35,6 +35,7 @@ CPP = Language(
     float_to_int="ember_float_to_int",
     bools_as_bytes=True,
     sinks_bools=True,
+    guards_as_selects=True,
 )
 
 

@@ -54,6 +54,13 @@ class Language:
     # unguarded bools written just before their first user (``_sunk_bools``: GCC 12 left simd
     # loops scalar where bools stayed live across float loads)
     sinks_bools: bool = False
+    # guarded loads (schedule/guards.py) alone in their guard's run written as selects, ``v = g ?
+    # load : 0``, not in an ``if (g) { ... }`` block: with jump threading and PRE off (config.py's
+    # cxx_flags), GCC 12 left a column sum's simd loop scalar around a guarded load, a branch per
+    # element (a relu's backward beside its bias gradient: 1.2 ms for 512 x 1024, 0.12 as a
+    # select). Runs that compute keep their block: as one select per value, the skip_masked
+    # GIoU loss's training step took 10.0 ms against 1.4 (bench/cxx_flags_ab.py --train)
+    guards_as_selects: bool = False
 
     def compute(self, dtype: dt.DType) -> str:
         return "float" if dtype.is_low_precision else self.storage[dtype]
@@ -503,6 +510,14 @@ class BodyRenderer:
                 text = self.statement(head)
                 if text:
                     lines.append(text)
+                continue
+            if (self.lang.guards_as_selects and self.constants.get(id(head.guard)) != "true"
+                    and all(v.kind == "load" for v in run)):
+                for v in run:
+                    ctype = self.lang.compute(v.dtype)
+                    zero = "false" if ctype == "bool" else f"({ctype})0"
+                    lines.append(f"const {ctype} {self.name(v)} = {self.name(head.guard)} ? "
+                                 f"{self.expression(v)} : {zero};")
                 continue
             inside = {id(v) for v in run}
             exported = {id(v) for v in run if any(id(u) not in inside for u in self.users[id(v)])}
