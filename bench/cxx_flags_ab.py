@@ -9,7 +9,9 @@ drifts between whole-suite runs; interleaving cancels it).
 ``--lang`` flips a field of the C++ renderer's ``Language`` (codegen/cpp.py) while A compiles:
 the same flags, other source. ``--train`` times the training-step cases only (forward and
 backward of a transformer layer, a relu MLP, the padded GIoU loss with and without
-``skip_masked``).
+``skip_masked``); ``--where`` the selects only. Sizes are static unless ``--dynamic`` (every
+case goes through one lambda, which Dynamo would otherwise recompile with symbolic sizes from
+the second shape on: GCC compiles loops of known and unknown trip counts differently).
 
 Cases: ``bench/cpu_fusion.py``'s, plus relu + max pooling, a bf16 pointwise sum, a bf16 column
 sum and a max over relu'd rows. Prints ms medians (6 rounds of 5 calls) and the ratio A / B.
@@ -46,12 +48,28 @@ def extra_cases() -> list:
 
 
 def where_cases() -> list:
-    """A select beside a column sum: a relu's backward and its bias gradient."""
+    """Selects beside column sums: a relu's backward and its bias gradient; a select computing
+    its taken branch, summed over rows; a row sum of it. 512 rows (GCC 12 unrolls those loops
+    otherwise than at 4096) and 4096."""
     def relu_backward_and_bias_grad(g, mask):
         dx = torch.where(mask, 0.0, g)
         return dx, dx.sum(0)
-    return [("where(mask, 0, g) and its sum(0), 4096x1024", relu_backward_and_bias_grad,
-             lambda: (torch.randn(4096, 1024), torch.rand(4096, 1024) < 0.5))]
+
+    def column_sum_of_a_select(x, y, mask):
+        return torch.where(mask, torch.exp(x) * y, 0).sum(0)
+
+    def row_sum_of_a_select(x, y, mask):
+        return torch.where(mask, torch.exp(x) * y, 0).sum(-1)
+
+    out = []
+    for rows in (512, 4096):
+        out += [(f"where(mask, 0, g) and its sum(0), {rows}x1024", relu_backward_and_bias_grad,
+                 lambda rows=rows: (torch.randn(rows, 1024), torch.rand(rows, 1024) < 0.5)),
+                (f"where(mask, exp(x) * y, 0).sum(0), {rows}x1024", column_sum_of_a_select,
+                 lambda rows=rows: (torch.randn(rows, 1024), torch.randn(rows, 1024), torch.rand(rows, 1024) < 0.5)),
+                (f"where(mask, exp(x) * y, 0).sum(-1), {rows}x1024", row_sum_of_a_select,
+                 lambda rows=rows: (torch.randn(rows, 1024), torch.randn(rows, 1024), torch.rand(rows, 1024) < 0.5))]
+    return out
 
 
 def train_cases() -> list:
@@ -104,6 +122,8 @@ def main() -> int:
     p.add_argument("--lang", action="append", default=[], metavar="FIELD=0|1",
                    help="a field of the C++ renderer's Language, set so while A compiles")
     p.add_argument("--train", action="store_true", help="the training-step cases only")
+    p.add_argument("--where", action="store_true", help="the select cases only")
+    p.add_argument("--dynamic", action="store_true", help="symbolic sizes (default: static)")
     a = p.parse_args()
     torch._dynamo.config.recompile_limit = torch._dynamo.config.cache_size_limit = 1000
     flags_b = tuple(dict.fromkeys(Config().cxx_flags + tuple(a.add)))
@@ -112,13 +132,17 @@ def main() -> int:
     print(f"A: {' '.join(flags_a)} {lang_a or ''}\nB: {' '.join(flags_b)}")
     if a.train:
         todo = train_cases()
+    elif a.where:
+        todo = [(name, fn, make, {}) for name, fn, make in where_cases()]
     else:
         todo = [(name, fn, make, {}) for name, fn, make in cases(a.quick) + extra_cases() + where_cases()]
     wrap = _train_step if a.train else (lambda f: f)
     for name, fn, make, options in todo:
         args = make()
-        fa = wrap(ember.compile(lambda *xs, fn=fn: fn(*xs), options={**options, "cxx_flags": flags_a}))
-        fb = wrap(ember.compile(lambda *xs, fn=fn: fn(*xs), options={**options, "cxx_flags": flags_b}))
+        fa = wrap(ember.compile(lambda *xs, fn=fn: fn(*xs), options={**options, "cxx_flags": flags_a},
+                                dynamic=a.dynamic))
+        fb = wrap(ember.compile(lambda *xs, fn=fn: fn(*xs), options={**options, "cxx_flags": flags_b},
+                                dynamic=a.dynamic))
         old = _set_lang(lang_a)
         try:
             out_a = fa(*args)

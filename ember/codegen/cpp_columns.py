@@ -130,6 +130,8 @@ class ColumnTiles:
         self.kept = [v for v in outer if any(u.inner or u.stage != v.stage for u in self.body.users[id(v)])]
         self.tile = tile_columns(self.k, self.kept, self.body.lang)
         self.partial = _partial(self.k, self.body.lang)
+        # (GCC 12 left these simd loops scalar around guarded blocks: cstyle.Language)
+        self.body.guards_as_selects = True
 
     def render(self, condition: str) -> None:
         k, r = self.k, self.r

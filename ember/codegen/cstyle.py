@@ -57,9 +57,11 @@ class Language:
     # guarded loads (schedule/guards.py) alone in their guard's run written as selects, ``v = g ?
     # load : 0``, not in an ``if (g) { ... }`` block: with jump threading and PRE off (config.py's
     # cxx_flags), GCC 12 left a column sum's simd loop scalar around a guarded load, a branch per
-    # element (a relu's backward beside its bias gradient: 1.2 ms for 512 x 1024, 0.12 as a
-    # select). Runs that compute keep their block: as one select per value, the skip_masked
-    # GIoU loss's training step took 10.0 ms against 1.4 (bench/cxx_flags_ab.py --train)
+    # element (a relu's backward beside its bias gradient: 1.2 ms for 512 x 1024, 0.10 as a
+    # select). Runs that compute keep their block, except in column tiles (cpp_columns.py; a
+    # where(m, exp(x) * y, 0).sum(0) of 512 x 1024: 1.5 ms in blocks, 0.26 as selects): as one
+    # select per value, row kernels ran up to 20% slower and the skip_masked GIoU loss's training
+    # step took 10.0 ms against 1.4 (bench/cxx_flags_ab.py --train)
     guards_as_selects: bool = False
 
     def compute(self, dtype: dt.DType) -> str:
@@ -375,6 +377,9 @@ class BodyRenderer:
         self.bit_selects: set[int] = set()
         # a rewrite of every load's and store's index (cpp_split.Window.drop_clamps)
         self.index_rewrite: Callable[[sympy.Expr], sympy.Expr] | None = None
+        # every guarded run written as selects where the language does so for lone loads
+        # (``Language.guards_as_selects``; the CPU backend's column tiles, cpp_columns.py)
+        self.guards_as_selects = False
         # chunk store id -> the register that keeps the run's partial sum instead of the
         # partials buffer (the CUDA backend's row blocks, which store it at the run's end)
         self.kept_partials: dict[int, str] = {}
@@ -512,7 +517,7 @@ class BodyRenderer:
                     lines.append(text)
                 continue
             if (self.lang.guards_as_selects and self.constants.get(id(head.guard)) != "true"
-                    and all(v.kind == "load" for v in run)):
+                    and (self.guards_as_selects or all(v.kind == "load" for v in run))):
                 for v in run:
                     ctype = self.lang.compute(v.dtype)
                     zero = "false" if ctype == "bool" else f"({ctype})0"
