@@ -124,6 +124,7 @@ def main() -> int:
     p.add_argument("--train", action="store_true", help="the training-step cases only")
     p.add_argument("--where", action="store_true", help="the select cases only")
     p.add_argument("--dynamic", action="store_true", help="symbolic sizes (default: static)")
+    p.add_argument("--baselines", action="store_true", help="time eager and Inductor in the same rounds")
     a = p.parse_args()
     torch._dynamo.config.recompile_limit = torch._dynamo.config.cache_size_limit = 1000
     flags_b = tuple(dict.fromkeys(Config().cxx_flags + tuple(a.add)))
@@ -149,12 +150,18 @@ def main() -> int:
         finally:
             _set_lang(old)
         torch.testing.assert_close(out_a, fb(*args))
-        rounds_a, rounds_b = [], []
+        variants = {"A": fa, "B": fb}
+        if a.baselines:
+            variants["eager"] = wrap(fn)
+            variants["Inductor"] = wrap(torch.compile(lambda *xs, fn=fn: fn(*xs), dynamic=a.dynamic))
+            variants["Inductor"](*args)
+        rounds: dict[str, list[float]] = {key: [] for key in variants}
         for _ in range(6):
-            rounds_a.append(_median_call(fa, args, 5))
-            rounds_b.append(_median_call(fb, args, 5))
-        ms_a, ms_b = statistics.median(rounds_a) * 1e3, statistics.median(rounds_b) * 1e3
-        print(f"{name:40s} A {ms_a:8.2f}  B {ms_b:8.2f}  A/B {ms_a / ms_b:5.2f}", flush=True)
+            for key, f in variants.items():
+                rounds[key].append(_median_call(f, args, 5))
+        ms = {key: statistics.median(r) * 1e3 for key, r in rounds.items()}
+        others = "".join(f"  {key} {ms[key]:8.2f} (B {ms[key] / ms['B']:4.2f}x)" for key in ms if key not in "AB")
+        print(f"{name:40s} A {ms['A']:8.2f}  B {ms['B']:8.2f}  A/B {ms['A'] / ms['B']:5.2f}{others}", flush=True)
     return 0
 
 
