@@ -140,7 +140,7 @@ def test_a_guarded_load_alone_is_a_select_in_cpp(shape, dtype):
         (k,) = report.kernels
         assert "if (v" not in k.source, k.source
         assert re.search(r"= v\d+ \? [(\w]*arg1_1\[", k.source), k.source
-    check(_relu_backward_and_bias_grad, g.t().contiguous().t(), mask, dynamic=True)  # (same strides)
+    check(_relu_backward_and_bias_grad, g.t().contiguous().t(), mask, dynamic=True)  # (column-major)
     check(_relu_backward_and_bias_grad, g[:, ::2], mask[:, ::2], dynamic=True)
 
 
