@@ -131,7 +131,7 @@ class ColumnTiles:
         self.tile = tile_columns(self.k, self.kept, self.body.lang)
         self.partial = _partial(self.k, self.body.lang)
         # (GCC 12 left these simd loops scalar around guarded blocks: cstyle.Language)
-        self.body.guards_as_selects = True
+        self.body.every_guard_a_select = True
 
     def render(self, condition: str) -> None:
         k, r = self.k, self.r

@@ -379,7 +379,7 @@ class BodyRenderer:
         self.index_rewrite: Callable[[sympy.Expr], sympy.Expr] | None = None
         # every guarded run written as selects where the language does so for lone loads
         # (``Language.guards_as_selects``; the CPU backend's column tiles, cpp_columns.py)
-        self.guards_as_selects = False
+        self.every_guard_a_select = False
         # chunk store id -> the register that keeps the run's partial sum instead of the
         # partials buffer (the CUDA backend's row blocks, which store it at the run's end)
         self.kept_partials: dict[int, str] = {}
@@ -517,7 +517,7 @@ class BodyRenderer:
                     lines.append(text)
                 continue
             if (self.lang.guards_as_selects and self.constants.get(id(head.guard)) != "true"
-                    and (self.guards_as_selects or all(v.kind == "load" for v in run))):
+                    and (self.every_guard_a_select or all(v.kind == "load" for v in run))):
                 for v in run:
                     ctype = self.lang.compute(v.dtype)
                     zero = "false" if ctype == "bool" else f"({ctype})0"
