@@ -4,6 +4,7 @@ test run); CUDA sources are read, since only a GPU runs them."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -90,3 +91,46 @@ def test_no_product_is_contracted_into_a_sum(backend):
     assert (ember.compile(lambda a, b: a * b - a * b, options=options)(x, y) == 0).all()
     out = ember.compile(lambda a: (a * 100 - a * 100).isnan(), options=options)(h)
     assert torch.equal(out, (h * 100 - h * 100).isnan())
+
+
+def _quotients(a, b):
+    return (a / b, torch.reciprocal(b), torch.div(a, b, rounding_mode="trunc"),
+            torch.div(a, b, rounding_mode="floor"), torch.remainder(a, b))
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_float32_quotients_are_correctly_rounded(backend):
+    # eager divides as IEEE does; Triton's float32 / is div.full.f32 (2 ulp), under which
+    # (2x + 1) // (|x| + 0.5), exactly 2 for x > 0, was 1 for some x, and a / b differed from
+    # eager's bits in its last place (found by the fuzzer on an H100). The CUDA C++ backend
+    # keeps div.full.f32 for a plain a / b and 1 / b (ember_div_full: IEEE division made its
+    # bfloat16 softmax 8% slower on an H100), its rounding modes IEEE. On the CPU both backends
+    # run the C++ one, so a GPU run decides this; test_triton_writes_float32_quotients_as_div_rn
+    # reads the Triton source
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(65537, generator=gen).to(DEVICE)
+    a, b = torch.randn(65537, generator=gen).to(DEVICE), torch.randn(65537, generator=gen).to(DEVICE)
+    fn = ember.compile(lambda x, a, b: (torch.div(x * 2 + 1, x.abs() + 0.5, rounding_mode="trunc"),)
+                       + _quotients(a, b), options={"gpu_backend": backend})
+    out = fn(x, a, b)
+    assert (out[0][x > 0] == 2).all()
+    for i, (o, r) in enumerate(zip(out[1:], _quotients(a, b))):
+        if backend == "cuda" and DEVICE == "cuda" and i < 2:  # (within div.full.f32's 2 ulp)
+            torch.testing.assert_close(o, r, rtol=2.5e-7, atol=0)
+        else:
+            assert _same_bits(o, r), (i, (o != r).sum())
+
+
+@INTERPRETED_TRITON
+def test_triton_writes_float32_quotients_as_div_rn():
+    a, b = torch.randn(4, 33), torch.randn(4, 33).abs() + 0.5
+    source = str(ember.explain(_quotients, a, b, target="triton"))
+    assert re.search(r"= tl\.math\.div_rn\(v\d+, v\d+\)", source) and "= tl.math.div_rn(1.0, v" in source
+    assert not re.search(r"v\d+ / v\d+", source)  # (the rounding modes: eh.div_ieee in their helpers)
+    assert "eh.truncdiv_float(" in source and "eh.floordiv_float(" in source
+    # 16-bit quotients keep the approximate division: its 2 float32 ulps round away in 16 bits
+    source16 = str(ember.explain(lambda a, b: a / b, a.bfloat16(), b.bfloat16(), target="triton"))
+    assert "div_rn" not in source16 and "ieee_rounding=False" in source16
+    out = ember.compile(_quotients, options=TRITON)(a, b)
+    for o, r in zip(out, _quotients(a, b)):
+        assert _same_bits(o, r)

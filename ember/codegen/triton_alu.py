@@ -167,6 +167,11 @@ def _alu(v: Value, args: list[str]) -> str:
         # IEEE float32 division is a long instruction sequence; the approximate one (2 ulp of
         # float32) cannot show once the result is rounded to 16 bits
         return f"tl.math.fdiv({a}, {args[1]}, ieee_rounding=False)"
+    if op in (Op.DIV, Op.RECIPROCAL) and dtype == dt.float32:
+        # Triton's float32 / is div.full.f32 (2 ulp): 4.6875 / 0.9375 gave 5.0000005, and a
+        # floor or a comparison of the quotient then differed from eager's IEEE division
+        num, den = (a, args[1]) if op is Op.DIV else ("1.0", a)
+        return f"tl.math.div_rn({num}, {den})"
     if dtype.is_bool and op in (Op.ADD, Op.MUL):  # int1 arithmetic would wrap: True + True = True
         return f"({a} {'|' if op is Op.ADD else '&'} {args[1]})"
     if op in _INFIX:

@@ -479,22 +479,32 @@ def isinf(x):
 
 
 @triton.jit
+def div_ieee(a, b):
+    # a rounding division's quotient correctly rounded, as eager's: Triton's float32 / is
+    # div.full.f32 (2 ulp), and trunc(2.0000 - 1 ulp) is 1 (float64's / is IEEE already)
+    if a.dtype == tl.float32:
+        return tl.math.div_rn(a, b)
+    else:
+        return a / b
+
+
+@triton.jit
 def floordiv_float(a, b):
     # torch.div(rounding_mode="floor") on floats, step for step
     mod = fmod_float(a, b)
-    div = (a - mod) / b
+    div = div_ieee(a - mod, b)
     div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
     fl = tl.floor(div)
     fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
     # a zero takes the sign of a / b (eager's copysign: -0.0 // 2.5 is -0.0); a select of the
     # constants -0.0 and 0.0 gave +0.0 for a quotient of -0.0
-    fl = tl.where(div == 0, (a / b) * 0.0, fl)
+    fl = tl.where(div == 0, div_ieee(a, b) * 0.0, fl)
     return tl.where(b == 0, a / b, fl)
 
 
 @triton.jit
 def truncdiv_float(a, b):
-    return trunc(a / b)
+    return trunc(div_ieee(a, b))
 
 
 @triton.jit
@@ -517,33 +527,33 @@ def round_f16(x):
 def floordiv_bf16(a, b):
     # eager runs the algorithm on bfloat16 values, rounding every step
     mod = round_bf16(fmod_float(a, b))
-    div = round_bf16(round_bf16(a - mod) / b)
+    div = round_bf16(div_ieee(round_bf16(a - mod), b))
     div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), round_bf16(div - 1.0), div)
     fl = tl.floor(div)
     fl = tl.where(round_bf16(div - fl) > 0.5, round_bf16(fl + 1.0), fl)
-    fl = tl.where(div == 0, round_bf16(a / b) * 0.0, fl)
+    fl = tl.where(div == 0, round_bf16(div_ieee(a, b)) * 0.0, fl)
     return tl.where(b == 0, round_bf16(a / b), fl)
 
 
 @triton.jit
 def floordiv_f16(a, b):
     mod = round_f16(fmod_float(a, b))
-    div = round_f16(round_f16(a - mod) / b)
+    div = round_f16(div_ieee(round_f16(a - mod), b))
     div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), round_f16(div - 1.0), div)
     fl = tl.floor(div)
     fl = tl.where(round_f16(div - fl) > 0.5, round_f16(fl + 1.0), fl)
-    fl = tl.where(div == 0, round_f16(a / b) * 0.0, fl)
+    fl = tl.where(div == 0, round_f16(div_ieee(a, b)) * 0.0, fl)
     return tl.where(b == 0, round_f16(a / b), fl)
 
 
 @triton.jit
 def truncdiv_bf16(a, b):
-    return trunc(round_bf16(a / b))
+    return trunc(round_bf16(div_ieee(a, b)))
 
 
 @triton.jit
 def truncdiv_f16(a, b):
-    return trunc(round_f16(a / b))
+    return trunc(round_f16(div_ieee(a, b)))
 
 
 @triton.jit
