@@ -15,6 +15,7 @@ from ..ir import shapes as sh
 from ..ir.ops import TRANSCENDENTAL_OPS, Op
 from ..schedule.kernel_ir import CHUNK, SCRATCH_ROW, SEGMENT_LENGTH, Kernel, Value, inner_var, outer_var
 from ..schedule.loops import stash_recomputed
+from .c_accumulators import acc_update
 from .cexpr import device_size_lines, index_expr
 from .cpp_columns import SUM_BLOCK, ColumnTiles, column_tiles, float_partial
 from .cpp_pointwise import PARALLEL_THRESHOLD, PointwiseLoops
@@ -22,7 +23,7 @@ from .cpp_prelude import PRELUDE
 from .cpp_scatter import owned_elements, owned_rows, render_owned_elements, render_owned_rows
 from .cpp_staging import close_strip, open_strip, staged_accesses
 from .cpp_team import close_team, needs_team, open_team
-from .cstyle import BodyRenderer, Language, acc_update
+from .cstyle import BodyRenderer, Language
 
 CPP = Language(
     name="cpp",

@@ -29,9 +29,10 @@ import sympy
 from ..ir import shapes as sh
 from ..ir.ops import Op
 from ..schedule.kernel_ir import Kernel, Value, inner_var, outer_var
+from .c_accumulators import acc_init, acc_type
 from .cexpr import index_expr
 from .cpp_staging import close_strip, open_strip, staged_accesses
-from .cstyle import Language, acc_init, acc_type
+from .cstyle import Language
 from .layout import adjacent_rows
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..ir.ops import Op
 from ..schedule.kernel_ir import Value
-from .cstyle import acc_type, acc_update
+from .c_accumulators import acc_type, acc_update
 
 MAX_TEAM = 256  # threads whose shares a reduction keeps (a machine with more uses this many)
 _FLOAT_COMBINES = (Op.SUM, Op.PROD, Op.AMAX, Op.AMIN)

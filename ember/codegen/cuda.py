@@ -56,8 +56,9 @@ from ..ir import shapes as sh
 from ..ir.ops import Op
 from ..schedule.kernel_ir import CHUNK, Kernel, Value, inner_var, outer_var
 from . import cuda_online, cuda_scan
+from .c_accumulators import acc_init, acc_type
 from .cexpr import device_size_lines, index_expr
-from .cstyle import BodyRenderer, Language, acc_init, acc_type
+from .cstyle import BodyRenderer, Language
 from .cuda_combine import COMBINE, combine_blocks, combine_rows, combine_slices
 from .cuda_groups import vector_groups
 from .cuda_lanes import render_lanes

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..ir.ops import Op
 from ..schedule.kernel_ir import Value
-from .cstyle import acc_init, acc_type
+from .c_accumulators import acc_init, acc_type
 
 if TYPE_CHECKING:
     from .cuda import CudaKernelRenderer

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from ..ir import shapes as sh
 from ..schedule.kernel_ir import Kernel, Value, inner_var, outer_var
+from .c_accumulators import scan_acc_type, scan_combine, scan_init
 from .cexpr import index_expr
-from .cstyle import scan_acc_type, scan_combine, scan_init
 from .cuda_scan_rows import SCAN_ITEMS, render_rows, scan_inputs
 
 if TYPE_CHECKING:

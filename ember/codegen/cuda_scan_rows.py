@@ -30,8 +30,8 @@ import sympy
 
 from ..ir import shapes as sh
 from ..schedule.kernel_ir import Kernel, Value, inner_var, outer_var
+from .c_accumulators import scan_acc_type, scan_combine, scan_init
 from .cexpr import index_expr
-from .cstyle import scan_acc_type, scan_combine, scan_init
 from .cuda_vectors import VectorPlan, plan_loop
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..schedule.kernel_ir import Value
-from .cstyle import int_bound
+from .c_accumulators import int_bound
 from .triton_alu import compute_type
 
 if TYPE_CHECKING:
