@@ -49,6 +49,7 @@ def cases(quick: bool):
     n = 1 << 20 if quick else 16 << 20
     rows = 1024 if quick else 4096
     batch = 256 if quick else 1024
+    heads_t = 64 if quick else 256
     pred, _targets, padded = make_batch(batch)
     return [
         ("relu(x)+y+1 fp32 16M", relu_add, lambda: (torch.randn(n), torch.randn(n))),
@@ -62,7 +63,21 @@ def cases(quick: bool):
         ("padded GIoU loss 1024x256", padded_giou_loss, lambda: (pred, padded)),
         ("tanh(x) fp32 16M", torch.tanh, lambda: (torch.randn(n),)),
         ("gelu(x, 'tanh') fp32 16M", gelu_tanh, lambda: (torch.randn(n),)),
+        # attention's heads (B, H, T, D) written as (T*B, H*D) rows, as nn.MultiheadAttention's
+        # output; and q, k, v's three joined side by side, as its in-projection's gradient
+        ("heads merged fp32 8x8x256x64", merge_heads, lambda: (torch.randn(8, 8, heads_t, 64),)),
+        ("q, k, v heads joined fp32 3x8x8x256x64", join_heads,
+         lambda: tuple(torch.randn(8, 8, heads_t, 64) for _ in range(3))),
     ]
+
+
+def merge_heads(x):
+    b, h, t, d = x.shape
+    return x.permute(2, 0, 1, 3).reshape(t * b, h * d)
+
+
+def join_heads(q, k, v):
+    return torch.cat([merge_heads(q), merge_heads(k), merge_heads(v)], 1)
 
 
 def gelu_tanh(x):

@@ -26,7 +26,8 @@ def clamped(position: sympy.Expr, size: sympy.Expr) -> sympy.Expr:
     """``position`` clamped into [0, size): a padded or concatenated read's index. sympy's Max
     and Min compare their arguments through assumptions, milliseconds each, and a pooling
     window's reads ask the same few again and again (a 5 x 5 window over 5 layouts: 25% of a
-    graph's compile)."""
+    graph's compile). Its value counts only inside [0, size), where no clamp applies: the C++
+    backend may read it as a remainder instead (loops.split_inner_by_divisor)."""
     return sympy.Max(0, sympy.Min(position, size - 1))
 
 

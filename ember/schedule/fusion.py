@@ -33,7 +33,7 @@ from .group_spec import BUFFER_OPS, AcrossFailed, BufferInfo, Conflict, GroupSpe
 from .guards import guard_branches
 from .indexing import base_layout, replay_copies
 from .kernel_ir import CHUNK, Kernel
-from .loops import collapse_dims, memory_ordered_dims
+from .loops import collapse_dims, memory_ordered_dims, simplify_with_ranges, split_inner_by_divisor
 from .reuse import CountedDict, CountedSet, RecordedReads
 from .steps import Schedule, StepOrder, _symbols, copied_base
 
@@ -519,7 +519,11 @@ class Planner(DomainRules, StepOrder, CycleChecks):
     def _build_kernel(self, spec: GroupSpec, infos: RecordedReads, subtrees: list[tuple[Node, ...]]) -> Kernel:
         kernel = KernelBuilder(spec, infos, "", self.held, self.converted, self.saved).build()  # type: ignore[arg-type]  # (lookups only)
         # (a matmul's tiles need its two dims: they are never collapsed into one)
-        kernel = guard_branches(kernel if spec.matmul else collapse_dims(memory_ordered_dims(kernel)))
+        if not spec.matmul and self.gpu:
+            kernel = collapse_dims(memory_ordered_dims(kernel))
+        elif not spec.matmul:  # (a C++ simd loop walks the last dim; a GPU thread a flat position)
+            kernel = split_inner_by_divisor(collapse_dims(memory_ordered_dims(simplify_with_ranges(kernel))))
+        kernel = guard_branches(kernel)
         # Every size the group's nodes mention is an argument, so the group can also run
         # through ATen (when its kernel fails to build) from the kernel's own arguments.
         nodes = {n for r, sub in zip(spec.roots, subtrees) for n in [r, *sub]}

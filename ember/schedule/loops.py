@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 import sympy
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from ..ir import dtypes as dt
 from ..ir import shapes as sh
@@ -127,6 +129,153 @@ def collapse_dims(kernel: Kernel) -> Kernel:
                 changed = True
                 break
     return kernel
+
+
+def simplify_with_ranges(kernel: Kernel) -> Kernel:
+    """Each index's remainders of remainders as one (``_unnested``), and the floor divisions and
+    remainders that the loops' static extents decide: a
+    quotient of a value below its divisor is 0, a remainder of one below its modulus the value
+    itself. A head's columns ``64*h + d`` (h < 4, d < 64) of a 256-wide row were read at
+    ``(64*h + d) // 256`` and ``(64*h + d) % 256``: a division a lane, gathers, and loops that
+    ``collapse_dims`` could not merge."""
+    ranges = {outer_var(i): ValueRanges(0, int(n) - 1) for i, n in enumerate(kernel.outer) if _static(n)}
+    ranges.update({inner_var(i): ValueRanges(0, int(n) - 1) for i, n in enumerate(kernel.inner) if _static(n)})
+    if not ranges:
+        return kernel
+    mapping: dict[sympy.Expr, sympy.Expr] = {}
+    for e in _exprs(kernel):
+        for atom in e.atoms(FloorDiv, ModularIndexing):
+            simpler = _unnested(atom)
+            simpler = _within_range(simpler, ranges) if isinstance(simpler, (FloorDiv, ModularIndexing)) else simpler
+            if simpler is not atom:
+                mapping[atom] = simpler
+    if not mapping:
+        return kernel
+    return dataclasses.replace(kernel, values=_rewrite(kernel, mapping))
+
+
+def _static(n: sympy.Expr) -> bool:
+    return isinstance(n, (int, sympy.Integer)) and int(n) >= 1
+
+
+def _unnested(atom: sympy.Expr) -> sympy.Expr:
+    """A quotient or remainder of a remainder ``(x // v) % m`` as one remainder of ``x``, where
+    ``m`` is a multiple of the outer divisor or modulus ``k``: ``((x // v) % m) // k`` is
+    ``(x // (v*k)) % (m/k)`` and ``((x // v) % m) % k`` is ``(x // v) % k``. (A reshape of a
+    reshape wrote ``(o % 256) // 64``, which hid ``o``'s own divisors from the split below.)"""
+    inner = atom.args[0]
+    if not isinstance(inner, ModularIndexing) or not all(x.is_Integer for x in (*inner.args[1:], *atom.args[1:])):
+        return atom
+    x, v, m = inner.args
+    if isinstance(atom, FloorDiv):
+        k = atom.args[1]
+        return ModularIndexing(x, v * k, m // k) if m % k == 0 else atom
+    if atom.args[1] == 1 and m % atom.args[2] == 0:
+        return ModularIndexing(x, v, atom.args[2])
+    return atom
+
+
+def _within_range(atom: sympy.Expr, ranges: dict) -> sympy.Expr:
+    base, divisor = atom.args[0], atom.args[1]
+    if not (base.free_symbols <= set(ranges) and divisor.is_Integer and int(divisor) > 0):
+        return atom
+    bound = bound_sympy(base, ranges)
+    if not (bound.lower.is_number and bound.upper.is_number and bound.lower >= 0):
+        return atom
+    if bound.upper < divisor:
+        return sympy.Integer(0)
+    if isinstance(atom, ModularIndexing) and atom.args[2].is_Integer and bound.upper < divisor * atom.args[2]:
+        return FloorDiv(base, divisor)
+    return atom
+
+
+# the shortest inner loop split_inner_by_divisor makes: 16 floats fill one AVX-512 register
+_SHORTEST_SPLIT = 16
+
+
+def split_inner_by_divisor(kernel: Kernel) -> Kernel:
+    """A pointwise kernel whose last loop variable ``o`` is read through ``o // d`` and ``o % d``
+    (a view's dims merged in the output, apart in an input: attention's heads ``(B, H, T, D)``
+    written as ``(T*B, H*D)``) gets that loop split in two, ``o = d*a + b``, so the last loop
+    walks ``b`` where every access is linear: a division and a gather a lane became a vector
+    load, and guards on ``o // 256`` (a cat's which-input test) do not vary along it.
+
+    Only where every quotient and remainder of ``o`` is of ``o`` plus multiples of ``d``, their
+    divisors are multiples of ``d`` (the least of them), ``d`` divides the loop's static
+    extent, and the split loop keeps at least ``_SHORTEST_SPLIT`` iterations."""
+    n = len(kernel.outer)
+    if (n == 0 or kernel.inner or kernel.segment_length is not None or kernel.chunks
+            or any(v.kind not in _POINTWISE_KINDS for v in kernel.values)):
+        return kernel
+    extent = kernel.outer[-1]
+    if not _static(extent):
+        return kernel
+    o = outer_var(n - 1)
+    split = _split(simplify_with_ranges(_clamps_as_remainders(kernel, o)), o, int(extent))
+    return kernel if split is None else split
+
+
+def _clamps_as_remainders(kernel: Kernel, o: sympy.Symbol) -> Kernel:
+    """A cat's or a pad's read of its input at ``o - s`` clamped into [0, D) (build_index.clamped:
+    its value counts only inside the segment, the clamp keeps the other reads in bounds), as
+    ``o % D`` where ``s`` is a multiple of ``D``: equal inside, in bounds everywhere, and a
+    remainder the split can take apart where a clamp was a gather."""
+    mapping: dict[sympy.Expr, sympy.Expr] = {}
+    for e in _exprs(kernel):
+        for atom in e.atoms(sympy.Min):
+            if not atom.has(o) or len(atom.args) != 2:
+                continue
+            top = next((x for x in atom.args if x.is_Integer), None)
+            shifted = next((x for x in atom.args if x is not top), None)
+            if top is None or int(top) < 0:
+                continue
+            size, start = int(top) + 1, -sympy.expand(shifted - o)
+            if sympy.expand(shifted - o).has(o) or not start.is_Integer or int(start) % size:
+                continue
+            clamp = sympy.Max(0, atom) if int(start) > 0 else atom
+            mapping[clamp] = ModularIndexing(o, 1, size)
+    if not mapping:
+        return kernel
+    return dataclasses.replace(kernel, values=_rewrite(kernel, mapping))
+
+
+def _split(kernel: Kernel, o: sympy.Symbol, extent: int) -> Kernel | None:
+    n = len(kernel.outer)
+    atoms = {a for e in _exprs(kernel) for a in e.atoms(FloorDiv, ModularIndexing) if a.has(o)}
+    divisors = []
+    for atom in atoms:
+        base, divisor = atom.args[0], atom.args[1]
+        rest = sympy.expand(base - o)
+        if rest.has(o) or not divisor.is_Integer:
+            return None
+        divisors.append(int(divisor) * (int(atom.args[2]) if isinstance(atom, ModularIndexing) and divisor == 1
+                                         and atom.args[2].is_Integer else 1))
+        if isinstance(atom, ModularIndexing) and not atom.args[2].is_Integer:
+            return None
+    d = min(divisors, default=0)
+    if (d < _SHORTEST_SPLIT or d >= extent or extent % d
+            or any(k % d for k in divisors) or any(not _multiple_of(sympy.expand(a.args[0] - o), d) for a in atoms)):
+        return None
+    # o = d*a + b in one simultaneous substitution (a, b stand-ins: a is o's own name after)
+    a, b = (sympy.Symbol(f"_split_{x}", integer=True, nonnegative=True) for x in "ab")
+    mapping: dict[sympy.Expr, sympy.Expr] = {o: d * a + b}
+    for atom in atoms:
+        rest = sympy.expand(atom.args[0] - o) / d
+        if isinstance(atom, FloorDiv):
+            mapping[atom] = FloorDiv(a + rest, int(atom.args[1]) // d)
+        elif atom.args[1] == 1:  # (o + rest) % (k*d) = d * ((a + rest/d) % k) + b
+            mapping[atom] = d * ModularIndexing(a + rest, 1, int(atom.args[2]) // d) + b
+        else:
+            mapping[atom] = ModularIndexing(a + rest, int(atom.args[1]) // d, atom.args[2])
+    split = dataclasses.replace(kernel, values=_rewrite(kernel, mapping),
+                                outer=(*kernel.outer[:-1], sympy.Integer(extent // d), sympy.Integer(d)))
+    return dataclasses.replace(split, values=_rewrite(split, {a: o, b: outer_var(n)}))
+
+
+def _multiple_of(e: sympy.Expr, d: int) -> bool:
+    """Whether ``e``, a sum of terms, is a multiple of ``d`` whatever its symbols' values: every
+    term's coefficient is (``2*s0*o0`` of a symbolic stride is not)."""
+    return all(c.is_Integer and int(c) % d == 0 for c in sympy.expand(e).as_coefficients_dict().values())
 
 
 def stash_recomputed(kernel: Kernel, stash_dtypes: frozenset, scratch: bool = False) -> Kernel:
