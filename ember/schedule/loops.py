@@ -10,6 +10,9 @@ over a contiguous one on the CPU.
 (o_i*stride_i + o_j*stride_j with stride_i == stride_j * size_j), the way Inductor merges
 ranges: a contiguous [rows, cols] pointwise op becomes a single loop over rows*cols, and the
 padded GIoU loss's [batch, boxes] reduction a single inner loop.
+
+``simplify_with_ranges`` and ``split_inner_by_divisor`` (C++ kernels) take apart the quotients
+and remainders a view's reshape leaves in an index, so a simd loop reads vectors, not gathers.
 """
 
 from __future__ import annotations
@@ -133,11 +136,10 @@ def collapse_dims(kernel: Kernel) -> Kernel:
 
 def simplify_with_ranges(kernel: Kernel) -> Kernel:
     """Each index's remainders of remainders as one (``_unnested``), and the floor divisions and
-    remainders that the loops' static extents decide: a
-    quotient of a value below its divisor is 0, a remainder of one below its modulus the value
-    itself. A head's columns ``64*h + d`` (h < 4, d < 64) of a 256-wide row were read at
-    ``(64*h + d) // 256`` and ``(64*h + d) % 256``: a division a lane, gathers, and loops that
-    ``collapse_dims`` could not merge."""
+    remainders that the loops' static extents decide: a quotient of a value below its divisor
+    is 0, a remainder of one below its modulus the value itself. A head's columns ``64*h + d``
+    (h < 4, d < 64) of a 256-wide row were read at ``(64*h + d) // 256`` and ``(64*h + d) % 256``:
+    a division a lane, gathers, and loops that ``collapse_dims`` could not merge."""
     ranges = {outer_var(i): ValueRanges(0, int(n) - 1) for i, n in enumerate(kernel.outer) if _static(n)}
     ranges.update({inner_var(i): ValueRanges(0, int(n) - 1) for i, n in enumerate(kernel.inner) if _static(n)})
     if not ranges:
