@@ -37,10 +37,10 @@ def _instrumented() -> list[dict]:
         current["builds"] += 1
         return original_build(self)
 
-    def plan(graph, cfg):
+    def plan(graph, cfg, *args, **kwargs):  # (the planner's own arguments: gpu, hints)
         current.update(graph=graph.name, nodes=len(graph.nodes), attempts=0, builds=0)
         start = time.perf_counter()
-        schedule = original_plan(graph, cfg)
+        schedule = original_plan(graph, cfg, *args, **kwargs)
         records.append(dict(current, seconds=time.perf_counter() - start, kernels=len(schedule.kernels)))
         return schedule
 
