@@ -519,10 +519,9 @@ class Planner(DomainRules, StepOrder, CycleChecks):
     def _build_kernel(self, spec: GroupSpec, infos: RecordedReads, subtrees: list[tuple[Node, ...]]) -> Kernel:
         kernel = KernelBuilder(spec, infos, "", self.held, self.converted, self.saved).build()  # type: ignore[arg-type]  # (lookups only)
         # (a matmul's tiles need its two dims: they are never collapsed into one)
-        if not spec.matmul and self.gpu:
-            kernel = collapse_dims(memory_ordered_dims(kernel))
-        elif not spec.matmul:  # (a C++ simd loop walks the last dim; a GPU thread a flat position)
-            kernel = split_inner_by_divisor(collapse_dims(memory_ordered_dims(simplify_with_ranges(kernel))))
+        if not spec.matmul:  # (the C++ backend's only: a simd loop walks the last dim, a GPU thread a flat position)
+            kernel = collapse_dims(memory_ordered_dims(kernel if self.gpu else simplify_with_ranges(kernel)))
+            kernel = kernel if self.gpu else split_inner_by_divisor(kernel)
         kernel = guard_branches(kernel)
         # Every size the group's nodes mention is an argument, so the group can also run
         # through ATen (when its kernel fails to build) from the kernel's own arguments.

@@ -213,7 +213,10 @@ def split_inner_by_divisor(kernel: Kernel) -> Kernel:
     if not _static(extent):
         return kernel
     o = outer_var(n - 1)
-    split = _split(simplify_with_ranges(_clamps_as_remainders(kernel, o)), o, int(extent))
+    # (the planner simplified the kernel already: again only where clamps became remainders,
+    # whose quotients and remainders nest)
+    remainders = _clamps_as_remainders(kernel, o)
+    split = _split(remainders if remainders is kernel else simplify_with_ranges(remainders), o, int(extent))
     return kernel if split is None else split
 
 
@@ -247,13 +250,11 @@ def _split(kernel: Kernel, o: sympy.Symbol, extent: int) -> Kernel | None:
     divisors = []
     for atom in atoms:
         base, divisor = atom.args[0], atom.args[1]
-        rest = sympy.expand(base - o)
-        if rest.has(o) or not divisor.is_Integer:
+        modulus = atom.args[2] if isinstance(atom, ModularIndexing) else sympy.Integer(1)
+        if sympy.expand(base - o).has(o) or not (divisor.is_Integer and modulus.is_Integer):
             return None
-        divisors.append(int(divisor) * (int(atom.args[2]) if isinstance(atom, ModularIndexing) and divisor == 1
-                                         and atom.args[2].is_Integer else 1))
-        if isinstance(atom, ModularIndexing) and not atom.args[2].is_Integer:
-            return None
+        # (o % m takes o apart at m; o // v and (o // v) % m at v)
+        divisors.append(int(modulus) if divisor == 1 else int(divisor))
     d = min(divisors, default=0)
     if (d < _SHORTEST_SPLIT or d >= extent or extent % d
             or any(k % d for k in divisors) or any(not _multiple_of(sympy.expand(a.args[0] - o), d) for a in atoms)):
