@@ -23,6 +23,7 @@ from .matmul import fold_matmul_adds, matmul_epilogues
 from .onehot import one_hot_sums
 from .ragged import ragged_writes_as_gathers
 from .scans import padded_scans, reversed_scans
+from .softmax import softmax_reciprocals
 from .views import simplify_views
 
 Pass = Callable[[Graph], Graph]
@@ -34,6 +35,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("ragged_writes_as_gathers", ragged_writes_as_gathers),
     ("cse", cse),
     ("one_plus_erf", one_plus_erf),
+    ("softmax_reciprocals", softmax_reciprocals),
     ("reversed_scans", reversed_scans),
     ("padded_scans", padded_scans),
     ("one_hot_sums", one_hot_sums),
@@ -73,7 +75,9 @@ def pipeline_for(cfg: Config) -> list[tuple[str, Pass]]:
     epilogues = functools.partial(matmul_epilogues, target=cfg.target, gpu_backend=cfg.gpu_backend,
                                   mode=cfg.matmul_epilogues)
     folds = functools.partial(fold_matmul_adds, target=cfg.target, gpu_backend=cfg.gpu_backend)
-    chosen = {chunk_column_sums: chunked, matmul_epilogues: epilogues, fold_matmul_adds: folds}
+    reciprocals = functools.partial(softmax_reciprocals, target=cfg.target)
+    chosen = {chunk_column_sums: chunked, matmul_epilogues: epilogues, fold_matmul_adds: folds,
+              softmax_reciprocals: reciprocals}
     return [(name, chosen.get(fn, fn)) for name, fn in passes
             if (fn is not matmul_epilogues or cfg.matmul_epilogues != "off") and name not in cfg.passes_off]
 
