@@ -117,10 +117,11 @@ template <typename T> EMBER_FN void ember_atomic_amin(T* p, T v) { ember_atomic_
 // The math helpers spell their fused multiply-adds (std::fma): kernels build with
 // -ffp-contract=off, so user arithmetic rounds as eager's, and the polynomials keep their FMAs.
 // exp for float32 without libm calls, so loops that use it vectorize: Cody-Waite reduction and
-// a degree-6 polynomial (max error ~1 ulp), 2^k applied in two halves to reach subnormals. The
-// clamp alone decides the ends: below -104 p 2^-150 rounds to 0, past 88.72 to inf, and a NaN
-// stays NaN through p (all 2^32 inputs give the bits that explicit selects for 0, inf and NaN
-// gave; three selects fewer made bf16 softmax 11% faster: bench/RESULTS.md).
+// a degree-6 polynomial (max error 1.023 ulp), 2^k applied in two halves to reach subnormals.
+// The clamp alone decides the ends: below -104 p 2^-150 rounds to 0, past 88.72 to inf, and a
+// NaN stays NaN through p (all 2^32 inputs give the bits that explicit selects for 0, inf and
+// NaN gave; three selects fewer made bf16 softmax 11% faster: bench/RESULTS.md). After any
+// change: python tools/check_cpu_exp.py (every input against float64's exp).
 EMBER_FN float ember_exp(float x) {
   float xc = x < -104.0f ? -104.0f : x;
   xc = xc > 89.0f ? 89.0f : xc;
