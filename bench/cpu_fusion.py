@@ -4,8 +4,9 @@
 
 Cases: relu(x)+y+1 (16M fp32), RMSNorm 4096x4096 fp32 and softmax 4096x4096 fp32 (both the
 manual formulas of ../shared/BENCHMARKS.md), torch.softmax over bf16 and fp16 rows and LayerNorm
-over bf16 rows (4096 x 1024), the padded GIoU loss (1024 x 256 boxes), and tanh and
-tanh-approximated GELU (16M fp32: ember's own tanh).
+over bf16 rows (4096 x 1024), the padded GIoU loss (1024 x 256 boxes), tanh and
+tanh-approximated GELU (16M fp32: ember's own tanh), and attention heads merged into rows, joined
+side by side, and joined with their column sums (an in-projection's gradient and its bias's).
 Checks every variant against a float64 reference first (16-bit outputs within their rounding),
 then prints median times and ratios.
 ``--train`` times the backward alone of RMSNorm and LayerNorm (4096 x 4096 fp32), with ember's
@@ -68,6 +69,9 @@ def cases(quick: bool):
         ("heads merged fp32 8x8x256x64", merge_heads, lambda: (torch.randn(8, 8, heads_t, 64),)),
         ("q, k, v heads joined fp32 3x8x8x256x64", join_heads,
          lambda: tuple(torch.randn(8, 8, heads_t, 64) for _ in range(3))),
+        # the same joined with their column sums: the in-projection's gradient and its bias's
+        ("q, k, v joined + bias grad fp32 3x4x4x256x64", join_heads_and_sum,
+         lambda: tuple(torch.randn(4, 4, heads_t, 64) for _ in range(3))),
     ]
 
 
@@ -78,6 +82,11 @@ def merge_heads(x):
 
 def join_heads(q, k, v):
     return torch.cat([merge_heads(q), merge_heads(k), merge_heads(v)], 1)
+
+
+def join_heads_and_sum(q, k, v):
+    g = join_heads(q, k, v)
+    return g, g.sum(0)
 
 
 def gelu_tanh(x):

@@ -1,9 +1,11 @@
 """Index simplification by the loops' extents and the C++ backend's split of a last loop read
 through quotients and remainders (schedule/loops.py: simplify_with_ranges,
-split_inner_by_divisor): kernels in, kernels out; then programs against eager."""
+split_inner_by_divisor), in pointwise and row kernels: kernels in, kernels out; then programs
+against eager."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -14,7 +16,8 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 import ember
 from ember.ir import dtypes as dt
-from ember.schedule.kernel_ir import Access, Kernel, Value, outer_var
+from ember.ir.ops import Op
+from ember.schedule.kernel_ir import Access, Kernel, ReduceArg, Value, inner_var, outer_var
 from ember.schedule.loops import simplify_with_ranges, split_inner_by_divisor
 
 o0, o1, o2, o3 = (outer_var(i) for i in range(4))
@@ -60,6 +63,31 @@ def test_a_remainder_of_a_remainder_and_a_cats_clamp_split_too():
 ])
 def test_no_split_where_it_would_not_make_the_last_loop_linear(outer, load):
     kernel = _copy(outer, load, outer[1] * o0 + o1 if isinstance(outer[1], int) else o1)
+    assert split_inner_by_divisor(kernel) is kernel
+
+
+def _column_sum(outer: tuple, rows: int, load: sympy.Expr, **kernel_fields) -> Kernel:
+    """sum over ``rows`` of x read at ``load`` (r0 the row), stored at the last outer index."""
+    x = Value("load", dt.float32, arg=Access("x", load), inner=True)
+    total = Value("reduce", dt.float32, (x,), ReduceArg(Op.SUM, inner_var(0)), loop=1)
+    y = Value("store", dt.float32, (total,), Access("y", outer_var(len(outer) - 1)), stage=1)
+    return Kernel("k", [], [], tuple(sympy.sympify(n) for n in outer), (sympy.Integer(rows),), [x, total, y],
+                  **kernel_fields)
+
+
+def test_a_row_kernels_columns_split_at_the_head_size():
+    # a bias gradient: the column sums of (B=2, H=4, T=32, D=64) heads read as (T*B, H*D) rows
+    r0 = inner_var(0)
+    rows = 64 * ModularIndexing(r0, 1, 32) + 8192 * FloorDiv(r0, 32)
+    heads = 2048 * FloorDiv(o0, 64) + ModularIndexing(o0, 1, 64) + rows
+    split = split_inner_by_divisor(_column_sum((256,), 64, heads))
+    assert split.outer == (4, 64) and split.inner == (64,)
+    load, store = (v.arg.index for v in split.values if v.kind in ("load", "store"))
+    assert sympy.expand(load) == sympy.expand(2048 * o0 + o1 + rows) and store == 64 * o0 + o1
+    # (a kernel that also reduces over all rows keeps its loops: its programs combine in order)
+    total = Value("rowreduce", dt.float32, (split.values[1],), ReduceArg(Op.SUM, 0), stage=1)
+    kernel = _column_sum((256,), 64, heads)
+    kernel = dataclasses.replace(kernel, values=[*kernel.values, total])
     assert split_inner_by_divisor(kernel) is kernel
 
 
@@ -120,3 +148,31 @@ def test_pads_rotations_and_symbolic_rows_match_eager():
             y = torch.randn(rows, 3, 20, 128)[..., ::2]  # (strided)
             assert torch.equal(compiled(y), fn(y))
     assert torch.equal(ember.compile(merge_heads, dynamic=True)(x.transpose(2, 3)), merge_heads(x.transpose(2, 3)))
+
+
+def qkv_bias_grad(q, k, v):
+    """nn.MultiheadAttention's in-projection gradient: q, k, v's heads joined, and its bias's."""
+    g = torch.cat([merge_heads(q), merge_heads(k), merge_heads(v)], 1)
+    return g, g.sum(0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("shape", [(16, 2, 4, 64), (1, 1, 1, 16), (5, 3, 2, 32), (0, 2, 4, 64)])
+def test_heads_joined_and_their_column_sums_match_eager(dtype, shape):
+    q, k, v = (torch.randn(shape).to(dtype) for _ in range(3))
+    out = ember.compile(qkv_bias_grad, dynamic=False)(q, k, v)
+    ref = qkv_bias_grad(q, k, v)
+    assert torch.equal(out[0], ref[0])
+    torch.testing.assert_close(out[1], ref[1], **({"rtol": 1.6e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {}))
+    if shape == (16, 2, 4, 64) and dtype == torch.float32:
+        source = _source(qkv_bias_grad, q, k, v)
+        assert "outer [6, 64]" in source and "/ 64" not in source and "% 64" not in source, source
+
+
+def test_joined_heads_column_sums_with_symbolic_rows_and_strided_inputs_match_eager():
+    compiled = ember.compile(qkv_bias_grad, dynamic=True)
+    for t in (8, 3, 17):
+        q, k, v = (torch.randn(2, 4, t, 64).transpose(1, 2).contiguous().transpose(1, 2) for _ in range(3))
+        out, ref = compiled(q, k, v), qkv_bias_grad(q, k, v)
+        assert torch.equal(out[0], ref[0])
+        torch.testing.assert_close(out[1], ref[1])

@@ -107,6 +107,7 @@ def memory_ordered_dims(kernel: Kernel) -> Kernel:
 
 # the kinds of value a pointwise kernel holds (no reductions, scans, matmuls, searches)
 _POINTWISE_KINDS = frozenset({"load", "store", "const", "alu", "index", "checkindex"})
+_SPLIT_KINDS = _POINTWISE_KINDS | {"reduce"}
 
 
 def collapse_dims(kernel: Kernel) -> Kernel:
@@ -206,8 +207,8 @@ def split_inner_by_divisor(kernel: Kernel) -> Kernel:
     divisors are multiples of ``d`` (the least of them), ``d`` divides the loop's static
     extent, and the split loop keeps at least ``_SHORTEST_SPLIT`` iterations."""
     n = len(kernel.outer)
-    if (n == 0 or kernel.inner or kernel.segment_length is not None or kernel.chunks
-            or any(v.kind not in _POINTWISE_KINDS for v in kernel.values)):
+    if (n == 0 or kernel.segment_length is not None or kernel.chunks or kernel.scans or kernel.dots
+            or kernel.row_reductions or any(v.kind not in _SPLIT_KINDS for v in kernel.values)):
         return kernel
     extent = kernel.outer[-1]
     if not _static(extent):
