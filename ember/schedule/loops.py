@@ -197,11 +197,14 @@ _SHORTEST_SPLIT = 16
 
 
 def split_inner_by_divisor(kernel: Kernel) -> Kernel:
-    """A pointwise kernel whose last loop variable ``o`` is read through ``o // d`` and ``o % d``
+    """A kernel whose last outer loop variable ``o`` is read through ``o // d`` and ``o % d``
     (a view's dims merged in the output, apart in an input: attention's heads ``(B, H, T, D)``
     written as ``(T*B, H*D)``) gets that loop split in two, ``o = d*a + b``, so the last loop
     walks ``b`` where every access is linear: a division and a gather a lane became a vector
-    load, and guards on ``o // 256`` (a cat's which-input test) do not vary along it.
+    load, and guards on ``o // 256`` (a cat's which-input test) do not vary along it. Pointwise
+    kernels, and row kernels whose rows are reduced per column (the in-projection's bias
+    gradient: the column sums of q, k and v's heads joined; their column tiles then take ``b``);
+    not kernels that also reduce over all rows, scan, chunk or multiply.
 
     Only where every quotient and remainder of ``o`` is of ``o`` plus multiples of ``d``, their
     divisors are multiples of ``d`` (the least of them), ``d`` divides the loop's static
