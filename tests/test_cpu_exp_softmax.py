@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+import ember
 from ember.ir import GraphBuilder, structurally_equal, verify
 from ember.passes.softmax import softmax_reciprocals
 
@@ -99,6 +100,15 @@ def test_softmax_over_awkward_rows_matches_eager(shape, dim):
     for inp in (x, x_t):
         out, _ = run(lambda x: torch.softmax(x, dim), inp)
         assert_same(out, torch.softmax(inp, dim))
+
+
+@needs_cpu
+def test_softmax_with_symbolic_sizes_matches_eager():
+    compiled = ember.compile(lambda x: torch.softmax(x, -1), dynamic=True)
+    for rows, width in ((5, 33), (9, 7), (1, 300)):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(rows, width, dtype=dtype)
+            assert_same(compiled(x), torch.softmax(x, -1))
 
 
 @needs_cpu

@@ -107,6 +107,7 @@ def memory_ordered_dims(kernel: Kernel) -> Kernel:
 
 # the kinds of value a pointwise kernel holds (no reductions, scans, matmuls, searches)
 _POINTWISE_KINDS = frozenset({"load", "store", "const", "alu", "index", "checkindex"})
+# (and a row kernel's reductions over its inner loops: split_inner_by_divisor)
 _SPLIT_KINDS = _POINTWISE_KINDS | {"reduce"}
 
 
@@ -202,9 +203,9 @@ def split_inner_by_divisor(kernel: Kernel) -> Kernel:
     written as ``(T*B, H*D)``) gets that loop split in two, ``o = d*a + b``, so the last loop
     walks ``b`` where every access is linear: a division and a gather a lane became a vector
     load, and guards on ``o // 256`` (a cat's which-input test) do not vary along it. Pointwise
-    kernels, and row kernels whose rows are reduced per column (the in-projection's bias
-    gradient: the column sums of q, k and v's heads joined; their column tiles then take ``b``);
-    not kernels that also reduce over all rows, scan, chunk or multiply.
+    kernels and row kernels (the in-projection's bias gradient, the column sums of q, k and v's
+    heads joined: its column tiles then take ``b``); not kernels that also reduce over all rows,
+    scan, chunk or multiply matrices.
 
     Only where every quotient and remainder of ``o`` is of ``o`` plus multiples of ``d``, their
     divisors are multiples of ``d`` (the least of them), ``d`` divides the loop's static
