@@ -11,7 +11,7 @@ import sympy
 from ..ir import shapes as sh
 from ..schedule.kernel_ir import Value, outer_var
 from .cexpr import index_expr
-from .cpp_split import Window, find_split, find_window, loop_invariants, uniform_selects
+from .cpp_split import Window, find_split, find_window, loop_invariants, row_invariants, uniform_selects
 from .cpp_staging import close_strip, open_strip, staged_accesses
 
 # Work (elements of a simple kernel) below which a kernel runs on one thread: waking the pool
@@ -70,7 +70,14 @@ class PointwiseLoops:
         if window is not None:
             self._window_loops(var, extent, values, window)
         elif split is None:
+            hoisted = row_invariants(values, var)
+            opened = any(v.kind != "const" for v in hoisted) and sh.static(k.outer[-1]) is None
+            if opened:  # (their loads read an element only where the row has one)
+                self.emit(f"if ({extent} > 0) {{")
+                self.depth += 1
+            values = self._hoist(values, hoisted, var)
             self._pointwise_loop(var, "0", extent, values, "")
+            self._close_loops(int(opened))
         else:  # padding skipped: the loop in two at the guard's bound, or unswitched (cpp_split.py)
             positive = sh.static(k.outer[-1])
             if positive is None:  # (the bound's index checks run only where the row has elements)
@@ -78,6 +85,7 @@ class PointwiseLoops:
                 self.depth += 1
             self._statements(split.hoisted)
             inside = [v for v in values if v not in split.hoisted]
+            inside = self._hoist(inside, row_invariants(inside, var, frozenset({id(split.guard)})), var)
             guard = id(split.guard)
             if split.bound is None:
                 self.emit(f"if ({self.body.expression(split.guard)}) {{  // {self.body.name(split.guard)}, "
@@ -113,6 +121,7 @@ class PointwiseLoops:
             self.depth += 1
         self._statements(window.hoisted)
         inside = [v for v in values if v not in window.hoisted]
+        inside = self._hoist(inside, row_invariants(inside, var), var)
         lows, highs = [], []
         for lower, n, a, b, shift in window.bounds:
             x = sympy.Symbol(self.body.name(n), integer=True) + shift - b
@@ -159,6 +168,15 @@ class PointwiseLoops:
             self.emit("}")
         if positive is None:
             self._close_loops(1)
+
+    def _hoist(self, values: list[Value], hoisted: list[Value], var: sympy.Symbol) -> list[Value]:
+        """Emit ``hoisted`` (cpp_split.row_invariants) before the loop over ``var``; the rest."""
+        if not any(v.kind != "const" for v in hoisted):
+            return values
+        self.emit(f"// the same along {var.name}: computed once, before its loop")
+        self._statements(hoisted)
+        done = {id(v) for v in hoisted}
+        return [v for v in values if id(v) not in done]
 
     def _pointwise_loop(self, var, start: str, stop: str, values: list[Value], pragma: str) -> None:
         """The simd loop over ``var`` from ``start`` to ``stop`` computing ``values`` (float16 rows
