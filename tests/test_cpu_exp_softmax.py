@@ -46,7 +46,7 @@ def test_exp_is_within_an_ulp_over_every_exponent():
     exact = torch.exp(x.double())
     finite = exact < float(torch.finfo(torch.float32).max)
     err = _ulps(out[finite], exact[finite])
-    # (tools/check_cpu_exp.py checks all 2^32 inputs: at most 1.023 ulp)
+    # (tools/check_cpu_math.py checks all 2^32 inputs: at most 1.023 ulp)
     assert err.max() <= 1.1, (err.max(), x[finite][err.argmax()])
     # past float32's largest value it is inf; where the exact value is under half the smallest
     # subnormal, 0

@@ -121,7 +121,7 @@ template <typename T> EMBER_FN void ember_atomic_amin(T* p, T v) { ember_atomic_
 // The clamp alone decides the ends: below -104 p 2^-150 rounds to 0, past 88.72 to inf, and a
 // NaN stays NaN through p (all 2^32 inputs give the bits that explicit selects for 0, inf and
 // NaN gave; three selects fewer made bf16 softmax 11% faster: bench/RESULTS.md). After any
-// change: python tools/check_cpu_exp.py (every input against float64's exp).
+// change: python tools/check_cpu_math.py exp (every input against float64's exp).
 EMBER_FN float ember_exp(float x) {
   float xc = x < -104.0f ? -104.0f : x;
   xc = xc > 89.0f ? 89.0f : xc;
@@ -140,6 +140,58 @@ EMBER_FN float ember_exp(float x) {
   uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
   float f1, f2; std::memcpy(&f1, &b1, 4); std::memcpy(&f2, &b2, 4);
   return p * f1 * f2;
+}
+// expm1 and log1p for float32 without libm calls (glibc's expm1f and log1pf have no vector forms:
+// a loop calling them ran one element at a time, ELU and softplus 3-6x eager). Coefficients from
+// tools/fit_log1p_expm1.py; after any change: python tools/check_cpu_math.py (every input).
+// expm1(x) = 2^k expm1(r) + (2^k - 1), x = k ln2 + r: no cancellation at k = 0, where it matters.
+// x is clamped to [-30, 89] (below -17.4 it rounds to -1; past 88.7228 to inf); 2^k for k = 128
+// would be inf, so 2^127 and a doubling. |x| < 2^-25 (0, -0, subnormals) and NaN give x.
+EMBER_FN float ember_expm1(float x) {
+  float xc = x < -30.0f ? -30.0f : x;
+  xc = xc > 89.0f ? 89.0f : xc;
+  float k = std::nearbyint(xc * 1.44269504088896341f);
+  float r = std::fma(-k, 0.693359375f, xc);
+  r = std::fma(k, 2.12194440e-4f, r);
+  float p = 1.9778760907e-04f;
+  p = std::fma(p, r, 1.3933645096e-03f);
+  p = std::fma(p, r, 8.3335014060e-03f);
+  p = std::fma(p, r, 4.1666477919e-02f);
+  p = std::fma(p, r, 1.6666665673e-01f);
+  float e = std::fma(r * r, std::fma(r, p, 0.5f), r);  // expm1(r)
+  int32_t ki = (int32_t)k;
+  int32_t kc = ki > 127 ? 127 : ki;
+  float t = ember_bits_f32((uint32_t)(kc + 127) << 23);  // 2^k
+  // 2^k - 1 is exact up to k = 24; from 25 on, 2^k (e - 2^-k) + 2^k instead (one rounding of a
+  // tiny term, where 2^k - 1 would round by half an ulp of the result)
+  float tiny = ember_bits_f32((uint32_t)(127 - (kc < 25 ? 25 : kc)) << 23);  // 2^-k
+  float y = ki < 25 ? std::fma(e, t, t - 1.0f) : std::fma(e - tiny, t, t);
+  y = ki > 127 ? y * 2.0f : y;
+  float ax = std::fabs(x);
+  return (ax < 0x1p-25f || x != x) ? x : y;
+}
+// log1p(x): 1 + x = 2^k m, m in [sqrt(1/2), sqrt(2)); log(m) = f - f^2/2 + s (f^2/2 + z Q(z)),
+// f = m - 1, s = f / (2 + f), z = s^2; plus c, the rounding error of 1 + x relative to it.
+// ln2 in two parts, the first with 16 bits, so that k ln2_hi is exact. |x| < 2^-24 (0, -0,
+// subnormals), inf and NaN give x; -1 gives -inf, below -1 NaN.
+EMBER_FN float ember_log1p(float x) {
+  float u = 1.0f + x;
+  uint32_t iu = ember_f32_bits(u) + (0x3f800000u - 0x3f3504f3u);
+  int32_t ki = (int32_t)(iu >> 23) - 127;
+  float m = ember_bits_f32((iu & 0x007fffffu) + 0x3f3504f3u);
+  // (u - 1 is exact below 2^24, and then x - (u - 1) too: Sterbenz; above, u - x is)
+  float c = (ki < 24 ? x - (u - 1.0f) : 1.0f - (u - x)) / u;
+  float f = m - 1.0f;
+  float s = f / (2.0f + f);
+  float z = s * s;
+  float q = std::fma(std::fma(2.9861149192e-01f, z, 3.9978012443e-01f), z, 6.6666769981e-01f);
+  float hfsq = 0.5f * f * f;
+  float k = (float)ki;
+  float y = std::fma(k, 0.693145751953125f,
+                     -((hfsq - (s * std::fma(z, q, hfsq) + std::fma(k, 1.4286068203094173e-06f, c))) - f));
+  float ax = std::fabs(x);
+  y = (ax < 0x1p-24f || ax == INFINITY || x != x) ? x : y;
+  return x <= -1.0f ? (x == -1.0f ? -INFINITY : NAN) : y;
 }
 // erf for float32 without libm calls (max error ~2.3 ulp); coefficients from tools/fit_erf.py.
 EMBER_FN float ember_erf(float x) {
