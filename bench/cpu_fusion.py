@@ -1,12 +1,14 @@
 """eager vs Inductor vs ember on this machine's CPU (issue: foundation).
 
-    python bench/cpu_fusion.py [--reps 25] [--quick] [--train]
+    python bench/cpu_fusion.py [--reps 25] [--quick] [--train] [--only TEXT]
 
 Cases: relu(x)+y+1 (16M fp32), RMSNorm 4096x4096 fp32 and softmax 4096x4096 fp32 (both the
 manual formulas of ../shared/BENCHMARKS.md), torch.softmax over bf16 and fp16 rows and LayerNorm
 over bf16 rows (4096 x 1024), the padded GIoU loss (1024 x 256 boxes), tanh and
-tanh-approximated GELU (16M fp32: ember's own tanh), and attention heads merged into rows, joined
-side by side, and joined with their column sums (an in-projection's gradient and its bias's).
+tanh-approximated GELU (16M fp32: ember's own tanh), ELU, softplus and BCE with logits (16M fp32:
+ember's own expm1 and log1p), and attention heads merged into rows, joined side by side, and
+joined with their column sums (an in-projection's gradient and its bias's). ``--only`` runs
+the cases whose name contains its text.
 Checks every variant against a float64 reference first (16-bit outputs within their rounding),
 then prints median times and ratios.
 ``--train`` times the backward alone of RMSNorm and LayerNorm (4096 x 4096 fp32), with ember's
@@ -64,6 +66,11 @@ def cases(quick: bool):
         ("padded GIoU loss 1024x256", padded_giou_loss, lambda: (pred, padded)),
         ("tanh(x) fp32 16M", torch.tanh, lambda: (torch.randn(n),)),
         ("gelu(x, 'tanh') fp32 16M", gelu_tanh, lambda: (torch.randn(n),)),
+        # activations and a loss on expm1 and log1p (ember_expm1, ember_log1p)
+        ("elu(x) fp32 16M", torch.nn.functional.elu, lambda: (torch.randn(n),)),
+        ("softplus(x) fp32 16M", torch.nn.functional.softplus, lambda: (torch.randn(n),)),
+        ("BCE with logits fp32 16M", torch.nn.functional.binary_cross_entropy_with_logits,
+         lambda: (torch.randn(n), torch.rand(n))),
         # attention's heads (B, H, T, D) written as (T*B, H*D) rows, as nn.MultiheadAttention's
         # output; and q, k, v's three joined side by side, as its in-projection's gradient
         ("heads merged fp32 8x8x256x64", merge_heads, lambda: (torch.randn(8, 8, heads_t, 64),)),
@@ -128,6 +135,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=25)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--train", action="store_true", help="backward passes only")
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
     args = parser.parse_args()
     print(f"# {machine()}, {time.strftime('%Y-%m-%d')}")
     if args.train:
@@ -137,6 +145,8 @@ def main() -> int:
         return 0
     rows, failed = [], False
     for name, fn, make in cases(args.quick):
+        if args.only not in name:
+            continue
         inputs = make()
         inductor = torch.compile(fn)
         fast = ember.compile(fn)
