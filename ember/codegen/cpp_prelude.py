@@ -122,12 +122,17 @@ template <typename T> EMBER_FN void ember_atomic_amin(T* p, T v) { ember_atomic_
 // NaN stays NaN through p (all 2^32 inputs give the bits that explicit selects for 0, inf and
 // NaN gave; three selects fewer made bf16 softmax 11% faster: bench/RESULTS.md). After any
 // change: python tools/check_cpu_math.py exp (every input against float64's exp).
-EMBER_FN float ember_exp(float x) {
-  float xc = x < -104.0f ? -104.0f : x;
+// x clamped to [lo, 89] as k ln2 + r, |r| <= ln2 / 2 (Cody-Waite: k 0.693359375 is exact); k.
+EMBER_FN float ember_ln2_split(float x, float lo, float& r) {
+  float xc = x < lo ? lo : x;
   xc = xc > 89.0f ? 89.0f : xc;
   float k = std::nearbyint(xc * 1.44269504088896341f);
-  float r = std::fma(-k, 0.693359375f, xc);
-  r = std::fma(k, 2.12194440e-4f, r);
+  r = std::fma(k, 2.12194440e-4f, std::fma(-k, 0.693359375f, xc));
+  return k;
+}
+EMBER_FN float ember_exp(float x) {
+  float r;
+  float k = ember_ln2_split(x, -104.0f, r);
   float p = 1.9875691500e-4f;
   p = std::fma(p, r, 1.3981999507e-3f);
   p = std::fma(p, r, 8.3334519073e-3f);
@@ -148,16 +153,10 @@ EMBER_FN float ember_exp(float x) {
 // x is clamped to [-30, 89] (below -17.4 it rounds to -1; past 88.7228 to inf); 2^k for k = 128
 // would be inf, so 2^127 and a doubling. |x| < 2^-25 (0, -0, subnormals) and NaN give x.
 EMBER_FN float ember_expm1(float x) {
-  float xc = x < -30.0f ? -30.0f : x;
-  xc = xc > 89.0f ? 89.0f : xc;
-  float k = std::nearbyint(xc * 1.44269504088896341f);
-  float r = std::fma(-k, 0.693359375f, xc);
-  r = std::fma(k, 2.12194440e-4f, r);
-  float p = 1.9778760907e-04f;
-  p = std::fma(p, r, 1.3933645096e-03f);
-  p = std::fma(p, r, 8.3335014060e-03f);
-  p = std::fma(p, r, 4.1666477919e-02f);
-  p = std::fma(p, r, 1.6666665673e-01f);
+  float r;
+  float k = ember_ln2_split(x, -30.0f, r);
+  float p = std::fma(std::fma(std::fma(std::fma(1.9778760907e-04f, r, 1.3933645096e-03f), r, 8.3335014060e-03f),
+                              r, 4.1666477919e-02f), r, 1.6666665673e-01f);
   float e = std::fma(r * r, std::fma(r, p, 0.5f), r);  // expm1(r)
   int32_t ki = (int32_t)k;
   int32_t kc = ki > 127 ? 127 : ki;
