@@ -116,13 +116,8 @@ template <typename T> EMBER_FN void ember_atomic_amin(T* p, T v) { ember_atomic_
 
 // The math helpers spell their fused multiply-adds (std::fma): kernels build with
 // -ffp-contract=off, so user arithmetic rounds as eager's, and the polynomials keep their FMAs.
-// exp for float32 without libm calls, so loops that use it vectorize: Cody-Waite reduction and
-// a degree-6 polynomial (max error 1.023 ulp), 2^k applied in two halves to reach subnormals.
-// The clamp alone decides the ends: below -104 p 2^-150 rounds to 0, past 88.72 to inf, and a
-// NaN stays NaN through p (all 2^32 inputs give the bits that explicit selects for 0, inf and
-// NaN gave; three selects fewer made bf16 softmax 11% faster: bench/RESULTS.md). After any
-// change: python tools/check_cpu_math.py exp (every input against float64's exp).
-// x clamped to [lo, 89] as k ln2 + r, |r| <= ln2 / 2 (Cody-Waite: k 0.693359375 is exact); k.
+// exp's and expm1's reduction: x clamped to [lo, 89] as k ln2 + r, |r| <= ln2 / 2; returns k.
+// (Cody-Waite: ln2 in two parts, k 0.693359375 exact.)
 EMBER_FN float ember_ln2_split(float x, float lo, float& r) {
   float xc = x < lo ? lo : x;
   xc = xc > 89.0f ? 89.0f : xc;
@@ -130,6 +125,12 @@ EMBER_FN float ember_ln2_split(float x, float lo, float& r) {
   r = std::fma(k, 2.12194440e-4f, std::fma(-k, 0.693359375f, xc));
   return k;
 }
+// exp for float32 without libm calls, so loops that use it vectorize: Cody-Waite reduction and
+// a degree-6 polynomial (max error 1.023 ulp), 2^k applied in two halves to reach subnormals.
+// The clamp alone decides the ends: below -104 p 2^-150 rounds to 0, past 88.72 to inf, and a
+// NaN stays NaN through p (all 2^32 inputs give the bits that explicit selects for 0, inf and
+// NaN gave; three selects fewer made bf16 softmax 11% faster: bench/RESULTS.md). After any
+// change: python tools/check_cpu_math.py exp (every input against float64's exp).
 EMBER_FN float ember_exp(float x) {
   float r;
   float k = ember_ln2_split(x, -104.0f, r);
