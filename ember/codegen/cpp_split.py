@@ -114,20 +114,13 @@ def _varies(var: sympy.Symbol) -> Callable[[Value], bool]:
 def row_invariants(values: list[Value], var: sympy.Symbol, keep: frozenset[int] = frozenset()) -> list[Value]:
     """The values of a simd loop over ``var`` (the innermost of several) that do not vary along
     it, computed once per row before the loop: loads at an index without ``var``, arithmetic of
-    them, and the constants they read. As ``loop_invariants``, unguarded, not an integer division
-    (it may flag an error: raised only where an element computes it), nor a load of a buffer the
-    kernel writes; ``keep``: ids left in the loop (a split's guard, made a constant there). A row's
-    ``log(sum)`` in the loop left GCC's loop scalar, since logf has no vector form: the gradient
-    of a cross-entropy over 1024 x 4096 logits took 18 ms where 1.6 sufficed."""
+    them, and the constants they read; hoistable as ``loop_invariants``'s are. ``keep``: ids
+    left in the loop (a split's guard, made a constant there). A row's ``log(sum)`` in the loop
+    left GCC's loop scalar, since logf has no vector form: the gradient of a cross-entropy over
+    1024 x 4096 logits took 18 ms where 1.6 sufficed."""
     varies = _varies(var)
-    written = {v.arg.buffer for v in values if v.kind == "store"}
-    out: set[int] = set()
-    for v in values:
-        if (v.kind in ("load", "alu") and v.guard is None and id(v) not in keep and not varies(v)
-                and all(id(s) in out or s.kind == "const" for s in v.srcs)
-                and not (v.kind == "alu" and v.arg in RAISING_ALU and not v.dtype.is_float)
-                and not (v.kind == "load" and v.arg.buffer in written)):
-            out.add(id(v))
+    same = _hoistable(values, lambda v: v.kind in ("const", "load", "alu") and id(v) not in keep and not varies(v))
+    out = {id(v) for v in same if v.kind != "const"}
     out |= {id(s) for v in values if id(v) in out for s in v.srcs}  # (their constants)
     return [v for v in values if id(v) in out]
 
@@ -300,10 +293,17 @@ def loop_invariants(values: list[Value]) -> list[Value]:
     corrections (``pow(beta2, step)``, a square root, divisions, per parameter) were computed at
     every element: an Adam step over 8M floats took 70-100 ms on 2 cores, eager 22."""
     invariant = invariant_values(values)
+    return _hoistable(values, lambda v: id(v) in invariant)
+
+
+def _hoistable(values: list[Value], same: Callable[[Value], bool]) -> list[Value]:
+    """The values ``same`` calls the same at every element of a loop that may be computed
+    ahead of it: unguarded, from such values only, not an integer division (it may flag an
+    error: raised only where an element computes it), nor a load of a buffer the kernel writes."""
     written = {v.arg.buffer for v in values if v.kind == "store"}
     out: set[int] = set()
     for v in values:
-        if (id(v) in invariant and v.guard is None and all(id(s) in out for s in v.srcs)
+        if (same(v) and v.guard is None and all(id(s) in out for s in v.srcs)
                 and not (v.kind == "alu" and v.arg in RAISING_ALU and not v.dtype.is_float)
                 and not (v.kind == "load" and v.arg.buffer in written)):
             out.add(id(v))
