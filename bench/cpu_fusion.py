@@ -1,14 +1,16 @@
 """eager vs Inductor vs ember on this machine's CPU (issue: foundation).
 
-    python bench/cpu_fusion.py [--reps 25] [--quick] [--train] [--only TEXT]
+    python bench/cpu_fusion.py [--reps 25] [--quick] [--train] [--math] [--only TEXT]
 
 Cases: relu(x)+y+1 (16M fp32), RMSNorm 4096x4096 fp32 and softmax 4096x4096 fp32 (both the
 manual formulas of ../shared/BENCHMARKS.md), torch.softmax over bf16 and fp16 rows and LayerNorm
 over bf16 rows (4096 x 1024), the padded GIoU loss (1024 x 256 boxes), tanh and
 tanh-approximated GELU (16M fp32: ember's own tanh), ELU, softplus and BCE with logits (16M fp32:
-ember's own expm1 and log1p), and attention heads merged into rows, joined side by side, and
-joined with their column sums (an in-projection's gradient and its bias's). ``--only`` runs
-the cases whose name contains its text.
+ember's own expm1 and log1p), the KL divergence (4096x4096 fp32: ember's own log), and attention
+heads merged into rows, joined side by side, and joined with their column sums (an
+in-projection's gradient and its bias's). ``--only`` runs the cases whose name contains its
+text; ``--math`` runs instead one case for each float32 function ember computes without libm
+calls (log, log2, log10, sinh, cosh, atan, asin, acos, atan2, pow; 16M fp32).
 Checks every variant against a float64 reference first (16-bit outputs within their rounding),
 then prints median times and ratios.
 ``--train`` times the backward alone of RMSNorm and LayerNorm (4096 x 4096 fp32), with ember's
@@ -71,6 +73,9 @@ def cases(quick: bool):
         ("softplus(x) fp32 16M", torch.nn.functional.softplus, lambda: (torch.randn(n),)),
         ("BCE with logits fp32 16M", torch.nn.functional.binary_cross_entropy_with_logits,
          lambda: (torch.randn(n), torch.rand(n))),
+        # a loss on log (ember_log, codegen/cpp_math.py; --math times the functions alone)
+        ("KL divergence fp32 4096x4096", kl_divergence,
+         lambda: (torch.log_softmax(torch.randn(rows, 4096), -1), torch.softmax(torch.randn(rows, 4096), -1))),
         # attention's heads (B, H, T, D) written as (T*B, H*D) rows, as nn.MultiheadAttention's
         # output; and q, k, v's three joined side by side, as its in-projection's gradient
         ("heads merged fp32 8x8x256x64", merge_heads, lambda: (torch.randn(8, 8, heads_t, 64),)),
@@ -80,6 +85,26 @@ def cases(quick: bool):
         ("q, k, v joined + bias grad fp32 3x4x4x256x64", join_heads_and_sum,
          lambda: tuple(torch.randn(4, 4, heads_t, 64) for _ in range(3))),
     ]
+
+
+def math_cases(quick: bool):
+    """One case for each float32 function of codegen/cpp_math.py, over its domain (``--math``)."""
+    n = 1 << 20 if quick else 16 << 20
+    unit = lambda: (torch.rand(n) * 1.98 - 0.99,)  # noqa: E731
+    positive = lambda: (torch.rand(n) * 4 + 1e-3,)  # noqa: E731
+    normal = lambda: (torch.randn(n) * 3,)  # noqa: E731
+    return [(f"{name} fp32 16M", fn, make) for name, fn, make in [
+        ("log(x)", torch.log, positive), ("log2(x)", torch.log2, positive), ("log10(x)", torch.log10, positive),
+        ("sinh(x)", torch.sinh, normal), ("cosh(x)", torch.cosh, normal), ("atan(x)", torch.atan, normal),
+        ("asin(x)", torch.asin, unit), ("acos(x)", torch.acos, unit),
+        ("atan2(y, x)", torch.atan2, lambda: (torch.randn(n), torch.randn(n))),
+        ("x ** 2.5", pow_scalar, positive), ("x ** y", torch.pow, lambda: (torch.rand(n) * 4, torch.randn(n))),
+        ("xlogy(x, y)", torch.xlogy, lambda: (torch.rand(n), torch.rand(n))),
+    ]]
+
+
+def pow_scalar(x):
+    return x ** 2.5
 
 
 def merge_heads(x):
@@ -94,6 +119,10 @@ def join_heads(q, k, v):
 def join_heads_and_sum(q, k, v):
     g = join_heads(q, k, v)
     return g, g.sum(0)
+
+
+def kl_divergence(logp, target):
+    return torch.nn.functional.kl_div(logp, target, reduction="batchmean")
 
 
 def gelu_tanh(x):
@@ -136,7 +165,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--train", action="store_true", help="backward passes only")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
+    parser.add_argument("--math", action="store_true", help="the float32 math functions' cases instead")
     args = parser.parse_args()
+    # (every case compiles a torch function through Dynamo's one wrapper of builtins: past its
+    # recompile limit, 8, the later cases would run eager under both compilers)
+    torch._dynamo.config.recompile_limit = 64
     print(f"# {machine()}, {time.strftime('%Y-%m-%d')}")
     if args.train:
         rows = backward_times(1024 if args.quick else 4096, args.reps)
@@ -144,7 +177,7 @@ def main() -> int:
                            "ember rel err"]))
         return 0
     rows, failed = [], False
-    for name, fn, make in cases(args.quick):
+    for name, fn, make in (math_cases if args.math else cases)(args.quick):
         if args.only not in name:
             continue
         inputs = make()

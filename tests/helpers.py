@@ -178,6 +178,36 @@ def record_rendered(monkeypatch: Any, backend: type) -> list[Any]:
     return seen
 
 
+def every_exponent(low: float, high: float, seed: int = 0) -> torch.Tensor:
+    """float32 values in [low, high] with every exponent and 2^12 mantissas each (the low 11 bits
+    random), both signs: up to 2M values, subnormals and the largest floats among them."""
+    gen = torch.Generator().manual_seed(seed)
+    hi = torch.arange(0, 1 << 21, dtype=torch.int64) << 11
+    bits = (hi | torch.randint(0, 1 << 11, hi.shape, generator=gen)).to(torch.int32)
+    x = bits.view(torch.float32)
+    return x[(x >= low) & (x <= high)]
+
+
+def ulps(got: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """|got - exact| in units of the last place of the float32 nearest ``exact`` (the smallest
+    subnormal's below 2^-126)."""
+    near = exact.float().double().abs().clamp(min=2.0 ** -126)
+    ulp = torch.exp2(torch.floor(torch.log2(near)) - 23)
+    return (got.double() - exact).abs() / ulp
+
+
+def assert_gradients_match(fn: Callable[..., Any], *inputs: torch.Tensor) -> None:
+    """ember's fn and its input gradients (under a random output gradient) equal eager's."""
+    xs = [x.detach().clone().requires_grad_() for x in inputs]
+    refs = [x.detach().clone().requires_grad_() for x in inputs]
+    out, ref = ember.compile(fn)(*xs), fn(*refs)
+    grad = torch.randn_like(ref)
+    out.backward(grad)
+    ref.backward(grad)
+    assert_same(out, ref)
+    assert_same([x.grad for x in xs], [r.grad for r in refs])
+
+
 def assert_clean(report: ember.Report) -> None:
     assert report.graphs, "nothing was compiled"
     assert not [g.error for g in report.graphs if g.error], [g.error for g in report.graphs]

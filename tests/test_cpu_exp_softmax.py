@@ -15,37 +15,19 @@ from ember.ir import GraphBuilder, structurally_equal, verify
 from ember.passes.softmax import softmax_reciprocals
 
 from .conftest import DEVICE
-from .helpers import assert_clean, assert_same, run
+from .helpers import assert_clean, assert_same, every_exponent, run, ulps
 
 needs_cpu = pytest.mark.skipif(DEVICE != "cpu", reason="the CPU backend's exp and softmax")
 
 
-def _every_exponent() -> torch.Tensor:
-    """float32 values from -110 to 90 with every exponent and 2^12 mantissas each (the low 11
-    bits random), both signs: 2M values that reach the subnormal and overflow ends."""
-    gen = torch.Generator().manual_seed(0)
-    hi = torch.arange(0, 1 << 21, dtype=torch.int64) << 11
-    bits = (hi | torch.randint(0, 1 << 11, hi.shape, generator=gen)).to(torch.int32)
-    x = bits.view(torch.float32)
-    return x[(x >= -110) & (x <= 90)]
-
-
-def _ulps(got: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
-    """|got - exact| in units of the last place of the float32 nearest ``exact`` (the smallest
-    subnormal's below 2^-126)."""
-    near = exact.float().double().abs().clamp(min=2.0 ** -126)
-    ulp = torch.exp2(torch.floor(torch.log2(near)) - 23)
-    return (got.double() - exact).abs() / ulp
-
-
 @needs_cpu
 def test_exp_is_within_an_ulp_over_every_exponent():
-    x = _every_exponent()
+    x = every_exponent(-110, 90)
     out, report = run(torch.exp, x)
     assert_clean(report)
     exact = torch.exp(x.double())
     finite = exact < float(torch.finfo(torch.float32).max)
-    err = _ulps(out[finite], exact[finite])
+    err = ulps(out[finite], exact[finite])
     # (tools/check_cpu_math.py checks all 2^32 inputs: at most 1.023 ulp)
     assert err.max() <= 1.1, (err.max(), x[finite][err.argmax()])
     # past float32's largest value it is inf; where the exact value is under half the smallest

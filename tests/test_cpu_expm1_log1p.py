@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import ember
 
 from .conftest import DEVICE
-from .helpers import assert_clean, assert_same, run
+from .helpers import assert_clean, assert_gradients_match, assert_same, every_exponent, run, ulps
 
 needs_cpu = pytest.mark.skipif(DEVICE != "cpu", reason="the C++ backend's expm1 and log1p")
 
@@ -23,33 +23,19 @@ needs_cpu = pytest.mark.skipif(DEVICE != "cpu", reason="the C++ backend's expm1 
 LIMITS = {torch.expm1: 1.35, torch.log1p: 0.9}
 
 
-def _every_exponent(low: float, high: float) -> torch.Tensor:
-    """float32 values in [low, high] with every exponent and 2^12 mantissas each (the low 11 bits
-    random), both signs."""
-    gen = torch.Generator().manual_seed(0)
-    hi = torch.arange(0, 1 << 21, dtype=torch.int64) << 11
-    bits = (hi | torch.randint(0, 1 << 11, hi.shape, generator=gen)).to(torch.int32)
-    x = bits.view(torch.float32)
-    return x[(x >= low) & (x <= high)]
-
-
-def _ulps(got: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
-    near = exact.float().double().abs().clamp(min=2.0 ** -126)
-    ulp = torch.exp2(torch.floor(torch.log2(near)) - 23)
-    return (got.double() - exact).abs() / ulp
 
 
 @needs_cpu
 @pytest.mark.parametrize("fn, low, high", [(torch.expm1, -40.0, 88.7), (torch.log1p, -0.9999, 3e38)],
                          ids=["expm1", "log1p"])
-def test_within_their_ulps_over_every_exponent(fn, low, high):
-    x = _every_exponent(low, high)
+def test_within_their_ulps_overevery_exponent(fn, low, high):
+    x = every_exponent(low, high)
     out, report = run(fn, x)
     assert_clean(report)
     source = "\n".join(k.source for k in report.kernels)
     assert f"ember_{fn.__name__}(" in source and f"std::{fn.__name__}" not in source, source
     exact = fn(x.double())
-    err = _ulps(out, exact)
+    err = ulps(out, exact)
     assert err.max() <= LIMITS[fn], (err.max(), x[err.argmax()])
 
 
@@ -129,17 +115,8 @@ def test_symbolic_sizes_match_eager():
 @needs_cpu
 @pytest.mark.parametrize("name", ["elu", "softplus", "mish", "logsigmoid", "selu"])
 def test_activation_gradients_match_eager(name):
-    fn = ACTIVATIONS[name]
     torch.manual_seed(1)
-    x = (torch.randn(64, 33) * 5).requires_grad_()
-    ref_x = x.detach().clone().requires_grad_()
-    out = ember.compile(fn)(x)
-    ref = fn(ref_x)
-    grad = torch.randn_like(ref)
-    out.backward(grad)
-    ref.backward(grad)
-    assert_same(out, ref)
-    assert_same(x.grad, ref_x.grad)
+    assert_gradients_match(ACTIVATIONS[name], torch.randn(64, 33) * 5)
 
 
 @needs_cpu

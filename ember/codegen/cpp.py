@@ -31,8 +31,12 @@ CPP = Language(
              dt.float64: "double", dt.int8: "int8_t", dt.int16: "int16_t", dt.int32: "int32_t",
              dt.int64: "int64_t", dt.uint8: "uint8_t", dt.bool_: "bool"},
     math_prefix="std::",
-    fast_f32={Op.EXP: "ember_exp({})", Op.TANH: "ember_tanh({})", Op.ERF: "ember_erf({})",
-              Op.EXPM1: "ember_expm1({})", Op.LOG1P: "ember_log1p({})"},
+    # float32 math without libm calls, so simd loops vectorize (codegen/cpp_math.py)
+    fast_f32={**{op: f"ember_{op.value}({{}})" for op in (
+        Op.EXP, Op.EXPM1, Op.LOG, Op.LOG2, Op.LOG10, Op.LOG1P, Op.TANH, Op.ERF, Op.SINH, Op.COSH,
+        Op.ATAN, Op.ASIN, Op.ACOS)}, Op.ATAN2: "ember_atan2({}, {})",
+        Op.POW: "((float)ember_pow_narrow((double){}, (double){}))"},
+    narrowed_pow="ember_pow_narrow({}, {})",
     sum_acc_f32="double",
     float_to_int="ember_float_to_int",
     bools_as_bytes=True,

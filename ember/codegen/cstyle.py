@@ -31,6 +31,9 @@ class Language:
     storage: dict[dt.DType, str]          # element type of buffers
     math_prefix: str                      # 'std::' on the CPU, '' in CUDA device code
     fast_f32: dict[Op, str] = field(default_factory=dict)  # float32 overrides, e.g. EXP
+    # a float64 pow whose users all round it to float32 or narrower (eager's float32 x ** scalar
+    # computes in double): its spelling, where it may be less exact than a double (_narrowed_pow)
+    narrowed_pow: str = ""
     sum_acc_f32: str = "double"           # accumulator of float32 sums
     restrict: str = "__restrict__"
     # out-of-range gather indices raise like eager (through the error flag); else they clamp
@@ -219,6 +222,13 @@ def alu(lang: Language, v: Value, args: list[str]) -> str:
     raise NotImplementedError(f"no C spelling for {op.value}")
 
 
+def _narrowed_pow(v: Value, users: list[Value]) -> bool:
+    """A float64 pow that only casts to float32, bfloat16 or float16 read."""
+    return (v.kind == "alu" and v.arg is Op.POW and v.dtype == dt.float64 and bool(users)
+            and all(u.kind == "alu" and u.arg is Op.CAST and u.dtype in (dt.float32, dt.bfloat16, dt.float16)
+                    for u in users))
+
+
 def cast(lang: Language, src: dt.DType, dst: dt.DType, a: str) -> str:
     if dst.is_bool:
         return f"({a} != 0)"
@@ -388,6 +398,8 @@ class BodyRenderer:
             expr = f"(({ctype})({index_expr(v.arg)}))"
         elif id(v) in self.bit_selects:
             expr = f"ember_pick_bits({', '.join(self.name(s) for s in v.srcs)})"
+        elif lang.narrowed_pow and _narrowed_pow(v, self.users[id(v)]):
+            expr = lang.narrowed_pow.format(*(self.name(s) for s in v.srcs))
         else:
             expr = alu(lang, v, [self.name(s) for s in v.srcs])
         return expr

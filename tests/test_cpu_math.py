@@ -1,0 +1,281 @@
+"""The CPU backend's float32 log, log2, log10, sinh, cosh, atan, atan2, asin and acos
+(codegen/cpp_math.py; glibc's have no vector forms GCC uses, and loops calling them ran one
+element at a time): within their ulp bounds over every exponent, exact at their ends, and the
+ops and losses built on them (xlogy, KL divergence, log-softmax, NLL) against eager over dtypes,
+awkward shapes, symbolic sizes and gradients."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+
+from .conftest import DEVICE
+from .helpers import assert_clean, assert_gradients_match, assert_same, every_exponent, run, ulps
+
+needs_cpu = pytest.mark.skipif(DEVICE != "cpu", reason="the C++ backend's float32 math")
+
+# tools/check_cpu_math.py's maxima over all 2^32 inputs (atan2: 2^32 pairs), rounded up
+LIMITS = {"log": 0.9, "log2": 0.9, "log10": 0.9, "sinh": 1.65, "cosh": 1.5, "atan": 1.4,
+          "atan2": 1.5, "asin": 1.25, "acos": 0.8}
+# the inputs where each is defined, finite and not an end (the ends have their own test)
+DOMAINS = {"log": (1e-45, 3.5e38), "log2": (1e-45, 3.5e38), "log10": (1e-45, 3.5e38),
+           "sinh": (-89.4, 89.4), "cosh": (-89.4, 89.4), "atan": (-3.5e38, 3.5e38),
+           "asin": (-1.0, 1.0), "acos": (-1.0, 1.0)}
+
+
+
+
+def _assert_same_bits(out: torch.Tensor, ref: torch.Tensor, *inputs: torch.Tensor) -> None:
+    """The same values and signs (NaN for NaN); the inputs where they differ in the message."""
+    same = (out == ref) & (out.signbit() == ref.signbit()) | out.isnan() & ref.isnan()
+    assert same.all(), list(zip(*(t[~same].tolist() for t in (*inputs, out, ref))))
+
+
+def _source(report: ember.Report) -> str:
+    return "\n".join(k.source for k in report.kernels)
+
+
+@needs_cpu
+@pytest.mark.parametrize("name", sorted(DOMAINS))
+def test_within_their_ulps_overevery_exponent(name):
+    fn = getattr(torch, name)
+    x = every_exponent(*DOMAINS[name])
+    out, report = run(fn, x)
+    assert_clean(report)
+    assert f"ember_{name}(" in _source(report) and f"std::{name}" not in _source(report), _source(report)
+    exact = fn(x.double())
+    finite = exact.float().isfinite() & (exact != 0)
+    err = ulps(out[finite], exact[finite])
+    assert err.max() <= LIMITS[name], (err.max(), x[finite][err.argmax()])
+
+
+@needs_cpu
+def test_atan2_within_its_ulps_over_every_pair_of_exponents():
+    y = every_exponent(-3.5e38, 3.5e38, seed=1)
+    x = every_exponent(-3.5e38, 3.5e38, seed=2)
+    x = x[torch.randperm(x.numel(), generator=torch.Generator().manual_seed(3))]
+    n = min(x.numel(), y.numel())
+    y, x = y[:n], x[:n]
+    out, report = run(torch.atan2, y, x)
+    assert_clean(report)
+    assert "ember_atan2(" in _source(report), _source(report)
+    exact = torch.atan2(y.double(), x.double())
+    finite = exact.float() != 0
+    err = ulps(out[finite], exact[finite])
+    assert err.max() <= LIMITS["atan2"], (err.max(), y[finite][err.argmax()], x[finite][err.argmax()])
+
+
+INF, NAN = float("inf"), float("nan")
+ENDS = [NAN, -NAN, INF, -INF, 0.0, -0.0, 1e-45, -1e-45, 1e-40, -1e-40, 1.1754942e-38, 1.1754944e-38,
+        1e-30, -1e-30, 2.0 ** -25, 0.5, -0.5, 0.50000006, 0.49999997, 1.0, -1.0, 0.99999994, -0.99999994,
+        1.0000001, -1.0000001, 2.0, 2.0000002, 1.9999999, 88.72283, 88.7229, 89.0, 89.41598, 89.416, 90.0,
+        100.0, -100.0, 16777216.0, 3.4028235e38, -3.4028235e38]
+
+
+@needs_cpu
+@pytest.mark.parametrize("name", sorted(DOMAINS))
+def test_at_their_ends(name):
+    fn = getattr(torch, name)
+    x = torch.tensor(ENDS)
+    out, report = run(fn, x)
+    assert_clean(report)
+    exact = fn(x.double())
+    for xi, got, want, e in zip(ENDS, out.tolist(), exact.float().tolist(), exact.tolist()):
+        if math.isnan(want):
+            assert math.isnan(got), (name, xi, got)
+        elif math.isinf(want) or want == 0 or math.isinf(xi):
+            assert got == want and math.copysign(1, got) == math.copysign(1, want), (name, xi, got, want)
+        else:
+            ulp = 2.0 ** (math.floor(math.log2(max(abs(want), 2.0 ** -126))) - 23)
+            assert abs(got - e) <= LIMITS[name] * ulp, (name, xi, got, e)
+
+
+@needs_cpu
+def test_atan2_at_its_ends():
+    """Signed zeros and infinities in every combination, and NaN in either place: C's atan2 rules
+    (atan2(-0, -0) is -pi, atan2(inf, -inf) 3 pi/4), each multiple of pi/4 the float32 nearest it
+    (eager's is 1 ulp below it at atan2(1, 1) and atan2(3e38, -1e-45))."""
+    vals = [0.0, -0.0, 1.0, -1.0, 1e-45, -1e-45, INF, -INF, NAN, 3e38, -3e38]
+    y = torch.tensor([a for a in vals for _ in vals])
+    x = torch.tensor([b for _ in vals for b in vals])
+    out, report = run(torch.atan2, y, x)
+    assert_clean(report)
+    ref = torch.atan2(y.double(), x.double()).float()
+    _assert_same_bits(out, ref, y, x)
+
+
+def _kl(x, t):
+    return F.kl_div(x, t, reduction="batchmean")
+
+
+OPS = {
+    "log": torch.log, "log2": torch.log2, "log10": torch.log10, "sinh": torch.sinh, "cosh": torch.cosh,
+    "atan": torch.atan, "asin": torch.asin, "acos": torch.acos,
+    "atan2": lambda x: torch.atan2(x, x.flip(-1) - 0.5),
+    "xlogy": lambda x: torch.xlogy(x, x.abs() + 0.25),
+    "log_softmax": lambda x: F.log_softmax(x, -1),
+    "logit": lambda x: torch.logit(torch.sigmoid(x)),
+    "angle_sum": lambda x: torch.atan2(x.sin(), x.cos()).sum(-1),
+}
+
+
+@needs_cpu
+@pytest.mark.parametrize("name", sorted(OPS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_ops_match_eager(name, dtype):
+    fn = OPS[name]
+    torch.manual_seed(0)
+    x = (torch.randn(37, 65) * 3).to(dtype)
+    x[0, :7] = torch.tensor([0.0, -0.0, INF, -INF, NAN, 1e-30, 0.75])
+    out, report = run(fn, x)
+    assert_clean(report)
+    assert_same(out, fn(x))
+
+
+@needs_cpu
+@pytest.mark.parametrize("shape", [(0,), (1,), (0, 5), (5, 1, 3)], ids=str)
+def test_ops_over_awkward_shapes(shape):
+    x = torch.rand(shape) * 0.9
+    x_t = torch.rand(tuple(reversed(shape))).permute(*reversed(range(len(shape)))) * 0.9
+    for inp in (x, x_t):
+        for name in ("log", "asin", "sinh", "atan2"):
+            out, _ = run(OPS[name], inp)
+            assert_same(out, OPS[name](inp))
+
+
+@needs_cpu
+def test_atan2_broadcasts_and_takes_a_scalar():
+    y, x = torch.randn(4, 1, 5), torch.randn(3, 1)
+    out, _ = run(torch.atan2, y, x)
+    assert_same(out, torch.atan2(y, x))
+    fn = lambda y: torch.atan2(y, torch.tensor(-2.0))  # noqa: E731
+    out, _ = run(fn, y)
+    assert_same(out, fn(y))
+
+
+@needs_cpu
+def test_symbolic_sizes_match_eager():
+    fn = lambda x: torch.log(x.abs()) + torch.atan2(x, x + 1) + torch.cosh(x)  # noqa: E731
+    compiled = ember.compile(fn, dynamic=True)
+    for n in (5, 33, 1, 0, 1000):
+        x = torch.randn(n) * 5
+        assert_same(compiled(x), fn(x))
+
+
+@needs_cpu
+@pytest.mark.parametrize("name", ["log", "log2", "log10", "sinh", "cosh", "atan", "asin", "acos", "atan2"])
+def test_gradients_match_eager(name):
+    fn = OPS[name]
+    torch.manual_seed(1)
+    wrapped = (lambda v: fn(v.abs() + 0.05)) if name.startswith("log") else fn
+    assert_gradients_match(wrapped, torch.rand(64, 33) * 1.8 - 0.9)
+
+
+@needs_cpu
+def test_kl_divergence_and_nll_with_their_gradients_match_eager():
+    torch.manual_seed(2)
+    logits = (torch.randn(128, 40) * 4).requires_grad_()
+    target = torch.softmax(torch.randn(128, 40), -1)
+    target[0, :3] = 0.0  # (xlogy's 0 log 0 = 0)
+    labels = torch.randint(0, 40, (128,))
+
+    def loss(z, t, y):
+        logp = F.log_softmax(z, -1)
+        return _kl(logp, t) + F.nll_loss(logp, y)
+
+    ref_logits = logits.detach().clone().requires_grad_()
+    out = ember.compile(loss)(logits, target, labels)
+    ref = loss(ref_logits, target, labels)
+    out.backward()
+    ref.backward()
+    assert_same(out, ref)
+    assert_same(logits.grad, ref_logits.grad)
+
+
+# pow: float32 pows (and eager's float32 x ** scalar, computed in double) through ember_pow_narrow
+@needs_cpu
+@pytest.mark.parametrize("exponent", [2.5, 1 / 3, -1.7, 0.1, 7.0, 13.0, -3.0, 1e-3, 40.5])
+def test_pow_of_a_scalar_is_float32s_rounding_of_the_exact_power(exponent):
+    x = every_exponent(-3.5e38, 3.5e38)
+    fn = lambda v: v ** exponent  # noqa: E731
+    out, report = run(fn, x)
+    assert_clean(report)
+    assert "ember_pow_narrow(" in _source(report) and "std::pow" not in _source(report), _source(report)
+    exact = x.double() ** exponent
+    ends = exact.isnan() | (exact.float() == 0) | exact.float().isinf()
+    assert out[exact.isnan()].isnan().all()
+    same = out[ends & ~exact.isnan()] == exact[ends & ~exact.isnan()].float()
+    assert same.all()
+    err = ulps(out[~ends], exact[~ends])
+    assert err.max() <= 0.5001, (err.max(), x[~ends][err.argmax()])
+
+
+POW_ENDS = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 3.0, -3.0, 2.5, -2.5, INF, -INF, NAN, 1e-45, -1e-45,
+            9007199254740992.0, -9007199254740992.0, 3e38, -3e38]
+
+
+@needs_cpu
+def test_pow_at_its_ends():
+    """Every pair of signed zeros, ones, infinities, NaN, odd and even integers, non-integers and
+    huge and tiny values: C's rules (0 ** -3 is inf, -0 ** -3 -inf, -1 ** inf 1, NaN ** 0 1, a
+    negative base to a non-integer power NaN), as the float32 nearest the exact power."""
+    x = torch.tensor([a for a in POW_ENDS for _ in POW_ENDS])
+    y = torch.tensor([b for _ in POW_ENDS for b in POW_ENDS])
+    out, report = run(torch.pow, x, y)
+    assert_clean(report)
+    ref = torch.pow(x.double(), y.double()).float()
+    _assert_same_bits(out, ref, x, y)
+
+
+POWS = {
+    "scalar": lambda x: x.abs() ** 2.5,
+    "signed_scalar": lambda x: x ** 3.0 + x ** -1.5,
+    "tensor": lambda x: torch.pow(x.abs(), x.flip(-1)),
+    "norm": lambda x: torch.linalg.vector_norm(x, 3.0, dim=-1),
+    "scalar_base": lambda x: torch.pow(1.7, x),
+}
+
+
+@needs_cpu
+@pytest.mark.parametrize("name", sorted(POWS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_pows_match_eager(name, dtype):
+    fn = POWS[name]
+    torch.manual_seed(0)
+    x = (torch.randn(37, 65) * 2).to(dtype)
+    x[0, :6] = torch.tensor([0.0, -0.0, INF, -INF, NAN, 1e-30])
+    out, report = run(fn, x)
+    assert_clean(report)
+    assert_same(out, fn(x))
+
+
+@needs_cpu
+def test_a_double_pow_kept_in_double_keeps_libm():
+    """The narrowed pow is less exact than a double: a pow whose double result is stored stays
+    std::pow."""
+    fn = lambda x: (x.double() ** 2.5, (x.double() ** 2.5).float())  # noqa: E731
+    x = torch.rand(1000) * 10
+    out, report = run(fn, x)
+    assert "std::pow(" in _source(report), _source(report)
+    libm = torch.tensor([math.pow(v, 2.5) for v in x.double().tolist()], dtype=torch.float64)
+    assert torch.equal(out[0], libm)  # (the narrowed pow is 1e-13 off, hundreds of double ulps)
+    assert_same(out, fn(x))
+
+
+@needs_cpu
+def test_pow_gradients_and_symbolic_sizes_match_eager():
+    fn = lambda x, y: (x.abs() + 0.1) ** 2.5 + torch.pow(x.abs() + 0.5, y)  # noqa: E731
+    compiled = ember.compile(fn, dynamic=True)
+    for n in (5, 33, 1, 0, 300):
+        x, y = torch.randn(n, requires_grad=True), torch.randn(n, requires_grad=True)
+        rx, ry = x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()
+        out, ref = compiled(x, y), fn(rx, ry)
+        assert_same(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        assert_same((x.grad, y.grad), (rx.grad, ry.grad))
