@@ -10,7 +10,7 @@ ember's own expm1 and log1p), the KL divergence (4096x4096 fp32: ember's own log
 heads merged into rows, joined side by side, and joined with their column sums (an
 in-projection's gradient and its bias's). ``--only`` runs the cases whose name contains its
 text; ``--math`` runs instead one case for each float32 function ember computes without libm
-calls (log, log2, log10, sinh, cosh, atan, asin, acos, atan2, pow; 16M fp32).
+calls (exp2, log, log2, log10, sinh, cosh, atan, asin, acos, atan2, pow; 16M fp32).
 Checks every variant against a float64 reference first (16-bit outputs within their rounding),
 then prints median times and ratios.
 ``--train`` times the backward alone of RMSNorm and LayerNorm (4096 x 4096 fp32), with ember's
@@ -94,7 +94,8 @@ def math_cases(quick: bool):
     positive = lambda: (torch.rand(n) * 4 + 1e-3,)  # noqa: E731
     normal = lambda: (torch.randn(n) * 3,)  # noqa: E731
     return [(f"{name} fp32 16M", fn, make) for name, fn, make in [
-        ("log(x)", torch.log, positive), ("log2(x)", torch.log2, positive), ("log10(x)", torch.log10, positive),
+        ("exp2(x)", torch.exp2, normal), ("log(x)", torch.log, positive), ("log2(x)", torch.log2, positive),
+        ("log10(x)", torch.log10, positive),
         ("sinh(x)", torch.sinh, normal), ("cosh(x)", torch.cosh, normal), ("atan(x)", torch.atan, normal),
         ("asin(x)", torch.asin, unit), ("acos(x)", torch.acos, unit),
         ("atan2(y, x)", torch.atan2, lambda: (torch.randn(n), torch.randn(n))),

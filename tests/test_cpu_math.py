@@ -1,4 +1,4 @@
-"""The CPU backend's float32 log, log2, log10, sinh, cosh, atan, atan2, asin and acos
+"""The CPU backend's float32 exp2, log, log2, log10, sinh, cosh, atan, atan2, asin, acos and pow
 (codegen/cpp_math.py; glibc's have no vector forms GCC uses, and loops calling them ran one
 element at a time): within their ulp bounds over every exponent, exact at their ends, and the
 ops and losses built on them (xlogy, KL divergence, log-softmax, NLL) against eager over dtypes,
@@ -20,10 +20,10 @@ from .helpers import assert_clean, assert_gradients_match, assert_same, every_ex
 needs_cpu = pytest.mark.skipif(DEVICE != "cpu", reason="the C++ backend's float32 math")
 
 # tools/check_cpu_math.py's maxima over all 2^32 inputs (atan2: 2^32 pairs), rounded up
-LIMITS = {"log": 0.9, "log2": 0.9, "log10": 0.9, "sinh": 1.65, "cosh": 1.5, "atan": 1.4,
+LIMITS = {"exp2": 0.9, "log": 0.9, "log2": 0.9, "log10": 0.9, "sinh": 1.65, "cosh": 1.5, "atan": 1.4,
           "atan2": 1.5, "asin": 1.25, "acos": 0.8}
 # the inputs where each is defined, finite and not an end (the ends have their own test)
-DOMAINS = {"log": (1e-45, 3.5e38), "log2": (1e-45, 3.5e38), "log10": (1e-45, 3.5e38),
+DOMAINS = {"exp2": (-160.0, 130.0), "log": (1e-45, 3.5e38), "log2": (1e-45, 3.5e38), "log10": (1e-45, 3.5e38),
            "sinh": (-89.4, 89.4), "cosh": (-89.4, 89.4), "atan": (-3.5e38, 3.5e38),
            "asin": (-1.0, 1.0), "acos": (-1.0, 1.0)}
 
@@ -74,7 +74,8 @@ INF, NAN = float("inf"), float("nan")
 ENDS = [NAN, -NAN, INF, -INF, 0.0, -0.0, 1e-45, -1e-45, 1e-40, -1e-40, 1.1754942e-38, 1.1754944e-38,
         1e-30, -1e-30, 2.0 ** -25, 0.5, -0.5, 0.50000006, 0.49999997, 1.0, -1.0, 0.99999994, -0.99999994,
         1.0000001, -1.0000001, 2.0, 2.0000002, 1.9999999, 88.72283, 88.7229, 89.0, 89.41598, 89.416, 90.0,
-        100.0, -100.0, 16777216.0, 3.4028235e38, -3.4028235e38]
+        100.0, -100.0, 127.99999, 128.0, -126.0, -126.5, -149.0, -149.5, -150.0, -150.5, 16777216.0,
+        3.4028235e38, -3.4028235e38]
 
 
 @needs_cpu
@@ -114,8 +115,8 @@ def _kl(x, t):
 
 
 OPS = {
-    "log": torch.log, "log2": torch.log2, "log10": torch.log10, "sinh": torch.sinh, "cosh": torch.cosh,
-    "atan": torch.atan, "asin": torch.asin, "acos": torch.acos,
+    "exp2": torch.exp2, "log": torch.log, "log2": torch.log2, "log10": torch.log10, "sinh": torch.sinh,
+    "cosh": torch.cosh, "atan": torch.atan, "asin": torch.asin, "acos": torch.acos,
     "atan2": lambda x: torch.atan2(x, x.flip(-1) - 0.5),
     "xlogy": lambda x: torch.xlogy(x, x.abs() + 0.25),
     "log_softmax": lambda x: F.log_softmax(x, -1),
@@ -168,7 +169,7 @@ def test_symbolic_sizes_match_eager():
 
 
 @needs_cpu
-@pytest.mark.parametrize("name", ["log", "log2", "log10", "sinh", "cosh", "atan", "asin", "acos", "atan2"])
+@pytest.mark.parametrize("name", ["exp2", "log", "log2", "log10", "sinh", "cosh", "atan", "asin", "acos", "atan2"])
 def test_gradients_match_eager(name):
     fn = OPS[name]
     torch.manual_seed(1)

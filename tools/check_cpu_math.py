@@ -7,7 +7,7 @@ every combination of both operands' top 16 bits (sign, exponent, 7 mantissa bits
 bits mixed from the pair's index. Run it after any change; about 30 s a function on 2 cores.
 It exits 1 where an error passes the function's limit or an end is wrong.
 
-    python tools/check_cpu_math.py [exp expm1 log1p log log2 log10 sinh cosh atan atan2 asin acos pow]
+    python tools/check_cpu_math.py [exp exp2 expm1 log1p log log2 log10 sinh cosh atan atan2 asin acos pow]
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ int main() {
 # rounded up; "past 1" counts inputs of 2^32 beyond 1 ulp).
 FUNCTIONS = {
     "exp": ("ember_exp", "std::exp", 1.1),  # 1.023 (99 past 1)
+    "exp2": ("ember_exp2", "std::exp2", 0.9),  # 0.868
     "expm1": ("ember_expm1", "std::expm1", 1.35),  # 1.318 (99030 past 1)
     "log1p": ("ember_log1p", "std::log1p", 0.9),  # 0.863
     "log": ("ember_log", "std::log", 0.9),  # 0.843

@@ -47,6 +47,20 @@ EMBER_FN float ember_exp_halved(float x, float hi, int32_t halve) {
   return p * f1 * f2;
 }
 EMBER_FN float ember_exp(float x) { return ember_exp_halved(x, 89.0f, 0); }
+// 2^x: k = round(x), r = x - k (exact), 2^r = 1 + r Q(r) on |r| <= 1/2 (Q from
+// tools/fit_cpu_math.py), 2^k in two halves as in exp. x is clamped to [-160, 130], past both ends
+// (2^-160 rounds to 0, 2^130 to inf); NaN stays NaN through r.
+EMBER_FN float ember_exp2(float x) {
+  float xc = x < -160.0f ? -160.0f : x;
+  xc = xc > 130.0f ? 130.0f : xc;
+  float k = std::nearbyint(xc), r = xc - k;
+  float q = std::fma(std::fma(std::fma(std::fma(std::fma(std::fma(1.5165644072e-05f, r, 1.5467044432e-04f), r,
+      1.3334081741e-03f), r, 9.6180373803e-03f), r, 5.5504102260e-02f), r, 2.4022650719e-01f), r, 6.9314718246e-01f);
+  float p = std::fma(r, q, 1.0f);
+  int32_t ki = (int32_t)k;
+  int32_t k1 = ki >> 1, k2 = ki - k1;
+  return p * ember_bits_f32((uint32_t)(k1 + 127) << 23) * ember_bits_f32((uint32_t)(k2 + 127) << 23);
+}
 // expm1 and log1p for float32 without libm calls (glibc's expm1f and log1pf have no vector forms:
 // a loop calling them ran one element at a time, ELU and softplus 3-6x eager). Coefficients from
 // tools/fit_log1p_expm1.py; after any change: python tools/check_cpu_math.py (every input).
@@ -138,7 +152,7 @@ EMBER_FN float ember_log10(float x) {
   return ember_log_ends(x, std::fma(k, 3.0103000998e-01f, std::fma(hi, 4.3429449201e-01f, small)));
 }
 // cosh and sinh from exp: h = exp(|x|) / 2, cosh = h + 1 / (4h); sinh = h - 1 / (4h) from
-// |x| = 1 on, and below a + a^3 P(a^2), a = |x| (no cancellation near 0; P from tools/fit_odd.py).
+// |x| = 1 on, and below a + a^3 P(a^2), a = |x| (no cancellation near 0; P from tools/fit_cpu_math.py).
 // h is computed as 2^(k - 1) p, finite up to 89.4159 where exp(|x|) is not.
 EMBER_FN float ember_cosh(float x) {
   float h = ember_exp_halved(std::fabs(x), 90.0f, 1);
@@ -154,7 +168,7 @@ EMBER_FN float ember_sinh(float x) {
 }
 // atan(t + tl) for t >= 0 (inf and NaN too), tl a rounding error beside t, less its range's
 // multiple of pi/4: t itself up to 1/2, atan((t - 1) / (t + 1)) up to 2 (pi/4 more), atan(-1 / t)
-// past 2 (pi/2 more); atan(u) = u + u^3 P(u^2) on |u| <= 1/2 (P from tools/fit_odd.py).
+// past 2 (pi/2 more); atan(u) = u + u^3 P(u^2) on |u| <= 1/2 (P from tools/fit_cpu_math.py).
 EMBER_FN float ember_atan_reduced(float t, float tl) {
   bool mid = t > 0.5f, far = t > 2.0f;
   float num = far ? -1.0f : (mid ? t - 1.0f : t), den = far ? t : (mid ? t + 1.0f : 1.0f);
@@ -197,7 +211,7 @@ EMBER_FN float ember_atan2(float y, float x) {
   float r = std::copysign(ember_add_quarter_pis(n, sign * ember_atan_reduced(t, tl)), y);
   return (x != x || y != y) ? x + y : r;
 }
-// asin and acos: up to |x| = 1/2 asin(x) = x + x^3 P(x^2) (P from tools/fit_odd.py); past it
+// asin and acos: up to |x| = 1/2 asin(x) = x + x^3 P(x^2) (P from tools/fit_cpu_math.py); past it
 // asin(|x|) = pi/2 - 2 asin(w), w = sqrt(q), q = (1 - |x|) / 2 (exact), and w's rounding c
 // (q - w^2 exactly, from an fma) carried beside it. pi/2 and pi in two parts; |x| > 1 gives NaN
 // through the root.
