@@ -23,12 +23,10 @@ needs_cpu = pytest.mark.skipif(DEVICE != "cpu", reason="the C++ backend's expm1 
 LIMITS = {torch.expm1: 1.35, torch.log1p: 0.9}
 
 
-
-
 @needs_cpu
 @pytest.mark.parametrize("fn, low, high", [(torch.expm1, -40.0, 88.7), (torch.log1p, -0.9999, 3e38)],
                          ids=["expm1", "log1p"])
-def test_within_their_ulps_overevery_exponent(fn, low, high):
+def test_within_their_ulps_over_every_exponent(fn, low, high):
     x = every_exponent(low, high)
     out, report = run(fn, x)
     assert_clean(report)
