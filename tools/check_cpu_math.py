@@ -2,10 +2,11 @@
 ``ember_atan2`` and the rest) on every one of the 2^32 float32 inputs, built with ember's own
 C++ flags and vectorized as kernels use them: the error in ulps against the float64 function,
 and the ends exactly (where the float32 nearest the exact value is 0 or inf, or an input is
-infinite: the same value and sign; NaN where the exact value is NaN). atan2 and pow take 2^32 pairs:
-every combination of both operands' top 16 bits (sign, exponent, 7 mantissa bits), their low
-bits mixed from the pair's index. Run it after any change; about 30 s a function on 2 cores.
-It exits 1 where an error passes the function's limit or an end is wrong.
+infinite: the same value and sign; NaN where the exact value is NaN). atan2 and pow take 2^32
+pairs: every combination of both operands' top 16 bits (sign, exponent, 7 mantissa bits), their
+low bits mixed from the pair's index. Run it after any change; 30-60 s a function on 2 cores
+(pow, in double, 2 minutes). It exits 1 where an error passes the function's limit or an end is
+wrong.
 
     python tools/check_cpu_math.py [exp exp2 expm1 log1p log log2 log10 sinh cosh atan atan2 asin acos pow]
 """
