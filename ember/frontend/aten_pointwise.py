@@ -311,6 +311,9 @@ def _pow(ctx: Context, base: Any, exponent: Any) -> Node:
     elif isinstance(base, Node) and not isinstance(exponent, Node):
         # eager converts a scalar exponent to the tensor's dtype (checked; 2.0001 is float16's 2)
         exponent = _rounded_to(checked_scalar(exponent, dtype), dtype) if dtype.is_low_precision else exponent
+    elif isinstance(exponent, Node) and not isinstance(base, Node) and dtype.is_low_precision:
+        # ... and a scalar base too (1.7 ** x in bfloat16 is 1.703125 ** x: 2% at x = 10)
+        base = _rounded_to(checked_scalar(base, dtype), dtype)
     if isinstance(base, Node) and not isinstance(exponent, Node):
         x = ctx.operand(base, dtype, shape)
         # ATen's own fast paths, so results match eager bit for bit.
