@@ -76,6 +76,8 @@ def cases(quick: bool):
         # a loss on log (ember_log, codegen/cpp_math.py; --math times the functions alone)
         ("KL divergence fp32 4096x4096", kl_divergence,
          lambda: (torch.log_softmax(torch.randn(rows, 4096), -1), torch.softmax(torch.randn(rows, 4096), -1))),
+        # rotary position embedding: cos and sin of position x frequency (ember_cos, ember_sin)
+        ("rotary embedding fp32 8x4096x16x64", rotary, lambda: (torch.randn(8, 4096, 16, 64),)),
         # attention's heads (B, H, T, D) written as (T*B, H*D) rows, as nn.MultiheadAttention's
         # output; and q, k, v's three joined side by side, as its in-projection's gradient
         ("heads merged fp32 8x8x256x64", merge_heads, lambda: (torch.randn(8, 8, heads_t, 64),)),
@@ -101,7 +103,19 @@ def math_cases(quick: bool):
         ("atan2(y, x)", torch.atan2, lambda: (torch.randn(n), torch.randn(n))),
         ("x ** 2.5", pow_scalar, positive), ("x ** y", torch.pow, lambda: (torch.rand(n) * 4, torch.randn(n))),
         ("xlogy(x, y)", torch.xlogy, lambda: (torch.rand(n), torch.rand(n))),
+        ("sin(x)", torch.sin, normal), ("cos(x)", torch.cos, normal), ("tan(x)", torch.tan, normal),
+        ("sin(x), x up to 1e5", torch.sin, lambda: (torch.rand(n) * 1e5,)),
     ]]
+
+
+def rotary(x):
+    """RoPE over (B, T, H, D), its angles computed in the graph (as most models do)."""
+    t, d = x.shape[1], x.shape[3]
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    angles = torch.arange(t, dtype=torch.float32)[:, None] * inv_freq[None, :]  # (T, D/2)
+    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
 
 
 def pow_scalar(x):

@@ -1,7 +1,7 @@
-"""The CPU backend's float32 exp2, log, log2, log10, sinh, cosh, atan, atan2, asin, acos and pow
-(codegen/cpp_math.py; glibc's have no vector forms GCC uses, and loops calling them ran one
+"""The CPU backend's float32 exp2, log, log2, log10, sinh, cosh, atan, atan2, asin, acos, pow, sin,
+cos and tan (codegen/cpp_math.py; glibc's have no vector forms GCC uses, and loops calling them ran one
 element at a time): within their ulp bounds over every exponent, exact at their ends, and the
-ops and losses built on them (xlogy, KL divergence, log-softmax, NLL) against eager over dtypes,
+ops and losses built on them (xlogy, KL divergence, log-softmax, NLL, rotary embeddings) against eager over dtypes,
 awkward shapes, symbolic sizes and gradients."""
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ needs_cpu = pytest.mark.skipif(DEVICE != "cpu", reason="the C++ backend's float3
 # tools/check_cpu_math.py's maxima over all 2^32 inputs (atan2: 2^32 pairs), rounded up (pow's is
 # 0.500, its own test's bound)
 LIMITS = {"exp2": 0.9, "log": 0.9, "log2": 0.9, "log10": 0.9, "sinh": 1.65, "cosh": 1.5, "atan": 1.4,
-          "atan2": 1.5, "asin": 1.25, "acos": 0.8}
+          "atan2": 1.5, "asin": 1.25, "acos": 0.8, "sin": 0.51, "cos": 0.51, "tan": 0.51}
 # the inputs where each is defined, finite and not an end (the ends have their own test)
 DOMAINS = {"exp2": (-160.0, 130.0), "log": (1e-45, 3.5e38), "log2": (1e-45, 3.5e38), "log10": (1e-45, 3.5e38),
            "sinh": (-89.4, 89.4), "cosh": (-89.4, 89.4), "atan": (-3.5e38, 3.5e38),
-           "asin": (-1.0, 1.0), "acos": (-1.0, 1.0)}
+           "asin": (-1.0, 1.0), "acos": (-1.0, 1.0), "sin": (-3.5e38, 3.5e38), "cos": (-3.5e38, 3.5e38),
+           "tan": (-3.5e38, 3.5e38)}
 
 
 def _assert_same_bits(out: torch.Tensor, ref: torch.Tensor, *inputs: torch.Tensor) -> None:
@@ -127,6 +128,8 @@ OPS = {
     "pow_tensor": lambda x: torch.pow(x.abs(), x.flip(-1)),
     "pow_norm": lambda x: torch.linalg.vector_norm(x, 3.0, dim=-1),
     "pow_scalar_base": lambda x: torch.pow(1.7, x),
+    "sin": torch.sin, "cos": torch.cos, "tan": torch.tan,
+    "rotary": lambda x: torch.cat([x * x.flip(-1).cos() - x.flip(0).sin(), x.sin() * 1e3 + x.cos()], -1),
 }
 
 
@@ -149,7 +152,7 @@ def test_ops_over_awkward_shapes(shape):
     x = torch.rand(shape) * 0.9
     x_t = torch.rand(tuple(reversed(shape))).permute(*reversed(range(len(shape)))) * 0.9
     for inp in (x, x_t):
-        for name in ("log", "asin", "sinh", "atan2"):
+        for name in ("log", "asin", "sinh", "atan2", "sin", "tan"):
             out, _ = run(OPS[name], inp)
             assert_same(out, OPS[name](inp))
 
@@ -174,7 +177,8 @@ def test_symbolic_sizes_match_eager():
 
 
 @needs_cpu
-@pytest.mark.parametrize("name", ["exp2", "log", "log2", "log10", "sinh", "cosh", "atan", "asin", "acos", "atan2"])
+@pytest.mark.parametrize("name", ["exp2", "log", "log2", "log10", "sinh", "cosh", "atan", "asin", "acos", "atan2",
+                                  "sin", "cos", "tan"])
 def test_gradients_match_eager(name):
     fn = OPS[name]
     torch.manual_seed(1)
@@ -201,6 +205,67 @@ def test_kl_divergence_and_nll_with_their_gradients_match_eager():
     ref.backward()
     assert_same(out, ref)
     assert_same(logits.grad, ref_logits.grad)
+
+
+@needs_cpu
+@pytest.mark.parametrize("name", ["sin", "cos", "tan"])
+def test_near_multiples_of_half_pi(name):
+    """The range reduction's hard inputs: the floats nearest k pi/2 (and their neighbours), where
+    |x| (2/pi) cancels to a tiny remainder, for small k and for k up to 2^100; and 2^k, whose
+    reduction takes 2/pi's bits from every place."""
+    k = torch.cat([torch.arange(1, 4000, dtype=torch.float64),
+                   torch.tensor([2.0 ** j * m for j in range(20, 101, 4) for m in (1, 3, 5, 7, 0.999)],
+                                dtype=torch.float64)])
+    near = (k * (math.pi / 2)).float()
+    bits = near.view(torch.int32)
+    x = torch.cat([near, (bits + 1).view(torch.float32), (bits - 1).view(torch.float32),
+                   2.0 ** torch.arange(-149, 128, dtype=torch.float64).float()])
+    x = torch.cat([x, -x])
+    out, report = run(getattr(torch, name), x)
+    assert_clean(report)
+    assert f"ember_{name}(" in _source(report), _source(report)
+    exact = torch.tensor([getattr(math, name)(v) for v in x.double().tolist()], dtype=torch.float64)
+    err = ulps(out, exact)
+    assert err.max() <= LIMITS[name], (err.max(), x[err.argmax()].item())
+
+
+@needs_cpu
+@pytest.mark.parametrize("name", ["sin", "cos", "tan"])
+def test_near_forms_give_the_full_forms_bits(name):
+    """A loop whose arguments are all below 2^26 takes ember_<name>_near (2/pi's first bits as
+    constants), else the full reduction, a block of 4096 elements at a time: the same bits for
+    the same argument either way. Block 2 of y holds one huge argument (the full form there), x
+    none (the near form)."""
+    fn = getattr(torch, name)
+    torch.manual_seed(4)
+    x = torch.cat([torch.randn(3 * 4096) * 10, torch.rand(4096) * 2.0 ** 25])
+    y = x.clone()
+    y[2 * 4096 + 7] = 3e37
+    out_x, report = run(fn, x)
+    out_y, _ = run(fn, y)
+    source = _source(report)
+    assert f"ember_{name}_near(" in source and f"ember_{name}(" in source, source
+    same = torch.ones_like(x, dtype=torch.bool)
+    same[2 * 4096 + 7] = False
+    assert torch.equal(out_x[same], out_y[same])
+    assert_same(out_x, fn(x))
+    exact = torch.tensor([getattr(math, name)(v) for v in y.double().tolist()], dtype=torch.float64)
+    assert ulps(out_y, exact).max() <= LIMITS[name]
+
+
+@needs_cpu
+def test_near_forms_over_rows_and_awkward_arguments():
+    """The check before each row's loop (2-d), with NaN, inf and -0 in some rows, in bfloat16 and
+    float16 too, and a cos of a sin (the check computes the inner one)."""
+    # (no arithmetic before the outer functions: eager rounds a 16-bit x * 3, ember does not)
+    fn = lambda x: torch.sin(x[:, 1:]) + torch.cos(torch.sin(x[:, :-1])) * torch.tan(x[:, 1:])  # noqa: E731
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = (torch.randn(40, 33) * 100).to(dtype)
+        x[3, 4], x[5, 0], x[7, 9], x[9, 2] = INF, NAN, -0.0, 6e4
+        out, report = run(fn, x)
+        # (float16 rows convert a strip at a time, cpp_staging.py: those loops keep the full forms)
+        assert ("ember_sin_near(" in _source(report)) == (dtype != torch.float16)
+        assert_same(out, fn(x))
 
 
 # pow: float32 pows (and eager's float32 x ** scalar, computed in double) through ember_pow_narrow

@@ -130,6 +130,34 @@ def test_shared_expensive_value_is_computed_once():
     assert first.count("= store") == 2 and "exp" not in second
 
 
+def _rotary(x):
+    t, d = x.shape[1], x.shape[3]
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    angles = torch.arange(t, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+
+
+def test_a_rotary_embeddings_tables_are_computed_once_not_at_every_element():
+    # cos and sin of (T, D/2) angles, read broadcast over (B, T, H, D): recomputed at each of
+    # B H 2 = 16 times as many elements (and the frequencies' pow at T times as many), they
+    # made the kernel 46x slower than with tables (bench/RESULTS.md). The tables get buffers;
+    # the angles under them do not, nor does a cheap broadcast value.
+    report = check(_rotary, torch.randn(2, 16, 4, 32))
+    assert kernel_count(report) == 3
+    big = [k for k in report.kernels if "cat" in k.name]
+    assert len(big) == 1 and not re.search(r"ember_(sin|cos|pow)", big[0].source), big[0].source
+    tables = [k for k in report.kernels if "cos" in k.name and "sin" in k.name]
+    assert len(tables) == 1 and tables[0].kernel_ir.count("= store") == 2
+    kept = check(_rotary, torch.randn(2, 16, 4, 32), options={"max_broadcast_recompute": 10 ** 9})
+    assert kernel_count(kept) == 1
+    cheap = check(lambda x, b: x * (b * 2 + 1)[:, None], torch.randn(64, 64), torch.randn(64))
+    assert kernel_count(cheap) == 1
+    few = check(lambda x, b: x * b.exp()[:, None], torch.randn(64, 4), torch.randn(64))  # 4x: recomputed
+    assert kernel_count(few) == 1
+
+
 def _residual_stack(x, ws):
     for w in ws:  # a pre-norm block: x_k = x_{k-1} + relu(norm(x_{k-1}) @ w)
         x = x + torch.relu(F.layer_norm(x, (x.shape[-1],)) @ w)

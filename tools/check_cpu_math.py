@@ -85,6 +85,9 @@ FUNCTIONS = {
     "atan2": ("ember_atan2", "std::atan2", 1.5),  # 1.478 (78016 pairs past 1)
     "asin": ("ember_asin", "std::asin", 1.25),  # 1.210 (48800 past 1)
     "acos": ("ember_acos", "std::acos", 0.8),  # 0.788
+    "sin": ("ember_sin", "std::sin", 0.51),  # 0.502
+    "cos": ("ember_cos", "std::cos", 0.51),  # 0.502
+    "tan": ("ember_tan", "std::tan", 0.51),  # 0.503
     # float32 pow (x, y), computed in double and rounded once more
     "pow": ("(float)ember_pow_narrow", "std::pow", 0.5001),
 }

@@ -34,7 +34,7 @@ CPP = Language(
     # float32 math without libm calls, so simd loops vectorize (codegen/cpp_math.py)
     fast_f32={**{op: f"ember_{op.value}({{}})" for op in (
         Op.EXP, Op.EXP2, Op.EXPM1, Op.LOG, Op.LOG2, Op.LOG10, Op.LOG1P, Op.TANH, Op.ERF, Op.SINH, Op.COSH,
-        Op.ATAN, Op.ASIN, Op.ACOS)}, Op.ATAN2: "ember_atan2({}, {})",
+        Op.ATAN, Op.ASIN, Op.ACOS, Op.SIN, Op.COS, Op.TAN)}, Op.ATAN2: "ember_atan2({}, {})",
         Op.POW: "((float)ember_pow_narrow((double){}, (double){}))"},
     narrowed_pow="ember_pow_narrow({}, {})",
     sum_acc_f32="double",

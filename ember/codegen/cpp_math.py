@@ -10,6 +10,47 @@ double to within 1e-13 (codegen/cstyle.py: _narrowed_pow). Each one's error over
 (atan2 and pow: 2^32 pairs) is checked by tools/check_cpu_math.py; run it after any change.
 """
 
+
+
+def _two_over_pi_bits(n: int) -> int:
+    """floor(2^n * 2/pi), from Machin's formula pi = 16 atan(1/5) - 4 atan(1/239) in integers
+    with 64 guard bits (exact in every bit the table below uses: tests/test_cpu_math.py checks it
+    against mpmath)."""
+    g = n + 64
+
+    def atan_inv(k: int) -> int:  # atan(1/k) 2^g
+        total, power, i = 0, (1 << g) // k, 0
+        while power:
+            total += (-1) ** i * (power // (2 * i + 1))
+            power //= k * k
+            i += 1
+        return total
+
+    pi = 16 * atan_inv(5) - 4 * atan_inv(239)
+    return (1 << (n + 1 + g)) // pi
+
+
+def two_over_pi_words() -> list[str]:
+    """The first 256 bits of 2/pi's fraction as eight 32-bit words, C literals."""
+    t = _two_over_pi_bits(256)
+    return [f"0x{(t >> (224 - 32 * i)) & 0xffffffff:08x}u" for i in range(8)]
+
+
+def _picked_words() -> str:
+    """ember_half_turns' four words of 2/pi from word i on, i = 0..3: selects among literals
+    (a table read at i would be a gather, which GCC does not vectorize on every x86, and a chain
+    of i == k tests it turns into one)."""
+    w = two_over_pi_words()
+    return "\n".join(f"  uint32_t w{k} = upper ? (odd ? {w[k + 3]} : {w[k + 2]}) : (odd ? {w[k + 1]} : {w[k]});"
+                      for k in range(4))
+
+
+def _near_parts() -> str:
+    """ember_half_turns' three parts for s = 1 (2/pi's first 84 bits), as C doubles."""
+    t = _two_over_pi_bits(84)
+    return ", ".join(float.hex(((t >> (56 - 28 * k)) & ((1 << 28) - 1)) * 2.0 ** -(28 * k + 28)) for k in range(3))
+
+
 MATH = r"""
 // The math helpers spell their fused multiply-adds (std::fma): kernels build with
 // -ffp-contract=off, so user arithmetic rounds as eager's, and the polynomials keep their FMAs.
@@ -292,6 +333,79 @@ EMBER_FN double ember_pow_narrow(double x, double y) {
   v = x != x || y != y ? x + y : v;
   return x == 1.0 || y == 0.0 || (x == -1.0 && std::fabs(y) == INFINITY) ? 1.0 : v;
 }
+// sin, cos and tan for float32 without libm calls, on every float (sinf's vector forms stop
+// being exact past a few thousand). |x| (2/pi) + turn = 2m + t, |t| <= 1 (plus its rounding),
+// in double (Payne-Hanek): |x| = k 2^(e - 150), k an integer below 2^24, and bits of 2/pi of
+// weight 2^-j, j <= e - 152, give multiples of 4, so only the 84 bits from j = s = max(1, e - 151)
+// on count. Shifts cut them from 2/pi's words into three 28-bit parts, so |x| times each is exact
+// (|x| scaled by 2^(1 - s) first, exactly); t = ((p0 - 2m) + p1) + p2 rounds once relative to
+// itself, however close x lies to a multiple of pi/2 (what the 84 bits leave out is below 2^-59).
+// Then sin(t pi/2) by its Taylor series in double (to r^15: < 1e-11 relative) and one rounding.
+// Max error over all 2^32 inputs: 0.502 ulp (tools/check_cpu_math.py sin cos tan).
+EMBER_FN double ember_half_turns_of(double a, double c0, double c1, double c2, double turn, int32_t& m_odd) {
+  double p0 = a * c0 + turn, p1 = a * c1, p2 = a * c2;  // (p0 exact: below 2^26)
+  double m = std::nearbyint((p0 + p1) * 0.5);
+  m_odd = (int32_t)m & 1;
+  return ((p0 - 2.0 * m) + p1) + p2;
+}
+EMBER_FN double ember_half_turns(float x, double turn, int32_t& m_odd) {  // returns t, and m's parity
+  int32_t e = (int32_t)((ember_f32_bits(x) >> 23) & 0xffu);
+  int32_t s1 = e > 152 ? e - 152 : 0;  // s - 1, up to 102: the window from word s1 / 32, bit s1 % 32
+  int32_t off = s1 & 31;
+  bool odd = ((s1 >> 5) & 1) != 0, upper = ((s1 >> 5) & 2) != 0;
+PICKED_WORDS
+  // (v >> 1) >> (31 - off) is v >> (32 - off), 0 at off = 0
+  uint32_t u0 = (w0 << off) | ((w1 >> 1) >> (31 - off));
+  uint32_t u1 = (w1 << off) | ((w2 >> 1) >> (31 - off));
+  uint32_t u2 = (w2 << off) | ((w3 >> 1) >> (31 - off));
+  double c0 = (double)(int32_t)(u0 >> 4) * 0x1p-28;
+  double c1 = (double)(int32_t)(((u0 & 0xfu) << 24) | (u1 >> 8)) * 0x1p-56;
+  double c2 = (double)(int32_t)(((u1 & 0xffu) << 20) | (u2 >> 12)) * 0x1p-84;
+  double a = std::fabs((double)x) * (double)ember_bits_f32((uint32_t)(127 - s1) << 23);
+  return ember_half_turns_of(a, c0, c1, c2, turn, m_odd);
+}
+// |x| < 2^26 (s = 1): the same three parts, constants (codegen/cpp_pointwise.py's loops use it
+// where every argument is below 2^26: the shifts and selects take half of sin's time)
+EMBER_FN double ember_half_turns_near(float x, double turn, int32_t& m_odd) {
+  return ember_half_turns_of(std::fabs((double)x), NEAR_PARTS, turn, m_odd);
+}
+EMBER_FN double ember_sin_half_turns(double t) {  // sin(t pi/2), |t| <= 1
+  double r = t * 1.5707963267948966, z = r * r;
+  double p = std::fma(std::fma(std::fma(std::fma(std::fma(std::fma(-1.0 / 1307674368000, z, 1.0 / 6227020800), z,
+                                                          -1.0 / 39916800), z, 1.0 / 362880), z, -1.0 / 5040),
+                               z, 1.0 / 120), z, -1.0 / 6);
+  return std::fma(r * z, p, r);
+}
+EMBER_FN float ember_nan_past(float x, float y) { return std::fabs(x) == INFINITY || x != x ? x - x : y; }
+// sin(x) = sign(x) (-1)^m sin(t pi/2); cos(x) = sin(|x| + pi/2): a turn of 1. tan(|x|) =
+// tan(t pi/2) = sin(t pi/2) / sin((1 - |t|) pi/2) (1 - |t| is exact from |t| = 1/2 on, where
+// the cosine is small). Each in two forms: every float, and |x| < 2^26 (_near), the same there.
+// (near: a constant once inlined, so each form keeps one reduction)
+EMBER_FN double ember_reduce_half_turns(float x, double turn, int32_t& m_odd, bool near) {
+  return near ? ember_half_turns_near(x, turn, m_odd) : ember_half_turns(x, turn, m_odd);
+}
+EMBER_FN float ember_sin_of(float x, bool near) {
+  int32_t m_odd;
+  double v = ember_sin_half_turns(ember_reduce_half_turns(x, 0.0, m_odd, near));
+  return ember_nan_past(x, (float)(std::copysign(1.0, (double)x) * (m_odd ? -v : v)));
+}
+EMBER_FN float ember_cos_of(float x, bool near) {
+  int32_t m_odd;
+  double v = ember_sin_half_turns(ember_reduce_half_turns(x, 1.0, m_odd, near));
+  return ember_nan_past(x, (float)(m_odd ? -v : v));
+}
+EMBER_FN float ember_tan_of(float x, bool near) {
+  int32_t m_odd;
+  double t = ember_reduce_half_turns(x, 0.0, m_odd, near);
+  double v = ember_sin_half_turns(t) / ember_sin_half_turns(1.0 - std::fabs(t));
+  return ember_nan_past(x, (float)(std::copysign(1.0, (double)x) * v));
+}
+EMBER_FN float ember_sin(float x) { return ember_sin_of(x, false); }
+EMBER_FN float ember_cos(float x) { return ember_cos_of(x, false); }
+EMBER_FN float ember_tan(float x) { return ember_tan_of(x, false); }
+EMBER_FN float ember_sin_near(float x) { return ember_sin_of(x, true); }
+EMBER_FN float ember_cos_near(float x) { return ember_cos_of(x, true); }
+EMBER_FN float ember_tan_near(float x) { return ember_tan_of(x, true); }
 // erf for float32 without libm calls (max error ~2.3 ulp); coefficients from tools/fit_erf.py.
 EMBER_FN float ember_erf(float x) {
   float ax = x < 0.0f ? -x : x;
@@ -332,4 +446,4 @@ EMBER_FN float ember_tanh(float x) {
   return x != x ? x : t;
 }
 
-"""
+""".replace("PICKED_WORDS", _picked_words()).replace("NEAR_PARTS", _near_parts())

@@ -9,7 +9,8 @@ from __future__ import annotations
 import sympy
 
 from ..ir import shapes as sh
-from ..schedule.kernel_ir import Value, outer_var
+from ..ir.ops import Op
+from ..schedule.kernel_ir import Value, outer_var, reachable
 from .cexpr import index_expr
 from .cpp_split import Window, find_split, find_window, loop_invariants, row_invariants, uniform_selects
 from .cpp_staging import close_strip, open_strip, staged_accesses
@@ -17,6 +18,11 @@ from .cpp_staging import close_strip, open_strip, staged_accesses
 # Work (elements of a simple kernel) below which a kernel runs on one thread: waking the pool
 # costs more. Kernels that do more per element count as more elements (``cost_per_element``).
 PARALLEL_THRESHOLD = 32768
+# sin, cos and tan whose arguments in a loop are all below 2^26 in magnitude: 2/pi's first bits as
+# constants, the bits the full reduction cuts out for them too (so the same results), in half the
+# time (codegen/cpp_math.py). A loop computing them runs a check of its arguments first.
+NEAR_TRIG = {Op.SIN: "ember_sin_near({})", Op.COS: "ember_cos_near({})", Op.TAN: "ember_tan_near({})"}
+NEAR_BLOCK = 4096  # elements a thread checks, then computes, at a time (a flat loop's blocks)
 
 
 class PointwiseLoops:
@@ -183,16 +189,72 @@ class PointwiseLoops:
         converted a strip at a time where it reads or writes them: cpp_staging.py); ``pragma``:
         its parallel for, where it is the outermost loop."""
         staged = staged_accesses(self, values, var)
-        if staged:
-            open_strip(self, var, start, stop, staged, pragma, "#pragma omp simd")
-        else:
-            self.emit(pragma or "#pragma omp simd")
-            self.emit(f"for (int64_t {var.name} = {start}; {var.name} < {stop}; ++{var.name}) {{")
-            self.depth += 1
+        trig, checked = ([], []) if staged or self.scalar else _near_trig(values)
+        if trig:
+            self._near_trig_loops(var, start, stop, values, pragma, trig, checked)
+            return
+        if not staged:
+            self._simd_loop(var, start, stop, values, pragma or "#pragma omp simd")
+            return
+        open_strip(self, var, start, stop, staged, pragma, "#pragma omp simd")
         self.body.bit_selects = uniform_selects(values, var)
         self._statements(values)
         self.body.bit_selects = set()
-        if staged:
-            close_strip(self, var, staged)
-        else:
+        close_strip(self, var, staged)
+
+    def _near_trig_loops(self, var, start: str, stop: str, values: list[Value], pragma: str,
+                         trig: list[Value], checked: list[Value]) -> None:
+        """``_pointwise_loop``'s loop where it computes float sin, cos or tan: a simd loop over the
+        arguments first, then the loop with the near functions where every one is below 2^26, else
+        with the full ones; by blocks of NEAR_BLOCK under a flat loop's parallel for."""
+        name = var.name
+        if pragma:
+            self.emit(pragma.replace(" simd", ""))
+            self.emit(f"for (int64_t {name}_block = {start}; {name}_block < {stop}; {name}_block += {NEAR_BLOCK}) {{")
+            self.depth += 1
+            self.emit(f"const int64_t {name}_end = std::min<int64_t>({name}_block + {NEAR_BLOCK}, {stop});")
+            start, stop = f"{name}_block", f"{name}_end"
+        far = f"{name}_far"
+        self.emit(f"int32_t {far} = 0;  // an argument of sin, cos or tan here 2^26 or more (or not finite)")
+        self.emit(f"#pragma omp simd reduction(|:{far})")
+        self.emit(f"for (int64_t {name} = {start}; {name} < {stop}; ++{name}) {{")
+        self.depth += 1
+        self._statements(checked)
+        for arg in dict.fromkeys(self.body.name(v.srcs[0]) for v in trig):
+            self.emit(f"{far} |= (int32_t)!(std::fabs({arg}) < 0x1p26f);")
+        self._close_loops(1)
+        self.emit(f"if ({far}) {{")
+        for near in (False, True):
+            self.depth += 1
+            for v in trig if near else ():
+                self.body.spelled[id(v)] = NEAR_TRIG[v.arg].format(self.body.name(v.srcs[0]))
+            self._simd_loop(var, start, stop, values, "#pragma omp simd")
+            for v in trig:
+                self.body.spelled.pop(id(v), None)
+            self.depth -= 1
+            self.emit("} else {" if not near else "}")
+        if pragma:
             self._close_loops(1)
+
+    def _simd_loop(self, var, start: str, stop: str, values: list[Value], pragma: str) -> None:
+        self.emit(pragma)
+        self.emit(f"for (int64_t {var.name} = {start}; {var.name} < {stop}; ++{var.name}) {{")
+        self.depth += 1
+        self.body.bit_selects = uniform_selects(values, var)
+        self._statements(values)
+        self.body.bit_selects = set()
+        self._close_loops(1)
+
+
+def _near_trig(values: list[Value]) -> tuple[list[Value], list[Value]]:
+    """The float sin, cos and tan among a loop's values, and the values their arguments need
+    (loads, constants, indices and arithmetic, unguarded: a check may compute them anywhere);
+    none where there are none or an argument needs anything else."""
+    trig = [v for v in values if v.kind == "alu" and v.arg in NEAR_TRIG and v.dtype.is_float and v.dtype.itemsize <= 4]
+    if not trig:
+        return [], []
+    needed = reachable([v.srcs[0] for v in trig])
+    checked = [v for v in values if id(v) in needed]
+    if any(v.kind not in ("load", "const", "index", "alu") or v.guard is not None for v in checked):
+        return [], []
+    return trig, checked

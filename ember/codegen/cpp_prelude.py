@@ -1,7 +1,7 @@
 """The CPU backend's C++ prelude: what every generated module starts with (compiled once per
 cache directory as a precompiled header, runtime/cpp_build.py). The 16-bit conversions, eager's
 float-to-int casts, atomics for writes at indices, the float math that vectorizes (exp, log,
-atan2 and more without libm calls: codegen/cpp_math.py) and the OpenMP reductions that
+atan2, sin and more without libm calls: codegen/cpp_math.py) and the OpenMP reductions that
 propagate NaN."""
 
 from __future__ import annotations

@@ -355,6 +355,40 @@ class Planner(DomainRules, StepOrder, CycleChecks):
         return reductions or {n for n in shared if self._cost(n) > self.cfg.max_recompute_ops
                               or self._full_reads(n) > self.cfg.max_recompute_reads}
 
+    def costly_broadcast(self, groups: list[GroupSpec]) -> set[Node]:
+        """Inlined values with a transcendental op in them that a kernel would recompute at
+        ``cfg.max_broadcast_recompute`` or more times their own number of elements, where the
+        kernel reads them broadcast: a rotary embedding's cos and sin of position x frequency,
+        (T, D/2), at every (B, T, H, D) element. They get a buffer, computed once. Only the last
+        such values before the broadcast (sin and cos, not the angles under them); only static
+        sizes."""
+        out: set[Node] = set()
+        for g in groups:
+            domain = sh.static(sh.numel(g.outer) * sh.numel(g.inner))
+            if not domain:
+                continue
+            inlined = {n for r in g.roots for n in self.subtree(r)}
+            small = {n for n in inlined if n.op in POINTWISE_OPS and self._amplified(n, domain)}
+            for n in small:
+                if self._cost(n) >= 4 and any(u not in small for u in self._readers_past_views(n)):
+                    out.add(n)
+        return out
+
+    def _amplified(self, node: Node, domain: int) -> bool:
+        size = sh.static(sh.numel(node.shape)) if node.shape is not None else None
+        return bool(size) and domain >= self.cfg.max_broadcast_recompute * size
+
+    def _readers_past_views(self, node: Node) -> list[Node]:
+        """The nodes that read ``node``, through any views of it."""
+        readers, stack = [], list(self.users.get(node, ()))
+        while stack:
+            u = stack.pop()
+            if u.op in VIEW_OPS:
+                stack.extend(self.users.get(u, ()))
+            else:
+                readers.append(u)
+        return readers
+
     def _full_reads(self, node: Node) -> int:
         """Buffers of as many elements as ``node`` that a kernel recomputing it reads (a norm's
         weight or row statistics are not counted: they are small beside them)."""
@@ -426,7 +460,7 @@ class Planner(DomainRules, StepOrder, CycleChecks):
             if split:
                 self.buffered |= split
                 continue
-            extra = self.costly_shared(groups) - self.released
+            extra = (self.costly_shared(groups) | self.costly_broadcast(groups)) - self.released
             if extra:
                 self.buffered |= extra
                 self.shared |= extra
