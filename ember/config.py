@@ -138,9 +138,10 @@ class Config:
     # buffers of their own size are stored once (a residual stream's sum of every block's
     # output): each recomputing kernel would read them all again.
     max_recompute_reads: int = 3
-    # Transcendental pointwise values a kernel reads broadcast, at this many times their own
-    # number of elements or more, are stored once rather than recomputed at every element (a
-    # rotary embedding's cos and sin tables: schedule/fusion.py's costly_broadcast).
+    # Pointwise values of two transcendental ops or more (or one and four others) that a CPU
+    # pointwise kernel reads broadcast, at this many times their own number of elements or more,
+    # are stored once rather than recomputed at every element (a rotary embedding's cos and sin
+    # tables: schedule/fusion.py's costly_broadcast).
     max_broadcast_recompute: int = 8
     # CPU outputs of at least this many bytes are advised onto transparent huge pages before the
     # kernel writes them: a fresh 64 MB buffer takes 16k page faults otherwise.
