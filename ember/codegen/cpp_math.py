@@ -45,10 +45,10 @@ def _picked_words() -> str:
                       for k in range(4))
 
 
-def _near_parts() -> str:
-    """ember_half_turns' three parts for s = 1 (2/pi's first 84 bits), as C doubles."""
+def _near_part(k: int) -> str:
+    """ember_half_turn_parts' part k for s = 1 (2/pi's bits 28k + 1 to 28k + 28), a C double."""
     t = _two_over_pi_bits(84)
-    return ", ".join(float.hex(((t >> (56 - 28 * k)) & ((1 << 28) - 1)) * 2.0 ** -(28 * k + 28)) for k in range(3))
+    return float.hex(((t >> (56 - 28 * k)) & ((1 << 28) - 1)) * 2.0 ** -(28 * k + 28))
 
 
 MATH = r"""
@@ -341,14 +341,21 @@ EMBER_FN double ember_pow_narrow(double x, double y) {
 // (|x| scaled by 2^(1 - s) first, exactly); t = ((p0 - 2m) + p1) + p2 rounds once relative to
 // itself, however close x lies to a multiple of pi/2 (what the 84 bits leave out is below 2^-59).
 // Then sin(t pi/2) by its Taylor series in double (to r^15: < 1e-11 relative) and one rounding.
-// Max error over all 2^32 inputs: 0.502 ulp (tools/check_cpu_math.py sin cos tan).
+// Max error over all 2^32 inputs: 0.500 ulp each (tools/check_cpu_math.py sin cos tan).
 EMBER_FN double ember_half_turns_of(double a, double c0, double c1, double c2, double turn, int32_t& m_odd) {
   double p0 = a * c0 + turn, p1 = a * c1, p2 = a * c2;  // (p0 exact: below 2^26)
   double m = std::nearbyint((p0 + p1) * 0.5);
   m_odd = (int32_t)m & 1;
   return ((p0 - 2.0 * m) + p1) + p2;
 }
-EMBER_FN double ember_half_turns(float x, double turn, int32_t& m_odd) {  // returns t, and m's parity
+// |x| scaled by 2^(1 - s), exactly, and the three parts of 2/pi from bit s on (near: s = 1, for
+// |x| < 2^26, constants; codegen/cpp_pointwise.py's loops use it where every argument is below
+// 2^26: the shifts and selects take half of sin's time)
+EMBER_FN double ember_half_turn_parts(float x, bool near, double& c0, double& c1, double& c2) {
+  if (near) {
+    c0 = NEAR_C0; c1 = NEAR_C1; c2 = NEAR_C2;
+    return std::fabs((double)x);
+  }
   int32_t e = (int32_t)((ember_f32_bits(x) >> 23) & 0xffu);
   int32_t s1 = e > 152 ? e - 152 : 0;  // s - 1, up to 102: the window from word s1 / 32, bit s1 % 32
   int32_t off = s1 & 31;
@@ -358,16 +365,10 @@ PICKED_WORDS
   uint32_t u0 = (w0 << off) | ((w1 >> 1) >> (31 - off));
   uint32_t u1 = (w1 << off) | ((w2 >> 1) >> (31 - off));
   uint32_t u2 = (w2 << off) | ((w3 >> 1) >> (31 - off));
-  double c0 = (double)(int32_t)(u0 >> 4) * 0x1p-28;
-  double c1 = (double)(int32_t)(((u0 & 0xfu) << 24) | (u1 >> 8)) * 0x1p-56;
-  double c2 = (double)(int32_t)(((u1 & 0xffu) << 20) | (u2 >> 12)) * 0x1p-84;
-  double a = std::fabs((double)x) * (double)ember_bits_f32((uint32_t)(127 - s1) << 23);
-  return ember_half_turns_of(a, c0, c1, c2, turn, m_odd);
-}
-// |x| < 2^26 (s = 1): the same three parts, constants (codegen/cpp_pointwise.py's loops use it
-// where every argument is below 2^26: the shifts and selects take half of sin's time)
-EMBER_FN double ember_half_turns_near(float x, double turn, int32_t& m_odd) {
-  return ember_half_turns_of(std::fabs((double)x), NEAR_PARTS, turn, m_odd);
+  c0 = (double)(int32_t)(u0 >> 4) * 0x1p-28;
+  c1 = (double)(int32_t)(((u0 & 0xfu) << 24) | (u1 >> 8)) * 0x1p-56;
+  c2 = (double)(int32_t)(((u1 & 0xffu) << 20) | (u2 >> 12)) * 0x1p-84;
+  return std::fabs((double)x) * (double)ember_bits_f32((uint32_t)(127 - s1) << 23);
 }
 EMBER_FN double ember_sin_half_turns(double t) {  // sin(t pi/2), |t| <= 1
   double r = t * 1.5707963267948966, z = r * r;
@@ -377,28 +378,30 @@ EMBER_FN double ember_sin_half_turns(double t) {  // sin(t pi/2), |t| <= 1
   return std::fma(r * z, p, r);
 }
 EMBER_FN float ember_nan_past(float x, float y) { return std::fabs(x) == INFINITY || x != x ? x - x : y; }
-// sin(x) = sign(x) (-1)^m sin(t pi/2); cos(x) = sin(|x| + pi/2): a turn of 1. tan(|x|) =
-// tan(t pi/2) = sin(t pi/2) / sin((1 - |t|) pi/2) (1 - |t| is exact from |t| = 1/2 on, where
-// the cosine is small). Each in two forms: every float, and |x| < 2^26 (_near), the same there.
+// sin(x) = sign(x) (-1)^m sin(t pi/2); cos(x) = sin(|x| + pi/2): a turn of 1. Each in two forms:
+// every float, and |x| < 2^26 (_near), the same there.
 // (near: a constant once inlined, so each form keeps one reduction)
-EMBER_FN double ember_reduce_half_turns(float x, double turn, int32_t& m_odd, bool near) {
-  return near ? ember_half_turns_near(x, turn, m_odd) : ember_half_turns(x, turn, m_odd);
-}
 EMBER_FN float ember_sin_of(float x, bool near) {
   int32_t m_odd;
-  double v = ember_sin_half_turns(ember_reduce_half_turns(x, 0.0, m_odd, near));
+  double c0, c1, c2, a = ember_half_turn_parts(x, near, c0, c1, c2);
+  double v = ember_sin_half_turns(ember_half_turns_of(a, c0, c1, c2, 0.0, m_odd));
   return ember_nan_past(x, (float)(std::copysign(1.0, (double)x) * (m_odd ? -v : v)));
 }
 EMBER_FN float ember_cos_of(float x, bool near) {
   int32_t m_odd;
-  double v = ember_sin_half_turns(ember_reduce_half_turns(x, 1.0, m_odd, near));
+  double c0, c1, c2, a = ember_half_turn_parts(x, near, c0, c1, c2);
+  double v = ember_sin_half_turns(ember_half_turns_of(a, c0, c1, c2, 1.0, m_odd));
   return ember_nan_past(x, (float)(m_odd ? -v : v));
 }
+// tan = sin / cos, each from its own turn (near a pole the cosine's t is small, and as exact
+// relative to itself as sin's)
 EMBER_FN float ember_tan_of(float x, bool near) {
-  int32_t m_odd;
-  double t = ember_reduce_half_turns(x, 0.0, m_odd, near);
-  double v = ember_sin_half_turns(t) / ember_sin_half_turns(1.0 - std::fabs(t));
-  return ember_nan_past(x, (float)(std::copysign(1.0, (double)x) * v));
+  int32_t m_odd, n_odd;
+  double c0, c1, c2, a = ember_half_turn_parts(x, near, c0, c1, c2);
+  double s = ember_sin_half_turns(ember_half_turns_of(a, c0, c1, c2, 0.0, m_odd));
+  double c = ember_sin_half_turns(ember_half_turns_of(a, c0, c1, c2, 1.0, n_odd));
+  double v = s / c;
+  return ember_nan_past(x, (float)(std::copysign(1.0, (double)x) * (m_odd != n_odd ? -v : v)));
 }
 EMBER_FN float ember_sin(float x) { return ember_sin_of(x, false); }
 EMBER_FN float ember_cos(float x) { return ember_cos_of(x, false); }
@@ -446,4 +449,6 @@ EMBER_FN float ember_tanh(float x) {
   return x != x ? x : t;
 }
 
-""".replace("PICKED_WORDS", _picked_words()).replace("NEAR_PARTS", _near_parts())
+""".replace("PICKED_WORDS", _picked_words())
+for _k in range(3):
+    MATH = MATH.replace(f"NEAR_C{_k}", _near_part(_k))

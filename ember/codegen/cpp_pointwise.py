@@ -214,6 +214,9 @@ class PointwiseLoops:
             self.depth += 1
             self.emit(f"const int64_t {name}_end = std::min<int64_t>({name}_block + {NEAR_BLOCK}, {stop});")
             start, stop = f"{name}_block", f"{name}_end"
+        else:  # (a block of its own: a loop split in two has two checks)
+            self.emit("{")
+            self.depth += 1
         far = f"{name}_far"
         self.emit(f"int32_t {far} = 0;  // an argument of sin, cos or tan here 2^26 or more (or not finite)")
         self.emit(f"#pragma omp simd reduction(|:{far})")
@@ -233,8 +236,7 @@ class PointwiseLoops:
                 self.body.spelled.pop(id(v), None)
             self.depth -= 1
             self.emit("} else {" if not near else "}")
-        if pragma:
-            self._close_loops(1)
+        self._close_loops(1)  # (the block, or the loop over blocks)
 
     def _simd_loop(self, var, start: str, stop: str, values: list[Value], pragma: str) -> None:
         self.emit(pragma)

@@ -361,9 +361,11 @@ class Planner(DomainRules, StepOrder, CycleChecks):
         kernel reads them broadcast: a rotary embedding's cos and sin of position x frequency,
         (T, D/2), at every (B, T, H, D) element. They get a buffer, computed once. Only the last
         such values before the broadcast (sin and cos, not the angles under them); only static
-        sizes; only in pointwise kernels (a row kernel computes a row's values once a row: a
-        norm's rsqrt). CPU kernels only: a GPU kernel's arithmetic hides under its memory
-        traffic, and another kernel would cost a launch."""
+        sizes; only values of the graph's inputs, indices and constants, with no reduction under
+        them (a norm backward's coefficients, from its row sums, stay as planned),
+        in pointwise kernels (a row kernel computes a row's values once a row). CPU kernels
+        only: a GPU kernel's arithmetic hides under its memory traffic, and another kernel would
+        cost a launch."""
         out: set[Node] = set()
         for g in groups:
             domain = sh.static(sh.numel(g.outer))
@@ -372,7 +374,9 @@ class Planner(DomainRules, StepOrder, CycleChecks):
             inlined = {n for r in g.roots for n in self.subtree(r)}
             small = {n for n in inlined if n.op in POINTWISE_OPS and self._amplified(n, domain)}
             for n in small:
-                if self._cost(n) >= 2 * 4 and any(u not in small for u in self._readers_past_views(n)):
+                if (self._cost(n) >= 2 * 4 and any(m.op in TRANSCENDENTAL_OPS for m in (n, *self.subtree(n)))
+                        and not self._has_reduction(n) and all(x.op in (Op.INPUT, Op.TENSOR) for x in self.reads(n))
+                        and any(u not in small for u in self._readers_past_views(n))):
                     out.add(n)
         return out
 
