@@ -5,8 +5,8 @@ and the ends exactly (where the float32 nearest the exact value is 0 or inf, or 
 infinite: the same value and sign; NaN where the exact value is NaN). atan2 and pow take 2^32
 pairs: every combination of both operands' top 16 bits (sign, exponent, 7 mantissa bits), their
 low bits mixed from the pair's index. Run it after any change; 30-60 s a function on 2 cores
-(pow, in double, and sin, cos and tan, against glibc's slow double reduction: 2 minutes). It exits 1 where an error passes the function's limit or an end is
-wrong.
+(pow, in double, and sin, cos and tan, against glibc's slow double reduction: 2 minutes). It
+exits 1 where an error passes the function's limit or an end is wrong.
 
     python tools/check_cpu_math.py [exp exp2 expm1 log1p log log2 log10 sinh cosh atan atan2 asin acos sin cos tan pow]
 """
