@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
+from ember.codegen.cpp_math import _two_over_pi_bits
 
 from .conftest import DEVICE
 from .helpers import assert_clean, assert_gradients_match, assert_same, every_exponent, run, ulps
@@ -205,6 +206,14 @@ def test_kl_divergence_and_nll_with_their_gradients_match_eager():
     ref.backward()
     assert_same(out, ref)
     assert_same(logits.grad, ref_logits.grad)
+
+
+def test_two_over_pis_bits_are_mpmaths():
+    """sin's, cos's and tan's reduction cuts its parts from 2/pi's first 256 bits (Machin's
+    formula in integers): every one of them right."""
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workprec(400):
+        assert _two_over_pi_bits(256) == int(mpmath.floor(mpmath.mpf(2) ** 257 / mpmath.pi))
 
 
 @needs_cpu

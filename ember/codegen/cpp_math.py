@@ -11,10 +11,9 @@ double to within 1e-13 (codegen/cstyle.py: _narrowed_pow). Each one's error over
 """
 
 
-
 def _two_over_pi_bits(n: int) -> int:
     """floor(2^n * 2/pi), from Machin's formula pi = 16 atan(1/5) - 4 atan(1/239) in integers
-    with 64 guard bits (exact in every bit the table below uses: tests/test_cpu_math.py checks it
+    with 64 guard bits (exact in every bit sin, cos and tan use: tests/test_cpu_math.py checks it
     against mpmath)."""
     g = n + 64
 
@@ -37,7 +36,7 @@ def two_over_pi_words() -> list[str]:
 
 
 def _picked_words() -> str:
-    """ember_half_turns' four words of 2/pi from word i on, i = 0..3: selects among literals
+    """ember_half_turn_parts' four words of 2/pi from word i on, i = 0..3: selects among literals
     (a table read at i would be a gather, which GCC does not vectorize on every x86, and a chain
     of i == k tests it turns into one)."""
     w = two_over_pi_words()
@@ -333,14 +332,14 @@ EMBER_FN double ember_pow_narrow(double x, double y) {
   v = x != x || y != y ? x + y : v;
   return x == 1.0 || y == 0.0 || (x == -1.0 && std::fabs(y) == INFINITY) ? 1.0 : v;
 }
-// sin, cos and tan for float32 without libm calls, on every float (sinf's vector forms stop
-// being exact past a few thousand). |x| (2/pi) + turn = 2m + t, |t| <= 1 (plus its rounding),
-// in double (Payne-Hanek): |x| = k 2^(e - 150), k an integer below 2^24, and bits of 2/pi of
-// weight 2^-j, j <= e - 152, give multiples of 4, so only the 84 bits from j = s = max(1, e - 151)
-// on count. Shifts cut them from 2/pi's words into three 28-bit parts, so |x| times each is exact
-// (|x| scaled by 2^(1 - s) first, exactly); t = ((p0 - 2m) + p1) + p2 rounds once relative to
-// itself, however close x lies to a multiple of pi/2 (what the 84 bits leave out is below 2^-59).
-// Then sin(t pi/2) by its Taylor series in double (to r^15: < 1e-11 relative) and one rounding.
+// sin, cos and tan for float32 without libm calls, on every float (huge ones too): |x| (2/pi) +
+// turn = 2m + t, |t| <= 1 (plus its rounding), in double (Payne-Hanek): |x| = k 2^(e - 150), k an
+// integer below 2^24, and bits of 2/pi of weight 2^-j, j <= e - 152, give multiples of 4, so only
+// the 84 bits from j = s = max(1, e - 151) on count. Shifts cut them from 2/pi's words into three
+// 28-bit parts, so |x| times each is exact (|x| scaled by 2^(1 - s) first, exactly);
+// t = ((p0 - 2m) + p1) + p2 rounds once relative to itself, however close x lies to a multiple of
+// pi/2 (what the 84 bits leave out is below 2^-59). Then sin(t pi/2) by its Taylor series in
+// double (to r^15: < 1e-11 relative) and one rounding.
 // Max error over all 2^32 inputs: 0.500 ulp each (tools/check_cpu_math.py sin cos tan).
 EMBER_FN double ember_half_turns_of(double a, double c0, double c1, double c2, double turn, int32_t& m_odd) {
   double p0 = a * c0 + turn, p1 = a * c1, p2 = a * c2;  // (p0 exact: below 2^26)
