@@ -1,8 +1,8 @@
-"""The CPU backend's float32 exp2, log, log2, log10, sinh, cosh, atan, atan2, asin, acos, pow, sin,
-cos and tan (codegen/cpp_math.py; glibc's have no vector forms GCC uses, and loops calling them ran one
-element at a time): within their ulp bounds over every exponent, exact at their ends, and the
-ops and losses built on them (xlogy, KL divergence, log-softmax, NLL, rotary embeddings) against eager over dtypes,
-awkward shapes, symbolic sizes and gradients."""
+"""The CPU backend's float32 exp2, log, log2, log10, sinh, cosh, atan, atan2, asin, acos, pow,
+sin, cos and tan (codegen/cpp_math.py; glibc's have no vector forms GCC uses, and loops calling
+them ran one element at a time): within their ulp bounds over every exponent, exact at their
+ends, and the ops and losses built on them (xlogy, KL divergence, log-softmax, NLL, sums of sines
+and cosines) against eager over dtypes, awkward shapes, symbolic sizes and gradients."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ OPS = {
     "pow_norm": lambda x: torch.linalg.vector_norm(x, 3.0, dim=-1),
     "pow_scalar_base": lambda x: torch.pow(1.7, x),
     "sin": torch.sin, "cos": torch.cos, "tan": torch.tan,
-    "rotary": lambda x: torch.cat([x * x.flip(-1).cos() - x.flip(0).sin(), x.sin() * 1e3 + x.cos()], -1),
+    "sin_cos_terms": lambda x: torch.cat([x * x.flip(-1).cos() - x.flip(0).sin(), x.sin() * 1e3 + x.cos()], -1),
 }
 
 
@@ -211,7 +211,8 @@ def test_kl_divergence_and_nll_with_their_gradients_match_eager():
 def test_two_over_pis_bits_are_mpmaths():
     """sin's, cos's and tan's reduction cuts its parts from 2/pi's first 256 bits (Machin's
     formula in integers): every one of them right."""
-    mpmath = pytest.importorskip("mpmath")
+    import mpmath  # (torch's sympy needs it)
+
     with mpmath.workprec(400):
         assert _two_over_pi_bits(256) == int(mpmath.floor(mpmath.mpf(2) ** 257 / mpmath.pi))
 

@@ -141,7 +141,7 @@ def _rotary(x):
 
 def test_a_rotary_embeddings_tables_are_computed_once_not_at_every_element():
     # cos and sin of (T, D/2) angles, read broadcast over (B, T, H, D): recomputed at each of
-    # B H 2 = 16 times as many elements, they made the CPU kernel 46x slower than with tables
+    # B H 2 = 16 times as many elements, they made the CPU kernel 24-46x slower than with tables
     # (bench/RESULTS.md). The tables get buffers, in one kernel with the angles and frequencies
     # under them (the frequencies' pow, amplified T times there, costs too little alone); a
     # cheap broadcast value, or one read at 4 times its size, stays inlined.
