@@ -37,6 +37,15 @@ def _assert_same_bits(out: torch.Tensor, ref: torch.Tensor, *inputs: torch.Tenso
     assert same.all(), list(zip(*(t[~same].tolist() for t in (*inputs, out, ref))))
 
 
+def _assert_every_pair_exact(fn, vals: list[float]) -> None:
+    """fn of every pair of ``vals`` is the float32 nearest fn's double, sign and NaN included."""
+    a = torch.tensor([u for u in vals for _ in vals])
+    b = torch.tensor([v for _ in vals for v in vals])
+    out, report = run(fn, a, b)
+    assert_clean(report)
+    _assert_same_bits(out, fn(a.double(), b.double()).float(), a, b)
+
+
 def _source(report: ember.Report) -> str:
     return "\n".join(k.source for k in report.kernels)
 
@@ -102,13 +111,7 @@ def test_atan2_at_its_ends():
     """Signed zeros and infinities in every combination, and NaN in either place: C's atan2 rules
     (atan2(-0, -0) is -pi, atan2(inf, -inf) 3 pi/4), each multiple of pi/4 the float32 nearest it
     (eager's is 1 ulp below it at atan2(1, 1) and atan2(3e38, -1e-45))."""
-    vals = [0.0, -0.0, 1.0, -1.0, 1e-45, -1e-45, INF, -INF, NAN, 3e38, -3e38]
-    y = torch.tensor([a for a in vals for _ in vals])
-    x = torch.tensor([b for _ in vals for b in vals])
-    out, report = run(torch.atan2, y, x)
-    assert_clean(report)
-    ref = torch.atan2(y.double(), x.double()).float()
-    _assert_same_bits(out, ref, y, x)
+    _assert_every_pair_exact(torch.atan2, [0.0, -0.0, 1.0, -1.0, 1e-45, -1e-45, INF, -INF, NAN, 3e38, -3e38])
 
 
 def _kl(x, t):
@@ -305,12 +308,7 @@ def test_pow_at_its_ends():
     """Every pair of signed zeros, ones, infinities, NaN, odd and even integers, non-integers and
     huge and tiny values: C's rules (0 ** -3 is inf, -0 ** -3 -inf, -1 ** inf 1, NaN ** 0 1, a
     negative base to a non-integer power NaN), as the float32 nearest the exact power."""
-    x = torch.tensor([a for a in POW_ENDS for _ in POW_ENDS])
-    y = torch.tensor([b for _ in POW_ENDS for b in POW_ENDS])
-    out, report = run(torch.pow, x, y)
-    assert_clean(report)
-    ref = torch.pow(x.double(), y.double()).float()
-    _assert_same_bits(out, ref, x, y)
+    _assert_every_pair_exact(torch.pow, POW_ENDS)
 
 
 @needs_cpu
