@@ -76,6 +76,39 @@ def test_float16_rows_convert_a_strip_at_a_time(case, dynamic):
     assert staged
 
 
+def _rms_norm(x, w):
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * w
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("name, fn, shared, own", [
+    ("layer_norm", lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), 2, 1),  # its row read 3 times
+    ("softmax", lambda x, w, b: torch.softmax(x * 2, -1), 0, 1),  # read twice, nothing shared
+    ("rms_norm", lambda x, w, b: _rms_norm(x, w) + b, 2, 0),  # read twice beside shared rows
+])
+def test_float16_rows_read_again_or_alike_in_every_row_are_converted_once(name, fn, shared, own, dynamic):
+    # a row kernel converts a float16 weight once before its rows, and a row its loops read again
+    # once at the row's start (codegen/cpp_staging.py); lengths 1, a strip's tail, 1000 and 4100
+    torch.manual_seed(0)
+    for rows, n in [(3, 1), (5, 129), (7, 1000), (2, 4100)]:
+        x = torch.randn(rows, n, dtype=torch.float16) * 3
+        w, b = torch.randn(n, dtype=torch.float16), torch.randn(n, dtype=torch.float16)
+        report = check(fn, x, w, b, dynamic=dynamic)
+        if n == 1:  # (rows of one: a pointwise kernel)
+            continue
+        source = "".join(k.source for k in report.kernels if "row_to_f32" in k.source)
+        assert source.count("ember_scratch_row<float, 1>") == own, source
+        assert source.count("ember_scratch_row<float, 16>") + source.count("ember_scratch_row<float, 17>") == shared
+
+
+def test_float16_rows_converted_once_in_a_kernel_writing_them_in_place():
+    # the row is converted before any loop and written by the last one: every read sees the row
+    # as it was, as eager's (and the runtime may hand the input's memory to the output)
+    x = torch.randn(6, 300, dtype=torch.float16)
+    report = check(lambda a: a.sub_(a.mean(-1, keepdim=True)).mul_(a.amax(-1, keepdim=True)), x)
+    assert "converted to float once" in "".join(k.source for k in report.kernels)
+
+
 def test_float16_strips_write_in_place_and_beside_other_dtypes():
     x = torch.randn(300, dtype=torch.float16)
     report = check(lambda a, b: (a.mul_(3), a.float() * b, (b * 2).half()), x, torch.randn(300))

@@ -21,7 +21,7 @@ from .cpp_columns import SUM_BLOCK, ColumnTiles, column_tiles, float_partial
 from .cpp_pointwise import PARALLEL_THRESHOLD, PointwiseLoops
 from .cpp_prelude import PRELUDE
 from .cpp_scatter import owned_elements, owned_rows, render_owned_elements, render_owned_rows
-from .cpp_staging import close_strip, open_strip, staged_accesses
+from .cpp_staging import ROW_SLOT, SHARED_SLOT, close_strip, convert_once, converted_once, open_strip, staged_accesses
 from .cpp_team import close_team, needs_team, open_team
 from .cstyle import BodyRenderer, Language
 
@@ -96,6 +96,8 @@ class CppKernelRenderer(PointwiseLoops):
         self.depth = 0
         self.hints = [f"{self.body.name(v)}_hint" for v in kernel.values if v.kind == "search"]
         self._share = False  # the innermost loop runs over this thread's share (ember_lo, ember_hi)
+        self.converted_once: set[int] = set()  # float16 loads converted whole (cpp_staging.py)
+        self._own_rows: list[Value] = []  # of those, the ones converted at each row's start
         self.owned = owned_rows(kernel)  # a scatter of whole rows, each thread adding its own rows
         # (or of elements: each thread adding into the destination lines it owns)
         self.owned_elements = not self.owned and owned_elements(kernel)
@@ -160,6 +162,8 @@ class CppKernelRenderer(PointwiseLoops):
                 self.emit(self.body.reduce_decl(v))
             # (float ones combine in thread order: cpp_team.py)
             team = needs_team(across) and not _serial(sh.numel(k.outer) * k.inner_hint * self.cost)
+            shared, self._own_rows = converted_once(self, k)
+            convert_once(self, k, shared, SHARED_SLOT, "float16 rows every row reads alike")
             clauses = "".join(f" reduction({_clause(v)}:{self.body.acc_names[id(v)]})" for v in across)
             if team:
                 open_team(self, across, [], f"{work} >= {PARALLEL_THRESHOLD}",
@@ -237,6 +241,8 @@ class CppKernelRenderer(PointwiseLoops):
             if stage == 0 and k.segment_length is not None:
                 length = self.body.name(k.segment_length)
                 self.emit(f"const int64_t {SEGMENT_LENGTH.name} = {length};  // this row's length")
+            if stage == 0:
+                convert_once(self, k, self._own_rows, ROW_SLOT, "this row, which its loops read")
             if stage < k.n_loops:
                 self._inner_loop(stage + 1, parallel_inner)
 

@@ -117,8 +117,9 @@ template <typename T> EMBER_FN void ember_atomic_amax(T* p, T v) { ember_atomic_
 template <typename T> EMBER_FN void ember_atomic_amin(T* p, T v) { ember_atomic_combine(p, v, false); }
 """ + MATH + r"""
 // This thread's scratch row of at least n elements (a row kernel keeps a float32 value there
-// between its loops: schedule/loops.py, stash_recomputed). Grown, never freed: a few KB a thread.
-template <typename T> EMBER_FN T* ember_scratch_row(int64_t n) {
+// between its loops: schedule/loops.py, stash_recomputed; other SLOTs hold float16 rows converted
+// once: codegen/cpp_staging.py). Grown, never freed: a few KB a thread and slot.
+template <typename T, int SLOT = 0> EMBER_FN T* ember_scratch_row(int64_t n) {
   static thread_local T* row = nullptr;
   static thread_local int64_t size = 0;
   if (n > size) {

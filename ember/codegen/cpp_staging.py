@@ -16,6 +16,18 @@ writes float16 rows at consecutive elements is strip-mined:
 The rows stay in L1 (STAGE floats each). Both conversions are exact (the store rounds the float
 to the nearest half, as ember_f32_to_f16 does), so results are the same bits as before; on a CPU
 without F16C the row helpers convert element by element with the prelude's steps.
+
+A row kernel (a thread per row, one inner loop variable) converts some loads whole, once
+(``converted_once``), where strips would convert the same elements again and again:
+
+    w_all[] = float(w[0 .. n))                   # before the rows: a norm's weight, every row alike
+    for o (parallel):
+        x_all[] = float(x[o, 0 .. n))            # the row that two or more of its loops read
+        loop 1 over i: ... x_all[i] ...           # (strips only for what is left: the stores)
+        loop 2 over i: ... x_all[i] ... w_all[i] ...
+
+A float16 layer norm converted its row three times and its weight and bias once a row: 1.5x
+eager's time on this machine's CPU, 0.85x after (bench/RESULTS.md, hundred-and-sixth session).
 """
 
 from __future__ import annotations
@@ -25,11 +37,17 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..ir import dtypes as dt
-from ..schedule.kernel_ir import Value
+from ..schedule.kernel_ir import Value, inner_var, outer_var
 from .cexpr import index_expr
 
 if TYPE_CHECKING:
+    from ..schedule.kernel_ir import Kernel
     from .cpp import CppKernelRenderer
+
+# ember_scratch_row slots of the rows converted once: a thread's own rows from ROW_SLOT on (slot 0
+# is the row a kernel keeps for a later loop, SCRATCH_ROW), the rows every row reads, which the
+# calling thread converts before the parallel loop and is itself a worker of, from SHARED_SLOT on
+ROW_SLOT, SHARED_SLOT = 1, 16
 
 # float16 elements a strip-mined loop converts at a time. Timed on AVX2 (bench/RESULTS.md): 64 and
 # 128 alike on relu(x) + 2y + 1 (4096 x 4096), 128 faster on row kernels (layer_norm 8-15%,
@@ -76,7 +94,7 @@ def staged_accesses(r: CppKernelRenderer, values: list[Value], var: sympy.Symbol
         return []
     out = []
     for v in values:
-        if v.kind not in ("load", "store") or v.arg.bindings:
+        if v.kind not in ("load", "store") or v.arg.bindings or id(v) in r.converted_once:
             continue
         if r.body.buffer_dtype.get(v.arg.buffer) != dt.float16 or not _unit_stride(v.arg.index, var):
             continue
@@ -86,6 +104,49 @@ def staged_accesses(r: CppKernelRenderer, values: list[Value], var: sympy.Symbol
             continue
         out.append(v)
     return out
+
+
+def converted_once(r: CppKernelRenderer, k: Kernel) -> tuple[list[Value], list[Value]]:
+    """(shared, own): the float16 loads of a row kernel that are converted whole, once (see the
+    module's docstring). ``shared`` read the same elements in every row; ``own`` read this row's,
+    in two or more of its loops. Only kernels of one inner variable whose loops run over the whole
+    row (not segments, scans or rows spread over threads) qualify."""
+    if r.scalar or len(k.inner) != 1 or k.segment_length is not None or k.scans or k.n_loops == 0:
+        return [], []
+    var = inner_var(0)
+    outer = {outer_var(i) for i in range(len(k.outer))}
+    written = {v.arg.buffer for v in k.values if v.kind == "store"}  # (read back in a later loop)
+    loops_reading: dict[int, int] = {}
+    loads: dict[int, Value] = {}
+    for loop in range(1, k.n_loops + 1):
+        for v in staged_accesses(r, k.loop_values(loop), var):
+            if v.kind == "load" and v.arg.buffer not in written:
+                loops_reading[id(v)] = loops_reading.get(id(v), 0) + 1
+                loads[id(v)] = v
+    shared = [v for v in loads.values() if not v.arg.index.free_symbols & outer]
+    # A row read by two loops beside a shared row (RMSNorm's x beside its weight) ran as fast as
+    # strips or slower at 2048-32768 columns on this machine's CPU; read by three (a layer norm's),
+    # or by two with nothing shared (softmax's), it ran 5-30% faster at 1024-32768.
+    least = 2 if not shared else 3
+    own = [v for v in loads.values() if v.arg.index.free_symbols & outer and loops_reading[id(v)] >= least]
+    return shared, own
+
+
+def convert_once(r: CppKernelRenderer, k: Kernel, loads: list[Value], first_slot: int, what: str) -> None:
+    """Converts each of ``loads`` over the whole row into a float row of ember_scratch_row's slot
+    ``first_slot`` on, which its loads then read (``r.body.staged``) in every loop."""
+    if not loads:
+        return
+    var = inner_var(0)
+    n = index_expr(k.inner[0])
+    r.emit(f"// {what}, converted to float once (cpp_staging.py)")
+    for slot, v in enumerate(loads, first_slot):
+        row = f"{r.body.name(v)}_all"
+        start = index_expr(v.arg.index.xreplace({var: sympy.Integer(0)}))
+        r.emit(f"float* {r.body.lang.restrict} {row} = ember_scratch_row<float, {slot}>({n});  // {v.arg.buffer}")
+        r.emit(f"ember_f16_row_to_f32({row}, &{v.arg.buffer}[{start}], {n});")
+        r.body.staged[id(v)] = f"{row}[{var.name}]"
+        r.converted_once.add(id(v))
 
 
 def open_strip(r: CppKernelRenderer, var: sympy.Symbol, start: str, stop: str, staged: list[Value],
@@ -99,7 +160,10 @@ def open_strip(r: CppKernelRenderer, var: sympy.Symbol, start: str, stop: str, s
         r.emit(pragma)
     r.emit(f"for (int64_t {name}_stage = {start}; {name}_stage < {stop}; {name}_stage += {STAGE}) {{")
     r.depth += 1
-    r.emit(f"const int64_t {name}_n = std::min<int64_t>({STAGE}, {stop} - {name}_stage);")
+    if start == "0" and stop.isdigit() and int(stop) % STAGE == 0:  # whole strips: a constant count
+        r.emit(f"const int64_t {name}_n = {STAGE};")
+    else:
+        r.emit(f"const int64_t {name}_n = std::min<int64_t>({STAGE}, {stop} - {name}_stage);")
     stage_var = sympy.Symbol(f"{name}_stage", integer=True)
     for v in staged:
         row = f"{r.body.name(v)}_row"
