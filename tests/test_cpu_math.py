@@ -1,8 +1,9 @@
 """The CPU backend's float32 exp2, log, log2, log10, sinh, cosh, atan, atan2, asin, acos, pow,
-sin, cos and tan (codegen/cpp_math.py; glibc's have no vector forms GCC uses, and loops calling
-them ran one element at a time): within their ulp bounds over every exponent, exact at their
-ends, and the ops and losses built on them (xlogy, KL divergence, log-softmax, NLL, sums of sines
-and cosines) against eager over dtypes, awkward shapes, symbolic sizes and gradients."""
+sin, cos and tan, and its float64 exp (codegen/cpp_math.py; glibc's have no vector forms GCC
+uses, and loops calling them ran one element at a time): within their ulp bounds over every
+exponent (float64's: samples against mpmath), exact at their ends, and the ops and losses built
+on them (xlogy, KL divergence, log-softmax, NLL, sums of sines and cosines) against eager over
+dtypes, awkward shapes, symbolic sizes and gradients."""
 
 from __future__ import annotations
 
@@ -336,3 +337,53 @@ def test_pow_gradients_and_symbolic_sizes_match_eager():
         out.sum().backward()
         ref.sum().backward()
         assert_same((x.grad, y.grad), (rx.grad, ry.grad))
+
+
+EXP_F64_ENDS = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-300, -1e-300, 709.782712893384, 709.7827128933841,
+                710.0, 1e308, -708.3964185322641, -708.4, -720.0, -740.0, -745.1332191019411, -745.2, -1e308]
+
+
+def _glibc_exp(v: float) -> float:
+    try:
+        return math.exp(v)
+    except OverflowError:
+        return math.inf
+
+
+@needs_cpu
+def test_float64_exp_within_its_ulps_against_mpmath_and_exact_at_its_ends():
+    """float64 exp without libm (ember_exp_f64): under 0.65 ulp against mpmath at 120 bits over
+    samples of its whole range, of [-1, 1] and of tiny arguments (a subnormal result, rounded
+    twice, within 1 of their spacing), and glibc's bits at its ends (zeros, infinities, NaN, the
+    largest finite result and the first infinite one, the smallest subnormal and the first zero)."""
+    import mpmath
+
+    g = torch.Generator().manual_seed(0)
+    uniform = lambda n, lo, hi: torch.rand(n, generator=g, dtype=torch.float64) * (hi - lo) + lo  # noqa: E731
+    x = torch.cat([uniform(3000, -745.2, 709.78), uniform(3000, -1.0, 1.0), uniform(500, -1e-8, 1e-8),
+                   torch.tensor(EXP_F64_ENDS, dtype=torch.float64)])
+    out, report = run(torch.exp, x)
+    assert "ember_exp_f64(" in _source(report), _source(report)
+    worst = {True: 0.0, False: 0.0}  # normal results, subnormal ones
+    with mpmath.workprec(120):
+        for v, o in zip(x[:-len(EXP_F64_ENDS)].tolist(), out.tolist()):
+            exact = mpmath.exp(mpmath.mpf(v))
+            normal = float(exact) >= 2.0 ** -1022
+            worst[normal] = max(worst[normal], float(abs(mpmath.mpf(o) - exact)) / math.ulp(float(exact)))
+    assert worst[True] < 0.65 and worst[False] <= 1.0, worst
+    ends = out[-len(EXP_F64_ENDS):]
+    glibc = torch.tensor([_glibc_exp(v) for v in EXP_F64_ENDS], dtype=torch.float64)
+    assert torch.equal(ends.isnan(), glibc.isnan()) and torch.equal(ends.nan_to_num(), glibc.nan_to_num()), ends
+
+
+@needs_cpu
+@pytest.mark.parametrize("shape", [(0,), (1,), (7, 5), (3, 1000)], ids=str)
+def test_float64_exp_in_fused_ops_and_gradients_match_eager(shape):
+    """Ops over float64 exp (softmax, sigmoid-like ratios, ELU) over awkward shapes and symbolic sizes,
+    with their gradients, as eager's to float64's tolerance."""
+    fn = lambda x: (torch.softmax(x, -1), 1 / (1 + torch.exp(-x)), F.elu(x), torch.exp(x).sum(-1))  # noqa: E731
+    x = torch.randn(shape, dtype=torch.float64) * 5
+    out = ember.compile(fn, dynamic=True)(x)
+    assert_same(out, fn(x))
+    if x.numel():
+        assert_gradients_match(lambda t: fn(t)[0] * 3 + fn(t)[2], x)

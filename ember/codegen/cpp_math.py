@@ -4,7 +4,7 @@ glibc's float functions have no vector forms GCC can use (libmvec's need -ffast-
 from the scalar ones in their last bits), so a simd loop calling expf, logf or atan2f ran one
 element at a time: 3-10x slower than eager's vectorized kernels. These are branch-free, so GCC
 vectorizes a loop that calls them, and give the same bits in every lane. float32, bfloat16 and
-float16 use them (codegen/cpp.py's fast_f32); float64 keeps libm, but for a pow that only float32
+float16 use them (codegen/cpp.py's fast_f32); float64 keeps libm but for exp (fast_f64) and a pow that only float32
 casts read (eager's float32 x ** scalar computes in double), which ember_pow_narrow computes in
 double to within 1e-13 (codegen/cstyle.py: _narrowed_pow). Each one's error over all 2^32 inputs
 (atan2 and pow: 2^32 pairs) is checked by tools/check_cpu_math.py; run it after any change.
@@ -87,6 +87,44 @@ EMBER_FN float ember_exp_halved(float x, float hi, int32_t halve) {
   return p * f1 * f2;
 }
 EMBER_FN float ember_exp(float x) { return ember_exp_halved(x, 89.0f, 0); }
+// exp for float64 without libm calls (glibc's exp has no vector form GCC may use: a loop calling it
+// ran one element at a time, 0.7x Inductor's). x = k ln2 + r with k = round(x / ln2) read from the
+// low bits of x / ln2 + 1.5 2^52 (no float-to-int conversion: AVX2 has none for 64-bit lanes);
+// r = rh + rl, rh = x - k ln2_hi exact (ln2_hi has 32 bits, |k| <= 1077); e^r = 1 + r + r^2 Q(r),
+// Q Taylor's to r^13 (remainder under 2^-57 on |r| <= 0.35), 1 + rh split exactly (Fast2Sum) so
+// the sum rounds once: 0.62 ulp at most over tests/test_cpu_math.py's samples against mpmath.
+// The clamp decides the ends as in ember_exp; 2^k in two halves reaches subnormals and inf.
+EMBER_FN double ember_exp_f64(double x) {
+  const double shift = 0x1.8p52;
+  double xc = x < -746.0 ? -746.0 : x;
+  xc = xc > 710.0 ? 710.0 : xc;
+  double t = xc * 1.4426950408889634 + shift;
+  double k = t - shift;
+  double rh = xc - k * 6.93147180369123816490e-01, rl = -(k * 1.90821492927058770002e-10);
+  double r = rh + rl;
+  double q = 1.0 / 6227020800.0;
+  q = std::fma(q, r, 1.0 / 479001600.0);
+  q = std::fma(q, r, 1.0 / 39916800.0);
+  q = std::fma(q, r, 1.0 / 3628800.0);
+  q = std::fma(q, r, 1.0 / 362880.0);
+  q = std::fma(q, r, 1.0 / 40320.0);
+  q = std::fma(q, r, 1.0 / 5040.0);
+  q = std::fma(q, r, 1.0 / 720.0);
+  q = std::fma(q, r, 1.0 / 120.0);
+  q = std::fma(q, r, 1.0 / 24.0);
+  q = std::fma(q, r, 1.0 / 6.0);
+  q = std::fma(q, r, 0.5);
+  double hi = 1.0 + rh;
+  double lo = (1.0 - hi) + rh;
+  double p = hi + (lo + (rl + r * r * q));
+  uint64_t tb, sb, hb;
+  double th = k * 0.5 + shift;
+  std::memcpy(&tb, &t, 8); std::memcpy(&sb, &shift, 8); std::memcpy(&hb, &th, 8);
+  int64_t k1 = (int64_t)(hb - sb), k2 = (int64_t)(tb - sb) - k1;
+  uint64_t b1 = (uint64_t)(k1 + 1023) << 52, b2 = (uint64_t)(k2 + 1023) << 52;
+  double f1, f2; std::memcpy(&f1, &b1, 8); std::memcpy(&f2, &b2, 8);
+  return p * f1 * f2;
+}
 // 2^x: k = round(x), r = x - k (exact), 2^r = 1 + r Q(r) on |r| <= 1/2 (Q from
 // tools/fit_cpu_math.py), 2^k in two halves as in exp. x is clamped to [-160, 130], past both ends
 // (2^-160 rounds to 0, 2^130 to inf); NaN stays NaN through r.

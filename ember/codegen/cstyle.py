@@ -31,6 +31,7 @@ class Language:
     storage: dict[dt.DType, str]          # element type of buffers
     math_prefix: str                      # 'std::' on the CPU, '' in CUDA device code
     fast_f32: dict[Op, str] = field(default_factory=dict)  # float32 overrides, e.g. EXP
+    fast_f64: dict[Op, str] = field(default_factory=dict)  # and float64's
     # a float64 pow whose users all round it to float32 or narrower (eager's float32 x ** scalar
     # computes in double): its spelling, where it may be less exact than a double (_narrowed_pow)
     narrowed_pow: str = ""
@@ -218,6 +219,8 @@ def alu(lang: Language, v: Value, args: list[str]) -> str:
             return a
         if ctype == "float" and op in lang.fast_f32:
             return lang.fast_f32[op].format(*args)
+        if ctype == "double" and op in lang.fast_f64:
+            return lang.fast_f64[op].format(*args)
         return f"{lang.math_prefix}{_MATH[op]}({', '.join(args)})"
     raise NotImplementedError(f"no C spelling for {op.value}")
 
