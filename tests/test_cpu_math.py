@@ -1,5 +1,5 @@
 """The CPU backend's float32 exp2, log, log2, log10, sinh, cosh, atan, atan2, asin, acos, pow,
-sin, cos and tan, and its float64 exp (codegen/cpp_math.py; glibc's have no vector forms GCC
+sin, cos and tan, and its float64 exp and log (codegen/cpp_math.py; glibc's have no vector forms GCC
 uses, and loops calling them ran one element at a time): within their ulp bounds over every
 exponent (float64's: samples against mpmath), exact at their ends, and the ops and losses built
 on them (xlogy, KL divergence, log-softmax, NLL, sums of sines and cosines) against eager over
@@ -339,51 +339,71 @@ def test_pow_gradients_and_symbolic_sizes_match_eager():
         assert_same((x.grad, y.grad), (rx.grad, ry.grad))
 
 
-EXP_F64_ENDS = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-300, -1e-300, 709.782712893384, 709.7827128933841,
-                710.0, 1e308, -708.3964185322641, -708.4, -720.0, -740.0, -745.1332191019411, -745.2, -1e308]
+def _f64_samples(name: str) -> torch.Tensor:
+    """exp: its whole range, [-1, 1] and tiny arguments (subnormal and near-1 results); log:
+    exp's results, [0.5, 2], around 1 and subnormals."""
+    g = torch.Generator().manual_seed(0)
+    uniform = lambda n, lo, hi: torch.rand(n, generator=g, dtype=torch.float64) * (hi - lo) + lo  # noqa: E731
+    if name == "exp":
+        return torch.cat([uniform(3000, -745.2, 709.78), uniform(3000, -1.0, 1.0), uniform(500, -1e-8, 1e-8)])
+    return torch.cat([uniform(3000, -740.0, 709.0).exp(), uniform(2000, 0.5, 2.0), 1 + uniform(500, -1e-6, 1e-6),
+                      uniform(300, 0.0, 1e-310)])
 
 
-def _glibc_exp(v: float) -> float:
+# (zeros, infinities, NaN; exp: the largest finite result and the first infinite one, the smallest
+# subnormal and the first zero; log: negatives, the smallest subnormal and normal, 1, the largest)
+F64_ENDS = {"exp": [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-300, -1e-300, 709.782712893384, 709.7827128933841,
+                    710.0, 1e308, -708.3964185322641, -708.4, -720.0, -740.0, -745.1332191019411, -745.2, -1e308],
+            "log": [0.0, -0.0, math.inf, -math.inf, math.nan, -1.0, -1e-320, 5e-324, 2.2250738585072014e-308, 1.0,
+                    2.0, 0.5, 1.7976931348623157e308]}
+F64_LIMITS = {"exp": 0.65, "log": 0.85}
+
+
+def _glibc(name: str, v: float) -> float:
     try:
-        return math.exp(v)
+        return getattr(math, name)(v)
     except OverflowError:
         return math.inf
+    except ValueError:  # (log of 0 or a negative)
+        return -math.inf if v == 0 else math.nan
 
 
 @needs_cpu
-def test_float64_exp_within_its_ulps_against_mpmath_and_exact_at_its_ends():
-    """float64 exp without libm (ember_exp_f64): under 0.65 ulp against mpmath at 120 bits over
-    samples of its whole range, of [-1, 1] and of tiny arguments (a subnormal result, rounded
-    twice, within 1 of their spacing), and glibc's bits at its ends (zeros, infinities, NaN, the
-    largest finite result and the first infinite one, the smallest subnormal and the first zero)."""
+@pytest.mark.parametrize("name", ["exp", "log"])
+def test_float64_functions_within_their_ulps_against_mpmath_and_exact_at_their_ends(name):
+    """float64 exp and log without libm (ember_exp_f64, ember_log_f64): within F64_LIMITS ulps of
+    mpmath at 120 bits over samples of their domains (a subnormal result of exp, rounded twice,
+    within 1 of their spacing), and glibc's bits at their ends."""
     import mpmath
 
-    g = torch.Generator().manual_seed(0)
-    uniform = lambda n, lo, hi: torch.rand(n, generator=g, dtype=torch.float64) * (hi - lo) + lo  # noqa: E731
-    x = torch.cat([uniform(3000, -745.2, 709.78), uniform(3000, -1.0, 1.0), uniform(500, -1e-8, 1e-8),
-                   torch.tensor(EXP_F64_ENDS, dtype=torch.float64)])
-    out, report = run(torch.exp, x)
-    assert "ember_exp_f64(" in _source(report), _source(report)
+    x = torch.cat([_f64_samples(name), torch.tensor(F64_ENDS[name], dtype=torch.float64)])
+    out, report = run(getattr(torch, name), x)
+    assert f"ember_{name}_f64(" in _source(report), _source(report)
     worst = {True: 0.0, False: 0.0}  # normal results, subnormal ones
+    n = len(F64_ENDS[name])
     with mpmath.workprec(120):
-        for v, o in zip(x[:-len(EXP_F64_ENDS)].tolist(), out.tolist()):
-            exact = mpmath.exp(mpmath.mpf(v))
-            normal = float(exact) >= 2.0 ** -1022
+        for v, o in zip(x[:-n].tolist(), out.tolist()):
+            exact = getattr(mpmath, name)(mpmath.mpf(v))
+            normal = abs(float(exact)) >= 2.0 ** -1022 or exact == 0
+            if exact == 0:
+                assert o == 0, (v, o)
+                continue
             worst[normal] = max(worst[normal], float(abs(mpmath.mpf(o) - exact)) / math.ulp(float(exact)))
-    assert worst[True] < 0.65 and worst[False] <= 1.0, worst
-    ends = out[-len(EXP_F64_ENDS):]
-    glibc = torch.tensor([_glibc_exp(v) for v in EXP_F64_ENDS], dtype=torch.float64)
+    assert worst[True] < F64_LIMITS[name] and worst[False] <= 1.0, worst
+    ends, glibc = out[-n:], torch.tensor([_glibc(name, v) for v in F64_ENDS[name]], dtype=torch.float64)
     assert torch.equal(ends.isnan(), glibc.isnan()) and torch.equal(ends.nan_to_num(), glibc.nan_to_num()), ends
 
 
 @needs_cpu
 @pytest.mark.parametrize("shape", [(0,), (1,), (7, 5), (3, 1000)], ids=str)
-def test_float64_exp_in_fused_ops_and_gradients_match_eager(shape):
-    """Ops over float64 exp (softmax, sigmoid-like ratios, ELU) over awkward shapes and symbolic sizes,
-    with their gradients, as eager's to float64's tolerance."""
-    fn = lambda x: (torch.softmax(x, -1), 1 / (1 + torch.exp(-x)), F.elu(x), torch.exp(x).sum(-1))  # noqa: E731
+def test_float64_exp_and_log_in_fused_ops_and_gradients_match_eager(shape):
+    """Ops over float64 exp and log (softmax, log-softmax, a sigmoid written out, ELU, log of a
+    sum) over awkward shapes and symbolic sizes, with their gradients, as eager's to float64's
+    tolerance."""
+    fn = lambda x: (torch.softmax(x, -1), 1 / (1 + torch.exp(-x)), F.elu(x), torch.exp(x).sum(-1),  # noqa: E731
+                    F.log_softmax(x, -1), torch.log(x.abs() + 1e-3).sum(-1))
     x = torch.randn(shape, dtype=torch.float64) * 5
     out = ember.compile(fn, dynamic=True)(x)
     assert_same(out, fn(x))
     if x.numel():
-        assert_gradients_match(lambda t: fn(t)[0] * 3 + fn(t)[2], x)
+        assert_gradients_match(lambda t: fn(t)[0] * 3 + fn(t)[2] + fn(t)[4], x)

@@ -4,10 +4,12 @@ glibc's float functions have no vector forms GCC can use (libmvec's need -ffast-
 from the scalar ones in their last bits), so a simd loop calling expf, logf or atan2f ran one
 element at a time: 3-10x slower than eager's vectorized kernels. These are branch-free, so GCC
 vectorizes a loop that calls them, and give the same bits in every lane. float32, bfloat16 and
-float16 use them (codegen/cpp.py's fast_f32); float64 keeps libm but for exp (fast_f64) and a pow that only float32
-casts read (eager's float32 x ** scalar computes in double), which ember_pow_narrow computes in
-double to within 1e-13 (codegen/cstyle.py: _narrowed_pow). Each one's error over all 2^32 inputs
-(atan2 and pow: 2^32 pairs) is checked by tools/check_cpu_math.py; run it after any change.
+float16 use them (codegen/cpp.py's fast_f32). float64 keeps libm but for exp and log (fast_f64;
+their errors against mpmath over samples are checked by tests/test_cpu_math.py) and a pow that
+only float32 casts read (eager's float32 x ** scalar computes in double), which ember_pow_narrow
+computes in double to within 1e-13 (codegen/cstyle.py: _narrowed_pow). Each float32 function's
+error over all 2^32 inputs (atan2 and pow: 2^32 pairs) is checked by tools/check_cpu_math.py;
+run it after any change.
 """
 
 
@@ -124,6 +126,43 @@ EMBER_FN double ember_exp_f64(double x) {
   uint64_t b1 = (uint64_t)(k1 + 1023) << 52, b2 = (uint64_t)(k2 + 1023) << 52;
   double f1, f2; std::memcpy(&f1, &b1, 8); std::memcpy(&f2, &b2, 8);
   return p * f1 * f2;
+}
+// log for float64 without libm: x = 2^k m with m in [sqrt(1/2), sqrt(2)) (subnormals scaled by 2^54
+// first), f = m - 1 (exact), s = f / (2 + f), so log m = log((1 + s) / (1 - s)) = 2s + s z R(z),
+// z = s^2, R the series 2/3 + 2z/5 + 2z^2/7 + ... to z^10 (remainder under 2^-58 for z <= 0.0295),
+// summed as f - (f^2/2 - s (f^2/2 + z R)), whose large terms are exact; k ln2 in two parts.
+// 0.80 ulp at most over tests/test_cpu_math.py's samples against mpmath; 0, inf, negatives and NaN
+// by selects.
+EMBER_FN double ember_log_f64(double x) {
+  const double sqrt_half = 0x1.6a09e667f3bcdp-1;
+  bool tiny = x < 0x1p-1022;
+  double xs = tiny ? x * 0x1p54 : x;
+  uint64_t ix, hb;
+  std::memcpy(&ix, &xs, 8); std::memcpy(&hb, &sqrt_half, 8);
+  uint64_t iu = ix + (0x3ff0000000000000ull - hb);
+  double k = (double)((int64_t)(iu >> 52) - 1023) - (tiny ? 54.0 : 0.0);
+  uint64_t im = (iu & 0x000fffffffffffffull) + hb;
+  double m;
+  std::memcpy(&m, &im, 8);
+  double f = m - 1.0;
+  double s = f / (2.0 + f), z = s * s;
+  double r = 2.0 / 23.0;
+  r = std::fma(r, z, 2.0 / 21.0);
+  r = std::fma(r, z, 2.0 / 19.0);
+  r = std::fma(r, z, 2.0 / 17.0);
+  r = std::fma(r, z, 2.0 / 15.0);
+  r = std::fma(r, z, 2.0 / 13.0);
+  r = std::fma(r, z, 2.0 / 11.0);
+  r = std::fma(r, z, 2.0 / 9.0);
+  r = std::fma(r, z, 2.0 / 7.0);
+  r = std::fma(r, z, 2.0 / 5.0);
+  r = std::fma(r, z, 2.0 / 3.0);
+  double hfsq = 0.5 * f * f;
+  double y = k * 6.93147180369123816490e-01
+             - ((hfsq - (s * (hfsq + z * r) + k * 1.90821492927058770002e-10)) - f);
+  y = x == (double)INFINITY ? x : y;
+  y = x == 0.0 ? -(double)INFINITY : y;
+  return x < 0.0 || x != x ? (double)NAN : y;
 }
 // 2^x: k = round(x), r = x - k (exact), 2^r = 1 + r Q(r) on |r| <= 1/2 (Q from
 // tools/fit_cpu_math.py), 2^k in two halves as in exp. x is clamped to [-160, 130], past both ends
