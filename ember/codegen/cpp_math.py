@@ -4,8 +4,8 @@ glibc's float functions have no vector forms GCC can use (libmvec's need -ffast-
 from the scalar ones in their last bits), so a simd loop calling expf, logf or atan2f ran one
 element at a time: 3-10x slower than eager's vectorized kernels. These are branch-free, so GCC
 vectorizes a loop that calls them, and give the same bits in every lane. float32, bfloat16 and
-float16 use them (codegen/cpp.py's fast_f32). float64 keeps libm but for exp and log (fast_f64;
-their errors against mpmath over samples are checked by tests/test_cpu_math.py) and a pow that
+float16 use them (codegen/cpp.py's fast_f32). float64 keeps libm but for exp, expm1, tanh and log
+(fast_f64; their errors against mpmath over samples are checked by tests/test_cpu_math.py) and a pow that
 only float32 casts read (eager's float32 x ** scalar computes in double), which ember_pow_narrow
 computes in double to within 1e-13 (codegen/cstyle.py: _narrowed_pow). Each float32 function's
 error over all 2^32 inputs (atan2 and pow: 2^32 pairs) is checked by tools/check_cpu_math.py;
@@ -89,20 +89,17 @@ EMBER_FN float ember_exp_halved(float x, float hi, int32_t halve) {
   return p * f1 * f2;
 }
 EMBER_FN float ember_exp(float x) { return ember_exp_halved(x, 89.0f, 0); }
-// exp for float64 without libm calls (glibc's exp has no vector form GCC may use: a loop calling it
-// ran one element at a time, 0.7x Inductor's). x = k ln2 + r with k = round(x / ln2) read from the
-// low bits of x / ln2 + 1.5 2^52 (no float-to-int conversion: AVX2 has none for 64-bit lanes);
-// r = rh + rl, rh = x - k ln2_hi exact (ln2_hi has 32 bits, |k| <= 1077); e^r = 1 + r + r^2 Q(r),
-// Q Taylor's to r^13 (remainder under 2^-57 on |r| <= 0.35), 1 + rh split exactly (Fast2Sum) so
-// the sum rounds once: 0.62 ulp at most over tests/test_cpu_math.py's samples against mpmath.
-// The clamp decides the ends as in ember_exp; 2^k in two halves reaches subnormals and inf.
-EMBER_FN double ember_exp_f64(double x) {
+// exp and expm1 for float64 without libm calls (glibc's have no vector form GCC may use: a loop
+// calling them ran one element at a time, 0.3x Inductor's). x = k ln2 + r with k = round(x / ln2)
+// read from the low bits of t = x / ln2 + 1.5 2^52 (no float-to-int conversion: AVX2 has none for
+// 64-bit lanes); r = rh + rl, rh = x - k ln2_hi exact (ln2_hi has 32 bits, |k| <= 1077); e^r =
+// 1 + r + r^2 q(r), q Taylor's to r^13 (remainder under 2^-57 on |r| <= 0.35). Returns r^2 q.
+EMBER_FN double ember_exp_reduced_f64(double xc, double& t, double& rh, double& rl) {
   const double shift = 0x1.8p52;
-  double xc = x < -746.0 ? -746.0 : x;
-  xc = xc > 710.0 ? 710.0 : xc;
-  double t = xc * 1.4426950408889634 + shift;
+  t = xc * 1.4426950408889634 + shift;
   double k = t - shift;
-  double rh = xc - k * 6.93147180369123816490e-01, rl = -(k * 1.90821492927058770002e-10);
+  rh = xc - k * 6.93147180369123816490e-01;
+  rl = -(k * 1.90821492927058770002e-10);
   double r = rh + rl;
   double q = 1.0 / 6227020800.0;
   q = std::fma(q, r, 1.0 / 479001600.0);
@@ -116,16 +113,54 @@ EMBER_FN double ember_exp_f64(double x) {
   q = std::fma(q, r, 1.0 / 24.0);
   q = std::fma(q, r, 1.0 / 6.0);
   q = std::fma(q, r, 0.5);
+  return r * r * q;
+}
+// 2^k for k from t above, as two factors whose product reaches subnormals and inf; returns k
+EMBER_FN int64_t ember_pow2_halves_f64(double t, double& f1, double& f2) {
+  const double shift = 0x1.8p52;
+  double th = (t - shift) * 0.5 + shift;
+  uint64_t tb, sb, hb;
+  std::memcpy(&tb, &t, 8); std::memcpy(&sb, &shift, 8); std::memcpy(&hb, &th, 8);
+  int64_t k = (int64_t)(tb - sb), k1 = (int64_t)(hb - sb);
+  uint64_t b1 = (uint64_t)(k1 + 1023) << 52, b2 = (uint64_t)(k - k1 + 1023) << 52;
+  std::memcpy(&f1, &b1, 8); std::memcpy(&f2, &b2, 8);
+  return k;
+}
+// exp: 1 + rh split exactly (Fast2Sum) so the sum rounds once: 0.62 ulp at most over
+// tests/test_cpu_math.py's samples against mpmath. The clamp decides the ends as in ember_exp.
+EMBER_FN double ember_exp_f64(double x) {
+  double xc = x < -746.0 ? -746.0 : x;
+  xc = xc > 710.0 ? 710.0 : xc;
+  double t, rh, rl, f1, f2;
+  double tail = ember_exp_reduced_f64(xc, t, rh, rl);
   double hi = 1.0 + rh;
   double lo = (1.0 - hi) + rh;
-  double p = hi + (lo + (rl + r * r * q));
-  uint64_t tb, sb, hb;
-  double th = k * 0.5 + shift;
-  std::memcpy(&tb, &t, 8); std::memcpy(&sb, &shift, 8); std::memcpy(&hb, &th, 8);
-  int64_t k1 = (int64_t)(hb - sb), k2 = (int64_t)(tb - sb) - k1;
-  uint64_t b1 = (uint64_t)(k1 + 1023) << 52, b2 = (uint64_t)(k2 + 1023) << 52;
-  double f1, f2; std::memcpy(&f1, &b1, 8); std::memcpy(&f2, &b2, 8);
+  double p = hi + (lo + (rl + tail));
+  ember_pow2_halves_f64(t, f1, f2);
   return p * f1 * f2;
+}
+// expm1 = 2^k expm1(r) + (2^k - 1), both exact to scale up to |k| = 60 (one fma rounds); past
+// k = 53, where 2^k - 1 is 2^k, (expm1(r) + 1) 2^k. x clamped to [-40, 710] (below -37.5 it
+// rounds to -1); |x| < 2^-54 (zeros, subnormals) and NaN give x. 1.42 ulp at most over the samples.
+EMBER_FN double ember_expm1_f64(double x) {
+  double xc = x < -40.0 ? -40.0 : x;
+  xc = xc > 710.0 ? 710.0 : xc;
+  double t, rh, rl, f1, f2;
+  double em = rh + (rl + ember_exp_reduced_f64(xc, t, rh, rl));
+  int64_t k = ember_pow2_halves_f64(t, f1, f2);
+  int64_t kc = k > 60 ? 60 : (k < -60 ? -60 : k);
+  uint64_t bc = (uint64_t)(kc + 1023) << 52;
+  double p2;
+  std::memcpy(&p2, &bc, 8);
+  double y = k > 53 ? (em + 1.0) * f1 * f2 : std::fma(p2, em, p2 - 1.0);
+  return std::fabs(x) < 0x1p-54 || x != x ? x : y;
+}
+// tanh = expm1(2|x|) / (expm1(2|x|) + 2) with x's sign (|x| clamped to 20, where it rounds to 1):
+// 2.1 ulp at most over the samples (glibc's own bound is 2).
+EMBER_FN double ember_tanh_f64(double x) {
+  double a = std::fabs(x);
+  double e = ember_expm1_f64(2.0 * (a > 20.0 ? 20.0 : a));
+  return x != x ? x : std::copysign(e / (e + 2.0), x);
 }
 // log for float64 without libm: x = 2^k m with m in [sqrt(1/2), sqrt(2)) (subnormals scaled by 2^54
 // first), f = m - 1 (exact), s = f / (2 + f), so log m = log((1 + s) / (1 - s)) = 2s + s z R(z),
@@ -505,7 +540,7 @@ EMBER_FN float ember_erf(float x) {
   return x != x ? x : y;
 }
 EMBER_FN float ember_sigmoid(float x) { return 1.0f / (1.0f + ember_exp(-x)); }
-EMBER_FN double ember_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+EMBER_FN double ember_sigmoid(double x) { return 1.0 / (1.0 + ember_exp_f64(-x)); }
 EMBER_FN float ember_tanh(float x) {
   // tanh(x) = 1 - 2 / (exp(2x) + 1) cancels for small |x| (thousands of ulp at 5e-4): below
   // 0.55 the odd Taylor series to x^15 instead (within 2 ulp there; its next term is < 5e-8).
