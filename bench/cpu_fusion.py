@@ -91,7 +91,7 @@ def cases(quick: bool):
 
 def math_cases(quick: bool):
     """One case for each float32 function of codegen/cpp_math.py, over its domain, and float64's
-    exp, expm1, tanh and log (``--math``)."""
+    exp, expm1, tanh, log and log1p (``--math``)."""
     n = 1 << 20 if quick else 16 << 20
     unit = lambda: (torch.rand(n) * 1.98 - 0.99,)  # noqa: E731
     positive = lambda: (torch.rand(n) * 4 + 1e-3,)  # noqa: E731
@@ -106,13 +106,14 @@ def math_cases(quick: bool):
         ("xlogy(x, y)", torch.xlogy, lambda: (torch.rand(n), torch.rand(n))),
         ("sin(x)", torch.sin, normal), ("cos(x)", torch.cos, normal), ("tan(x)", torch.tan, normal),
         ("sin(x), x up to 1e5", torch.sin, lambda: (torch.rand(n) * 1e5,)),
-    ]] + [(f"{name} fp64 {n // 8 >> 10}K", fn, make) for name, fn, make in [  # float64: exp, expm1, tanh and log
+    ]] + [(f"{name} fp64 {n // 8 >> 10}K", fn, make) for name, fn, make in [  # float64: exp, expm1, tanh, log and log1p
         ("exp(x)", torch.exp, lambda: (torch.randn(n // 8, dtype=torch.float64) * 10,)),
         ("softmax", lambda x: torch.softmax(x, -1), lambda: (torch.randn(n // 8 // 1024, 1024, dtype=torch.float64),)),
         ("log(x)", torch.log, lambda: (torch.rand(n // 8, dtype=torch.float64) * 100,)),
         ("tanh(x)", torch.tanh, lambda: (torch.randn(n // 8, dtype=torch.float64) * 3,)),
         ("expm1(x)", torch.expm1, lambda: (torch.randn(n // 8, dtype=torch.float64) * 3,)),
         ("silu(x)", torch.nn.functional.silu, lambda: (torch.randn(n // 8, dtype=torch.float64) * 3,)),
+        ("softplus(x)", torch.nn.functional.softplus, lambda: (torch.randn(n // 8, dtype=torch.float64) * 3,)),
         ("log_softmax", lambda x: torch.log_softmax(x, -1),
          lambda: (torch.randn(n // 8 // 1024, 1024, dtype=torch.float64),)),
     ]]

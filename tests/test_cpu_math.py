@@ -1,5 +1,5 @@
 """The CPU backend's float32 exp2, log, log2, log10, sinh, cosh, atan, atan2, asin, acos, pow,
-sin, cos and tan, and its float64 exp, expm1, tanh and log (codegen/cpp_math.py; glibc's have no vector forms GCC
+sin, cos and tan, and its float64 exp, expm1, tanh, log and log1p (codegen/cpp_math.py; glibc's have no vector forms GCC
 uses, and loops calling them ran one element at a time): within their ulp bounds over every
 exponent (float64's: samples against mpmath), exact at their ends, and the ops and losses built
 on them (xlogy, KL divergence, log-softmax, NLL, sums of sines and cosines) against eager over
@@ -346,6 +346,9 @@ def _f64_samples(name: str) -> torch.Tensor:
     uniform = lambda n, lo, hi: torch.rand(n, generator=g, dtype=torch.float64) * (hi - lo) + lo  # noqa: E731
     if name == "exp":
         return torch.cat([uniform(3000, -745.2, 709.78), uniform(3000, -1.0, 1.0), uniform(500, -1e-8, 1e-8)])
+    if name == "log1p":
+        return torch.cat([uniform(2000, -1.0, 1.0), uniform(2000, -1.0, 1e6), uniform(500, -1e-5, 1e-5),
+                          uniform(300, -1e-15, 1e-15), uniform(500, -1.0, -0.999999)])
     if name in ("expm1", "tanh"):
         return torch.cat([uniform(2000, -45.0, 709.7) if name == "expm1" else uniform(2000, -25.0, 25.0),
                           uniform(2000, -1.0, 1.0), uniform(500, -1e-5, 1e-5), uniform(300, -1e-15, 1e-15)])
@@ -361,8 +364,10 @@ F64_ENDS = {"exp": [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-300, -1e-300, 7
                     2.0, 0.5, 1.7976931348623157e308],
             "expm1": [0.0, -0.0, math.inf, -math.inf, math.nan, 5e-324, -1e-300, 709.782712893384, 710.0, -37.0, -40.0,
                       -800.0],
-            "tanh": [0.0, -0.0, math.inf, -math.inf, math.nan, 5e-324, -1e-300, 19.0, 20.0, -25.0, 1e300]}
-F64_LIMITS = {"exp": 0.65, "log": 0.85, "expm1": 1.5, "tanh": 2.2}
+            "tanh": [0.0, -0.0, math.inf, -math.inf, math.nan, 5e-324, -1e-300, 19.0, 20.0, -25.0, 1e300],
+            "log1p": [0.0, -0.0, math.inf, -math.inf, math.nan, 5e-324, -1e-300, -1.0, -1.5, 1e300, -0.9999999999999999,
+                      1.7976931348623157e308]}
+F64_LIMITS = {"exp": 0.65, "log": 0.85, "expm1": 1.5, "tanh": 2.2, "log1p": 1.0}
 
 
 def _glibc(name: str, v: float) -> float:
@@ -370,14 +375,14 @@ def _glibc(name: str, v: float) -> float:
         return getattr(math, name)(v)
     except OverflowError:
         return math.inf
-    except ValueError:  # (log of 0 or a negative)
-        return -math.inf if v == 0 else math.nan
+    except ValueError:  # (log of 0 or a negative, log1p of -1 or below)
+        return -math.inf if v == {"log": 0.0, "log1p": -1.0}[name] else math.nan
 
 
 @needs_cpu
-@pytest.mark.parametrize("name", ["exp", "log", "expm1", "tanh"])
+@pytest.mark.parametrize("name", ["exp", "log", "expm1", "tanh", "log1p"])
 def test_float64_functions_within_their_ulps_against_mpmath_and_exact_at_their_ends(name):
-    """float64 exp, log, expm1 and tanh without libm (ember_exp_f64 ...): within F64_LIMITS ulps of
+    """float64 exp, log, expm1, tanh and log1p without libm (ember_exp_f64 ...): within F64_LIMITS ulps of
     mpmath at 120 bits over samples of their domains (a subnormal result of exp, rounded twice,
     within 1 of their spacing), and glibc's bits at their ends."""
     import mpmath
@@ -403,12 +408,12 @@ def test_float64_functions_within_their_ulps_against_mpmath_and_exact_at_their_e
 @needs_cpu
 @pytest.mark.parametrize("shape", [(0,), (1,), (7, 5), (3, 1000)], ids=str)
 def test_float64_exp_and_log_in_fused_ops_and_gradients_match_eager(shape):
-    """Ops over float64 exp, expm1, tanh and log (softmax, log-softmax, sigmoids, SiLU, ELU, tanh's
-    GELU, log of a sum) over awkward shapes and symbolic sizes, with their gradients, as eager's
+    """Ops over float64 exp, expm1, tanh, log and log1p (softmax, log-softmax, sigmoids, SiLU, ELU,
+    tanh's GELU, softplus, log of a sum) over awkward shapes and symbolic sizes, with their gradients, as eager's
     to float64's tolerance."""
     fn = lambda x: (torch.softmax(x, -1), 1 / (1 + torch.exp(-x)), F.elu(x), torch.exp(x).sum(-1),  # noqa: E731
                     F.log_softmax(x, -1), torch.log(x.abs() + 1e-3).sum(-1), torch.tanh(x) * 2, F.silu(x),
-                    torch.sigmoid(x), F.gelu(x, approximate="tanh"))
+                    torch.sigmoid(x), F.gelu(x, approximate="tanh"), F.softplus(x), torch.log1p(x.abs()))
     x = torch.randn(shape, dtype=torch.float64) * 5
     out = ember.compile(fn, dynamic=True)(x)
     assert_same(out, fn(x))

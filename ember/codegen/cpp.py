@@ -36,7 +36,7 @@ CPP = Language(
         Op.EXP, Op.EXP2, Op.EXPM1, Op.LOG, Op.LOG2, Op.LOG10, Op.LOG1P, Op.TANH, Op.ERF, Op.SINH, Op.COSH,
         Op.ATAN, Op.ASIN, Op.ACOS, Op.SIN, Op.COS, Op.TAN)}, Op.ATAN2: "ember_atan2({}, {})",
         Op.POW: "((float)ember_pow_narrow((double){}, (double){}))"},
-    fast_f64={op: f"ember_{op.value}_f64({{}})" for op in (Op.EXP, Op.EXPM1, Op.TANH, Op.LOG)},
+    fast_f64={op: f"ember_{op.value}_f64({{}})" for op in (Op.EXP, Op.EXPM1, Op.TANH, Op.LOG, Op.LOG1P)},
     narrowed_pow="ember_pow_narrow({}, {})",
     sum_acc_f32="double",
     float_to_int="ember_float_to_int",

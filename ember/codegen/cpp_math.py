@@ -4,7 +4,7 @@ glibc's float functions have no vector forms GCC can use (libmvec's need -ffast-
 from the scalar ones in their last bits), so a simd loop calling expf, logf or atan2f ran one
 element at a time: 3-10x slower than eager's vectorized kernels. These are branch-free, so GCC
 vectorizes a loop that calls them, and give the same bits in every lane. float32, bfloat16 and
-float16 use them (codegen/cpp.py's fast_f32). float64 keeps libm but for exp, expm1, tanh and log
+float16 use them (codegen/cpp.py's fast_f32). float64 keeps libm but for exp, expm1, tanh, log and log1p
 (fast_f64; their errors against mpmath over samples are checked by tests/test_cpu_math.py) and a pow that
 only float32 casts read (eager's float32 x ** scalar computes in double), which ember_pow_narrow
 computes in double to within 1e-13 (codegen/cstyle.py: _narrowed_pow). Each float32 function's
@@ -198,6 +198,18 @@ EMBER_FN double ember_log_f64(double x) {
   y = x == (double)INFINITY ? x : y;
   y = x == 0.0 ? -(double)INFINITY : y;
   return x < 0.0 || x != x ? (double)NAN : y;
+}
+// log1p = log(u) + (x - (u - 1)) / u with u = 1 + x rounded: the quotient puts back what the
+// rounding of u lost (exact to first order); below |x| = 1e-4, where those two terms are alike
+// (1.43 ulp at -1.7e-16), x - x^2/2 + ... + x^5/5 instead (the rest under 2^-70 of it). Zeros
+// give x; -1 gives -inf, inf inf, below -1 and NaN NaN (through log). Under 1 ulp over
+// tests/test_cpu_math.py's samples.
+EMBER_FN double ember_log1p_f64(double x) {
+  double u = 1.0 + x;
+  double y = ember_log_f64(u) + (x - (u - 1.0)) / u;
+  y = u == 0.0 || x == (double)INFINITY ? ember_log_f64(u) : y;
+  double small = x + x * x * std::fma(x, std::fma(x, std::fma(x, 0.2, -0.25), 1.0 / 3.0), -0.5);
+  return std::fabs(x) < 1e-4 ? small : y;
 }
 // 2^x: k = round(x), r = x - k (exact), 2^r = 1 + r Q(r) on |r| <= 1/2 (Q from
 // tools/fit_cpu_math.py), 2^k in two halves as in exp. x is clamped to [-160, 130], past both ends
