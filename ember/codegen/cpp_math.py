@@ -4,12 +4,12 @@ glibc's float functions have no vector forms GCC can use (libmvec's need -ffast-
 from the scalar ones in their last bits), so a simd loop calling expf, logf or atan2f ran one
 element at a time: 3-10x slower than eager's vectorized kernels. These are branch-free, so GCC
 vectorizes a loop that calls them, and give the same bits in every lane. float32, bfloat16 and
-float16 use them (codegen/cpp.py's fast_f32). float64 keeps libm but for exp, expm1, tanh, log and log1p
-(fast_f64; their errors against mpmath over samples are checked by tests/test_cpu_math.py) and a pow that
-only float32 casts read (eager's float32 x ** scalar computes in double), which ember_pow_narrow
-computes in double to within 1e-13 (codegen/cstyle.py: _narrowed_pow). Each float32 function's
-error over all 2^32 inputs (atan2 and pow: 2^32 pairs) is checked by tools/check_cpu_math.py;
-run it after any change.
+float16 use them (codegen/cpp.py's fast_f32). float64 keeps libm but for exp, expm1, tanh, log
+and log1p (fast_f64; their errors against mpmath over samples are checked by
+tests/test_cpu_math.py) and a pow that only float32 casts read (eager's float32 x ** scalar
+computes in double), which ember_pow_narrow computes in double to within 1e-13
+(codegen/cstyle.py: _narrowed_pow). Each float32 function's error over all 2^32 inputs (atan2
+and pow: 2^32 pairs) is checked by tools/check_cpu_math.py; run it after any change.
 """
 
 

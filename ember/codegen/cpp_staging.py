@@ -26,8 +26,9 @@ A row kernel (a thread per row, one inner loop variable) converts some loads who
         loop 1 over i: ... x_all[i] ...           # (strips only for what is left: the stores)
         loop 2 over i: ... x_all[i] ... w_all[i] ...
 
-A float16 layer norm converted its row three times and its weight and bias once a row: 1.5x
-eager's time on this machine's CPU, 0.85x after (bench/RESULTS.md, hundred-and-sixth session).
+A float16 layer norm converted its row three times and its weight and bias once a row, and took
+1.4x eager's time on this machine's CPU; about eager's after (bench/RESULTS.md, hundred-and-sixth
+session; bench/half_rows.py compares the two).
 """
 
 from __future__ import annotations
