@@ -1,9 +1,9 @@
 """The CPU backend's float32 exp2, log, log2, log10, sinh, cosh, atan, atan2, asin, acos, pow,
-sin, cos and tan, and its float64 exp, expm1, tanh, log and log1p (codegen/cpp_math.py; glibc's have no vector forms GCC
-uses, and loops calling them ran one element at a time): within their ulp bounds over every
-exponent (float64's: samples against mpmath), exact at their ends, and the ops and losses built
-on them (xlogy, KL divergence, log-softmax, NLL, sums of sines and cosines) against eager over
-dtypes, awkward shapes, symbolic sizes and gradients."""
+sin, cos and tan, and its float64 exp, expm1, tanh, log and log1p (codegen/cpp_math.py; glibc's
+have no vector forms GCC uses, and loops calling them ran one element at a time): within their
+ulp bounds over every exponent (float64's: samples against mpmath), exact at their ends, and the
+ops and losses built on them (xlogy, KL divergence, log-softmax, NLL, sums of sines and cosines)
+against eager over dtypes, awkward shapes, symbolic sizes and gradients."""
 
 from __future__ import annotations
 
@@ -340,8 +340,9 @@ def test_pow_gradients_and_symbolic_sizes_match_eager():
 
 
 def _f64_samples(name: str) -> torch.Tensor:
-    """exp: its whole range, [-1, 1] and tiny arguments (subnormal and near-1 results); log:
-    exp's results, [0.5, 2], around 1 and subnormals."""
+    """Samples of each float64 function's domain: its whole range, [-1, 1] and tiny arguments
+    (exp: subnormal and near-1 results; log: exp's results, [0.5, 2], around 1, subnormals;
+    log1p: also just above -1)."""
     g = torch.Generator().manual_seed(0)
     uniform = lambda n, lo, hi: torch.rand(n, generator=g, dtype=torch.float64) * (hi - lo) + lo  # noqa: E731
     if name == "exp":
@@ -356,8 +357,9 @@ def _f64_samples(name: str) -> torch.Tensor:
                       uniform(300, 0.0, 1e-310)])
 
 
-# (zeros, infinities, NaN; exp: the largest finite result and the first infinite one, the smallest
-# subnormal and the first zero; log: negatives, the smallest subnormal and normal, 1, the largest)
+# (zeros, infinities, NaN, the tiniest arguments; exp and expm1: the largest finite result and
+# the first infinite one, exp's smallest subnormal and first zero, expm1's -1; log and log1p: their
+# poles, negatives, the smallest subnormal and normal, 1, the largest; tanh: where it rounds to 1)
 F64_ENDS = {"exp": [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-300, -1e-300, 709.782712893384, 709.7827128933841,
                     710.0, 1e308, -708.3964185322641, -708.4, -720.0, -740.0, -745.1332191019411, -745.2, -1e308],
             "log": [0.0, -0.0, math.inf, -math.inf, math.nan, -1.0, -1e-320, 5e-324, 2.2250738585072014e-308, 1.0,
@@ -382,9 +384,9 @@ def _glibc(name: str, v: float) -> float:
 @needs_cpu
 @pytest.mark.parametrize("name", ["exp", "log", "expm1", "tanh", "log1p"])
 def test_float64_functions_within_their_ulps_against_mpmath_and_exact_at_their_ends(name):
-    """float64 exp, log, expm1, tanh and log1p without libm (ember_exp_f64 ...): within F64_LIMITS ulps of
-    mpmath at 120 bits over samples of their domains (a subnormal result of exp, rounded twice,
-    within 1 of their spacing), and glibc's bits at their ends."""
+    """float64 exp, log, expm1, tanh and log1p without libm (ember_exp_f64 and the rest): within
+    F64_LIMITS ulps of mpmath at 120 bits over samples of their domains (a subnormal result of
+    exp, rounded twice, within 1 of their spacing), and glibc's bits at their ends."""
     import mpmath
 
     x = torch.cat([_f64_samples(name), torch.tensor(F64_ENDS[name], dtype=torch.float64)])
@@ -407,10 +409,10 @@ def test_float64_functions_within_their_ulps_against_mpmath_and_exact_at_their_e
 
 @needs_cpu
 @pytest.mark.parametrize("shape", [(0,), (1,), (7, 5), (3, 1000)], ids=str)
-def test_float64_exp_and_log_in_fused_ops_and_gradients_match_eager(shape):
+def test_float64_math_in_fused_ops_and_gradients_match_eager(shape):
     """Ops over float64 exp, expm1, tanh, log and log1p (softmax, log-softmax, sigmoids, SiLU, ELU,
-    tanh's GELU, softplus, log of a sum) over awkward shapes and symbolic sizes, with their gradients, as eager's
-    to float64's tolerance."""
+    tanh's GELU, softplus, log of a sum) over awkward shapes and symbolic sizes, with their
+    gradients, as eager's to float64's tolerance."""
     fn = lambda x: (torch.softmax(x, -1), 1 / (1 + torch.exp(-x)), F.elu(x), torch.exp(x).sum(-1),  # noqa: E731
                     F.log_softmax(x, -1), torch.log(x.abs() + 1e-3).sum(-1), torch.tanh(x) * 2, F.silu(x),
                     torch.sigmoid(x), F.gelu(x, approximate="tanh"), F.softplus(x), torch.log1p(x.abs()))
