@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import ember
 
-from .helpers import check
+from .helpers import assert_clean, assert_same, check, compile_checked
 
 
 def cpu_sources(report: ember.Report) -> list[str]:
@@ -114,3 +114,73 @@ def test_tile_width_follows_the_bytes_of_its_arrays():
         three = cpu_sources(check(lambda x: (x.sum(1), (x * x).sum(1), x.amax(1)), x))
         assert any(f"takes up to {TILE_BYTES // 28 // 16 * 16} adjacent" in s for s in three), three
     check(lambda x: x.sum(0), torch.randn(70, 3000))  # one row of tiles, shared by the threads
+
+
+@pytest.fixture
+def threads():
+    """Sets torch's (and so the kernels' OpenMP) thread count for a test; restores it after."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def in_runs(report: ember.Report) -> bool:
+    return any("// runs:" in s for s in cpu_sources(report))
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32])
+def test_runs_of_rows_share_a_tile(threads, n_threads, dtype):
+    """Fewer tiles than threads: the threads share each tile's rows (runs), combined in run order.
+    Rows not a whole number of runs or blocks; a NaN and an infinity in two columns."""
+    threads(n_threads)
+    x = (torch.randint(-40, 40, (4133, 67)) / 4).to(dtype)  # (sums exact in any order)
+    if dtype.is_floating_point:
+        x[100, 5], x[4000, 9] = float("nan"), float("inf")
+
+    def f(x):
+        out = (x.sum(0), x.amax(0), x.amin(0), (x > 0).any(0), (x > -20).all(0))
+        return out + ((x.float() / 4).mean(0), (1 + x.float() / 1e3).prod(0)) if dtype.is_floating_point else out
+
+    report = check(f, x)
+    assert in_runs(report)
+    compiled = ember.compile(f)
+    first, again = compiled(x), compiled(x)
+    for a, b in zip(first, again):  # (the same bits every call)
+        assert torch.equal(a, b) or (a.isnan() == b.isnan()).all() and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+@pytest.mark.parametrize("shape, dim", [((2, 3000, 40), 1), ((2, 3, 3000, 20), 2), ((5000, 2, 3), 0),
+                                        ((40, 1100), 0), ((3, 0, 40), 1)])
+def test_runs_with_leading_dims_and_narrow_tiles(threads, shape, dim):
+    """Runs beside leading outer dims (each run keeps [run][leading dims][column]), tiles narrowed
+    for the threads the runs leave idle, too few rows for a second run, no rows."""
+    threads(8)
+    x = torch.randint(-40, 40, shape) / 4
+    check(lambda x: (x.sum(dim), x.amax(dim) if x.shape[dim] else x.sum(dim)), x)
+
+
+def test_runs_with_symbolic_sizes_and_a_store(threads):
+    """One artifact for every shape, runs decided at run time; a kernel that also writes the
+    elements it sums (each run writes its own rows)."""
+    threads(4)
+
+    def f(x):
+        y = x * 2 + 1
+        return y, y.sum(0)
+
+    compiled, report = compile_checked(f, dynamic=True)
+    for shape in [(3000, 70), (50, 2000), (9000, 5), (1, 300), (0, 7)]:
+        x = torch.randint(-40, 40, shape) / 4
+        assert_same(compiled(x), f(x))
+    assert in_runs(report)
+    assert_clean(report)
+
+
+def test_runs_only_where_they_combine():
+    """A reduction kept between loops (softmax down the columns) or an arg reduction keeps one
+    thread on a tile's rows; a reduction over many tiles runs them as before."""
+    x = torch.randn(4000, 64)
+    assert not in_runs(check(lambda x: torch.softmax(x, 0), x))
+    assert not in_runs(check(lambda x: x.argmax(0), x))
+    assert in_runs(check(lambda x: x.sum(0), x))
