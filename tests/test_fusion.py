@@ -117,6 +117,21 @@ def test_reductions_over_different_rows_split_kernels():
     assert kernel_count(report) == 2
 
 
+@pytest.mark.parametrize("options", [None, {"row_chunks": 0}])
+def test_reductions_crosswise_over_a_square_split_kernels(options):
+    """A square matrix's reductions over rows and over columns have equal domains by chance; one
+    kernel would read one of them crosswise, a strided load in every lane (schedule/fusion.py:
+    crosswise). Each kernel's loads of x step along its own loop's dim."""
+    def fn(x, w):
+        return x.sum(0), x.sum(1), torch.softmax(x, 0) * w, (x * w).sum(0) + x.amax(1)
+
+    x = torch.randn(48, 48)
+    report = check(fn, x, torch.randn(48), options=options)
+    for k in report.kernels:
+        loads = set(re.findall(r"x\[(48\*\w+ \+ \w+)\]", k.source.replace("arg0_1", "x")))
+        assert len({load.split(" + ")[1] for load in loads}) <= 1, k.source
+
+
 def test_shared_expensive_value_is_computed_once():
     # e feeds two different reductions' kernels: it is stored once, by the first of them (which
     # also sums it), rather than recomputed; its parts are not stored

@@ -20,6 +20,7 @@ from .group_spec import (
     ACROSS_OPS,
     AcrossFailed,
     NeedsBuffer,
+    crosswise,
     drop_ones,
     has_indirect,
     has_inner,
@@ -155,7 +156,8 @@ class ReduceBuilder:
         fits = (len(extents) == len(self.spec.inner)
                 and all(sh.equal(a, b) for a, b in zip(extents, self.spec.inner))
                 and not any(has_inner(p) or has_indirect(p) for p in point)
-                and sh.equal(sh.numel(x.shape), sh.numel(self.spec.outer) * sh.numel(self.spec.inner)))
+                and sh.equal(sh.numel(x.shape), sh.numel(self.spec.outer) * sh.numel(self.spec.inner))
+                and not crosswise(self.spec.ref, (x.shape, tuple(node.arg))))
         if not fits:
             return self._across_rows(node, point, dims, extents)
         in_point = list(point)

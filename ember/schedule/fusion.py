@@ -29,7 +29,7 @@ from .build_reduce import cast_read, jump_read, saved_read
 from .cycles import CycleChecks
 from .device_sizes import read_totals_on_device
 from .domains import DomainRules
-from .group_spec import BUFFER_OPS, AcrossFailed, BufferInfo, Conflict, GroupSpec, NeedsBuffer
+from .group_spec import BUFFER_OPS, AcrossFailed, BufferInfo, Conflict, GroupSpec, NeedsBuffer, crosswise
 from .guards import guard_branches
 from .indexing import base_layout, replay_copies
 from .kernel_ir import CHUNK, Kernel
@@ -273,12 +273,13 @@ class Planner(DomainRules, StepOrder, CycleChecks):
         for root in roots:
             outer, inner, home, ref = self.domain(root, groups)
             rows = self._across.pop(root, None)
-            target = self._target(root, [rows] if rows else groups, groups, owner, outer, inner, checked, alone)
+            target = self._target(root, [rows] if rows else groups, groups, owner, outer, inner, checked, alone,
+                                  ref)
             if rows is not None and target is None:
                 # its row kernel cannot take it (a cycle): a full reduction of its own after all
                 self.not_across.add(root)
                 outer, inner, home, ref = self.domain(root, groups)
-                target = self._target(root, groups, groups, owner, outer, inner, checked, alone)
+                target = self._target(root, groups, groups, owner, outer, inner, checked, alone, ref)
             elif rows is not None:
                 rows.final = True
             if (target is None and (ref is not None or root in self.matmul_roots)
@@ -304,12 +305,14 @@ class Planner(DomainRules, StepOrder, CycleChecks):
         return groups
 
     def _target(self, root: Node, candidates: list[GroupSpec], groups: list[GroupSpec],
-                owner: dict[Node, GroupSpec], outer: tuple, inner: tuple, checked: bool, alone: bool
-                ) -> GroupSpec | None:
-        """The first of ``candidates`` over the same domain that ``root`` may join."""
+                owner: dict[Node, GroupSpec], outer: tuple, inner: tuple, checked: bool, alone: bool,
+                ref: tuple | None = None) -> GroupSpec | None:
+        """The first of ``candidates`` over the same domain that ``root`` (whose reduction set
+        its domain from ``ref``) may join."""
         for g in candidates:
             if (len(g.outer) == len(outer) and len(g.inner) == len(inner)
                     and all(sh.equal(a, b) for a, b in zip(g.outer + g.inner, outer + inner))
+                    and not crosswise(g.ref, ref)
                     and (g.segment, g.segment_total) == self.segment_of.get(root, (None, None))
                     and g.matmul == (root in self.matmul_roots) and g.scan is self.scan_roots.get(root)
                     # a chunked kernel cannot finish reductions over all its rows (its runs of
