@@ -1,6 +1,7 @@
 """Reductions down the columns on this machine's CPU (codegen/cpp_columns.py) against eager and
 Inductor: x.sum(0) and x.amax(0) over wide, narrow and tall shapes, a bias gradient (a product's
-column sums) and a middle-dim mean. Each checked against eager first, then interleaved medians.
+column sums), a middle-dim mean, and a square's softmaxes down its columns and along its rows.
+Each checked against eager first, then interleaved medians.
 
     python bench/column_sums.py [--reps 30] [--only TEXT]
 
@@ -30,6 +31,9 @@ def cases():
     yield "x.amax(0) float32 65536x64", (lambda x: x.amax(0)), ((65536, 64),), f32
     yield "(dy * x).sum(0) float32 32768x256", (lambda dy, x: (dy * x).sum(0)), ((32768, 256),) * 2, f32
     yield "x.mean(1) float32 8x8192x64", (lambda x: x.mean(1)), ((8, 8192, 64),), f32
+    # a square's reductions both ways: one kernel read one of them crosswise (group_spec.crosswise)
+    yield ("softmax(x, 0), softmax(x, 1) float32 2048x2048", (lambda x: (torch.softmax(x, 0), torch.softmax(x, 1))),
+           ((2048, 2048),), f32)
 
 
 def main() -> None:
