@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import ember
 from ember.frontend.overlap import _share_an_element, may_overlap
@@ -125,6 +126,28 @@ def test_the_gradient_of_an_output_whose_elements_share_memory_is_eagers(fn, dyn
         for g, o in zip(got_outs, outs):
             assert_same(g, o)
         assert_same(torch.autograd.grad(got_outs, x, seeds)[0], want)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_an_overlapping_output_beside_its_sort_and_gather_in_a_dynamic_graph(dynamic):
+    # A fuzzer's program (seed 10702): the windows of a celu along dim 0, returned beside a
+    # gather and a sort of them. Compiled dynamic, its outputs carry symbolic strides, and the
+    # tangents were traced in the windows' strides (33, 1, 1, 33): x's gradient was off by up to 5
+    def fn(x, picks):
+        windows = F.celu(x, 0.5).unfold(0, 2, 1)
+        taken = torch.take_along_dim(windows, picks.argmax(-1, keepdim=True), dim=-1)
+        return windows, taken, F.mish(torch.sort(windows, dim=3).values)
+
+    torch.manual_seed(0)
+    compiled = ember.compile(fn, dynamic=dynamic)
+    for n in (8, 13):
+        x = torch.randn(n, 33, 1, device=DEVICE, requires_grad=True)
+        picks = torch.randn(n - 1, 33, 1, 2, device=DEVICE)
+        outs = fn(x, picks)
+        seeds = [torch.randn(o.shape, device=DEVICE) for o in outs]
+        got = compiled(x, picks)
+        assert_same(got, outs)
+        assert_same(torch.autograd.grad(got, x, seeds)[0], torch.autograd.grad(outs, x, seeds)[0])
 
 
 def test_which_strides_may_share_memory():

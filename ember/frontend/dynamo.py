@@ -61,18 +61,18 @@ def make_backend(compile_graph: GraphCompiler, cfg: Config | None = None, wrap: 
 def _tangents_contiguous_where_outputs_overlap(gm: torch.fx.GraphModule | torch.nn.Module) -> Any:
     """While AOTAutograd traces ``gm``, trace the tangents in the outputs' memory formats
     (contiguous, channels_last), not in their strides, where an output's elements may share memory
-    (``x.unfold(0, 2, 1)``: strides (1, 1)). torch gives a static output's tangent the output's
+    (``x.unfold(0, 2, 1)``: strides (1, 1)). torch gives an output's tangent the output's
     strides unless the output surely overlaps itself (``_debug_has_internal_overlap`` says yes,
     not "too hard to tell"), and at run time copies the incoming gradient into a tensor of those
     strides: elements sharing memory kept one of their values, and the gradient came back wrong
-    (under aot_eager and Inductor too)."""
+    (under aot_eager and Inductor too). Outputs of symbolic strides as well: a dynamic graph's
+    windows along dim 0 of a (n, 33, 1) tensor, strides (33, 1, 1, 33), got their tangent so."""
     from torch._functorch import config as functorch_config
 
     outputs = gm.graph.find_nodes(op="output") if isinstance(gm, torch.fx.GraphModule) else ()
     values = [a.meta.get("example_value") for node in outputs for a in node.all_input_nodes]
-    static = [v for v in values if isinstance(v, torch.Tensor) and v.layout == torch.strided
-              and not v._has_symbolic_sizes_strides]  # (symbolic ones: torch traces memory formats already)
-    if not hasattr(functorch_config, "guess_tangent_strides_as_outputs") or not any(map(may_overlap, static)):
+    strided = [v for v in values if isinstance(v, torch.Tensor) and v.layout == torch.strided]
+    if not hasattr(functorch_config, "guess_tangent_strides_as_outputs") or not any(map(may_overlap, strided)):
         yield
         return
     with functorch_config.patch(guess_tangent_strides_as_outputs=False):
