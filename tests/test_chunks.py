@@ -68,10 +68,18 @@ def test_partials_are_wide_and_the_total_is_cast_back(device, dtype, acc):
     assert after.outputs[1].op is Op.CAST and after.outputs[1].dtype == dtype
 
 
-@pytest.mark.parametrize("case", ["no row sum", "other inputs", "too few rows", "off", "middle dim"])
+@pytest.mark.parametrize("case", ["no row sum", "other inputs", "too few rows", "off", "middle dim",
+                                  "row sum reads it", "read beside a row max"])
 def test_column_sums_left_alone(case):
-    b, x, dy, prod = norm_backward_graph(64 if case != "too few rows" else 10)
-    if case == "no row sum":
+    b, x, dy, prod = norm_backward_graph(64 if case != "too few rows" else 10, 64 if "beside" in case else 16)
+    if case == "row sum reads it":  # (its kernel needs the column sum whole: no chunk sum can join it)
+        column = b.reduce(Op.SUM, prod, [0])
+        before = b.build(b.reduce(Op.SUM, b.sub(prod, b.expand(column, (64, 16))), [1]), column)
+    elif case == "read beside a row max":  # (a square's: one kernel would compute the add)
+        columns = b.reshape(b.reduce(Op.SUM, prod, [0]), (64,))
+        rows = b.reshape(b.reduce(Op.AMAX, prod, [1]), (64,))
+        before = b.build(b.add(columns, rows), b.reduce(Op.SUM, prod, [1]))
+    elif case == "no row sum":
         before = b.build(b.reduce(Op.SUM, prod, [0]))
     elif case == "other inputs":  # the row sum reads neither x nor dy
         z = b.input((64, 16))

@@ -9,7 +9,9 @@ chunk sum into the row kernel that reads the same inputs (schedule/fusion.py), a
 adds up the partials, (chunks x width) floats instead of a second pass over the inputs.
 
 It applies to float sums over the leading dims whose input shape a reduction over the other dims
-also reads, sharing an input with it, and with at least four rows per run (or a symbolic count).
+also reads, sharing an input with it, and with at least four rows per run (or a symbolic count);
+not where such a reduction needs the column sum whole (reads it, or a value reads both), since
+the chunk sum could not join its kernel.
 """
 
 from __future__ import annotations
@@ -85,6 +87,37 @@ def _lead(node: Node) -> int | None:
     return lead
 
 
+def _after(column_sum: Node, row_reduction: Node, users: dict[Node, list[Node]], reach: dict) -> bool:
+    """Would the row kernel of ``row_reduction`` need ``column_sum`` whole? Where the row
+    reduction reads it, or a pointwise value reads both (one kernel computes it, beside the row
+    reduction), the chunk sum cannot join that kernel: it ran as a kernel of its own, its runs'
+    rows strided across the lanes (H100, ``(x * w).sum(0) + x.amax(1)`` over 4096 x 4096: 158 µs
+    against Inductor's 25 for its split column sum; bench/square_reductions.py)."""
+    down = _downstream(column_sum, users, reach, through_reductions=True)
+    return row_reduction in down or bool(down & _downstream(row_reduction, users, reach))
+
+
+def _downstream(node: Node, users: dict[Node, list[Node]], reach: dict,
+                through_reductions: bool = False) -> frozenset[Node]:
+    """The nodes that read ``node`` through pointwise ops and views (and reductions too, with
+    ``through_reductions``: what needs it whole)."""
+    key = (node, through_reductions)
+    if key in reach:
+        return reach[key]
+    passes = POINTWISE_OPS | VIEW_OPS | (REDUCE_OPS if through_reductions else frozenset())
+    found: set[Node] = set()
+    stack = list(users.get(node, ()))
+    while stack:
+        n = stack.pop()
+        if n in found:
+            continue
+        found.add(n)
+        if n.op in passes:
+            stack.extend(users.get(n, ()))
+    reach[key] = frozenset(found)
+    return reach[key]
+
+
 def chunk_column_sums(graph: Graph, chunks: int | None = None, per_sm: int = CHUNKS_PER_SM,
                       target: str | None = None, per_sm_one_sum: int | None = None) -> Graph:
     """``chunks``: the runs of rows (None: ``chunk_count`` of the graph's device, ``per_sm`` runs
@@ -94,18 +127,24 @@ def chunk_column_sums(graph: Graph, chunks: int | None = None, per_sm: int = CHU
     if chunks == 0:
         return graph
     memo: dict[Node, frozenset[Node]] = {}
+    reductions = [n for n in graph.nodes if n.op in REDUCE_OPS]
     row_reductions: list[tuple[Node, frozenset[int]]] = [
-        (n.inputs[0], frozenset(d for d in n.arg if not sh.is_one(n.inputs[0].shape[d])))
-        for n in graph.nodes if n.op in REDUCE_OPS]
+        (n.inputs[0], frozenset(d for d in n.arg if not sh.is_one(n.inputs[0].shape[d]))) for n in reductions]
     chunks_of: dict[tuple[str, int], int] = {}
 
-    def partners(x: Node, lead: int) -> list[int]:
+    users = graph.users()
+    reach: dict = {}  # (node, through reductions) -> its downstream
+
+    def partners(node: Node, x: Node, lead: int) -> list[int]:
         """The reductions over the kept dims of a tensor shaped like ``x``, from a shared input
-        (indices into ``row_reductions``)."""
+        (indices into ``row_reductions``); none where one of them needs the column sum ``node``
+        whole (the planner puts reductions of one domain in one kernel, which the chunk sum
+        then cannot join)."""
         kept = frozenset(d for d in range(lead, x.rank) if not sh.is_one(x.shape[d]))
         mine = _leaves(x, memo)
-        return [i for i, (y, dims) in enumerate(row_reductions)
-                if sh.shapes_equal(y.shape, x.shape) and dims == kept and mine & _leaves(y, memo)]
+        found = [i for i, (y, dims) in enumerate(row_reductions)
+                 if sh.shapes_equal(y.shape, x.shape) and dims == kept and mine & _leaves(y, memo)]
+        return [] if any(_after(node, reductions[i], users, reach) for i in found) else found
 
     # the column sums beside each row reduction: a row kernel holding one column's partials has
     # registers for more programs on an SM
@@ -113,7 +152,7 @@ def chunk_column_sums(graph: Graph, chunks: int | None = None, per_sm: int = CHU
     for n in graph.nodes:
         lead = _lead(n)
         if lead is not None:
-            found = partners(n.inputs[0], lead)
+            found = partners(n, n.inputs[0], lead)
             if found:
                 column_sums[n] = found
     sums_beside = [sum(i in found for found in column_sums.values()) for i in range(len(row_reductions))]
