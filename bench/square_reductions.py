@@ -41,9 +41,9 @@ def main() -> None:
                            ("(x * w).sum(0) + x.amax(1), rms(x)", sums_and_norm, (x, w))):
         torch._dynamo.reset()
         calls = {"eager": fn, "inductor": torch.compile(fn), "ember": ember.compile(fn)}
-        for c in calls.values():
-            for got, want in zip(c(*args), fn(*args)):
-                torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+        for c in calls.values():  # (against float64: a 16-bit sum of 4096 rows is eager's own rounding)
+            for got, want in zip(c(*args), fn(*[t.double() for t in args])):
+                torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
         if a.device.startswith("cuda"):
             t = {k: synced_us(lambda c=c, args=args: c(*args), a.reps) / 1e3 for k, c in calls.items()}
         else:
