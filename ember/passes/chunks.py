@@ -90,9 +90,9 @@ def _lead(node: Node) -> int | None:
 def _after(column_sum: Node, row_reduction: Node, users: dict[Node, list[Node]], reach: dict) -> bool:
     """Would the row kernel of ``row_reduction`` need ``column_sum`` whole? Where the row
     reduction reads it, or a pointwise value reads both (one kernel computes it, beside the row
-    reduction), the chunk sum cannot join that kernel: it ran as a kernel of its own, its runs'
-    rows strided across the lanes (H100, ``(x * w).sum(0) + x.amax(1)`` over 4096 x 4096: 158 µs
-    against Inductor's 25 for its split column sum; bench/square_reductions.py)."""
+    reduction), the chunk sum cannot join that kernel: it ran as a kernel of its own (H100,
+    ``(x * w).sum(0) + x.amax(1)`` over 4096 x 4096: 158 µs against Inductor's 25 for its split
+    column sum; bench/square_reductions.py)."""
     down = _downstream(column_sum, users, reach, through_reductions=True)
     return row_reduction in down or bool(down & _downstream(row_reduction, users, reach))
 
