@@ -18,9 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, median_times, table  # noqa: E402
-
-import ember  # noqa: E402
+from common import against_eager_and_inductor, machine, table  # noqa: E402
 
 
 def cases():
@@ -49,12 +47,7 @@ def main() -> None:
             continue
         args = [torch.randn(s).to(dtype) for s in shapes]
         torch._dynamo.reset()  # (the cases share their functions' code: past 8 shapes Dynamo gave up)
-        compiled, inductor = ember.compile(fn), torch.compile(fn)
-        for variant in (compiled, inductor):
-            torch.testing.assert_close(variant(*args), fn(*args), rtol=2e-2, atol=2e-2)
-        t = median_times({"eager": lambda fn=fn, args=args: fn(*args),
-                          "inductor": lambda c=inductor, args=args: c(*args),
-                          "ember": lambda c=compiled, args=args: c(*args)}, reps=a.reps)
+        t = against_eager_and_inductor(fn, args, a.reps)
         rows.append((name, *(f"{t[k] * 1e3:.3f}" for k in ("eager", "inductor", "ember")),
                      f"{t['eager'] / t['ember']:.2f}x", f"{t['inductor'] / t['ember']:.2f}x"))
     print(table(rows, ("case", "eager ms", "Inductor ms", "ember ms", "vs eager", "vs Inductor")))

@@ -43,6 +43,19 @@ def median_times(variants: dict[str, Callable[[], Any]], reps: int = 25, warmup:
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def against_eager_and_inductor(fn: Callable[..., Any], args: Sequence[Any], reps: int,
+                               tol: float = 2e-2) -> dict[str, float]:
+    """Median seconds a call of eager ``fn``, Inductor's and ember's on ``args`` (interleaved),
+    after checking both compiled results against eager's within ``tol``."""
+    import ember
+
+    compiled, inductor = ember.compile(fn), torch.compile(fn)
+    for variant in (compiled, inductor):
+        torch.testing.assert_close(variant(*args), fn(*args), rtol=tol, atol=tol)
+    return median_times({"eager": lambda: fn(*args), "inductor": lambda: inductor(*args),
+                         "ember": lambda: compiled(*args)}, reps=reps)
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:

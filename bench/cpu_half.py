@@ -17,9 +17,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, median_times  # noqa: E402
-
-import ember  # noqa: E402
+from common import against_eager_and_inductor, machine  # noqa: E402
 
 
 def chain(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -52,12 +50,7 @@ def main() -> None:
                                ("layer_norm, 4096 x 1024", layer_norm, (rows, w, b)),
                                ("softmax, 4096 x 1024", softmax, (rows,)),
                                ("x.sum(0), 4096 x 1024", column_sums, (rows,))):
-            compiled, inductor = ember.compile(fn), torch.compile(fn)
-            for variant in (compiled, inductor):
-                torch.testing.assert_close(variant(*args), fn(*args), rtol=2e-2, atol=2e-2)
-            t = median_times({"eager": lambda fn=fn, args=args: fn(*args),
-                              "inductor": lambda c=inductor, args=args: c(*args),
-                              "ember": lambda c=compiled, args=args: c(*args)}, reps=a.reps)
+            t = against_eager_and_inductor(fn, args, a.reps)
             print(f"{str(dtype).split('.')[1]:9s} {name:32s} eager {t['eager'] * 1e3:7.2f} ms  "
                   f"Inductor {t['inductor'] * 1e3:7.2f} ms  ember {t['ember'] * 1e3:7.2f} ms  "
                   f"{t['eager'] / t['ember']:.2f}x eager  {t['inductor'] / t['ember']:.2f}x Inductor")
