@@ -41,10 +41,12 @@ whose gradient ``g * 0`` is NaN for a NaN or infinite incoming ``g``; eager's is
 input's gradient is 0, as eager's vectorized kernel gives it, where its scalar tail passes the
 incoming one: eager has no one answer there.
 
-``hardshrink``: torch's decomposition computed integer and bool inputs, which eager's kernel
-refuses (NotImplementedError), and a ``lambd`` out of the input dtype's range, which eager's
-kernel converts with its overflow check (RuntimeError); such calls keep the op for ATen to refuse
-(a symbolic ``lambd``, a value that changed between calls, is checked on each call: aten_scalars.py).
+``hardshrink``: a NaN input's gradient is 0 on the CPU, as for softshrink (eager's CUDA kernel
+passes the incoming one on, as torch's decomposition does). torch's decomposition computed
+integer and bool inputs, which eager's kernel refuses (NotImplementedError), and a ``lambd`` out
+of the input dtype's range, which eager's kernel converts with its overflow check
+(RuntimeError); such calls keep the op for ATen to refuse (a symbolic ``lambd``, a value that
+changed between calls, is checked on each call: aten_scalars.py).
 
 ``eager_decompositions()`` puts the versions below in their place while AOTAutograd traces
 (and random_decomps.py's dropout and bernoulli_, which draw what eager's kernels draw, and
@@ -177,6 +179,8 @@ def hardshrink(x: torch.Tensor, lambd: Any = 0.5) -> torch.Tensor:
         return _aten(aten.hardshrink.default, x, lambd)
     # (a symbolic lambd, checked each call as eager converts it: float16's 7e4 raises)
     lambd = checked_value(lambd, x.dtype, "hardshrink", "lambd")
+    if x.device.type == "cpu":  # (a NaN's gradient 0, as eager's vectorized CPU kernel gives it)
+        return torch.where(torch.abs(x) > lambd, x, torch.where(torch.abs(x) <= lambd, 0, x.detach()))
     return torch.where(torch.abs(x) <= lambd, 0, x)
 
 

@@ -17,6 +17,12 @@
   overflow check (float16's 70000 raised in eager). It has no bool kernel. Such calls keep the op.
 * ``celu(x, alpha=0)`` is eager's RuntimeError (the decomposition divided by 0): the op is kept,
   as for integer inputs.
+* ``hardtanh_backward`` (relu6's and hardtanh's gradient) on the CPU: eager's vectorized kernel
+  passes the gradient where ``min < x < max``, so a NaN input's gradient is 0; its scalar tail (the
+  last elements, fewer than a vector) and eager's CUDA kernel zero it where ``x <= min or x >= max``,
+  passing a NaN's on, as torch's decomposition does. On the CPU ember takes the vectorized kernel's
+  (every element but a tail's): a relu6 after a matmul whose rows hold a NaN gave the other rows'
+  inputs gradients eager's do not have (CPU fuzz seed 1065083899746). Other devices keep torch's.
 * ``rrelu`` in evaluation: eager's kernel is ``leaky_relu(x, (lower + upper) / 2)``; the op and
   its backward (whose decomposition torch has, as eager's formula) ran through ATen.
 """
@@ -137,6 +143,16 @@ def _celu(original: Callable[..., Any]) -> Callable[..., Any]:
     return celu
 
 
+def _hardtanh_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    def hardtanh_backward(grad: torch.Tensor, x: torch.Tensor, min_val: Any, max_val: Any) -> Any:
+        if x.device.type != "cpu" or not x.dtype.is_floating_point or grad.dtype != x.dtype:
+            return original(grad, x, min_val, max_val)
+        # (compared in float32 for 16-bit x, as eager's kernel: bfloat16's 0.7 is below a max of 0.7)
+        wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        return torch.where((wide > min_val) & (wide < max_val), grad, 0.0)
+    return hardtanh_backward
+
+
 def rrelu_with_noise_functional(x: torch.Tensor, noise: torch.Tensor, lower: Any = 0.125, upper: Any = 1 / 3,
                                 training: bool = False, generator: Any = None) -> Any:
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (lower, upper))
@@ -150,10 +166,11 @@ def special_decompositions() -> dict[Any, Callable[..., Any]]:
     """The decompositions above, by the ops they stand for."""
     torch_own = get_decompositions([aten.logit.default, aten.logit_backward.default,
                                     aten.rrelu_with_noise_backward.default, aten.threshold.default,
-                                    aten.celu.default])
+                                    aten.celu.default, aten.hardtanh_backward.default])
     return {aten.rrelu_with_noise_backward.default: torch_own[aten.rrelu_with_noise_backward.default],
             aten.threshold.default: _threshold(torch_own[aten.threshold.default]),
             aten.celu.default: _celu(torch_own[aten.celu.default]),
+            aten.hardtanh_backward.default: _hardtanh_backward(torch_own[aten.hardtanh_backward.default]),
             aten.logit.default: _logit(torch_own[aten.logit.default]),
             aten.logit_backward.default: _logit_backward(torch_own[aten.logit_backward.default]),
             aten.rrelu_with_noise_functional.default: rrelu_with_noise_functional}
