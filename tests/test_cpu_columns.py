@@ -184,3 +184,46 @@ def test_runs_only_where_they_combine():
     assert not in_runs(check(lambda x: torch.softmax(x, 0), x))
     assert not in_runs(check(lambda x: x.argmax(0), x))
     assert in_runs(check(lambda x: x.sum(0), x))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 15, 16, 17, 33, 70])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32])
+def test_rows_four_at_a_time(rows, dtype):
+    """A column loop that reduces takes ROW_UNROLL rows a simd loop (each column's accumulators
+    read and written once for them), the rows left over one at a time: row counts around
+    multiples of 4 and of a block, several reductions, a NaN, a store in the same loop; float16
+    loops, converted a strip at a time, one row at a time."""
+    x = (torch.randint(-40, 40, (rows, 37)) / 4).to(dtype)
+    if dtype.is_floating_point:
+        x[rows // 2, 3] = float("nan")
+
+    def f(x):
+        y = x * 2
+        return y, y.sum(0), x.amax(0), (x > 1).any(0), (x < 9).all(0)
+
+    sources = cpu_sources(check(f, x))
+    assert any("// each column, 4 rows" in s for s in sources) == (dtype != torch.float16 and rows >= 4), sources
+
+
+def test_rows_four_at_a_time_with_symbolic_rows():
+    def f(x):
+        return x.sum(0), x.amax(0), (x * x).sum(0)
+
+    compiled, report = compile_checked(f, dynamic=True)
+    for rows in (130, 3, 4, 9, 1):
+        x = torch.randint(-40, 40, (rows, 50)) / 4
+        assert_same(compiled(x), f(x))
+    assert any("// each column, 4 rows" in s for s in cpu_sources(report))
+    assert_clean(report)
+
+
+def test_any_beside_16_bit_values_leaves_the_column_loops_vectorized(tmp_path):
+    """An any's accumulators kept in a bool array left a bfloat16 column loop scalar (GCC 12, "no
+    vectype"); they are kept as bytes (cpp_columns.py: _acc_array_type)."""
+    from .test_half_cpu import _loops_left_scalar
+
+    x = torch.randn(512, 256).to(torch.bfloat16)
+    report = check(lambda x, w: ((x * w).sum(0), x.sum(0), (x > 0).any(0)), x, torch.randn(256).to(torch.bfloat16))
+    (kernel,) = report.kernels
+    assert "uint8_t acc" in kernel.source and "// each column, 4 rows" in kernel.source, kernel.source
+    assert not _loops_left_scalar([kernel], tmp_path)

@@ -24,6 +24,13 @@ threads share each tile's rows instead of narrowing it (``row_runs``): thread t 
 rows into its own accumulators, which a second loop combines in run order before the results.
 Narrow tiles left every thread reading a slice of every row: two threads summed float32
 (65536, 64) in 0.75 ms, runs of rows in 0.29.
+
+A loop that reduces takes ROW_UNROLL rows a simd loop, each in a block of its own that defines r0,
+so each column's accumulators are read and written once for them (in row order, the same bits):
+
+    for r0_u in rows by 4:
+        for c in tile (simd): acc = acc_c[c]; { r0 = r0_u: ... } ... { r0 = r0_u + 3: ... }; acc_c[c] = acc
+    for r0 in the rows left (3 or fewer): for c in tile (simd): one row
 """
 
 from __future__ import annotations
@@ -56,6 +63,9 @@ MAX_TILE = 1024
 # row's. A column tile's float sums add ROW_BLOCK rows (each column is a lane): as many adds.
 SUM_BLOCK = 1024
 ROW_BLOCK = 16
+# Rows one simd loop reduces at a time, each column's accumulators read and written once for them
+# (float32 column sums 1.15-1.4x faster: _unrolled)
+ROW_UNROLL = 4
 
 # Reductions whose accumulators combine with their own update (acc_update): what runs of rows
 # need. (An arg reduction's pair would need the first position among equal values.)
@@ -181,7 +191,7 @@ class ColumnTiles:
             r.emit(f"const int64_t ember_run_rows = (({length} + ember_runs - 1) / ember_runs + {ROW_BLOCK - 1}) "
                    f"/ {ROW_BLOCK} * {ROW_BLOCK};")
             for i, v in enumerate(k.reductions):
-                ctype = acc_type(self.body.lang, v)
+                ctype = self._acc_array_type(v)
                 r.emit(f"{ctype}* {self.body.lang.restrict} {self.body.acc_names[id(v)]}_r = ember_runs > 1 ? "
                        f"ember_scratch_row<{ctype}, {RUNS_SLOT + i}>(ember_runs * {rows} * {width}) : nullptr;")
         r.emit(f"// tiles of {self.tile} columns, or narrower (16 at least) where fewer rows{' and runs' * self.runs} "
@@ -235,7 +245,7 @@ class ColumnTiles:
         r.emit(f"const int64_t ember_c1 = std::min<int64_t>(ember_c0 + ember_tile, {width});")
         r._statements([v for v in k.values if not v.inner and id(v) not in self.varying])
         for v in k.reductions:
-            r.emit(f"{acc_type(self.body.lang, v)} {self.body.acc_names[id(v)]}_c[{self.tile}];")
+            r.emit(f"{self._acc_array_type(v)} {self.body.acc_names[id(v)]}_c[{self.tile}];")
 
     def _run_at(self, run: sympy.Expr) -> str:
         """Where run ``run`` keeps a column's accumulator: [run][leading outer dims][column]."""
@@ -262,14 +272,26 @@ class ColumnTiles:
         r.depth += 1
         lines = []
         for acc, v in accs:
-            lines += [f"{acc_type(body.lang, v)} {acc} = {acc}_c[{self.column} - ember_c0];",
-                      acc_update(v, acc, f"{acc}_r[{self._run_at(_RUN)}]", "0"),
-                      f"{acc}_c[{self.column} - ember_c0] = {acc};"]
+            lines += [f"{acc_type(body.lang, v)} {acc} = {self._acc_read(v, f'{acc}_c[{self.column} - ember_c0]')};",
+                      acc_update(v, acc, self._acc_read(v, f"{acc}_r[{self._run_at(_RUN)}]"), "0"),
+                      f"{acc}_c[{self.column} - ember_c0] = {self._acc_written(v, acc)};"]
         self._column_loop("each column: the next run's accumulators", lines)
         r._close_loops(1)
         self._stage(k.n_loops)
         r._close_loops(n)
         r._close_loops(1)
+
+    def _acc_array_type(self, v: Value) -> str:
+        """An accumulator array's type: an any's or all's as bytes where the language loads bools
+        so (a bool array beside floats left the simd loops scalar, as _kept_type's did)."""
+        ctype = acc_type(self.body.lang, v)
+        return "uint8_t" if ctype == "bool" and self.body.lang.bools_as_bytes else ctype
+
+    def _acc_read(self, v: Value, ref: str) -> str:
+        return f"({ref} != 0)" if self._acc_array_type(v) != acc_type(self.body.lang, v) else ref
+
+    def _acc_written(self, v: Value, value: str) -> str:
+        return f"({value} ? 1 : 0)" if self._acc_array_type(v) != acc_type(self.body.lang, v) else value
 
     def _kept_type(self, v: Value) -> str:
         """A kept value's array type: bools as bytes where the language loads them so (GCC 12
@@ -325,7 +347,7 @@ class ColumnTiles:
         self._restore(values, stage)
         for v in done:
             acc = body.acc_names[id(v)]
-            self.r.emit(f"const {acc_type(body.lang, v)} {acc} = {acc}_c{at};")
+            self.r.emit(f"const {acc_type(body.lang, v)} {acc} = {self._acc_read(v, f'{acc}_c{at}')};")
             self.r.emit(body.reduce_result(v))
         self.r._statements(values)
         for v in self.kept:
@@ -335,7 +357,7 @@ class ColumnTiles:
                     kept = f"({kept} ? 1 : 0)"
                 self.r.emit(f"{body.name(v)}_c{at} = {kept};")
         for v in starting:
-            self.r.emit(f"{body.acc_names[id(v)]}_c{at} = {acc_init(body.lang, v)};")
+            self.r.emit(f"{body.acc_names[id(v)]}_c{at} = {self._acc_written(v, acc_init(body.lang, v))};")
         self._close_columns(staged)
 
     def _loop(self, loop: int) -> None:
@@ -348,40 +370,97 @@ class ColumnTiles:
         at = f"[{self.column} - ember_c0]"
         blocked = bool(partial) and self._open_block(partial, at)
         r.emit(f"// loop {loop}: {names}")
-        if partial:  # (one reduced dim: _partial)
-            r0 = inner_var(0).name
-            start, stop = self.row_range
-            if blocked:
-                start, stop = f"{r0}_block", f"std::min<int64_t>({r0}_block + {ROW_BLOCK}, {stop})"
+        varying = [v for v in values if id(v) in self.varying]
+        rows = self._rows(partial, blocked, values, stores, reductions)
+        unrolled = rows is not None and self._unrolled(values, stores, reductions)
+        if rows is None:
+            r._open_loops(inner_var, k.inner)
+        else:
+            r0, (start, stop) = inner_var(0).name, rows
+            if unrolled:
+                r.emit("{")  # (a scope of its own: a kernel's loops each declare these)
+                r.depth += 1
+                r.emit(f"const int64_t {r0}_end = {stop};")
+                r.emit(f"int64_t {r0}_u = {start};")
+                r.emit(f"for (; {r0}_u + {ROW_UNROLL} <= {r0}_end; {r0}_u += {ROW_UNROLL}) {{")
+                r.depth += 1
+                self._row_body(loop, varying, stores, reductions, partial, ROW_UNROLL)
+                r._close_loops(1)
+                start, stop = f"{r0}_u", f"{r0}_end"
+                r.emit(f"// the last {ROW_UNROLL - 1} rows or fewer, one at a time")
             r.emit(f"for (int64_t {r0} = {start}; {r0} < {stop}; ++{r0}) {{")
             r.depth += 1
-        elif self.runs:
-            r0 = inner_var(0).name
-            r.emit(f"for (int64_t {r0} = {self.row_range[0]}; {r0} < {self.row_range[1]}; ++{r0}) {{")
-            r.depth += 1
-        else:
-            r._open_loops(inner_var, k.inner)
         r._statements([v for v in values if id(v) not in self.varying])
-        varying = [v for v in values if id(v) in self.varying]
-        staged = self._columns("each column", varying + stores)
-        # a reduction may read an outer value itself (a row of length 0 made its loads constants)
-        self._restore(varying + stores + reductions, loop)
-        for v in reductions:
-            acc = body.acc_names[id(v)]
-            ctype, array = ("float", f"{acc}_p") if v in partial else (acc_type(body.lang, v), f"{acc}_c")
-            r.emit(f"{ctype} {acc} = {array}{at};")
-        r._statements(varying)
-        for v in reductions:
-            acc = body.acc_names[id(v)]
-            r.emit(body.reduce_update(v))
-            r.emit(f"{acc}{'_p' if v in partial else '_c'}{at} = {acc};")
-        r._statements(stores)
-        self._close_columns(staged)
-        r._close_loops(len(k.inner))
+        self._row_body(loop, varying, stores, reductions, partial, 1)
+        r._close_loops(len(k.inner) + unrolled)
         if partial:
             self._column_loop("each column: this block's sums into the doubles",
                               [f"{body.acc_names[id(v)]}_c{at} += {body.acc_names[id(v)]}_p{at};" for v in partial])
             r._close_loops(blocked)
+
+    def _rows(self, partial: list[Value], blocked: bool, values: list[Value], stores: list[Value],
+              reductions: list[Value]) -> tuple[str, str] | None:
+        """The range of the loop over the rows (r0) where it is one loop the renderer writes
+        itself (float sums' blocks, runs, or rows taken ROW_UNROLL at a time); None where
+        ``_open_loops`` opens the inner loops."""
+        if partial and blocked:
+            r0 = inner_var(0).name
+            return f"{r0}_block", f"std::min<int64_t>({r0}_block + {ROW_BLOCK}, {self.row_range[1]})"
+        if partial or self.runs or self._unrolled(values, stores, reductions):
+            return self.row_range
+        return None
+
+    def _unrolled(self, values: list[Value], stores: list[Value], reductions: list[Value]) -> bool:
+        """Does one simd loop take ROW_UNROLL rows at a time? Where the loop reduces (what it
+        saves is the accumulators' round trips; a loop of stores alone, a BatchNorm backward's, GCC
+        left scalar in 4 copies), is over one row variable (not a bag's or segment's rows), every
+        value of it differs by column (nothing to compute once a row outside the simd loop), and
+        nothing in it is float16 converted a strip at a time (cpp_staging.py). Four rows' strips
+        converted in turn ran float16 sums 1.2x faster where the rows were in L3, 1.5-1.9x slower
+        where they came from memory (bench/RESULTS.md, hundred-and-eighth session)."""
+        k = self.k
+        if not reductions or self.r.scalar or len(k.inner) != 1 or k.segment_length is not None:
+            return False
+        if any(id(v) not in self.varying for v in values):
+            return False
+        size = sh.static(k.inner[0])
+        return (not staged_accesses(self.r, values + stores, outer_var(len(k.outer) - 1))
+                and (size is None or size >= ROW_UNROLL))
+
+    def _row_body(self, loop: int, varying: list[Value], stores: list[Value], reductions: list[Value],
+                  partial: list[Value], copies: int) -> None:
+        """The simd loop over the tile's columns for one row, or for ``copies`` rows from r0_u on,
+        each a block of its own that defines r0: each column's accumulators are read and written
+        once for all of them (in row order, as one at a time adds them)."""
+        body, r = self.body, self.r
+        r0 = inner_var(0)
+        rows = [sympy.Symbol(f"{r0.name}_u", integer=True) + i for i in range(copies)] if copies > 1 else None
+        staged = self._columns("each column" + (f", {copies} rows" if rows else ""), varying + stores)
+        at = f"[{self.column} - ember_c0]"
+        # a reduction may read an outer value itself (a row of length 0 made its loads constants)
+        self._restore(varying + stores + reductions, loop)
+        for v in reductions:
+            acc = body.acc_names[id(v)]
+            ctype, array = ("float", f"{acc}_p{at}") if v in partial else (acc_type(body.lang, v),
+                                                                            self._acc_read(v, f"{acc}_c{at}"))
+            r.emit(f"{ctype} {acc} = {array};")
+        for i in range(copies):
+            if rows:
+                r.emit("{")
+                r.depth += 1
+                r.emit(f"const int64_t {r0.name} = {index_expr(rows[i])};")
+            r._statements(varying)
+            for v in reductions:
+                r.emit(body.reduce_update(v))
+            if rows:
+                r._statements(stores)
+                r._close_loops(1)
+        for v in reductions:
+            acc = body.acc_names[id(v)]
+            r.emit(f"{acc}_p{at} = {acc};" if v in partial else f"{acc}_c{at} = {self._acc_written(v, acc)};")
+        if not rows:
+            r._statements(stores)
+        self._close_columns(staged)
 
     def _open_block(self, partial: list[Value], at: str) -> bool:
         """Opens the loop over blocks of ROW_BLOCK rows where the rows can be more than one
