@@ -38,8 +38,9 @@ indexed its shape (IndexError, torch 2.11 and 2.13) where eager raises RuntimeEr
 
 ``softshrink``: torch's decomposition computes the band as ``a * 0`` (a NaN input stays NaN),
 whose gradient ``g * 0`` is NaN for a NaN or infinite incoming ``g``; eager's is 0 there. A NaN
-input's gradient is 0, as eager's vectorized kernel gives it, where its scalar tail passes the
-incoming one: eager has no one answer there.
+input's gradient is 0 on the CPU, as eager's vectorized kernel gives it, where its scalar tail
+passes the incoming one (eager has no one answer there); on a GPU the incoming one, as eager's
+CUDA kernel gives it.
 
 ``hardshrink``: a NaN input's gradient is 0 on the CPU, as for softshrink (eager's CUDA kernel
 passes the incoming one on, as torch's decomposition does). torch's decomposition computed
@@ -197,7 +198,10 @@ def softshrink(a: torch.Tensor, lambd: Any = 0.5) -> torch.Tensor:
     torch._check(0 <= lambd <= torch.finfo(a.dtype).max,
                  lambda: f"lambda must be in range [0, {torch.finfo(a.dtype).max}] for input dtype {a.dtype}, "
                          f"but found {lambd}")
-    return torch.where(torch.abs(a) > lambd, a - torch.sign(a) * lambd, a.detach() * 0)
+    outside = torch.abs(a) > lambd
+    if a.device.type != "cpu":  # (eager's CUDA kernel passes a NaN's gradient on)
+        outside = outside | torch.isnan(a)
+    return torch.where(outside, a - torch.sign(a) * lambd, a.detach() * 0)
 
 
 _OVERRIDES = {aten.multi_margin_loss.default: multi_margin_loss,
