@@ -22,7 +22,10 @@
   last elements, fewer than a vector) and eager's CUDA kernel zero it where ``x <= min or x >= max``,
   passing a NaN's on, as torch's decomposition does. On the CPU ember takes the vectorized kernel's
   (every element but a tail's): a relu6 after a matmul whose rows hold a NaN gave the other rows'
-  inputs gradients eager's do not have (CPU fuzz seed 1065083899746). Other devices keep torch's.
+  inputs gradients eager's do not have (CPU fuzz seed 1065083899746). On GPUs, the CUDA kernel's
+  (a NaN's passed on). Both compare a 16-bit x in float32, as eager's kernels do: torch 2.11's
+  decomposition compared it in its own dtype, so a bfloat16 x of 0.7 (0.69921875) had no gradient
+  under a max of 0.7 there, where eager's CUDA kernel gives one (H100).
 * ``rrelu`` in evaluation: eager's kernel is ``leaky_relu(x, (lower + upper) / 2)``; the op and
   its backward (whose decomposition torch has, as eager's formula) ran through ATen.
 """
@@ -145,11 +148,14 @@ def _celu(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _hardtanh_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     def hardtanh_backward(grad: torch.Tensor, x: torch.Tensor, min_val: Any, max_val: Any) -> Any:
-        if x.device.type != "cpu" or not x.dtype.is_floating_point or grad.dtype != x.dtype:
+        if not x.dtype.is_floating_point or grad.dtype != x.dtype:
             return original(grad, x, min_val, max_val)
-        # (compared in float32 for 16-bit x, as eager's kernel: bfloat16's 0.7 is below a max of 0.7)
+        # (16-bit x compared in float32 with the bounds as given, as eager's kernels compare it:
+        # bfloat16's 0.7, 0.69921875, is below a max of 0.7)
         wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        return torch.where((wide > min_val) & (wide < max_val), grad, 0.0)
+        if x.device.type == "cpu":
+            return torch.where((wide > min_val) & (wide < max_val), grad, 0.0)
+        return torch.where((wide <= min_val) | (wide >= max_val), 0.0, grad)
     return hardtanh_backward
 
 
