@@ -371,8 +371,8 @@ class ColumnTiles:
         blocked = bool(partial) and self._open_block(partial, at)
         r.emit(f"// loop {loop}: {names}")
         varying = [v for v in values if id(v) in self.varying]
-        rows = self._rows(partial, blocked, values, stores, reductions)
-        unrolled = rows is not None and self._unrolled(values, stores, reductions)
+        unrolled = self._unrolled(values, stores, reductions)
+        rows = self._rows(partial, blocked, unrolled)
         if rows is None:
             r._open_loops(inner_var, k.inner)
         else:
@@ -398,15 +398,14 @@ class ColumnTiles:
                               [f"{body.acc_names[id(v)]}_c{at} += {body.acc_names[id(v)]}_p{at};" for v in partial])
             r._close_loops(blocked)
 
-    def _rows(self, partial: list[Value], blocked: bool, values: list[Value], stores: list[Value],
-              reductions: list[Value]) -> tuple[str, str] | None:
+    def _rows(self, partial: list[Value], blocked: bool, unrolled: bool) -> tuple[str, str] | None:
         """The range of the loop over the rows (r0) where it is one loop the renderer writes
         itself (float sums' blocks, runs, or rows taken ROW_UNROLL at a time); None where
         ``_open_loops`` opens the inner loops."""
         if partial and blocked:
             r0 = inner_var(0).name
             return f"{r0}_block", f"std::min<int64_t>({r0}_block + {ROW_BLOCK}, {self.row_range[1]})"
-        if partial or self.runs or self._unrolled(values, stores, reductions):
+        if partial or self.runs or unrolled:
             return self.row_range
         return None
 
