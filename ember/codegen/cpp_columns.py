@@ -191,7 +191,7 @@ class ColumnTiles:
             r.emit(f"const int64_t ember_run_rows = (({length} + ember_runs - 1) / ember_runs + {ROW_BLOCK - 1}) "
                    f"/ {ROW_BLOCK} * {ROW_BLOCK};")
             for i, v in enumerate(k.reductions):
-                ctype = self._acc_array_type(v)
+                ctype = self._array_type(acc_type(self.body.lang, v))
                 r.emit(f"{ctype}* {self.body.lang.restrict} {self.body.acc_names[id(v)]}_r = ember_runs > 1 ? "
                        f"ember_scratch_row<{ctype}, {RUNS_SLOT + i}>(ember_runs * {rows} * {width}) : nullptr;")
         r.emit(f"// tiles of {self.tile} columns, or narrower (16 at least) where fewer rows{' and runs' * self.runs} "
@@ -214,7 +214,7 @@ class ColumnTiles:
         if k.segment_length is not None:
             r.emit(f"const int64_t ember_seglen = {self.body.name(k.segment_length)};  // this row's length")
         for v in self.kept:
-            r.emit(f"{self._kept_type(v)} {self.body.name(v)}_c[{self.tile}];")
+            r.emit(f"{self._array_type(self.body.lang.compute(v.dtype))} {self.body.name(v)}_c[{self.tile}];")
         for v in self.partial:
             r.emit(f"float {self.body.acc_names[id(v)]}_p[{self.tile}];  // this block's sums")
         for stage in range(k.n_loops + 1):
@@ -245,7 +245,7 @@ class ColumnTiles:
         r.emit(f"const int64_t ember_c1 = std::min<int64_t>(ember_c0 + ember_tile, {width});")
         r._statements([v for v in k.values if not v.inner and id(v) not in self.varying])
         for v in k.reductions:
-            r.emit(f"{self._acc_array_type(v)} {self.body.acc_names[id(v)]}_c[{self.tile}];")
+            r.emit(f"{self._array_type(acc_type(self.body.lang, v))} {self.body.acc_names[id(v)]}_c[{self.tile}];")
 
     def _run_at(self, run: sympy.Expr) -> str:
         """Where run ``run`` keeps a column's accumulator: [run][leading outer dims][column]."""
@@ -281,24 +281,23 @@ class ColumnTiles:
         r._close_loops(n)
         r._close_loops(1)
 
-    def _acc_array_type(self, v: Value) -> str:
-        """An accumulator array's type: an any's or all's as bytes where the language loads bools
-        so (a bool array beside floats left the simd loops scalar, as _kept_type's did)."""
-        ctype = acc_type(self.body.lang, v)
+    def _array_type(self, ctype: str) -> str:
+        """The type of a tile array holding values of ``ctype`` (kept values, accumulators): bools
+        as bytes where the language loads them so (GCC 12 left the column loops that read or wrote
+        a bool array beside floats scalar: a kept mask, an any's accumulator)."""
         return "uint8_t" if ctype == "bool" and self.body.lang.bools_as_bytes else ctype
 
+    def _from_array(self, ctype: str, ref: str) -> str:
+        return f"({ref} != 0)" if self._array_type(ctype) != ctype else ref
+
+    def _to_array(self, ctype: str, value: str) -> str:
+        return f"({value} ? 1 : 0)" if self._array_type(ctype) != ctype else value
+
     def _acc_read(self, v: Value, ref: str) -> str:
-        return f"({ref} != 0)" if self._acc_array_type(v) != acc_type(self.body.lang, v) else ref
+        return self._from_array(acc_type(self.body.lang, v), ref)
 
     def _acc_written(self, v: Value, value: str) -> str:
-        return f"({value} ? 1 : 0)" if self._acc_array_type(v) != acc_type(self.body.lang, v) else value
-
-    def _kept_type(self, v: Value) -> str:
-        """A kept value's array type: bools as bytes where the language loads them so (GCC 12
-        left the column loops that read or wrote a bool array beside floats scalar)."""
-        if v.dtype.is_bool and self.body.lang.bools_as_bytes:
-            return "uint8_t"
-        return self.body.lang.compute(v.dtype)
+        return self._to_array(acc_type(self.body.lang, v), value)
 
     def _columns(self, what: str, values: list[Value]) -> list[Value]:
         """Opens the simd loop over the tile's columns that computes ``values``; returns the
@@ -328,10 +327,7 @@ class ColumnTiles:
         for v in self.kept:
             if id(v) in used and v.stage < earlier:
                 ctype, name = self.body.lang.compute(v.dtype), self.body.name(v)
-                kept = f"{name}_c[{self.column} - ember_c0]"
-                if self._kept_type(v) != ctype:
-                    kept = f"({kept} != 0)"
-                self.r.emit(f"const {ctype} {name} = {kept};")
+                self.r.emit(f"const {ctype} {name} = {self._from_array(ctype, f'{name}_c[{self.column} - ember_c0]')};")
 
     def _stage(self, stage: int) -> None:
         k, body = self.k, self.body
@@ -352,10 +348,7 @@ class ColumnTiles:
         self.r._statements(values)
         for v in self.kept:
             if v.stage == stage:
-                kept = body.name(v)
-                if self._kept_type(v) != body.lang.compute(v.dtype):
-                    kept = f"({kept} ? 1 : 0)"
-                self.r.emit(f"{body.name(v)}_c{at} = {kept};")
+                self.r.emit(f"{body.name(v)}_c{at} = {self._to_array(body.lang.compute(v.dtype), body.name(v))};")
         for v in starting:
             self.r.emit(f"{body.acc_names[id(v)]}_c{at} = {self._acc_written(v, acc_init(body.lang, v))};")
         self._close_columns(staged)
