@@ -24,6 +24,7 @@ from .autograd_decomps import (
     multi_margin_loss,
     multilabel_margin_loss_forward,
 )
+from .conv_grads import conv_grad_decompositions
 from .eager_strides import in_eager_layout, is_iterator_op
 from .layout_decomps import layout_decompositions
 from .linspace_decomps import integer_linspaces
@@ -148,6 +149,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # logit's bounds and 16-bit steps rounded as eager's kernels hold them, threshold's and celu's
     # arguments as eager's take them (special_decomps.py)
     table.update(special_decompositions())
+    # oneDNN's bfloat16 weight gradients leave taps that meet no input unwritten (conv_grads.py)
+    table.update(conv_grad_decompositions())
     table[aten.smooth_l1_loss.default] = _eager_when(table[aten.smooth_l1_loss.default], _negative_beta)
     # eager computes in the target's dtype, in place ((1 - target).mul_(input)), so an integer or
     # bool target raises; the decomposition cast the loss to int64 and returned it
