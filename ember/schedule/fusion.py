@@ -24,6 +24,7 @@ from ..config import Config
 from ..ir import shapes as sh
 from ..ir.node import Graph, Node, aten_result_strides, fill_value, ragged_totals, view_base
 from ..ir.ops import POINTWISE_OPS, REDUCE_OPS, TRANSCENDENTAL_OPS, VIEW_OPS, Op
+from .buffer_layouts import operand_order
 from .build import KernelBuilder
 from .build_reduce import cast_read, jump_read, saved_read
 from .cycles import CycleChecks
@@ -415,7 +416,7 @@ class Planner(DomainRules, StepOrder, CycleChecks):
     def buffers(self) -> dict[Node, BufferInfo]:
         infos: dict[Node, BufferInfo] = {}
         count = 0
-        wanted = self._output_layouts()
+        wanted, prescribed = self._output_layouts()
         for node in self.graph.nodes:
             if node.op is Op.INPUT and node.arg.kind == "tensor":
                 infos[node] = BufferInfo(node.arg.name, node.arg.strides)
@@ -423,17 +424,20 @@ class Planner(DomainRules, StepOrder, CycleChecks):
                 infos[node] = BufferInfo(f"const_{node.arg.name}", sh.contiguous_strides(node.shape))
             elif node.shape is not None and (node in self.buffered or node.op in (Op.EXTERN, Op.GETITEM)):
                 layout = wanted.get(node) if node.op not in (Op.EXTERN, Op.GETITEM) else aten_result_strides(node)
+                if layout is None and node.op not in (Op.EXTERN, Op.GETITEM) and node not in prescribed:
+                    # (read by ember's kernels only: in the order of what it is computed from)
+                    layout = operand_order(node, lambda x: infos[x].strides if x in infos else None)
                 infos[node] = BufferInfo(f"buf{count}", layout or sh.contiguous_strides(node.shape))
                 count += 1
         return infos
 
-    def _output_layouts(self) -> dict[Node, sh.Shape]:
+    def _output_layouts(self) -> tuple[dict[Node, sh.Shape], set[Node]]:
         """Strides eager gives outputs, where they are not contiguous (a column of a matrix saved
         for backward): the graph reading the output was traced with them. Likewise for a kernel's
         result an ATen call reads: its result's layout may follow its input's (max_pool2d of a
         channels_last activation), and the graph after it was traced with eager's. Overlapping
         layouts (stride 0 on a dim longer than 1) are left contiguous: a kernel cannot store into
-        them."""
+        them. Also the nodes whose layout eager prescribes, contiguous ones too."""
         wanted: dict[Node, sh.Shape] = {}
         pairs = list(zip(self.graph.outputs, self.graph.output_strides))
         for node in self.graph.nodes:
@@ -459,7 +463,7 @@ class Planner(DomainRules, StepOrder, CycleChecks):
                 # (a stride that may be negative, min(w, h - 5) of a diagonal past the matrix, is
                 # one of an empty tensor: 0 is as good, and empty_strided takes no negative one)
                 wanted[node] = tuple(st if sh.nonnegative(st) else sympy.Max(0, sh.expr(st)) for st in strides)
-        return wanted
+        return wanted, {node for node, strides in pairs if node is not None and strides is not None}
 
     def plan(self) -> Schedule:
         for attempt in range(10 * len(self.graph.nodes) + 10):
