@@ -178,12 +178,66 @@ def test_runs_with_symbolic_sizes_and_a_store(threads):
 
 
 def test_runs_only_where_they_combine():
-    """A reduction kept between loops (softmax down the columns) or an arg reduction keeps one
-    thread on a tile's rows; a reduction over many tiles runs them as before."""
+    """An arg reduction keeps one thread on a tile's rows (its pair would need the first position
+    among equal values); reductions that combine run in runs, loop after loop (a softmax down the
+    columns)."""
     x = torch.randn(4000, 64)
-    assert not in_runs(check(lambda x: torch.softmax(x, 0), x))
     assert not in_runs(check(lambda x: x.argmax(0), x))
     assert in_runs(check(lambda x: x.sum(0), x))
+    assert in_runs(check(lambda x: torch.softmax(x, 0), x))
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_runs_loop_after_loop(threads, n_threads, dtype):
+    """A kernel of several loops over few columns (a channels_last BatchNorm's statistics, then
+    its normalized rows; a softmax down the columns; values kept between stages: a weight per
+    column) takes each loop in runs: the runs' accumulators combined in run order before the
+    next loop, whose runs redo the stages before it. Rows not a whole number of runs or blocks,
+    a NaN in one column; the same bits every call."""
+    threads(n_threads)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4133, 24, generator=gen).to(dtype)
+    x[1000, 3] = float("nan")
+    w, b = torch.randn(24, generator=gen).to(dtype), torch.randn(24, generator=gen).to(dtype)
+
+    def f(x, w, b):
+        mean = x.float().mean(0)
+        centred = x.float() - mean
+        var = (centred * centred).mean(0)
+        y = (centred * torch.rsqrt(var + 1e-5) * w + b).to(x.dtype)
+        return y, var, torch.softmax(x.float() * w, 0).to(x.dtype), (x > 0).any(0)
+
+    report = check(f, x, w, b)
+    assert any("// loop 2 over each run's rows" in s for s in cpu_sources(report))  # (runs: at run time)
+    compiled = ember.compile(f)
+    first, again = compiled(x, w, b), compiled(x, w, b)
+    for a, c in zip(first, again):
+        assert torch.equal(a.nan_to_num(), c.nan_to_num()) and torch.equal(a.isnan(), c.isnan())
+
+
+def test_channels_last_batch_norm_gradients_in_runs(threads):
+    """A 16-channel channels_last BatchNorm's backward (its statistics' gradients, then the
+    input's) in runs of rows: one tile was all of a row, so one thread did all of it. Its
+    gradient to the residual branch is laid out channels_last, as its inputs, so the kernel's
+    rows are one loop (buffer_layouts.py)."""
+    threads(2)
+    gen = torch.Generator().manual_seed(0)
+    bn = torch.nn.BatchNorm2d(16)
+    x = torch.randn(4, 16, 12, 12, generator=gen).to(memory_format=torch.channels_last).requires_grad_()
+    skip = torch.randn(4, 16, 12, 12, generator=gen).to(memory_format=torch.channels_last).requires_grad_()
+
+    def f(x, skip):
+        return torch.relu(bn(x) + skip).relu()
+
+    report = ember.Report()
+    compiled = ember.compile(f, report=report)
+    up = torch.randn(4, 16, 12, 12, generator=gen).to(memory_format=torch.channels_last)
+    got = torch.autograd.grad(compiled(x, skip), [x, skip, bn.weight, bn.bias], up)
+    want = torch.autograd.grad(f(x, skip), [x, skip, bn.weight, bn.bias], up)
+    assert_same(got, want)
+    backward = [k.source for g in report.graphs if g.kind == "backward" for k in g.kernels]
+    assert any("// runs:" in s and "// loop 2 over each run's rows" in s for s in backward), backward
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 15, 16, 17, 33, 70])

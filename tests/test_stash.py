@@ -92,7 +92,8 @@ def test_a_row_longer_than_the_scratch_limit_computes_again():
 ], ids=["columns", "one-row"])
 def test_no_scratch_row_where_a_thread_does_not_own_the_row(fn):
     report = check(fn, torch.randn(300, 40, dtype=torch.bfloat16))
-    assert all("ember_scratch" not in k.source for k in report.kernels)
+    # (the stash's row; column runs keep their accumulators in scratch rows of their own)
+    assert all("ember_scratch[" not in k.source for k in report.kernels)
 
 
 @pytest.mark.parametrize("fn", [

@@ -59,9 +59,9 @@ def acc_update(v: Value, acc: str, x: str, position: str) -> str:
     if op is Op.PROD:
         return f"{acc} *= {x};"
     if op is Op.ANY:
-        return f"{acc} = {acc} || {x};"
+        return f"{acc} = {acc} | {x};"  # (bitwise: GCC vectorizes no short circuit)
     if op is Op.ALL:
-        return f"{acc} = {acc} && {x};"
+        return f"{acc} = {acc} & {x};"
     if op is Op.AMAX:
         return f"{acc} = ember_max({acc}, {x});"
     if op is Op.AMIN:

@@ -23,7 +23,15 @@ Where the tiles are fewer than the threads (``x.sum(0)`` of a (rows, 64) tensor 
 threads share each tile's rows instead of narrowing it (``row_runs``): thread t adds up its run of
 rows into its own accumulators, which a second loop combines in run order before the results.
 Narrow tiles left every thread reading a slice of every row: two threads summed float32
-(65536, 64) in 0.75 ms, runs of rows in 0.29.
+(65536, 64) in 0.75 ms, runs of rows in 0.29. A kernel of several loops (a channels_last
+BatchNorm's statistics, then its normalized rows; a softmax down the columns) takes its runs
+loop by loop, each a parallel loop of its own after the combine of the loop before:
+
+    for run, tile (parallel): stage 0, loop 1 over the run's rows, the run's accumulators kept
+    for tile (parallel): the runs of loop 1 combined in run order, stage 1 (its stores)
+    for run, tile (parallel): stages 0 and 1 again (no stores), loop 2 over the run's rows ...
+
+With 16 channels a tile is all of a row, so one thread did all of it.
 
 A loop that reduces takes ROW_UNROLL rows a simd loop, each in a block of its own that defines r0,
 so each column's accumulators are read and written once for them (in row order, the same bits):
@@ -97,10 +105,10 @@ def _partial(kernel: Kernel, lang: Language) -> list[Value]:
     return [v for v in kernel.reductions if float_partial(lang, v)] if len(kernel.inner) == 1 else []
 
 
-def row_runs(kernel: Kernel, kept: list[Value]) -> bool:
-    """Can the threads share a tile's rows? One loop over one reduced dim, every row the same
-    length, nothing kept between stages, reductions that combine (_COMBINABLE)."""
-    return (len(kernel.inner) == 1 and kernel.n_loops == 1 and not kept and kernel.segment_length is None
+def row_runs(kernel: Kernel) -> bool:
+    """Can the threads share a tile's rows? Loops over one reduced dim, every row the same length,
+    reductions that combine (_COMBINABLE)."""
+    return (len(kernel.inner) == 1 and kernel.segment_length is None
             and bool(kernel.reductions) and all(v.arg.op in _COMBINABLE for v in kernel.reductions))
 
 
@@ -165,7 +173,7 @@ class ColumnTiles:
         self.kept = [v for v in outer if any(u.inner or u.stage != v.stage for u in self.body.users[id(v)])]
         self.tile = tile_columns(self.k, self.kept, self.body.lang)
         self.partial = _partial(self.k, self.body.lang)
-        self.runs = row_runs(self.k, self.kept)
+        self.runs = row_runs(self.k)
         self.row_range = ("0", index_expr(self.k.inner[0]))  # (a run's rows: render)
         # (GCC 12 left these simd loops scalar around guarded blocks: cstyle.Language)
         self.body.every_guard_a_select = True
@@ -205,6 +213,36 @@ class ColumnTiles:
         if self.runs:
             r.emit(f"for (int64_t ember_run = 0; ember_run < {runs}; ++ember_run) {{")
             r.depth += 1
+        self._open_run(width)
+        for stage in range(k.n_loops + 1):
+            if self.runs and stage == 1:
+                r.emit(f"if ({runs} == 1) {{  // one run: every loop here")
+                r.depth += 1
+            self._stage(stage)
+            if stage < k.n_loops:
+                self._loop(stage + 1)
+        if self.runs:
+            r.depth -= 1
+            r.emit("} else {")
+            r.depth += 1
+            self._keep_run(1)
+            r._close_loops(1)
+        r._close_loops(n + self.runs)
+        if self.runs:
+            r.emit("if (ember_runs > 1) {")
+            r.depth += 1
+            parallel = f"ember_runs * {index_expr(sh.numel(k.outer))} >= {PARALLEL_THRESHOLD}"
+            for loop in range(1, k.n_loops + 1):
+                if any(v.loop == loop for v in k.reductions):
+                    self._combine_runs(loop, parallel, width)
+                if loop < k.n_loops:
+                    self._run_loop(loop + 1, condition, width)
+            r._close_loops(1)
+
+    def _open_run(self, width: str) -> None:
+        """Opens the loops over the leading dims and the row's tiles (inside the run's, which
+        ``render`` opened); declares the tile's arrays and, with runs, the run's rows."""
+        k, r = self.k, self.r
         r._open_loops(outer_var, k.outer[:-1])
         self._open_tile(width)
         if self.runs:
@@ -217,24 +255,37 @@ class ColumnTiles:
             r.emit(f"{self._array_type(self.body.lang.compute(v.dtype))} {self.body.name(v)}_c[{self.tile}];")
         for v in self.partial:
             r.emit(f"float {self.body.acc_names[id(v)]}_p[{self.tile}];  // this block's sums")
-        for stage in range(k.n_loops + 1):
-            if self.runs and stage == k.n_loops:
-                r.emit(f"if ({runs} == 1) {{")
-                r.depth += 1
-            self._stage(stage)
-            if stage < k.n_loops:
-                self._loop(stage + 1)
-        if self.runs:
-            r.depth -= 1
-            r.emit("} else {")
-            r.depth += 1
+
+    def _keep_run(self, loop: int) -> None:
+        """Writes this run's accumulators of ``loop``'s reductions where the combine reads them."""
+        accs = [self.body.acc_names[id(v)] for v in self.k.reductions if v.loop == loop]
+        if accs:
             self._column_loop("each column: this run's accumulators, for the runs' combine",
-                              [f"{self.body.acc_names[id(v)]}_r[{self._run_at(_RUN)}] = "
-                               f"{self.body.acc_names[id(v)]}_c[{self.column} - ember_c0];" for v in k.reductions])
-            r._close_loops(1)
-        r._close_loops(n + self.runs)
-        if self.runs:
-            self._combine_runs(f"ember_runs * {index_expr(sh.numel(k.outer))} >= {PARALLEL_THRESHOLD}", width)
+                              [f"{acc}_r[{self._run_at(_RUN)}] = {acc}_c[{self.column} - ember_c0];" for acc in accs])
+
+    def _redo_stages(self, last: int) -> None:
+        """Stages 0 to ``last`` again, for the values later ones read (their stores are done): each
+        done loop's accumulators from the combined ones, which run 0's place holds."""
+        first = self._run_at(sympy.Integer(0))
+        for stage in range(last + 1):
+            accs = [self.body.acc_names[id(v)] for v in self.k.reductions if v.loop == stage and stage > 0]
+            if accs:
+                self._column_loop(f"each column: loop {stage}'s combined accumulators",
+                                  [f"{acc}_c[{self.column} - ember_c0] = {acc}_r[{first}];" for acc in accs])
+            self._stage(stage, stores=False)
+
+    def _run_loop(self, loop: int, condition: str, width: str) -> None:
+        """Loop ``loop`` (after the first) over each run's rows, in a parallel loop of its own."""
+        k, r = self.k, self.r
+        r.emit(f"// loop {loop} over each run's rows, the stages before it again")
+        r.emit(f"#pragma omp parallel for collapse({len(k.outer) + 1}) schedule(static) if({condition})")
+        r.emit("for (int64_t ember_run = 0; ember_run < ember_runs; ++ember_run) {")
+        r.depth += 1
+        self._open_run(width)
+        self._redo_stages(loop - 1)
+        self._loop(loop)
+        self._keep_run(loop)
+        r._close_loops(len(k.outer) + 1)
 
     def _open_tile(self, width: str) -> None:
         """Opens the loop over the row's tiles; declares what every column of a tile shares (the
@@ -254,17 +305,21 @@ class ColumnTiles:
         return index_expr(sympy.expand((run * sh.numel(k.outer[:-1]) + flat) * k.outer[-1])
                           + outer_var(len(k.outer) - 1))
 
-    def _combine_runs(self, condition: str, width: str) -> None:
-        """After every run: each column's runs combined in run order, then its results (stage 1)."""
+    def _combine_runs(self, loop: int, condition: str, width: str) -> None:
+        """After every run of ``loop``: each column's runs combined in run order, then the stage
+        after it (its results and stores); the combined accumulators kept in run 0's place for
+        the loops after."""
         k, r, body = self.k, self.r, self.body
         n = len(k.outer)
-        r.emit("if (ember_runs > 1) {")
-        r.depth += 1
-        r.emit("// the runs' accumulators combined in run order (the same result every call), then the results")
+        r.emit(f"// loop {loop}: the runs' accumulators combined in run order (the same result every call), then "
+               "the results")
         r.emit(f"#pragma omp parallel for collapse({n}) schedule(static) if({condition})")
         r._open_loops(outer_var, k.outer[:-1])
         self._open_tile(width)
-        accs = [(body.acc_names[id(v)], v) for v in k.reductions]
+        for v in self.kept:
+            r.emit(f"{self._array_type(body.lang.compute(v.dtype))} {body.name(v)}_c[{self.tile}];")
+        self._redo_stages(loop - 1)
+        accs = [(body.acc_names[id(v)], v) for v in k.reductions if v.loop == loop]
         first = self._run_at(sympy.Integer(0))
         self._column_loop("each column: the first run's accumulators",
                           [f"{acc}_c[{self.column} - ember_c0] = {acc}_r[{first}];" for acc, _ in accs])
@@ -277,9 +332,11 @@ class ColumnTiles:
                       f"{acc}_c[{self.column} - ember_c0] = {self._acc_written(v, acc)};"]
         self._column_loop("each column: the next run's accumulators", lines)
         r._close_loops(1)
-        self._stage(k.n_loops)
+        if loop < k.n_loops:
+            self._column_loop("each column: the combined accumulators, for the loops after",
+                              [f"{acc}_r[{first}] = {acc}_c[{self.column} - ember_c0];" for acc, _ in accs])
+        self._stage(loop)
         r._close_loops(n)
-        r._close_loops(1)
 
     def _array_type(self, ctype: str) -> str:
         """The type of a tile array holding values of ``ctype`` (kept values, accumulators): bools
@@ -329,12 +386,12 @@ class ColumnTiles:
                 ctype, name = self.body.lang.compute(v.dtype), self.body.name(v)
                 self.r.emit(f"const {ctype} {name} = {self._from_array(ctype, f'{name}_c[{self.column} - ember_c0]')};")
 
-    def _stage(self, stage: int) -> None:
+    def _stage(self, stage: int, stores: bool = True) -> None:
         k, body = self.k, self.body
         done = [v for v in k.reductions if v.loop == stage and stage > 0]
         starting = [v for v in k.reductions if v.loop == stage + 1]
         values = [v for v in k.values if not v.inner and v.kind != "reduce" and id(v) in self.varying
-                  and v.stage == stage]
+                  and v.stage == stage and (stores or v.kind != "store")]
         if not (done or starting or values):
             return
         staged = self._columns(f"stage {stage}: {'results, ' if done else ''}each column's values"
