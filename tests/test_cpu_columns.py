@@ -238,6 +238,23 @@ def test_channels_last_batch_norm_gradients_in_runs(threads):
     assert_same(got, want)
     backward = [k.source for g in report.graphs if g.kind == "backward" for k in g.kernels]
     assert any("// runs:" in s and "// loop 2 over each run's rows" in s for s in backward), backward
+    wrappers = "".join(g.wrapper for g in report.graphs)
+    assert "(2304, 1, 192, 16)" in wrappers and "(2304, 144, 12, 1)" not in wrappers, wrappers
+
+
+def test_dense_strides_in_the_order_of_an_operand():
+    from ember.schedule.buffer_layouts import dense_in_order_of
+
+    assert dense_in_order_of((4, 16, 12, 12), (2304, 1, 192, 16)) == (2304, 1, 192, 16)  # channels_last
+    assert dense_in_order_of((4, 16, 12, 12), (2304, 144, 12, 1)) is None                # contiguous
+    assert dense_in_order_of((5, 3), (1, 5)) == (1, 5)                                    # transposed
+    # size-1 dims keep their place: (n, c, 1, 1) of a channels_last pooling, contiguous as it lies
+    assert dense_in_order_of((4, 16, 1, 1), (16, 1, 16, 16)) is None
+    assert dense_in_order_of((4, 1, 12, 12), (144, 144, 12, 1)) is None
+    assert dense_in_order_of((4, 16, 1, 12), (192, 1, 192, 16)) == (192, 1, 192, 16)
+    import sympy
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    assert dense_in_order_of((4, 16, s, s), (16 * s * s, 1, 16 * s, 16)) is None         # symbolic: unknown
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 15, 16, 17, 33, 70])
