@@ -143,8 +143,9 @@ def as_traced(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
     no op in ember's IR (``conv2d(x).contiguous()`` of a channels_last ``x`` came back
     channels_last, and the user's ``.view(n, -1)`` raised where eager's did not). Dims of size 1
     may have any stride; nothing is stored in an empty tensor."""
-    if t.layout != torch.strided or t.numel() == 0 or all(
-            a == b or n == 1 for a, b, n in zip(t.stride(), strides, t.shape)):
+    if t.layout != torch.strided or t.stride() == strides:  # (the common case, checked first: a
+        return t                                             # training step makes 80 such calls)
+    if t.numel() == 0 or all(a == b or n == 1 for a, b, n in zip(t.stride(), strides, t.shape)):
         return t
     return relayout(t, strides)
 
