@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import ember
 
-from .helpers import assert_same
+from .helpers import assert_same, check
 
 
 def _dims_strides(t: torch.Tensor) -> list[int]:
@@ -239,3 +239,20 @@ def test_contiguous_of_a_channels_last_aten_result_reaches_the_next_aten_call(us
     x = torch.randn(1, 2, 3, 2).to(memory_format=torch.channels_last)
     w = torch.randn(2, 2, 1, 1)
     assert_same(ember.compile(fn)(x, w), fn(x, w))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_buffers_between_kernels_and_views_of_them_for_aten(dynamic):
+    """A channels_last activation's pointwise results: the one only kernels read follows its
+    operand's layout (schedule/buffer_layouts.py); the one an ATen call reads through a reshape
+    stays contiguous, the layout the view is replayed from (a reshape of a channels_last buffer
+    is no view)."""
+    x = torch.randn(4, 8, 6, 5).to(memory_format=torch.channels_last)
+    w = torch.randn(8 * 6 * 5, 7)
+
+    def f(x, w):
+        u = torch.relu(x) * 2 + x - 1
+        z = (u * u).sum((0, 2, 3)) + u.amax((0, 2, 3))
+        return torch.mm(u.reshape(4, -1), w), z, u.exp()
+
+    check(f, x, w, dynamic=dynamic)

@@ -417,6 +417,7 @@ class Planner(DomainRules, StepOrder, CycleChecks):
         infos: dict[Node, BufferInfo] = {}
         count = 0
         wanted, prescribed = self._output_layouts()
+        prescribed |= set(self.views.values())  # (views are replayed from a contiguous base: indexing.py)
         for node in self.graph.nodes:
             if node.op is Op.INPUT and node.arg.kind == "tensor":
                 infos[node] = BufferInfo(node.arg.name, node.arg.strides)
