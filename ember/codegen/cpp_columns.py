@@ -251,10 +251,13 @@ class ColumnTiles:
             r.emit(f"const int64_t ember_r1 = std::min<int64_t>(ember_r0 + ember_run_rows, {index_expr(k.inner[0])});")
         if k.segment_length is not None:
             r.emit(f"const int64_t ember_seglen = {self.body.name(k.segment_length)};  // this row's length")
-        for v in self.kept:
-            r.emit(f"{self._array_type(self.body.lang.compute(v.dtype))} {self.body.name(v)}_c[{self.tile}];")
+        self._declare_kept()
         for v in self.partial:
             r.emit(f"float {self.body.acc_names[id(v)]}_p[{self.tile}];  // this block's sums")
+
+    def _declare_kept(self) -> None:
+        for v in self.kept:
+            self.r.emit(f"{self._array_type(self.body.lang.compute(v.dtype))} {self.body.name(v)}_c[{self.tile}];")
 
     def _keep_run(self, loop: int) -> None:
         """Writes this run's accumulators of ``loop``'s reductions where the combine reads them."""
@@ -316,8 +319,7 @@ class ColumnTiles:
         r.emit(f"#pragma omp parallel for collapse({n}) schedule(static) if({condition})")
         r._open_loops(outer_var, k.outer[:-1])
         self._open_tile(width)
-        for v in self.kept:
-            r.emit(f"{self._array_type(body.lang.compute(v.dtype))} {body.name(v)}_c[{self.tile}];")
+        self._declare_kept()
         self._redo_stages(loop - 1)
         accs = [(body.acc_names[id(v)], v) for v in k.reductions if v.loop == loop]
         first = self._run_at(sympy.Integer(0))

@@ -17,6 +17,8 @@ the call as it is; with symbolic sizes the mask is computed in the graph from th
 
 from __future__ import annotations
 
+import operator
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -24,37 +26,38 @@ import torch
 
 aten = torch.ops.aten
 
-_inside = [False]  # (the decomposition calls the op it stands for: that call keeps the op)
+_state = threading.local()  # (inside: the decomposition calls the op it stands for, kept as it is)
+
+
+def _meets_input(a: Any, size: Any, out: Any, stride: Any, floor_div: Callable[[Any, Any], Any]) -> Any:
+    """Whether the tap at offset ``a = tap * dilation - padding`` meets the input: some output
+    position o in [0, out) reads o * stride + a in [0, size). Of ints (a bool) or of a tensor of
+    offsets (a bool tensor, symbolic sizes)."""
+    first = -floor_div(a, stride)                # the first o with o * stride + a >= 0
+    last = floor_div((size - 1) - a, stride)     # the last o with o * stride + a <= size - 1
+    return (first <= last) & (last >= 0) & (first <= out - 1)
 
 
 def _taps_meeting_input(size: int, out: int, k: int, stride: int, pad: int, dil: int) -> list[bool]:
-    """Static sizes: which of the ``k`` taps some output position reads inside the input."""
-    taps = []
-    for t in range(k):
-        a = t * dil - pad
-        first = max(0, -(a // stride))      # the first o with o*s + a >= 0 (ceil(-a / s))
-        last = min(out - 1, (size - 1 - a) // stride)  # the last o with o*s + a <= size - 1
-        taps.append(first <= last)
-    return taps
+    """Static sizes: which of the ``k`` taps meet the input."""
+    return [bool(_meets_input(t * dil - pad, size, out, stride, operator.floordiv)) for t in range(k)]
 
 
 def _mask_of_dim(size: Any, out: Any, k: Any, stride: Any, pad: Any, dil: Any, device: torch.device) -> torch.Tensor:
     """The same, as a bool tensor of ``k`` computed in the graph (symbolic sizes)."""
-    a = torch.arange(k, device=device) * dil - pad
-    first = -torch.div(a, stride, rounding_mode="floor")
-    last = torch.div((size - 1) - a, stride, rounding_mode="floor")
-    return (first <= last) & (last >= 0) & (first <= out - 1)
+    return _meets_input(torch.arange(k, device=device) * dil - pad, size, out, stride,
+                        lambda a, s: torch.div(a, s, rounding_mode="floor"))
 
 
 def _static(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _weight_taps_zeroed(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any,
+def _meeting_taps_mask(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any,
                         dilation: Any, transposed: bool, output_mask: Any) -> torch.Tensor | None:
     """A bool mask over the weight (1, 1, *kernel) of the taps that meet the input, or None where
     every tap does or the call is not one oneDNN computes so."""
-    if (_inside[0] or transposed or x.device.type != "cpu" or weight.dtype != torch.bfloat16
+    if (getattr(_state, "inside", False) or transposed or x.device.type != "cpu" or weight.dtype != torch.bfloat16
             or not output_mask[1] or weight.dim() < 3):
         return None
     nd = weight.dim() - 2
@@ -74,15 +77,15 @@ def _weight_taps_zeroed(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.T
 def _convolution_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_sizes: Any,
                           stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any,
                           groups: Any, output_mask: Any) -> Any:
-    mask = _weight_taps_zeroed(grad_out, x, weight, stride, padding, dilation, transposed, output_mask)
+    mask = _meeting_taps_mask(grad_out, x, weight, stride, padding, dilation, transposed, output_mask)
     if mask is None:
         return NotImplemented  # (the op, as eager calls it)
-    _inside[0] = True
+    _state.inside = True
     try:
         gx, gw, gb = aten.convolution_backward.default(grad_out, x, weight, bias_sizes, stride, padding, dilation,
                                                        transposed, output_padding, groups, output_mask)
     finally:
-        _inside[0] = False
+        _state.inside = False
     return gx, torch.where(mask, gw, 0.0), gb
 
 
