@@ -269,13 +269,18 @@ class ColumnTiles:
     def _redo_stages(self, last: int) -> None:
         """Stages 0 to ``last`` again, for the values later ones read (their stores are done): each
         done loop's accumulators from the combined ones, which run 0's place holds."""
-        first = self._run_at(sympy.Integer(0))
         for stage in range(last + 1):
-            accs = [self.body.acc_names[id(v)] for v in self.k.reductions if v.loop == stage and stage > 0]
-            if accs:
-                self._column_loop(f"each column: loop {stage}'s combined accumulators",
-                                  [f"{acc}_c[{self.column} - ember_c0] = {acc}_r[{first}];" for acc in accs])
+            if stage > 0:
+                self._run0_accumulators(stage, f"each column: loop {stage}'s combined accumulators")
             self._stage(stage, stores=False)
+
+    def _run0_accumulators(self, loop: int, what: str) -> None:
+        """Each column's accumulators of ``loop``'s reductions from run 0's place (its own, or the
+        runs' combined after ``_combine_runs``)."""
+        first = self._run_at(sympy.Integer(0))
+        accs = [self.body.acc_names[id(v)] for v in self.k.reductions if v.loop == loop]
+        if accs:
+            self._column_loop(what, [f"{acc}_c[{self.column} - ember_c0] = {acc}_r[{first}];" for acc in accs])
 
     def _run_loop(self, loop: int, condition: str, width: str) -> None:
         """Loop ``loop`` (after the first) over each run's rows, in a parallel loop of its own."""
@@ -323,8 +328,7 @@ class ColumnTiles:
         self._redo_stages(loop - 1)
         accs = [(body.acc_names[id(v)], v) for v in k.reductions if v.loop == loop]
         first = self._run_at(sympy.Integer(0))
-        self._column_loop("each column: the first run's accumulators",
-                          [f"{acc}_c[{self.column} - ember_c0] = {acc}_r[{first}];" for acc, _ in accs])
+        self._run0_accumulators(loop, "each column: the first run's accumulators")
         r.emit("for (int64_t ember_run = 1; ember_run < ember_runs; ++ember_run) {")
         r.depth += 1
         lines = []
