@@ -527,6 +527,27 @@ def test_relu6_hardtanh_and_shrink_gradients_of_nan_as_eager_gives_them(dtype):
         assert_same(outs + grads, ref_outs + ref_grads)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=str)
+def test_softshrink_band_is_positive_zero_and_16_bit_edges_as_eager(dtype):
+    # torch's decomposition made the band x * 0: -0.0 for a negative x, which atan2 after it
+    # turned into -pi where eager's gives pi (CPU fuzz seed 618145816900); eager's CUDA and
+    # vectorized CPU kernels give +0.0. And eager's CPU kernel compares a 16-bit x with lambd in
+    # float32 (a bfloat16 -0.2002 is outside a band of 0.2), its CUDA kernel in x's dtype (inside).
+    # 128 elements: no scalar tail on the CPU (that alone gives -0.0).
+    edges = [-0.2002, 0.2002, -0.1, -0.0, float("nan"), -0.3, 0.05, -0.19995]
+    x = torch.tensor(edges * 16, dtype=dtype, device=DEVICE)
+
+    def fn(x):
+        y = F.softshrink(x, 0.2)
+        return y, torch.atan2(y, x - 1.0)
+
+    ref = fn(x)
+    got = ember.compile(fn)(x)
+    assert_same(got, ref)
+    zeros = ref[0] == 0  # (their signs; a NaN's sign is eager's conversion's)
+    assert torch.equal(torch.signbit(got[0][zeros]), torch.signbit(ref[0][zeros])), (got[0][:8], ref[0][:8])
+
+
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # (a graph run eagerly warns, with no report)
 @pytest.mark.parametrize("shape", [(2, 0, 3), (2, 4, 0)], ids=["no_channels", "no_pixels"])
 def test_group_norm_gradients_over_empty_groups_match_eager(shape):

@@ -37,7 +37,13 @@ eager runs. ``vector_norm_dims_from_the_front()`` numbers them from the front fi
 indexed its shape (IndexError, torch 2.11 and 2.13) where eager raises RuntimeError.
 
 ``softshrink``: torch's decomposition computes the band as ``a * 0`` (a NaN input stays NaN),
-whose gradient ``g * 0`` is NaN for a NaN or infinite incoming ``g``; eager's is 0 there. A NaN
+whose gradient ``g * 0`` is NaN for a NaN or infinite incoming ``g``; eager's is 0 there. Its
+value there is -0.0 for a negative input, where eager's CUDA kernel and its vectorized CPU one
+give +0.0 (only the CPU kernel's scalar tail, the last elements of a row shorter than a vector,
+gives -0.0): ember's band is +0.0, a NaN kept. eager's CPU kernel compares a 16-bit input with
+``lambd`` in float32, its CUDA kernel with ``lambd`` rounded to the input's dtype, as ember on
+each (its CPU backward compares in the input's dtype, giving a bfloat16 -0.2002 no gradient where
+its forward moved it: ember's gradient follows its forward, as float64's does). A NaN
 input's gradient is 0 on the CPU, as eager's vectorized kernel gives it, where its scalar tail
 passes the incoming one (eager has no one answer there); on a GPU the incoming one, as eager's
 CUDA kernel gives it.
@@ -198,10 +204,19 @@ def softshrink(a: torch.Tensor, lambd: Any = 0.5) -> torch.Tensor:
     torch._check(0 <= lambd <= torch.finfo(a.dtype).max,
                  lambda: f"lambda must be in range [0, {torch.finfo(a.dtype).max}] for input dtype {a.dtype}, "
                          f"but found {lambd}")
-    outside = torch.abs(a) > lambd
-    if a.device.type != "cpu":  # (eager's CUDA kernel passes a NaN's gradient on)
-        outside = outside | torch.isnan(a)
-    return torch.where(outside, a - torch.sign(a) * lambd, a.detach() * 0)
+    on_cpu = a.device.type == "cpu"
+    # (eager's CPU kernel computes 16-bit floats in float32, against lambd in float32: a
+    # bfloat16 -0.2002 is outside a band of 0.2 there, inside it on a GPU, whose kernel rounds
+    # lambd to the input's dtype as torch's decomposition does)
+    x = a.float() if on_cpu and a.dtype.itemsize == 2 else a
+    outside = torch.abs(x) > lambd
+    if not on_cpu:  # (eager's CUDA kernel passes a NaN's gradient on)
+        outside = outside | torch.isnan(x)
+    # the band is +0.0 (a NaN stays NaN), as eager's CUDA and vectorized CPU kernels give it:
+    # torch's ``a * 0`` made -0.0 of a negative input, which atan2, a division or copysign
+    # after it turned into the other sign (eager's CPU scalar tail alone does that)
+    band = torch.where(torch.isnan(x), x.detach(), 0.0)
+    return torch.where(outside, x - torch.sign(x) * lambd, band).to(a.dtype)
 
 
 _OVERRIDES = {aten.multi_margin_loss.default: multi_margin_loss,
