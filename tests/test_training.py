@@ -548,6 +548,41 @@ def test_softshrink_band_is_positive_zero_and_16_bit_edges_as_eager(dtype):
     assert torch.equal(torch.signbit(got[0][zeros]), torch.signbit(ref[0][zeros])), (got[0][:8], ref[0][:8])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_softshrink_lambd_converted_as_eager_converts_it(dtype):
+    # eager's CUDA kernel compares with and subtracts lambd rounded to x's dtype (its CPU kernel
+    # lambd in float32): on an H100 ember's unrounded lambd made a float16 softshrink(x, 0.3) an
+    # ulp off in 713 of 4096 elements. A lambd that changes between calls turns symbolic.
+    torch.manual_seed(0)
+    x = (torch.randn(4096, device=DEVICE) * 0.6).to(dtype)
+    compiled = ember.compile(lambda x, lambd: F.softshrink(x, lambd))
+    for lambd in (0.3, 0.1234567, 0.7):
+        rounded = float(torch.tensor(lambd, dtype=dtype))
+        x[:4] = torch.tensor([rounded, -rounded, lambd, -lambd], dtype=dtype)
+        ref_outs, ref_grads, g = _grads(F.softshrink, [x.requires_grad_(), lambd])
+        outs, grads, _ = _grads(compiled, [x, lambd], g)
+        assert torch.equal(outs[0], ref_outs[0]), (lambd, (outs[0] != ref_outs[0]).sum())
+        # (eager's CPU backward compares a 16-bit x in its dtype, where its forward did not:
+        # ember's gradient follows its forward, test_softshrink_band_is_positive_zero_...)
+        edge = (x.abs() == rounded) & (torch.device(DEVICE).type == "cpu")
+        assert torch.equal(grads[0][~edge], ref_grads[0][~edge]), lambd
+        x = x.detach()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_softshrink_on_a_gpu_compares_with_lambd_in_the_input_dtype(dtype):
+    # the decomposition traced over a fake CUDA tensor, so this CPU machine reads the GPU's graph
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ember.frontend.autograd_decomps import softshrink
+    with FakeTensorMode():
+        graph = make_fx(lambda x: softshrink(x, 0.3))(torch.empty(8, dtype=dtype, device="cuda"))
+    aten = torch.ops.aten
+    scalars = {n.args[1] for n in graph.graph.nodes if n.target in (aten.gt.Scalar, aten.mul.Tensor)}
+    assert scalars == {float(torch.tensor(0.3, dtype=dtype))}, graph.code
+
+
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # (a graph run eagerly warns, with no report)
 @pytest.mark.parametrize("shape", [(2, 0, 3), (2, 4, 0)], ids=["no_channels", "no_pixels"])
 def test_group_norm_gradients_over_empty_groups_match_eager(shape):

@@ -22,7 +22,9 @@ nothing: a float16 ``x.add(y, alpha=7e4)`` on the CPU gave inf where eager raise
 
 from __future__ import annotations
 
+import ctypes
 import math
+import struct
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +38,24 @@ from ..ir.node import Node, SizeCheck
 from ..ir.ops import Op
 from .aten_calls import extern_call
 from .context import Context, Unsupported, register
+
+
+def rounded_16(v: float, dtype: torch.dtype) -> float:
+    """``v`` rounded to float16 or bfloat16 as eager's scalar conversion rounds it (through
+    float32, to nearest even; beyond the range: inf), in Python: a torch.tensor made while
+    AOTAutograd traces is a lift_fresh_copy and a detach_, which it refuses in a training graph
+    (nan_to_num of a bfloat16 tensor needing grad ran the whole graph eagerly)."""
+    f = ctypes.c_float(v).value  # (a C cast: beyond float32's range is inf)
+    if math.isnan(f) or math.isinf(f):
+        return f
+    if dtype == torch.float16:
+        try:
+            return struct.unpack("<e", struct.pack("<e", f))[0]
+        except OverflowError:  # (rounds past float16's largest value)
+            return math.copysign(math.inf, f)
+    bits = struct.unpack("<I", struct.pack("<f", f))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 def _rounded_to(x: Any, dtype: dt.DType) -> Any:

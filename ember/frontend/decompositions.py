@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
-import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,7 +15,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 from torch.fx.experimental.symbolic_shapes import guard_or_true
 
 from ..ir import dtypes as dt
-from .aten_scalars import range_checked_decompositions, scalar_fits
+from .aten_scalars import range_checked_decompositions, rounded_16, scalar_fits
 from .autograd_decomps import (
     hardshrink_in_table,
     in_table,
@@ -468,28 +466,10 @@ def _replacements_in_dtype(decomposition: Callable[..., Any]) -> Callable[..., A
             nan, posinf, neginf = (ctypes.c_float(v).value if isinstance(v, (int, float)) else v
                                    for v in (nan, posinf, neginf))
         elif x.dtype in (torch.float16, torch.bfloat16):
-            nan, posinf, neginf = (_rounded_16(float(v), x.dtype) if isinstance(v, (int, float)) else v
+            nan, posinf, neginf = (rounded_16(float(v), x.dtype) if isinstance(v, (int, float)) else v
                                    for v in (nan, posinf, neginf))
         return decomposition(x, nan, posinf, neginf)
     return decompose
-
-
-def _rounded_16(v: float, dtype: torch.dtype) -> float:
-    """``v`` rounded to float16 or bfloat16 as eager's scalar conversion rounds it (through
-    float32, to nearest even; beyond the range: inf), in Python: a torch.tensor made while
-    AOTAutograd traces is a lift_fresh_copy and a detach_, which it refuses in a training graph
-    (nan_to_num of a bfloat16 tensor needing grad ran the whole graph eagerly)."""
-    f = ctypes.c_float(v).value  # (a C cast: beyond float32's range is inf)
-    if math.isnan(f) or math.isinf(f):
-        return f
-    if dtype == torch.float16:
-        try:
-            return struct.unpack("<e", struct.pack("<e", f))[0]
-        except OverflowError:  # (rounds past float16's largest value)
-            return math.copysign(math.inf, f)
-    bits = struct.unpack("<I", struct.pack("<f", f))[0]
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 def _16_bit(x: torch.Tensor, *_: Any, **__: Any) -> bool:
