@@ -473,6 +473,23 @@ def test_backward_frees_saved_activations_after_their_last_use():
     assert_same((x.grad, w.grad), (ref_x.grad, ref_w.grad), rtol=1e-4, atol=1e-5)
 
 
+def test_gradients_of_one_aten_call_come_back_uncopied():
+    # convolution_backward's input and weight gradients are two tensors of their own: the input
+    # gradient was copied (relayout) as if it shared the weight gradient's memory
+    x = torch.randn(2, 3, 8, 8, device=DEVICE, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, device=DEVICE, requires_grad=True)
+    fn = lambda x, w: F.conv2d(x, w, padding=1).relu()  # noqa: E731
+    report = ember.Report()
+    ref_outs, ref_grads, g = _grads(fn, [x, w])
+    outs, grads, _ = _grads(ember.compile(fn, report=report), [x, w], g)
+    assert_same(outs + grads, ref_outs + ref_grads, rtol=1e-4, atol=1e-5)
+    assert grads[0].untyped_storage().data_ptr() != grads[1].untyped_storage().data_ptr()
+    (backward,) = [r for r in report.graphs if r.kind == "backward"]
+    copies = [line for line in backward.wrapper.splitlines()
+              if line.strip().startswith("out") and any(c in line for c in ("relayout(", "clone(", "as_own("))]
+    assert not copies, backward.wrapper
+
+
 @pytest.mark.parametrize("loss", ["multi_margin", "multilabel_margin"])
 def test_margin_losses_at_the_margin_and_with_nan_match_eager(loss):
     # torch's decompositions of these losses (installed where AOTAutograd traces, before ember's

@@ -170,11 +170,14 @@ class OutputLayouts:
     def _memory_of(self, node: Node) -> Node:
         """The node whose memory ``node`` comes back in: through replayed views, and through ATen
         calls that return a view of an argument (``x.clone().diagonal()`` is diagonal of ``x``
-        in ember's IR, where a clone is its source)."""
+        in ember's IR, where a clone is its source). Each result of an ATen call returning
+        several is memory of its own, unless they view an argument (``unbind``): a convolution's
+        input gradient was copied as if it shared the weight gradient's memory."""
         while True:
             if node in self.view_base:
                 node = self.view_base[node]
-            elif node.op is Op.GETITEM and node.inputs and node.inputs[0].op is Op.EXTERN:
+            elif (node.op is Op.GETITEM and node.inputs and node.inputs[0].op is Op.EXTERN
+                  and _aliased_input(node.inputs[0]) is not None):
                 node = node.inputs[0]
             elif node.op is Op.EXTERN and (aliased := _aliased_input(node)) is not None:
                 node = aliased

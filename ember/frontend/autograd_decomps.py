@@ -42,11 +42,11 @@ value there is -0.0 for a negative input, where eager's CUDA kernel and its vect
 give +0.0 (only the CPU kernel's scalar tail, the last elements of a row shorter than a vector,
 gives -0.0): ember's band is +0.0, a NaN kept. eager's CPU kernel compares a 16-bit input with
 ``lambd`` in float32, its CUDA kernel compares with and subtracts ``lambd`` rounded to the
-input's dtype, as ember on each. (eager's CPU backward compares in the input's dtype, so a bfloat16 -0.2002 gets no gradient
-there though its forward moved it: ember's gradient follows its forward, as float64's does.) A NaN
-input's gradient is 0 on the CPU, as eager's vectorized kernel gives it, where its scalar tail
-passes the incoming one (eager has no one answer there); on a GPU the incoming one, as eager's
-CUDA kernel gives it.
+input's dtype, as ember on each. (eager's CPU backward compares in the input's dtype, so a
+bfloat16 -0.2002 gets no gradient there though its forward moved it: ember's gradient follows its
+forward, as float64's does.) A NaN input's gradient is 0 on the CPU, as eager's vectorized
+kernel gives it, where its scalar tail passes the incoming one (eager has no one answer there); on
+a GPU the incoming one, as eager's CUDA kernel gives it.
 
 ``hardshrink``: a NaN input's gradient is 0 on the CPU, as for softshrink (eager's CUDA kernel
 passes the incoming one on, as torch's decomposition does). torch's decomposition computed
