@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch._decomp import get_decompositions
 
-from .aten_scalars import scalar_fits
+from .aten_scalars import rounded_16, scalar_fits
 
 aten = torch.ops.aten
 
@@ -60,8 +60,7 @@ def _in_dtype(v: float, dtype: torch.dtype) -> float:
     if dtype == torch.float64:
         return v
     if dtype in (torch.float16, torch.bfloat16):
-        from .decompositions import _rounded_16  # (decompositions.py imports this module)
-        return _rounded_16(v, dtype)
+        return rounded_16(v, dtype)
     return ctypes.c_float(v).value
 
 
