@@ -81,11 +81,16 @@ class IndexBuilder:
         if expr == var:
             fits = sh.equal(extent, bound) or (extent.is_Integer and bound.is_Integer and int(extent) <= int(bound))
             return expr if fits else None
-        # a * var + b (a slice's positions, start b, step a: slice_scatter written into an input)
+        # a * var + b (a slice's positions, start b, step a: slice_scatter written into an input;
+        # a step of -1: a flip's, b - var. Checked, a flip's index made NVVM spin for minutes on
+        # a reflection pad's kernel, GPU fuzz seed 927498836294)
         a, b = sympy.expand(expr).as_independent(var, as_Add=True)[::-1]
         a = sympy.expand(a / var)
+        if not a.is_Integer or int(a) == 0:
+            return None
         last = sympy.expand(a * (extent - 1) + b)
-        fits = a.is_Integer and int(a) >= 1 and sh.nonnegative(b) and sh.nonnegative(bound - 1 - last)
+        low, high = (b, last) if int(a) > 0 else (last, b)
+        fits = sh.nonnegative(low) and sh.nonnegative(bound - 1 - high)
         return expr if fits else None
 
     def _index(self, node: Node, point: Point) -> Value:
