@@ -207,7 +207,7 @@ def softshrink(a: torch.Tensor, lambd: Any = 0.5) -> torch.Tensor:
     on_cpu = a.device.type == "cpu"
     # (eager's CPU kernel computes 16-bit floats in float32, against lambd in float32: a
     # bfloat16 -0.2002 is outside a band of 0.2 there, inside it on a GPU, whose kernel rounds
-    # lambd to the input's dtype as torch's decomposition does)
+    # lambd to the input's dtype)
     x = a.float() if on_cpu and a.dtype.itemsize == 2 else a
     if not on_cpu and a.dtype in (torch.float16, torch.bfloat16):
         # (torch's decomposition left lambd unrounded, which the comparison and the subtraction,
