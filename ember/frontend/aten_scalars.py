@@ -62,7 +62,7 @@ def _rounded_to(x: Any, dtype: dt.DType) -> Any:
     """A Python number as the nearest value of a 16-bit float ``dtype`` (ints too: float16
     2048 == 2049 holds in eager); anything else as it is."""
     if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return float(torch.tensor(float(x), dtype=dt.to_torch(dtype)))
+        return rounded_16(float(x), dt.to_torch(dtype))
     return x
 
 
