@@ -26,6 +26,8 @@ overrides any field for one compiled function.
                    one the graph writes (see check_input_sharing)
   EMBER_BACKGROUND_COMPILE  0 compiles matmul kernels and new Triton variants at the call that
                    needs them, not in a background thread (see background_compile)
+  EMBER_CUDA_COMPILE_TIMEOUT  seconds a CUDA C++ module may take to compile before its kernels
+                   run through ATen instead (default 120; see cuda_compile_timeout)
 """
 
 from __future__ import annotations
@@ -64,6 +66,21 @@ def _env_count(name: str, default: int | None = None) -> int | None:
     return value
 
 
+def _env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment; ``default`` when unset or not one."""
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:  # (NaN too)
+        print(f"[ember] ignoring {name}={raw!r}: not a number of seconds > 0", file=sys.stderr)
+        return default
+    return value
+
+
 def _env_names(name: str) -> tuple[str, ...]:
     """A comma-separated list of names from the environment."""
     return tuple(part.strip() for part in os.environ.get(name, "").split(",") if part.strip())
@@ -82,6 +99,7 @@ GPU_BACKENDS = ("triton", "cuda")
 TRITON_TUNINGS = ("heuristic", "full")
 TARGETS = ("cpp", *GPU_BACKENDS)
 MATMUL_EPILOGUES = ("auto", "all", "off")
+DEFAULT_CUDA_COMPILE_TIMEOUT = 120.0  # seconds
 
 
 @dataclass
@@ -191,6 +209,15 @@ class Config:
     # ember.wait_for_kernels() blocks until every such compile is done. False: the call compiles
     # them. Training graphs always do (driver._build: ATen's roundings are not the kernels').
     background_compile: bool = field(default_factory=lambda: _env_int("EMBER_BACKGROUND_COMPILE", 1) != 0)
+    # Seconds a CUDA C++ module may take to compile (NVRTC, or nvcc where NVRTC is missing). Past
+    # them its kernels run through ATen, with one warning, and the cache directory remembers it,
+    # so that later processes do not wait again (with this limit or a lower one). Modules take
+    # 0.1-1 s (when a whole module runs out of time, each kernel is built alone to keep the
+    # others: twice the limit at most); NVVM once spun for over 10 minutes on one kernel's index
+    # arithmetic (bench/RESULTS.md, hundred-and-eleventh session), and in-process NVRTC cannot
+    # be stopped: the compile goes on in a daemon thread, its result dropped.
+    cuda_compile_timeout: float = field(
+        default_factory=lambda: _env_seconds("EMBER_CUDA_COMPILE_TIMEOUT", DEFAULT_CUDA_COMPILE_TIMEOUT))
     # Let Dynamo time each new set of guards for its compile metrics, as it does for other
     # backends: it evicts the CPU caches first, 18-26 ms per compiled frame (frontend/guard_profile.py).
     profile_guards: bool = field(default_factory=lambda: _env_int("EMBER_PROFILE_GUARDS", 0) != 0)
@@ -266,6 +293,13 @@ class Config:
             names = (names,) if isinstance(names, str) else tuple(names)
             check_pass_names(names, "passes_off")
             overrides["passes_off"] = names
+        if "cuda_compile_timeout" in overrides:
+            seconds = overrides["cuda_compile_timeout"]
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+                raise TypeError(f"ember option 'cuda_compile_timeout' takes seconds (a number), got {seconds!r}")
+            if not seconds > 0:
+                raise ValueError(f"ember option 'cuda_compile_timeout' must be > 0 seconds, got {seconds!r}")
+            overrides["cuda_compile_timeout"] = float(seconds)
         if overrides.get("target") not in (None, *TARGETS):
             raise ValueError(f"target must be one of {TARGETS}, got {overrides['target']!r}")
         return dataclasses.replace(self, **overrides)

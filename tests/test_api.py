@@ -179,7 +179,9 @@ def test_option_values_of_the_wrong_type_are_clear_errors():
                           ({"triton_launch": {"PERSISTENT": "yes"}}, "PERSISTENT"),
                           ({"row_chunks": True}, "row_chunks"), ({"row_chunks": 1.0}, "row_chunks"),
                           ({"gpu_backend": None}, "gpu_backend"),
-                          ({"target": 3}, "target"), ({"matmul_epilogues": 1}, "matmul_epilogues")):
+                          ({"target": 3}, "target"), ({"matmul_epilogues": 1}, "matmul_epilogues"),
+                          ({"cuda_compile_timeout": "60"}, "cuda_compile_timeout"),
+                          ({"cuda_compile_timeout": True}, "cuda_compile_timeout")):
         with pytest.raises(TypeError, match=name):
             ember.compile(lambda x: x + 1, options=options)
     # values of the right type out of range: a non-power-of-two RBLOCK failed every reduction's
@@ -187,7 +189,9 @@ def test_option_values_of_the_wrong_type_are_clear_errors():
     for options, name in (({"triton_launch": {"RBLOCK": 3}}, "RBLOCK"), ({"triton_launch": {"BOGUS": 3}}, "BOGUS"),
                           ({"row_chunks": -1}, "row_chunks"), ({"max_recompute_ops": -5}, "max_recompute_ops"),
                           ({"max_recompute_reads": -1}, "max_recompute_reads"),
-                          ({"debug": -1}, "debug"), ({"cache_dir": ""}, "cache_dir")):
+                          ({"debug": -1}, "debug"), ({"cache_dir": ""}, "cache_dir"),
+                          ({"cuda_compile_timeout": 0}, "cuda_compile_timeout"),
+                          ({"cuda_compile_timeout": float("nan")}, "cuda_compile_timeout")):
         with pytest.raises(ValueError, match=name):
             ember.compile(lambda x: x + 1, options=options)
 
@@ -208,14 +212,15 @@ def test_settings_assigned_to_ember_config_are_checked_as_options(monkeypatch):
 
 @pytest.fixture(scope="module")
 def bad_environment():
-    """One process (each takes seconds to start) with bad choices for four settings in its
+    """One process (each takes seconds to start) with bad choices for five settings in its
     environment: its stdout lines and stderr. Each setting is read and checked on its own."""
     import subprocess
     import sys
 
     env = {**os.environ, "EMBER_GPU_BACKEND": "rocm", "EMBER_TRITON_TUNING": "fast", "EMBER_DEBUG": "-1",
-           "EMBER_ROW_CHUNKS": "x"}
-    code = ("import torch, ember; print(ember.config.gpu_backend, ember.config.triton_tuning); "
+           "EMBER_ROW_CHUNKS": "x", "EMBER_CUDA_COMPILE_TIMEOUT": "-5"}
+    code = ("import torch, ember; print(ember.config.gpu_backend, ember.config.triton_tuning, "
+            "ember.config.cuda_compile_timeout); "
             "print(ember.compile(lambda x: x + 1)(torch.ones(2)).sum().item(), ember.config.debug)")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     return proc.stdout.splitlines(), proc.stderr
@@ -223,8 +228,9 @@ def bad_environment():
 
 def test_bad_choices_in_the_environment_are_ignored_with_a_message(bad_environment):
     lines, stderr = bad_environment
-    assert lines[:1] and lines[0].split() == ["triton", "heuristic"], stderr[-3000:]
+    assert lines[:1] and lines[0].split() == ["triton", "heuristic", "120.0"], stderr[-3000:]
     assert "ignoring EMBER_GPU_BACKEND='rocm'" in stderr and "ignoring EMBER_TRITON_TUNING='fast'" in stderr
+    assert "ignoring EMBER_CUDA_COMPILE_TIMEOUT='-5'" in stderr
 
 
 def test_a_negative_ember_debug_is_ignored_with_a_message(bad_environment):

@@ -9,6 +9,8 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -656,3 +658,75 @@ def test_nvrtc_compiles_a_module():
     source = cuda.PRELUDE + "\n".join(kernels)
     image = cuda_backend._compile_nvrtc(source, "sm_90")
     assert image[:4] == b"\x7fELF"
+
+
+# ---- compiles past their time limit ---------------------------------------------------------------
+
+def test_an_nvrtc_compile_past_its_limit_is_a_build_error_remembered_in_the_cache(tmp_path, monkeypatch):
+    # NVVM once spun for over 10 minutes on one kernel (bench/RESULTS.md, 111th session) and
+    # in-process NVRTC hung the user's program with it: now the module fails to build at the
+    # limit (its kernels then run through ATen), and later processes do not wait again
+    release, calls = threading.Event(), []
+
+    def stuck(source, arch, options):
+        calls.append(arch)
+        release.wait(60)
+        return b"\x7fELF late"
+
+    monkeypatch.setattr(cuda_backend, "compiler_id", lambda: "nvrtc 99.0")
+    monkeypatch.setattr(cuda_backend, "_compile_nvrtc", stuck)
+    try:
+        start = time.perf_counter()
+        with pytest.raises(BuildError, match=r"did not finish compiling a CUDA module for sm_90 within 0.3 s"):
+            cuda_backend.compile_module("// a module\n", "sm_90", tmp_path, timeout=0.3)
+        assert time.perf_counter() - start < 10 and calls == ["sm_90"]
+        (marker,) = (tmp_path / "cuda").glob("*.timeout")
+        assert float(marker.read_text()) == 0.3 and marker.with_suffix(".cu").read_text() == "// a module\n"
+        # the same limit or a lower one: not tried again
+        for limit in (0.3, 0.1):
+            with pytest.raises(BuildError, match="in an earlier run"):
+                cuda_backend.compile_module("// a module\n", "sm_90", tmp_path, timeout=limit)
+        assert calls == ["sm_90"]
+    finally:
+        release.set()
+    # a higher limit tries again; a compile inside it is cached as any other
+    monkeypatch.setattr(cuda_backend, "_compile_nvrtc", lambda source, arch, options: b"\x7fELF quick")
+    image, cached, path = cuda_backend.compile_module("// a module\n", "sm_90", tmp_path, timeout=30)
+    assert image == b"\x7fELF quick" and not cached and path.read_bytes() == image
+    assert cuda_backend.compile_module("// a module\n", "sm_90", tmp_path, timeout=0.1)[1]  # from the cache
+
+    def broken(source, arch, options):
+        raise BuildError("NVRTC failed to compile for sm_90: an error")
+
+    monkeypatch.setattr(cuda_backend, "_compile_nvrtc", broken)  # its errors come back from the thread
+    with pytest.raises(BuildError, match="an error"):
+        cuda_backend.compile_module("// another module\n", "sm_90", tmp_path, timeout=30)
+
+
+def test_an_nvcc_compile_past_its_limit_is_stopped(tmp_path, monkeypatch):
+    slow = tmp_path / "nvcc"
+    slow.write_text("#!/bin/sh\nexec sleep 60\n")  # (exec: the process killed is the sleep itself)
+    slow.chmod(0o755)
+    monkeypatch.setattr(cuda_backend, "compiler_id", lambda: "nvcc (a slow one)")
+    monkeypatch.setattr(cuda_backend, "_nvcc", lambda: str(slow))
+    start = time.perf_counter()
+    with pytest.raises(BuildError, match=r"within 0.5 s .*timed out after 0.5 s; it was stopped"):
+        cuda_backend.compile_module("// a module\n", "sm_90", tmp_path / "cache", timeout=0.5)
+    assert time.perf_counter() - start < 20
+    assert list((tmp_path / "cache" / "cuda").glob("*.timeout"))
+
+
+def test_the_compile_limit_option_reaches_the_compiles_of_a_module(monkeypatch):
+    seen = []
+
+    def compile_module(source, arch, cache_dir, wide=False, timeout=None):
+        seen.append((wide, timeout))
+        raise BuildError("not compiled here")
+
+    monkeypatch.setattr(cuda_backend, "compile_module", compile_module)
+    cfg = ember.config.replace(cuda_compile_timeout=12.5)
+    wide = cuda_backend.WideModule("// a module\n", "sm_90", ["k_i64"], cfg)
+    for _ in range(2):  # (a failure is remembered: one compile)
+        with pytest.raises(BuildError, match="not compiled here"):
+            wide.function(0, "k_i64")
+    assert seen == [(True, 12.5)]

@@ -25,13 +25,17 @@ class BuildError(RuntimeError):
     """A kernel (or module) failed to build; its ops run through ATen instead."""
 
 
+class CompileTimeout(BuildError):
+    """A compiler ran past its time limit."""
+
+
 def run_compiler(cmd: list[str], timeout: float) -> None:
-    """Run a compiler's command line; a failure or a timeout is a BuildError with its command
-    (and the end of its errors)."""
+    """Run a compiler's command line; a failure is a BuildError with its command (and the end
+    of its errors), a timeout a CompileTimeout (the compiler is stopped)."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        raise BuildError(f"{' '.join(cmd)} timed out") from e
+        raise CompileTimeout(f"{' '.join(cmd)} timed out after {timeout:g} s; it was stopped") from e
     if proc.returncode != 0:
         raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
 

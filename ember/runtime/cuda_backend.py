@@ -37,10 +37,10 @@ from typing import Any
 import torch
 
 from ..codegen import cuda, cuda_combos, cuda_matmul
-from ..config import Config, log
+from ..config import DEFAULT_CUDA_COMPILE_TIMEOUT, Config, log
 from ..schedule.kernel_ir import Kernel
 from . import cache_dirs, cpp_build, stats
-from .backend import Backend, BuildError, BuiltKernels, fall_back, run_compiler
+from .backend import Backend, BuildError, BuiltKernels, CompileTimeout, fall_back, run_compiler
 from .cuda_launch import cdiv, plan_launch
 
 NEEDS_CUDA_PYTHON = "the CUDA backend needs NVIDIA's cuda-python (cuda-bindings): pip install cuda-python"
@@ -48,6 +48,7 @@ NEEDS_CUDA_PYTHON = "the CUDA backend needs NVIDIA's cuda-python (cuda-bindings)
 # rounding, as eager computes a fused chain's ops apart (runtime/triton_matmul.py: FP_FUSION)
 NVRTC_OPTIONS = ("-std=c++17", "--fmad=false")
 WIDE_INDEX = "-DEMBER_WIDE_INDEX"  # builds the 64-bit-index entry points (codegen/cuda.py)
+DEFAULT_COMPILE_TIMEOUT = DEFAULT_CUDA_COMPILE_TIMEOUT  # seconds (Config.cuda_compile_timeout)
 
 
 # ---- cuda-python ----------------------------------------------------------------------------
@@ -124,24 +125,75 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def compile_module(source: str, arch: str, cache_dir: Path, wide: bool = False) -> tuple[bytes, bool, Path]:
+def compile_module(source: str, arch: str, cache_dir: Path, wide: bool = False,
+                   timeout: float = DEFAULT_COMPILE_TIMEOUT) -> tuple[bytes, bool, Path]:
     """The cubin of ``source`` for ``arch`` (e.g. 'sm_90'): (image, came_from_cache, path); with
-    ``wide``, of its 64-bit-index entry points."""
+    ``wide``, of its 64-bit-index entry points. A compile that takes more than ``timeout``
+    seconds is a BuildError, and is remembered beside the cache (``<key>.timeout``, holding
+    the limit): a later process with that limit or a lower one fails at once, not after
+    waiting again."""
     compiler = compiler_id()
     options = NVRTC_OPTIONS + ((WIDE_INDEX,) if wide else ())
     path = Path(cache_dir) / "cuda" / f"{cache_key(source, arch, compiler, options)}.cubin"
     if cpp_build.intact(path):  # (its hash beside it, as the CPU libraries': a damaged one is built again)
         return path.read_bytes(), True, path
     # (a temporary directory of this process where cache_dir cannot be written: cache_dirs.py)
-    path = cache_dirs.writable_part(cache_dir, "cuda") / path.name
-    if cpp_build.intact(path):
-        return path.read_bytes(), True, path
-    compile_with = _compile_nvrtc if compiler.startswith("nvrtc") else _compile_nvcc
-    image = compile_with(source, arch, options)
+    writable = cache_dirs.writable_part(cache_dir, "cuda") / path.name
+    if cpp_build.intact(writable):
+        return writable.read_bytes(), True, writable
+    for marker in {path.with_suffix(".timeout"), writable.with_suffix(".timeout")}:
+        earlier = _timed_out_after(marker)
+        if earlier is not None and timeout <= earlier:
+            raise BuildError(f"{compiler} did not finish compiling this CUDA module for {arch} within "
+                             f"{earlier:g} s in an earlier run ({marker}); not trying again with a limit of "
+                             f"{timeout:g} s (ember option cuda_compile_timeout, EMBER_CUDA_COMPILE_TIMEOUT)")
+    path = writable
+    try:
+        if compiler.startswith("nvrtc"):
+            image = _on_a_thread(timeout, _compile_nvrtc, source, arch, options)
+        else:  # (a process, stopped at the limit)
+            image = _compile_nvcc(source, arch, options, timeout=timeout)
+    except CompileTimeout as e:
+        _write_atomic(path.with_suffix(".timeout"), f"{timeout!r}\n".encode())
+        _write_atomic(path.with_suffix(".cu"), source.encode())  # (to look at, or report)
+        raise BuildError(f"{compiler} did not finish compiling a CUDA module for {arch} within {timeout:g} s "
+                         f"(ember option cuda_compile_timeout, EMBER_CUDA_COMPILE_TIMEOUT); its source is "
+                         f"{path.with_suffix('.cu')} ({e})") from None
     _write_atomic(path.with_suffix(".cu"), source.encode())
     _write_atomic(cpp_build.stamp_path(path), hashlib.sha256(image).hexdigest().encode())
     _write_atomic(path, image)
     return image, False, path
+
+
+def _timed_out_after(marker: Path) -> float | None:
+    """The limit an earlier compile of this module ran past, if one did."""
+    try:
+        return float(marker.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _on_a_thread(timeout: float, compile_with: Callable[..., bytes], *args: Any) -> bytes:
+    """``compile_with(*args)``, or CompileTimeout after ``timeout`` seconds. NVRTC runs in this
+    process (and releases the GIL) but cannot be stopped: it runs on a daemon thread, and one
+    that runs past the limit is left to finish on its own, its result dropped."""
+    result: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            result["image"] = compile_with(*args)
+        except BaseException as e:  # noqa: BLE001 -- raised on the calling thread below
+            result["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="ember-cuda-compile", daemon=True).start()
+    if not done.wait(timeout):
+        raise CompileTimeout("NVRTC goes on in the background; its result will not be used")
+    if "error" in result:
+        raise result["error"]
+    return result["image"]
 
 
 def _compile_nvrtc(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIONS) -> bytes:
@@ -168,11 +220,12 @@ def _compile_nvrtc(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTI
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def _compile_nvcc(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIONS) -> bytes:
+def _compile_nvcc(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIONS,
+                  timeout: float = DEFAULT_COMPILE_TIMEOUT) -> bytes:
     with tempfile.TemporaryDirectory(prefix="ember-cuda-") as tmp:
         src, out = Path(tmp) / "kernels.cu", Path(tmp) / "kernels.cubin"
         src.write_text(source)
-        run_compiler([_nvcc(), "-cubin", f"-arch={arch}", *options, "-o", str(out), str(src)], timeout=600)
+        run_compiler([_nvcc(), "-cubin", f"-arch={arch}", *options, "-o", str(out), str(src)], timeout=timeout)
         return out.read_bytes()
 
 
@@ -263,7 +316,8 @@ class WideModule:
         with self._lock:
             if self._module is None and self._error is None:
                 try:
-                    image, cached, path = compile_module(self.source, self.arch, Path(self.cfg.cache_dir), wide=True)
+                    image, cached, path = compile_module(self.source, self.arch, Path(self.cfg.cache_dir), wide=True,
+                                                         timeout=self.cfg.cuda_compile_timeout)
                     log(1, f"{'loaded' if cached else 'built'} 64-bit-index CUDA kernels for {self.arch} from {path}",
                         self.cfg)
                     self._module = CudaModule(image, self.names)
@@ -478,7 +532,7 @@ class CudaBackend(Backend):
         arch = f"sm_{major}{minor}"
         sources = [_render(k) for k in kernels]  # (no matmul here: those were taken out)
         source = cuda.render_module(kernels, sources)
-        image, cached, path = compile_module(source, arch, Path(cfg.cache_dir))
+        image, cached, path = compile_module(source, arch, Path(cfg.cache_dir), timeout=cfg.cuda_compile_timeout)
         stats.bump("cache_hits" if cached else "kernels_built", len(kernels))
         log(1, f"{'loaded' if cached else 'built'} {len(kernels)} CUDA kernel(s) for {arch} from {path}", cfg)
         metas = {k.name: cuda_combos.combo_meta(k) if k.parts else cuda.launch_meta(k) for k in kernels}

@@ -73,7 +73,8 @@ def build(kernels: list[Kernel], cfg: Config, fallbacks: dict[str, Callable[...,
     fallbacks = fallbacks or {}
 
     def compile_and_load() -> CudaModule:
-        image, cached, path = compile_module(source, cuda_matmul.ARCH, Path(cfg.cache_dir))
+        image, cached, path = compile_module(source, cuda_matmul.ARCH, Path(cfg.cache_dir),
+                                             timeout=cfg.cuda_compile_timeout)
         stats.bump("cache_hits" if cached else "kernels_built", len(kernels))
         log(1, f"{'loaded' if cached else 'built'} {len(kernels)} Hopper matmul kernel(s) from {path}", cfg)
         module = CudaModule(image, [k.name for k in kernels])
