@@ -18,7 +18,8 @@ tail. This probe times, with the same inputs and CUDA events over back-to-back l
 * ``doc-split``: doc-major, but documents longer than a piece split over programs of a piece,
   their partial sums added into a float32 accumulator, the last piece finishing;
 * ``read`` (a bound): the same chunk tiles summed into one partial per program, no atomics;
-* ember's compiled ``segment_mean`` (profiler kernel time) and the copy bandwidth of a clone.
+* ember's compiled ``segment_mean`` (profiler kernel time), as its heuristic picks and with its
+  rows split over 2 or 4 programs (``triton_launch`` SPLIT), and the copy bandwidth of a clone.
 
 Every variant's result is checked against a float64 reference first. Needs a CUDA GPU.
 """
@@ -185,10 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         err = (out.double() - ref).abs().max().item() if check else float("nan")
         us = _events(fn, a.reps)
         rows.append((name, us, err))
-        print(f"{name:34s} {us:8.1f} µs  {gbytes / us * 1e3:6.0f} GB/s  max err {err:.2e}", flush=True)
+        print(f"{name:34s} {us:8.1f} µs  {gbytes / us * 1e3:5.2f} TB/s  max err {err:.2e}", flush=True)
 
     clone_us = _events(lambda: x.clone(), a.reps)
-    print(f"{'copy (clone: read + write)':34s} {clone_us:8.1f} µs  {2 * gbytes / clone_us * 1e3:6.0f} GB/s")
+    print(f"{'copy (clone: read + write)':34s} {clone_us:8.1f} µs  {2 * gbytes / clone_us * 1e3:5.2f} TB/s")
     for xb, rb, w in ((32, 64, 2), (64, 32, 2), (32, 32, 1), (64, 64, 4), (128, 16, 2), (128, 32, 4)):
         grid = (B * (D // xb),)
         record(f"doc-major {xb}x{rb}/{w}", lambda xb=xb, rb=rb, w=w, grid=grid: _doc_major[grid](
@@ -214,16 +215,20 @@ def main(argv: list[str] | None = None) -> int:
     from ember import ragged
     from ember.ragged import Ragged
     from ember.workloads.timing import profile_cuda_kernels
-    compiled = ember.compile(ragged.segment_mean)
     r = Ragged(x, off)
-    with torch.no_grad():
-        got = compiled(r)
-        err = (got.double() - ref).abs().max().item()
-        n, secs = profile_cuda_kernels(lambda: compiled(r))
-        n2, secs2 = profile_cuda_kernels(lambda: compiled(r))
-    us = min(secs, secs2) * 1e6
-    print(f"{'ember segment_mean (profiler)':34s} {us:8.1f} µs  {gbytes / us * 1e3:6.0f} GB/s  max err {err:.2e}"
-          f"  ({n} kernel(s))")
+    # ember's heuristic, then its split of each row block's rows over programs (SPLIT, forced)
+    for name, launch in (("heuristic", None), ("split 2", {"SPLIT": 2}), ("split 4", {"SPLIT": 4}),
+                         ("32x64/2 split 4", {"XBLOCK": 32, "RBLOCK": 64, "num_warps": 2, "SPLIT": 4})):
+        torch._dynamo.reset()  # (one function compiled with other options)
+        compiled = ember.compile(ragged.segment_mean, options={"triton_launch": launch} if launch else None)
+        with torch.no_grad():
+            got = compiled(r)
+            err = (got.double() - ref).abs().max().item()
+            n, secs = profile_cuda_kernels(lambda c=compiled: c(r))
+            n2, secs2 = profile_cuda_kernels(lambda c=compiled: c(r))
+        us = min(secs, secs2) * 1e6
+        print(f"{'ember, ' + name:34s} {us:8.1f} µs  {gbytes / us * 1e3:5.2f} TB/s  max err {err:.2e}"
+              f"  ({n} kernel(s), profiler)", flush=True)
     print(f"{torch.cuda.get_device_name()}, T={T}, {gbytes * 1e3:.1f} MB read")
     return 0
 

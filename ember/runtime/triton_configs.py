@@ -241,8 +241,12 @@ def heuristic(kind: str, outer: int, inner: int, hints: KernelHints, sms: int = 
             #
             # With blocks to spare they do not split their rows: a split only adds programs that
             # wait on each other's partials (pooling 256 x 768: 34 us, 51 with 4 slices, 165 with
-            # 16). A handful of long documents took the split tiles above (4 x 768 features of up
-            # to 32768 rows: 586 -> 45 us, --case segment_mean_long).
+            # 16). Nor do they need to: on an H100 pooling's kernel (39.3 us) reads as fast as a
+            # plain read of the same tiles with no documents to balance (39.2; ordering programs
+            # longest first, splitting long documents into pieces, or packed-token chunks with
+            # atomics were all slower: bench/segment_balance_probe.py). A handful of long
+            # documents took the split tiles above (4 x 768 features of up to 32768 rows: 586 ->
+            # 45 us, --case segment_mean_long).
             #
             # A kernel that only stores down its rows (a mean's gradient) has no loads to keep in
             # flight: 2 warps, 1 stage (pooling's backward: 26.4 us; 28.4 with 4 warps; 37.6 in
