@@ -428,13 +428,13 @@ def test_kernels_compile_in_the_background(monkeypatch, backend, tmp_path):
     x = torch.randn(300, 520, dtype=BF16, device="cuda")
     wg, wu = (torch.randn(520, 264, dtype=BF16, device="cuda") * 0.05 for _ in range(2))
     fn = ember.compile(swiglu, options={"gpu_backend": backend, "background_compile": True, "cache_dir": tmp_path})
-    before = ember.stats()["calls_while_compiling"]
+    before, failures = ember.stats()["calls_while_compiling"], ember.stats()["build_failures"]
     torch.testing.assert_close(fn(x, wg, wu), swiglu(x, wg, wu), rtol=1.6e-2, atol=1e-2)
     assert ember.stats()["calls_while_compiling"] == before + 1 and not ember.wait_for_kernels(timeout=0.05)
     release.set()
     assert ember.wait_for_kernels(timeout=60)
     torch.testing.assert_close(fn(x, wg, wu), swiglu(x, wg, wu), rtol=1.6e-2, atol=1e-2)
-    assert ember.stats()["calls_while_compiling"] == before + 1 and ember.stats()["build_failures"] == 0
+    assert ember.stats()["calls_while_compiling"] == before + 1 and ember.stats()["build_failures"] == failures
 
 
 @ON_HOPPER
