@@ -730,3 +730,44 @@ def test_the_compile_limit_option_reaches_the_compiles_of_a_module(monkeypatch):
         with pytest.raises(BuildError, match="not compiled here"):
             wide.function(0, "k_i64")
     assert seen == [(True, 12.5)]
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="runs CUDA kernels: EMBER_TEST_DEVICE=cuda on a GPU machine")
+def test_a_module_past_the_compile_limit_runs_through_aten_with_one_warning(tmp_path):
+    # no compile finishes in 0.1 ms: the graph's one kernel falls back (built alone, it fails at
+    # once, its module's timeout remembered), and the results are eager's
+    x = torch.randn(1000, 3, device="cuda")
+    fn = ember.compile(lambda x: x.exp() + 1,
+                       options={"gpu_backend": "cuda", "cuda_compile_timeout": 1e-4, "cache_dir": tmp_path})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn(x)
+    torch.testing.assert_close(out, x.exp() + 1)
+    failed = [str(w.message) for w in caught if "failed to build" in str(w.message)]
+    assert len(failed) == 1 and "cuda_compile_timeout" in failed[0], [str(w.message) for w in caught]
+    assert list((tmp_path / "cuda").glob("*.timeout"))
+
+
+@needs_nvcc
+def test_a_module_past_the_compile_limit_fails_to_build_with_one_warning(kernels_of, monkeypatch, tmp_path):
+    # the backend's whole build on this CPU machine (nvcc, no device: the driver is not reached
+    # before the compile): the module runs out of time, its one kernel built alone fails at once
+    # on the remembered timeout, one warning names the option
+    (k,), _ = kernels_of(lambda x: x.exp() + 1, torch.randn(4, 5))
+    monkeypatch.setattr(cuda_backend, "_nvrtc", lambda: None)  # the nvcc path, wherever NVRTC exists
+    cuda_backend.compiler_id.cache_clear()
+    monkeypatch.setattr(cuda_backend, "_driver", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    cfg = ember.config.replace(cuda_compile_timeout=1e-3, cache_dir=tmp_path)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            built = get_backend("cuda").build([k], cfg)
+    finally:
+        cuda_backend.compiler_id.cache_clear()
+    failed = [str(w.message) for w in caught if "failed to build" in str(w.message)]
+    assert len(failed) == 1 and "in an earlier run" in failed[0] and "cuda_compile_timeout" in failed[0], failed
+    assert list(built.failed) == [k.name] and not built.functions
+    assert len(list((tmp_path / "cuda").glob("*.timeout"))) == 1
