@@ -48,7 +48,6 @@ NEEDS_CUDA_PYTHON = "the CUDA backend needs NVIDIA's cuda-python (cuda-bindings)
 # rounding, as eager computes a fused chain's ops apart (runtime/triton_matmul.py: FP_FUSION)
 NVRTC_OPTIONS = ("-std=c++17", "--fmad=false")
 WIDE_INDEX = "-DEMBER_WIDE_INDEX"  # builds the 64-bit-index entry points (codegen/cuda.py)
-DEFAULT_COMPILE_TIMEOUT = DEFAULT_CUDA_COMPILE_TIMEOUT  # seconds (Config.cuda_compile_timeout)
 
 
 # ---- cuda-python ----------------------------------------------------------------------------
@@ -126,7 +125,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def compile_module(source: str, arch: str, cache_dir: Path, wide: bool = False,
-                   timeout: float = DEFAULT_COMPILE_TIMEOUT) -> tuple[bytes, bool, Path]:
+                   timeout: float = DEFAULT_CUDA_COMPILE_TIMEOUT) -> tuple[bytes, bool, Path]:
     """The cubin of ``source`` for ``arch`` (e.g. 'sm_90'): (image, came_from_cache, path); with
     ``wide``, of its 64-bit-index entry points. A compile that takes more than ``timeout``
     seconds is a BuildError, and is remembered beside the cache (``<key>.timeout``, holding
@@ -221,7 +220,7 @@ def _compile_nvrtc(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTI
 
 
 def _compile_nvcc(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIONS,
-                  timeout: float = DEFAULT_COMPILE_TIMEOUT) -> bytes:
+                  timeout: float = DEFAULT_CUDA_COMPILE_TIMEOUT) -> bytes:
     with tempfile.TemporaryDirectory(prefix="ember-cuda-") as tmp:
         src, out = Path(tmp) / "kernels.cu", Path(tmp) / "kernels.cubin"
         src.write_text(source)
