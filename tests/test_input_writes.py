@@ -241,6 +241,59 @@ def test_batchnorm_training_steps(channels_last):
     torch.testing.assert_close(model[0].weight.grad, reference[0].weight.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,channels_last", [((8, 16, 10, 10), False), ((8, 16, 10, 10), True),
+                                                 ((2, 3, 1, 1), True), ((0, 4, 3, 3), False)])
+@pytest.mark.parametrize("options", [None, pytest.param({"target": "triton"}, marks=INTERPRETED_TRITON)],
+                         ids=["default", "triton"])
+def test_batchnorm_statistics_stored_in_place_by_its_kernel(shape, channels_last, dtype, options):
+    # The new running mean and variance are per-channel epilogues of the statistics kernel
+    # (schedule/domains.py), stored straight into the buffers they update
+    # (schedule/inplace.py: an outer store whose old value feeds it alone): one kernel for the
+    # normalization, one for the step counter, no copies. 8x16x10x10 channels_last is a column
+    # kernel whose 800 rows the C++ threads share in runs.
+    if options and DEVICE != "cpu":
+        pytest.skip("the interpreter runs Triton on CPU tensors")
+    x = torch.randn(shape, device=DEVICE, dtype=dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    c = shape[1]
+    mean = torch.rand(c, device=DEVICE, dtype=dtype)
+    var = torch.rand(c, device=DEVICE, dtype=dtype) + 1
+    w, b = torch.randn(c, device=DEVICE, dtype=dtype), torch.randn(c, device=DEVICE, dtype=dtype)
+    steps = torch.zeros((), dtype=torch.int64, device=DEVICE)
+
+    def f(x, mean, var, steps):
+        steps.add_(1)
+        return F.batch_norm(x, mean, var, w, b, training=True, momentum=0.1)
+
+    tol = 2e-2 if dtype == torch.bfloat16 else None
+    report = check_writes(f, x, mean, var, steps, rtol=tol, atol=tol, options=options)
+    if x.numel() == 0:  # (eager leaves the statistics as they were: nothing to compute)
+        return
+    assert _stored_in_place(report) == 3 and _copies(report) == 0, _wrapper(report)
+    assert len(report.kernels) == 2, [k.name for k in report.kernels]
+
+
+@pytest.mark.parametrize("columns", [False, True])
+def test_an_outer_write_whose_old_value_the_loops_read_is_copied(columns):
+    # The old running mean is read inside the loops that normalize each row, and so by every
+    # thread of a row's kernel: another thread storing the new one first would change what they
+    # read (in the C++ column kernel, the runs' second loop reads it again after the combine has
+    # stored). That value goes into its input by a copy after the kernel.
+    def f(x, mean):
+        rows = x if not columns else x.t()
+        y = (rows - mean[:, None]) / rows.std(1, keepdim=True)
+        mean.mul_(0.9).add_(rows.mean(1) * 0.1)
+        return y
+
+    x = torch.randn(16, 800, device=DEVICE)
+    if columns:
+        x = x.t().contiguous()
+    report = check_writes(f, x, torch.randn(16, device=DEVICE))
+    assert _copies(report) == 1 and len(report.kernels) == 1, _wrapper(report)
+
+
 @pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
 def test_optimizer_steps(name):
     torch.manual_seed(0)

@@ -1,12 +1,13 @@
 """Kernel domains: the loops a root of the fusion plan (schedule/fusion.py) is computed in.
 
 A root's domain is (outer extents, inner extents, home point, reduction ref): the outer loop
-runs over rows, the inner loops over what a row reduces, and the home point says where in
-those loops the root's own element is. A reduction sets its rows and reduce extent; a pointwise
-root joins a matmul's (M, N) tiles or a reduction group over the same full shape when there is
-one; ragged values take segment rows (their extent read from the offsets); per-row values over
-long rows make a row kernel; anything else is a flat pointwise kernel over its shape.
-``DomainRules`` is the part of the planner that decides them.
+runs over rows, the inner loops over what a row reduces, and the home point says where in those
+loops the root's own element is. A reduction sets its rows and reduce extent; a pointwise root
+joins a matmul's (M, N) tiles or a reduction group over the same full shape when there is one,
+and a row kernel's rows when it is computed from that kernel's per-row results; ragged values
+take segment rows (their extent read from the offsets); per-row values over long rows make a row
+kernel; anything else is a flat pointwise kernel over its shape. ``DomainRules`` is the part of
+the planner that decides them.
 """
 
 from __future__ import annotations
@@ -134,6 +135,16 @@ class DomainRules:
             ref = g.ref
             if ref is not None and sh.shapes_equal(root.shape, ref[0]) and not reductions:
                 return g.outer, g.inner, _inner_home(*ref), ref
+        if not reductions and not matmuls:
+            # a per-row value computed from a row kernel's per-row results (a BatchNorm's new
+            # running mean from the batch mean it also returns): one of the kernel's epilogues,
+            # not a kernel of its own that reads them back
+            read = self.reads(root)
+            for g in groups:
+                if (g.ref is not None and g.outer and g.segment is None and g.chunks is None and not g.matmul
+                        and sh.shapes_equal(_drop_ones(root.shape), g.outer)
+                        and any(r in read and _drop_ones(r.shape) == g.outer for r in g.roots)):
+                    return g.outer, g.inner, place(root.shape, outer_var), g.ref
         if not reductions and not matmuls:
             rows = self._row_domain(root) or self._broadcast_rows(root)
             if rows is not None:

@@ -13,6 +13,14 @@ owns it, before that program writes the same element of ``dst``, and read nowher
   max and sum) have read the whole row; a row split over programs (``codegen/triton_loops.py:
   split_rows``) stores inside a loop only in one-pass kernels, where each slice's program reads
   and writes its own elements;
+* or a row kernel stores ``dst`` once per row, outside its loops (a BatchNorm's new running
+  variance, from the old one and the batch's), and what it reads of ``src`` feeds that store
+  alone: nothing in the loops, no other output. Every backend stores a row's outer results from
+  one thread (CUDA C++: thread 0 of the row's threads; Triton: one of the threads holding the
+  value; C++ column tiles split into runs: the thread that combines them), from values that
+  thread computed itself, after its own read of ``src``. Other threads may read ``src`` after
+  that store (a Triton warp running behind, a run of the C++ column kernel's later loop redoing
+  the row's stages), but what they read goes nowhere;
 * no matmul tiles, ragged segments, chunked column sums, reductions over all rows, writes at
   indices or accumulating stores, whose programs read elements they do not own.
 
@@ -23,7 +31,7 @@ from __future__ import annotations
 
 import sympy
 
-from .kernel_ir import Kernel, reachable
+from .kernel_ir import Kernel, Value, reachable
 
 
 def writes_in_place(kernel: Kernel, src: str, dst: str) -> bool:
@@ -36,14 +44,30 @@ def writes_in_place(kernel: Kernel, src: str, dst: str) -> bool:
     store = stores[0]
     if store.arg.bindings or store.arg.accumulate:
         return False
-    if kernel.n_loops:
-        last = max((v.loop for v in kernel.values if v.kind in ("reduce", "store")), default=0)
-        if not store.inner or store.loop != last:
-            return False
     reads = [v for v in kernel.values if v.kind in ("load", "search") and v.arg.buffer == src]
     if not reads or any(v.kind != "load" for v in reads):
         return False
+    if kernel.n_loops:
+        last = max((v.loop for v in kernel.values if v.kind in ("reduce", "store")), default=0)
+        if store.inner and store.loop != last:
+            return False
+        if not store.inner and not _feeds_only(kernel, reads, store):
+            return False
     before = reachable([*store.srcs, *([store.guard] if store.guard is not None else [])])
     index = sympy.sympify(store.arg.index)
     return all(not r.arg.bindings and r.inner == store.inner and id(r) in before
                and sympy.simplify(sympy.sympify(r.arg.index) - index) == 0 for r in reads)
+
+
+def _feeds_only(kernel: Kernel, reads: list[Value], store: Value) -> bool:
+    """Does everything computed from ``reads`` stay outside the kernel's loops and reach no
+    store but ``store``?"""
+    tainted = {id(r) for r in reads}
+    for v in kernel.values:  # (in program order: a value's sources come before it)
+        read = (*v.srcs, *([v.guard] if v.guard is not None else []))
+        if id(v) in tainted or not any(id(s) in tainted for s in read):
+            continue
+        if v.inner or v.kind not in ("alu", "store") or (v.kind == "store" and v is not store):
+            return False
+        tainted.add(id(v))
+    return True
