@@ -14,7 +14,7 @@ import ember
 from ember.schedule import domains
 
 from .conftest import INTERPRETED_TRITON
-from .helpers import check
+from .helpers import assert_same, check, run
 
 
 def bn_relu_with_grads(x, w, b, rm, rv, g):
@@ -125,3 +125,31 @@ def test_split_passes_compute_what_eager_does(dtype, channels_last, monkeypatch)
     check(lambda x: torch.softmax(x, -1), torch.randn(2, 50), options={"target": "triton"})
     report = check(lambda x: x / x.sum(), torch.randn(6, 9), options={"target": "triton"})
     assert sorted(kind for kind, _ in _loops(report)) == ["full", "pointwise"], _loops(report)
+
+
+@INTERPRETED_TRITON
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_running_statistics_are_epilogues_of_the_split_statistics_kernels(channels_last, monkeypatch):
+    """The new running mean and variance are computed by the kernels whose programs finish the
+    mean and the variance (by the last program of each row), stored into the buffers they
+    update: no kernel of their own, no copies."""
+    monkeypatch.setattr(domains, "PASS_SPLIT_ROW", 16)
+    monkeypatch.setattr(domains, "PASS_SPLIT_ELEMENTS", 1)
+    monkeypatch.setattr(domains, "REGISTER_ROW", 8)
+    x = torch.randn(3, 4, 5, 7) * 2 + 0.5
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+
+    def f(x, mean, var):
+        return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+
+    eager = [x.clone(), torch.rand(4), torch.rand(4) + 1]
+    given = [t.clone() for t in eager]
+    out, report = run(f, *given, options={"target": "triton"})
+    assert_same(out, f(*eager))
+    assert_same(given, eager)
+    wrapper = "\n".join(g.wrapper for g in report.graphs)
+    assert wrapper.count("stored in place") == 2 and "write into its input" not in wrapper, wrapper
+    loops = _loops(report)
+    # the mean's pass, the variance's, the normalized values
+    assert sorted(kind for kind, _ in loops) == ["pointwise", "rows", "rows"], loops

@@ -181,6 +181,8 @@ class DomainRules:
         trailing = group.ref is not None and _trailing(*group.ref)
         if not self.gpu or not few_long_rows(group.outer, group.inner, self.hints, trailing):
             return False
+        if not self._has_reduction(root) and sh.shapes_equal(_drop_ones(root.shape), group.outer):
+            return False  # a per-row epilogue (a running mean): computed once its row is done
         read = self.reads(root)
         return any(r in read and self._has_reduction(r) for r in group.roots)
 
