@@ -15,7 +15,7 @@ from ember.ir import GraphBuilder, structurally_equal, verify
 from ember.passes.softmax import softmax_reciprocals
 
 from .conftest import DEVICE
-from .helpers import assert_clean, assert_same, every_exponent, run, ulps
+from .helpers import assert_clean, assert_gradients_match, assert_same, every_exponent, run, ulps
 
 needs_cpu = pytest.mark.skipif(DEVICE != "cpu", reason="the CPU backend's exp and softmax")
 
@@ -159,3 +159,27 @@ def test_other_quotients_keep_their_division():
     out.origin = "aten._softmax"
     before = b.build(out)
     _assert_pass(before, before)
+
+
+def test_a_softmax_recomputed_from_its_saved_sum_takes_the_same_reciprocal():
+    b = GraphBuilder()
+    x, row_max, row_sum = b.input((4, 8)), b.input((4, 1)), b.input((4, 1))
+    e = b.exp(b.sub(x, b.expand(row_max, (4, 8))))
+    out = b.div(e, b.expand(row_sum, (4, 8)))
+    for node in b.nodes[3:]:
+        node.origin = "aten._softmax"
+    before = b.build(out)
+    b = GraphBuilder()
+    x, row_max, row_sum = b.input((4, 8)), b.input((4, 1)), b.input((4, 1))
+    e = b.exp(b.sub(x, b.expand(row_max, (4, 8))))
+    expected = b.build(b.mul(e, b.expand(b.reciprocal(row_sum), (4, 8))))
+    _assert_pass(before, expected)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_max_of_a_softmax_has_eagers_gradient(seed):
+    # amax's gradient goes to the elements equal to the maximum the forward saved; the backward
+    # recomputes the softmax from its saved max and sum, so it must get the forward's bits, or a
+    # column has no element equal to its maximum and its gradient is 0 / 0 (every row NaN)
+    x = torch.randn(64, 33, generator=torch.Generator().manual_seed(seed))
+    assert_gradients_match(lambda x: torch.softmax(x, -1).amax(0), x.to(DEVICE))

@@ -30,7 +30,10 @@ def softmax_reciprocals(graph: Graph, target: str | None = None) -> Graph:
         if node.op is not Op.DIV or node.origin not in SOFTMAX_ORIGINS or not node.dtype.is_float:
             return None
         numerator, divisor = inputs
-        if divisor.op is not Op.EXPAND or divisor.inputs[0].op is not Op.SUM or not on_cpp(node):
+        # (the row's sum: the SUM itself, or, where a backward recomputes the softmax, the sum
+        # the forward saved; both must take the same reciprocal, or a max's gradient, which
+        # compares the recomputed values with the forward's, finds no maximum in a column)
+        if divisor.op is not Op.EXPAND or not on_cpp(node):
             return None
         row_sum = divisor.inputs[0]
         scale = make(Op.EXPAND, (make(Op.RECIPROCAL, (row_sum,), origin=node.origin),), divisor.arg,
