@@ -45,3 +45,16 @@ def test_index_put_of_a_0d_mask_into_a_0d_tensor_raises_as_eager():
 
 def test_index_put_of_a_0d_mask_into_a_1d_tensor_still_matches_eager():
     check(lambda x, m: x.index_put((m,), torch.tensor(0.0)), torch.randn(3), torch.tensor(True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_index_computed_from_a_bool_gathers_the_right_elements(dtype):
+    # GCC 12 vectorized this kernel's gather into reads of element 0 for every lane (CPU fuzz
+    # 11005; bench/gcc_bool_gather_probe.cpp): the C++ backend keeps such an index opaque
+    torch.manual_seed(0)
+    x = torch.randn(127).to(dtype) * 3
+    mask = torch.rand(1, 127, 33, 1) < 0.9
+    report = check(lambda x, m: torch.softmax(x, -1)[(m + 1).long() % 127], x, mask)
+    if all(k.backend == "cpp" for k in report.kernels):
+        assert any("ember_opaque_index(" in k.source for k in report.kernels)
+    check(lambda x, m: torch.softmax(x, -1).reshape(127, 1)[(m + 1).long()], x, mask)

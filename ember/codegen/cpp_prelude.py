@@ -36,6 +36,10 @@ EMBER_FN uint16_t ember_f32_to_bf16(float f) {
   return (uint16_t)(r >> 16);
 }
 EMBER_FN float ember_round_bf16(float f) { return ember_bf16_to_f32(ember_f32_to_bf16(f)); }
+// An index computed from a bool converted to a number (``x[(mask + 1).long()]``): GCC 12's
+// vectorized loop read every lane's element at index 0 (bench/gcc_bool_gather_probe.cpp). The
+// empty asm makes the index opaque, so the loop stays scalar: slower, not wrong.
+EMBER_FN int64_t ember_opaque_index(int64_t i) { __asm__("" : "+r"(i)); return i; }
 // float16 <-> float32 bit for bit as the hardware's conversions (F16C's: NaNs quieted, rounding to
 // nearest even), in steps a loop vectorizes: GCC converts _Float16 one element at a time, so
 // loops through (float)h and (_Float16)f did not vectorize. Both directions let a float multiply

@@ -302,6 +302,13 @@ class BodyRenderer:
         # a check's flagged code: eager's exception (the low byte) above its place among the
         # kernel's checks, which are in the program's order (c_prelude.py keeps the smallest)
         checks = [v for v in kernel.values if v.kind == "checkindex"]
+        # values computed from a bool converted to a number (a checked index's, cpp_prelude.py:
+        # ember_opaque_index)
+        self.from_bool_numbers: set[int] = set()
+        for v in kernel.values:  # (in program order: a value's sources come before it)
+            if (v.kind == "alu" and v.arg is Op.CAST and v.srcs[0].dtype.is_bool and not v.dtype.is_bool
+                    or any(id(s) in self.from_bool_numbers for s in v.srcs)):
+                self.from_bool_numbers.add(id(v))
         self.check_codes = {id(v): v.arg[2] + (rank << 8) for rank, v in enumerate(checks)}
         self.uses_err = any(v.kind == "alu" and v.arg in INT_DIVISION_OPS and not v.dtype.is_float
                             and lang.flags_int_division
@@ -385,6 +392,8 @@ class BodyRenderer:
             used, only_if = (f"{self.name(length)} > 0, ", "_if") if row_only else ("", "")
             if lang.checks_indices:
                 expr = f"ember_check_index{only_if}({used}(int64_t){index}, {bound}, {code}, ember_err)"
+                if id(v.srcs[0]) in self.from_bool_numbers:  # (a GCC 12 miscompile: cpp_prelude.py)
+                    expr = f"ember_opaque_index({expr})"
             elif lang.asserts_indices:
                 expr = f"ember_assert_index{only_if}({used}(int64_t){index}, {bound}, \"{index_error_message(v)}\")"
             else:
