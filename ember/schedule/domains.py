@@ -143,7 +143,7 @@ class DomainRules:
             for g in groups:
                 if (g.ref is not None and g.outer and g.segment is None and g.chunks is None and not g.matmul
                         and sh.shapes_equal(_drop_ones(root.shape), g.outer)
-                        and any(r in read and _drop_ones(r.shape) == g.outer for r in g.roots)):
+                        and any(r in read and sh.shapes_equal(_drop_ones(r.shape), g.outer) for r in g.roots)):
                     return g.outer, g.inner, place(root.shape, outer_var), g.ref
         if not reductions and not matmuls:
             rows = self._row_domain(root) or self._broadcast_rows(root)
