@@ -4,6 +4,7 @@ know. Also how a traced tensor's layout is read (the strides eager gave it)."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import sympy
@@ -39,7 +40,12 @@ def whole_memory(meta: torch.Tensor) -> bool:
         return False
     extent = 0 if any(statically_known_true(n == 0) for n in meta.shape) else (
         1 + sum((n - 1) * st for n, st in zip(meta.shape, meta.stride()))) * meta.element_size()
-    return statically_known_true(meta.storage_offset() == 0) and statically_known_true(nbytes == extent)
+    # (and every element of that memory one of its own: a strided view of a fresh result,
+    # ``x.repeat(1)[::3]``, spans all its memory and holds a third of it)
+    distinct = 0 if extent == 0 else math.prod(n for n, st in zip(meta.shape, meta.stride())
+                                                if not statically_known_true(st == 0)) * meta.element_size()
+    return (statically_known_true(meta.storage_offset() == 0) and statically_known_true(nbytes == extent)
+            and statically_known_true(nbytes == distinct))
 
 
 def eager_layout(meta: Any) -> sh.Shape | None:
