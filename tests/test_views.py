@@ -87,16 +87,21 @@ def test_a_clone_returned_with_its_views_is_one_memory_of_its_own(fn, clone):
     lambda x: (lambda v: (v[0::3], v[0::2]))(x.repeat(1)),
     lambda x: (lambda v: (v[0::3], v))(x.repeat(1)),
     lambda x: (lambda v: (v[1:], v[::2]))(x.clone()),
-], ids=["two_strided", "strided_then_whole", "offset_and_strided"])
+    lambda x: (lambda v: (v[:, ::2], v[::2, 1:]))(x.view(-1, 1).repeat(1, 3)),
+    lambda x: (lambda v: (v[:, ::2], v[::2, 1:]))(x.view(-1, 1).expand(-1, 3).clone()),
+], ids=["two_strided", "strided_then_whole", "offset_and_strided", "of_a_repeat", "of_an_expanded_clone"])
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_strided_views_of_a_copy_share_all_of_its_values(fn, dynamic):
     # a stride-3 view spans all seven elements of its memory but holds three: taken for the
-    # whole memory, it was the only one copied, and the other view read the gaps (fuzz 11008)
+    # whole memory, it was the only one copied, and the other view read the gaps (fuzz 11008).
+    # Views of an expanded value came back as broadcast views of a copy of the input: their
+    # values right, but strides of 0, which eager's in-place writes refuse
     compiled = ember.compile(fn, dynamic=dynamic)
     for n in (7, 9):
         x = torch.randn(n)
         outs, ref = compiled(x), fn(x)
         assert_same(outs, ref)
+        assert [o.stride() for o in outs] == [r.stride() for r in ref]
         assert all(o.untyped_storage().data_ptr() != x.untyped_storage().data_ptr() for o in outs)
         outs[0].fill_(7)  # the two share memory, as eager's do
         ref[0].fill_(7)

@@ -110,10 +110,19 @@ class OutputLayouts:
                         returned[t] = f"view_in({name}, {returned[j]}, {returned[t]}, {shape_tuple(st)})"
                 returned[j] = name
                 continue
-            self.emit(f"{name} = {self.var[base]}.clone()  # outputs {', '.join(map(str, outs))} view one memory "
-                      "of their own, as eager returns them")
+            memory = _expanded_memory([g.outputs[t] for t in outs], base)
+            if memory is not base:
+                # (eager's memory is the expanded value, ``x.view(-1, 1).repeat(1, 3)``: a copy of
+                # the input, viewed as ember's IR views it, came back broadcast, and eager's
+                # outputs are dense and writable)
+                self.emit(f"{name} = {self._replayed(self.var[base], memory, base)}.clone(memory_format="
+                          f"torch.contiguous_format)  # outputs {', '.join(map(str, outs))} view one memory "
+                          "of their own, as eager returns them")
+            else:
+                self.emit(f"{name} = {self.var[base]}.clone()  # outputs {', '.join(map(str, outs))} view one "
+                          "memory of their own, as eager returns them")
             for t in outs:
-                returned[t] = self._replayed(name, g.outputs[t], base)
+                returned[t] = self._replayed(name, g.outputs[t], memory)
         return list(groups)
 
     def _bases_over_copies(self, returned: list[str], copied: list[int]) -> None:
@@ -374,6 +383,27 @@ def _views(node: Node, base: Node, ops: frozenset[Op] = VIEW_OPS) -> bool:
 def _reshapes(node: Node, base: Node) -> bool:
     """Is ``node`` ``base`` or a chain of reshapes of it?"""
     return _views(node, base, frozenset({Op.RESHAPE}))
+
+
+def _expanded_memory(outs: list[Node], base: Node) -> Node:
+    """The view of ``base`` that the chains of views from it to each of ``outs`` share last, where
+    every expand on those chains comes before it (eager's memory, when the expand is a
+    ``repeat`` or an expanded clone); ``base`` where the chains expand nothing or part apart
+    before their last expand."""
+    chains = []
+    for node in outs:
+        chain = [node]
+        while chain[-1] is not base:
+            chain.append(chain[-1].inputs[0])
+        chains.append(chain[::-1])  # (base first)
+    common = 0
+    while all(len(c) > common and c[common] is chains[0][common] for c in chains):
+        common += 1
+    if not any(n.op is Op.EXPAND for c in chains for n in c):
+        return base
+    if any(n.op is Op.EXPAND for c in chains for n in c[common:]):
+        return base
+    return chains[0][common - 1]
 
 
 def _broadcasts_on_the_way(node: Node, base: Node) -> bool:
