@@ -14,6 +14,8 @@
 #   optim      bench/optimizer_step.py (Adam, SGD) under OLD and the working tree
 #   cnn_ab     ResNet-18 f32 step of ember-triton and ember-cuda under OLD and the working tree
 #   cache      bench/cache_update.py (a KV cache's index_copy_ step) under OLD and the working tree
+#   bn_ab      bench/batchnorm.py under OLD and the working tree
+#   limit      the GPU-only test of the CUDA compile's time limit
 #     PYTHONPATH=. bash bench/gpu_cnn_session.sh tests cnn_f32
 set -uo pipefail
 OUT=${OUT:-/tmp/ember-session}
@@ -56,6 +58,9 @@ for p in "$@"; do
              --optimizer sgd --variants eager,ember" ;;
     cnn_ab) part cnn_ab 400 bash bench/ab_trees.sh "${OLD:-.gl/old}" 1 $CNN --variants eager,ember-triton,ember-cuda ;;
     cache) part cache 200 bash bench/ab_trees.sh "${OLD:-.gl/old}" 1 python bench/cache_update.py --device cuda ;;
+    bn_ab) part bn_ab 420 bash bench/ab_trees.sh "${OLD:-.gl/old}" 1 python bench/batchnorm.py --device cuda ;;
+    limit) part limit 120 env EMBER_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider tests/test_cuda.py \
+             -k compile_limit -rs ;;
     *) echo "unknown part $p" ;;
   esac
 done
