@@ -38,12 +38,13 @@ def whole_memory(meta: torch.Tensor) -> bool:
         nbytes = meta.untyped_storage().nbytes()
     except (NotImplementedError, RuntimeError):  # (a tensor subclass without a storage)
         return False
-    extent = 0 if any(statically_known_true(n == 0) for n in meta.shape) else (
+    empty = any(statically_known_true(n == 0) for n in meta.shape)
+    extent = 0 if empty else (
         1 + sum((n - 1) * st for n, st in zip(meta.shape, meta.stride()))) * meta.element_size()
     # (and every element of that memory one of its own: a strided view of a fresh result,
     # ``x.repeat(1)[::3]``, spans all its memory and holds a third of it)
-    distinct = 0 if extent == 0 else math.prod(n for n, st in zip(meta.shape, meta.stride())
-                                                if not statically_known_true(st == 0)) * meta.element_size()
+    distinct = 0 if empty else math.prod(n for n, st in zip(meta.shape, meta.stride())
+                                         if not statically_known_true(st == 0)) * meta.element_size()
     return (statically_known_true(meta.storage_offset() == 0) and statically_known_true(nbytes == extent)
             and statically_known_true(nbytes == distinct))
 
