@@ -399,11 +399,10 @@ def _expanded_memory(outs: list[Node], base: Node) -> Node:
     common = 0
     while all(len(c) > common and c[common] is chains[0][common] for c in chains):
         common += 1
-    if not any(n.op is Op.EXPAND for c in chains for n in c):
+    shared = chains[0][:common]
+    if not any(n.op is Op.EXPAND for n in shared) or any(n.op is Op.EXPAND for c in chains for n in c[common:]):
         return base
-    if any(n.op is Op.EXPAND for c in chains for n in c[common:]):
-        return base
-    return chains[0][common - 1]
+    return shared[-1]
 
 
 def _broadcasts_on_the_way(node: Node, base: Node) -> bool:
