@@ -110,17 +110,13 @@ class OutputLayouts:
                         returned[t] = f"view_in({name}, {returned[j]}, {returned[t]}, {shape_tuple(st)})"
                 returned[j] = name
                 continue
+            # (where eager's memory is an expanded value, ``x.view(-1, 1).repeat(1, 3)``, that value
+            # dense: a copy of the input, viewed as ember's IR views it, came back broadcast)
             memory = _expanded_memory([g.outputs[t] for t in outs], base)
-            if memory is not base:
-                # (eager's memory is the expanded value, ``x.view(-1, 1).repeat(1, 3)``: a copy of
-                # the input, viewed as ember's IR views it, came back broadcast, and eager's
-                # outputs are dense and writable)
-                self.emit(f"{name} = {self._replayed(self.var[base], memory, base)}.clone(memory_format="
-                          f"torch.contiguous_format)  # outputs {', '.join(map(str, outs))} view one memory "
-                          "of their own, as eager returns them")
-            else:
-                self.emit(f"{name} = {self.var[base]}.clone()  # outputs {', '.join(map(str, outs))} view one "
-                          "memory of their own, as eager returns them")
+            copied = (f"{self.var[base]}.clone()" if memory is base else
+                      f"{self._replayed(self.var[base], memory, base)}.clone(memory_format=torch.contiguous_format)")
+            self.emit(f"{name} = {copied}  # outputs {', '.join(map(str, outs))} view one memory of their own, "
+                      "as eager returns them")
             for t in outs:
                 returned[t] = self._replayed(name, g.outputs[t], memory)
         return list(groups)
