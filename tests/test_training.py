@@ -529,16 +529,19 @@ def test_softshrink_passes_no_gradient_inside_its_band_whatever_comes_in(dynamic
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_relu6_hardtanh_and_shrink_gradients_of_nan_as_eager_gives_them(dtype):
+def test_activation_gradients_of_nan_as_eager_gives_them(dtype):
     # eager's CPU kernels pass the gradient where min < x < max (hardtanh) or |x| > lambd (the
     # shrinks), so a NaN's is 0, but for their last elements, fewer than a vector; their CUDA
     # kernels pass a NaN's on, as torch's decompositions of hardtanh and hardshrink do: ember
     # took the decompositions' on the CPU (fuzz seed 1065083899746), and softshrink's 0 on a GPU.
-    # 128 elements: no tail.
-    x = torch.tensor([float("nan"), 1.0, 7.0, -1.0, 0.7, 6.0, 0.0, -0.5] * 16, dtype=dtype, device=DEVICE)
+    # The elus' and hardswish's vectorized CPU kernels give a NaN's gradient NaN, where their
+    # CUDA kernels and the decompositions pass it on (fuzz seed 710178185456). 128 elements: no tail.
+    x = torch.tensor([float("nan"), 1.0, 7.0, -1.0, 0.7, 6.0, 0.0, -0.5, 3.0, -3.0, -4.0, 2.5, float("inf"),
+                      -float("inf"), 0.5, -2.0] * 8, dtype=dtype, device=DEVICE)
     x.requires_grad_()
     for fn in (F.relu6, lambda x: F.hardtanh(x, -0.5, 0.7), lambda x: F.hardshrink(x, 0.5),
-               lambda x: F.softshrink(x, 0.5)):  # (one at a time: a sum of their 16-bit gradients cancels)
+               lambda x: F.softshrink(x, 0.5), F.elu, lambda x: F.celu(x, 0.5), F.selu, F.hardswish,
+               lambda x: F.elu(x * 2.0, 0.7, inplace=True)):  # (one at a time: 16-bit sums cancel)
         ref_outs, ref_grads, g = _grads(fn, [x])
         outs, grads, _ = _grads(ember.compile(fn), [x], g)
         assert_same(outs + grads, ref_outs + ref_grads)

@@ -26,6 +26,13 @@
   (a NaN's passed on). Both compare a 16-bit x in float32, as eager's kernels do: torch 2.11's
   decomposition compared it in its own dtype, so a bfloat16 x of 0.7 (0.69921875) had no gradient
   under a max of 0.7 there, where eager's CUDA kernel gives one (H100).
+* ``elu_backward`` (elu's, celu's and selu's gradient) and ``hardswish_backward`` on the CPU:
+  eager's vectorized kernels choose the branch of a NaN input by ``x > 0`` (elu) and by
+  ``x <= -3`` then ``x >= 3`` (hardswish), so it falls in the branch that computes with x, and its
+  gradient is NaN; their scalar tails, eager's CUDA kernels and torch's decompositions (``x <= 0``,
+  ``x < 3``) pass the gradient on. As for hardtanh, ember takes the vectorized kernels' on the CPU
+  (fuzz seed 710178185456: an elu after a matmul over a row holding a NaN gave its weight's
+  gradient finite values where eager's are NaN), the CUDA kernels' on GPUs.
 * ``rrelu`` in evaluation: eager's kernel is ``leaky_relu(x, (lower + upper) / 2)``; the op and
   its backward (whose decomposition torch has, as eager's formula) ran through ATen.
 """
@@ -158,6 +165,32 @@ def _hardtanh_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     return hardtanh_backward
 
 
+def _in_float32(*xs: torch.Tensor) -> list[torch.Tensor]:
+    # (eager's kernels compute a 16-bit gradient in float32, rounding once at the end)
+    return [x.float() if x.dtype in (torch.float16, torch.bfloat16) else x for x in xs]
+
+
+def _elu_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    def elu_backward(grad: torch.Tensor, alpha: Any, scale: Any, input_scale: Any, is_result: bool,
+                     x: torch.Tensor) -> Any:
+        if x.device.type != "cpu" or not x.dtype.is_floating_point or grad.dtype != x.dtype:
+            return original(grad, alpha, scale, input_scale, is_result, x)
+        g, v = _in_float32(grad, x)
+        negative = g * input_scale * (v + alpha * scale) if is_result else \
+            g * input_scale * (alpha * scale) * torch.exp(v * input_scale)
+        return torch.where(v > 0, g * scale, negative).to(x.dtype)
+    return elu_backward
+
+
+def _hardswish_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    def hardswish_backward(grad: torch.Tensor, x: torch.Tensor) -> Any:
+        if x.device.type != "cpu" or not x.dtype.is_floating_point or grad.dtype != x.dtype:
+            return original(grad, x)
+        g, v = _in_float32(grad, x)
+        return torch.where(v <= -3, 0.0, torch.where(v >= 3, g, g * (v / 3 + 0.5))).to(x.dtype)
+    return hardswish_backward
+
+
 def rrelu_with_noise_functional(x: torch.Tensor, noise: torch.Tensor, lower: Any = 0.125, upper: Any = 1 / 3,
                                 training: bool = False, generator: Any = None) -> Any:
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (lower, upper))
@@ -171,11 +204,14 @@ def special_decompositions() -> dict[Any, Callable[..., Any]]:
     """The decompositions above, by the ops they stand for."""
     torch_own = get_decompositions([aten.logit.default, aten.logit_backward.default,
                                     aten.rrelu_with_noise_backward.default, aten.threshold.default,
-                                    aten.celu.default, aten.hardtanh_backward.default])
+                                    aten.celu.default, aten.hardtanh_backward.default,
+                                    aten.elu_backward.default, aten.hardswish_backward.default])
     return {aten.rrelu_with_noise_backward.default: torch_own[aten.rrelu_with_noise_backward.default],
             aten.threshold.default: _threshold(torch_own[aten.threshold.default]),
             aten.celu.default: _celu(torch_own[aten.celu.default]),
             aten.hardtanh_backward.default: _hardtanh_backward(torch_own[aten.hardtanh_backward.default]),
+            aten.elu_backward.default: _elu_backward(torch_own[aten.elu_backward.default]),
+            aten.hardswish_backward.default: _hardswish_backward(torch_own[aten.hardswish_backward.default]),
             aten.logit.default: _logit(torch_own[aten.logit.default]),
             aten.logit_backward.default: _logit_backward(torch_own[aten.logit_backward.default]),
             aten.rrelu_with_noise_functional.default: rrelu_with_noise_functional}
