@@ -233,11 +233,22 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any],
 
 def _eagerly(gm: torch.fx.GraphModule, why: str | None = None, ending: str = "; it runs eagerly") -> Any:
     """Dynamo's graph ``gm`` as it is (run eagerly), counted as a graph fallback; with one warning
-    saying ``why`` where there is one."""
-    if why is not None:
-        warnings.warn(f"ember: {why}{ending}", RuntimeWarning, stacklevel=3)
+    saying ``why`` where there is one, on its first call that returns. A call whose ops raise
+    shows eager's error alone: torch's trace fails on the checks eager's ops make (an
+    interpolation to a width of 0), and the warning would blame the compiler for the input."""
     stats_module.bump("graph_fallbacks")
-    return gm.forward
+    if why is None:
+        return gm.forward
+    warned = False
+
+    def run_eagerly(*args: Any) -> Any:
+        nonlocal warned
+        out = gm.forward(*args)
+        if not warned:
+            warned = True
+            warnings.warn(f"ember: {why}{ending}", RuntimeWarning, stacklevel=2)
+        return out
+    return run_eagerly
 
 
 def _in_torch_tracing(e: BaseException) -> bool:

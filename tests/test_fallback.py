@@ -391,6 +391,29 @@ def test_a_graph_torch_cannot_trace_runs_eagerly_with_one_warning(monkeypatch):
     assert ember.stats()["graph_fallbacks"] == before + 1
 
 
+def test_a_graph_whose_trace_fails_on_eagers_own_check_raises_eagers_error_alone():
+    # torch's trace fails where the op's own check does (an interpolation to a width of 0, CPU
+    # fuzz seed 608735179811): the call raises eager's error, with no warning blaming the
+    # compiler; the graph's warning comes on its first call that returns
+    import torch.nn.functional as F
+
+    def fn(x):
+        return F.interpolate(torch.nan_to_num(x), scale_factor=2, mode="linear") + 1
+
+    compiled = ember.compile(fn)
+    with pytest.raises(RuntimeError) as eager_error:
+        fn(torch.randn(3, 7, 0))
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(RuntimeError) as ember_error:
+        warnings.simplefilter("always")
+        compiled(torch.randn(3, 7, 0))
+    assert str(ember_error.value) == str(eager_error.value)
+    assert not [w for w in caught if str(w.message).startswith("ember")], [str(w.message) for w in caught]
+    x = torch.randn(3, 7, 5)  # (valid sizes: compiled, no warning either)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(compiled(x), fn(x))
+
+
 def test_meta_tensors_run_through_atens_meta_kernels_without_a_warning():
     # meta tensors hold no data, so there is nothing to generate: the graph (and its backward)
     # ran through ATen after "ember could not compile graph" (no kernel backend for 'meta')
