@@ -173,9 +173,10 @@ def _eager_where_torch_cannot_trace(backend: Callable[..., Any],
                                     check_input_sharing: bool = True) -> Callable[..., Any]:
     """``backend``, or Dynamo's graph run eagerly where AOTAutograd cannot trace it before ember
     sees it (torch's own decompositions: a mean loss's gradient over an empty batch divides by
-    its numel in Python). The user's program runs, with one warning; an error the graph's ops
-    raise, eager raises when it runs them. So do graphs writing in place to tensors whose elements
-    share memory, or whose result type eager cannot cast to the tensor written (``ints.mul_(floats)``),
+    its numel in Python). The user's program runs, with one warning on the graph's first call
+    that returns; an error the graph's ops raise, eager raises when it runs them, alone. So do
+    graphs writing in place to tensors whose elements share memory, or whose result type eager
+    cannot cast to the tensor written (``ints.mul_(floats)``),
     which functionalization gets wrong (``frontend/overlap.py``), as it does writes through an
     ``unfold`` view with gaps between its windows, calls with
     forward-mode AD dual tensors, whose tangents ember's kernels drop, and training graphs over
