@@ -152,28 +152,34 @@ def _celu(original: Callable[..., Any]) -> Callable[..., Any]:
     return celu
 
 
+def _in_float32(*xs: torch.Tensor) -> list[torch.Tensor]:
+    # (eager's kernels compute a 16-bit activation's gradient in float32, rounding once at the end)
+    return [x.float() if x.dtype in (torch.float16, torch.bfloat16) else x for x in xs]
+
+
+def _cpu_kernels_own(grad: torch.Tensor, x: torch.Tensor) -> bool:
+    """Do the CPU kernels' branch order (elu, hardswish) stand for eager's here? A floating x on
+    the CPU with a gradient of its dtype; elsewhere torch's decomposition, as the CUDA kernels."""
+    return x.device.type == "cpu" and x.dtype.is_floating_point and grad.dtype == x.dtype
+
+
 def _hardtanh_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     def hardtanh_backward(grad: torch.Tensor, x: torch.Tensor, min_val: Any, max_val: Any) -> Any:
         if not x.dtype.is_floating_point or grad.dtype != x.dtype:
             return original(grad, x, min_val, max_val)
         # (16-bit x compared in float32 with the bounds as given, as eager's kernels compare it:
         # bfloat16's 0.7, 0.69921875, is below a max of 0.7)
-        wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        wide, = _in_float32(x)
         if x.device.type == "cpu":
             return torch.where((wide > min_val) & (wide < max_val), grad, 0.0)
         return torch.where((wide <= min_val) | (wide >= max_val), 0.0, grad)
     return hardtanh_backward
 
 
-def _in_float32(*xs: torch.Tensor) -> list[torch.Tensor]:
-    # (eager's kernels compute a 16-bit gradient in float32, rounding once at the end)
-    return [x.float() if x.dtype in (torch.float16, torch.bfloat16) else x for x in xs]
-
-
 def _elu_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     def elu_backward(grad: torch.Tensor, alpha: Any, scale: Any, input_scale: Any, is_result: bool,
                      x: torch.Tensor) -> Any:
-        if x.device.type != "cpu" or not x.dtype.is_floating_point or grad.dtype != x.dtype:
+        if not _cpu_kernels_own(grad, x):
             return original(grad, alpha, scale, input_scale, is_result, x)
         g, v = _in_float32(grad, x)
         negative = g * input_scale * (v + alpha * scale) if is_result else \
@@ -184,7 +190,7 @@ def _elu_backward(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _hardswish_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     def hardswish_backward(grad: torch.Tensor, x: torch.Tensor) -> Any:
-        if x.device.type != "cpu" or not x.dtype.is_floating_point or grad.dtype != x.dtype:
+        if not _cpu_kernels_own(grad, x):
             return original(grad, x)
         g, v = _in_float32(grad, x)
         return torch.where(v <= -3, 0.0, torch.where(v >= 3, g, g * (v / 3 + 0.5))).to(x.dtype)
